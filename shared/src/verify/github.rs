@@ -1,0 +1,170 @@
+//! GitHub: `X-Hub-Signature-256: sha256=<hex>` over the raw body. The delivery
+//! id (`X-GitHub-Delivery`, kept across redeliveries) is the identity and
+//! `X-GitHub-Event` the type. The legacy SHA-1 header is not accepted.
+
+use http::HeaderMap;
+
+use super::headers::{list_items, single_header};
+use super::{
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, checked_event_id, hmac_sha256, mac_bytes,
+    mac_matches,
+};
+use crate::secret::Secret;
+
+pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
+pub const DELIVERY_HEADER: &str = "x-github-delivery";
+pub const EVENT_HEADER: &str = "x-github-event";
+
+#[derive(Debug, Clone)]
+pub struct GithubVerifier {
+    secrets: Vec<Secret>,
+}
+
+impl GithubVerifier {
+    pub fn new(secrets: Vec<Secret>) -> Self {
+        Self { secrets }
+    }
+
+    pub fn verify(&self, body: &[u8], headers: &HeaderMap) -> Result<Verified, VerifyError> {
+        let candidates: Vec<Vec<u8>> = list_items(headers, SIGNATURE_HEADER)?
+            .into_iter()
+            .take(MAX_SIGNATURE_CANDIDATES)
+            .map(|item| {
+                item.strip_prefix("sha256=")
+                    .and_then(|h| hex::decode(h).ok())
+                    .ok_or(VerifyError::MalformedHeader(SIGNATURE_HEADER))
+            })
+            .collect::<Result<_, _>>()?;
+        let matched = self.secrets.iter().any(|secret| {
+            let mac = hmac_sha256(secret.expose(), &[body]);
+            candidates.iter().any(|c| mac_matches(&mac, c))
+        });
+        if !matched {
+            return Err(VerifyError::SignatureMismatch);
+        }
+        let delivery = single_header(headers, DELIVERY_HEADER)?;
+        let event = single_header(headers, EVENT_HEADER).ok().map(str::to_owned);
+        Ok(Verified::record(checked_event_id(delivery)?, event))
+    }
+}
+
+/// Produces an `X-Hub-Signature-256` value, for tests and the developer tool.
+pub fn sign(secret: &Secret, body: &[u8]) -> String {
+    format!(
+        "sha256={}",
+        hex::encode(mac_bytes(hmac_sha256(secret.expose(), &[body])))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use serde_json::Value;
+
+    const DOCS: &str = include_str!("../../testdata/providers/github/docs-hello-world.vector.json");
+    const OCTOKIT: &str = include_str!(
+        "../../testdata/providers/github/octokit-webhooks-methods-foo-bar.vector.json"
+    );
+
+    fn headers(sig: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(SIGNATURE_HEADER, HeaderValue::from_str(sig).unwrap());
+        h.insert(
+            DELIVERY_HEADER,
+            HeaderValue::from_static("72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        );
+        h.insert(EVENT_HEADER, HeaderValue::from_static("push"));
+        h
+    }
+
+    #[test]
+    fn published_vectors_verify() {
+        for raw in [DOCS, OCTOKIT] {
+            let v: Value = serde_json::from_str(raw).unwrap();
+            let secret = Secret::new(v["secret"].as_str().unwrap());
+            let payload = v["payload"].as_str().unwrap().as_bytes();
+            let expected = v["expected_x_hub_signature_256"].as_str().unwrap();
+            assert_eq!(sign(&secret, payload), expected);
+            let got = GithubVerifier::new(vec![secret])
+                .verify(payload, &headers(expected))
+                .unwrap();
+            assert_eq!(got.event_id, "72d3162e-cc78-11e3-81ab-4c9367dc0958");
+            assert_eq!(got.event_type.as_deref(), Some("push"));
+        }
+    }
+
+    #[test]
+    fn docs_example_rejects_tampering_and_wrong_secret() {
+        let v: Value = serde_json::from_str(DOCS).unwrap();
+        let expected = v["expected_x_hub_signature_256"].as_str().unwrap();
+        let good = GithubVerifier::new(vec![Secret::new("It's a Secret to Everybody")]);
+        assert_eq!(
+            good.verify(b"Hello, World?", &headers(expected)),
+            Err(VerifyError::SignatureMismatch)
+        );
+        let wrong = GithubVerifier::new(vec![Secret::new("It's a secret to everybody")]);
+        assert_eq!(
+            wrong.verify(b"Hello, World!", &headers(expected)),
+            Err(VerifyError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn legacy_sha1_header_alone_is_not_enough() {
+        let v: Value = serde_json::from_str(OCTOKIT).unwrap();
+        let payload = v["payload"].as_str().unwrap().as_bytes();
+        let mut h = headers("x");
+        h.remove(SIGNATURE_HEADER);
+        h.insert(
+            "x-hub-signature",
+            HeaderValue::from_str(v["expected_x_hub_signature_sha1_legacy"].as_str().unwrap())
+                .unwrap(),
+        );
+        let verifier = GithubVerifier::new(vec![Secret::new("mysecret")]);
+        assert_eq!(
+            verifier.verify(payload, &h),
+            Err(VerifyError::MissingHeader(SIGNATURE_HEADER))
+        );
+    }
+
+    #[test]
+    fn rotation_overlap_and_joined_header_values() {
+        let body = b"{\"zen\":\"Keep it logically awesome.\"}";
+        let v = GithubVerifier::new(vec![Secret::new("new"), Secret::new("old")]);
+        assert!(
+            v.verify(body, &headers(&sign(&Secret::new("old"), body)))
+                .is_ok()
+        );
+        assert!(
+            v.verify(body, &headers(&sign(&Secret::new("new"), body)))
+                .is_ok()
+        );
+        let joined = format!(
+            "{},{}",
+            sign(&Secret::new("gone"), body),
+            sign(&Secret::new("new"), body)
+        );
+        assert!(v.verify(body, &headers(&joined)).is_ok());
+    }
+
+    #[test]
+    fn malformed_signature_and_missing_delivery_are_typed() {
+        let body = b"{}";
+        let v = GithubVerifier::new(vec![Secret::new("s")]);
+        assert_eq!(
+            v.verify(body, &headers("sha1=abcd")),
+            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
+        );
+        assert_eq!(
+            v.verify(body, &headers("sha256=zz")),
+            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
+        );
+        let mut h = headers(&sign(&Secret::new("s"), body));
+        h.remove(DELIVERY_HEADER);
+        assert_eq!(
+            v.verify(body, &h),
+            Err(VerifyError::MissingHeader(DELIVERY_HEADER))
+        );
+    }
+}

@@ -1,0 +1,177 @@
+//! Signature verifiers, one module per sender protocol.
+//!
+//! Every verifier takes the raw body bytes and the request headers, checks the
+//! signature before it interprets anything in the body, compares in constant
+//! time and returns a typed [`VerifyError`]. Only after a successful check does
+//! it read the event identity and type from the payload.
+
+pub mod generic;
+pub mod github;
+mod headers;
+pub mod sns;
+pub mod standard;
+pub mod stripe;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+pub use headers::header_values;
+
+/// What a verified delivery asks the intake to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// An event to claim and hand to the processor.
+    Record,
+    /// An SNS subscription confirmation for an allowed topic: visit the URL.
+    ConfirmSubscription { subscribe_url: url::Url },
+    /// An SNS unsubscribe confirmation: acknowledged, nothing recorded.
+    Unsubscribed,
+}
+
+/// The authenticated facts a verifier extracts from a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The provider's stable identifier for this fact (kept across retries).
+    pub event_id: String,
+    /// The provider's event type, when the protocol names one.
+    pub event_type: Option<String>,
+    pub action: Action,
+}
+
+impl Verified {
+    pub fn record(event_id: String, event_type: Option<String>) -> Self {
+        Self {
+            event_id,
+            event_type,
+            action: Action::Record,
+        }
+    }
+}
+
+/// Why a delivery was not accepted by its verifier.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum VerifyError {
+    #[error("missing header {0}")]
+    MissingHeader(&'static str),
+    #[error("malformed header {0}")]
+    MalformedHeader(&'static str),
+    #[error("no signature matches any active secret")]
+    SignatureMismatch,
+    #[error("timestamp is older than the tolerance")]
+    StaleTimestamp,
+    #[error("timestamp is further in the future than the tolerance")]
+    FutureTimestamp,
+    #[error("message is not a well-formed signed envelope: {0}")]
+    MalformedEnvelope(&'static str),
+    #[error("signing certificate URL rejected: {0}")]
+    CertificateUrl(&'static str),
+    #[error("signing certificate rejected: {0}")]
+    CertificateInvalid(&'static str),
+    #[error("signing certificate could not be fetched")]
+    CertificateUnavailable,
+    #[error("topic is not allowed for this endpoint")]
+    TopicNotAllowed,
+    #[error("signed payload is malformed: {0}")]
+    MalformedPayload(&'static str),
+}
+
+impl VerifyError {
+    /// A short stable label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::MissingHeader(_) => "missing_header",
+            Self::MalformedHeader(_) => "malformed_header",
+            Self::SignatureMismatch => "signature_mismatch",
+            Self::StaleTimestamp => "stale_timestamp",
+            Self::FutureTimestamp => "future_timestamp",
+            Self::MalformedEnvelope(_) => "malformed_envelope",
+            Self::CertificateUrl(_) => "certificate_url",
+            Self::CertificateInvalid(_) => "certificate_invalid",
+            Self::CertificateUnavailable => "certificate_unavailable",
+            Self::TopicNotAllowed => "topic_not_allowed",
+            Self::MalformedPayload(_) => "malformed_payload",
+        }
+    }
+}
+
+/// Upper bound on signature candidates looked at per request, so a header
+/// stuffed with thousands of entries cannot buy unbounded HMAC work.
+pub const MAX_SIGNATURE_CANDIDATES: usize = 16;
+
+/// Longest provider identifier accepted as an event identity.
+pub const MAX_EVENT_ID_LEN: usize = 256;
+
+pub(crate) type HmacSha256 = Hmac<Sha256>;
+
+/// HMAC-SHA256 over the concatenation of `parts`.
+pub(crate) fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    // HMAC accepts keys of any length; new_from_slice cannot fail for it.
+    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+    for p in parts {
+        mac.update(p);
+    }
+    mac
+}
+
+/// The finished MAC bytes (for signing helpers).
+pub(crate) fn mac_bytes(mac: HmacSha256) -> Vec<u8> {
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Constant-time check of `candidate` against the MAC state (consumes a clone).
+pub(crate) fn mac_matches(mac: &HmacSha256, candidate: &[u8]) -> bool {
+    mac.clone().verify_slice(candidate).is_ok()
+}
+
+/// Checks a signed timestamp against `now` with a symmetric tolerance.
+pub(crate) fn check_timestamp(ts: i64, now: i64, tolerance_secs: i64) -> Result<(), VerifyError> {
+    if ts < now.saturating_sub(tolerance_secs) {
+        return Err(VerifyError::StaleTimestamp);
+    }
+    if ts > now.saturating_add(tolerance_secs) {
+        return Err(VerifyError::FutureTimestamp);
+    }
+    Ok(())
+}
+
+/// Validates a provider identifier before it becomes part of a ledger key.
+pub(crate) fn checked_event_id(id: &str) -> Result<String, VerifyError> {
+    if id.is_empty() || id.len() > MAX_EVENT_ID_LEN || id.chars().any(char::is_control) {
+        return Err(VerifyError::MalformedPayload(
+            "event id is empty, too long or has control characters",
+        ));
+    }
+    Ok(id.to_owned())
+}
+
+/// Reads `{"id": ..., "type": ...}`-style fields from a verified JSON body.
+pub(crate) fn json_string_at<'a>(value: &'a serde_json::Value, pointer: &str) -> Option<&'a str> {
+    value.pointer(pointer).and_then(serde_json::Value::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamp_window_is_symmetric_and_inclusive() {
+        assert_eq!(check_timestamp(1000, 1300, 300), Ok(()));
+        assert_eq!(check_timestamp(1600, 1300, 300), Ok(()));
+        assert_eq!(
+            check_timestamp(999, 1300, 300),
+            Err(VerifyError::StaleTimestamp)
+        );
+        assert_eq!(
+            check_timestamp(1601, 1300, 300),
+            Err(VerifyError::FutureTimestamp)
+        );
+    }
+
+    #[test]
+    fn event_ids_are_bounded() {
+        assert!(checked_event_id("evt_1").is_ok());
+        assert!(checked_event_id("").is_err());
+        assert!(checked_event_id(&"a".repeat(MAX_EVENT_ID_LEN + 1)).is_err());
+        assert!(checked_event_id("evt\n1").is_err());
+    }
+}

@@ -1,0 +1,302 @@
+//! Standard Webhooks (and Svix, its origin): `webhook-id`, `webhook-timestamp`
+//! and `webhook-signature` (`v1,<base64>` entries separated by spaces), with
+//! the `svix-*` header aliases. HMAC-SHA256 over `"{id}.{timestamp}.{body}"`
+//! keyed with the base64-decoded secret (`whsec_` prefix optional). The body
+//! is signed as raw bytes, so non-UTF-8 bodies verify too.
+
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+use http::HeaderMap;
+
+use super::headers::{first_of, header_values, parse_unix_secs};
+use super::{
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
+    hmac_sha256, json_string_at, mac_bytes, mac_matches,
+};
+use crate::secret::Secret;
+
+pub const ID_HEADERS: [&str; 2] = ["webhook-id", "svix-id"];
+pub const TIMESTAMP_HEADERS: [&str; 2] = ["webhook-timestamp", "svix-timestamp"];
+pub const SIGNATURE_HEADERS: [&str; 2] = ["webhook-signature", "svix-signature"];
+pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
+const SECRET_PREFIX: &str = "whsec_";
+
+#[derive(Debug, Clone)]
+pub struct StandardWebhooksVerifier {
+    keys: Vec<Secret>,
+    tolerance_secs: i64,
+}
+
+/// Decodes a `whsec_<base64>` (or bare base64) secret into key bytes.
+pub fn decode_secret(secret: &Secret) -> Result<Secret, &'static str> {
+    let text = std::str::from_utf8(secret.expose()).map_err(|_| "secret is not text")?;
+    let b64 = text.strip_prefix(SECRET_PREFIX).unwrap_or(text);
+    let key = STANDARD
+        .decode(b64)
+        .or_else(|_| STANDARD_NO_PAD.decode(b64.trim_end_matches('=')))
+        .map_err(|_| "secret is not base64 (expected whsec_<base64>)")?;
+    if key.is_empty() {
+        return Err("secret is empty");
+    }
+    Ok(Secret::new(key))
+}
+
+impl StandardWebhooksVerifier {
+    /// Takes already decoded keys; see [`decode_secret`].
+    pub fn new(keys: Vec<Secret>, tolerance_secs: i64) -> Self {
+        Self {
+            keys,
+            tolerance_secs,
+        }
+    }
+
+    pub fn verify(
+        &self,
+        body: &[u8],
+        headers: &HeaderMap,
+        now: i64,
+    ) -> Result<Verified, VerifyError> {
+        let id = first_of(headers, &ID_HEADERS)?;
+        let ts_raw = first_of(headers, &TIMESTAMP_HEADERS)?;
+        let timestamp = parse_unix_secs(ts_raw, TIMESTAMP_HEADERS[0])?;
+        let candidates = signature_candidates(headers)?;
+        let matched = self.keys.iter().any(|key| {
+            let mac = hmac_sha256(
+                key.expose(),
+                &[id.as_bytes(), b".", ts_raw.as_bytes(), b".", body],
+            );
+            candidates.iter().any(|c| mac_matches(&mac, c))
+        });
+        if !matched {
+            return Err(VerifyError::SignatureMismatch);
+        }
+        check_timestamp(timestamp, now, self.tolerance_secs)?;
+        // The type is a payload convention, not part of the protocol: optional.
+        let event_type = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| json_string_at(&v, "/type").map(str::to_owned));
+        Ok(Verified::record(checked_event_id(id)?, event_type))
+    }
+}
+
+/// The decoded `v1` signatures. Entries are `version,signature` separated by
+/// spaces; when a front end joined repeated headers with commas we see
+/// `v1,a,v1,b`, so the items are read as (version, signature) pairs. An empty
+/// signature (`v1,`) decodes to nothing and can never match.
+fn signature_candidates(headers: &HeaderMap) -> Result<Vec<Vec<u8>>, VerifyError> {
+    let name = SIGNATURE_HEADERS
+        .iter()
+        .copied()
+        .find(|n| headers.contains_key(*n))
+        .ok_or(VerifyError::MissingHeader(SIGNATURE_HEADERS[0]))?;
+    let mut tokens = Vec::new();
+    for value in header_values(headers, name)? {
+        for entry in value.split_ascii_whitespace() {
+            tokens.extend(entry.split(','));
+        }
+    }
+    if tokens.len() % 2 != 0 {
+        return Err(VerifyError::MalformedHeader(SIGNATURE_HEADERS[0]));
+    }
+    let mut out = Vec::new();
+    for pair in tokens.chunks(2).take(MAX_SIGNATURE_CANDIDATES) {
+        if let ("v1", sig) = (pair[0], pair[1]) {
+            if let Ok(bytes) = STANDARD.decode(sig) {
+                if !bytes.is_empty() {
+                    out.push(bytes);
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(VerifyError::SignatureMismatch);
+    }
+    Ok(out)
+}
+
+/// Produces a `webhook-signature` value (`v1,<base64>`), for tests and tools.
+pub fn sign(key: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
+    let ts = timestamp.to_string();
+    let mac = hmac_sha256(
+        key.expose(),
+        &[msg_id.as_bytes(), b".", ts.as_bytes(), b".", body],
+    );
+    format!("v1,{}", STANDARD.encode(mac_bytes(mac)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use serde_json::Value;
+
+    const VECTORS: [&str; 2] = [
+        include_str!(
+            "../../testdata/providers/standard-webhooks/sign-test-msg_27UH4WbU6Z5A5EzD8u03UvzRbpk.vector.json"
+        ),
+        include_str!(
+            "../../testdata/providers/standard-webhooks/sign-test-msg_p5jXN8AQM9LWM0D4loKWxJek.vector.json"
+        ),
+    ];
+
+    fn headers(prefix: &str, id: &str, ts: &str, sig: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::HeaderName::from_bytes(format!("{prefix}-id").as_bytes()).unwrap(),
+            HeaderValue::from_str(id).unwrap(),
+        );
+        h.insert(
+            http::HeaderName::from_bytes(format!("{prefix}-timestamp").as_bytes()).unwrap(),
+            HeaderValue::from_str(ts).unwrap(),
+        );
+        h.insert(
+            http::HeaderName::from_bytes(format!("{prefix}-signature").as_bytes()).unwrap(),
+            HeaderValue::from_str(sig).unwrap(),
+        );
+        h
+    }
+
+    fn verifier_for(v: &Value) -> StandardWebhooksVerifier {
+        let key = decode_secret(&Secret::new(v["secret"].as_str().unwrap())).unwrap();
+        assert_eq!(
+            hex::encode(key.expose()),
+            v["secret_key_bytes_hex"].as_str().unwrap()
+        );
+        StandardWebhooksVerifier::new(vec![key], DEFAULT_TOLERANCE_SECS)
+    }
+
+    #[test]
+    fn spec_vectors_verify_under_both_header_spellings() {
+        for raw in VECTORS {
+            let v: Value = serde_json::from_str(raw).unwrap();
+            let (id, ts) = (
+                v["msg_id"].as_str().unwrap(),
+                v["timestamp"].as_i64().unwrap(),
+            );
+            let payload = v["payload"].as_str().unwrap().as_bytes();
+            let expected = v["expected_signature"].as_str().unwrap();
+            let key = decode_secret(&Secret::new(v["secret"].as_str().unwrap())).unwrap();
+            assert_eq!(sign(&key, id, ts, payload), expected);
+            for prefix in ["webhook", "svix"] {
+                let got = verifier_for(&v)
+                    .verify(payload, &headers(prefix, id, &ts.to_string(), expected), ts)
+                    .unwrap();
+                assert_eq!(got.event_id, id);
+            }
+        }
+    }
+
+    #[test]
+    fn spec_negative_signatures_are_rejected_and_multi_signature_headers_work() {
+        for raw in VECTORS {
+            let v: Value = serde_json::from_str(raw).unwrap();
+            let (id, ts) = (
+                v["msg_id"].as_str().unwrap(),
+                v["timestamp"].as_i64().unwrap(),
+            );
+            let ts_text = ts.to_string();
+            let payload = v["payload"].as_str().unwrap().as_bytes();
+            let good = v["expected_signature"].as_str().unwrap();
+            for bad in v["negative_signatures"].as_object().unwrap().keys() {
+                let err = verifier_for(&v)
+                    .verify(payload, &headers("webhook", id, &ts_text, bad), ts)
+                    .unwrap_err();
+                assert_eq!(err, VerifyError::SignatureMismatch, "{bad}");
+                let both = format!("{bad} {good}");
+                assert!(
+                    verifier_for(&v)
+                        .verify(payload, &headers("webhook", id, &ts_text, &both), ts)
+                        .is_ok()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bare_empty_signature_bypass_is_rejected() {
+        let v: Value = serde_json::from_str(VECTORS[1]).unwrap();
+        let (id, ts) = (
+            v["msg_id"].as_str().unwrap(),
+            v["timestamp"].as_i64().unwrap(),
+        );
+        for sig in ["v1,", "v1, ", "v1,=", "v1"] {
+            let got =
+                verifier_for(&v).verify(b"", &headers("webhook", id, &ts.to_string(), sig), ts);
+            assert!(got.is_err(), "{sig:?} accepted");
+        }
+    }
+
+    #[test]
+    fn stale_future_tampered_and_joined_headers() {
+        let key = Secret::new(b"0123456789abcdef".to_vec());
+        let v = StandardWebhooksVerifier::new(vec![key.clone()], DEFAULT_TOLERANCE_SECS);
+        let now = 1_700_000_000;
+        let body = br#"{"type":"invoice.paid","data":{}}"#;
+        let sig = sign(&key, "msg_1", now, body);
+        let ts = now.to_string();
+        assert_eq!(
+            v.verify(body, &headers("webhook", "msg_1", &ts, &sig), now)
+                .unwrap()
+                .event_type
+                .as_deref(),
+            Some("invoice.paid")
+        );
+        assert_eq!(
+            v.verify(body, &headers("webhook", "msg_1", &ts, &sig), now + 301),
+            Err(VerifyError::StaleTimestamp)
+        );
+        assert_eq!(
+            v.verify(body, &headers("webhook", "msg_1", &ts, &sig), now - 301),
+            Err(VerifyError::FutureTimestamp)
+        );
+        assert_eq!(
+            v.verify(b"{}", &headers("webhook", "msg_1", &ts, &sig), now),
+            Err(VerifyError::SignatureMismatch)
+        );
+        assert_eq!(
+            v.verify(body, &headers("webhook", "msg_2", &ts, &sig), now),
+            Err(VerifyError::SignatureMismatch)
+        );
+        // Two signature headers joined by a front end with a comma.
+        let joined = format!("{},{sig}", sign(&Secret::new("other"), "msg_1", now, body));
+        assert!(
+            v.verify(body, &headers("webhook", "msg_1", &ts, &joined), now)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn non_utf8_bodies_verify_and_rotation_overlap_works() {
+        let (old, new) = (
+            Secret::new(b"old-key-bytes".to_vec()),
+            Secret::new(b"new-key-bytes".to_vec()),
+        );
+        let v =
+            StandardWebhooksVerifier::new(vec![new.clone(), old.clone()], DEFAULT_TOLERANCE_SECS);
+        let body = [0xff, 0xfe, 0x00, 0x80];
+        let now = 1_700_000_000;
+        for key in [&old, &new] {
+            let sig = sign(key, "msg_bin", now, &body);
+            let got = v
+                .verify(
+                    &body,
+                    &headers("webhook", "msg_bin", &now.to_string(), &sig),
+                    now,
+                )
+                .unwrap();
+            assert_eq!(got.event_type, None);
+        }
+    }
+
+    #[test]
+    fn secrets_decode_with_or_without_prefix_and_padding() {
+        let a = decode_secret(&Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")).unwrap();
+        let b = decode_secret(&Secret::new("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")).unwrap();
+        assert_eq!(a, b);
+        let padded = decode_secret(&Secret::new("whsec_YWJjZA==")).unwrap();
+        let unpadded = decode_secret(&Secret::new("whsec_YWJjZA")).unwrap();
+        assert_eq!(padded, unpadded);
+        assert!(decode_secret(&Secret::new("whsec_!!!")).is_err());
+        assert!(decode_secret(&Secret::new("whsec_")).is_err());
+    }
+}

@@ -1,0 +1,274 @@
+//! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]`, HMAC-SHA256
+//! over `"{t}.{raw body}"`, keyed with the endpoint secret's UTF-8 bytes.
+
+use http::HeaderMap;
+
+use super::headers::{list_items, parse_unix_secs};
+use super::{
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
+    hmac_sha256, json_string_at, mac_bytes, mac_matches,
+};
+use crate::secret::Secret;
+
+pub const SIGNATURE_HEADER: &str = "stripe-signature";
+pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
+
+#[derive(Debug, Clone)]
+pub struct StripeVerifier {
+    secrets: Vec<Secret>,
+    tolerance_secs: i64,
+}
+
+impl StripeVerifier {
+    /// `secrets` are all active endpoint secrets (more than one during rotation).
+    pub fn new(secrets: Vec<Secret>, tolerance_secs: i64) -> Self {
+        Self {
+            secrets,
+            tolerance_secs,
+        }
+    }
+
+    pub fn verify(
+        &self,
+        body: &[u8],
+        headers: &HeaderMap,
+        now: i64,
+    ) -> Result<Verified, VerifyError> {
+        let (timestamp, candidates) = parse_header(headers)?;
+        let ts_text = timestamp.to_string();
+        let matched = self.secrets.iter().any(|secret| {
+            let mac = hmac_sha256(secret.expose(), &[ts_text.as_bytes(), b".", body]);
+            candidates.iter().any(|c| mac_matches(&mac, c))
+        });
+        if !matched {
+            return Err(VerifyError::SignatureMismatch);
+        }
+        check_timestamp(timestamp, now, self.tolerance_secs)?;
+
+        // Authenticated from here on: read the event identity.
+        let event: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|_| VerifyError::MalformedPayload("body is not JSON"))?;
+        let id = json_string_at(&event, "/id")
+            .ok_or(VerifyError::MalformedPayload("event has no id"))?;
+        let event_type = json_string_at(&event, "/type").map(str::to_owned);
+        Ok(Verified::record(checked_event_id(id)?, event_type))
+    }
+}
+
+/// Extracts the single `t` and up to [`MAX_SIGNATURE_CANDIDATES`] decoded `v1` values.
+fn parse_header(headers: &HeaderMap) -> Result<(i64, Vec<Vec<u8>>), VerifyError> {
+    let mut timestamp = None;
+    let mut candidates = Vec::new();
+    for item in list_items(headers, SIGNATURE_HEADER)? {
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(VerifyError::MalformedHeader(SIGNATURE_HEADER));
+        };
+        match key {
+            "t" => {
+                let t = parse_unix_secs(value, SIGNATURE_HEADER)?;
+                // A repeated t with another value is ambiguous: refuse it.
+                if timestamp.replace(t).is_some_and(|old| old != t) {
+                    return Err(VerifyError::MalformedHeader(SIGNATURE_HEADER));
+                }
+            }
+            "v1" if candidates.len() < MAX_SIGNATURE_CANDIDATES => {
+                // Undecodable entries cannot match; skip them rather than
+                // failing, so one garbled entry does not mask a valid one.
+                if let Ok(sig) = hex::decode(value) {
+                    candidates.push(sig);
+                }
+            }
+            _ => {} // v0 and future schemes are not checked.
+        }
+    }
+    let timestamp = timestamp.ok_or(VerifyError::MalformedHeader(SIGNATURE_HEADER))?;
+    if candidates.is_empty() {
+        return Err(VerifyError::SignatureMismatch);
+    }
+    Ok((timestamp, candidates))
+}
+
+/// Produces a `Stripe-Signature` value, for tests and the developer tool.
+pub fn sign(secret: &Secret, timestamp: i64, body: &[u8]) -> String {
+    let ts = timestamp.to_string();
+    let mac = hmac_sha256(secret.expose(), &[ts.as_bytes(), b".", body]);
+    format!("t={ts},v1={}", hex::encode(mac_bytes(mac)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use serde_json::Value;
+
+    const VECTOR: &str = include_str!(
+        "../../testdata/providers/stripe/signature-dotnet-event_test_signature.vector.json"
+    );
+    const PAYLOAD: &[u8] =
+        include_bytes!("../../testdata/providers/stripe/event_test_signature.payload.json");
+
+    fn vector() -> Value {
+        serde_json::from_str(VECTOR).unwrap()
+    }
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(SIGNATURE_HEADER, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    fn verifier(secrets: &[&str]) -> StripeVerifier {
+        StripeVerifier::new(
+            secrets.iter().map(|s| Secret::new(*s)).collect(),
+            DEFAULT_TOLERANCE_SECS,
+        )
+    }
+
+    #[test]
+    fn sdk_fixed_vector_verifies_and_yields_the_event_identity() {
+        let v = vector();
+        let header = v["stripe_signature_header"].as_str().unwrap();
+        let now = v["timestamp"].as_i64().unwrap() + 100;
+        let got = verifier(&["webhook_secret"])
+            .verify(PAYLOAD, &headers(header), now)
+            .unwrap();
+        assert_eq!(got.event_id, "evt_123");
+        assert_eq!(got.event_type.as_deref(), Some("customer.created"));
+    }
+
+    #[test]
+    fn sign_reproduces_the_sdk_signature() {
+        let v = vector();
+        let signed = sign(&Secret::new("webhook_secret"), 1_533_204_620, PAYLOAD);
+        assert_eq!(
+            signed,
+            format!("t=1533204620,v1={}", v["expected_v1"].as_str().unwrap())
+        );
+    }
+
+    #[test]
+    fn stale_and_future_timestamps_are_rejected() {
+        let header = vector()["stripe_signature_header"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let v = verifier(&["webhook_secret"]);
+        assert_eq!(
+            v.verify(PAYLOAD, &headers(&header), 1_533_204_620 + 400),
+            Err(VerifyError::StaleTimestamp)
+        );
+        assert_eq!(
+            v.verify(PAYLOAD, &headers(&header), 1_533_204_620 - 301),
+            Err(VerifyError::FutureTimestamp)
+        );
+        assert!(
+            v.verify(PAYLOAD, &headers(&header), 1_533_204_620 - 300)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn tampered_body_and_wrong_secret_are_rejected() {
+        let header = vector()["stripe_signature_header"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let mut tampered = PAYLOAD.to_vec();
+        tampered.pop(); // the trailing newline is signed
+        let now = 1_533_204_700;
+        assert_eq!(
+            verifier(&["webhook_secret"]).verify(&tampered, &headers(&header), now),
+            Err(VerifyError::SignatureMismatch)
+        );
+        assert_eq!(
+            verifier(&["other"]).verify(PAYLOAD, &headers(&header), now),
+            Err(VerifyError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn rotation_overlap_accepts_either_active_secret_and_either_v1() {
+        let body = br#"{"id":"evt_rot","type":"invoice.paid"}"#;
+        let now = 1_700_000_000;
+        let old = sign(&Secret::new("whsec_old"), now, body);
+        let new = sign(&Secret::new("whsec_new"), now, body);
+        let both = verifier(&["whsec_new", "whsec_old"]);
+        assert!(both.verify(body, &headers(&old), now).is_ok());
+        assert!(both.verify(body, &headers(&new), now).is_ok());
+        // Stripe sends one v1 per active secret during a roll.
+        let new_v1 = new.split_once(",v1=").unwrap().1;
+        let multi = format!("{old},v1={new_v1}");
+        assert!(
+            verifier(&["whsec_new"])
+                .verify(body, &headers(&multi), now)
+                .is_ok()
+        );
+        assert!(
+            verifier(&["whsec_old"])
+                .verify(body, &headers(&multi), now)
+                .is_ok()
+        );
+        assert_eq!(
+            verifier(&["whsec_gone"]).verify(body, &headers(&multi), now),
+            Err(VerifyError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn header_split_across_values_verifies_like_the_joined_form() {
+        let body = br#"{"id":"evt_split","type":"x"}"#;
+        let now = 1_700_000_000;
+        let signed = sign(&Secret::new("s"), now, body);
+        let (t, v1) = signed.split_once(',').unwrap();
+        let mut h = HeaderMap::new();
+        h.append(SIGNATURE_HEADER, HeaderValue::from_str(t).unwrap());
+        h.append(SIGNATURE_HEADER, HeaderValue::from_str(v1).unwrap());
+        assert!(verifier(&["s"]).verify(body, &h, now).is_ok());
+    }
+
+    #[test]
+    fn malformed_headers_are_typed_errors() {
+        let body = b"{}";
+        let v = verifier(&["s"]);
+        assert_eq!(
+            v.verify(body, &HeaderMap::new(), 0),
+            Err(VerifyError::MissingHeader(SIGNATURE_HEADER))
+        );
+        assert_eq!(
+            v.verify(body, &headers("v1=00"), 0),
+            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
+        );
+        assert_eq!(
+            v.verify(body, &headers("t=1"), 1),
+            Err(VerifyError::SignatureMismatch)
+        );
+        assert_eq!(
+            v.verify(body, &headers("t=abc,v1=00"), 0),
+            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
+        );
+        assert_eq!(
+            v.verify(body, &headers("t=1,t=2,v1=00"), 0),
+            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
+        );
+        assert_eq!(
+            v.verify(body, &headers("garbage"), 0),
+            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
+        );
+    }
+
+    #[test]
+    fn signed_but_malformed_payload_is_reported_after_verification() {
+        let now = 1_700_000_000;
+        for (body, _why) in [
+            (&b"not json"[..], "not json"),
+            (br#"{"type":"x"}"#, "no id"),
+            (br#"{"id":""}"#, "empty id"),
+        ] {
+            let h = headers(&sign(&Secret::new("s"), now, body));
+            assert!(matches!(
+                verifier(&["s"]).verify(body, &h, now),
+                Err(VerifyError::MalformedPayload(_))
+            ));
+        }
+    }
+}
