@@ -1,9 +1,15 @@
 //! Hookledger: effectively-once webhook outcomes on AWS.
 //!
-//! The crate is layered: `verify`, `identity` and `ledger` are pure domain
-//! code; `config` reads and validates the typed configuration once; `intake`
-//! is the intake use case over two small ports (`ledger::Ledger`,
-//! `queue::WorkQueue`); `adapters` implement those ports with the AWS SDK.
+//! Layers: `verify`, `identity` and `ledger` are pure domain code; `config`
+//! reads and validates the typed configuration once; `intake` is the intake
+//! use case over two small ports (`ledger::Ledger`, `ledger::WorkQueue`);
+//! `adapters` implement the ports with the AWS SDK.
 
+pub mod adapters;
+pub mod config;
+pub mod identity;
+pub mod intake;
+pub mod ledger;
 pub mod secret;
+pub mod telemetry;
 pub mod verify;

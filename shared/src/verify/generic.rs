@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use super::headers::parse_unix_secs;
 use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
-    hmac_sha256, json_string_at, mac_bytes, mac_matches,
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json_string_at,
+    mac_bytes, mac_matches,
 };
 use crate::secret::Secret;
 
@@ -62,14 +62,9 @@ impl SignedContent {
             }
         }
         if pieces.iter().filter(|p| **p == Piece::Body).count() != 1 {
-            return Err(format!(
-                "signed_content {template:?} must contain {{body}} exactly once"
-            ));
+            return Err(format!("signed_content {template:?} must contain {{body}} exactly once"));
         }
-        if pieces
-            .iter()
-            .any(|p| matches!(p, Piece::Literal(l) if l.contains('{') || l.contains('}')))
-        {
+        if pieces.iter().any(|p| matches!(p, Piece::Literal(l) if l.contains('{') || l.contains('}'))) {
             return Err(format!(
                 "signed_content {template:?} has an unknown placeholder (known: {{body}}, {{timestamp}})"
             ));
@@ -120,12 +115,7 @@ impl GenericHmacVerifier {
         Self { config, secrets }
     }
 
-    pub fn verify(
-        &self,
-        body: &[u8],
-        headers: &HeaderMap,
-        now: i64,
-    ) -> Result<Verified, VerifyError> {
+    pub fn verify(&self, body: &[u8], headers: &HeaderMap, now: i64) -> Result<Verified, VerifyError> {
         let c = &self.config;
         let values: Vec<&str> = headers
             .get_all(&c.signature_header)
@@ -161,11 +151,9 @@ impl GenericHmacVerifier {
                 let mut all = headers.get_all(name).iter();
                 let text = match (all.next(), all.next()) {
                     (None, _) => return Err(VerifyError::MissingHeader(TIMESTAMP)),
-                    (Some(v), None) => v
-                        .to_str()
-                        .map_err(|_| VerifyError::MalformedHeader(TIMESTAMP))?
-                        .trim()
-                        .to_owned(),
+                    (Some(v), None) => {
+                        v.to_str().map_err(|_| VerifyError::MalformedHeader(TIMESTAMP))?.trim().to_owned()
+                    }
                     (Some(_), Some(_)) => return Err(VerifyError::MalformedHeader(TIMESTAMP)),
                 };
                 let ts = parse_unix_secs(&text, TIMESTAMP)?;
@@ -189,11 +177,7 @@ impl GenericHmacVerifier {
         let json = || serde_json::from_slice::<serde_json::Value>(body).ok();
         let read = |source: &Source| -> Option<String> {
             match source {
-                Source::Header(name) => headers
-                    .get(name.as_str())?
-                    .to_str()
-                    .ok()
-                    .map(|s| s.trim().to_owned()),
+                Source::Header(name) => headers.get(name.as_str())?.to_str().ok().map(|s| s.trim().to_owned()),
                 Source::JsonPointer(p) => {
                     let v = json()?;
                     match v.pointer(p)? {
@@ -203,9 +187,7 @@ impl GenericHmacVerifier {
                 }
             }
         };
-        let id = read(&c.id).ok_or(VerifyError::MalformedPayload(
-            "event id not found where configured",
-        ))?;
+        let id = read(&c.id).ok_or(VerifyError::MalformedPayload("event id not found where configured"))?;
         let event_type = c.event_type.as_ref().and_then(read);
         Ok(Verified::record(checked_event_id(&id)?, event_type))
     }
@@ -214,10 +196,7 @@ impl GenericHmacVerifier {
 /// Produces a signature header value for this configuration (tests, tools).
 pub fn sign(config: &GenericHmacConfig, secret: &Secret, timestamp: i64, body: &[u8]) -> String {
     let ts = timestamp.to_string();
-    let mac = mac_bytes(hmac_sha256(
-        secret.expose(),
-        &config.signed_content.parts(&ts, body),
-    ));
+    let mac = mac_bytes(hmac_sha256(secret.expose(), &config.signed_content.parts(&ts, body)));
     let encoded = match config.encoding {
         Encoding::Hex => hex::encode(mac),
         Encoding::Base64 => STANDARD.encode(mac),
@@ -272,47 +251,19 @@ mod tests {
         let sig = sign(&c, &Secret::new("s1"), now, body);
         let v = GenericHmacVerifier::new(c, vec![Secret::new("s2"), Secret::new("s1")]);
         let got = v
-            .verify(
-                body,
-                &h(&[
-                    ("quiltt-signature", sig.clone()),
-                    ("quiltt-timestamp", now.to_string()),
-                ]),
-                now,
-            )
+            .verify(body, &h(&[("quiltt-signature", sig.clone()), ("quiltt-timestamp", now.to_string())]), now)
             .unwrap();
-        assert_eq!(
-            (got.event_id.as_str(), got.event_type.as_deref()),
-            ("qe_1", Some("connection.synced"))
-        );
-        let hdrs = h(&[
-            ("quiltt-signature", sig),
-            ("quiltt-timestamp", now.to_string()),
-        ]);
-        assert_eq!(
-            v.verify(body, &hdrs, now + 301),
-            Err(VerifyError::StaleTimestamp)
-        );
-        assert_eq!(
-            v.verify(body, &hdrs, now - 301),
-            Err(VerifyError::FutureTimestamp)
-        );
-        assert_eq!(
-            v.verify(br#"{"eventId":"qe_2"}"#, &hdrs, now),
-            Err(VerifyError::SignatureMismatch)
-        );
+        assert_eq!((got.event_id.as_str(), got.event_type.as_deref()), ("qe_1", Some("connection.synced")));
+        let hdrs = h(&[("quiltt-signature", sig), ("quiltt-timestamp", now.to_string())]);
+        assert_eq!(v.verify(body, &hdrs, now + 301), Err(VerifyError::StaleTimestamp));
+        assert_eq!(v.verify(body, &hdrs, now - 301), Err(VerifyError::FutureTimestamp));
+        assert_eq!(v.verify(br#"{"eventId":"qe_2"}"#, &hdrs, now), Err(VerifyError::SignatureMismatch));
         // The timestamp is signed: moving it breaks the signature.
         let moved = h(&[
-            (
-                "quiltt-signature",
-                hdrs["quiltt-signature"].to_str().unwrap().to_owned(),
-            ),
+            ("quiltt-signature", hdrs["quiltt-signature"].to_str().unwrap().to_owned()),
             ("quiltt-timestamp", (now + 1).to_string()),
         ]);
-        assert_eq!(
-            v.verify(body, &moved, now),
-            Err(VerifyError::SignatureMismatch)
-        );
+        assert_eq!(v.verify(body, &moved, now), Err(VerifyError::SignatureMismatch));
     }
 
     #[test]
@@ -330,40 +281,22 @@ mod tests {
             ("x-shopify-topic", "orders/create".into()),
         ]);
         let got = v.verify(body, &hdrs, 0).unwrap();
-        assert_eq!(
-            (got.event_id.as_str(), got.event_type.as_deref()),
-            ("wh-9", Some("orders/create"))
-        );
+        assert_eq!((got.event_id.as_str(), got.event_type.as_deref()), ("wh-9", Some("orders/create")));
     }
 
     #[test]
     fn missing_pieces_are_typed_errors() {
         let v = GenericHmacVerifier::new(quiltt_like(), vec![Secret::new("s")]);
-        assert!(matches!(
-            v.verify(b"{}", &HeaderMap::new(), 0),
-            Err(VerifyError::MissingHeader(_))
-        ));
+        assert!(matches!(v.verify(b"{}", &HeaderMap::new(), 0), Err(VerifyError::MissingHeader(_))));
         let no_ts = h(&[("quiltt-signature", "AAAA".into())]);
-        assert!(matches!(
-            v.verify(b"{}", &no_ts, 0),
-            Err(VerifyError::MissingHeader(_))
-        ));
-        let empty = h(&[
-            ("quiltt-signature", "".into()),
-            ("quiltt-timestamp", "1".into()),
-        ]);
-        assert!(matches!(
-            v.verify(b"{}", &empty, 1),
-            Err(VerifyError::MalformedHeader(_))
-        ));
+        assert!(matches!(v.verify(b"{}", &no_ts, 0), Err(VerifyError::MissingHeader(_))));
+        let empty = h(&[("quiltt-signature", "".into()), ("quiltt-timestamp", "1".into())]);
+        assert!(matches!(v.verify(b"{}", &empty, 1), Err(VerifyError::MalformedHeader(_))));
         // Signed correctly, but the configured id is absent.
         let c = quiltt_like();
         let sig = sign(&c, &Secret::new("s"), 5, b"{}");
         let hdrs = h(&[("quiltt-signature", sig), ("quiltt-timestamp", "5".into())]);
-        assert!(matches!(
-            v.verify(b"{}", &hdrs, 5),
-            Err(VerifyError::MalformedPayload(_))
-        ));
+        assert!(matches!(v.verify(b"{}", &hdrs, 5), Err(VerifyError::MalformedPayload(_))));
     }
 
     #[test]
@@ -373,10 +306,6 @@ mod tests {
         assert!(SignedContent::parse("{timestamp}").is_err());
         assert!(SignedContent::parse("{body}{body}").is_err());
         assert!(SignedContent::parse("{nonce}.{body}").is_err());
-        assert!(
-            SignedContent::parse("{timestamp}.{body}")
-                .unwrap()
-                .uses_timestamp()
-        );
+        assert!(SignedContent::parse("{timestamp}.{body}").unwrap().uses_timestamp());
     }
 }

@@ -5,10 +5,7 @@
 use http::HeaderMap;
 
 use super::headers::{list_items, single_header};
-use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, checked_event_id, hmac_sha256, mac_bytes,
-    mac_matches,
-};
+use super::{MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, checked_event_id, hmac_sha256, mac_bytes, mac_matches};
 use crate::secret::Secret;
 
 pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
@@ -50,10 +47,7 @@ impl GithubVerifier {
 
 /// Produces an `X-Hub-Signature-256` value, for tests and the developer tool.
 pub fn sign(secret: &Secret, body: &[u8]) -> String {
-    format!(
-        "sha256={}",
-        hex::encode(mac_bytes(hmac_sha256(secret.expose(), &[body])))
-    )
+    format!("sha256={}", hex::encode(mac_bytes(hmac_sha256(secret.expose(), &[body]))))
 }
 
 #[cfg(test)]
@@ -63,17 +57,12 @@ mod tests {
     use serde_json::Value;
 
     const DOCS: &str = include_str!("../../testdata/providers/github/docs-hello-world.vector.json");
-    const OCTOKIT: &str = include_str!(
-        "../../testdata/providers/github/octokit-webhooks-methods-foo-bar.vector.json"
-    );
+    const OCTOKIT: &str = include_str!("../../testdata/providers/github/octokit-webhooks-methods-foo-bar.vector.json");
 
     fn headers(sig: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(SIGNATURE_HEADER, HeaderValue::from_str(sig).unwrap());
-        h.insert(
-            DELIVERY_HEADER,
-            HeaderValue::from_static("72d3162e-cc78-11e3-81ab-4c9367dc0958"),
-        );
+        h.insert(DELIVERY_HEADER, HeaderValue::from_static("72d3162e-cc78-11e3-81ab-4c9367dc0958"));
         h.insert(EVENT_HEADER, HeaderValue::from_static("push"));
         h
     }
@@ -86,9 +75,7 @@ mod tests {
             let payload = v["payload"].as_str().unwrap().as_bytes();
             let expected = v["expected_x_hub_signature_256"].as_str().unwrap();
             assert_eq!(sign(&secret, payload), expected);
-            let got = GithubVerifier::new(vec![secret])
-                .verify(payload, &headers(expected))
-                .unwrap();
+            let got = GithubVerifier::new(vec![secret]).verify(payload, &headers(expected)).unwrap();
             assert_eq!(got.event_id, "72d3162e-cc78-11e3-81ab-4c9367dc0958");
             assert_eq!(got.event_type.as_deref(), Some("push"));
         }
@@ -99,15 +86,9 @@ mod tests {
         let v: Value = serde_json::from_str(DOCS).unwrap();
         let expected = v["expected_x_hub_signature_256"].as_str().unwrap();
         let good = GithubVerifier::new(vec![Secret::new("It's a Secret to Everybody")]);
-        assert_eq!(
-            good.verify(b"Hello, World?", &headers(expected)),
-            Err(VerifyError::SignatureMismatch)
-        );
+        assert_eq!(good.verify(b"Hello, World?", &headers(expected)), Err(VerifyError::SignatureMismatch));
         let wrong = GithubVerifier::new(vec![Secret::new("It's a secret to everybody")]);
-        assert_eq!(
-            wrong.verify(b"Hello, World!", &headers(expected)),
-            Err(VerifyError::SignatureMismatch)
-        );
+        assert_eq!(wrong.verify(b"Hello, World!", &headers(expected)), Err(VerifyError::SignatureMismatch));
     }
 
     #[test]
@@ -118,33 +99,19 @@ mod tests {
         h.remove(SIGNATURE_HEADER);
         h.insert(
             "x-hub-signature",
-            HeaderValue::from_str(v["expected_x_hub_signature_sha1_legacy"].as_str().unwrap())
-                .unwrap(),
+            HeaderValue::from_str(v["expected_x_hub_signature_sha1_legacy"].as_str().unwrap()).unwrap(),
         );
         let verifier = GithubVerifier::new(vec![Secret::new("mysecret")]);
-        assert_eq!(
-            verifier.verify(payload, &h),
-            Err(VerifyError::MissingHeader(SIGNATURE_HEADER))
-        );
+        assert_eq!(verifier.verify(payload, &h), Err(VerifyError::MissingHeader(SIGNATURE_HEADER)));
     }
 
     #[test]
     fn rotation_overlap_and_joined_header_values() {
         let body = b"{\"zen\":\"Keep it logically awesome.\"}";
         let v = GithubVerifier::new(vec![Secret::new("new"), Secret::new("old")]);
-        assert!(
-            v.verify(body, &headers(&sign(&Secret::new("old"), body)))
-                .is_ok()
-        );
-        assert!(
-            v.verify(body, &headers(&sign(&Secret::new("new"), body)))
-                .is_ok()
-        );
-        let joined = format!(
-            "{},{}",
-            sign(&Secret::new("gone"), body),
-            sign(&Secret::new("new"), body)
-        );
+        assert!(v.verify(body, &headers(&sign(&Secret::new("old"), body))).is_ok());
+        assert!(v.verify(body, &headers(&sign(&Secret::new("new"), body))).is_ok());
+        let joined = format!("{},{}", sign(&Secret::new("gone"), body), sign(&Secret::new("new"), body));
         assert!(v.verify(body, &headers(&joined)).is_ok());
     }
 
@@ -152,19 +119,10 @@ mod tests {
     fn malformed_signature_and_missing_delivery_are_typed() {
         let body = b"{}";
         let v = GithubVerifier::new(vec![Secret::new("s")]);
-        assert_eq!(
-            v.verify(body, &headers("sha1=abcd")),
-            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
-        );
-        assert_eq!(
-            v.verify(body, &headers("sha256=zz")),
-            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
-        );
+        assert_eq!(v.verify(body, &headers("sha1=abcd")), Err(VerifyError::MalformedHeader(SIGNATURE_HEADER)));
+        assert_eq!(v.verify(body, &headers("sha256=zz")), Err(VerifyError::MalformedHeader(SIGNATURE_HEADER)));
         let mut h = headers(&sign(&Secret::new("s"), body));
         h.remove(DELIVERY_HEADER);
-        assert_eq!(
-            v.verify(body, &h),
-            Err(VerifyError::MissingHeader(DELIVERY_HEADER))
-        );
+        assert_eq!(v.verify(body, &h), Err(VerifyError::MissingHeader(DELIVERY_HEADER)));
     }
 }

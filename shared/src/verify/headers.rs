@@ -11,26 +11,16 @@ use super::VerifyError;
 
 /// All values of `name`, in order. Non-ASCII values are rejected: every
 /// signature header we read is ASCII by specification.
-pub fn header_values<'a>(
-    headers: &'a HeaderMap,
-    name: &'static str,
-) -> Result<Vec<&'a str>, VerifyError> {
+pub fn header_values<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<Vec<&'a str>, VerifyError> {
     headers
         .get_all(name)
         .iter()
-        .map(|v| {
-            v.to_str()
-                .map(str::trim)
-                .map_err(|_| VerifyError::MalformedHeader(name))
-        })
+        .map(|v| v.to_str().map(str::trim).map_err(|_| VerifyError::MalformedHeader(name)))
         .collect()
 }
 
 /// Exactly one value of `name` (after trimming); repeated or missing is an error.
-pub(crate) fn single_header<'a>(
-    headers: &'a HeaderMap,
-    name: &'static str,
-) -> Result<&'a str, VerifyError> {
+pub(crate) fn single_header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, VerifyError> {
     let values = header_values(headers, name)?;
     match values.as_slice() {
         [] => Err(VerifyError::MissingHeader(name)),
@@ -42,10 +32,7 @@ pub(crate) fn single_header<'a>(
 }
 
 /// The first present header among `names`, as a single value.
-pub(crate) fn first_of<'a>(
-    headers: &'a HeaderMap,
-    names: &[&'static str],
-) -> Result<&'a str, VerifyError> {
+pub(crate) fn first_of<'a>(headers: &'a HeaderMap, names: &[&'static str]) -> Result<&'a str, VerifyError> {
     for name in names {
         if headers.contains_key(*name) {
             return single_header(headers, name);
@@ -55,20 +42,12 @@ pub(crate) fn first_of<'a>(
 }
 
 /// Every comma-separated item across all values of `name`, trimmed, empties dropped.
-pub(crate) fn list_items<'a>(
-    headers: &'a HeaderMap,
-    name: &'static str,
-) -> Result<Vec<&'a str>, VerifyError> {
+pub(crate) fn list_items<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<Vec<&'a str>, VerifyError> {
     let values = header_values(headers, name)?;
     if values.is_empty() {
         return Err(VerifyError::MissingHeader(name));
     }
-    Ok(values
-        .iter()
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect())
+    Ok(values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty()).collect())
 }
 
 /// Parses a decimal unix timestamp in seconds.
@@ -91,10 +70,7 @@ mod tests {
         let mut split = HeaderMap::new();
         split.append("x-sig", HeaderValue::from_static("a"));
         split.append("x-sig", HeaderValue::from_static("b"));
-        assert_eq!(
-            list_items(&joined, "x-sig").unwrap(),
-            list_items(&split, "x-sig").unwrap()
-        );
+        assert_eq!(list_items(&joined, "x-sig").unwrap(), list_items(&split, "x-sig").unwrap());
     }
 
     #[test]
@@ -103,20 +79,11 @@ mod tests {
         h.append("x-id", HeaderValue::from_static("a"));
         assert_eq!(single_header(&h, "x-id"), Ok("a"));
         h.append("x-id", HeaderValue::from_static("b"));
-        assert_eq!(
-            single_header(&h, "x-id"),
-            Err(VerifyError::MalformedHeader("x-id"))
-        );
+        assert_eq!(single_header(&h, "x-id"), Err(VerifyError::MalformedHeader("x-id")));
         let mut j = HeaderMap::new();
         j.insert("x-id", HeaderValue::from_static("a,b"));
-        assert_eq!(
-            single_header(&j, "x-id"),
-            Err(VerifyError::MalformedHeader("x-id"))
-        );
-        assert_eq!(
-            single_header(&HeaderMap::new(), "x-id"),
-            Err(VerifyError::MissingHeader("x-id"))
-        );
+        assert_eq!(single_header(&j, "x-id"), Err(VerifyError::MalformedHeader("x-id")));
+        assert_eq!(single_header(&HeaderMap::new(), "x-id"), Err(VerifyError::MissingHeader("x-id")));
     }
 
     #[test]

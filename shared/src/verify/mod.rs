@@ -40,11 +40,7 @@ pub struct Verified {
 
 impl Verified {
     pub fn record(event_id: String, event_type: Option<String>) -> Self {
-        Self {
-            event_id,
-            event_type,
-            action: Action::Record,
-        }
+        Self { event_id, event_type, action: Action::Record }
     }
 }
 
@@ -137,9 +133,7 @@ pub(crate) fn check_timestamp(ts: i64, now: i64, tolerance_secs: i64) -> Result<
 /// Validates a provider identifier before it becomes part of a ledger key.
 pub(crate) fn checked_event_id(id: &str) -> Result<String, VerifyError> {
     if id.is_empty() || id.len() > MAX_EVENT_ID_LEN || id.chars().any(char::is_control) {
-        return Err(VerifyError::MalformedPayload(
-            "event id is empty, too long or has control characters",
-        ));
+        return Err(VerifyError::MalformedPayload("event id is empty, too long or has control characters"));
     }
     Ok(id.to_owned())
 }
@@ -157,14 +151,8 @@ mod tests {
     fn timestamp_window_is_symmetric_and_inclusive() {
         assert_eq!(check_timestamp(1000, 1300, 300), Ok(()));
         assert_eq!(check_timestamp(1600, 1300, 300), Ok(()));
-        assert_eq!(
-            check_timestamp(999, 1300, 300),
-            Err(VerifyError::StaleTimestamp)
-        );
-        assert_eq!(
-            check_timestamp(1601, 1300, 300),
-            Err(VerifyError::FutureTimestamp)
-        );
+        assert_eq!(check_timestamp(999, 1300, 300), Err(VerifyError::StaleTimestamp));
+        assert_eq!(check_timestamp(1601, 1300, 300), Err(VerifyError::FutureTimestamp));
     }
 
     #[test]

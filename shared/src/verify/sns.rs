@@ -37,10 +37,7 @@ const CACHE_CAPACITY: usize = 64;
 /// Fetches an already validated HTTPS URL. Behind a trait so tests serve
 /// certificates without network and count fetches.
 pub trait HttpsGet: Send + Sync {
-    fn get<'a>(
-        &'a self,
-        url: &'a Url,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>>;
+    fn get<'a>(&'a self, url: &'a Url) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>>;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,12 +63,7 @@ pub struct SnsMessage {
     pub subject: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
-    #[serde(
-        default,
-        rename = "SubscribeURL",
-        alias = "SubscribeUrl",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "SubscribeURL", alias = "SubscribeUrl", skip_serializing_if = "Option::is_none")]
     pub subscribe_url: Option<String>,
 }
 
@@ -117,9 +109,7 @@ fn is_sns_host(host: &str) -> bool {
     let Some(rest) = host.strip_prefix("sns.") else {
         return false;
     };
-    let region = rest
-        .strip_suffix(".amazonaws.com")
-        .or_else(|| rest.strip_suffix(".amazonaws.com.cn"));
+    let region = rest.strip_suffix(".amazonaws.com").or_else(|| rest.strip_suffix(".amazonaws.com.cn"));
     region.is_some_and(is_region)
 }
 
@@ -127,12 +117,8 @@ fn is_sns_host(host: &str) -> bool {
 fn is_region(s: &str) -> bool {
     let parts: Vec<&str> = s.split('-').collect();
     parts.len() >= 3
-        && parts
-            .last()
-            .is_some_and(|p| !p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit()))
-        && parts[..parts.len() - 1]
-            .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts.last().is_some_and(|p| !p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts[..parts.len() - 1].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
 }
 
 /// Parses `raw` and insists it is already in canonical form, so that what we
@@ -154,9 +140,7 @@ fn canonical_https(raw: &str, what: &'static str) -> Result<Url, VerifyError> {
     }
     let authority_end = raw.get(8..).and_then(|r| r.find('/')).map(|i| i + 8);
     if raw.get(8..authority_end.unwrap_or(raw.len())) != Some(host) {
-        return Err(VerifyError::CertificateUrl(
-            "port or non-canonical authority is not allowed",
-        ));
+        return Err(VerifyError::CertificateUrl("port or non-canonical authority is not allowed"));
     }
     Ok(url)
 }
@@ -167,14 +151,9 @@ pub fn validate_certificate_url(raw: &str) -> Result<Url, VerifyError> {
     if url.query().is_some() {
         return Err(VerifyError::CertificateUrl("query is not allowed"));
     }
-    let name = url
-        .path()
-        .strip_prefix("/SimpleNotificationService-")
-        .and_then(|p| p.strip_suffix(".pem"));
+    let name = url.path().strip_prefix("/SimpleNotificationService-").and_then(|p| p.strip_suffix(".pem"));
     if !name.is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric())) {
-        return Err(VerifyError::CertificateUrl(
-            "path is not /SimpleNotificationService-<id>.pem",
-        ));
+        return Err(VerifyError::CertificateUrl("path is not /SimpleNotificationService-<id>.pem"));
     }
     if url.as_str() != raw {
         return Err(VerifyError::CertificateUrl("URL is not in canonical form"));
@@ -185,13 +164,9 @@ pub fn validate_certificate_url(raw: &str) -> Result<Url, VerifyError> {
 /// Validates a `SubscribeURL` before it is visited.
 pub fn validate_subscribe_url(raw: &str) -> Result<Url, VerifyError> {
     let url = canonical_https(raw, "subscribe URL is not a URL")?;
-    let confirm = url
-        .query_pairs()
-        .any(|(k, v)| k == "Action" && v == "ConfirmSubscription");
+    let confirm = url.query_pairs().any(|(k, v)| k == "Action" && v == "ConfirmSubscription");
     if url.path() != "/" || !confirm {
-        return Err(VerifyError::CertificateUrl(
-            "subscribe URL is not a ConfirmSubscription call",
-        ));
+        return Err(VerifyError::CertificateUrl("subscribe URL is not a ConfirmSubscription call"));
     }
     Ok(url)
 }
@@ -212,10 +187,7 @@ pub struct CertificateCache {
 
 impl CertificateCache {
     pub fn new(getter: Arc<dyn HttpsGet>) -> Self {
-        Self {
-            getter,
-            keys: Mutex::new(HashMap::new()),
-        }
+        Self { getter, keys: Mutex::new(HashMap::new()) }
     }
 
     pub fn getter(&self) -> &Arc<dyn HttpsGet> {
@@ -223,12 +195,7 @@ impl CertificateCache {
     }
 
     async fn key_for(&self, url: &Url, now: i64) -> Result<Arc<PublicKey>, VerifyError> {
-        let cached = self
-            .keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(url.as_str())
-            .cloned();
+        let cached = self.keys.lock().unwrap_or_else(|e| e.into_inner()).get(url.as_str()).cloned();
         let entry = match cached {
             Some(entry) => entry,
             None => {
@@ -246,9 +213,7 @@ impl CertificateCache {
             }
         };
         if now < entry.not_before || now > entry.not_after {
-            return Err(VerifyError::CertificateInvalid(
-                "certificate is not valid at this time",
-            ));
+            return Err(VerifyError::CertificateInvalid("certificate is not valid at this time"));
         }
         Ok(entry.key)
     }
@@ -259,18 +224,13 @@ fn parse_certificate(pem_bytes: &[u8]) -> Result<CachedKey, VerifyError> {
     if pem_bytes.len() > MAX_CERTIFICATE_BYTES {
         return Err(VerifyError::CertificateInvalid("certificate too large"));
     }
-    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_bytes)
-        .map_err(|_| VerifyError::CertificateInvalid("not PEM"))?;
-    let cert = pem
-        .parse_x509()
-        .map_err(|_| VerifyError::CertificateInvalid("not an X.509 certificate"))?;
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(pem_bytes).map_err(|_| VerifyError::CertificateInvalid("not PEM"))?;
+    let cert = pem.parse_x509().map_err(|_| VerifyError::CertificateInvalid("not an X.509 certificate"))?;
     // Older SNS certificates encode the CN as a T61String, which
     // `as_str` refuses; the raw bytes are compared as ASCII instead.
-    let names_sns = cert
-        .subject()
-        .iter_common_name()
-        .filter_map(|cn| std::str::from_utf8(cn.as_slice()).ok())
-        .any(|cn| {
+    let names_sns =
+        cert.subject().iter_common_name().filter_map(|cn| std::str::from_utf8(cn.as_slice()).ok()).any(|cn| {
             cn == "sns.amazonaws.com"
                 || cn.strip_prefix("sns-signing.").is_some_and(|rest| {
                     rest.strip_suffix(".amazonaws.com")
@@ -279,9 +239,7 @@ fn parse_certificate(pem_bytes: &[u8]) -> Result<CachedKey, VerifyError> {
                 })
         });
     if !names_sns {
-        return Err(VerifyError::CertificateInvalid(
-            "certificate is not issued to SNS",
-        ));
+        return Err(VerifyError::CertificateInvalid("certificate is not issued to SNS"));
     }
     let key = PublicKey::from_public_key_der(cert.public_key().raw)
         .map_err(|_| VerifyError::CertificateInvalid("certificate key is not RSA"))?;
@@ -303,16 +261,10 @@ pub fn signature_matches(
     let sig = Signature::try_from(signature)
         .map_err(|_| VerifyError::MalformedEnvelope("signature is not a valid RSA signature"))?;
     let ok = match version {
-        "1" => VerifyingKey::<sha1::Sha1>::new(key.clone())
-            .verify(message, &sig)
-            .is_ok(),
-        "2" => VerifyingKey::<sha2::Sha256>::new(key.clone())
-            .verify(message, &sig)
-            .is_ok(),
+        "1" => VerifyingKey::<sha1::Sha1>::new(key.clone()).verify(message, &sig).is_ok(),
+        "2" => VerifyingKey::<sha2::Sha256>::new(key.clone()).verify(message, &sig).is_ok(),
         _ => {
-            return Err(VerifyError::MalformedEnvelope(
-                "unsupported SignatureVersion",
-            ));
+            return Err(VerifyError::MalformedEnvelope("unsupported SignatureVersion"));
         }
     };
     Ok(ok)
@@ -328,32 +280,23 @@ impl SnsVerifier {
         Self { topic_arns, certs }
     }
 
-    pub async fn verify(
-        &self,
-        body: &[u8],
-        headers: &HeaderMap,
-        now: i64,
-    ) -> Result<Verified, VerifyError> {
-        let msg: SnsMessage = serde_json::from_slice(body)
-            .map_err(|_| VerifyError::MalformedEnvelope("body is not an SNS message"))?;
+    pub fn certificates(&self) -> &Arc<CertificateCache> {
+        &self.certs
+    }
+
+    pub async fn verify(&self, body: &[u8], headers: &HeaderMap, now: i64) -> Result<Verified, VerifyError> {
+        let msg: SnsMessage =
+            serde_json::from_slice(body).map_err(|_| VerifyError::MalformedEnvelope("body is not an SNS message"))?;
         if let Some(declared) = header_values(headers, MESSAGE_TYPE_HEADER)?.first() {
             if *declared != msg.kind {
-                return Err(VerifyError::MalformedEnvelope(
-                    "message type header disagrees with the body",
-                ));
+                return Err(VerifyError::MalformedEnvelope("message type header disagrees with the body"));
             }
         }
         self.verify_message(&msg, now).await
     }
 
-    pub async fn verify_message(
-        &self,
-        msg: &SnsMessage,
-        now: i64,
-    ) -> Result<Verified, VerifyError> {
-        let string_to_sign = msg
-            .string_to_sign()
-            .ok_or(VerifyError::MalformedEnvelope("unknown message Type"))?;
+    pub async fn verify_message(&self, msg: &SnsMessage, now: i64) -> Result<Verified, VerifyError> {
+        let string_to_sign = msg.string_to_sign().ok_or(VerifyError::MalformedEnvelope("unknown message Type"))?;
         if !self.topic_arns.iter().any(|t| *t == msg.topic_arn) {
             return Err(VerifyError::TopicNotAllowed);
         }
@@ -361,9 +304,7 @@ impl SnsVerifier {
         // Validate the subscribe URL before anything is fetched, too.
         let subscribe_url = match msg.kind.as_str() {
             "SubscriptionConfirmation" => Some(validate_subscribe_url(
-                msg.subscribe_url
-                    .as_deref()
-                    .ok_or(VerifyError::MalformedEnvelope("no SubscribeURL"))?,
+                msg.subscribe_url.as_deref().ok_or(VerifyError::MalformedEnvelope("no SubscribeURL"))?,
             )?),
             _ => None,
         };
@@ -371,17 +312,10 @@ impl SnsVerifier {
             .decode(msg.signature.as_bytes())
             .map_err(|_| VerifyError::MalformedEnvelope("signature is not base64"))?;
         if !matches!(msg.signature_version.as_str(), "1" | "2") {
-            return Err(VerifyError::MalformedEnvelope(
-                "unsupported SignatureVersion",
-            ));
+            return Err(VerifyError::MalformedEnvelope("unsupported SignatureVersion"));
         }
         let key = self.certs.key_for(&cert_url, now).await?;
-        if !signature_matches(
-            &key,
-            &msg.signature_version,
-            string_to_sign.as_bytes(),
-            &signature,
-        )? {
+        if !signature_matches(&key, &msg.signature_version, string_to_sign.as_bytes(), &signature)? {
             return Err(VerifyError::SignatureMismatch);
         }
 
@@ -393,11 +327,9 @@ impl SnsVerifier {
                 event_type: Some(msg.kind.clone()),
                 action: Action::ConfirmSubscription { subscribe_url },
             },
-            None if msg.kind == "UnsubscribeConfirmation" => Verified {
-                event_id,
-                event_type: Some(msg.kind.clone()),
-                action: Action::Unsubscribed,
-            },
+            None if msg.kind == "UnsubscribeConfirmation" => {
+                Verified { event_id, event_type: Some(msg.kind.clone()), action: Action::Unsubscribed }
+            }
             None => Verified::record(event_id, Some(notification_type(&msg.message))),
         })
     }
@@ -409,10 +341,7 @@ fn notification_type(message: &str) -> String {
     serde_json::from_str::<serde_json::Value>(message)
         .ok()
         .and_then(|v| {
-            let t = v
-                .get("notificationType")
-                .or_else(|| v.get("eventType"))?
-                .as_str()?;
+            let t = v.get("notificationType").or_else(|| v.get("eventType"))?.as_str()?;
             Some(format!("ses.{t}"))
         })
         .unwrap_or_else(|| "Notification".to_owned())
@@ -438,12 +367,8 @@ pub mod signing {
         let key = PrivateKey::from_pkcs8_pem(private_key_pem).map_err(|e| e.to_string())?;
         let text = msg.string_to_sign().ok_or("unknown Type")?;
         let sig = match msg.signature_version.as_str() {
-            "1" => SigningKey::<sha1::Sha1>::new(key)
-                .sign(text.as_bytes())
-                .to_vec(),
-            "2" => SigningKey::<sha2::Sha256>::new(key)
-                .sign(text.as_bytes())
-                .to_vec(),
+            "1" => SigningKey::<sha1::Sha1>::new(key).sign(text.as_bytes()).to_vec(),
+            "2" => SigningKey::<sha2::Sha256>::new(key).sign(text.as_bytes()).to_vec(),
             _ => return Err("unsupported SignatureVersion".into()),
         };
         msg.signature = STANDARD.encode(sig);

@@ -10,8 +10,8 @@ use http::HeaderMap;
 
 use super::headers::{first_of, header_values, parse_unix_secs};
 use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
-    hmac_sha256, json_string_at, mac_bytes, mac_matches,
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json_string_at,
+    mac_bytes, mac_matches,
 };
 use crate::secret::Secret;
 
@@ -44,27 +44,16 @@ pub fn decode_secret(secret: &Secret) -> Result<Secret, &'static str> {
 impl StandardWebhooksVerifier {
     /// Takes already decoded keys; see [`decode_secret`].
     pub fn new(keys: Vec<Secret>, tolerance_secs: i64) -> Self {
-        Self {
-            keys,
-            tolerance_secs,
-        }
+        Self { keys, tolerance_secs }
     }
 
-    pub fn verify(
-        &self,
-        body: &[u8],
-        headers: &HeaderMap,
-        now: i64,
-    ) -> Result<Verified, VerifyError> {
+    pub fn verify(&self, body: &[u8], headers: &HeaderMap, now: i64) -> Result<Verified, VerifyError> {
         let id = first_of(headers, &ID_HEADERS)?;
         let ts_raw = first_of(headers, &TIMESTAMP_HEADERS)?;
         let timestamp = parse_unix_secs(ts_raw, TIMESTAMP_HEADERS[0])?;
         let candidates = signature_candidates(headers)?;
         let matched = self.keys.iter().any(|key| {
-            let mac = hmac_sha256(
-                key.expose(),
-                &[id.as_bytes(), b".", ts_raw.as_bytes(), b".", body],
-            );
+            let mac = hmac_sha256(key.expose(), &[id.as_bytes(), b".", ts_raw.as_bytes(), b".", body]);
             candidates.iter().any(|c| mac_matches(&mac, c))
         });
         if !matched {
@@ -117,10 +106,7 @@ fn signature_candidates(headers: &HeaderMap) -> Result<Vec<Vec<u8>>, VerifyError
 /// Produces a `webhook-signature` value (`v1,<base64>`), for tests and tools.
 pub fn sign(key: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
     let ts = timestamp.to_string();
-    let mac = hmac_sha256(
-        key.expose(),
-        &[msg_id.as_bytes(), b".", ts.as_bytes(), b".", body],
-    );
+    let mac = hmac_sha256(key.expose(), &[msg_id.as_bytes(), b".", ts.as_bytes(), b".", body]);
     format!("v1,{}", STANDARD.encode(mac_bytes(mac)))
 }
 
@@ -134,9 +120,7 @@ mod tests {
         include_str!(
             "../../testdata/providers/standard-webhooks/sign-test-msg_27UH4WbU6Z5A5EzD8u03UvzRbpk.vector.json"
         ),
-        include_str!(
-            "../../testdata/providers/standard-webhooks/sign-test-msg_p5jXN8AQM9LWM0D4loKWxJek.vector.json"
-        ),
+        include_str!("../../testdata/providers/standard-webhooks/sign-test-msg_p5jXN8AQM9LWM0D4loKWxJek.vector.json"),
     ];
 
     fn headers(prefix: &str, id: &str, ts: &str, sig: &str) -> HeaderMap {
@@ -158,10 +142,7 @@ mod tests {
 
     fn verifier_for(v: &Value) -> StandardWebhooksVerifier {
         let key = decode_secret(&Secret::new(v["secret"].as_str().unwrap())).unwrap();
-        assert_eq!(
-            hex::encode(key.expose()),
-            v["secret_key_bytes_hex"].as_str().unwrap()
-        );
+        assert_eq!(hex::encode(key.expose()), v["secret_key_bytes_hex"].as_str().unwrap());
         StandardWebhooksVerifier::new(vec![key], DEFAULT_TOLERANCE_SECS)
     }
 
@@ -169,18 +150,14 @@ mod tests {
     fn spec_vectors_verify_under_both_header_spellings() {
         for raw in VECTORS {
             let v: Value = serde_json::from_str(raw).unwrap();
-            let (id, ts) = (
-                v["msg_id"].as_str().unwrap(),
-                v["timestamp"].as_i64().unwrap(),
-            );
+            let (id, ts) = (v["msg_id"].as_str().unwrap(), v["timestamp"].as_i64().unwrap());
             let payload = v["payload"].as_str().unwrap().as_bytes();
             let expected = v["expected_signature"].as_str().unwrap();
             let key = decode_secret(&Secret::new(v["secret"].as_str().unwrap())).unwrap();
             assert_eq!(sign(&key, id, ts, payload), expected);
             for prefix in ["webhook", "svix"] {
-                let got = verifier_for(&v)
-                    .verify(payload, &headers(prefix, id, &ts.to_string(), expected), ts)
-                    .unwrap();
+                let got =
+                    verifier_for(&v).verify(payload, &headers(prefix, id, &ts.to_string(), expected), ts).unwrap();
                 assert_eq!(got.event_id, id);
             }
         }
@@ -190,24 +167,15 @@ mod tests {
     fn spec_negative_signatures_are_rejected_and_multi_signature_headers_work() {
         for raw in VECTORS {
             let v: Value = serde_json::from_str(raw).unwrap();
-            let (id, ts) = (
-                v["msg_id"].as_str().unwrap(),
-                v["timestamp"].as_i64().unwrap(),
-            );
+            let (id, ts) = (v["msg_id"].as_str().unwrap(), v["timestamp"].as_i64().unwrap());
             let ts_text = ts.to_string();
             let payload = v["payload"].as_str().unwrap().as_bytes();
             let good = v["expected_signature"].as_str().unwrap();
             for bad in v["negative_signatures"].as_object().unwrap().keys() {
-                let err = verifier_for(&v)
-                    .verify(payload, &headers("webhook", id, &ts_text, bad), ts)
-                    .unwrap_err();
+                let err = verifier_for(&v).verify(payload, &headers("webhook", id, &ts_text, bad), ts).unwrap_err();
                 assert_eq!(err, VerifyError::SignatureMismatch, "{bad}");
                 let both = format!("{bad} {good}");
-                assert!(
-                    verifier_for(&v)
-                        .verify(payload, &headers("webhook", id, &ts_text, &both), ts)
-                        .is_ok()
-                );
+                assert!(verifier_for(&v).verify(payload, &headers("webhook", id, &ts_text, &both), ts).is_ok());
             }
         }
     }
@@ -215,13 +183,9 @@ mod tests {
     #[test]
     fn bare_empty_signature_bypass_is_rejected() {
         let v: Value = serde_json::from_str(VECTORS[1]).unwrap();
-        let (id, ts) = (
-            v["msg_id"].as_str().unwrap(),
-            v["timestamp"].as_i64().unwrap(),
-        );
+        let (id, ts) = (v["msg_id"].as_str().unwrap(), v["timestamp"].as_i64().unwrap());
         for sig in ["v1,", "v1, ", "v1,=", "v1"] {
-            let got =
-                verifier_for(&v).verify(b"", &headers("webhook", id, &ts.to_string(), sig), ts);
+            let got = verifier_for(&v).verify(b"", &headers("webhook", id, &ts.to_string(), sig), ts);
             assert!(got.is_err(), "{sig:?} accepted");
         }
     }
@@ -235,10 +199,7 @@ mod tests {
         let sig = sign(&key, "msg_1", now, body);
         let ts = now.to_string();
         assert_eq!(
-            v.verify(body, &headers("webhook", "msg_1", &ts, &sig), now)
-                .unwrap()
-                .event_type
-                .as_deref(),
+            v.verify(body, &headers("webhook", "msg_1", &ts, &sig), now).unwrap().event_type.as_deref(),
             Some("invoice.paid")
         );
         assert_eq!(
@@ -249,41 +210,22 @@ mod tests {
             v.verify(body, &headers("webhook", "msg_1", &ts, &sig), now - 301),
             Err(VerifyError::FutureTimestamp)
         );
-        assert_eq!(
-            v.verify(b"{}", &headers("webhook", "msg_1", &ts, &sig), now),
-            Err(VerifyError::SignatureMismatch)
-        );
-        assert_eq!(
-            v.verify(body, &headers("webhook", "msg_2", &ts, &sig), now),
-            Err(VerifyError::SignatureMismatch)
-        );
+        assert_eq!(v.verify(b"{}", &headers("webhook", "msg_1", &ts, &sig), now), Err(VerifyError::SignatureMismatch));
+        assert_eq!(v.verify(body, &headers("webhook", "msg_2", &ts, &sig), now), Err(VerifyError::SignatureMismatch));
         // Two signature headers joined by a front end with a comma.
         let joined = format!("{},{sig}", sign(&Secret::new("other"), "msg_1", now, body));
-        assert!(
-            v.verify(body, &headers("webhook", "msg_1", &ts, &joined), now)
-                .is_ok()
-        );
+        assert!(v.verify(body, &headers("webhook", "msg_1", &ts, &joined), now).is_ok());
     }
 
     #[test]
     fn non_utf8_bodies_verify_and_rotation_overlap_works() {
-        let (old, new) = (
-            Secret::new(b"old-key-bytes".to_vec()),
-            Secret::new(b"new-key-bytes".to_vec()),
-        );
-        let v =
-            StandardWebhooksVerifier::new(vec![new.clone(), old.clone()], DEFAULT_TOLERANCE_SECS);
+        let (old, new) = (Secret::new(b"old-key-bytes".to_vec()), Secret::new(b"new-key-bytes".to_vec()));
+        let v = StandardWebhooksVerifier::new(vec![new.clone(), old.clone()], DEFAULT_TOLERANCE_SECS);
         let body = [0xff, 0xfe, 0x00, 0x80];
         let now = 1_700_000_000;
         for key in [&old, &new] {
             let sig = sign(key, "msg_bin", now, &body);
-            let got = v
-                .verify(
-                    &body,
-                    &headers("webhook", "msg_bin", &now.to_string(), &sig),
-                    now,
-                )
-                .unwrap();
+            let got = v.verify(&body, &headers("webhook", "msg_bin", &now.to_string(), &sig), now).unwrap();
             assert_eq!(got.event_type, None);
         }
     }

@@ -5,8 +5,8 @@ use http::HeaderMap;
 
 use super::headers::{list_items, parse_unix_secs};
 use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
-    hmac_sha256, json_string_at, mac_bytes, mac_matches,
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json_string_at,
+    mac_bytes, mac_matches,
 };
 use crate::secret::Secret;
 
@@ -22,18 +22,10 @@ pub struct StripeVerifier {
 impl StripeVerifier {
     /// `secrets` are all active endpoint secrets (more than one during rotation).
     pub fn new(secrets: Vec<Secret>, tolerance_secs: i64) -> Self {
-        Self {
-            secrets,
-            tolerance_secs,
-        }
+        Self { secrets, tolerance_secs }
     }
 
-    pub fn verify(
-        &self,
-        body: &[u8],
-        headers: &HeaderMap,
-        now: i64,
-    ) -> Result<Verified, VerifyError> {
+    pub fn verify(&self, body: &[u8], headers: &HeaderMap, now: i64) -> Result<Verified, VerifyError> {
         let (timestamp, candidates) = parse_header(headers)?;
         let ts_text = timestamp.to_string();
         let matched = self.secrets.iter().any(|secret| {
@@ -46,10 +38,9 @@ impl StripeVerifier {
         check_timestamp(timestamp, now, self.tolerance_secs)?;
 
         // Authenticated from here on: read the event identity.
-        let event: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|_| VerifyError::MalformedPayload("body is not JSON"))?;
-        let id = json_string_at(&event, "/id")
-            .ok_or(VerifyError::MalformedPayload("event has no id"))?;
+        let event: serde_json::Value =
+            serde_json::from_slice(body).map_err(|_| VerifyError::MalformedPayload("body is not JSON"))?;
+        let id = json_string_at(&event, "/id").ok_or(VerifyError::MalformedPayload("event has no id"))?;
         let event_type = json_string_at(&event, "/type").map(str::to_owned);
         Ok(Verified::record(checked_event_id(id)?, event_type))
     }
@@ -101,11 +92,9 @@ mod tests {
     use http::HeaderValue;
     use serde_json::Value;
 
-    const VECTOR: &str = include_str!(
-        "../../testdata/providers/stripe/signature-dotnet-event_test_signature.vector.json"
-    );
-    const PAYLOAD: &[u8] =
-        include_bytes!("../../testdata/providers/stripe/event_test_signature.payload.json");
+    const VECTOR: &str =
+        include_str!("../../testdata/providers/stripe/signature-dotnet-event_test_signature.vector.json");
+    const PAYLOAD: &[u8] = include_bytes!("../../testdata/providers/stripe/event_test_signature.payload.json");
 
     fn vector() -> Value {
         serde_json::from_str(VECTOR).unwrap()
@@ -118,10 +107,7 @@ mod tests {
     }
 
     fn verifier(secrets: &[&str]) -> StripeVerifier {
-        StripeVerifier::new(
-            secrets.iter().map(|s| Secret::new(*s)).collect(),
-            DEFAULT_TOLERANCE_SECS,
-        )
+        StripeVerifier::new(secrets.iter().map(|s| Secret::new(*s)).collect(), DEFAULT_TOLERANCE_SECS)
     }
 
     #[test]
@@ -129,9 +115,7 @@ mod tests {
         let v = vector();
         let header = v["stripe_signature_header"].as_str().unwrap();
         let now = v["timestamp"].as_i64().unwrap() + 100;
-        let got = verifier(&["webhook_secret"])
-            .verify(PAYLOAD, &headers(header), now)
-            .unwrap();
+        let got = verifier(&["webhook_secret"]).verify(PAYLOAD, &headers(header), now).unwrap();
         assert_eq!(got.event_id, "evt_123");
         assert_eq!(got.event_type.as_deref(), Some("customer.created"));
     }
@@ -140,39 +124,21 @@ mod tests {
     fn sign_reproduces_the_sdk_signature() {
         let v = vector();
         let signed = sign(&Secret::new("webhook_secret"), 1_533_204_620, PAYLOAD);
-        assert_eq!(
-            signed,
-            format!("t=1533204620,v1={}", v["expected_v1"].as_str().unwrap())
-        );
+        assert_eq!(signed, format!("t=1533204620,v1={}", v["expected_v1"].as_str().unwrap()));
     }
 
     #[test]
     fn stale_and_future_timestamps_are_rejected() {
-        let header = vector()["stripe_signature_header"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let header = vector()["stripe_signature_header"].as_str().unwrap().to_owned();
         let v = verifier(&["webhook_secret"]);
-        assert_eq!(
-            v.verify(PAYLOAD, &headers(&header), 1_533_204_620 + 400),
-            Err(VerifyError::StaleTimestamp)
-        );
-        assert_eq!(
-            v.verify(PAYLOAD, &headers(&header), 1_533_204_620 - 301),
-            Err(VerifyError::FutureTimestamp)
-        );
-        assert!(
-            v.verify(PAYLOAD, &headers(&header), 1_533_204_620 - 300)
-                .is_ok()
-        );
+        assert_eq!(v.verify(PAYLOAD, &headers(&header), 1_533_204_620 + 400), Err(VerifyError::StaleTimestamp));
+        assert_eq!(v.verify(PAYLOAD, &headers(&header), 1_533_204_620 - 301), Err(VerifyError::FutureTimestamp));
+        assert!(v.verify(PAYLOAD, &headers(&header), 1_533_204_620 - 300).is_ok());
     }
 
     #[test]
     fn tampered_body_and_wrong_secret_are_rejected() {
-        let header = vector()["stripe_signature_header"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let header = vector()["stripe_signature_header"].as_str().unwrap().to_owned();
         let mut tampered = PAYLOAD.to_vec();
         tampered.pop(); // the trailing newline is signed
         let now = 1_533_204_700;
@@ -180,10 +146,7 @@ mod tests {
             verifier(&["webhook_secret"]).verify(&tampered, &headers(&header), now),
             Err(VerifyError::SignatureMismatch)
         );
-        assert_eq!(
-            verifier(&["other"]).verify(PAYLOAD, &headers(&header), now),
-            Err(VerifyError::SignatureMismatch)
-        );
+        assert_eq!(verifier(&["other"]).verify(PAYLOAD, &headers(&header), now), Err(VerifyError::SignatureMismatch));
     }
 
     #[test]
@@ -198,20 +161,9 @@ mod tests {
         // Stripe sends one v1 per active secret during a roll.
         let new_v1 = new.split_once(",v1=").unwrap().1;
         let multi = format!("{old},v1={new_v1}");
-        assert!(
-            verifier(&["whsec_new"])
-                .verify(body, &headers(&multi), now)
-                .is_ok()
-        );
-        assert!(
-            verifier(&["whsec_old"])
-                .verify(body, &headers(&multi), now)
-                .is_ok()
-        );
-        assert_eq!(
-            verifier(&["whsec_gone"]).verify(body, &headers(&multi), now),
-            Err(VerifyError::SignatureMismatch)
-        );
+        assert!(verifier(&["whsec_new"]).verify(body, &headers(&multi), now).is_ok());
+        assert!(verifier(&["whsec_old"]).verify(body, &headers(&multi), now).is_ok());
+        assert_eq!(verifier(&["whsec_gone"]).verify(body, &headers(&multi), now), Err(VerifyError::SignatureMismatch));
     }
 
     #[test]
@@ -230,45 +182,22 @@ mod tests {
     fn malformed_headers_are_typed_errors() {
         let body = b"{}";
         let v = verifier(&["s"]);
-        assert_eq!(
-            v.verify(body, &HeaderMap::new(), 0),
-            Err(VerifyError::MissingHeader(SIGNATURE_HEADER))
-        );
-        assert_eq!(
-            v.verify(body, &headers("v1=00"), 0),
-            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
-        );
-        assert_eq!(
-            v.verify(body, &headers("t=1"), 1),
-            Err(VerifyError::SignatureMismatch)
-        );
-        assert_eq!(
-            v.verify(body, &headers("t=abc,v1=00"), 0),
-            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
-        );
-        assert_eq!(
-            v.verify(body, &headers("t=1,t=2,v1=00"), 0),
-            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
-        );
-        assert_eq!(
-            v.verify(body, &headers("garbage"), 0),
-            Err(VerifyError::MalformedHeader(SIGNATURE_HEADER))
-        );
+        assert_eq!(v.verify(body, &HeaderMap::new(), 0), Err(VerifyError::MissingHeader(SIGNATURE_HEADER)));
+        assert_eq!(v.verify(body, &headers("v1=00"), 0), Err(VerifyError::MalformedHeader(SIGNATURE_HEADER)));
+        assert_eq!(v.verify(body, &headers("t=1"), 1), Err(VerifyError::SignatureMismatch));
+        assert_eq!(v.verify(body, &headers("t=abc,v1=00"), 0), Err(VerifyError::MalformedHeader(SIGNATURE_HEADER)));
+        assert_eq!(v.verify(body, &headers("t=1,t=2,v1=00"), 0), Err(VerifyError::MalformedHeader(SIGNATURE_HEADER)));
+        assert_eq!(v.verify(body, &headers("garbage"), 0), Err(VerifyError::MalformedHeader(SIGNATURE_HEADER)));
     }
 
     #[test]
     fn signed_but_malformed_payload_is_reported_after_verification() {
         let now = 1_700_000_000;
-        for (body, _why) in [
-            (&b"not json"[..], "not json"),
-            (br#"{"type":"x"}"#, "no id"),
-            (br#"{"id":""}"#, "empty id"),
-        ] {
+        for (body, _why) in
+            [(&b"not json"[..], "not json"), (br#"{"type":"x"}"#, "no id"), (br#"{"id":""}"#, "empty id")]
+        {
             let h = headers(&sign(&Secret::new("s"), now, body));
-            assert!(matches!(
-                verifier(&["s"]).verify(body, &h, now),
-                Err(VerifyError::MalformedPayload(_))
-            ));
+            assert!(matches!(verifier(&["s"]).verify(body, &h, now), Err(VerifyError::MalformedPayload(_))));
         }
     }
 }

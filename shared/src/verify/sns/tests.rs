@@ -21,18 +21,12 @@ struct ServeOne {
 
 impl ServeOne {
     fn new(pem: Vec<u8>) -> Arc<Self> {
-        Arc::new(Self {
-            pem,
-            fetches: AtomicUsize::new(0),
-        })
+        Arc::new(Self { pem, fetches: AtomicUsize::new(0) })
     }
 }
 
 impl HttpsGet for ServeOne {
-    fn get<'a>(
-        &'a self,
-        _url: &'a Url,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
+    fn get<'a>(&'a self, _url: &'a Url) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
         self.fetches.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move { Ok(self.pem.clone()) })
     }
@@ -41,10 +35,7 @@ impl HttpsGet for ServeOne {
 struct Unreachable;
 
 impl HttpsGet for Unreachable {
-    fn get<'a>(
-        &'a self,
-        _url: &'a Url,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
+    fn get<'a>(&'a self, _url: &'a Url) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
         Box::pin(async { Err(FetchError("connection refused".into())) })
     }
 }
@@ -59,17 +50,11 @@ fn inside_validity(pem: &[u8]) -> i64 {
 }
 
 fn verifier(getter: Arc<dyn HttpsGet>, topic: &str) -> SnsVerifier {
-    SnsVerifier::new(
-        vec![topic.to_owned()],
-        Arc::new(CertificateCache::new(getter)),
-    )
+    SnsVerifier::new(vec![topic.to_owned()], Arc::new(CertificateCache::new(getter)))
 }
 
 fn block_on<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(f)
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
 }
 
 #[test]
@@ -89,12 +74,7 @@ fn every_genuine_aws_vector_verifies() {
             let body = read(&dir.join(v["message_file"].as_str().unwrap()));
             let pem = read(&dir.join(v["cert_file"].as_str().unwrap()));
             let msg: SnsMessage = serde_json::from_slice(&body).unwrap();
-            assert_eq!(
-                msg.string_to_sign().unwrap(),
-                v["string_to_sign"].as_str().unwrap(),
-                "{}",
-                file.display()
-            );
+            assert_eq!(msg.string_to_sign().unwrap(), v["string_to_sign"].as_str().unwrap(), "{}", file.display());
 
             let getter = ServeOne::new(pem.clone());
             let got = block_on(verifier(getter.clone(), &msg.topic_arn).verify(
@@ -113,14 +93,11 @@ fn every_genuine_aws_vector_verifies() {
 
 #[test]
 fn negative_and_edge_vectors_match_their_expected_outcome() {
-    let cases: Value =
-        serde_json::from_slice(&read(&fixtures().join("negative-and-edge-vectors.json"))).unwrap();
+    let cases: Value = serde_json::from_slice(&read(&fixtures().join("negative-and-edge-vectors.json"))).unwrap();
     for case in cases["cases"].as_array().unwrap() {
         let what = case["description"].as_str().unwrap();
-        let mut msg: Value = serde_json::from_slice(&read(
-            &fixtures().join(case["base_message"].as_str().unwrap()),
-        ))
-        .unwrap();
+        let mut msg: Value =
+            serde_json::from_slice(&read(&fixtures().join(case["base_message"].as_str().unwrap()))).unwrap();
         for k in case["remove_fields"].as_array().unwrap() {
             msg.as_object_mut().unwrap().remove(k.as_str().unwrap());
         }
@@ -134,13 +111,9 @@ fn negative_and_edge_vectors_match_their_expected_outcome() {
         let parsed: SnsMessage = serde_json::from_value(msg.clone()).unwrap();
         let key = parse_certificate(&pem).unwrap().key;
         let sig = STANDARD.decode(&parsed.signature).unwrap();
-        let valid = signature_matches(
-            &key,
-            &parsed.signature_version,
-            parsed.string_to_sign().unwrap().as_bytes(),
-            &sig,
-        )
-        .unwrap();
+        let valid =
+            signature_matches(&key, &parsed.signature_version, parsed.string_to_sign().unwrap().as_bytes(), &sig)
+                .unwrap();
         assert_eq!(valid, expected, "{what}");
 
         // The full verifier: a valid signature still needs a valid certificate URL.
@@ -155,11 +128,7 @@ fn negative_and_edge_vectors_match_their_expected_outcome() {
         assert_eq!(got.is_ok(), expected && url_ok, "{what}: {got:?}");
         if !url_ok {
             assert!(matches!(got, Err(VerifyError::CertificateUrl(_))), "{what}");
-            assert_eq!(
-                getter.fetches.load(Ordering::SeqCst),
-                0,
-                "{what}: fetched before validating the URL"
-            );
+            assert_eq!(getter.fetches.load(Ordering::SeqCst), 0, "{what}: fetched before validating the URL");
         }
     }
 }
@@ -169,16 +138,10 @@ fn certificate_url_attacks_are_rejected_without_any_fetch() {
     let good = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-7506a1e35b36ef5a444dd1a8e7cc3ed8.pem";
     assert!(validate_certificate_url(good).is_ok());
     assert!(
-        validate_certificate_url(
-            "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem"
-        )
-        .is_ok()
+        validate_certificate_url("https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem").is_ok()
     );
     assert!(
-        validate_certificate_url(
-            "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-abc.pem"
-        )
-        .is_ok()
+        validate_certificate_url("https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-abc.pem").is_ok()
     );
     let attacks = [
         "http://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
@@ -206,30 +169,22 @@ fn certificate_url_attacks_are_rejected_without_any_fetch() {
         "file:///etc/passwd",
         "",
     ];
-    let body: Value = serde_json::from_slice(&read(
-        &fixtures().join("2025-cert-7506a1e3/notification-no-subject.sv1.json"),
-    ))
-    .unwrap();
+    let body: Value =
+        serde_json::from_slice(&read(&fixtures().join("2025-cert-7506a1e3/notification-no-subject.sv1.json"))).unwrap();
     for attack in attacks {
-        assert!(
-            validate_certificate_url(attack).is_err(),
-            "accepted {attack}"
-        );
+        assert!(validate_certificate_url(attack).is_err(), "accepted {attack}");
         let mut msg = body.clone();
         msg["SigningCertURL"] = Value::String(attack.to_owned());
-        let getter = ServeOne::new(read(&fixtures().join(
-            "2025-cert-7506a1e3/SimpleNotificationService-7506a1e35b36ef5a444dd1a8e7cc3ed8.pem",
-        )));
+        let getter = ServeOne::new(read(
+            &fixtures().join("2025-cert-7506a1e3/SimpleNotificationService-7506a1e35b36ef5a444dd1a8e7cc3ed8.pem"),
+        ));
         let topic = msg["TopicArn"].as_str().unwrap().to_owned();
         let got = block_on(verifier(getter.clone(), &topic).verify(
             &serde_json::to_vec(&msg).unwrap(),
             &HeaderMap::new(),
             1_780_000_000,
         ));
-        assert!(
-            matches!(got, Err(VerifyError::CertificateUrl(_))),
-            "{attack}: {got:?}"
-        );
+        assert!(matches!(got, Err(VerifyError::CertificateUrl(_))), "{attack}: {got:?}");
         assert_eq!(getter.fetches.load(Ordering::SeqCst), 0, "{attack}");
     }
 }
@@ -263,13 +218,11 @@ fn topics_outside_the_allow_list_are_refused_before_any_fetch() {
     let (pem, _) = genuine("2025-cert-7506a1e3");
     let body = read(&fixtures().join("2025-cert-7506a1e3/notification-no-subject.sv1.json"));
     let getter = ServeOne::new(pem.clone());
-    let got = block_on(
-        verifier(getter.clone(), "arn:aws:sns:us-west-2:000000000000:other").verify(
-            &body,
-            &HeaderMap::new(),
-            inside_validity(&pem),
-        ),
-    );
+    let got = block_on(verifier(getter.clone(), "arn:aws:sns:us-west-2:000000000000:other").verify(
+        &body,
+        &HeaderMap::new(),
+        inside_validity(&pem),
+    ));
     assert_eq!(got, Err(VerifyError::TopicNotAllowed));
     assert_eq!(getter.fetches.load(Ordering::SeqCst), 0);
 }
@@ -305,10 +258,9 @@ fn subscription_confirmation_for_an_allowed_topic_asks_to_visit_the_url() {
 #[test]
 fn ses_notifications_carry_their_type() {
     let (pem, _) = genuine("2021-cert-7ff53184");
-    for (file, ty) in [
-        ("ses-bounce-notification.sv1.json", "ses.Bounce"),
-        ("ses-complaint-event.sv1.json", "ses.Complaint"),
-    ] {
+    for (file, ty) in
+        [("ses-bounce-notification.sv1.json", "ses.Bounce"), ("ses-complaint-event.sv1.json", "ses.Complaint")]
+    {
         let body = read(&fixtures().join("2021-cert-7ff53184").join(file));
         let msg: SnsMessage = serde_json::from_slice(&body).unwrap();
         let got = block_on(verifier(ServeOne::new(pem.clone()), &msg.topic_arn).verify(
@@ -327,20 +279,11 @@ fn expired_certificates_and_fetch_failures_are_distinguished() {
     let (pem, _) = genuine("2021-cert-7ff53184");
     let body = read(&fixtures().join("2021-cert-7ff53184/notification-no-subject.sv2.json"));
     let msg: SnsMessage = serde_json::from_slice(&body).unwrap();
-    let expired = block_on(verifier(ServeOne::new(pem.clone()), &msg.topic_arn).verify(
-        &body,
-        &HeaderMap::new(),
-        1_800_000_000,
-    ));
-    assert!(
-        matches!(expired, Err(VerifyError::CertificateInvalid(_))),
-        "{expired:?}"
-    );
-    let down = block_on(verifier(Arc::new(Unreachable), &msg.topic_arn).verify(
-        &body,
-        &HeaderMap::new(),
-        1_800_000_000,
-    ));
+    let expired =
+        block_on(verifier(ServeOne::new(pem.clone()), &msg.topic_arn).verify(&body, &HeaderMap::new(), 1_800_000_000));
+    assert!(matches!(expired, Err(VerifyError::CertificateInvalid(_))), "{expired:?}");
+    let down =
+        block_on(verifier(Arc::new(Unreachable), &msg.topic_arn).verify(&body, &HeaderMap::new(), 1_800_000_000));
     assert_eq!(down, Err(VerifyError::CertificateUnavailable));
 }
 
@@ -353,9 +296,7 @@ fn generated_message(kind: &str, version: &str, key_file: &str) -> SnsMessage {
         timestamp: "2026-11-29T12:00:00.000Z".to_owned(),
         signature_version: version.to_owned(),
         signature: String::new(),
-        signing_cert_url:
-            "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000test0000.pem"
-                .to_owned(),
+        signing_cert_url: "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000test0000.pem".to_owned(),
         subject: None,
         token: None,
         subscribe_url: None,
@@ -369,25 +310,13 @@ fn generated_message(kind: &str, version: &str, key_file: &str) -> SnsMessage {
 fn generated_test_certificate_round_trips_and_is_cached() {
     let pem = read(&test_sns().join("SimpleNotificationService-0000test0000.pem"));
     let getter = ServeOne::new(pem);
-    let v = verifier(
-        getter.clone(),
-        "arn:aws:sns:eu-west-1:123456789012:ses-events",
-    );
+    let v = verifier(getter.clone(), "arn:aws:sns:eu-west-1:123456789012:ses-events");
     for version in ["1", "2"] {
         let msg = generated_message("Notification", version, "test-signing-key.pem");
-        let got = block_on(v.verify(
-            &serde_json::to_vec(&msg).unwrap(),
-            &HeaderMap::new(),
-            1_800_000_000,
-        ))
-        .unwrap();
+        let got = block_on(v.verify(&serde_json::to_vec(&msg).unwrap(), &HeaderMap::new(), 1_800_000_000)).unwrap();
         assert_eq!(got.event_type.as_deref(), Some("ses.Delivery"));
     }
-    assert_eq!(
-        getter.fetches.load(Ordering::SeqCst),
-        1,
-        "certificate fetched once per warm container"
-    );
+    assert_eq!(getter.fetches.load(Ordering::SeqCst), 1, "certificate fetched once per warm container");
 }
 
 #[test]
@@ -399,10 +328,7 @@ fn certificates_not_issued_to_sns_are_refused() {
         &HeaderMap::new(),
         1_800_000_000,
     ));
-    assert!(
-        matches!(got, Err(VerifyError::CertificateInvalid(_))),
-        "{got:?}"
-    );
+    assert!(matches!(got, Err(VerifyError::CertificateInvalid(_))), "{got:?}");
 }
 
 #[test]
@@ -410,19 +336,13 @@ fn declared_type_header_must_match_and_garbage_is_typed() {
     let pem = read(&test_sns().join("SimpleNotificationService-0000test0000.pem"));
     let msg = generated_message("Notification", "2", "test-signing-key.pem");
     let mut h = HeaderMap::new();
-    h.insert(
-        MESSAGE_TYPE_HEADER,
-        http::HeaderValue::from_static("SubscriptionConfirmation"),
-    );
+    h.insert(MESSAGE_TYPE_HEADER, http::HeaderValue::from_static("SubscriptionConfirmation"));
     let v = verifier(ServeOne::new(pem), &msg.topic_arn);
     assert!(matches!(
         block_on(v.verify(&serde_json::to_vec(&msg).unwrap(), &h, 1_800_000_000)),
         Err(VerifyError::MalformedEnvelope(_))
     ));
-    assert!(matches!(
-        block_on(v.verify(b"not json", &HeaderMap::new(), 0)),
-        Err(VerifyError::MalformedEnvelope(_))
-    ));
+    assert!(matches!(block_on(v.verify(b"not json", &HeaderMap::new(), 0)), Err(VerifyError::MalformedEnvelope(_))));
     let mut odd = msg.clone();
     odd.kind = "Mystery".to_owned();
     assert!(matches!(

@@ -1,0 +1,78 @@
+//! Translates API Gateway (HTTP API, payload v2) requests into intake
+//! requests and intake answers into HTTP responses. Nothing more.
+
+use std::time::SystemTime;
+
+use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::https::ReqwestGetter;
+use hookledger::adapters::secrets::AwsSecretResolver;
+use hookledger::adapters::sqs::SqsQueue;
+use hookledger::config::{self, ConfigError};
+use hookledger::intake::{Intake, IntakeRequest};
+use hookledger::verify::sns::CertificateCache;
+use lambda_http::request::RequestContext;
+use lambda_http::{Body, Request, RequestExt, Response};
+use std::sync::Arc;
+
+pub type App = Intake<DynamoLedger, SqsQueue>;
+
+/// Builds the intake from the environment: settings, endpoints with their
+/// resolved secrets, and the AWS clients (endpoints from `AWS_ENDPOINT_URL*`).
+pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
+    let settings = config::settings_from(|k| std::env::var(k).ok())?;
+    let raw = std::env::var("HOOKLEDGER_ENDPOINTS").map_err(|_| ConfigError::Missing("HOOKLEDGER_ENDPOINTS"))?;
+    let specs = config::parse_endpoints(&raw)?;
+    let getter = ReqwestGetter::new()
+        .map_err(|reason| ConfigError::Invalid { name: "https client".into(), reason })?;
+    let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
+    let secrets = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
+    let endpoints = config::build_endpoints(specs, &secrets, certificates).await?;
+    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(aws), settings.table_name.clone());
+    let queue = SqsQueue::new(aws_sdk_sqs::Client::new(aws), settings.queue_url.clone());
+    Ok(Intake::new(endpoints, settings, ledger, queue))
+}
+
+/// `/webhooks/{endpoint}`: the path parameter when API Gateway routed it,
+/// else the segment after `webhooks` in the raw path (function URLs, local).
+pub fn endpoint_name(req: &Request) -> Option<String> {
+    if let Some(name) = req.path_parameters_ref().and_then(|p| p.first("endpoint")) {
+        return Some(name.to_owned());
+    }
+    let segments: Vec<&str> = req.uri().path().split('/').filter(|s| !s.is_empty()).collect();
+    let at = segments.iter().rposition(|s| *s == "webhooks")?;
+    match &segments[at + 1..] {
+        [name] => Some((*name).to_owned()),
+        _ => None,
+    }
+}
+
+fn request_id(req: &Request) -> String {
+    match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.request_id.clone().unwrap_or_default(),
+        _ => req.lambda_context_ref().map(|c| c.request_id.clone()).unwrap_or_default(),
+    }
+}
+
+pub async fn handle<L, Q>(intake: &Intake<L, Q>, req: Request) -> Result<Response<Body>, lambda_http::Error>
+where
+    L: hookledger::ledger::Ledger,
+    Q: hookledger::ledger::WorkQueue,
+{
+    let name = endpoint_name(&req).unwrap_or_default();
+    let request_id = request_id(&req);
+    let answer = intake
+        .handle(IntakeRequest {
+            endpoint: &name,
+            method: req.method(),
+            headers: req.headers(),
+            body: req.body().as_ref(),
+            now: SystemTime::now(),
+            request_id: &request_id,
+        })
+        .await;
+    let mut resp = Response::builder().status(answer.status).header("content-type", "application/json");
+    if let Some(secs) = answer.retry_after {
+        resp = resp.header("retry-after", secs.to_string());
+    }
+    Ok(resp.body(Body::Text(answer.body_json()))?)
+}

@@ -1,0 +1,293 @@
+//! The ledger on DynamoDB.
+//!
+//! One table, two item kinds under the same partition key:
+//! - `sk = "meta"`: the small ledger record (status, hashes, counters, index keys);
+//! - `sk = "payload#<sha256>"`: the raw body, written once, never rewritten by
+//!   status updates (DynamoDB bills a write by the whole item's size).
+//!
+//! Non-terminal records carry `due_shard`/`due_at`, the keys of the sparse,
+//! sharded `due` index the reconciler queries (never a scan).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+};
+
+use super::port_error;
+use crate::identity::EventKey;
+use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, Status};
+
+pub const META_SK: &str = "meta";
+pub const DUE_INDEX: &str = "due";
+pub const TTL_ATTRIBUTE: &str = "expires_at";
+
+/// Attribute names of the ledger record.
+pub mod attr {
+    pub const PK: &str = "pk";
+    pub const SK: &str = "sk";
+    pub const PROVIDER: &str = "provider";
+    pub const ENDPOINT: &str = "endpoint";
+    pub const TENANT: &str = "tenant";
+    pub const EVENT_ID: &str = "event_id";
+    pub const EVENT_TYPE: &str = "event_type";
+    pub const STATUS: &str = "status";
+    pub const PAYLOAD_HASH: &str = "payload_hash";
+    pub const PAYLOAD_STORED: &str = "payload_stored";
+    pub const RECEIVED_AT: &str = "received_at";
+    pub const ENQUEUED_AT: &str = "enqueued_at";
+    pub const ATTEMPTS: &str = "attempts";
+    pub const CONFLICTS: &str = "conflicts";
+    pub const LAST_CONFLICT_HASH: &str = "last_conflict_hash";
+    pub const LAST_CONFLICT_AT: &str = "last_conflict_at";
+    pub const DUE_SHARD: &str = "due_shard";
+    pub const DUE_AT: &str = "due_at";
+    pub const BODY: &str = "body";
+    pub const EXPIRES_AT: &str = super::TTL_ATTRIBUTE;
+}
+
+pub fn payload_sk(payload_hash: &str) -> String {
+    format!("payload#{payload_hash}")
+}
+
+pub fn due_shard(shard: u32) -> String {
+    format!("due#{shard:03}")
+}
+
+#[derive(Clone)]
+pub struct DynamoLedger {
+    client: Client,
+    table: String,
+}
+
+impl DynamoLedger {
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        Self { client, table: table.into() }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn key(key: &EventKey, sk: &str) -> HashMap<String, AttributeValue> {
+        HashMap::from([
+            (attr::PK.to_owned(), AttributeValue::S(key.as_str().to_owned())),
+            (attr::SK.to_owned(), AttributeValue::S(sk.to_owned())),
+        ])
+    }
+
+    async fn read_meta(&self, key: &EventKey) -> Result<Option<HashMap<String, AttributeValue>>, PortError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(out.item)
+    }
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn get_s<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&'a str> {
+    item.get(name).and_then(|v| v.as_s().ok()).map(String::as_str)
+}
+
+fn get_n(item: &HashMap<String, AttributeValue>, name: &str) -> Option<i64> {
+    item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok())
+}
+
+/// Reads the parts of a stored record the intake decides on.
+pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<ExistingRecord, PortError> {
+    let corrupt = |what: &str| PortError::Unavailable {
+        service: "dynamodb",
+        message: format!("ledger record has no valid {what}"),
+    };
+    Ok(ExistingRecord {
+        status: get_s(item, attr::STATUS).and_then(Status::parse).ok_or_else(|| corrupt(attr::STATUS))?,
+        payload_hash: get_s(item, attr::PAYLOAD_HASH).ok_or_else(|| corrupt(attr::PAYLOAD_HASH))?.to_owned(),
+        enqueued_at_ms: get_n(item, attr::ENQUEUED_AT),
+        payload_stored: item.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
+    })
+}
+
+/// The new ledger record, as written by the claim.
+pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
+    let mut item = DynamoLedger::key(&event.key, META_SK);
+    item.insert(attr::PROVIDER.into(), s(&event.provider));
+    item.insert(attr::ENDPOINT.into(), s(&event.endpoint));
+    item.insert(attr::TENANT.into(), s(&event.tenant));
+    item.insert(attr::EVENT_ID.into(), s(&event.event_id));
+    if let Some(t) = &event.event_type {
+        item.insert(attr::EVENT_TYPE.into(), s(t));
+    }
+    item.insert(attr::STATUS.into(), s(Status::Received.as_str()));
+    item.insert(attr::PAYLOAD_HASH.into(), s(&event.payload_hash));
+    item.insert(attr::PAYLOAD_STORED.into(), AttributeValue::Bool(false));
+    item.insert(attr::RECEIVED_AT.into(), n(event.received_at_ms));
+    item.insert(attr::ATTEMPTS.into(), n(0));
+    item.insert(attr::CONFLICTS.into(), n(0));
+    item.insert(attr::EXPIRES_AT.into(), n(event.expires_at));
+    item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
+    item.insert(attr::DUE_AT.into(), n(event.received_at_ms));
+    item
+}
+
+impl Ledger for DynamoLedger {
+    async fn claim(&self, event: &NewEvent) -> Result<Claim, PortError> {
+        // Timeline guarded: two deliveries (or our own SDK retry after a lost
+        // response) race to create the record; exactly one put passes
+        // attribute_not_exists, the other gets the winner's item back.
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(new_record_item(event)))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Claim::New),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(e)) => {
+                    let item = match e.item() {
+                        Some(item) => item.clone(),
+                        // Emulators without ReturnValuesOnConditionCheckFailure: read it.
+                        None => self.read_meta(&event.key).await?.ok_or_else(|| PortError::Unavailable {
+                            service: "dynamodb",
+                            message: "record vanished after a failed claim".into(),
+                        })?,
+                    };
+                    Ok(Claim::Existing(existing_from_item(&item)?))
+                }
+                _ => Err(port_error("dynamodb", &err)),
+            },
+        }
+    }
+
+    async fn store_payload(
+        &self,
+        key: &EventKey,
+        payload_hash: &str,
+        body: &[u8],
+        expires_at: i64,
+    ) -> Result<(), PortError> {
+        let mut item = Self::key(key, &payload_sk(payload_hash));
+        item.insert(attr::BODY.into(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(body)));
+        item.insert(attr::EXPIRES_AT.into(), n(expires_at));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .update_expression("SET payload_stored = :t")
+            .condition_expression("attribute_exists(pk) AND payload_hash = :h")
+            .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .expression_attribute_values(":h", s(payload_hash))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(())
+    }
+
+    async fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> Result<(), PortError> {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .update_expression("SET enqueued_at = :at")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":at", n(at_ms))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(())
+    }
+
+    async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .update_expression("ADD conflicts :one SET last_conflict_hash = :h, last_conflict_at = :at")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":h", s(other_hash))
+            .expression_attribute_values(":at", n(at_ms))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(())
+    }
+}
+
+/// The table definition, shared by the local stack, the tests and (checked
+/// against) the SAM template: keys, the sparse `due` index, on-demand billing.
+pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
+    let key = |name: &str, kind: KeyType| KeySchemaElement::builder().attribute_name(name).key_type(kind).build();
+    let def = |name: &str, t: ScalarAttributeType| {
+        AttributeDefinition::builder().attribute_name(name).attribute_type(t).build()
+    };
+    let index = GlobalSecondaryIndex::builder()
+        .index_name(DUE_INDEX)
+        .key_schema(key(attr::DUE_SHARD, KeyType::Hash).map_err(|e| e.to_string())?)
+        .key_schema(key(attr::DUE_AT, KeyType::Range).map_err(|e| e.to_string())?)
+        .projection(Projection::builder().projection_type(ProjectionType::All).build())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let created = client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .key_schema(key(attr::PK, KeyType::Hash).map_err(|e| e.to_string())?)
+        .key_schema(key(attr::SK, KeyType::Range).map_err(|e| e.to_string())?)
+        .attribute_definitions(def(attr::PK, ScalarAttributeType::S).map_err(|e| e.to_string())?)
+        .attribute_definitions(def(attr::SK, ScalarAttributeType::S).map_err(|e| e.to_string())?)
+        .attribute_definitions(def(attr::DUE_SHARD, ScalarAttributeType::S).map_err(|e| e.to_string())?)
+        .attribute_definitions(def(attr::DUE_AT, ScalarAttributeType::N).map_err(|e| e.to_string())?)
+        .global_secondary_indexes(index)
+        .send()
+        .await;
+    match created {
+        Ok(_) => {}
+        Err(e) if e.as_service_error().is_some_and(|se| se.is_resource_in_use_exception()) => return Ok(()),
+        Err(e) => return Err(super::error_chain(&e)),
+    }
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name(TTL_ATTRIBUTE)
+                .enabled(true)
+                .build()
+                .map_err(|e| e.to_string())?,
+        )
+        .send()
+        .await
+        .map_err(|e| super::error_chain(&e))?;
+    Ok(())
+}

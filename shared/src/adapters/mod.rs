@@ -1,0 +1,45 @@
+//! AWS implementations of the ports. Clients come from `aws_config`, so the
+//! standard `AWS_ENDPOINT_URL*` variables point them at any endpoint.
+
+pub mod dynamodb;
+pub mod https;
+pub mod secrets;
+pub mod sqs;
+
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+
+use crate::ledger::PortError;
+
+/// Maps an SDK error to a port error by its type/code, never by message text.
+pub(crate) fn port_error<E>(service: &'static str, err: &aws_sdk_dynamodb::error::SdkError<E>) -> PortError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    use aws_sdk_dynamodb::error::SdkError;
+    let code = match err {
+        SdkError::ServiceError(e) => e.err().code().map(str::to_owned),
+        _ => None,
+    };
+    match code.as_deref() {
+        Some(
+            "ProvisionedThroughputExceededException"
+            | "ThrottlingException"
+            | "RequestLimitExceeded"
+            | "RequestThrottled"
+            | "Throttling",
+        ) => PortError::Throttled { service },
+        _ => PortError::Unavailable { service, message: error_chain(err) },
+    }
+}
+
+/// The error and its sources, for logs (never contains request payloads).
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}

@@ -1,0 +1,449 @@
+//! Typed configuration, read once at cold start and validated with clear errors.
+//!
+//! Environment variables (see README "Configuration reference"):
+//! `HOOKLEDGER_TABLE`, `HOOKLEDGER_QUEUE_URL`, `HOOKLEDGER_ENDPOINTS` (JSON),
+//! `HOOKLEDGER_MAX_BODY_BYTES`, `HOOKLEDGER_RETENTION_DAYS`, `HOOKLEDGER_INDEX_SHARDS`.
+//! Secrets are never inline: each is a reference, `env:NAME` or `ssm:/path`
+//! (an SSM SecureString, or a Secrets Manager secret through
+//! `ssm:/aws/reference/secretsmanager/<name>`).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use http::HeaderName;
+use serde::Deserialize;
+
+use crate::secret::Secret;
+use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+use crate::verify::github::GithubVerifier;
+use crate::verify::sns::{CertificateCache, SnsVerifier};
+use crate::verify::standard::{self, StandardWebhooksVerifier};
+use crate::verify::stripe::{self, StripeVerifier};
+
+pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
+/// DynamoDB items are at most 400 KB; keep room for the key and attributes.
+pub const MAX_MAX_BODY_BYTES: usize = 380 * 1024;
+/// Providers retry for up to ~3 days (Stripe, Standard Webhooks); keep ids far longer.
+pub const DEFAULT_RETENTION_DAYS: u32 = 30;
+pub const DEFAULT_INDEX_SHARDS: u32 = 16;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{0} is not set")]
+    Missing(&'static str),
+    #[error("{name} is invalid: {reason}")]
+    Invalid { name: String, reason: String },
+    #[error("endpoint {endpoint:?}: {reason}")]
+    Endpoint { endpoint: String, reason: String },
+    #[error("endpoint {endpoint:?}: secret {reference:?} could not be resolved: {reason}")]
+    Secret { endpoint: String, reference: String, reason: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Stripe,
+    Github,
+    StandardWebhooks,
+    Sns,
+    Hmac,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stripe => "stripe",
+            Self::Github => "github",
+            Self::StandardWebhooks => "standard_webhooks",
+            Self::Sns => "sns",
+            Self::Hmac => "hmac",
+        }
+    }
+}
+
+/// Endpoint configuration as written in `HOOKLEDGER_ENDPOINTS`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSpec {
+    pub provider: ProviderKind,
+    /// The account/tenant this endpoint belongs to (defaults to its name).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Secret references, all active at once (rotation overlap).
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    #[serde(default)]
+    pub tolerance_secs: Option<i64>,
+    /// SNS only: topics allowed to deliver (and to be subscribed to).
+    #[serde(default)]
+    pub topic_arns: Vec<String>,
+    /// Generic HMAC only.
+    #[serde(default)]
+    pub hmac: Option<HmacSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HmacSpec {
+    pub signature_header: String,
+    #[serde(default)]
+    pub prefix: String,
+    pub encoding: Encoding,
+    #[serde(default)]
+    pub timestamp_header: Option<String>,
+    #[serde(default = "default_signed_content")]
+    pub signed_content: String,
+    pub id: Source,
+    #[serde(default, rename = "type")]
+    pub event_type: Option<Source>,
+}
+
+fn default_signed_content() -> String {
+    "{body}".to_owned()
+}
+
+/// Resolves secret references (`env:`, `ssm:`). The AWS implementation lives
+/// in `adapters::secrets`; tests use a map.
+pub trait SecretResolver: Send + Sync {
+    fn resolve<'a>(&'a self, reference: &'a str) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>>;
+}
+
+/// A configured endpoint, its verifier ready to use.
+pub struct Endpoint {
+    pub name: String,
+    pub tenant: String,
+    pub provider: ProviderKind,
+    pub verifier: EndpointVerifier,
+}
+
+pub enum EndpointVerifier {
+    Stripe(StripeVerifier),
+    Github(GithubVerifier),
+    StandardWebhooks(StandardWebhooksVerifier),
+    Sns(SnsVerifier),
+    Hmac(GenericHmacVerifier),
+}
+
+/// Runtime settings other than endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub table_name: String,
+    pub queue_url: String,
+    pub max_body_bytes: usize,
+    pub retention_days: u32,
+    pub index_shards: u32,
+}
+
+/// Reads settings from a variable lookup (the process environment in production).
+pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
+    let required = |name: &'static str| get(name).filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name));
+    let number = |name: &'static str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
+        match get(name) {
+            None => Ok(default),
+            Some(raw) => match raw.trim().parse::<u64>() {
+                Ok(n) if (min..=max).contains(&n) => Ok(n),
+                _ => Err(ConfigError::Invalid {
+                    name: name.to_owned(),
+                    reason: format!("expected an integer in {min}..={max}"),
+                }),
+            },
+        }
+    };
+    Ok(Settings {
+        table_name: required("HOOKLEDGER_TABLE")?,
+        queue_url: required("HOOKLEDGER_QUEUE_URL")?,
+        max_body_bytes: number(
+            "HOOKLEDGER_MAX_BODY_BYTES",
+            DEFAULT_MAX_BODY_BYTES as u64,
+            1024,
+            MAX_MAX_BODY_BYTES as u64,
+        )? as usize,
+        retention_days: number("HOOKLEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS.into(), 4, 3650)? as u32,
+        index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
+    })
+}
+
+/// Parses the endpoints JSON (`{"name": {...}, ...}`) without resolving secrets.
+pub fn parse_endpoints(json: &str) -> Result<BTreeMap<String, EndpointSpec>, ConfigError> {
+    let specs: BTreeMap<String, EndpointSpec> = serde_json::from_str(json)
+        .map_err(|e| ConfigError::Invalid { name: "HOOKLEDGER_ENDPOINTS".into(), reason: e.to_string() })?;
+    if specs.is_empty() {
+        return Err(ConfigError::Invalid {
+            name: "HOOKLEDGER_ENDPOINTS".into(),
+            reason: "no endpoints configured".into(),
+        });
+    }
+    for (name, spec) in &specs {
+        validate_spec(name, spec).map_err(|reason| ConfigError::Endpoint { endpoint: name.clone(), reason })?;
+    }
+    Ok(specs)
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
+    if !valid_name(name) {
+        return Err("name must be 1-64 characters of a-z, 0-9, '-' or '_' starting with a letter or digit".into());
+    }
+    if let Some(t) = &spec.tenant {
+        let ok = (1..=128).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if !ok {
+            return Err("tenant must be 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'".into());
+        }
+    }
+    if let Some(tol) = spec.tolerance_secs {
+        if !(1..=86_400).contains(&tol) {
+            return Err("tolerance_secs must be within 1..=86400".into());
+        }
+    }
+    for r in &spec.secrets {
+        if !(r.starts_with("env:") || r.starts_with("ssm:")) {
+            return Err("secrets must be references (env:NAME or ssm:/path), never inline values".into());
+        }
+    }
+    let needs_secrets = spec.provider != ProviderKind::Sns;
+    if needs_secrets && spec.secrets.is_empty() {
+        return Err(format!("provider {} needs at least one secret", spec.provider.as_str()));
+    }
+    if !needs_secrets && !spec.secrets.is_empty() {
+        return Err("sns endpoints are verified with AWS certificates and take no secrets".into());
+    }
+    match spec.provider {
+        ProviderKind::Sns if spec.topic_arns.is_empty() => {
+            return Err("sns endpoints need topic_arns (the allow-list)".into());
+        }
+        ProviderKind::Sns => {
+            if let Some(bad) = spec.topic_arns.iter().find(|t| !t.starts_with("arn:aws") || t.split(':').count() != 6) {
+                return Err(format!("{bad:?} is not an SNS topic ARN"));
+            }
+        }
+        _ if !spec.topic_arns.is_empty() => return Err("topic_arns only applies to sns endpoints".into()),
+        _ => {}
+    }
+    match (spec.provider, &spec.hmac) {
+        (ProviderKind::Hmac, None) => return Err("hmac endpoints need an \"hmac\" section".into()),
+        (ProviderKind::Hmac, Some(h)) => {
+            HeaderName::from_bytes(h.signature_header.as_bytes())
+                .map_err(|_| "hmac.signature_header is not a header name")?;
+            if let Some(t) = &h.timestamp_header {
+                HeaderName::from_bytes(t.as_bytes()).map_err(|_| "hmac.timestamp_header is not a header name")?;
+            }
+            let content = SignedContent::parse(&h.signed_content)?;
+            if content.uses_timestamp() != h.timestamp_header.is_some() {
+                return Err("hmac.signed_content uses {timestamp} exactly when hmac.timestamp_header is set".into());
+            }
+            for s in std::iter::once(&h.id).chain(h.event_type.as_ref()) {
+                match s {
+                    Source::Header(n) if HeaderName::from_bytes(n.as_bytes()).is_err() => {
+                        return Err(format!("{n:?} is not a header name"));
+                    }
+                    Source::JsonPointer(p) if !p.starts_with('/') => {
+                        return Err(format!("{p:?} is not a JSON pointer"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        (_, Some(_)) => return Err("the hmac section only applies to hmac endpoints".into()),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Resolves secrets and builds every endpoint's verifier.
+pub async fn build_endpoints(
+    specs: BTreeMap<String, EndpointSpec>,
+    secrets: &dyn SecretResolver,
+    certificates: Arc<CertificateCache>,
+) -> Result<BTreeMap<String, Endpoint>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (name, spec) in specs {
+        let mut resolved = Vec::with_capacity(spec.secrets.len());
+        for reference in &spec.secrets {
+            let secret = secrets.resolve(reference).await.map_err(|reason| ConfigError::Secret {
+                endpoint: name.clone(),
+                reference: reference.clone(),
+                reason,
+            })?;
+            if secret.is_empty() {
+                return Err(ConfigError::Secret {
+                    endpoint: name.clone(),
+                    reference: reference.clone(),
+                    reason: "empty".into(),
+                });
+            }
+            resolved.push(secret);
+        }
+        let endpoint_err = |reason: String| ConfigError::Endpoint { endpoint: name.clone(), reason };
+        let verifier = match spec.provider {
+            ProviderKind::Stripe => EndpointVerifier::Stripe(StripeVerifier::new(
+                resolved,
+                spec.tolerance_secs.unwrap_or(stripe::DEFAULT_TOLERANCE_SECS),
+            )),
+            ProviderKind::Github => EndpointVerifier::Github(GithubVerifier::new(resolved)),
+            ProviderKind::StandardWebhooks => {
+                let keys = resolved
+                    .iter()
+                    .map(standard::decode_secret)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| endpoint_err(e.to_owned()))?;
+                EndpointVerifier::StandardWebhooks(StandardWebhooksVerifier::new(
+                    keys,
+                    spec.tolerance_secs.unwrap_or(standard::DEFAULT_TOLERANCE_SECS),
+                ))
+            }
+            ProviderKind::Sns => EndpointVerifier::Sns(SnsVerifier::new(spec.topic_arns.clone(), certificates.clone())),
+            ProviderKind::Hmac => {
+                let h = spec.hmac.clone().ok_or_else(|| endpoint_err("missing hmac section".into()))?;
+                let header = |n: &str| {
+                    HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).map_err(|e| endpoint_err(e.to_string()))
+                };
+                let config = GenericHmacConfig {
+                    signature_header: header(&h.signature_header)?,
+                    prefix: h.prefix,
+                    encoding: h.encoding,
+                    timestamp_header: h.timestamp_header.as_deref().map(header).transpose()?,
+                    tolerance_secs: spec.tolerance_secs.unwrap_or(300),
+                    signed_content: SignedContent::parse(&h.signed_content).map_err(endpoint_err)?,
+                    id: h.id,
+                    event_type: h.event_type,
+                };
+                EndpointVerifier::Hmac(GenericHmacVerifier::new(config, resolved))
+            }
+        };
+        let tenant = spec.tenant.clone().unwrap_or_else(|| name.clone());
+        out.insert(name.clone(), Endpoint { name, tenant, provider: spec.provider, verifier });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify::sns::{FetchError, HttpsGet};
+    use std::collections::HashMap;
+
+    struct MapSecrets(HashMap<&'static str, &'static str>);
+
+    impl SecretResolver for MapSecrets {
+        fn resolve<'a>(
+            &'a self,
+            reference: &'a str,
+        ) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>> {
+            Box::pin(
+                async move { self.0.get(reference).map(|s| Secret::new(*s)).ok_or_else(|| "not found".to_owned()) },
+            )
+        }
+    }
+
+    struct NoFetch;
+    impl HttpsGet for NoFetch {
+        fn get<'a>(
+            &'a self,
+            _: &'a url::Url,
+        ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
+            Box::pin(async { Err(FetchError("offline".into())) })
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn settings_have_defaults_and_bounds() {
+        let s = settings_from(env(&[("HOOKLEDGER_TABLE", "t"), ("HOOKLEDGER_QUEUE_URL", "q")])).unwrap();
+        assert_eq!((s.max_body_bytes, s.retention_days, s.index_shards), (256 * 1024, 30, 16));
+        assert_eq!(settings_from(env(&[("HOOKLEDGER_QUEUE_URL", "q")])), Err(ConfigError::Missing("HOOKLEDGER_TABLE")));
+        let too_big = settings_from(env(&[
+            ("HOOKLEDGER_TABLE", "t"),
+            ("HOOKLEDGER_QUEUE_URL", "q"),
+            ("HOOKLEDGER_MAX_BODY_BYTES", "999999"),
+        ]));
+        assert!(matches!(too_big, Err(ConfigError::Invalid { .. })));
+        let short = settings_from(env(&[
+            ("HOOKLEDGER_TABLE", "t"),
+            ("HOOKLEDGER_QUEUE_URL", "q"),
+            ("HOOKLEDGER_RETENTION_DAYS", "1"),
+        ]));
+        assert!(short.unwrap_err().to_string().contains("HOOKLEDGER_RETENTION_DAYS"));
+    }
+
+    const ALL: &str = r#"{
+        "stripe-eu": {"provider": "stripe", "tenant": "acme", "secrets": ["env:A", "env:B"]},
+        "gh": {"provider": "github", "secrets": ["env:A"]},
+        "svix": {"provider": "standard_webhooks", "secrets": ["env:W"], "tolerance_secs": 600},
+        "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses"]},
+        "quiltt": {"provider": "hmac", "secrets": ["env:A"], "hmac": {
+            "signature_header": "Quiltt-Signature", "encoding": "base64",
+            "timestamp_header": "Quiltt-Timestamp", "signed_content": "{timestamp}{body}",
+            "id": {"json_pointer": "/eventId"}, "type": {"json_pointer": "/type"}}}
+    }"#;
+
+    #[test]
+    fn every_provider_kind_builds() {
+        let specs = parse_endpoints(ALL).unwrap();
+        let secrets = MapSecrets(HashMap::from([
+            ("env:A", "a"),
+            ("env:B", "b"),
+            ("env:W", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ]));
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let built =
+            rt.block_on(build_endpoints(specs, &secrets, Arc::new(CertificateCache::new(Arc::new(NoFetch))))).unwrap();
+        assert_eq!(built.len(), 5);
+        assert_eq!(built["stripe-eu"].tenant, "acme");
+        assert_eq!(built["gh"].tenant, "gh");
+        assert!(matches!(built["ses"].verifier, EndpointVerifier::Sns(_)));
+    }
+
+    #[test]
+    fn unresolvable_secret_names_endpoint_and_reference_but_not_value() {
+        let specs = parse_endpoints(r#"{"gh": {"provider": "github", "secrets": ["env:MISSING"]}}"#).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let err = rt
+            .block_on(build_endpoints(
+                specs,
+                &MapSecrets(HashMap::new()),
+                Arc::new(CertificateCache::new(Arc::new(NoFetch))),
+            ))
+            .err()
+            .unwrap();
+        assert_eq!(err.to_string(), "endpoint \"gh\": secret \"env:MISSING\" could not be resolved: not found");
+    }
+
+    #[test]
+    fn invalid_specs_give_clear_errors() {
+        let cases = [
+            (r#"{}"#, "no endpoints"),
+            (r#"{"Bad Name": {"provider": "github", "secrets": ["env:A"]}}"#, "name must be"),
+            (r#"{"gh": {"provider": "github"}}"#, "needs at least one secret"),
+            (r#"{"gh": {"provider": "github", "secrets": ["whsec_inline"]}}"#, "never inline"),
+            (r#"{"ses": {"provider": "sns"}}"#, "topic_arns"),
+            (r#"{"ses": {"provider": "sns", "topic_arns": ["nope"]}}"#, "not an SNS topic ARN"),
+            (
+                r#"{"ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:r:1:t"], "secrets": ["env:A"]}}"#,
+                "take no secrets",
+            ),
+            (r#"{"h": {"provider": "hmac", "secrets": ["env:A"]}}"#, "need an \"hmac\" section"),
+            (
+                r#"{"h": {"provider": "hmac", "secrets": ["env:A"], "hmac": {"signature_header": "x-sig", "encoding": "hex", "signed_content": "{timestamp}.{body}", "id": {"header": "x-id"}}}}"#,
+                "{timestamp}",
+            ),
+            (r#"{"gh": {"provider": "github", "secrets": ["env:A"], "tolerance_secs": 0}}"#, "tolerance_secs"),
+            (r#"{"gh": {"provider": "gitlab", "secrets": ["env:A"]}}"#, "unknown variant"),
+            (r#"{"gh": {"provider": "github", "secrets": ["env:A"], "extra": 1}}"#, "unknown field"),
+        ];
+        for (json, needle) in cases {
+            let err = parse_endpoints(json).err().unwrap_or_else(|| panic!("accepted {json}"));
+            assert!(err.to_string().contains(needle), "{json}: {err}");
+        }
+    }
+}

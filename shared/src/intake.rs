@@ -1,0 +1,309 @@
+//! The intake use case: verify the raw bytes, claim the identity, store the
+//! payload, enqueue the key, and answer by retry intent (design §5).
+//!
+//! | situation                                   | answer                 |
+//! |---------------------------------------------|------------------------|
+//! | not POST                                    | 405                    |
+//! | unknown endpoint                            | 404                    |
+//! | body over the limit                         | 413                    |
+//! | bad/missing signature, stale/future time    | 401 (nothing stored)   |
+//! | SNS topic not on the allow-list             | 403 (nothing stored)   |
+//! | signed but malformed                        | 400 (nothing stored)   |
+//! | new event, claimed, stored and enqueued     | 202                    |
+//! | duplicate (re-enqueued if never sent)       | 200                    |
+//! | storage, queue or certificate fault         | 503 + Retry-After      |
+
+use std::collections::BTreeMap;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, Method};
+
+use crate::config::{Endpoint, EndpointVerifier, Settings};
+use crate::identity::{EventKey, payload_hash};
+use crate::ledger::{Claim, Ledger, NewEvent, PortError, Status, WorkQueue};
+use crate::telemetry;
+use crate::verify::{Action, Verified, VerifyError};
+
+/// Seconds a sender is asked to wait after a 503.
+pub const RETRY_AFTER_SECS: u32 = 5;
+
+pub struct IntakeRequest<'a> {
+    pub endpoint: &'a str,
+    pub method: &'a Method,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+    pub now: SystemTime,
+    pub request_id: &'a str,
+}
+
+/// What happened to one delivery; `answer()` turns it into HTTP.
+#[derive(Debug)]
+pub enum Outcome {
+    Accepted,
+    Duplicate { resent: bool, conflict: bool },
+    SubscriptionConfirmed,
+    Unsubscribed,
+    MethodNotAllowed,
+    UnknownEndpoint,
+    TooLarge { limit: usize },
+    Rejected(VerifyError),
+    Unavailable { stage: &'static str },
+}
+
+/// An HTTP answer: status, a stable `code` and a human `detail`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub code: &'static str,
+    pub detail: String,
+    pub retry_after: Option<u32>,
+}
+
+impl Answer {
+    pub fn body_json(&self) -> String {
+        serde_json::json!({ "code": self.code, "detail": self.detail }).to_string()
+    }
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Duplicate { .. } => "duplicate",
+            Self::SubscriptionConfirmed => "subscription_confirmed",
+            Self::Unsubscribed => "unsubscribed",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::UnknownEndpoint => "unknown_endpoint",
+            Self::TooLarge { .. } => "payload_too_large",
+            Self::Rejected(e) => e.reason(),
+            Self::Unavailable { .. } => "unavailable",
+        }
+    }
+
+    pub fn answer(&self) -> Answer {
+        let a = |status, code, detail: String| Answer { status, code, detail, retry_after: None };
+        match self {
+            Self::Accepted => a(202, "accepted", "event recorded and queued".into()),
+            Self::Duplicate { conflict: true, .. } => a(
+                200,
+                "duplicate_conflict",
+                "event id already recorded with a different payload; the first is kept".into(),
+            ),
+            Self::Duplicate { .. } => a(200, "duplicate", "event already recorded".into()),
+            Self::SubscriptionConfirmed => a(200, "subscription_confirmed", "subscription confirmed".into()),
+            Self::Unsubscribed => a(200, "unsubscribed", "unsubscribe confirmation noted".into()),
+            Self::MethodNotAllowed => a(405, "method_not_allowed", "webhooks are delivered with POST".into()),
+            Self::UnknownEndpoint => a(404, "unknown_endpoint", "no such webhook endpoint".into()),
+            Self::TooLarge { limit } => a(413, "payload_too_large", format!("body exceeds {limit} bytes")),
+            Self::Rejected(e @ VerifyError::TopicNotAllowed) => a(403, e.reason(), e.to_string()),
+            Self::Rejected(e @ VerifyError::MalformedPayload(_)) => a(400, e.reason(), e.to_string()),
+            Self::Rejected(VerifyError::CertificateUnavailable) | Self::Unavailable { .. } => Answer {
+                status: 503,
+                code: "unavailable",
+                detail: "temporarily unable to record the event; retry later".into(),
+                retry_after: Some(RETRY_AFTER_SECS),
+            },
+            Self::Rejected(e) => a(401, e.reason(), e.to_string()),
+        }
+    }
+}
+
+pub struct Intake<L, Q> {
+    endpoints: BTreeMap<String, Endpoint>,
+    settings: Settings,
+    ledger: L,
+    queue: Q,
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
+    pub fn new(endpoints: BTreeMap<String, Endpoint>, settings: Settings, ledger: L, queue: Q) -> Self {
+        Self { endpoints, settings, ledger, queue }
+    }
+
+    pub async fn handle(&self, req: IntakeRequest<'_>) -> Answer {
+        let started = Instant::now();
+        let endpoint = self.endpoints.get(req.endpoint);
+        let (outcome, verified) = self.run(endpoint, &req).await;
+        let answer = outcome.answer();
+
+        let provider = endpoint.map_or("unknown", |e| e.provider.as_str());
+        let endpoint_name = endpoint.map_or("unknown", |e| e.name.as_str());
+        let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        telemetry::intake_outcome(provider, endpoint_name, &outcome, duration_ms);
+        let (event_id, event_type) =
+            verified.as_ref().map_or(("", ""), |v| (v.event_id.as_str(), v.event_type.as_deref().unwrap_or("")));
+        if answer.status >= 500 {
+            tracing::warn!(
+                endpoint = endpoint_name,
+                provider,
+                event_id,
+                event_type,
+                outcome = outcome.label(),
+                status = answer.status,
+                duration_ms,
+                request_id = req.request_id,
+                "intake"
+            );
+        } else {
+            tracing::info!(
+                endpoint = endpoint_name,
+                provider,
+                event_id,
+                event_type,
+                outcome = outcome.label(),
+                status = answer.status,
+                duration_ms,
+                request_id = req.request_id,
+                "intake"
+            );
+        }
+        answer
+    }
+
+    async fn run(&self, endpoint: Option<&Endpoint>, req: &IntakeRequest<'_>) -> (Outcome, Option<Verified>) {
+        if req.method != Method::POST {
+            return (Outcome::MethodNotAllowed, None);
+        }
+        let Some(endpoint) = endpoint else { return (Outcome::UnknownEndpoint, None) };
+        if req.body.len() > self.settings.max_body_bytes {
+            return (Outcome::TooLarge { limit: self.settings.max_body_bytes }, None);
+        }
+        let now_s = unix_ms(req.now) / 1000;
+        let verified = match &endpoint.verifier {
+            EndpointVerifier::Stripe(v) => v.verify(req.body, req.headers, now_s),
+            EndpointVerifier::Github(v) => v.verify(req.body, req.headers),
+            EndpointVerifier::StandardWebhooks(v) => v.verify(req.body, req.headers, now_s),
+            EndpointVerifier::Hmac(v) => v.verify(req.body, req.headers, now_s),
+            EndpointVerifier::Sns(v) => v.verify(req.body, req.headers, now_s).await,
+        };
+        let verified = match verified {
+            Ok(v) => v,
+            Err(e) => return (Outcome::Rejected(e), None),
+        };
+        let outcome = match &verified.action {
+            Action::Record => self.record(endpoint, &verified, req).await,
+            Action::Unsubscribed => Outcome::Unsubscribed,
+            Action::ConfirmSubscription { subscribe_url } => {
+                let EndpointVerifier::Sns(sns) = &endpoint.verifier else { unreachable!("only SNS confirms") };
+                match sns.certificates().getter().get(subscribe_url).await {
+                    Ok(_) => Outcome::SubscriptionConfirmed,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "SNS subscription confirmation failed");
+                        Outcome::Unavailable { stage: "confirm_subscription" }
+                    }
+                }
+            }
+        };
+        (outcome, Some(verified))
+    }
+
+    async fn record(&self, endpoint: &Endpoint, verified: &Verified, req: &IntakeRequest<'_>) -> Outcome {
+        let provider = endpoint.provider.as_str();
+        let key = EventKey::new(provider, &endpoint.name, &verified.event_id);
+        let hash = payload_hash(req.body);
+        let now_ms = unix_ms(req.now);
+        let expires_at = now_ms / 1000 + i64::from(self.settings.retention_days) * 86_400;
+        let event = NewEvent {
+            key: key.clone(),
+            provider: provider.to_owned(),
+            endpoint: endpoint.name.clone(),
+            tenant: endpoint.tenant.clone(),
+            event_id: verified.event_id.clone(),
+            event_type: verified.event_type.clone(),
+            payload_hash: hash.clone(),
+            received_at_ms: now_ms,
+            expires_at,
+            shard: key.shard(self.settings.index_shards),
+        };
+        let fail = |stage: &'static str, e: PortError| {
+            tracing::warn!(stage, error = %e, key = %key, "intake dependency failed");
+            Outcome::Unavailable { stage }
+        };
+        let claim = match self.ledger.claim(&event).await {
+            Ok(c) => c,
+            Err(e) => return fail("claim", e),
+        };
+        match claim {
+            Claim::New => {
+                if let Err(e) = self.ledger.store_payload(&key, &hash, req.body, expires_at).await {
+                    return fail("store_payload", e);
+                }
+                if let Err(e) = self.queue.send(&key).await {
+                    return fail("enqueue", e);
+                }
+                self.note_enqueued(&key, now_ms).await;
+                Outcome::Accepted
+            }
+            Claim::Existing(existing) if existing.payload_hash != hash => {
+                if let Err(e) = self.ledger.flag_conflict(&key, &hash, now_ms).await {
+                    tracing::warn!(error = %e, key = %key, "could not flag payload conflict");
+                }
+                Outcome::Duplicate { resent: false, conflict: true }
+            }
+            // "Already exists" never means "done": a record that was never
+            // handed to the queue is handed over now.
+            Claim::Existing(existing) if existing.status == Status::Received && existing.enqueued_at_ms.is_none() => {
+                if !existing.payload_stored {
+                    if let Err(e) = self.ledger.store_payload(&key, &hash, req.body, expires_at).await {
+                        return fail("store_payload", e);
+                    }
+                }
+                if let Err(e) = self.queue.send(&key).await {
+                    return fail("enqueue", e);
+                }
+                self.note_enqueued(&key, now_ms).await;
+                Outcome::Duplicate { resent: true, conflict: false }
+            }
+            Claim::Existing(_) => Outcome::Duplicate { resent: false, conflict: false },
+        }
+    }
+
+    /// The message is on the queue; failing to note it only means the
+    /// reconciler may send it again later, which the processor tolerates.
+    async fn note_enqueued(&self, key: &EventKey, now_ms: i64) {
+        if let Err(e) = self.ledger.mark_enqueued(key, now_ms).await {
+            tracing::warn!(error = %e, key = %key, "enqueued but could not note it");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_follow_retry_intent() {
+        let cases: Vec<(Outcome, u16)> = vec![
+            (Outcome::Accepted, 202),
+            (Outcome::Duplicate { resent: false, conflict: false }, 200),
+            (Outcome::Duplicate { resent: false, conflict: true }, 200),
+            (Outcome::MethodNotAllowed, 405),
+            (Outcome::UnknownEndpoint, 404),
+            (Outcome::TooLarge { limit: 10 }, 413),
+            (Outcome::Rejected(VerifyError::SignatureMismatch), 401),
+            (Outcome::Rejected(VerifyError::StaleTimestamp), 401),
+            (Outcome::Rejected(VerifyError::CertificateUrl("x")), 401),
+            (Outcome::Rejected(VerifyError::TopicNotAllowed), 403),
+            (Outcome::Rejected(VerifyError::MalformedPayload("x")), 400),
+            (Outcome::Rejected(VerifyError::CertificateUnavailable), 503),
+            (Outcome::Unavailable { stage: "claim" }, 503),
+        ];
+        for (outcome, status) in cases {
+            let a = outcome.answer();
+            assert_eq!(a.status, status, "{outcome:?}");
+            assert_eq!(a.retry_after.is_some(), status == 503, "{outcome:?}");
+        }
+    }
+
+    #[test]
+    fn unavailable_answers_leak_nothing_internal() {
+        let a = Outcome::Unavailable { stage: "claim" }.answer();
+        assert!(!a.body_json().contains("claim"));
+        let body: serde_json::Value = serde_json::from_str(&a.body_json()).unwrap();
+        assert_eq!(body["code"], "unavailable");
+    }
+}
