@@ -20,12 +20,15 @@ use http::{HeaderMap, Method};
 
 use crate::config::{Endpoint, EndpointVerifier, Settings};
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, Ledger, NewEvent, PortError, Status, WorkQueue};
+use crate::ledger::{Claim, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
 use crate::telemetry;
 use crate::verify::{Action, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.
 pub const RETRY_AFTER_SECS: u32 = 5;
+/// How long one delivery may hold the right to enqueue a record. Longer than
+/// the intake's worst-case store + send time; a crashed holder's lease lapses.
+pub const SEND_LEASE_MS: i64 = 15_000;
 
 pub struct IntakeRequest<'a> {
     pub endpoint: &'a str,
@@ -218,6 +221,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             received_at_ms: now_ms,
             expires_at,
             shard: key.shard(self.settings.index_shards),
+            send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
         };
         let fail = |stage: &'static str, e: PortError| {
             tracing::warn!(stage, error = %e, key = %key, "intake dependency failed");
@@ -228,16 +232,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             Err(e) => return fail("claim", e),
         };
         match claim {
-            Claim::New => {
-                if let Err(e) = self.ledger.store_payload(&key, &hash, req.body, expires_at).await {
-                    return fail("store_payload", e);
-                }
-                if let Err(e) = self.queue.send(&key).await {
-                    return fail("enqueue", e);
-                }
-                self.note_enqueued(&key, now_ms).await;
-                Outcome::Accepted
-            }
+            Claim::New => match self.hand_over(&key, &hash, req.body, expires_at, &event.send, now_ms, true).await {
+                Ok(()) => Outcome::Accepted,
+                Err((stage, e)) => fail(stage, e),
+            },
             Claim::Existing(existing) if existing.payload_hash != hash => {
                 if let Err(e) = self.ledger.flag_conflict(&key, &hash, now_ms).await {
                     tracing::warn!(error = %e, key = %key, "could not flag payload conflict");
@@ -246,19 +244,54 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             }
             // "Already exists" never means "done": a record that was never
             // handed to the queue is handed over now.
+            // A live send lease means the first delivery is handing it over
+            // right now; only one of the duplicates may take over a lapsed one.
             Claim::Existing(existing) if existing.status == Status::Received && existing.enqueued_at_ms.is_none() => {
-                if !existing.payload_stored {
-                    if let Err(e) = self.ledger.store_payload(&key, &hash, req.body, expires_at).await {
-                        return fail("store_payload", e);
-                    }
+                match self.ledger.take_send_lease(&key, &event.send, now_ms).await {
+                    Ok(true) => {}
+                    Ok(false) => return Outcome::Duplicate { resent: false, conflict: false },
+                    Err(e) => return fail("send_lease", e),
                 }
-                if let Err(e) = self.queue.send(&key).await {
-                    return fail("enqueue", e);
+                match self.hand_over(&key, &hash, req.body, expires_at, &event.send, now_ms, !existing.payload_stored).await {
+                    Ok(()) => Outcome::Duplicate { resent: true, conflict: false },
+                    Err((stage, e)) => fail(stage, e),
                 }
-                self.note_enqueued(&key, now_ms).await;
-                Outcome::Duplicate { resent: true, conflict: false }
             }
             Claim::Existing(_) => Outcome::Duplicate { resent: false, conflict: false },
+        }
+    }
+
+    /// Stores the payload (when needed) and sends the key, holding the send
+    /// lease; on failure the lease is released so the sender's retry can send.
+    #[allow(clippy::too_many_arguments)]
+    async fn hand_over(
+        &self,
+        key: &EventKey,
+        hash: &str,
+        body: &[u8],
+        expires_at: i64,
+        lease: &SendLease,
+        now_ms: i64,
+        store: bool,
+    ) -> Result<(), (&'static str, PortError)> {
+        let result = async {
+            if store {
+                self.ledger.store_payload(key, hash, body, expires_at).await.map_err(|e| ("store_payload", e))?;
+            }
+            self.queue.send(key).await.map_err(|e| ("enqueue", e))
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.note_enqueued(key, now_ms).await;
+                Ok(())
+            }
+            Err(failure) => {
+                if let Err(e) = self.ledger.release_send_lease(key, lease).await {
+                    tracing::warn!(error = %e, key = %key, "could not release send lease; it lapses by itself");
+                }
+                Err(failure)
+            }
         }
     }
 

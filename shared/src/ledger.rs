@@ -64,6 +64,16 @@ pub struct NewEvent {
     pub expires_at: i64,
     /// Shard of the sparse index of non-terminal records.
     pub shard: u32,
+    /// The send lease the creating delivery holds while it hands the key to
+    /// the queue, so concurrent duplicates do not all send it again.
+    pub send: SendLease,
+}
+
+/// Who may hand a record to the queue right now, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendLease {
+    pub token: String,
+    pub until_ms: i64,
 }
 
 /// What the claim found when the key already existed.
@@ -109,7 +119,13 @@ pub trait Ledger: Send + Sync {
         body: &[u8],
         expires_at: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
-    /// Notes that the key was handed to the queue.
+    /// Takes the send lease of a record that was never enqueued, if no live
+    /// lease is held by another delivery. `Ok(false)`: someone else sends.
+    fn take_send_lease(&self, key: &EventKey, lease: &SendLease, now_ms: i64)
+    -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Gives the send lease back after a failed send, so a retry can send at once.
+    fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Notes that the key was handed to the queue (and drops the send lease).
     fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Flags "same id, different payload": keeps the first, counts the conflict.
     fn flag_conflict(

@@ -1,1 +1,7 @@
+//! Integration tests against the local AWS emulator (moto), through the real
+//! aws-sdk clients. Run by `scripts/test`, which starts moto and sets
+//! `AWS_ENDPOINT_URL`. One binary, so it builds once.
 
+mod handler;
+mod intake;
+mod support;

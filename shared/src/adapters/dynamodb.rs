@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::port_error;
 use crate::identity::EventKey;
-use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, Status};
+use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, SendLease, Status};
 
 pub const META_SK: &str = "meta";
 pub const DUE_INDEX: &str = "due";
@@ -43,6 +43,8 @@ pub mod attr {
     pub const CONFLICTS: &str = "conflicts";
     pub const LAST_CONFLICT_HASH: &str = "last_conflict_hash";
     pub const LAST_CONFLICT_AT: &str = "last_conflict_at";
+    pub const SEND_TOKEN: &str = "send_token";
+    pub const SEND_LEASE_UNTIL: &str = "send_lease_until";
     pub const DUE_SHARD: &str = "due_shard";
     pub const DUE_AT: &str = "due_at";
     pub const BODY: &str = "body";
@@ -144,6 +146,8 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::ATTEMPTS.into(), n(0));
     item.insert(attr::CONFLICTS.into(), n(0));
     item.insert(attr::EXPIRES_AT.into(), n(event.expires_at));
+    item.insert(attr::SEND_TOKEN.into(), s(&event.send.token));
+    item.insert(attr::SEND_LEASE_UNTIL.into(), n(event.send.until_ms));
     item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
     item.insert(attr::DUE_AT.into(), n(event.received_at_ms));
     item
@@ -213,12 +217,58 @@ impl Ledger for DynamoLedger {
         Ok(())
     }
 
+    async fn take_send_lease(&self, key: &EventKey, lease: &SendLease, now_ms: i64) -> Result<bool, PortError> {
+        // Timeline guarded: the creating delivery is still between its claim
+        // and its send when a duplicate arrives; the duplicate must not send
+        // too. Only a record never enqueued whose lease is free or expired
+        // (its holder failed or crashed) can be taken over.
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .update_expression("SET send_token = :tok, send_lease_until = :until")
+            .condition_expression(
+                "attribute_exists(pk) AND attribute_not_exists(enqueued_at) \
+                 AND (attribute_not_exists(send_lease_until) OR send_lease_until < :now)",
+            )
+            .expression_attribute_values(":tok", s(&lease.token))
+            .expression_attribute_values(":until", n(lease.until_ms))
+            .expression_attribute_values(":now", n(now_ms))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(false),
+            Err(e) => Err(port_error("dynamodb", &e)),
+        }
+    }
+
+    async fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> Result<(), PortError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .update_expression("REMOVE send_lease_until")
+            .condition_expression("send_token = :tok")
+            .expression_attribute_values(":tok", s(&lease.token))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Someone else holds it now: nothing to release.
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(()),
+            Err(e) => Err(port_error("dynamodb", &e)),
+        }
+    }
+
     async fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> Result<(), PortError> {
         self.client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::key(key, META_SK)))
-            .update_expression("SET enqueued_at = :at")
+            .update_expression("SET enqueued_at = :at REMOVE send_lease_until")
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_values(":at", n(at_ms))
             .send()

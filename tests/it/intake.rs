@@ -1,0 +1,334 @@
+//! The intake against the emulator: claim, payload, queue, answers.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_sqs::config::retry::RetryConfig;
+use hookledger::adapters::sqs::SqsQueue;
+use hookledger::intake::IntakeRequest;
+use hookledger::secret::Secret;
+use hookledger::verify::{github, stripe};
+use http::{HeaderMap, HeaderValue, Method};
+
+use crate::support::{self, STRIPE_SECRET, Stack, now_s};
+
+fn stripe_event(id: &str, ty: &str) -> Vec<u8> {
+    serde_json::json!({"id": id, "object": "event", "type": ty, "data": {"object": {"id": "sub_1"}}}).to_string().into_bytes()
+}
+
+fn stripe_headers(body: &[u8], secret: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(stripe::SIGNATURE_HEADER, HeaderValue::from_str(&stripe::sign(&Secret::new(secret), now_s(), body)).unwrap());
+    h
+}
+
+async fn post(intake: &hookledger::intake::Intake<impl hookledger::ledger::Ledger, impl hookledger::ledger::WorkQueue>, endpoint: &str, headers: &HeaderMap, body: &[u8]) -> u16 {
+    intake
+        .handle(IntakeRequest { endpoint, method: &Method::POST, headers, body, now: SystemTime::now(), request_id: "it" })
+        .await
+        .status
+}
+
+#[tokio::test]
+async fn new_event_gives_one_record_one_payload_and_one_message() {
+    let stack = Stack::new().await;
+    let intake = stack.intake().await;
+    let body = stripe_event("evt_new", "customer.subscription.updated");
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 202);
+
+    let metas = stack.meta_items().await;
+    assert_eq!(metas.len(), 1);
+    let m = &metas[0];
+    assert_eq!(support::s(m, "pk"), "evt#stripe#stripe-a#evt_new");
+    assert_eq!(support::s(m, "status"), "RECEIVED");
+    assert_eq!(support::s(m, "tenant"), "tenant-a");
+    assert_eq!(support::s(m, "event_type"), "customer.subscription.updated");
+    assert_eq!(support::s(m, "payload_hash"), hookledger::identity::payload_hash(&body));
+    assert!(m.contains_key("enqueued_at"), "record notes that it was sent");
+    assert!(m.contains_key("expires_at") && m.contains_key("due_shard"));
+    assert!(!m.contains_key("body"), "the ledger record does not carry the payload");
+
+    let payloads: Vec<_> = stack.items().await.into_iter().filter(|i| support::s(i, "sk").starts_with("payload#")).collect();
+    assert_eq!(payloads.len(), 1);
+    assert_eq!(payloads[0]["body"].as_b().unwrap().as_ref(), body.as_slice(), "raw bytes stored as received");
+
+    let msgs = stack.drain_queue().await;
+    assert_eq!(msgs.len(), 1);
+    let msg: serde_json::Value = serde_json::from_str(&msgs[0]).unwrap();
+    assert_eq!(msg["key"], "evt#stripe#stripe-a#evt_new");
+}
+
+#[tokio::test]
+async fn second_delivery_answers_200_and_sends_nothing_new() {
+    let stack = Stack::new().await;
+    let intake = stack.intake().await;
+    let body = stripe_event("evt_dup", "invoice.paid");
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 202);
+    // A retry is signed again with a newer timestamp, same body.
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
+    assert_eq!(stack.meta_items().await.len(), 1);
+    assert_eq!(stack.drain_queue().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_concurrent_deliveries_give_one_record_and_one_message() {
+    let stack = Stack::new().await;
+    let intake = Arc::new(stack.intake().await);
+    let body = stripe_event("evt_burst", "invoice.paid");
+    let headers = stripe_headers(&body, STRIPE_SECRET);
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (intake, headers, body) = (intake.clone(), headers.clone(), body.clone());
+            tokio::spawn(async move { post(&intake, "stripe-a", &headers, &body).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 202).count(), 1, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 31, "{statuses:?}");
+    assert_eq!(stack.meta_items().await.len(), 1);
+    assert_eq!(stack.drain_queue().await.len(), 1);
+}
+
+#[tokio::test]
+async fn invalid_signature_stores_nothing_and_sends_nothing() {
+    let stack = Stack::new().await;
+    let intake = stack.intake().await;
+    let body = stripe_event("evt_forged", "invoice.paid");
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, "whsec_wrong"), &body).await, 401);
+    assert_eq!(post(&intake, "stripe-a", &HeaderMap::new(), &body).await, 401);
+    let mut tampered = body.clone();
+    tampered.push(b' ');
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &tampered).await, 401);
+    assert!(stack.items().await.is_empty());
+    assert!(stack.drain_queue().await.is_empty());
+}
+
+#[tokio::test]
+async fn sqs_failure_after_the_claim_answers_503_and_the_retry_sends_the_message() {
+    let stack = Stack::new().await;
+    // A queue client whose endpoint refuses connections: SQS is down.
+    let down = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&stack.aws)
+            .endpoint_url("http://127.0.0.1:1")
+            .retry_config(RetryConfig::standard().with_max_attempts(1))
+            .timeout_config(aws_sdk_sqs::config::timeout::TimeoutConfig::builder().operation_timeout(Duration::from_secs(2)).build())
+            .build(),
+    );
+    let broken = stack.intake_with_queue(SqsQueue::new(down, &stack.queue_url)).await;
+    let body = stripe_event("evt_sqs_down", "invoice.paid");
+    let answer = broken
+        .handle(IntakeRequest {
+            endpoint: "stripe-a",
+            method: &Method::POST,
+            headers: &stripe_headers(&body, STRIPE_SECRET),
+            body: &body,
+            now: SystemTime::now(),
+            request_id: "it",
+        })
+        .await;
+    assert_eq!((answer.status, answer.retry_after), (503, Some(5)));
+    let metas = stack.meta_items().await;
+    assert_eq!(metas.len(), 1, "the claim is durable");
+    assert!(!metas[0].contains_key("enqueued_at"), "and known to be unsent");
+    assert!(stack.drain_queue().await.is_empty());
+
+    // The provider retries once SQS is back: the existing, never-sent record is sent.
+    let healthy = stack.intake().await;
+    assert_eq!(post(&healthy, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
+    assert_eq!(stack.drain_queue().await.len(), 1);
+    assert!(stack.meta_items().await[0].contains_key("enqueued_at"));
+    // Further retries send nothing more.
+    assert_eq!(post(&healthy, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
+    assert!(stack.drain_queue().await.is_empty());
+}
+
+#[tokio::test]
+async fn dynamodb_failure_answers_503_and_sends_nothing() {
+    let stack = Stack::new().await;
+    let mut settings = stack.settings();
+    settings.table_name = "no-such-table".into();
+    let intake = hookledger::intake::Intake::new(
+        stack.endpoints().await,
+        settings,
+        hookledger::adapters::dynamodb::DynamoLedger::new(stack.ddb.clone(), "no-such-table"),
+        SqsQueue::new(stack.sqs.clone(), &stack.queue_url),
+    );
+    let body = stripe_event("evt_ddb_down", "invoice.paid");
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 503);
+    assert!(stack.drain_queue().await.is_empty());
+}
+
+#[tokio::test]
+async fn the_same_event_id_on_two_endpoints_gives_two_records() {
+    let stack = Stack::new().await;
+    let intake = stack.intake().await;
+    let body = stripe_event("evt_shared", "invoice.paid");
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 202);
+    assert_eq!(post(&intake, "stripe-b", &stripe_headers(&body, STRIPE_SECRET), &body).await, 202);
+    let mut keys: Vec<String> = stack.meta_items().await.iter().map(|m| support::s(m, "pk")).collect();
+    keys.sort();
+    assert_eq!(keys, ["evt#stripe#stripe-a#evt_shared", "evt#stripe#stripe-b#evt_shared"]);
+    assert_eq!(stack.drain_queue().await.len(), 2);
+}
+
+#[tokio::test]
+async fn same_id_with_a_different_payload_is_flagged_not_overwritten() {
+    let stack = Stack::new().await;
+    let intake = stack.intake().await;
+    let first = stripe_event("evt_conflict", "invoice.paid");
+    let second = stripe_event("evt_conflict", "invoice.voided");
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&first, STRIPE_SECRET), &first).await, 202);
+    let answer = intake
+        .handle(IntakeRequest {
+            endpoint: "stripe-a",
+            method: &Method::POST,
+            headers: &stripe_headers(&second, STRIPE_SECRET),
+            body: &second,
+            now: SystemTime::now(),
+            request_id: "it",
+        })
+        .await;
+    assert_eq!((answer.status, answer.code), (200, "duplicate_conflict"));
+    let m = &stack.meta_items().await[0];
+    assert_eq!(support::s(m, "payload_hash"), hookledger::identity::payload_hash(&first), "first kept");
+    assert_eq!(support::s(m, "event_type"), "invoice.paid");
+    assert_eq!(m["conflicts"].as_n().unwrap(), "1");
+    assert_eq!(support::s(m, "last_conflict_hash"), hookledger::identity::payload_hash(&second));
+    assert_eq!(stack.drain_queue().await.len(), 1);
+}
+
+#[tokio::test]
+async fn github_delivery_id_is_the_identity_across_redeliveries() {
+    let stack = Stack::new().await;
+    let intake = stack.intake().await;
+    let body = std::fs::read(support::testdata("providers/github/push/payload.json")).unwrap();
+    let mut h = HeaderMap::new();
+    h.insert(github::SIGNATURE_HEADER, HeaderValue::from_str(&github::sign(&Secret::new(support::GITHUB_SECRET), &body)).unwrap());
+    h.insert(github::DELIVERY_HEADER, HeaderValue::from_static("9f0ad2c0-0000-11ef-8000-000000000001"));
+    h.insert(github::EVENT_HEADER, HeaderValue::from_static("push"));
+    assert_eq!(post(&intake, "gh", &h, &body).await, 202);
+    assert_eq!(post(&intake, "gh", &h, &body).await, 200, "a requested redelivery keeps X-GitHub-Delivery");
+    let m = &stack.meta_items().await[0];
+    assert_eq!(support::s(m, "pk"), "evt#github#gh#9f0ad2c0-0000-11ef-8000-000000000001");
+    assert_eq!(support::s(m, "event_type"), "push");
+}
+
+mod sns {
+    use super::*;
+    use hookledger::verify::sns::{SnsMessage, signing};
+
+    fn signed(kind: &str, topic: &str) -> Vec<u8> {
+        let mut msg = SnsMessage {
+            kind: kind.to_owned(),
+            message_id: format!("it-{}", uuid::Uuid::new_v4()),
+            topic_arn: topic.to_owned(),
+            message: std::fs::read_to_string(support::testdata("providers/ses/docs/notification-delivery.json")).unwrap(),
+            timestamp: "2026-11-29T12:00:00.000Z".to_owned(),
+            signature_version: "2".to_owned(),
+            signature: String::new(),
+            signing_cert_url: "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000test0000.pem".to_owned(),
+            subject: None,
+            token: (kind != "Notification").then(|| "tok".to_owned()),
+            subscribe_url: (kind != "Notification").then(|| {
+                format!("https://sns.eu-west-1.amazonaws.com/?Action=ConfirmSubscription&TopicArn={topic}&Token=tok")
+            }),
+        };
+        let key = std::fs::read_to_string(support::testdata("test-sns/test-signing-key.pem")).unwrap();
+        signing::sign(&mut msg, &key).unwrap();
+        serde_json::to_vec(&msg).unwrap()
+    }
+
+    #[tokio::test]
+    async fn ses_notification_through_sns_is_recorded_with_its_ses_type() {
+        let stack = Stack::new().await;
+        let intake = stack.intake().await;
+        let body = signed("Notification", support::SNS_TOPIC);
+        let mut h = HeaderMap::new();
+        h.insert("x-amz-sns-message-type", HeaderValue::from_static("Notification"));
+        assert_eq!(post(&intake, "ses", &h, &body).await, 202);
+        assert_eq!(post(&intake, "ses", &h, &body).await, 200);
+        let m = &stack.meta_items().await[0];
+        assert_eq!(support::s(m, "event_type"), "ses.Delivery");
+        assert_eq!(stack.drain_queue().await.len(), 1);
+        let fetched = stack.sns_getter.fetched.lock().unwrap().clone();
+        assert_eq!(fetched.len(), 1, "certificate fetched once, then cached: {fetched:?}");
+    }
+
+    #[tokio::test]
+    async fn subscription_for_an_allowed_topic_is_confirmed_and_others_refused() {
+        let stack = Stack::new().await;
+        let intake = stack.intake().await;
+        let body = signed("SubscriptionConfirmation", support::SNS_TOPIC);
+        assert_eq!(post(&intake, "ses", &HeaderMap::new(), &body).await, 200);
+        let fetched = stack.sns_getter.fetched.lock().unwrap().clone();
+        assert!(fetched.iter().any(|u| u.contains("Action=ConfirmSubscription")), "{fetched:?}");
+
+        let other = signed("SubscriptionConfirmation", "arn:aws:sns:eu-west-1:123456789012:someone-else");
+        assert_eq!(post(&intake, "ses", &HeaderMap::new(), &other).await, 403);
+        assert_eq!(stack.sns_getter.fetched.lock().unwrap().len(), fetched.len(), "nothing fetched for a refused topic");
+        assert!(stack.items().await.is_empty(), "confirmations are not ledger events");
+    }
+}
+
+#[tokio::test]
+async fn crash_between_claim_and_send_is_recovered_by_the_next_delivery_once_the_lease_lapses() {
+    use hookledger::identity::{EventKey, payload_hash};
+    use hookledger::ledger::{Claim, Ledger, NewEvent, SendLease};
+
+    let stack = Stack::new().await;
+    let body = stripe_event("evt_crashed", "invoice.paid");
+    let key = EventKey::new("stripe", "stripe-a", "evt_crashed");
+    let now_ms = now_s() * 1000;
+    // A delivery claimed the record, then its Lambda died: no payload, no send,
+    // and a send lease that has already lapsed.
+    let crashed = NewEvent {
+        key: key.clone(),
+        provider: "stripe".into(),
+        endpoint: "stripe-a".into(),
+        tenant: "tenant-a".into(),
+        event_id: "evt_crashed".into(),
+        event_type: Some("invoice.paid".into()),
+        payload_hash: payload_hash(&body),
+        received_at_ms: now_ms - 60_000,
+        expires_at: now_s() + 86_400,
+        shard: 0,
+        send: SendLease { token: "dead-lambda".into(), until_ms: now_ms - 45_000 },
+    };
+    assert_eq!(stack.ledger().claim(&crashed).await.unwrap(), Claim::New);
+
+    let intake = stack.intake().await;
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
+    assert_eq!(stack.drain_queue().await.len(), 1, "the retry hands the record over");
+    let payloads = stack.items().await.into_iter().filter(|i| support::s(i, "sk").starts_with("payload#")).count();
+    assert_eq!(payloads, 1, "and stores the payload the crash never wrote");
+}
+
+#[tokio::test]
+async fn a_live_send_lease_held_by_another_delivery_is_respected() {
+    use hookledger::identity::{EventKey, payload_hash};
+    use hookledger::ledger::{Ledger, NewEvent, SendLease};
+
+    let stack = Stack::new().await;
+    let body = stripe_event("evt_inflight", "invoice.paid");
+    let now_ms = now_s() * 1000;
+    let inflight = NewEvent {
+        key: EventKey::new("stripe", "stripe-a", "evt_inflight"),
+        provider: "stripe".into(),
+        endpoint: "stripe-a".into(),
+        tenant: "tenant-a".into(),
+        event_id: "evt_inflight".into(),
+        event_type: None,
+        payload_hash: payload_hash(&body),
+        received_at_ms: now_ms,
+        expires_at: now_s() + 86_400,
+        shard: 0,
+        send: SendLease { token: "first-delivery".into(), until_ms: now_ms + 60_000 },
+    };
+    stack.ledger().claim(&inflight).await.unwrap();
+    let intake = stack.intake().await;
+    assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
+    assert!(stack.drain_queue().await.is_empty(), "the first delivery is still sending it");
+}

@@ -1,0 +1,164 @@
+//! Shared test setup: fresh table and queue per test, endpoint configs with
+//! known secrets, and helpers that read the emulator's state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use hookledger::adapters::dynamodb::{self, DynamoLedger};
+use hookledger::adapters::sqs::{self, SqsQueue};
+use hookledger::config::{self, Endpoint, SecretResolver, Settings};
+use hookledger::intake::Intake;
+use hookledger::secret::Secret;
+use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet};
+use url::Url;
+
+pub const STRIPE_SECRET: &str = "whsec_it_stripe";
+pub const GITHUB_SECRET: &str = "it-github";
+pub const SNS_TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:ses-events";
+
+pub const ENDPOINTS: &str = r#"{
+    "stripe-a": {"provider": "stripe", "tenant": "tenant-a", "secrets": ["env:STRIPE"]},
+    "stripe-b": {"provider": "stripe", "tenant": "tenant-b", "secrets": ["env:STRIPE"]},
+    "gh": {"provider": "github", "secrets": ["env:GITHUB"]},
+    "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses-events"]}
+}"#;
+
+pub fn testdata(rel: &str) -> String {
+    format!("{}/../shared/testdata/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+struct TestSecrets;
+
+impl SecretResolver for TestSecrets {
+    fn resolve<'a>(&'a self, reference: &'a str) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>> {
+        Box::pin(async move {
+            match reference {
+                "env:STRIPE" => Ok(Secret::new(STRIPE_SECRET)),
+                "env:GITHUB" => Ok(Secret::new(GITHUB_SECRET)),
+                other => Err(format!("unknown {other}")),
+            }
+        })
+    }
+}
+
+/// Serves the repository's test SNS certificate for any URL and records every
+/// URL fetched (certificates and subscription confirmations).
+#[derive(Default)]
+pub struct TestSnsGetter {
+    pub fetched: Mutex<Vec<String>>,
+}
+
+impl HttpsGet for TestSnsGetter {
+    fn get<'a>(&'a self, url: &'a Url) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
+        self.fetched.lock().unwrap().push(url.to_string());
+        Box::pin(async move {
+            if url.path().ends_with(".pem") {
+                std::fs::read(testdata("test-sns/SimpleNotificationService-0000test0000.pem")).map_err(|e| FetchError(e.to_string()))
+            } else {
+                Ok(b"<ConfirmSubscriptionResponse/>".to_vec())
+            }
+        })
+    }
+}
+
+pub async fn aws() -> aws_config::SdkConfig {
+    assert!(
+        std::env::var("AWS_ENDPOINT_URL").is_ok(),
+        "AWS_ENDPOINT_URL is not set: run the integration tests through scripts/test, which starts the emulator"
+    );
+    aws_config::load_from_env().await
+}
+
+pub fn now_s() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+/// A fresh table and queue, and the pieces to build intakes over them.
+pub struct Stack {
+    pub aws: aws_config::SdkConfig,
+    pub ddb: aws_sdk_dynamodb::Client,
+    pub sqs: aws_sdk_sqs::Client,
+    pub table: String,
+    pub queue_url: String,
+    pub sns_getter: Arc<TestSnsGetter>,
+}
+
+impl Stack {
+    pub async fn new() -> Self {
+        let aws = aws().await;
+        let ddb = aws_sdk_dynamodb::Client::new(&aws);
+        let sqs = aws_sdk_sqs::Client::new(&aws);
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let table = format!("it-{suffix}");
+        dynamodb::create_table(&ddb, &table).await.expect("create table");
+        let queue_url = sqs::create_queue(&sqs, &format!("it-{suffix}")).await.expect("create queue");
+        Self { aws, ddb, sqs, table, queue_url, sns_getter: Arc::new(TestSnsGetter::default()) }
+    }
+
+    pub fn settings(&self) -> Settings {
+        Settings {
+            table_name: self.table.clone(),
+            queue_url: self.queue_url.clone(),
+            max_body_bytes: 16 * 1024,
+            retention_days: 30,
+            index_shards: 16,
+        }
+    }
+
+    pub async fn endpoints(&self) -> BTreeMap<String, Endpoint> {
+        let specs = config::parse_endpoints(ENDPOINTS).unwrap();
+        let certs = Arc::new(CertificateCache::new(self.sns_getter.clone()));
+        config::build_endpoints(specs, &TestSecrets, certs).await.unwrap()
+    }
+
+    pub fn ledger(&self) -> DynamoLedger {
+        DynamoLedger::new(self.ddb.clone(), &self.table)
+    }
+
+    pub async fn intake(&self) -> Intake<DynamoLedger, SqsQueue> {
+        self.intake_with_queue(SqsQueue::new(self.sqs.clone(), &self.queue_url)).await
+    }
+
+    pub async fn intake_with_queue(&self, queue: SqsQueue) -> Intake<DynamoLedger, SqsQueue> {
+        Intake::new(self.endpoints().await, self.settings(), self.ledger(), queue)
+    }
+
+    /// Every item in the table (a scan is fine for a test's small table).
+    pub async fn items(&self) -> Vec<HashMap<String, AttributeValue>> {
+        let out = self.ddb.scan().table_name(&self.table).consistent_read(true).send().await.unwrap();
+        out.items.unwrap_or_default()
+    }
+
+    pub async fn meta_items(&self) -> Vec<HashMap<String, AttributeValue>> {
+        self.items().await.into_iter().filter(|i| i["sk"].as_s().unwrap() == "meta").collect()
+    }
+
+    /// Drains the queue and returns the message bodies.
+    pub async fn drain_queue(&self) -> Vec<String> {
+        let mut bodies = Vec::new();
+        loop {
+            let out = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .send()
+                .await
+                .unwrap();
+            let msgs = out.messages.unwrap_or_default();
+            if msgs.is_empty() {
+                return bodies;
+            }
+            bodies.extend(msgs.into_iter().filter_map(|m| m.body));
+        }
+    }
+}
+
+pub fn s(item: &HashMap<String, AttributeValue>, name: &str) -> String {
+    item.get(name).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default()
+}
