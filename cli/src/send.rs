@@ -127,7 +127,14 @@ fn set_pointer(root: &mut serde_json::Value, pointer: &str, value: &str) {
     }
 }
 
-fn sign(spec: &EndpointSpec, secret: &Secret, event_id: &str, event_type: &str, body: Vec<u8>, now: i64) -> Result<Delivery, String> {
+fn sign(
+    spec: &EndpointSpec,
+    secret: &Secret,
+    event_id: &str,
+    event_type: &str,
+    body: Vec<u8>,
+    now: i64,
+) -> Result<Delivery, String> {
     let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
     match spec.provider {
         ProviderKind::Stripe => headers.push((stripe::SIGNATURE_HEADER.into(), stripe::sign(secret, now, &body))),
@@ -144,7 +151,8 @@ fn sign(spec: &EndpointSpec, secret: &Secret, event_id: &str, event_type: &str, 
         }
         ProviderKind::Hmac => {
             let h = spec.hmac.as_ref().ok_or("hmac endpoint without hmac section")?;
-            let header = |n: &str| http::HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).map_err(|e| e.to_string());
+            let header =
+                |n: &str| http::HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).map_err(|e| e.to_string());
             let cfg = GenericHmacConfig {
                 signature_header: header(&h.signature_header)?,
                 prefix: h.prefix.clone(),

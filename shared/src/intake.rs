@@ -252,7 +252,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                     Ok(false) => return Outcome::Duplicate { resent: false, conflict: false },
                     Err(e) => return fail("send_lease", e),
                 }
-                match self.hand_over(&key, &hash, req.body, expires_at, &event.send, now_ms, !existing.payload_stored).await {
+                match self
+                    .hand_over(&key, &hash, req.body, expires_at, &event.send, now_ms, !existing.payload_stored)
+                    .await
+                {
                     Ok(()) => Outcome::Duplicate { resent: true, conflict: false },
                     Err((stage, e)) => fail(stage, e),
                 }

@@ -121,10 +121,18 @@ pub trait Ledger: Send + Sync {
     ) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Takes the send lease of a record that was never enqueued, if no live
     /// lease is held by another delivery. `Ok(false)`: someone else sends.
-    fn take_send_lease(&self, key: &EventKey, lease: &SendLease, now_ms: i64)
-    -> impl Future<Output = Result<bool, PortError>> + Send;
+    fn take_send_lease(
+        &self,
+        key: &EventKey,
+        lease: &SendLease,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
     /// Gives the send lease back after a failed send, so a retry can send at once.
-    fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> impl Future<Output = Result<(), PortError>> + Send;
+    fn release_send_lease(
+        &self,
+        key: &EventKey,
+        lease: &SendLease,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Notes that the key was handed to the queue (and drops the send lease).
     fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Flags "same id, different payload": keeps the first, counts the conflict.

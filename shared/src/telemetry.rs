@@ -32,3 +32,8 @@ pub fn intake_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome,
     }
     metrics::histogram!("intake_duration", "provider" => provider).record(duration_ms);
 }
+
+/// Declares units once per process, so EMF carries them.
+pub fn describe() {
+    metrics::describe_histogram!("intake_duration", metrics::Unit::Milliseconds, "intake handling time");
+}

@@ -12,7 +12,14 @@ const NO_AUTHORIZER: &str = include_str!("../fixtures/apigw/example-apigw-v2-req
 const IAM: &str = include_str!("../fixtures/apigw/example-apigw-v2-request-iam.json");
 
 /// An API Gateway v2 event for `POST /webhooks/{endpoint}` built on a real sample.
-fn event(fixture: &str, method: &str, endpoint: &str, headers: Value, body: &[u8], base64: bool) -> lambda_http::Request {
+fn event(
+    fixture: &str,
+    method: &str,
+    endpoint: &str,
+    headers: Value,
+    body: &[u8],
+    base64: bool,
+) -> lambda_http::Request {
     let mut e: Value = serde_json::from_str(fixture).unwrap();
     let path = format!("/webhooks/{endpoint}");
     e["routeKey"] = json!("POST /webhooks/{endpoint}");
@@ -95,10 +102,22 @@ async fn rejections_answer_by_retry_intent_with_code_and_detail() {
     let intake = stack.intake().await;
     let (body, sig) = signed("evt_rejects");
     let cases = [
-        (event(NO_AUTHORIZER, "POST", "stripe-a", json!({ "stripe-signature": "t=1,v1=00" }), &body, false), 401, "signature_mismatch"),
-        (event(NO_AUTHORIZER, "POST", "nope", json!({ "stripe-signature": sig }), &body, false), 404, "unknown_endpoint"),
+        (
+            event(NO_AUTHORIZER, "POST", "stripe-a", json!({ "stripe-signature": "t=1,v1=00" }), &body, false),
+            401,
+            "signature_mismatch",
+        ),
+        (
+            event(NO_AUTHORIZER, "POST", "nope", json!({ "stripe-signature": sig }), &body, false),
+            404,
+            "unknown_endpoint",
+        ),
         (event(NO_AUTHORIZER, "GET", "stripe-a", json!({}), b"", false), 405, "method_not_allowed"),
-        (event(NO_AUTHORIZER, "POST", "stripe-a", json!({ "stripe-signature": sig }), &vec![b'x'; 20_000], false), 413, "payload_too_large"),
+        (
+            event(NO_AUTHORIZER, "POST", "stripe-a", json!({ "stripe-signature": sig }), &vec![b'x'; 20_000], false),
+            413,
+            "payload_too_large",
+        ),
     ];
     for (req, status, code) in cases {
         let resp = intake::handler::handle(&intake, req).await.unwrap();
@@ -109,7 +128,12 @@ async fn rejections_answer_by_retry_intent_with_code_and_detail() {
     // Signed correctly but not an event: 400, nothing stored.
     let junk = b"[1,2,3]".to_vec();
     let junk_sig = stripe::sign(&Secret::new(STRIPE_SECRET), now_s(), &junk);
-    let resp = intake::handler::handle(&intake, event(NO_AUTHORIZER, "POST", "stripe-a", json!({ "stripe-signature": junk_sig }), &junk, false)).await.unwrap();
+    let resp = intake::handler::handle(
+        &intake,
+        event(NO_AUTHORIZER, "POST", "stripe-a", json!({ "stripe-signature": junk_sig }), &junk, false),
+    )
+    .await
+    .unwrap();
     assert_eq!(resp.status(), 400);
     assert!(stack.items().await.is_empty());
     assert!(stack.drain_queue().await.is_empty());

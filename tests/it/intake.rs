@@ -13,18 +13,35 @@ use http::{HeaderMap, HeaderValue, Method};
 use crate::support::{self, STRIPE_SECRET, Stack, now_s};
 
 fn stripe_event(id: &str, ty: &str) -> Vec<u8> {
-    serde_json::json!({"id": id, "object": "event", "type": ty, "data": {"object": {"id": "sub_1"}}}).to_string().into_bytes()
+    serde_json::json!({"id": id, "object": "event", "type": ty, "data": {"object": {"id": "sub_1"}}})
+        .to_string()
+        .into_bytes()
 }
 
 fn stripe_headers(body: &[u8], secret: &str) -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert(stripe::SIGNATURE_HEADER, HeaderValue::from_str(&stripe::sign(&Secret::new(secret), now_s(), body)).unwrap());
+    h.insert(
+        stripe::SIGNATURE_HEADER,
+        HeaderValue::from_str(&stripe::sign(&Secret::new(secret), now_s(), body)).unwrap(),
+    );
     h
 }
 
-async fn post(intake: &hookledger::intake::Intake<impl hookledger::ledger::Ledger, impl hookledger::ledger::WorkQueue>, endpoint: &str, headers: &HeaderMap, body: &[u8]) -> u16 {
+async fn post(
+    intake: &hookledger::intake::Intake<impl hookledger::ledger::Ledger, impl hookledger::ledger::WorkQueue>,
+    endpoint: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> u16 {
     intake
-        .handle(IntakeRequest { endpoint, method: &Method::POST, headers, body, now: SystemTime::now(), request_id: "it" })
+        .handle(IntakeRequest {
+            endpoint,
+            method: &Method::POST,
+            headers,
+            body,
+            now: SystemTime::now(),
+            request_id: "it",
+        })
         .await
         .status
 }
@@ -48,7 +65,8 @@ async fn new_event_gives_one_record_one_payload_and_one_message() {
     assert!(m.contains_key("expires_at") && m.contains_key("due_shard"));
     assert!(!m.contains_key("body"), "the ledger record does not carry the payload");
 
-    let payloads: Vec<_> = stack.items().await.into_iter().filter(|i| support::s(i, "sk").starts_with("payload#")).collect();
+    let payloads: Vec<_> =
+        stack.items().await.into_iter().filter(|i| support::s(i, "sk").starts_with("payload#")).collect();
     assert_eq!(payloads.len(), 1);
     assert_eq!(payloads[0]["body"].as_b().unwrap().as_ref(), body.as_slice(), "raw bytes stored as received");
 
@@ -114,7 +132,11 @@ async fn sqs_failure_after_the_claim_answers_503_and_the_retry_sends_the_message
         aws_sdk_sqs::config::Builder::from(&stack.aws)
             .endpoint_url("http://127.0.0.1:1")
             .retry_config(RetryConfig::standard().with_max_attempts(1))
-            .timeout_config(aws_sdk_sqs::config::timeout::TimeoutConfig::builder().operation_timeout(Duration::from_secs(2)).build())
+            .timeout_config(
+                aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+                    .operation_timeout(Duration::from_secs(2))
+                    .build(),
+            )
             .build(),
     );
     let broken = stack.intake_with_queue(SqsQueue::new(down, &stack.queue_url)).await;
@@ -206,7 +228,10 @@ async fn github_delivery_id_is_the_identity_across_redeliveries() {
     let intake = stack.intake().await;
     let body = std::fs::read(support::testdata("providers/github/push/payload.json")).unwrap();
     let mut h = HeaderMap::new();
-    h.insert(github::SIGNATURE_HEADER, HeaderValue::from_str(&github::sign(&Secret::new(support::GITHUB_SECRET), &body)).unwrap());
+    h.insert(
+        github::SIGNATURE_HEADER,
+        HeaderValue::from_str(&github::sign(&Secret::new(support::GITHUB_SECRET), &body)).unwrap(),
+    );
     h.insert(github::DELIVERY_HEADER, HeaderValue::from_static("9f0ad2c0-0000-11ef-8000-000000000001"));
     h.insert(github::EVENT_HEADER, HeaderValue::from_static("push"));
     assert_eq!(post(&intake, "gh", &h, &body).await, 202);
@@ -225,11 +250,13 @@ mod sns {
             kind: kind.to_owned(),
             message_id: format!("it-{}", uuid::Uuid::new_v4()),
             topic_arn: topic.to_owned(),
-            message: std::fs::read_to_string(support::testdata("providers/ses/docs/notification-delivery.json")).unwrap(),
+            message: std::fs::read_to_string(support::testdata("providers/ses/docs/notification-delivery.json"))
+                .unwrap(),
             timestamp: "2026-11-29T12:00:00.000Z".to_owned(),
             signature_version: "2".to_owned(),
             signature: String::new(),
-            signing_cert_url: "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000test0000.pem".to_owned(),
+            signing_cert_url: "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000test0000.pem"
+                .to_owned(),
             subject: None,
             token: (kind != "Notification").then(|| "tok".to_owned()),
             subscribe_url: (kind != "Notification").then(|| {
@@ -268,7 +295,11 @@ mod sns {
 
         let other = signed("SubscriptionConfirmation", "arn:aws:sns:eu-west-1:123456789012:someone-else");
         assert_eq!(post(&intake, "ses", &HeaderMap::new(), &other).await, 403);
-        assert_eq!(stack.sns_getter.fetched.lock().unwrap().len(), fetched.len(), "nothing fetched for a refused topic");
+        assert_eq!(
+            stack.sns_getter.fetched.lock().unwrap().len(),
+            fetched.len(),
+            "nothing fetched for a refused topic"
+        );
         assert!(stack.items().await.is_empty(), "confirmations are not ledger events");
     }
 }

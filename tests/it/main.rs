@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Integration tests against the local AWS emulator (moto), through the real
 //! aws-sdk clients. Run by `scripts/test`, which starts moto and sets
 //! `AWS_ENDPOINT_URL`. One binary, so it builds once.

@@ -57,7 +57,8 @@ impl HttpsGet for TestSnsGetter {
         self.fetched.lock().unwrap().push(url.to_string());
         Box::pin(async move {
             if url.path().ends_with(".pem") {
-                std::fs::read(testdata("test-sns/SimpleNotificationService-0000test0000.pem")).map_err(|e| FetchError(e.to_string()))
+                std::fs::read(testdata("test-sns/SimpleNotificationService-0000test0000.pem"))
+                    .map_err(|e| FetchError(e.to_string()))
             } else {
                 Ok(b"<ConfirmSubscriptionResponse/>".to_vec())
             }

@@ -22,8 +22,7 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let settings = config::settings_from(|k| std::env::var(k).ok())?;
     let raw = std::env::var("HOOKLEDGER_ENDPOINTS").map_err(|_| ConfigError::Missing("HOOKLEDGER_ENDPOINTS"))?;
     let specs = config::parse_endpoints(&raw)?;
-    let getter = ReqwestGetter::new()
-        .map_err(|reason| ConfigError::Invalid { name: "https client".into(), reason })?;
+    let getter = ReqwestGetter::new().map_err(|reason| ConfigError::Invalid { name: "https client".into(), reason })?;
     let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
     let secrets = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
     let endpoints = config::build_endpoints(specs, &secrets, certificates).await?;

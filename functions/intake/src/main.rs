@@ -12,6 +12,7 @@ async fn main() -> Result<(), Error> {
         .cloudwatch_namespace(std::env::var("HOOKLEDGER_METRICS_NAMESPACE").unwrap_or_else(|_| "Hookledger".into()))
         .with_dimension("function", "intake")
         .init()?;
+    hookledger::telemetry::describe();
 
     let aws = aws_config::load_from_env().await;
     let app = handler::from_env(&aws).await.inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?;

@@ -24,7 +24,7 @@ pub(crate) fn single_header<'a>(headers: &'a HeaderMap, name: &'static str) -> R
     let values = header_values(headers, name)?;
     match values.as_slice() {
         [] => Err(VerifyError::MissingHeader(name)),
-        [one] if one.is_empty() => Err(VerifyError::MissingHeader(name)),
+        [""] => Err(VerifyError::MissingHeader(name)),
         [one] if one.contains(',') => Err(VerifyError::MalformedHeader(name)),
         [one] => Ok(one),
         _ => Err(VerifyError::MalformedHeader(name)),

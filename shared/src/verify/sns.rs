@@ -297,7 +297,7 @@ impl SnsVerifier {
 
     pub async fn verify_message(&self, msg: &SnsMessage, now: i64) -> Result<Verified, VerifyError> {
         let string_to_sign = msg.string_to_sign().ok_or(VerifyError::MalformedEnvelope("unknown message Type"))?;
-        if !self.topic_arns.iter().any(|t| *t == msg.topic_arn) {
+        if !self.topic_arns.contains(&msg.topic_arn) {
             return Err(VerifyError::TopicNotAllowed);
         }
         let cert_url = validate_certificate_url(&msg.signing_cert_url)?;
