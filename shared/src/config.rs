@@ -165,6 +165,39 @@ pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, C
     })
 }
 
+/// Processor settings (`HOOKLEDGER_LEASE_SECS`, `HOOKLEDGER_MAX_ATTEMPTS`,
+/// `HOOKLEDGER_BACKOFF_BASE_MS`, `HOOKLEDGER_BACKOFF_MAX_MS`, `HOOKLEDGER_INDEX_SHARDS`).
+pub fn processor_settings_from(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<crate::processor::ProcessorSettings, ConfigError> {
+    let number = |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
+        match get(name) {
+            None => Ok(default),
+            Some(raw) => match raw.trim().parse::<i64>() {
+                Ok(n) if (min..=max).contains(&n) => Ok(n),
+                _ => Err(ConfigError::Invalid {
+                    name: name.to_owned(),
+                    reason: format!("expected an integer in {min}..={max}"),
+                }),
+            },
+        }
+    };
+    let base_ms = number("HOOKLEDGER_BACKOFF_BASE_MS", 2_000, 10, 3_600_000)?;
+    let max_ms = number("HOOKLEDGER_BACKOFF_MAX_MS", 300_000, 10, 43_200_000)?;
+    if max_ms < base_ms {
+        return Err(ConfigError::Invalid {
+            name: "HOOKLEDGER_BACKOFF_MAX_MS".into(),
+            reason: "must be >= HOOKLEDGER_BACKOFF_BASE_MS".into(),
+        });
+    }
+    Ok(crate::processor::ProcessorSettings {
+        lease_ms: number("HOOKLEDGER_LEASE_SECS", 30, 1, 900)? * 1000,
+        max_attempts: number("HOOKLEDGER_MAX_ATTEMPTS", 5, 1, 100)? as u32,
+        backoff: crate::backoff::Backoff { base_ms, max_ms },
+        index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
+    })
+}
+
 /// Parses the endpoints JSON (`{"name": {...}, ...}`) without resolving secrets.
 pub fn parse_endpoints(json: &str) -> Result<BTreeMap<String, EndpointSpec>, ConfigError> {
     let specs: BTreeMap<String, EndpointSpec> = serde_json::from_str(json)

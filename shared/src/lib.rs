@@ -6,10 +6,17 @@
 //! `adapters` implement the ports with the AWS SDK.
 
 pub mod adapters;
+pub mod app;
+pub mod backoff;
 pub mod config;
+pub mod event;
 pub mod identity;
 pub mod intake;
 pub mod ledger;
+pub mod outbox;
+pub mod processor;
+pub mod projection;
 pub mod secret;
+pub mod seed001;
 pub mod telemetry;
 pub mod verify;

@@ -5,6 +5,7 @@ pub mod dynamodb;
 pub mod https;
 pub mod secrets;
 pub mod sqs;
+pub mod stripe;
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 

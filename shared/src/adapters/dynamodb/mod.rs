@@ -8,6 +8,8 @@
 //! Non-terminal records carry `due_shard`/`due_at`, the keys of the sparse,
 //! sharded `due` index the reconciler queries (never a scan).
 
+pub mod work;
+
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::Client;
@@ -56,7 +58,12 @@ pub fn payload_sk(payload_hash: &str) -> String {
 }
 
 pub fn due_shard(shard: u32) -> String {
-    format!("due#{shard:03}")
+    due_shard_named("due", shard)
+}
+
+/// Index partition names: `due#007` for ledger records, `out#007` for outbox items.
+pub fn due_shard_named(prefix: &str, shard: u32) -> String {
+    format!("{prefix}#{shard:03}")
 }
 
 #[derive(Clone)]

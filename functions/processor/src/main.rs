@@ -1,0 +1,33 @@
+//! Processor Lambda: SQS event source → lease, project, commit, dispatch;
+//! partial batch responses (`ReportBatchItemFailures`). `main` only initialises.
+
+use std::sync::Arc;
+
+use lambda_runtime::{Error, service_fn};
+use processor::handler;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let metrics = metrics_cloudwatch_embedded::Builder::new()
+        .cloudwatch_namespace(std::env::var("HOOKLEDGER_METRICS_NAMESPACE").unwrap_or_else(|_| "Hookledger".into()))
+        .with_dimension("function", "processor")
+        .init()?;
+    hookledger::telemetry::describe();
+
+    let aws = aws_config::load_from_env().await;
+    let app =
+        Arc::new(handler::from_env(&aws).await.inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?);
+
+    lambda_runtime::run(service_fn(move |event| {
+        let app = app.clone();
+        async move {
+            let resp = handler::handle(app, event).await;
+            if let Err(e) = metrics.flush(std::io::stdout()) {
+                tracing::warn!(error = %e, "metrics flush failed");
+            }
+            resp
+        }
+    }))
+    .await
+}

@@ -1,0 +1,78 @@
+//! Stripe subscriptions → entitlements, by the change-notification contract.
+//! Stripe event timestamps are seconds and shared by distinct events, so they
+//! are not revisions: on any `customer.subscription.*` event we fetch the
+//! subscription as Stripe has it now and replace the entitlement only if this
+//! fetch is newer than the one already applied. When the entitlement changes,
+//! a `subscription.changed` notification goes out through the outbox.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{str_field, subjects};
+use crate::outbox::OutboxMessage;
+use crate::projection::fetch::{ProviderError, SubscriptionSource};
+use crate::projection::snapshot::{Version, replace_if_newer};
+use crate::projection::{Decision, EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, n, s};
+
+pub struct Entitlements {
+    pub source: Option<Arc<dyn SubscriptionSource>>,
+    pub notify_topic: Option<String>,
+}
+
+pub fn entitlement_pk(tenant: &str, subscription: &str) -> String {
+    format!("proj#entitlement#{tenant}#{subscription}")
+}
+
+impl Projection for Entitlements {
+    fn name(&self) -> &'static str {
+        "entitlements"
+    }
+
+    fn handles(&self, provider: &str, event_type: &str) -> bool {
+        provider == "stripe" && event_type.starts_with("customer.subscription.")
+    }
+
+    fn plan<'a>(&'a self, ev: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a> {
+        Box::pin(async move {
+            let obj = &ev.body["data"]["object"];
+            let sub_id = str_field(obj, "/id")?;
+            let customer = str_field(obj, "/customer")?;
+            let Some(account) = subjects::account_for(cx, "stripe", &ev.tenant, customer).await? else {
+                return Ok(Decision::Park(format!("unknown stripe customer {customer}")));
+            };
+            let source = self
+                .source
+                .as_ref()
+                .ok_or_else(|| ProjectionError::Permanent("no subscription source configured".into()))?;
+            let fetched = source.subscription(sub_id).await.map_err(|e| match e {
+                ProviderError::Unavailable(m) => ProjectionError::Transient(m),
+                ProviderError::Rejected(m) => ProjectionError::Permanent(m),
+            })?;
+            let (status, seats) = match &fetched.object {
+                Some(sub) => (sub.status.clone(), sub.seats),
+                None => ("deleted".to_owned(), 0),
+            };
+            let attrs = HashMap::from([
+                ("account".to_owned(), s(&account)),
+                ("subscription".to_owned(), s(sub_id)),
+                ("status".to_owned(), s(&status)),
+                ("seats".to_owned(), n(seats)),
+                ("event_id".to_owned(), s(&ev.event_id)),
+            ]);
+            let pk = entitlement_pk(&ev.tenant, sub_id);
+            let mut op = replace_if_newer(&cx.table, &pk, Version { generation: 0, revision: fetched.version }, attrs);
+            if let Some(topic) = &self.notify_topic {
+                op = op.notify(OutboxMessage {
+                    topic_arn: topic.clone(),
+                    action: "subscription.changed".into(),
+                    group: sub_id.to_owned(),
+                    body: serde_json::json!({
+                        "type": "subscription.changed", "tenant": ev.tenant, "account": account,
+                        "subscription": sub_id, "status": status, "seats": seats, "source_event": ev.event_id,
+                    }),
+                });
+            }
+            Ok(Decision::Apply(vec![op]))
+        })
+    }
+}

@@ -1,0 +1,48 @@
+//! Ordered deltas: `inventory.adjusted` events carry a per-SKU sequence
+//! number and a delta. Each is applied exactly after its predecessor; a gap
+//! is deferred until the missing delta arrives (bounded, then DEAD "gap").
+//!
+//! Event: `{"data": {"sku": "...", "seq": 3, "delta": -2}}`.
+
+use std::collections::HashMap;
+
+use super::{int_field, str_field};
+use crate::projection::sequence::{SeqDecision, apply_next, decide};
+use crate::projection::{Decision, EventContext, PlanFuture, Projection, ProjectionContext, get_n, s};
+
+pub struct Inventory;
+
+pub fn inventory_pk(tenant: &str, sku: &str) -> String {
+    format!("proj#inventory#{tenant}#{sku}")
+}
+
+impl Projection for Inventory {
+    fn name(&self) -> &'static str {
+        "inventory"
+    }
+
+    fn handles(&self, _provider: &str, event_type: &str) -> bool {
+        event_type == "inventory.adjusted"
+    }
+
+    fn plan<'a>(&'a self, ev: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a> {
+        Box::pin(async move {
+            let d = &ev.body["data"];
+            let sku = str_field(d, "/sku")?;
+            let seq = int_field(d, "/seq")?;
+            let delta = int_field(d, "/delta")?;
+            let pk = inventory_pk(&ev.tenant, sku);
+            let last = cx.read_state(&pk).await?.and_then(|i| get_n(&i, "last_seq"));
+            Ok(match decide(last, seq) {
+                SeqDecision::Apply => {
+                    let extra = HashMap::from([("sku".to_owned(), s(sku))]);
+                    Decision::Apply(vec![apply_next(&cx.table, &pk, seq, "on_hand", delta, extra)])
+                }
+                SeqDecision::Duplicate => Decision::Ignore("sequence already applied"),
+                SeqDecision::Gap { expected } => {
+                    Decision::Defer(format!("{sku}: waiting for seq {expected}, got {seq}"))
+                }
+            })
+        })
+    }
+}

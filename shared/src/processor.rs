@@ -1,0 +1,375 @@
+//! The processor use case: lease the record, decode the stored payload, plan
+//! with the registered projections, commit the plan with the completion
+//! marker (fenced), then dispatch the outbox. Errors are classified:
+//! transient → RETRYABLE with backoff; permanent → DEAD at once; attempts
+//! exhausted → DEAD; unknown subject → PARKED; missing predecessor → deferred
+//! (RETRYABLE) until the bound, then DEAD ("gap").
+
+use std::time::Instant;
+
+use crate::adapters::dynamodb::DynamoLedger;
+use crate::adapters::dynamodb::work::{CommitResult, LeaseResult, WorkRecord};
+use crate::backoff::{Backoff, random_jitter};
+use crate::event::decode;
+use crate::identity::EventKey;
+use crate::ledger::PortError;
+use crate::outbox::Dispatcher;
+use crate::projection::{Decision, EventContext, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessorSettings {
+    /// How long a lease lasts; keep it shorter than the queue visibility timeout.
+    pub lease_ms: i64,
+    /// Attempts (leases) before a record is dead-lettered.
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub index_shards: u32,
+}
+
+impl Default for ProcessorSettings {
+    fn default() -> Self {
+        Self {
+            lease_ms: 30_000,
+            max_attempts: 5,
+            backoff: Backoff { base_ms: 2_000, max_ms: 300_000 },
+            index_shards: 16,
+        }
+    }
+}
+
+/// Where a crash is injected in tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProcessorFault {
+    #[default]
+    None,
+    /// Die after the transaction committed, before the outbox dispatch and
+    /// before the queue message is acknowledged.
+    AfterCommit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    Stale,
+    Duplicate,
+    Ignored,
+    Parked,
+    Dead,
+    Retrying,
+    /// Another worker holds a live lease.
+    Busy,
+    NotDue,
+    /// Already PROCESSED, DEAD or PARKED.
+    AlreadyFinal,
+    Missing,
+    /// Our lease was taken over before we could commit.
+    Fenced,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Stale => "stale",
+            Self::Duplicate => "duplicate",
+            Self::Ignored => "ignored",
+            Self::Parked => "parked",
+            Self::Dead => "dead",
+            Self::Retrying => "retrying",
+            Self::Busy => "busy",
+            Self::NotDue => "not_due",
+            Self::AlreadyFinal => "already_final",
+            Self::Missing => "missing",
+            Self::Fenced => "fenced",
+        }
+    }
+}
+
+/// The result for one queue message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    pub outcome: Outcome,
+    /// `Some`: leave the message on the queue and show it again after this
+    /// delay. `None`: the message is done (delete it).
+    pub retry_after_ms: Option<i64>,
+}
+
+impl Report {
+    fn done(outcome: Outcome) -> Self {
+        Self { outcome, retry_after_ms: None }
+    }
+
+    fn later(outcome: Outcome, delay_ms: i64) -> Self {
+        Self { outcome, retry_after_ms: Some(delay_ms.max(1_000)) }
+    }
+}
+
+const MAX_PLAN_ROUNDS: usize = 4;
+
+pub struct Processor {
+    ledger: DynamoLedger,
+    registry: Registry,
+    cx: ProjectionContext,
+    dispatcher: Option<Dispatcher>,
+    settings: ProcessorSettings,
+    pub fault: ProcessorFault,
+}
+
+enum Failure {
+    Transient { code: &'static str, message: String },
+    Permanent { reason: &'static str, message: String },
+}
+
+impl Processor {
+    pub fn new(
+        ledger: DynamoLedger,
+        registry: Registry,
+        dispatcher: Option<Dispatcher>,
+        settings: ProcessorSettings,
+    ) -> Self {
+        let cx = ProjectionContext { ddb: ledger.client().clone(), table: ledger.table().to_owned() };
+        Self { ledger, registry, cx, dispatcher, settings, fault: ProcessorFault::None }
+    }
+
+    pub fn settings(&self) -> &ProcessorSettings {
+        &self.settings
+    }
+
+    /// Processes one event key (one queue message).
+    pub async fn process(&self, key: &EventKey, now_ms: i64) -> Result<Report, PortError> {
+        let started = Instant::now();
+        let token = uuid::Uuid::new_v4().to_string();
+        let leased = self.ledger.lease(key, &token, now_ms, self.settings.lease_ms).await?;
+        let (report, record) = match leased {
+            LeaseResult::Missing => (Report::done(Outcome::Missing), None),
+            LeaseResult::Final(_) => (Report::done(Outcome::AlreadyFinal), None),
+            LeaseResult::Busy { until_ms } => (Report::later(Outcome::Busy, until_ms - now_ms), None),
+            LeaseResult::NotDue { at_ms } => (Report::later(Outcome::NotDue, at_ms - now_ms), None),
+            LeaseResult::Leased(record) => {
+                let report = self.work(&record, &token, now_ms).await?;
+                (report, Some(record))
+            }
+        };
+        let provider = record.as_ref().map_or("unknown", |r| r.provider.as_str()).to_owned();
+        metrics::counter!("processed", "outcome" => report.outcome.label(), "provider" => provider.clone())
+            .increment(1);
+        metrics::histogram!("processing_duration", "provider" => provider.clone())
+            .record(started.elapsed().as_secs_f64() * 1000.0);
+        if let Some(r) = &record {
+            if report.retry_after_ms.is_none()
+                && matches!(report.outcome, Outcome::Applied | Outcome::Stale | Outcome::Duplicate | Outcome::Ignored)
+            {
+                metrics::histogram!("queue_to_complete", "provider" => provider)
+                    .record((now_ms - r.received_at_ms).max(0) as f64);
+            }
+            tracing::info!(key = %key, provider = %r.provider, endpoint = %r.endpoint, event_id = %r.event_id,
+                event_type = r.event_type.as_deref().unwrap_or(""), attempt = r.attempts, outcome = report.outcome.label(),
+                duration_ms = started.elapsed().as_secs_f64() * 1000.0, "processed");
+        } else {
+            tracing::info!(key = %key, outcome = report.outcome.label(), "not leased");
+        }
+        Ok(report)
+    }
+
+    async fn work(&self, record: &WorkRecord, token: &str, now_ms: i64) -> Result<Report, PortError> {
+        let key = &record.key;
+        if record.attempts > self.settings.max_attempts {
+            return self.dead(record, token, "attempts_exhausted", "no attempt left", now_ms).await;
+        }
+        let payload = match self.ledger.payload(key, &record.payload_hash).await? {
+            Some(p) => p,
+            None => {
+                return self
+                    .fail(
+                        record,
+                        token,
+                        Failure::Transient { code: "payload_missing", message: "payload item not stored yet".into() },
+                        now_ms,
+                    )
+                    .await;
+            }
+        };
+        let (event_type, body) = match decode(&record.provider, record.event_type.as_deref(), &payload) {
+            Ok(x) => x,
+            Err(e) => return self.dead(record, token, "malformed_payload", &e.0, now_ms).await,
+        };
+        let event = EventContext {
+            key: key.clone(),
+            provider: record.provider.clone(),
+            endpoint: record.endpoint.clone(),
+            tenant: record.tenant.clone(),
+            event_id: record.event_id.clone(),
+            event_type,
+            body,
+        };
+
+        for _round in 0..MAX_PLAN_ROUNDS {
+            let decision = match self.plan(&event).await {
+                Ok(d) => d,
+                Err(ProjectionError::Permanent(m)) => {
+                    return self
+                        .fail(record, token, Failure::Permanent { reason: "unsupported_event", message: m }, now_ms)
+                        .await;
+                }
+                Err(ProjectionError::Transient(m)) => {
+                    return self
+                        .fail(record, token, Failure::Transient { code: "projection", message: m }, now_ms)
+                        .await;
+                }
+            };
+            let ops = match decision {
+                Decision::Park(reason) => {
+                    return Ok(if self.ledger.park(key, token, &reason, now_ms).await? {
+                        metrics::counter!("parked", "provider" => record.provider.clone()).increment(1);
+                        Report::done(Outcome::Parked)
+                    } else {
+                        Report::done(Outcome::Fenced)
+                    });
+                }
+                Decision::Defer(reason) => {
+                    return self.fail(record, token, Failure::Transient { code: "gap", message: reason }, now_ms).await;
+                }
+                Decision::Ignore(_) => Vec::new(),
+                Decision::Apply(ops) => ops,
+            };
+            match self.commit(record, token, ops, now_ms).await? {
+                Some(report) => return Ok(report),
+                None => continue, // replan from fresh reads
+            }
+        }
+        self.fail(
+            record,
+            token,
+            Failure::Transient { code: "contention", message: "state kept moving while planning".into() },
+            now_ms,
+        )
+        .await
+    }
+
+    /// Every matching projection plans; park and defer win over apply.
+    async fn plan(&self, event: &EventContext) -> Result<Decision, ProjectionError> {
+        let projections = self.registry.matching(&event.provider, &event.event_type);
+        if projections.is_empty() {
+            return Ok(Decision::Ignore("no projection for this event type"));
+        }
+        let mut ops = Vec::new();
+        let mut applied_any = false;
+        for p in projections {
+            match p.plan(event, &self.cx).await? {
+                Decision::Apply(more) => {
+                    applied_any = true;
+                    ops.extend(more);
+                }
+                Decision::Ignore(_) => {}
+                other @ (Decision::Park(_) | Decision::Defer(_)) => return Ok(other),
+            }
+        }
+        Ok(if applied_any { Decision::Apply(ops) } else { Decision::Ignore("every projection ignored it") })
+    }
+
+    /// Commits, dropping ops whose conditions say "stale" or "already applied".
+    /// `Ok(None)`: an op asked to replan.
+    async fn commit(
+        &self,
+        record: &WorkRecord,
+        token: &str,
+        mut ops: Vec<Op>,
+        now_ms: i64,
+    ) -> Result<Option<Report>, PortError> {
+        let key = &record.key;
+        let planned = !ops.is_empty();
+        let (mut stale, mut duplicate) = (false, false);
+        loop {
+            let outcome = if !ops.is_empty() {
+                Outcome::Applied
+            } else if stale {
+                Outcome::Stale
+            } else if duplicate {
+                Outcome::Duplicate
+            } else if planned {
+                Outcome::Applied
+            } else {
+                Outcome::Ignored
+            };
+            match self.ledger.commit(key, token, &ops, outcome.label(), now_ms, self.settings.index_shards).await? {
+                CommitResult::Committed { outbox } => {
+                    if self.fault == ProcessorFault::AfterCommit {
+                        return Err(PortError::Unavailable {
+                            service: "injected",
+                            message: "crash after commit".into(),
+                        });
+                    }
+                    self.dispatch(&outbox, now_ms).await;
+                    return Ok(Some(Report::done(outcome)));
+                }
+                CommitResult::Conflicts(indices) => {
+                    if indices.iter().any(|i| ops[*i].on_conflict == OnConflict::Replan) {
+                        return Ok(None);
+                    }
+                    for i in indices.iter().rev() {
+                        match ops.remove(*i).on_conflict {
+                            OnConflict::Stale => stale = true,
+                            OnConflict::AlreadyApplied => duplicate = true,
+                            OnConflict::Replan => {}
+                        }
+                    }
+                }
+                CommitResult::Fenced => {
+                    // Our own earlier commit whose response was lost looks fenced too.
+                    let ours =
+                        self.ledger.read_record(key).await?.and_then(|r| r.completed_token).is_some_and(|t| t == token);
+                    return Ok(Some(Report::done(if ours { outcome } else { Outcome::Fenced })));
+                }
+                CommitResult::Contention => {
+                    let f = Failure::Transient { code: "contention", message: "transaction conflict".into() };
+                    return self.fail(record, token, f, now_ms).await.map(Some);
+                }
+            }
+        }
+    }
+
+    /// Publishes this commit's outbox items now; a failure leaves them for the sweeper.
+    async fn dispatch(&self, outbox: &[String], now_ms: i64) {
+        let Some(d) = &self.dispatcher else { return };
+        for pk in outbox {
+            if let Err(e) = d.dispatch(pk, now_ms).await {
+                tracing::warn!(error = %e, outbox = %pk, "outbox dispatch failed; the sweeper will retry");
+            }
+        }
+    }
+
+    async fn fail(&self, record: &WorkRecord, token: &str, failure: Failure, now_ms: i64) -> Result<Report, PortError> {
+        match failure {
+            Failure::Permanent { reason, message } => self.dead(record, token, reason, &message, now_ms).await,
+            Failure::Transient { code, message } if record.attempts >= self.settings.max_attempts => {
+                let reason = if code == "gap" { "gap" } else { "attempts_exhausted" };
+                self.dead(record, token, reason, &format!("{code}: {message}"), now_ms).await
+            }
+            Failure::Transient { code, message } => {
+                let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter());
+                if !self.ledger.retry(&record.key, token, now_ms + delay, code, &message).await? {
+                    return Ok(Report::done(Outcome::Fenced));
+                }
+                metrics::counter!("retried", "provider" => record.provider.clone(), "code" => code).increment(1);
+                tracing::warn!(key = %record.key, code, attempt = record.attempts, delay_ms = delay, "will retry");
+                Ok(Report::later(Outcome::Retrying, delay))
+            }
+        }
+    }
+
+    async fn dead(
+        &self,
+        record: &WorkRecord,
+        token: &str,
+        reason: &'static str,
+        message: &str,
+        now_ms: i64,
+    ) -> Result<Report, PortError> {
+        if !self.ledger.dead(&record.key, token, reason, message, now_ms).await? {
+            return Ok(Report::done(Outcome::Fenced));
+        }
+        metrics::counter!("dead_lettered", "provider" => record.provider.clone(), "reason" => reason).increment(1);
+        tracing::warn!(key = %record.key, reason, "dead-lettered");
+        Ok(Report::done(Outcome::Dead))
+    }
+}

@@ -1,0 +1,64 @@
+//! "Object changed" notifications: fetch the authoritative state from the
+//! provider, then replace the projection only if the fetched version is newer.
+//!
+//! Two workers may fetch at different moments and finish in the opposite
+//! order. The fetched snapshot carries a version — the object's own version
+//! when it has one, else the time of the fetch (provider reads are taken as
+//! monotonic) — and the write goes through `snapshot::replace_if_newer`, so
+//! the later read always wins, whichever commits last.
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A provider object as fetched, with the version that orders fetches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched<T> {
+    pub object: T,
+    pub version: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("provider unavailable: {0}")]
+    Unavailable(String),
+    #[error("provider rejected the request: {0}")]
+    Rejected(String),
+}
+
+/// A subscription as the provider reports it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub id: String,
+    pub customer: String,
+    pub status: String,
+    pub seats: i64,
+}
+
+/// The provider API the reference application reads (Stripe's, in production).
+pub trait SubscriptionSource: Send + Sync {
+    /// `object: None` when the provider no longer has the subscription.
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<Fetched<Option<Subscription>>, ProviderError>> + Send + 'a>>;
+}
+
+/// A stable idempotency key for one logical outbound action of one event:
+/// the same on every attempt, different for different actions.
+pub fn idempotency_key(event_key: &str, action: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(format!("{event_key}\n{action}").as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_are_stable_per_action() {
+        let a = idempotency_key("evt#stripe#e#evt_1", "notify");
+        assert_eq!(a, idempotency_key("evt#stripe#e#evt_1", "notify"));
+        assert_ne!(a, idempotency_key("evt#stripe#e#evt_1", "email"));
+        assert_ne!(a, idempotency_key("evt#stripe#e#evt_2", "notify"));
+    }
+}
