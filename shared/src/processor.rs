@@ -217,7 +217,7 @@ impl Processor {
                         .await;
                 }
             };
-            let ops = match decision {
+            let (ops, duplicate) = match decision {
                 Decision::Park(reason) => {
                     return Ok(if self.ledger.park(key, token, &reason, now_ms).await? {
                         metrics::counter!("parked", "provider" => record.provider.clone()).increment(1);
@@ -229,10 +229,11 @@ impl Processor {
                 Decision::Defer(reason) => {
                     return self.fail(record, token, Failure::Transient { code: "gap", message: reason }, now_ms).await;
                 }
-                Decision::Ignore(_) => Vec::new(),
-                Decision::Apply(ops) => ops,
+                Decision::Ignore(_) => (Vec::new(), false),
+                Decision::Duplicate => (Vec::new(), true),
+                Decision::Apply(ops) => (ops, false),
             };
-            match self.commit(record, token, ops, now_ms).await? {
+            match self.commit(record, token, ops, duplicate, now_ms).await? {
                 Some(report) => return Ok(report),
                 None => continue, // replan from fresh reads
             }
@@ -253,7 +254,7 @@ impl Processor {
             return Ok(Decision::Ignore("no projection for this event type"));
         }
         let mut ops = Vec::new();
-        let mut applied_any = false;
+        let (mut applied_any, mut duplicate) = (false, false);
         for p in projections {
             match p.plan(event, &self.cx).await? {
                 Decision::Apply(more) => {
@@ -261,10 +262,15 @@ impl Processor {
                     ops.extend(more);
                 }
                 Decision::Ignore(_) => {}
+                Decision::Duplicate => duplicate = true,
                 other @ (Decision::Park(_) | Decision::Defer(_)) => return Ok(other),
             }
         }
-        Ok(if applied_any { Decision::Apply(ops) } else { Decision::Ignore("every projection ignored it") })
+        Ok(match (applied_any, duplicate) {
+            (true, _) => Decision::Apply(ops),
+            (false, true) => Decision::Duplicate,
+            (false, false) => Decision::Ignore("every projection ignored it"),
+        })
     }
 
     /// Commits, dropping ops whose conditions say "stale" or "already applied".
@@ -274,11 +280,12 @@ impl Processor {
         record: &WorkRecord,
         token: &str,
         mut ops: Vec<Op>,
+        mut duplicate: bool,
         now_ms: i64,
     ) -> Result<Option<Report>, PortError> {
         let key = &record.key;
         let planned = !ops.is_empty();
-        let (mut stale, mut duplicate) = (false, false);
+        let mut stale = false;
         loop {
             let outcome = if !ops.is_empty() {
                 Outcome::Applied

@@ -3,6 +3,8 @@
 //! aws-sdk clients. Run by `scripts/test`, which starts moto and sets
 //! `AWS_ENDPOINT_URL`. One binary, so it builds once.
 
+mod fake_provider;
 mod handler;
 mod intake;
+mod processor;
 mod support;

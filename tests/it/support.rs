@@ -13,6 +13,12 @@ use hookledger::adapters::sqs::{self, SqsQueue};
 use hookledger::config::{self, Endpoint, SecretResolver, Settings};
 use hookledger::intake::Intake;
 use hookledger::secret::Secret;
+use hookledger::backoff::Backoff;
+use hookledger::identity::EventKey;
+use hookledger::ledger::{Claim, Ledger, NewEvent, SendLease};
+use hookledger::outbox::Dispatcher;
+use hookledger::processor::{Processor, ProcessorSettings};
+use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet};
 use url::Url;
 
@@ -158,6 +164,84 @@ impl Stack {
             bodies.extend(msgs.into_iter().filter_map(|m| m.body));
         }
     }
+}
+
+impl Stack {
+    /// Claims an event and stores its payload directly (no signature: the
+    /// processor tests start after intake).
+    pub async fn claim(&self, provider: &str, endpoint: &str, event_id: &str, event_type: Option<&str>, body: &[u8]) -> EventKey {
+        let key = EventKey::new(provider, endpoint, event_id);
+        let hash = hookledger::identity::payload_hash(body);
+        let now_ms = now_s() * 1000;
+        let event = NewEvent {
+            key: key.clone(),
+            provider: provider.into(),
+            endpoint: endpoint.into(),
+            tenant: "t1".into(),
+            event_id: event_id.into(),
+            event_type: event_type.map(str::to_owned),
+            payload_hash: hash.clone(),
+            received_at_ms: now_ms,
+            expires_at: now_s() + 86_400,
+            shard: key.shard(16),
+            send: SendLease { token: "test".into(), until_ms: now_ms },
+        };
+        let ledger = self.ledger();
+        if ledger.claim(&event).await.unwrap() == Claim::New {
+            ledger.store_payload(&key, &hash, body, now_s() + 86_400).await.unwrap();
+        }
+        key
+    }
+
+    pub async fn state(&self, pk: &str) -> Option<HashMap<String, AttributeValue>> {
+        self.ddb.get_item().table_name(&self.table).key("pk", AttributeValue::S(pk.into())).key("sk", AttributeValue::S("state".into())).consistent_read(true).send().await.unwrap().item
+    }
+
+    pub async fn record(&self, key: &EventKey) -> HashMap<String, AttributeValue> {
+        self.ddb.get_item().table_name(&self.table).key("pk", AttributeValue::S(key.as_str().into())).key("sk", AttributeValue::S("meta".into())).consistent_read(true).send().await.unwrap().item.unwrap()
+    }
+
+    /// An SNS topic for notifications with an SQS queue subscribed to it,
+    /// so tests can count what was published.
+    pub async fn notify_topic(&self) -> (String, String) {
+        let sns = aws_sdk_sns::Client::new(&self.aws);
+        let name = format!("notify-{}", uuid::Uuid::new_v4().simple());
+        let topic = sns.create_topic().name(&name).send().await.unwrap().topic_arn.unwrap();
+        let q = sqs::create_queue(&self.sqs, &name).await.unwrap();
+        let arn = self.sqs.get_queue_attributes().queue_url(&q).attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn).send().await.unwrap().attributes.unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn].clone();
+        sns.subscribe().topic_arn(&topic).protocol("sqs").endpoint(arn).send().await.unwrap();
+        (topic, q)
+    }
+
+    /// Drains any queue; returns the message bodies.
+    pub async fn drain(&self, queue_url: &str) -> Vec<String> {
+        let mut bodies = Vec::new();
+        loop {
+            let out = self.sqs.receive_message().queue_url(queue_url).max_number_of_messages(10).visibility_timeout(60).send().await.unwrap();
+            let msgs = out.messages.unwrap_or_default();
+            if msgs.is_empty() {
+                return bodies;
+            }
+            bodies.extend(msgs.into_iter().filter_map(|m| m.body));
+        }
+    }
+
+    pub fn processor(&self, settings: ProcessorSettings, source: Option<Arc<dyn SubscriptionSource>>, topic: Option<String>) -> Processor {
+        let dispatcher = Dispatcher::new(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
+        Processor::new(self.ledger(), hookledger::app::reference_registry(source, topic), Some(dispatcher), settings)
+    }
+
+    pub async fn map_customer(&self, customer: &str, account: &str) {
+        hookledger::app::subjects::map_subject(&self.ddb, &self.table, "stripe", "t1", customer, account).await.unwrap();
+    }
+}
+
+pub fn n(item: &HashMap<String, AttributeValue>, name: &str) -> i64 {
+    item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no number {name} in {item:?}"))
+}
+
+pub fn fast_settings() -> ProcessorSettings {
+    ProcessorSettings { lease_ms: 30_000, max_attempts: 5, backoff: Backoff { base_ms: 100, max_ms: 1_000 }, index_shards: 16 }
 }
 
 pub fn s(item: &HashMap<String, AttributeValue>, name: &str) -> String {

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use super::{int_field, str_field, subjects};
-use crate::projection::additive::apply_once;
+use crate::projection::additive::{apply_many, apply_once};
 use crate::projection::{Decision, EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, s};
 
 pub struct AccountLedger;
@@ -63,18 +63,20 @@ impl Projection for AccountLedger {
                 let refunds = obj["refunds"]["data"]
                     .as_array()
                     .ok_or_else(|| ProjectionError::Permanent("charge.refunded without refunds.data".into()))?;
+                // One op for all refunds not yet in the ledger (one balance update).
+                let mut missing = Vec::new();
                 for r in refunds {
                     let id = str_field(r, "/id")?;
                     let amount = int_field(r, "/amount")?;
-                    ops.push(apply_once(
-                        &cx.table,
-                        &entry_pk(&ev.tenant, id),
-                        entry("refund", id),
-                        &balance,
-                        "balance",
-                        -amount,
-                    ));
+                    let pk = entry_pk(&ev.tenant, id);
+                    if cx.read_state(&pk).await?.is_none() {
+                        missing.push((pk, entry("refund", id), -amount));
+                    }
                 }
+                if missing.is_empty() {
+                    return Ok(Decision::Duplicate);
+                }
+                ops.push(apply_many(&cx.table, missing, &balance, "balance"));
             }
             Ok(Decision::Apply(ops))
         })

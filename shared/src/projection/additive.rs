@@ -2,6 +2,12 @@
 //! business identity, not the delivery id) is applied exactly once — the
 //! ledger entry and the balance change commit in one transaction, and the
 //! entry's existence is the condition.
+//!
+//! DynamoDB allows one operation per item in a transaction, so several
+//! operations against one balance (two refunds in one event) go through
+//! [`apply_many`]: the projection reads which entries exist, and one op puts
+//! the missing entries and adds their sum; if another worker adds one of them
+//! meanwhile, the op asks to be planned again.
 
 use std::collections::HashMap;
 
@@ -40,4 +46,41 @@ pub fn apply_once(
         vec![TransactWriteItem::builder().put(put).build(), TransactWriteItem::builder().update(update).build()],
         OnConflict::AlreadyApplied,
     )
+}
+
+/// Puts every entry in `entries` (each `(pk, attrs, amount)`, none existing
+/// when planned) and adds their sum to `balance_pk` — one op, replanned if
+/// any entry appeared since the projection read them.
+pub fn apply_many(
+    table: &str,
+    entries: Vec<(String, HashMap<String, AttributeValue>, i64)>,
+    balance_pk: &str,
+    balance_attr: &str,
+) -> Op {
+    let total: i64 = entries.iter().map(|e| e.2).sum();
+    let count = entries.len() as i64;
+    let mut writes = Vec::with_capacity(entries.len() + 1);
+    for (pk, attrs, amount) in entries {
+        let mut entry = key_of(&pk);
+        entry.extend(attrs);
+        entry.insert("amount".into(), n(amount));
+        let put = Put::builder()
+            .table_name(table)
+            .set_item(Some(entry))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .unwrap_or_else(|e| unreachable!("table and item are set: {e}"));
+        writes.push(TransactWriteItem::builder().put(put).build());
+    }
+    let update = Update::builder()
+        .table_name(table)
+        .set_key(Some(key_of(balance_pk)))
+        .update_expression("ADD #b :amt, entries :count")
+        .expression_attribute_names("#b", balance_attr)
+        .expression_attribute_values(":amt", n(total))
+        .expression_attribute_values(":count", n(count))
+        .build()
+        .unwrap_or_else(|e| unreachable!("table and key are set: {e}"));
+    writes.push(TransactWriteItem::builder().update(update).build());
+    Op::new(writes, OnConflict::Replan)
 }

@@ -53,6 +53,9 @@ pub enum Decision {
     Apply(Vec<Op>),
     /// Nothing to do for this event: PROCESSED with outcome `ignored`.
     Ignore(&'static str),
+    /// Every effect of this event was applied before (by business identity):
+    /// PROCESSED with outcome `duplicate`.
+    Duplicate,
     /// The subject is unknown (no mapping): PARKED, no mutation.
     Park(String),
     /// A predecessor is missing: RETRYABLE, then DEAD ("gap") after the bound.
