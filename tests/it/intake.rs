@@ -241,17 +241,25 @@ async fn github_delivery_id_is_the_identity_across_redeliveries() {
     assert_eq!(support::s(m, "event_type"), "push");
 }
 
-mod sns {
+pub mod sns {
     use super::*;
     use hookledger::verify::sns::{SnsMessage, signing};
 
-    fn signed(kind: &str, topic: &str) -> Vec<u8> {
+    pub fn signed(kind: &str, topic: &str) -> Vec<u8> {
+        signed_message(
+            kind,
+            topic,
+            &format!("it-{}", uuid::Uuid::new_v4()),
+            &std::fs::read_to_string(support::testdata("providers/ses/docs/notification-delivery.json")).unwrap(),
+        )
+    }
+
+    pub fn signed_message(kind: &str, topic: &str, message_id: &str, message: &str) -> Vec<u8> {
         let mut msg = SnsMessage {
             kind: kind.to_owned(),
-            message_id: format!("it-{}", uuid::Uuid::new_v4()),
+            message_id: message_id.to_owned(),
             topic_arn: topic.to_owned(),
-            message: std::fs::read_to_string(support::testdata("providers/ses/docs/notification-delivery.json"))
-                .unwrap(),
+            message: message.to_owned(),
             timestamp: "2026-11-29T12:00:00.000Z".to_owned(),
             signature_version: "2".to_owned(),
             signature: String::new(),

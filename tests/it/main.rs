@@ -7,4 +7,6 @@ mod fake_provider;
 mod handler;
 mod intake;
 mod processor;
+mod race;
+mod sqs_handler;
 mod support;

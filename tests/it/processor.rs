@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::account_ledger::{balance_pk, entry_pk};
 use hookledger::app::email_status::email_pk;
 use hookledger::app::entitlement::entitlement_pk;
 use hookledger::app::inventory::inventory_pk;
 use hookledger::app::seats::seats_pk;
-use hookledger::adapters::stripe::StripeApi;
 use hookledger::outbox::{DispatchFault, Dispatcher};
 use hookledger::processor::{Outcome, ProcessorFault, ProcessorSettings};
 use hookledger::projection::fetch::SubscriptionSource;
@@ -43,7 +43,9 @@ pub fn seats(account: &str, generation: i64, revision: i64, seats: i64) -> Vec<u
 
 pub fn ses(sns_message_id: &str, mail_id: &str, status: &str) -> Vec<u8> {
     let message = json!({"eventType": status, "mail": {"messageId": mail_id, "destination": ["someone@example.com"]}});
-    json!({"Type": "Notification", "MessageId": sns_message_id, "Message": message.to_string()}).to_string().into_bytes()
+    json!({"Type": "Notification", "MessageId": sns_message_id, "Message": message.to_string()})
+        .to_string()
+        .into_bytes()
 }
 
 pub fn sub_updated(event_id: &str, sub: &str, customer: &str) -> Vec<u8> {
@@ -71,7 +73,9 @@ async fn stripe_source() -> (Arc<FakeStripe>, Arc<dyn SubscriptionSource>) {
 async fn concurrent_duplicate_deliveries_give_one_effect() {
     let stack = Stack::new().await;
     stack.map_customer("cus_1", "acct_1").await;
-    let key = stack.claim("stripe", "stripe-a", "evt_pay1", None, &pi_succeeded("evt_pay1", "pi_1", Some("cus_1"), 500)).await;
+    let key = stack
+        .claim("stripe", "stripe-a", "evt_pay1", None, &pi_succeeded("evt_pay1", "pi_1", Some("cus_1"), 500))
+        .await;
     let p = Arc::new(stack.processor(fast_settings(), None, None));
     let tasks: Vec<_> = (0..8)
         .map(|_| {
@@ -84,7 +88,10 @@ async fn concurrent_duplicate_deliveries_give_one_effect() {
         outcomes.push(t.await.unwrap());
     }
     assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Applied).count(), 1, "{outcomes:?}");
-    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Applied | Outcome::Busy | Outcome::AlreadyFinal)), "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Outcome::Applied | Outcome::Busy | Outcome::AlreadyFinal)),
+        "{outcomes:?}"
+    );
     let balance = stack.state(&balance_pk("t1", "acct_1")).await.unwrap();
     assert_eq!((n(&balance, "balance"), n(&balance, "entries")), (500, 1));
 }
@@ -94,12 +101,16 @@ async fn processed_duplicate_is_acknowledged_without_reapplying() {
     let stack = Stack::new().await;
     stack.map_customer("cus_1", "acct_1").await;
     let p = stack.processor(fast_settings(), None, None);
-    let key = stack.claim("stripe", "stripe-a", "evt_pay2", None, &pi_succeeded("evt_pay2", "pi_2", Some("cus_1"), 700)).await;
+    let key = stack
+        .claim("stripe", "stripe-a", "evt_pay2", None, &pi_succeeded("evt_pay2", "pi_2", Some("cus_1"), 700))
+        .await;
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
     let again = p.process(&key, now_ms()).await.unwrap();
     assert_eq!((again.outcome, again.retry_after_ms), (Outcome::AlreadyFinal, None));
     // A different event about the same payment (same business identity).
-    let other = stack.claim("stripe", "stripe-a", "evt_pay2b", None, &pi_succeeded("evt_pay2b", "pi_2", Some("cus_1"), 700)).await;
+    let other = stack
+        .claim("stripe", "stripe-a", "evt_pay2b", None, &pi_succeeded("evt_pay2b", "pi_2", Some("cus_1"), 700))
+        .await;
     assert_eq!(p.process(&other, now_ms()).await.unwrap().outcome, Outcome::Duplicate);
     assert_eq!(n(&stack.state(&balance_pk("t1", "acct_1")).await.unwrap(), "balance"), 700);
     assert_eq!(s(&stack.record(&other).await, "outcome"), "duplicate");
@@ -198,7 +209,10 @@ async fn racing_fetches_cannot_regress_a_change_notification_projection() {
         &stack.table,
         &entitlement_pk("t1", "sub_r"),
         hookledger::projection::snapshot::Version { generation: 0, revision: early.version },
-        std::collections::HashMap::from([("status".to_owned(), aws_sdk_dynamodb::types::AttributeValue::S("trialing".into()))]),
+        std::collections::HashMap::from([(
+            "status".to_owned(),
+            aws_sdk_dynamodb::types::AttributeValue::S("trialing".into()),
+        )]),
     );
     let put = late.writes[0].put().unwrap().clone();
     let refused = stack
@@ -221,7 +235,15 @@ async fn unknown_subject_is_parked_without_mutation() {
     let body = std::fs::read(support::testdata("providers/stripe/events/payment_intent.succeeded.json")).unwrap();
     let key = stack.claim("stripe", "stripe-a", "evt_fixture_pi", None, &body).await;
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Parked);
-    let unmapped = stack.claim("stripe", "stripe-a", "evt_unmapped", None, &pi_succeeded("evt_unmapped", "pi_u", Some("cus_nobody"), 100)).await;
+    let unmapped = stack
+        .claim(
+            "stripe",
+            "stripe-a",
+            "evt_unmapped",
+            None,
+            &pi_succeeded("evt_unmapped", "pi_u", Some("cus_nobody"), 100),
+        )
+        .await;
     assert_eq!(p.process(&unmapped, now_ms()).await.unwrap().outcome, Outcome::Parked);
     let rec = stack.record(&unmapped).await;
     assert_eq!(s(&rec, "status"), "PARKED");
@@ -239,7 +261,10 @@ async fn permanent_malformed_payload_goes_dead_without_retry() {
     let r = p.process(&not_json, now_ms()).await.unwrap();
     assert_eq!((r.outcome, r.retry_after_ms), (Outcome::Dead, None));
     let rec = stack.record(&not_json).await;
-    assert_eq!((s(&rec, "status").as_str(), s(&rec, "dead_reason").as_str(), n(&rec, "attempts")), ("DEAD", "malformed_payload", 1));
+    assert_eq!(
+        (s(&rec, "status").as_str(), s(&rec, "dead_reason").as_str(), n(&rec, "attempts")),
+        ("DEAD", "malformed_payload", 1)
+    );
     let no_revision = json!({"type": "seats.snapshot", "data": {"account": "a", "seats": 3}}).to_string();
     let key = stack.claim("standard_webhooks", "svix", "msg_norev", None, no_revision.as_bytes()).await;
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Dead);
@@ -262,9 +287,15 @@ async fn exhausted_attempts_end_in_a_visible_dead_letter() {
         outcomes.push(r.outcome);
         now += r.retry_after_ms.unwrap_or(0) + 1;
     }
-    assert_eq!(outcomes, [Outcome::Retrying, Outcome::Retrying, Outcome::Dead, Outcome::AlreadyFinal, Outcome::AlreadyFinal]);
+    assert_eq!(
+        outcomes,
+        [Outcome::Retrying, Outcome::Retrying, Outcome::Dead, Outcome::AlreadyFinal, Outcome::AlreadyFinal]
+    );
     let rec = stack.record(&key).await;
-    assert_eq!((s(&rec, "status").as_str(), s(&rec, "dead_reason").as_str(), n(&rec, "attempts")), ("DEAD", "attempts_exhausted", 3));
+    assert_eq!(
+        (s(&rec, "status").as_str(), s(&rec, "dead_reason").as_str(), n(&rec, "attempts")),
+        ("DEAD", "attempts_exhausted", 3)
+    );
     assert!(s(&rec, "error_message").contains("503"), "{rec:?}");
     assert_eq!(fake.requests.load(Ordering::SeqCst), 3);
 }
@@ -273,11 +304,16 @@ async fn exhausted_attempts_end_in_a_visible_dead_letter() {
 async fn an_expired_lease_is_reclaimed_and_the_late_commit_is_fenced() {
     let stack = Stack::new().await;
     stack.map_customer("cus_l", "acct_l").await;
-    let key = stack.claim("stripe", "stripe-a", "evt_lease", None, &pi_succeeded("evt_lease", "pi_l", Some("cus_l"), 250)).await;
+    let key = stack
+        .claim("stripe", "stripe-a", "evt_lease", None, &pi_succeeded("evt_lease", "pi_l", Some("cus_l"), 250))
+        .await;
     let ledger = stack.ledger();
     // Worker A leases for 1 ms and stalls.
     let t0 = now_ms();
-    assert!(matches!(ledger.lease(&key, "worker-a", t0, 1).await.unwrap(), hookledger::adapters::dynamodb::work::LeaseResult::Leased(_)));
+    assert!(matches!(
+        ledger.lease(&key, "worker-a", t0, 1).await.unwrap(),
+        hookledger::adapters::dynamodb::work::LeaseResult::Leased(_)
+    ));
     // Worker B finds the lease expired, takes over and completes.
     let p = stack.processor(fast_settings(), None, None);
     assert_eq!(p.process(&key, t0 + 10).await.unwrap().outcome, Outcome::Applied);
@@ -307,7 +343,10 @@ async fn sequence_gaps_are_deferred_then_applied_in_order_or_dead_after_the_boun
     assert_eq!(deferred.outcome, Outcome::Retrying);
     assert_eq!(s(&stack.record(&s2).await, "error_code"), "gap");
     assert_eq!(p.process(&s1, now_ms()).await.unwrap().outcome, Outcome::Applied);
-    assert_eq!(p.process(&s2, now_ms() + deferred.retry_after_ms.unwrap() + 1).await.unwrap().outcome, Outcome::Applied);
+    assert_eq!(
+        p.process(&s2, now_ms() + deferred.retry_after_ms.unwrap() + 1).await.unwrap().outcome,
+        Outcome::Applied
+    );
     let st = stack.state(&inventory_pk("t1", "sku-1")).await.unwrap();
     assert_eq!((n(&st, "on_hand"), n(&st, "last_seq")), (7, 2));
     // A repeat of seq 1 is ignored; a gap that never closes ends DEAD ("gap").
@@ -331,9 +370,20 @@ async fn refunds_listed_again_are_applied_once_each() {
     let stack = Stack::new().await;
     stack.map_customer("cus_f", "acct_f").await;
     let p = stack.processor(fast_settings(), None, None);
-    let pay = stack.claim("stripe", "stripe-a", "evt_f0", None, &pi_succeeded("evt_f0", "pi_f", Some("cus_f"), 1000)).await;
-    let r1 = stack.claim("stripe", "stripe-a", "evt_f1", None, &charge_refunded("evt_f1", "ch_f", "cus_f", &[("re_1", 100)])).await;
-    let r2 = stack.claim("stripe", "stripe-a", "evt_f2", None, &charge_refunded("evt_f2", "ch_f", "cus_f", &[("re_1", 100), ("re_2", 250)])).await;
+    let pay =
+        stack.claim("stripe", "stripe-a", "evt_f0", None, &pi_succeeded("evt_f0", "pi_f", Some("cus_f"), 1000)).await;
+    let r1 = stack
+        .claim("stripe", "stripe-a", "evt_f1", None, &charge_refunded("evt_f1", "ch_f", "cus_f", &[("re_1", 100)]))
+        .await;
+    let r2 = stack
+        .claim(
+            "stripe",
+            "stripe-a",
+            "evt_f2",
+            None,
+            &charge_refunded("evt_f2", "ch_f", "cus_f", &[("re_1", 100), ("re_2", 250)]),
+        )
+        .await;
     for k in [&r2, &pay, &r1] {
         p.process(k, now_ms()).await.unwrap();
     }
@@ -384,7 +434,12 @@ async fn outbox_crash_between_publish_and_mark_republishes_with_the_same_key() {
     let keys: Vec<String> = first
         .iter()
         .chain(repeats.iter())
-        .map(|b| serde_json::from_str::<serde_json::Value>(b).unwrap()["MessageAttributes"]["idempotency-key"]["Value"].as_str().unwrap().to_owned())
+        .map(|b| {
+            serde_json::from_str::<serde_json::Value>(b).unwrap()["MessageAttributes"]["idempotency-key"]["Value"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert!(keys.windows(2).all(|w| w[0] == w[1]), "one idempotency key for every copy: {keys:?}");
     assert_eq!(keys[0], hookledger::projection::fetch::idempotency_key(key.as_str(), "subscription.changed"));
@@ -403,7 +458,8 @@ async fn seed_001_orders_and_duplicate_insertions_converge_through_the_processor
         let account = format!("acct_seed_{i}");
         for e in &seq {
             let id = format!("{}-{i}", e.event_id);
-            let key = stack.claim("standard_webhooks", "svix", &id, None, &seats(&account, 0, e.revision, e.seats)).await;
+            let key =
+                stack.claim("standard_webhooks", "svix", &id, None, &seats(&account, 0, e.revision, e.seats)).await;
             let r = p.process(&key, now_ms()).await.unwrap();
             assert!(matches!(r.outcome, Outcome::Applied | Outcome::Stale | Outcome::AlreadyFinal), "{r:?}");
         }

@@ -10,26 +10,28 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use aws_sdk_dynamodb::types::AttributeValue;
 use hookledger::adapters::dynamodb::{self, DynamoLedger};
 use hookledger::adapters::sqs::{self, SqsQueue};
-use hookledger::config::{self, Endpoint, SecretResolver, Settings};
-use hookledger::intake::Intake;
-use hookledger::secret::Secret;
 use hookledger::backoff::Backoff;
+use hookledger::config::{self, Endpoint, SecretResolver, Settings};
 use hookledger::identity::EventKey;
+use hookledger::intake::Intake;
 use hookledger::ledger::{Claim, Ledger, NewEvent, SendLease};
 use hookledger::outbox::Dispatcher;
 use hookledger::processor::{Processor, ProcessorSettings};
 use hookledger::projection::fetch::SubscriptionSource;
+use hookledger::secret::Secret;
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet};
 use url::Url;
 
 pub const STRIPE_SECRET: &str = "whsec_it_stripe";
 pub const GITHUB_SECRET: &str = "it-github";
+pub const SVIX_SECRET: &str = "whsec_aXQtc3ZpeC1rZXktZm9yLXRlc3Rz";
 pub const SNS_TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:ses-events";
 
 pub const ENDPOINTS: &str = r#"{
     "stripe-a": {"provider": "stripe", "tenant": "tenant-a", "secrets": ["env:STRIPE"]},
     "stripe-b": {"provider": "stripe", "tenant": "tenant-b", "secrets": ["env:STRIPE"]},
     "gh": {"provider": "github", "secrets": ["env:GITHUB"]},
+    "svix": {"provider": "standard_webhooks", "secrets": ["env:SVIX"]},
     "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses-events"]}
 }"#;
 
@@ -45,6 +47,7 @@ impl SecretResolver for TestSecrets {
             match reference {
                 "env:STRIPE" => Ok(Secret::new(STRIPE_SECRET)),
                 "env:GITHUB" => Ok(Secret::new(GITHUB_SECRET)),
+                "env:SVIX" => Ok(Secret::new(SVIX_SECRET)),
                 other => Err(format!("unknown {other}")),
             }
         })
@@ -169,7 +172,14 @@ impl Stack {
 impl Stack {
     /// Claims an event and stores its payload directly (no signature: the
     /// processor tests start after intake).
-    pub async fn claim(&self, provider: &str, endpoint: &str, event_id: &str, event_type: Option<&str>, body: &[u8]) -> EventKey {
+    pub async fn claim(
+        &self,
+        provider: &str,
+        endpoint: &str,
+        event_id: &str,
+        event_type: Option<&str>,
+        body: &[u8],
+    ) -> EventKey {
         let key = EventKey::new(provider, endpoint, event_id);
         let hash = hookledger::identity::payload_hash(body);
         let now_ms = now_s() * 1000;
@@ -194,11 +204,30 @@ impl Stack {
     }
 
     pub async fn state(&self, pk: &str) -> Option<HashMap<String, AttributeValue>> {
-        self.ddb.get_item().table_name(&self.table).key("pk", AttributeValue::S(pk.into())).key("sk", AttributeValue::S("state".into())).consistent_read(true).send().await.unwrap().item
+        self.ddb
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.into()))
+            .key("sk", AttributeValue::S("state".into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
     }
 
     pub async fn record(&self, key: &EventKey) -> HashMap<String, AttributeValue> {
-        self.ddb.get_item().table_name(&self.table).key("pk", AttributeValue::S(key.as_str().into())).key("sk", AttributeValue::S("meta".into())).consistent_read(true).send().await.unwrap().item.unwrap()
+        self.ddb
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(key.as_str().into()))
+            .key("sk", AttributeValue::S("meta".into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap()
     }
 
     /// An SNS topic for notifications with an SQS queue subscribed to it,
@@ -208,7 +237,17 @@ impl Stack {
         let name = format!("notify-{}", uuid::Uuid::new_v4().simple());
         let topic = sns.create_topic().name(&name).send().await.unwrap().topic_arn.unwrap();
         let q = sqs::create_queue(&self.sqs, &name).await.unwrap();
-        let arn = self.sqs.get_queue_attributes().queue_url(&q).attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn).send().await.unwrap().attributes.unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn].clone();
+        let arn = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&q)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+            .clone();
         sns.subscribe().topic_arn(&topic).protocol("sqs").endpoint(arn).send().await.unwrap();
         (topic, q)
     }
@@ -217,7 +256,15 @@ impl Stack {
     pub async fn drain(&self, queue_url: &str) -> Vec<String> {
         let mut bodies = Vec::new();
         loop {
-            let out = self.sqs.receive_message().queue_url(queue_url).max_number_of_messages(10).visibility_timeout(60).send().await.unwrap();
+            let out = self
+                .sqs
+                .receive_message()
+                .queue_url(queue_url)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .send()
+                .await
+                .unwrap();
             let msgs = out.messages.unwrap_or_default();
             if msgs.is_empty() {
                 return bodies;
@@ -226,22 +273,41 @@ impl Stack {
         }
     }
 
-    pub fn processor(&self, settings: ProcessorSettings, source: Option<Arc<dyn SubscriptionSource>>, topic: Option<String>) -> Processor {
+    pub fn processor(
+        &self,
+        settings: ProcessorSettings,
+        source: Option<Arc<dyn SubscriptionSource>>,
+        topic: Option<String>,
+    ) -> Processor {
         let dispatcher = Dispatcher::new(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
         Processor::new(self.ledger(), hookledger::app::reference_registry(source, topic), Some(dispatcher), settings)
     }
 
     pub async fn map_customer(&self, customer: &str, account: &str) {
-        hookledger::app::subjects::map_subject(&self.ddb, &self.table, "stripe", "t1", customer, account).await.unwrap();
+        self.map_customer_in("t1", customer, account).await;
+    }
+
+    pub async fn map_customer_in(&self, tenant: &str, customer: &str, account: &str) {
+        hookledger::app::subjects::map_subject(&self.ddb, &self.table, "stripe", tenant, customer, account)
+            .await
+            .unwrap();
     }
 }
 
 pub fn n(item: &HashMap<String, AttributeValue>, name: &str) -> i64 {
-    item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no number {name} in {item:?}"))
+    item.get(name)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number {name} in {item:?}"))
 }
 
 pub fn fast_settings() -> ProcessorSettings {
-    ProcessorSettings { lease_ms: 30_000, max_attempts: 5, backoff: Backoff { base_ms: 100, max_ms: 1_000 }, index_shards: 16 }
+    ProcessorSettings {
+        lease_ms: 30_000,
+        max_attempts: 5,
+        backoff: Backoff { base_ms: 100, max_ms: 1_000 },
+        index_shards: 16,
+    }
 }
 
 pub fn s(item: &HashMap<String, AttributeValue>, name: &str) -> String {
