@@ -69,11 +69,11 @@ pub fn run(policy: Policy, deliveries: &[SeatEvent]) -> (Vec<Option<i64>>, usize
 /// All orderings of the three events.
 pub fn permutations() -> Vec<Vec<SeatEvent>> {
     let mut out = Vec::new();
-    for a in 0..3 {
-        for b in 0..3 {
-            for c in 0..3 {
+    for a in EVENTS {
+        for b in EVENTS {
+            for c in EVENTS {
                 if a != b && b != c && a != c {
-                    out.push(vec![EVENTS[a], EVENTS[b], EVENTS[c]]);
+                    out.push(vec![a, b, c]);
                 }
             }
         }

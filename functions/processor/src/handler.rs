@@ -101,9 +101,12 @@ async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&s
     }
 }
 
+/// (message id, receipt handle, body) of one record.
+type Received = (String, Option<String>, Option<String>);
+
 pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, Error> {
     // Without a message id a failure cannot be reported: the batch is broken.
-    let mut groups: BTreeMap<String, Vec<(String, Option<String>, Option<String>)>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<Received>> = BTreeMap::new();
     for record in event.payload.records {
         let id = record.message_id.filter(|m| !m.is_empty()).ok_or("SQS record without messageId")?;
         let group = record.body.clone().unwrap_or_default();

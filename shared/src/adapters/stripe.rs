@@ -3,11 +3,9 @@
 //! fake provider server. The fetched version is the fetch time (ms): Stripe
 //! subscriptions carry no revision, and a later read reflects later state.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionSource};
+use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture, SubscriptionSource};
 use crate::secret::Secret;
 
 pub struct StripeApi {
@@ -40,10 +38,7 @@ pub fn parse_subscription(v: &serde_json::Value) -> Option<Subscription> {
 }
 
 impl SubscriptionSource for StripeApi {
-    fn subscription<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Fetched<Option<Subscription>>, ProviderError>> + Send + 'a>> {
+    fn subscription<'a>(&'a self, id: &'a str) -> SubscriptionFuture<'a> {
         Box::pin(async move {
             if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                 return Err(ProviderError::Rejected("subscription id has unexpected characters".into()));

@@ -34,13 +34,14 @@ pub struct Subscription {
     pub seats: i64,
 }
 
+/// What a subscription fetch returns.
+pub type SubscriptionFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Fetched<Option<Subscription>>, ProviderError>> + Send + 'a>>;
+
 /// The provider API the reference application reads (Stripe's, in production).
 pub trait SubscriptionSource: Send + Sync {
     /// `object: None` when the provider no longer has the subscription.
-    fn subscription<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<Fetched<Option<Subscription>>, ProviderError>> + Send + 'a>>;
+    fn subscription<'a>(&'a self, id: &'a str) -> SubscriptionFuture<'a>;
 }
 
 /// A stable idempotency key for one logical outbound action of one event:

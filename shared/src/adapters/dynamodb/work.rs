@@ -51,7 +51,7 @@ pub struct WorkRecord {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseResult {
-    Leased(WorkRecord),
+    Leased(Box<WorkRecord>),
     /// No such record (expired by TTL, or a foreign message).
     Missing,
     /// PROCESSED, DEAD or PARKED: nothing to do.
@@ -173,9 +173,15 @@ impl DynamoLedger {
             .await;
         let old = match result {
             Ok(out) => {
-                return out.attributes.as_ref().and_then(work_record).map(LeaseResult::Leased).ok_or_else(|| {
-                    PortError::Unavailable { service: "dynamodb", message: "leased record is malformed".into() }
-                });
+                return out
+                    .attributes
+                    .as_ref()
+                    .and_then(work_record)
+                    .map(|r| LeaseResult::Leased(Box::new(r)))
+                    .ok_or_else(|| PortError::Unavailable {
+                        service: "dynamodb",
+                        message: "leased record is malformed".into(),
+                    });
             }
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(c)) => match c.item() {
