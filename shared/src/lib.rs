@@ -20,3 +20,19 @@ pub mod secret;
 pub mod seed001;
 pub mod telemetry;
 pub mod verify;
+
+#[cfg(test)]
+mod readme {
+    /// The README's projection example is the code of `examples/custom_projection.rs`, which compiles.
+    #[test]
+    fn readme_projection_example_is_the_compiled_example() {
+        let readme = include_str!("../../README.md");
+        let example = include_str!("../examples/custom_projection.rs");
+        let start = example.find("// --- begin readme ---\n").map(|i| i + "// --- begin readme ---\n".len()).unwrap();
+        let end = example.find("// --- end readme ---").unwrap();
+        assert!(
+            readme.contains(&format!("```rust\n{}```", &example[start..end])),
+            "README and examples/custom_projection.rs differ"
+        );
+    }
+}

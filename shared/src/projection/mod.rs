@@ -169,11 +169,13 @@ pub(crate) fn key_of(pk: &str) -> HashMap<String, AttributeValue> {
     ])
 }
 
-pub(crate) fn n(v: i64) -> AttributeValue {
+/// A DynamoDB number attribute.
+pub fn n(v: i64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-pub(crate) fn s(v: impl Into<String>) -> AttributeValue {
+/// A DynamoDB string attribute.
+pub fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }
 
