@@ -44,11 +44,14 @@ struct Delivery {
     body: Vec<u8>,
 }
 
-pub async fn run(args: SendArgs) -> Result<(), String> {
+pub async fn run(
+    args: SendArgs,
+    aws: &aws_config::SdkConfig,
+    out: &mut (dyn std::io::Write + Send),
+) -> Result<(), String> {
     let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
     let spec = specs.get(&args.endpoint).ok_or_else(|| format!("endpoint {:?} is not configured", args.endpoint))?;
-    let aws = aws_config::load_from_env().await;
-    let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(&aws));
+    let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
     let reference = spec.secrets.first().ok_or("sns endpoints are signed by AWS; the tool cannot sign for them")?;
     let mut secret = resolver.resolve(reference).await.map_err(|e| format!("secret {reference}: {e}"))?;
     if args.bad_signature {
@@ -73,11 +76,12 @@ pub async fn run(args: SendArgs) -> Result<(), String> {
         let resp = req.send().await.map_err(|e| format!("POST {url}: {e}"))?;
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();
-        if args.quiet {
-            println!("{status}");
+        let line = if args.quiet {
+            format!("{status}")
         } else {
-            println!("{status} {text}  (endpoint={} event_id={event_id})", args.endpoint);
-        }
+            format!("{status} {text}  (endpoint={} event_id={event_id})", args.endpoint)
+        };
+        writeln!(out, "{line}").map_err(|e| e.to_string())?;
     }
     Ok(())
 }

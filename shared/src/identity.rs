@@ -35,8 +35,7 @@ impl EventKey {
 
     /// Which index shard this key belongs to (stable, spreads hot endpoints).
     pub fn shard(&self, shards: u32) -> u32 {
-        let digest = Sha256::digest(self.0.as_bytes());
-        u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) % shards.max(1)
+        shard_of(&self.0, shards)
     }
 }
 
@@ -44,6 +43,12 @@ impl fmt::Display for EventKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// A stable shard number for any identifier.
+pub fn shard_of(id: &str, shards: u32) -> u32 {
+    let digest = Sha256::digest(id.as_bytes());
+    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) % shards.max(1)
 }
 
 /// Lowercase hex SHA-256 of the raw body.

@@ -26,6 +26,9 @@ use crate::verify::{Action, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.
 pub const RETRY_AFTER_SECS: u32 = 5;
+/// A RECEIVED record becomes due for the reconciler this long after receipt
+/// (never sent, or sent but not picked up): well past the send lease.
+pub const REDRIVE_GRACE_MS: i64 = 60_000;
 /// How long one delivery may hold the right to enqueue a record. Longer than
 /// the intake's worst-case store + send time; a crashed holder's lease lapses.
 pub const SEND_LEASE_MS: i64 = 15_000;
@@ -247,6 +250,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             // A live send lease means the first delivery is handing it over
             // right now; only one of the duplicates may take over a lapsed one.
             Claim::Existing(existing) if existing.status == Status::Received && existing.enqueued_at_ms.is_none() => {
+                self.count_duplicate(&key).await;
                 match self.ledger.take_send_lease(&key, &event.send, now_ms).await {
                     Ok(true) => {}
                     Ok(false) => return Outcome::Duplicate { resent: false, conflict: false },
@@ -260,7 +264,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                     Err((stage, e)) => fail(stage, e),
                 }
             }
-            Claim::Existing(_) => Outcome::Duplicate { resent: false, conflict: false },
+            Claim::Existing(_) => {
+                self.count_duplicate(&key).await;
+                Outcome::Duplicate { resent: false, conflict: false }
+            }
         }
     }
 
@@ -295,6 +302,13 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 }
                 Err(failure)
             }
+        }
+    }
+
+    /// Evidence only: a failure to count is logged, never answered with 503.
+    async fn count_duplicate(&self, key: &EventKey) {
+        if let Err(e) = self.ledger.note_duplicate(key).await {
+            tracing::warn!(error = %e, key = %key, "could not count a duplicate");
         }
     }
 

@@ -135,6 +135,8 @@ pub trait Ledger: Send + Sync {
     ) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Notes that the key was handed to the queue (and drops the send lease).
     fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Counts a duplicate delivery on the record (evidence for the duplicate rate).
+    fn note_duplicate(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Flags "same id, different payload": keeps the first, counts the conflict.
     fn flag_conflict(
         &self,

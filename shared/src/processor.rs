@@ -127,7 +127,12 @@ impl Processor {
         dispatcher: Option<Dispatcher>,
         settings: ProcessorSettings,
     ) -> Self {
-        let cx = ProjectionContext { ddb: ledger.client().clone(), table: ledger.table().to_owned() };
+        let ledger = ledger.with_shards(settings.index_shards);
+        let cx = ProjectionContext {
+            ddb: ledger.client().clone(),
+            table: ledger.table().to_owned(),
+            shards: settings.index_shards,
+        };
         Self { ledger, registry, cx, dispatcher, settings, fault: ProcessorFault::None }
     }
 
@@ -203,6 +208,7 @@ impl Processor {
             body,
         };
 
+        let subject = self.registry.subject(&event);
         for _round in 0..MAX_PLAN_ROUNDS {
             let decision = match self.plan(&event).await {
                 Ok(d) => d,
@@ -219,7 +225,11 @@ impl Processor {
             };
             let (ops, duplicate) = match decision {
                 Decision::Park(reason) => {
-                    return Ok(if self.ledger.park(key, token, &reason, now_ms).await? {
+                    let parked = self.ledger.park(key, token, &reason, subject.as_deref(), now_ms).await?;
+                    if parked {
+                        self.history(key, "parked", &reason, now_ms).await;
+                    }
+                    return Ok(if parked {
                         metrics::counter!("parked", "provider" => record.provider.clone()).increment(1);
                         Report::done(Outcome::Parked)
                     } else {
@@ -233,7 +243,7 @@ impl Processor {
                 Decision::Duplicate => (Vec::new(), true),
                 Decision::Apply(ops) => (ops, false),
             };
-            match self.commit(record, token, ops, duplicate, now_ms).await? {
+            match self.commit(record, token, ops, duplicate, subject.as_deref(), now_ms).await? {
                 Some(report) => return Ok(report),
                 None => continue, // replan from fresh reads
             }
@@ -281,6 +291,7 @@ impl Processor {
         token: &str,
         mut ops: Vec<Op>,
         mut duplicate: bool,
+        subject: Option<&str>,
         now_ms: i64,
     ) -> Result<Option<Report>, PortError> {
         let key = &record.key;
@@ -298,7 +309,7 @@ impl Processor {
             } else {
                 Outcome::Ignored
             };
-            match self.ledger.commit(key, token, &ops, outcome.label(), now_ms, self.settings.index_shards).await? {
+            match self.ledger.commit(key, token, &ops, outcome.label(), subject, now_ms).await? {
                 CommitResult::Committed { outbox } => {
                     if self.fault == ProcessorFault::AfterCommit {
                         return Err(PortError::Unavailable {
@@ -345,6 +356,13 @@ impl Processor {
         }
     }
 
+    /// History is evidence, not state: a failure to write it is only logged.
+    async fn history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) {
+        if let Err(e) = self.ledger.append_history(key, kind, detail, now_ms).await {
+            tracing::warn!(error = %e, key = %key, "could not append history");
+        }
+    }
+
     async fn fail(&self, record: &WorkRecord, token: &str, failure: Failure, now_ms: i64) -> Result<Report, PortError> {
         match failure {
             Failure::Permanent { reason, message } => self.dead(record, token, reason, &message, now_ms).await,
@@ -357,6 +375,13 @@ impl Processor {
                 if !self.ledger.retry(&record.key, token, now_ms + delay, code, &message).await? {
                     return Ok(Report::done(Outcome::Fenced));
                 }
+                self.history(
+                    &record.key,
+                    "retry",
+                    &format!("attempt {} failed ({code}): {message}", record.attempts),
+                    now_ms,
+                )
+                .await;
                 metrics::counter!("retried", "provider" => record.provider.clone(), "code" => code).increment(1);
                 tracing::warn!(key = %record.key, code, attempt = record.attempts, delay_ms = delay, "will retry");
                 Ok(Report::later(Outcome::Retrying, delay))
@@ -375,6 +400,7 @@ impl Processor {
         if !self.ledger.dead(&record.key, token, reason, message, now_ms).await? {
             return Ok(Report::done(Outcome::Fenced));
         }
+        self.history(&record.key, "dead", &format!("{reason}: {message}"), now_ms).await;
         metrics::counter!("dead_lettered", "provider" => record.provider.clone(), "reason" => reason).increment(1);
         tracing::warn!(key = %record.key, reason, "dead-lettered");
         Ok(Report::done(Outcome::Dead))

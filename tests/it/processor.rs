@@ -326,7 +326,7 @@ async fn an_expired_lease_is_reclaimed_and_the_late_commit_is_fenced() {
         "balance",
         250,
     );
-    let late = ledger.commit(&key, "worker-a", &[op], "applied", t0 + 20, 16).await.unwrap();
+    let late = ledger.commit(&key, "worker-a", &[op], "applied", None, t0 + 20).await.unwrap();
     assert_eq!(late, hookledger::adapters::dynamodb::work::CommitResult::Fenced);
     assert!(!ledger.retry(&key, "worker-a", t0, "x", "y").await.unwrap(), "nor can it move the record");
     assert_eq!(n(&stack.state(&balance_pk("t1", "acct_l")).await.unwrap(), "balance"), 250);

@@ -26,7 +26,8 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
     let secrets = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
     let endpoints = config::build_endpoints(specs, &secrets, certificates).await?;
-    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(aws), settings.table_name.clone());
+    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(aws), settings.table_name.clone())
+        .with_shards(settings.index_shards);
     let queue = SqsQueue::new(aws_sdk_sqs::Client::new(aws), settings.queue_url.clone());
     Ok(Intake::new(endpoints, settings, ledger, queue))
 }

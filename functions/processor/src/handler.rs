@@ -11,13 +11,11 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::secrets::AwsSecretResolver;
 use hookledger::adapters::sqs::WorkMessage;
-use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::reference_registry;
-use hookledger::config::{self, ConfigError, SecretResolver};
+use hookledger::config::{self, ConfigError};
 use hookledger::identity::EventKey;
 use hookledger::outbox::Dispatcher;
 use hookledger::processor::Processor;
-use hookledger::projection::fetch::SubscriptionSource;
 use lambda_runtime::{Error, LambdaEvent};
 
 /// SQS caps a message's visibility at 12 hours.
@@ -36,20 +34,8 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let queue_url = env("HOOKLEDGER_QUEUE_URL").ok_or(ConfigError::Missing("HOOKLEDGER_QUEUE_URL"))?;
     let settings = config::processor_settings_from(env)?;
     let notify_topic = env("HOOKLEDGER_NOTIFY_TOPIC_ARN");
-    let source: Option<Arc<dyn SubscriptionSource>> = match env("HOOKLEDGER_STRIPE_API_KEY") {
-        None => None,
-        Some(reference) => {
-            let resolver = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
-            let key = resolver
-                .resolve(&reference)
-                .await
-                .map_err(|reason| ConfigError::Invalid { name: "HOOKLEDGER_STRIPE_API_KEY".into(), reason })?;
-            let base = env("HOOKLEDGER_STRIPE_API_BASE").unwrap_or_else(|| "https://api.stripe.com".into());
-            let api = StripeApi::new(base, key)
-                .map_err(|reason| ConfigError::Invalid { name: "HOOKLEDGER_STRIPE_API_BASE".into(), reason })?;
-            Some(Arc::new(api))
-        }
-    };
+    let resolver = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
+    let source = hookledger::adapters::stripe::source_from_env(env, &resolver).await?;
     let ddb = aws_sdk_dynamodb::Client::new(aws);
     let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());
     let processor = Processor::new(

@@ -8,6 +8,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture, SubscriptionSource};
 use crate::secret::Secret;
 
+/// The subscription source configured by `HOOKLEDGER_STRIPE_API_KEY` (a
+/// secret reference) and `HOOKLEDGER_STRIPE_API_BASE`; `None` when no key is set.
+pub async fn source_from_env(
+    get: impl Fn(&str) -> Option<String>,
+    secrets: &dyn crate::config::SecretResolver,
+) -> Result<Option<std::sync::Arc<dyn crate::projection::fetch::SubscriptionSource>>, crate::config::ConfigError> {
+    use crate::config::ConfigError;
+    let Some(reference) = get("HOOKLEDGER_STRIPE_API_KEY") else { return Ok(None) };
+    let key = secrets
+        .resolve(&reference)
+        .await
+        .map_err(|reason| ConfigError::Invalid { name: "HOOKLEDGER_STRIPE_API_KEY".into(), reason })?;
+    let base = get("HOOKLEDGER_STRIPE_API_BASE").unwrap_or_else(|| "https://api.stripe.com".into());
+    let api = StripeApi::new(base, key)
+        .map_err(|reason| ConfigError::Invalid { name: "HOOKLEDGER_STRIPE_API_BASE".into(), reason })?;
+    Ok(Some(std::sync::Arc::new(api)))
+}
+
 pub struct StripeApi {
     client: reqwest::Client,
     base_url: String,

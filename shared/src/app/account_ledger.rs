@@ -29,6 +29,10 @@ impl Projection for AccountLedger {
         provider == "stripe" && matches!(event_type, "payment_intent.succeeded" | "charge.refunded")
     }
 
+    fn subject(&self, ev: &EventContext) -> Option<String> {
+        ev.body["data"]["object"]["customer"].as_str().map(str::to_owned)
+    }
+
     fn plan<'a>(&'a self, ev: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a> {
         Box::pin(async move {
             let obj = &ev.body["data"]["object"];

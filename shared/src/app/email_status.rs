@@ -35,6 +35,10 @@ impl Projection for EmailStatus {
         provider == "sns" && event_type.starts_with("ses.")
     }
 
+    fn subject(&self, ev: &EventContext) -> Option<String> {
+        ev.body["mail"]["messageId"].as_str().map(str::to_owned)
+    }
+
     fn plan<'a>(&'a self, ev: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a> {
         Box::pin(async move {
             let status = ev.event_type.trim_start_matches("ses.");

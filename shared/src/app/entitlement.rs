@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{str_field, subjects};
+use crate::adapters::dynamodb::due_shard_named;
+use crate::identity::shard_of;
 use crate::outbox::OutboxMessage;
 use crate::projection::fetch::{ProviderError, SubscriptionSource};
 use crate::projection::snapshot::{Version, replace_if_newer};
@@ -18,6 +20,9 @@ pub struct Entitlements {
     pub source: Option<Arc<dyn SubscriptionSource>>,
     pub notify_topic: Option<String>,
 }
+
+/// Index partition prefix of entitlements due for a drift check.
+pub const DRIFT_SHARD_PREFIX: &str = "ent";
 
 pub fn entitlement_pk(tenant: &str, subscription: &str) -> String {
     format!("proj#entitlement#{tenant}#{subscription}")
@@ -30,6 +35,10 @@ impl Projection for Entitlements {
 
     fn handles(&self, provider: &str, event_type: &str) -> bool {
         provider == "stripe" && event_type.starts_with("customer.subscription.")
+    }
+
+    fn subject(&self, ev: &EventContext) -> Option<String> {
+        ev.body["data"]["object"]["id"].as_str().map(str::to_owned)
     }
 
     fn plan<'a>(&'a self, ev: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a> {
@@ -52,12 +61,19 @@ impl Projection for Entitlements {
                 Some(sub) => (sub.status.clone(), sub.seats),
                 None => ("deleted".to_owned(), 0),
             };
+            // The reconciler compares this item with Stripe once it is due
+            // (`ent#` shards of the `due` index; due_at is the fetch time).
             let attrs = HashMap::from([
                 ("account".to_owned(), s(&account)),
                 ("subscription".to_owned(), s(sub_id)),
+                ("customer".to_owned(), s(customer)),
                 ("status".to_owned(), s(&status)),
                 ("seats".to_owned(), n(seats)),
                 ("event_id".to_owned(), s(&ev.event_id)),
+                ("endpoint".to_owned(), s(&ev.endpoint)),
+                ("tenant".to_owned(), s(&ev.tenant)),
+                ("due_shard".to_owned(), s(due_shard_named(DRIFT_SHARD_PREFIX, shard_of(sub_id, cx.shards)))),
+                ("due_at".to_owned(), n(fetched.version)),
             ]);
             let pk = entitlement_pk(&ev.tenant, sub_id);
             let mut op = replace_if_newer(&cx.table, &pk, Version { generation: 0, revision: fetched.version }, attrs);

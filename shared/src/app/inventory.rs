@@ -25,6 +25,10 @@ impl Projection for Inventory {
         event_type == "inventory.adjusted"
     }
 
+    fn subject(&self, ev: &EventContext) -> Option<String> {
+        ev.body["data"]["sku"].as_str().map(str::to_owned)
+    }
+
     fn plan<'a>(&'a self, ev: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a> {
         Box::pin(async move {
             let d = &ev.body["data"];

@@ -24,6 +24,10 @@ impl Projection for SeatAllowance {
         event_type == "seats.snapshot"
     }
 
+    fn subject(&self, ev: &EventContext) -> Option<String> {
+        ev.body["data"]["account"].as_str().map(str::to_owned)
+    }
+
     fn plan<'a>(&'a self, ev: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a> {
         Box::pin(async move {
             let d = &ev.body["data"];

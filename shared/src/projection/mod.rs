@@ -110,6 +110,8 @@ pub type PlanFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, Projectio
 pub struct ProjectionContext {
     pub ddb: aws_sdk_dynamodb::Client,
     pub table: String,
+    /// Shards of the `due` index, for projections the reconciler checks.
+    pub shards: u32,
 }
 
 impl ProjectionContext {
@@ -137,6 +139,11 @@ pub trait Projection: Send + Sync {
     fn name(&self) -> &'static str;
     fn handles(&self, provider: &str, event_type: &str) -> bool;
     fn plan<'a>(&'a self, event: &'a EventContext, cx: &'a ProjectionContext) -> PlanFuture<'a>;
+    /// The provider subject the event is about (customer, message, SKU), for
+    /// operators' filters. Read from the payload only; no I/O.
+    fn subject(&self, _event: &EventContext) -> Option<String> {
+        None
+    }
 }
 
 /// The registered projections. Every projection that handles an event plans
@@ -154,6 +161,11 @@ impl Registry {
     pub fn register(mut self, p: impl Projection + 'static) -> Self {
         self.projections.push(Arc::new(p));
         self
+    }
+
+    /// The first subject a matching projection names.
+    pub fn subject(&self, event: &EventContext) -> Option<String> {
+        self.matching(&event.provider, &event.event_type).iter().find_map(|p| p.subject(event))
     }
 
     pub fn matching(&self, provider: &str, event_type: &str) -> Vec<Arc<dyn Projection>> {

@@ -25,6 +25,7 @@ use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, SendLeas
 
 pub const META_SK: &str = "meta";
 pub const DUE_INDEX: &str = "due";
+pub const STATUS_INDEX: &str = "status";
 pub const TTL_ATTRIBUTE: &str = "expires_at";
 
 /// Attribute names of the ledger record.
@@ -47,6 +48,10 @@ pub mod attr {
     pub const LAST_CONFLICT_AT: &str = "last_conflict_at";
     pub const SEND_TOKEN: &str = "send_token";
     pub const SEND_LEASE_UNTIL: &str = "send_lease_until";
+    pub const ST_SHARD: &str = "st_shard";
+    pub const ST_AT: &str = "st_at";
+    pub const DUPLICATES: &str = "duplicates";
+    pub const SUBJECT: &str = "subject";
     pub const DUE_SHARD: &str = "due_shard";
     pub const DUE_AT: &str = "due_at";
     pub const BODY: &str = "body";
@@ -61,6 +66,12 @@ pub fn due_shard(shard: u32) -> String {
     due_shard_named("due", shard)
 }
 
+/// Status-index partition: `DEAD#007`. Every ledger record is in it (sorted
+/// by receive time), so operators list and count by status without a scan.
+pub fn status_shard(status: Status, shard: u32) -> String {
+    format!("{}#{shard:03}", status.as_str())
+}
+
 /// Index partition names: `due#007` for ledger records, `out#007` for outbox items.
 pub fn due_shard_named(prefix: &str, shard: u32) -> String {
     format!("{prefix}#{shard:03}")
@@ -70,11 +81,27 @@ pub fn due_shard_named(prefix: &str, shard: u32) -> String {
 pub struct DynamoLedger {
     client: Client,
     table: String,
+    shards: u32,
 }
 
 impl DynamoLedger {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into() }
+        Self { client, table: table.into(), shards: crate::config::DEFAULT_INDEX_SHARDS }
+    }
+
+    /// Sets the number of index shards (must match the intake's `HOOKLEDGER_INDEX_SHARDS`).
+    pub fn with_shards(mut self, shards: u32) -> Self {
+        self.shards = shards.max(1);
+        self
+    }
+
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The status-index partition of `key` in `status`.
+    pub fn status_shard(&self, status: Status, key: &EventKey) -> String {
+        status_shard(status, key.shard(self.shards))
     }
 
     pub fn client(&self) -> &Client {
@@ -156,7 +183,9 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::SEND_TOKEN.into(), s(&event.send.token));
     item.insert(attr::SEND_LEASE_UNTIL.into(), n(event.send.until_ms));
     item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
-    item.insert(attr::DUE_AT.into(), n(event.received_at_ms));
+    item.insert(attr::ST_SHARD.into(), s(status_shard(Status::Received, event.shard)));
+    item.insert(attr::ST_AT.into(), n(event.received_at_ms));
+    item.insert(attr::DUE_AT.into(), n(event.received_at_ms + crate::intake::REDRIVE_GRACE_MS));
     item
 }
 
@@ -284,12 +313,28 @@ impl Ledger for DynamoLedger {
         Ok(())
     }
 
+    async fn note_duplicate(&self, key: &EventKey) -> Result<(), PortError> {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .update_expression("ADD duplicates :one")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":one", n(1))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(())
+    }
+
     async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
         self.client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::key(key, META_SK)))
-            .update_expression("ADD conflicts :one SET last_conflict_hash = :h, last_conflict_at = :at")
+            .update_expression(
+                "ADD conflicts :one, duplicates :one SET last_conflict_hash = :h, last_conflict_at = :at",
+            )
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_values(":one", n(1))
             .expression_attribute_values(":h", s(other_hash))
@@ -315,6 +360,13 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
         .projection(Projection::builder().projection_type(ProjectionType::All).build())
         .build()
         .map_err(|e| e.to_string())?;
+    let status_index = GlobalSecondaryIndex::builder()
+        .index_name(STATUS_INDEX)
+        .key_schema(key(attr::ST_SHARD, KeyType::Hash).map_err(|e| e.to_string())?)
+        .key_schema(key(attr::ST_AT, KeyType::Range).map_err(|e| e.to_string())?)
+        .projection(Projection::builder().projection_type(ProjectionType::All).build())
+        .build()
+        .map_err(|e| e.to_string())?;
     let created = client
         .create_table()
         .table_name(table)
@@ -325,7 +377,10 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
         .attribute_definitions(def(attr::SK, ScalarAttributeType::S).map_err(|e| e.to_string())?)
         .attribute_definitions(def(attr::DUE_SHARD, ScalarAttributeType::S).map_err(|e| e.to_string())?)
         .attribute_definitions(def(attr::DUE_AT, ScalarAttributeType::N).map_err(|e| e.to_string())?)
+        .attribute_definitions(def(attr::ST_SHARD, ScalarAttributeType::S).map_err(|e| e.to_string())?)
+        .attribute_definitions(def(attr::ST_AT, ScalarAttributeType::N).map_err(|e| e.to_string())?)
         .global_secondary_indexes(index)
+        .global_secondary_indexes(status_index)
         .send()
         .await;
     match created {

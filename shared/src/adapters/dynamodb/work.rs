@@ -152,7 +152,7 @@ impl DynamoLedger {
             .set_key(Some(Self::meta_key(key)))
             .update_expression(
                 "SET #st = :processing, lease_owner = :tok, lease_expires_at = :exp, due_at = :exp, \
-                 last_attempt_at = :now ADD attempts :one",
+                 last_attempt_at = :now, st_shard = :stp ADD attempts :one",
             )
             .condition_expression(
                 "attribute_exists(pk) AND (#st = :received \
@@ -167,6 +167,7 @@ impl DynamoLedger {
             .expression_attribute_values(":exp", n(now_ms + lease_ms))
             .expression_attribute_values(":now", n(now_ms))
             .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":stp", s(self.status_shard(Status::Processing, key)))
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
@@ -227,9 +228,10 @@ impl DynamoLedger {
         token: &str,
         ops: &[Op],
         outcome: &str,
+        subject: Option<&str>,
         now_ms: i64,
-        shards: u32,
     ) -> Result<CommitResult, PortError> {
+        let shards = self.shards();
         let mut items: Vec<TransactWriteItem> = Vec::new();
         let mut owner: Vec<usize> = Vec::new();
         let mut outbox = Vec::new();
@@ -245,13 +247,19 @@ impl DynamoLedger {
                 outbox.push(pk);
             }
         }
-        let completion = Update::builder()
+        let subject_set = if subject.is_some() { ", subject = :subj" } else { "" };
+        let mut completion = Update::builder()
             .table_name(self.table())
             .set_key(Some(Self::meta_key(key)))
-            .update_expression(
-                "SET #st = :processed, outcome = :o, processed_at = :now, completed_token = :tok \
-                 REMOVE lease_owner, lease_expires_at, due_shard, due_at, next_attempt_at",
-            )
+            .update_expression(format!(
+                "SET #st = :processed, outcome = :o, processed_at = :now, completed_token = :tok, \
+                 st_shard = :stdone{subject_set} REMOVE lease_owner, lease_expires_at, due_shard, due_at, next_attempt_at"
+            ))
+            .expression_attribute_values(":stdone", s(self.status_shard(Status::Processed, key)));
+        if let Some(subj) = subject {
+            completion = completion.expression_attribute_values(":subj", s(subj));
+        }
+        let completion = completion
             .condition_expression("#st = :processing AND lease_owner = :tok")
             .expression_attribute_names("#st", attr::STATUS)
             .expression_attribute_values(":processed", s(Status::Processed.as_str()))
@@ -293,10 +301,12 @@ impl DynamoLedger {
         Ok(CommitResult::Contention)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn leave_processing(
         &self,
         key: &EventKey,
         token: &str,
+        to: Status,
         set: &str,
         remove: &str,
         values: Vec<(&str, AttributeValue)>,
@@ -306,10 +316,11 @@ impl DynamoLedger {
             .update_item()
             .table_name(self.table())
             .set_key(Some(Self::meta_key(key)))
-            .update_expression(format!("SET {set} REMOVE lease_owner, lease_expires_at{remove}"))
+            .update_expression(format!("SET {set}, st_shard = :stnext REMOVE lease_owner, lease_expires_at{remove}"))
             .condition_expression("#st = :processing AND lease_owner = :tok")
             .expression_attribute_names("#st", attr::STATUS)
             .expression_attribute_values(":processing", s(Status::Processing.as_str()))
+            .expression_attribute_values(":stnext", s(self.status_shard(to, key)))
             .expression_attribute_values(":tok", s(token));
         for (k, v) in values {
             req = req.expression_attribute_values(k, v);
@@ -333,6 +344,7 @@ impl DynamoLedger {
         self.leave_processing(
             key,
             token,
+            Status::Retryable,
             "#st = :retryable, next_attempt_at = :next, due_at = :next, error_code = :code, error_message = :msg",
             "",
             vec![
@@ -357,6 +369,7 @@ impl DynamoLedger {
         self.leave_processing(
             key,
             token,
+            Status::Dead,
             "#st = :dead, dead_reason = :reason, error_message = :msg, dead_at = :now",
             ", due_shard, due_at, next_attempt_at",
             vec![
@@ -370,14 +383,45 @@ impl DynamoLedger {
     }
 
     /// PROCESSING → PARKED (unknown subject; no mutation); `Ok(false)` if fenced.
-    pub async fn park(&self, key: &EventKey, token: &str, reason: &str, now_ms: i64) -> Result<bool, PortError> {
-        self.leave_processing(
-            key,
-            token,
-            "#st = :parked, park_reason = :reason, parked_at = :now",
-            ", due_shard, due_at, next_attempt_at",
-            vec![(":parked", s(Status::Parked.as_str())), (":reason", s(bounded(reason))), (":now", n(now_ms))],
-        )
-        .await
+    pub async fn park(
+        &self,
+        key: &EventKey,
+        token: &str,
+        reason: &str,
+        subject: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, PortError> {
+        let mut values =
+            vec![(":parked", s(Status::Parked.as_str())), (":reason", s(bounded(reason))), (":now", n(now_ms))];
+        let set = match subject {
+            Some(subj) => {
+                values.push((":subj", s(subj)));
+                "#st = :parked, park_reason = :reason, parked_at = :now, subject = :subj"
+            }
+            None => "#st = :parked, park_reason = :reason, parked_at = :now",
+        };
+        self.leave_processing(key, token, Status::Parked, set, ", due_shard, due_at, next_attempt_at", values).await
+    }
+
+    /// Appends an entry to the record's history (`sk = hist#<ms>#<id>`), shown
+    /// by `hookledger show`. Kept as long as identities are.
+    pub async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let item = HashMap::from([
+            (attr::PK.to_owned(), s(key.as_str())),
+            (attr::SK.to_owned(), s(format!("hist#{now_ms:013}#{}", &id[..8]))),
+            ("kind".to_owned(), s(kind)),
+            ("detail".to_owned(), s(bounded(detail))),
+            ("at".to_owned(), n(now_ms)),
+            (attr::EXPIRES_AT.to_owned(), n(now_ms / 1000 + i64::from(crate::config::DEFAULT_RETENTION_DAYS) * 86_400)),
+        ]);
+        self.client()
+            .put_item()
+            .table_name(self.table())
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(())
     }
 }

@@ -1,0 +1,439 @@
+//! `hookledger`: developer and operator tool, over the same library and AWS
+//! configuration as the functions.
+//!
+//! - `setup`: create the ledger table and the work queue (idempotent).
+//! - `send`: sign a delivery for a configured endpoint as its provider would, and POST it.
+//! - `stats`, `list`, `show`: what the ledger holds (status index; no scans).
+//! - `replay`, `park`, `resolve`: audited, conditional operator transitions.
+//! - `map-subject`: map a provider subject (a Stripe customer) to an account.
+//! - `reconcile`: run one reconciliation now.
+//!
+//! Human-readable tables by default, `--json` for scripts.
+
+mod send;
+mod table;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::sqs::SqsQueue;
+use hookledger::ledger::Status;
+use hookledger::ops::{ListFilter, Ops, OpsError, item_json, parse_key};
+
+#[derive(Parser)]
+#[command(name = "hookledger", version, about = "Hookledger developer and operator tool")]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct Global {
+    /// Ledger table.
+    #[arg(long, global = true, env = "HOOKLEDGER_TABLE")]
+    table: Option<String>,
+    /// Work queue URL (replay and reconcile send to it).
+    #[arg(long, global = true, env = "HOOKLEDGER_QUEUE_URL")]
+    queue_url: Option<String>,
+    /// Index shards; must match the functions' HOOKLEDGER_INDEX_SHARDS.
+    #[arg(long, global = true, env = "HOOKLEDGER_INDEX_SHARDS", default_value_t = 16)]
+    shards: u32,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the ledger table and the work queue if they do not exist; print the queue URL.
+    Setup {
+        #[arg(long, env = "HOOKLEDGER_QUEUE_NAME", default_value = "hookledger-work")]
+        queue: String,
+    },
+    /// Sign a delivery for a configured endpoint and send it.
+    Send(send::SendArgs),
+    /// Counts by status, provider and type; oldest unprocessed age; duplicate rate.
+    Stats,
+    /// List records, newest first.
+    List(ListArgs),
+    /// One record with its history (payload only with --payload).
+    Show {
+        key: String,
+        #[arg(long)]
+        payload: bool,
+    },
+    /// Give DEAD or PARKED records a controlled new attempt (same identity, audited).
+    Replay(ActionArgs),
+    /// Stop work on RECEIVED, RETRYABLE or DEAD records until replayed.
+    Park(ActionArgs),
+    /// Mark DEAD or PARKED records as settled outside Hookledger.
+    Resolve(ActionArgs),
+    /// Map a provider subject to an account (events for unmapped subjects are parked).
+    MapSubject {
+        #[arg(long, default_value = "stripe")]
+        provider: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        account: String,
+    },
+    /// Run one reconciliation now (what the scheduled function does).
+    Reconcile {
+        #[arg(long, default_value_t = 500)]
+        max_items: usize,
+        /// Check entitlements against Stripe when their last check is older than this.
+        #[arg(long, default_value_t = 3600)]
+        drift_interval_secs: i64,
+    },
+}
+
+#[derive(Args)]
+struct ListArgs {
+    /// received, processing, retryable, processed, dead, parked (repeatable).
+    #[arg(long = "status", value_parser = parse_status)]
+    statuses: Vec<Status>,
+    #[arg(long)]
+    endpoint: Option<String>,
+    #[arg(long = "type")]
+    event_type: Option<String>,
+    #[arg(long)]
+    subject: Option<String>,
+    /// Received at or after: unix ms, or an age like 30m, 6h, 2d.
+    #[arg(long, value_parser = parse_time)]
+    since: Option<i64>,
+    /// Received at or before: unix ms, or an age.
+    #[arg(long, value_parser = parse_time)]
+    until: Option<i64>,
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// From the previous page's "next" line.
+    #[arg(long)]
+    cursor: Option<i64>,
+}
+
+#[derive(Args)]
+struct ActionArgs {
+    /// Event keys (evt#<provider>#<endpoint>#<id>); or select with the filters.
+    keys: Vec<String>,
+    #[command(flatten)]
+    select: SelectArgs,
+    /// Who is acting (kept in the audit entry).
+    #[arg(long, env = "USER", default_value = "operator")]
+    operator: String,
+    /// Why (kept in the audit entry).
+    #[arg(long)]
+    reason: String,
+}
+
+#[derive(Args)]
+struct SelectArgs {
+    #[arg(long = "status", value_parser = parse_status)]
+    statuses: Vec<Status>,
+    #[arg(long)]
+    endpoint: Option<String>,
+    #[arg(long = "type")]
+    event_type: Option<String>,
+    #[arg(long)]
+    subject: Option<String>,
+    /// Most records a filtered action touches.
+    #[arg(long, default_value_t = 1000)]
+    max: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(#[from] clap::Error),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<OpsError> for CliError {
+    fn from(e: OpsError) -> Self {
+        Self::Failed(e.to_string())
+    }
+}
+
+impl From<hookledger::ledger::PortError> for CliError {
+    fn from(e: hookledger::ledger::PortError) -> Self {
+        Self::Failed(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Failed(e.to_string())
+    }
+}
+
+fn parse_status(s: &str) -> Result<Status, String> {
+    Status::parse(&s.to_ascii_uppercase())
+        .ok_or_else(|| format!("unknown status {s:?} (received, processing, retryable, processed, dead, parked)"))
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn parse_time(s: &str) -> Result<i64, String> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    let (num, unit) = s.split_at(s.len().saturating_sub(1));
+    let n: i64 = num.parse().map_err(|_| format!("{s:?} is neither unix ms nor an age like 30m, 6h, 2d"))?;
+    let ms = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{s:?}: unknown unit (s, m, h, d)")),
+    };
+    Ok(now_ms() - n * ms)
+}
+
+struct Ctx {
+    aws: aws_config::SdkConfig,
+    global: Global,
+}
+
+impl Ctx {
+    fn table(&self) -> Result<String, CliError> {
+        self.global
+            .table
+            .clone()
+            .ok_or_else(|| CliError::Failed("no table: set HOOKLEDGER_TABLE or pass --table".into()))
+    }
+
+    fn ledger(&self) -> Result<DynamoLedger, CliError> {
+        Ok(DynamoLedger::new(aws_sdk_dynamodb::Client::new(&self.aws), self.table()?).with_shards(self.global.shards))
+    }
+
+    fn queue(&self) -> Result<SqsQueue, CliError> {
+        let url = self
+            .global
+            .queue_url
+            .clone()
+            .ok_or_else(|| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))?;
+        Ok(SqsQueue::new(aws_sdk_sqs::Client::new(&self.aws), url))
+    }
+
+    fn ops(&self) -> Result<Ops<SqsQueue>, CliError> {
+        Ok(Ops::new(self.ledger()?, self.queue()?))
+    }
+
+    fn ops_read_only(&self) -> Result<Ops<SqsQueue>, CliError> {
+        // Reads never send; any URL will do when none is configured.
+        let url = self.global.queue_url.clone().unwrap_or_default();
+        Ok(Ops::new(self.ledger()?, SqsQueue::new(aws_sdk_sqs::Client::new(&self.aws), url)))
+    }
+}
+
+/// Runs the tool with `args` (program name first), writing results to `out`.
+pub async fn run<I, T>(args: I, out: &mut (dyn Write + Send)) -> Result<(), CliError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(args)?;
+    let aws = aws_config::load_from_env().await;
+    let ctx = Ctx { aws, global: cli.global };
+    let json = ctx.global.json;
+    match cli.command {
+        Command::Setup { queue } => {
+            let table = ctx.table()?;
+            hookledger::adapters::dynamodb::create_table(&aws_sdk_dynamodb::Client::new(&ctx.aws), &table)
+                .await
+                .map_err(CliError::Failed)?;
+            let url = hookledger::adapters::sqs::create_queue(&aws_sdk_sqs::Client::new(&ctx.aws), &queue)
+                .await
+                .map_err(CliError::Failed)?;
+            writeln!(out, "{url}")?;
+        }
+        Command::Send(args) => send::run(args, &ctx.aws, out).await.map_err(CliError::Failed)?,
+        Command::Stats => {
+            let stats = ctx.ops_read_only()?.stats(now_ms()).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&stats).unwrap_or_default())?;
+            } else {
+                table::stats(out, &stats)?;
+            }
+        }
+        Command::List(a) => {
+            let filter = ListFilter {
+                statuses: a.statuses,
+                endpoint: a.endpoint,
+                event_type: a.event_type,
+                subject: a.subject,
+                since_ms: a.since,
+                until_ms: a.until,
+                limit: a.limit.max(1),
+                cursor: a.cursor,
+            };
+            let (items, next) = ctx.ops_read_only()?.list(&filter).await?;
+            if json {
+                let v = serde_json::json!({ "items": items.iter().map(item_json).collect::<Vec<_>>(), "next_cursor": next });
+                writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
+            } else {
+                table::list(out, &items)?;
+                if let Some(c) = next {
+                    writeln!(out, "next: --cursor {c}")?;
+                }
+            }
+        }
+        Command::Show { key, payload } => {
+            let key = parse_key(&key)?;
+            let (record, history, body) = ctx.ops_read_only()?.show(&key, payload).await?;
+            if json {
+                let v = serde_json::json!({
+                    "record": item_json(&record),
+                    "history": history.iter().map(item_json).collect::<Vec<_>>(),
+                    "payload": body.as_ref().map(|b| String::from_utf8_lossy(b).into_owned()),
+                });
+                writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
+            } else {
+                table::show(out, &record, &history, body.as_deref(), payload)?;
+            }
+        }
+        Command::Replay(a) => act(&ctx, out, a, Action::Replay).await?,
+        Command::Park(a) => act(&ctx, out, a, Action::Park).await?,
+        Command::Resolve(a) => act(&ctx, out, a, Action::Resolve).await?,
+        Command::MapSubject { provider, tenant, subject, account } => {
+            hookledger::app::subjects::map_subject(
+                &aws_sdk_dynamodb::Client::new(&ctx.aws),
+                &ctx.table()?,
+                &provider,
+                &tenant,
+                &subject,
+                &account,
+            )
+            .await
+            .map_err(CliError::Failed)?;
+            writeln!(out, "mapped {provider} subject {subject} (tenant {tenant}) to account {account}")?;
+        }
+        Command::Reconcile { max_items, drift_interval_secs } => {
+            let settings = hookledger::reconciler::ReconcilerSettings {
+                max_items,
+                drift_interval_ms: drift_interval_secs * 1000,
+                ..Default::default()
+            };
+            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+            let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(&ctx.aws));
+            let source = hookledger::adapters::stripe::source_from_env(env, &resolver)
+                .await
+                .map_err(|e| CliError::Failed(e.to_string()))?;
+            let dispatcher = hookledger::outbox::Dispatcher::new(
+                aws_sdk_dynamodb::Client::new(&ctx.aws),
+                aws_sdk_sns::Client::new(&ctx.aws),
+                ctx.table()?,
+            );
+            let r = hookledger::reconciler::Reconciler::new(
+                ctx.ledger()?,
+                ctx.queue()?,
+                Some(dispatcher),
+                source,
+                settings,
+            );
+            let summary = r.run(now_ms(), Instant::now() + std::time::Duration::from_secs(60)).await?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&summary).unwrap_or_default())?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Action {
+    Replay,
+    Park,
+    Resolve,
+}
+
+impl Action {
+    fn verb(self) -> &'static str {
+        match self {
+            Self::Replay => "replayed",
+            Self::Park => "parked",
+            Self::Resolve => "resolved",
+        }
+    }
+}
+
+async fn act(ctx: &Ctx, out: &mut (dyn Write + Send), a: ActionArgs, action: Action) -> Result<(), CliError> {
+    if a.reason.trim().is_empty() {
+        return Err(CliError::Failed("--reason must say why (it is kept in the audit entry)".into()));
+    }
+    let ops = match action {
+        Action::Replay => ctx.ops()?,
+        _ => ctx.ops_read_only()?,
+    };
+    let filtered = !a.select.statuses.is_empty()
+        || a.select.endpoint.is_some()
+        || a.select.event_type.is_some()
+        || a.select.subject.is_some();
+    let keys: Vec<String> = match (a.keys.is_empty(), filtered) {
+        (false, false) => a.keys.clone(),
+        (true, true) => {
+            let filter = ListFilter {
+                statuses: a.select.statuses.clone(),
+                endpoint: a.select.endpoint.clone(),
+                event_type: a.select.event_type.clone(),
+                subject: a.select.subject.clone(),
+                limit: a.select.max,
+                ..Default::default()
+            };
+            ops.list(&filter).await?.0.iter().filter_map(|i| i.get("pk").and_then(|v| v.as_s().ok()).cloned()).collect()
+        }
+        (false, true) => return Err(CliError::Failed("give event keys or filters, not both".into())),
+        (true, false) => {
+            return Err(CliError::Failed(
+                "nothing selected: give event keys or filters (--status, --endpoint, --type, --subject)".into(),
+            ));
+        }
+    };
+    let total = keys.len();
+    let (mut done, mut failed) = (0, Vec::new());
+    for (i, raw) in keys.iter().enumerate() {
+        let result = match parse_key(raw) {
+            Err(e) => Err(e),
+            Ok(key) => match action {
+                Action::Replay => ops.replay(&key, &a.operator, &a.reason, now_ms()).await,
+                Action::Park => ops.park(&key, &a.operator, &a.reason, now_ms()).await,
+                Action::Resolve => ops.resolve(&key, &a.operator, &a.reason, now_ms()).await,
+            },
+        };
+        match result {
+            Ok(()) => {
+                done += 1;
+                if !ctx.global.json {
+                    writeln!(out, "[{}/{total}] {} {raw}", i + 1, action.verb())?;
+                }
+            }
+            Err(e) => {
+                if !ctx.global.json {
+                    writeln!(out, "[{}/{total}] failed: {e}", i + 1)?;
+                }
+                failed.push(e.to_string());
+            }
+        }
+    }
+    if ctx.global.json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({ "action": action.verb(), "selected": total, "done": done, "errors": failed })
+        )?;
+    } else {
+        writeln!(out, "{} {done} of {total}", action.verb())?;
+    }
+    match (failed.len(), total) {
+        (0, _) => Ok(()),
+        (1, 1) => Err(CliError::Failed(failed.remove(0))),
+        (n, _) => Err(CliError::Failed(format!("{n} of {total} failed"))),
+    }
+}

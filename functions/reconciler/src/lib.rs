@@ -1,0 +1,3 @@
+//! The reconciler Lambda's handler, apart from `main.rs` so it can be tested.
+
+pub mod handler;
