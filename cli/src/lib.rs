@@ -114,8 +114,8 @@ struct ListArgs {
     #[arg(long, default_value_t = 50)]
     limit: usize,
     /// From the previous page's "next" line.
-    #[arg(long)]
-    cursor: Option<i64>,
+    #[arg(long, value_parser = parse_cursor)]
+    cursor: Option<(i64, String)>,
 }
 
 #[derive(Args)]
@@ -176,6 +176,16 @@ impl From<std::io::Error> for CliError {
 fn parse_status(s: &str) -> Result<Status, String> {
     Status::parse(&s.to_ascii_uppercase())
         .ok_or_else(|| format!("unknown status {s:?} (received, processing, retryable, processed, dead, parked)"))
+}
+
+fn parse_cursor(s: &str) -> Result<(i64, String), String> {
+    let bad = || format!("{s:?} is not a cursor (copy it from the previous page's \"next\" line)");
+    let (at, pk) = s.split_once(':').ok_or_else(bad)?;
+    Ok((at.parse().map_err(|_| bad())?, pk.to_owned()))
+}
+
+fn cursor_text(c: &(i64, String)) -> String {
+    format!("{}:{}", c.0, c.1)
 }
 
 fn now_ms() -> i64 {
@@ -278,12 +288,12 @@ where
             };
             let (items, next) = ctx.ops_read_only()?.list(&filter).await?;
             if json {
-                let v = serde_json::json!({ "items": items.iter().map(item_json).collect::<Vec<_>>(), "next_cursor": next });
+                let v = serde_json::json!({ "items": items.iter().map(item_json).collect::<Vec<_>>(), "next_cursor": next.as_ref().map(cursor_text) });
                 writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
             } else {
                 table::list(out, &items)?;
                 if let Some(c) = next {
-                    writeln!(out, "next: --cursor {c}")?;
+                    writeln!(out, "next: --cursor '{}'", cursor_text(&c))?;
                 }
             }
         }

@@ -63,8 +63,8 @@ pub struct ListFilter {
     pub since_ms: Option<i64>,
     pub until_ms: Option<i64>,
     pub limit: usize,
-    /// Continue below this receive time (from the previous page).
-    pub cursor: Option<i64>,
+    /// Continue after this (receive time, key), from the previous page.
+    pub cursor: Option<(i64, String)>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -104,7 +104,17 @@ impl<Q: WorkQueue> Ops<Q> {
         let mut out = Vec::new();
         let mut start = None;
         let lo = filter.since_ms.unwrap_or(0);
-        let hi = filter.cursor.map(|c| c - 1).unwrap_or(i64::MAX).min(filter.until_ms.unwrap_or(i64::MAX));
+        let hi = filter.cursor.as_ref().map_or(i64::MAX, |c| c.0).min(filter.until_ms.unwrap_or(i64::MAX));
+        // Newest first, ties by key (descending): keep what sorts after the cursor.
+        let after_cursor = |i: &HashMap<String, AttributeValue>| match &filter.cursor {
+            None => true,
+            Some((at, pk)) => {
+                let i_at =
+                    i.get(attr::ST_AT).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+                let i_pk = i.get(attr::PK).and_then(|v| v.as_s().ok()).map_or("", String::as_str);
+                i_at < *at || (i_at == *at && i_pk < pk.as_str())
+            }
+        };
         loop {
             let mut q = self
                 .ledger
@@ -138,7 +148,7 @@ impl<Q: WorkQueue> Ops<Q> {
                 q = q.projection_expression(p);
             }
             let page = q.send().await.map_err(|e| port_error("dynamodb", &e))?;
-            out.extend(page.items.unwrap_or_default());
+            out.extend(page.items.unwrap_or_default().into_iter().filter(|i| after_cursor(i)));
             match page.last_evaluated_key {
                 Some(k) if out.len() < want => start = Some(k),
                 _ => return Ok(out),
@@ -151,7 +161,7 @@ impl<Q: WorkQueue> Ops<Q> {
     pub async fn list(
         &self,
         filter: &ListFilter,
-    ) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<i64>), PortError> {
+    ) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<(i64, String)>), PortError> {
         let statuses = if filter.statuses.is_empty() { ALL_STATUSES.to_vec() } else { filter.statuses.clone() };
         let mut all = Vec::new();
         for status in statuses {
@@ -162,10 +172,13 @@ impl<Q: WorkQueue> Ops<Q> {
         let at = |i: &HashMap<String, AttributeValue>| {
             i.get(attr::ST_AT).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)
         };
-        all.sort_by_key(|i| std::cmp::Reverse(at(i)));
+        let pk = |i: &HashMap<String, AttributeValue>| {
+            i.get(attr::PK).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default()
+        };
+        all.sort_by_key(|i| std::cmp::Reverse((at(i), pk(i))));
         let more = all.len() > filter.limit;
         all.truncate(filter.limit);
-        let cursor = if more { all.last().map(at) } else { None };
+        let cursor = if more { all.last().map(|i| (at(i), pk(i))) } else { None };
         Ok((all, cursor))
     }
 

@@ -272,7 +272,9 @@ impl<Q: WorkQueue> Reconciler<Q> {
                     return Ok(());
                 }
                 let partition = due_shard_named(DRIFT_SHARD_PREFIX, shard);
-                let page = self.due_page(&partition, now_ms - self.settings.drift_interval_ms, *budget).await?;
+                // Strictly older than the interval: an item checked in this run
+                // (due_at = now) is not checked again by it.
+                let page = self.due_page(&partition, now_ms - self.settings.drift_interval_ms - 1, *budget).await?;
                 if page.is_empty() {
                     break;
                 }

@@ -3,10 +3,12 @@
 //! aws-sdk clients. Run by `scripts/test`, which starts moto and sets
 //! `AWS_ENDPOINT_URL`. One binary, so it builds once.
 
+mod cli;
 mod fake_provider;
 mod handler;
 mod intake;
 mod processor;
 mod race;
+mod reconciler;
 mod sqs_handler;
 mod support;

@@ -313,3 +313,97 @@ pub fn fast_settings() -> ProcessorSettings {
 pub fn s(item: &HashMap<String, AttributeValue>, name: &str) -> String {
     item.get(name).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default()
 }
+
+/// Emulates Lambda's SQS event source mapping for `app` until the queue stays
+/// empty for `idle_polls` polls (or `max` elapses): batches of up to 10,
+/// partial failures stay on the queue, successes are deleted.
+pub async fn run_processor(
+    stack: &Stack,
+    app: Arc<processor::handler::App>,
+    idle_polls: u32,
+    max: std::time::Duration,
+) {
+    use aws_lambda_events::event::sqs::SqsEvent;
+    let deadline = std::time::Instant::now() + max;
+    let mut idle = 0;
+    while std::time::Instant::now() < deadline && idle < idle_polls {
+        let out = stack
+            .sqs
+            .receive_message()
+            .queue_url(&stack.queue_url)
+            .max_number_of_messages(10)
+            .visibility_timeout(30)
+            .send()
+            .await
+            .unwrap();
+        let msgs = out.messages.unwrap_or_default();
+        if msgs.is_empty() {
+            idle += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            continue;
+        }
+        idle = 0;
+        let records: Vec<serde_json::Value> = msgs
+            .iter()
+            .map(|m| serde_json::json!({"messageId": m.message_id, "receiptHandle": m.receipt_handle, "body": m.body, "eventSource": "aws:sqs"}))
+            .collect();
+        let event: SqsEvent = serde_json::from_value(serde_json::json!({ "Records": records })).unwrap();
+        let resp = processor::handler::handle(
+            app.clone(),
+            lambda_runtime::LambdaEvent::new(event, lambda_runtime::Context::default()),
+        )
+        .await
+        .unwrap();
+        for m in &msgs {
+            let id = m.message_id.clone().unwrap();
+            if !resp.batch_item_failures.iter().any(|f| f.item_identifier == id) {
+                stack
+                    .sqs
+                    .delete_message()
+                    .queue_url(&stack.queue_url)
+                    .receipt_handle(m.receipt_handle.clone().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+impl Stack {
+    pub fn app(
+        &self,
+        settings: ProcessorSettings,
+        source: Option<Arc<dyn SubscriptionSource>>,
+    ) -> Arc<processor::handler::App> {
+        Arc::new(processor::handler::App {
+            processor: self.processor(settings, source, None),
+            sqs: self.sqs.clone(),
+            queue_url: self.queue_url.clone(),
+        })
+    }
+
+    pub fn reconciler(
+        &self,
+        settings: hookledger::reconciler::ReconcilerSettings,
+        source: Option<Arc<dyn SubscriptionSource>>,
+    ) -> hookledger::reconciler::Reconciler<SqsQueue> {
+        let dispatcher = Dispatcher::new(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
+        hookledger::reconciler::Reconciler::new(
+            self.ledger(),
+            SqsQueue::new(self.sqs.clone(), &self.queue_url),
+            Some(dispatcher),
+            source,
+            settings,
+        )
+    }
+
+    /// Runs the CLI in-process against this stack; returns (ok, output).
+    pub async fn cli(&self, args: &[&str]) -> (Result<(), String>, String) {
+        let mut argv = vec!["hookledger", "--table", &self.table, "--queue-url", &self.queue_url];
+        argv.extend_from_slice(args);
+        let mut out: Vec<u8> = Vec::new();
+        let r = hookledger_cli::run(argv, &mut out).await.map_err(|e| e.to_string());
+        (r, String::from_utf8(out).unwrap())
+    }
+}
