@@ -10,6 +10,8 @@
 //!
 //! Human-readable tables by default, `--json` for scripts.
 
+mod bridge;
+mod demo;
 mod send;
 mod table;
 
@@ -50,11 +52,18 @@ struct Global {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create the ledger table and the work queue if they do not exist; print the queue URL.
+    /// Create the ledger table, the work queue (with its DLQ) and the notification
+    /// topic if they do not exist; print them as KEY=VALUE lines.
     Setup {
         #[arg(long, env = "HOOKLEDGER_QUEUE_NAME", default_value = "hookledger-work")]
         queue: String,
     },
+    /// Print the table and queue definitions the code creates (JSON), for comparison with the SAM template.
+    Schema,
+    /// Local event-source bridge: SQS → processor invocations, timer → reconciler.
+    Bridge(bridge::BridgeArgs),
+    /// Send demo deliveries to the running local stack and show the outcome.
+    Demo(demo::DemoArgs),
     /// Sign a delivery for a configured endpoint and send it.
     Send(send::SendArgs),
     /// Counts by status, provider and type; oldest unprocessed age; duplicate rate.
@@ -261,11 +270,40 @@ where
             hookledger::adapters::dynamodb::create_table(&aws_sdk_dynamodb::Client::new(&ctx.aws), &table)
                 .await
                 .map_err(CliError::Failed)?;
-            let url = hookledger::adapters::sqs::create_queue(&aws_sdk_sqs::Client::new(&ctx.aws), &queue)
+            let queues = hookledger::adapters::sqs::create_work_queues(&aws_sdk_sqs::Client::new(&ctx.aws), &queue)
                 .await
                 .map_err(CliError::Failed)?;
-            writeln!(out, "{url}")?;
+            let topic = aws_sdk_sns::Client::new(&ctx.aws)
+                .create_topic()
+                .name(format!("{queue}-notify"))
+                .send()
+                .await
+                .map_err(|e| CliError::Failed(e.to_string()))?
+                .topic_arn
+                .unwrap_or_default();
+            writeln!(out, "HOOKLEDGER_QUEUE_URL={}", queues.work_url)?;
+            writeln!(out, "HOOKLEDGER_DLQ_URL={}", queues.dead_letter_url)?;
+            writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
         }
+        Command::Schema => {
+            let v = serde_json::json!({
+                "table": hookledger::adapters::dynamodb::table_definition(),
+                "queue": {
+                    "VisibilityTimeout": hookledger::adapters::sqs::WORK_QUEUE_VISIBILITY_SECS,
+                    "maxReceiveCount": hookledger::adapters::sqs::MAX_RECEIVE_COUNT,
+                },
+            });
+            writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
+        }
+        Command::Bridge(args) => {
+            let queue_url = ctx
+                .global
+                .queue_url
+                .clone()
+                .ok_or_else(|| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))?;
+            bridge::run(args, &ctx.aws, &queue_url, out).await.map_err(CliError::Failed)?
+        }
+        Command::Demo(args) => demo::run(args, &ctx.aws, &ctx.table()?, json, out).await.map_err(CliError::Failed)?,
         Command::Send(args) => send::run(args, &ctx.aws, out).await.map_err(CliError::Failed)?,
         Command::Stats => {
             let stats = ctx.ops_read_only()?.stats(now_ms()).await?;

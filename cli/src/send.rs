@@ -39,9 +39,9 @@ pub struct SendArgs {
     quiet: bool,
 }
 
-struct Delivery {
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub(crate) struct Delivery {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
 }
 
 pub async fn run(
@@ -131,7 +131,7 @@ fn set_pointer(root: &mut serde_json::Value, pointer: &str, value: &str) {
     }
 }
 
-fn sign(
+pub(crate) fn sign(
     spec: &EndpointSpec,
     secret: &Secret,
     event_id: &str,

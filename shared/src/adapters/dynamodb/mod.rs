@@ -346,55 +346,90 @@ impl Ledger for DynamoLedger {
     }
 }
 
-/// The table definition, shared by the local stack, the tests and (checked
-/// against) the SAM template: keys, the sparse `due` index, on-demand billing.
-pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
-    let key = |name: &str, kind: KeyType| KeySchemaElement::builder().attribute_name(name).key_type(kind).build();
-    let def = |name: &str, t: ScalarAttributeType| {
-        AttributeDefinition::builder().attribute_name(name).attribute_type(t).build()
+/// The table definition in CloudFormation's shape: what `create_table`
+/// creates, and what `infra/check_template.py` compares with the SAM template.
+pub fn table_definition() -> serde_json::Value {
+    let gsi = |name: &str, hash: &str, range: &str| {
+        serde_json::json!({
+            "IndexName": name,
+            "KeySchema": [{"AttributeName": hash, "KeyType": "HASH"}, {"AttributeName": range, "KeyType": "RANGE"}],
+            "Projection": {"ProjectionType": "ALL"},
+        })
     };
-    let index = GlobalSecondaryIndex::builder()
-        .index_name(DUE_INDEX)
-        .key_schema(key(attr::DUE_SHARD, KeyType::Hash).map_err(|e| e.to_string())?)
-        .key_schema(key(attr::DUE_AT, KeyType::Range).map_err(|e| e.to_string())?)
-        .projection(Projection::builder().projection_type(ProjectionType::All).build())
-        .build()
-        .map_err(|e| e.to_string())?;
-    let status_index = GlobalSecondaryIndex::builder()
-        .index_name(STATUS_INDEX)
-        .key_schema(key(attr::ST_SHARD, KeyType::Hash).map_err(|e| e.to_string())?)
-        .key_schema(key(attr::ST_AT, KeyType::Range).map_err(|e| e.to_string())?)
-        .projection(Projection::builder().projection_type(ProjectionType::All).build())
-        .build()
-        .map_err(|e| e.to_string())?;
-    let created = client
+    serde_json::json!({
+        "BillingMode": "PAY_PER_REQUEST",
+        "KeySchema": [{"AttributeName": attr::PK, "KeyType": "HASH"}, {"AttributeName": attr::SK, "KeyType": "RANGE"}],
+        "AttributeDefinitions": [
+            {"AttributeName": attr::PK, "AttributeType": "S"},
+            {"AttributeName": attr::SK, "AttributeType": "S"},
+            {"AttributeName": attr::DUE_SHARD, "AttributeType": "S"},
+            {"AttributeName": attr::DUE_AT, "AttributeType": "N"},
+            {"AttributeName": attr::ST_SHARD, "AttributeType": "S"},
+            {"AttributeName": attr::ST_AT, "AttributeType": "N"},
+        ],
+        "GlobalSecondaryIndexes": [gsi(DUE_INDEX, attr::DUE_SHARD, attr::DUE_AT), gsi(STATUS_INDEX, attr::ST_SHARD, attr::ST_AT)],
+        "TimeToLiveSpecification": {"AttributeName": TTL_ATTRIBUTE, "Enabled": true},
+    })
+}
+
+/// Creates the table from [`table_definition`]: keys, the sparse `due`
+/// index, the `status` index, on-demand billing, TTL (idempotent).
+pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
+    let d = table_definition();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    let keys = |schema: &serde_json::Value| -> Result<Vec<KeySchemaElement>, String> {
+        schema
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|k| {
+                let kind = if k["KeyType"] == "HASH" { KeyType::Hash } else { KeyType::Range };
+                KeySchemaElement::builder()
+                    .attribute_name(text(&k["AttributeName"]))
+                    .key_type(kind)
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .collect()
+    };
+    let mut req = client
         .create_table()
         .table_name(table)
         .billing_mode(BillingMode::PayPerRequest)
-        .key_schema(key(attr::PK, KeyType::Hash).map_err(|e| e.to_string())?)
-        .key_schema(key(attr::SK, KeyType::Range).map_err(|e| e.to_string())?)
-        .attribute_definitions(def(attr::PK, ScalarAttributeType::S).map_err(|e| e.to_string())?)
-        .attribute_definitions(def(attr::SK, ScalarAttributeType::S).map_err(|e| e.to_string())?)
-        .attribute_definitions(def(attr::DUE_SHARD, ScalarAttributeType::S).map_err(|e| e.to_string())?)
-        .attribute_definitions(def(attr::DUE_AT, ScalarAttributeType::N).map_err(|e| e.to_string())?)
-        .attribute_definitions(def(attr::ST_SHARD, ScalarAttributeType::S).map_err(|e| e.to_string())?)
-        .attribute_definitions(def(attr::ST_AT, ScalarAttributeType::N).map_err(|e| e.to_string())?)
-        .global_secondary_indexes(index)
-        .global_secondary_indexes(status_index)
-        .send()
-        .await;
-    match created {
+        .set_key_schema(Some(keys(&d["KeySchema"])?));
+    for a in d["AttributeDefinitions"].as_array().into_iter().flatten() {
+        let t = if a["AttributeType"] == "N" { ScalarAttributeType::N } else { ScalarAttributeType::S };
+        req = req.attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(text(&a["AttributeName"]))
+                .attribute_type(t)
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for g in d["GlobalSecondaryIndexes"].as_array().into_iter().flatten() {
+        req = req.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name(text(&g["IndexName"]))
+                .set_key_schema(Some(keys(&g["KeySchema"])?))
+                .projection(Projection::builder().projection_type(ProjectionType::All).build())
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    match req.send().await {
         Ok(_) => {}
         Err(e) if e.as_service_error().is_some_and(|se| se.is_resource_in_use_exception()) => return Ok(()),
         Err(e) => return Err(super::error_chain(&e)),
     }
+    let ttl = &d["TimeToLiveSpecification"];
     client
         .update_time_to_live()
         .table_name(table)
         .time_to_live_specification(
             TimeToLiveSpecification::builder()
-                .attribute_name(TTL_ATTRIBUTE)
-                .enabled(true)
+                .attribute_name(text(&ttl["AttributeName"]))
+                .enabled(ttl["Enabled"].as_bool().unwrap_or(true))
                 .build()
                 .map_err(|e| e.to_string())?,
         )
@@ -402,4 +437,25 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
         .await
         .map_err(|e| super::error_chain(&e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_definition_declares_every_key_the_code_writes() {
+        let d = table_definition();
+        let names: Vec<&str> = d["AttributeDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["AttributeName"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, [attr::PK, attr::SK, attr::DUE_SHARD, attr::DUE_AT, attr::ST_SHARD, attr::ST_AT]);
+        let indexes: Vec<&str> =
+            d["GlobalSecondaryIndexes"].as_array().unwrap().iter().map(|i| i["IndexName"].as_str().unwrap()).collect();
+        assert_eq!(indexes, [DUE_INDEX, STATUS_INDEX]);
+        assert_eq!(d["TimeToLiveSpecification"]["AttributeName"], attr::EXPIRES_AT);
+    }
 }

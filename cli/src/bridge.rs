@@ -1,0 +1,145 @@
+//! The local event-source bridge: what AWS does around the functions, for a
+//! stack served by `cargo lambda watch`. It polls the work queue and invokes
+//! the processor with SQS batches the way Lambda's event source mapping does
+//! (batch size, partial batch failures: only failures stay; a failed
+//! invocation leaves the whole batch; visibility; the queue's redrive policy
+//! moves a message to the DLQ after its max receives), and it invokes the
+//! reconciler on a timer as the schedule would.
+
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use clap::Args;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct BridgeArgs {
+    /// Where `cargo lambda watch` serves the Lambda invoke API.
+    #[arg(long, env = "HOOKLEDGER_INVOKE_URL", default_value = "http://127.0.0.1:9000")]
+    invoke_url: String,
+    #[arg(long, default_value_t = 10)]
+    batch_size: i32,
+    /// Seconds between reconciler invocations (0: never).
+    #[arg(long, default_value_t = 30)]
+    reconcile_every_secs: u64,
+    /// Stop after this many seconds (0: run until stopped).
+    #[arg(long, default_value_t = 0)]
+    run_for_secs: u64,
+}
+
+async fn invoke(
+    client: &reqwest::Client,
+    base: &str,
+    function: &str,
+    payload: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let url = format!("{}/2015-03-31/functions/{function}/invocations", base.trim_end_matches('/'));
+    let resp = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(payload.to_string())
+        .send()
+        .await
+        .map_err(|e| format!("invoke {function}: {e}"))?;
+    let failed = resp.headers().contains_key("x-amz-function-error") || !resp.status().is_success();
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    if failed || body.get("errorType").is_some() {
+        return Err(format!("{function} failed ({status}): {body}"));
+    }
+    Ok(body)
+}
+
+pub async fn run(
+    args: BridgeArgs,
+    aws: &aws_config::SdkConfig,
+    queue_url: &str,
+    out: &mut (dyn std::io::Write + Send),
+) -> Result<(), String> {
+    let sqs = aws_sdk_sqs::Client::new(aws);
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(180)).build().map_err(|e| e.to_string())?;
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .attributes
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .unwrap_or_default();
+    let region = aws.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
+    let started = Instant::now();
+    let mut last_reconcile: Option<Instant> = None;
+    writeln!(out, "bridge: {queue_url} -> processor; reconciler every {}s", args.reconcile_every_secs)
+        .map_err(|e| e.to_string())?;
+    loop {
+        if args.run_for_secs > 0 && started.elapsed() >= Duration::from_secs(args.run_for_secs) {
+            return Ok(());
+        }
+        if args.reconcile_every_secs > 0
+            && last_reconcile.is_none_or(|t| t.elapsed() >= Duration::from_secs(args.reconcile_every_secs))
+        {
+            last_reconcile = Some(Instant::now());
+            let event = json!({"version": "0", "id": uuid::Uuid::new_v4().to_string(), "detail-type": "Scheduled Event",
+                "source": "aws.scheduler", "time": "", "region": region, "resources": [], "detail": {}});
+            match invoke(&http, &args.invoke_url, "reconciler", &event).await {
+                Ok(summary) => writeln!(out, "reconciler: {summary}").map_err(|e| e.to_string())?,
+                Err(e) => writeln!(out, "reconciler: {e}").map_err(|e| e.to_string())?,
+            }
+        }
+        let received = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(args.batch_size.clamp(1, 10))
+            .wait_time_seconds(1)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await;
+        let messages = match received {
+            Ok(r) => r.messages.unwrap_or_default(),
+            Err(e) => {
+                writeln!(out, "bridge: receive failed: {e}").map_err(|e| e.to_string())?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if messages.is_empty() {
+            continue;
+        }
+        let records: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| {
+                let attrs: serde_json::Map<String, serde_json::Value> = m
+                    .attributes()
+                    .map(|a| a.iter().map(|(k, v)| (k.as_str().to_owned(), json!(v))).collect())
+                    .unwrap_or_default();
+                json!({"messageId": m.message_id(), "receiptHandle": m.receipt_handle(), "body": m.body(),
+                    "attributes": attrs, "messageAttributes": {}, "md5OfBody": m.md5_of_body(),
+                    "eventSource": "aws:sqs", "eventSourceARN": arn, "awsRegion": region})
+            })
+            .collect();
+        match invoke(&http, &args.invoke_url, "processor", &json!({ "Records": records })).await {
+            Ok(resp) => {
+                let failed: Vec<&str> = resp["batchItemFailures"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f["itemIdentifier"].as_str())
+                    .collect();
+                for m in &messages {
+                    if !failed.contains(&m.message_id().unwrap_or_default()) {
+                        if let Some(receipt) = m.receipt_handle() {
+                            let _ = sqs.delete_message().queue_url(queue_url).receipt_handle(receipt).send().await;
+                        }
+                    }
+                }
+                writeln!(out, "processor: {} message(s), {} left on the queue", messages.len(), failed.len())
+                    .map_err(|e| e.to_string())?;
+            }
+            // A failed invocation: every message stays and comes back after its visibility.
+            Err(e) => writeln!(out, "processor: {e}").map_err(|e| e.to_string())?,
+        }
+    }
+}
