@@ -56,9 +56,46 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     Ok(Reconciler::new(ledger, queue, Some(dispatcher), source, settings))
 }
 
+/// Budget when the invocation carries no usable deadline (some emulators
+/// send none); Lambda always does.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(60);
+
+/// The time a run may use: the remaining invocation time less a margin (half
+/// of it when the invocation is short; [`DEFAULT_BUDGET`] without a deadline).
+pub fn budget(remaining: Duration) -> Duration {
+    if remaining.is_zero() {
+        DEFAULT_BUDGET
+    } else if remaining > DEADLINE_MARGIN * 2 {
+        remaining - DEADLINE_MARGIN
+    } else {
+        remaining / 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_keeps_a_margin_before_the_deadline() {
+        assert_eq!(budget(Duration::from_secs(120)), Duration::from_secs(115));
+        assert_eq!(budget(Duration::from_secs(6)), Duration::from_secs(3));
+        assert_eq!(budget(Duration::ZERO), DEFAULT_BUDGET);
+    }
+
+    #[test]
+    fn settings_have_defaults_and_bounds() {
+        let s = settings_from(|_| None).unwrap();
+        assert_eq!((s.max_items, s.redrive_backoff_ms, s.drift_interval_ms), (500, 300_000, 3_600_000));
+        let bad = settings_from(|k| (k == "HOOKLEDGER_RECONCILE_MAX_ITEMS").then(|| "0".to_owned()));
+        assert!(bad.unwrap_err().to_string().contains("HOOKLEDGER_RECONCILE_MAX_ITEMS"));
+    }
+}
+
 pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Summary, Error> {
     let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
-    let deadline = Instant::now() + remaining.saturating_sub(DEADLINE_MARGIN);
+    let deadline = Instant::now() + budget(remaining);
+    tracing::info!(remaining_ms = remaining.as_millis() as u64, budget_ms = budget(remaining).as_millis() as u64, "reconciler invoked");
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
     Ok(app.run(now_ms, deadline).await?)
 }
