@@ -95,7 +95,11 @@ mod tests {
 pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Summary, Error> {
     let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
     let deadline = Instant::now() + budget(remaining);
-    tracing::info!(remaining_ms = remaining.as_millis() as u64, budget_ms = budget(remaining).as_millis() as u64, "reconciler invoked");
+    tracing::info!(
+        remaining_ms = remaining.as_millis() as u64,
+        budget_ms = budget(remaining).as_millis() as u64,
+        "reconciler invoked"
+    );
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
     Ok(app.run(now_ms, deadline).await?)
 }
