@@ -136,29 +136,38 @@ pub struct Settings {
     pub index_shards: u32,
 }
 
+/// An integer setting: `default` when unset, else it must parse and lie in `min..=max`.
+pub fn env_number(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: i64,
+    min: i64,
+    max: i64,
+) -> Result<i64, ConfigError> {
+    match get(name) {
+        None => Ok(default),
+        Some(raw) => match raw.trim().parse::<i64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(ConfigError::Invalid {
+                name: name.to_owned(),
+                reason: format!("expected an integer in {min}..={max}"),
+            }),
+        },
+    }
+}
+
 /// Reads settings from a variable lookup (the process environment in production).
 pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
     let required = |name: &'static str| get(name).filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name));
-    let number = |name: &'static str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
-        match get(name) {
-            None => Ok(default),
-            Some(raw) => match raw.trim().parse::<u64>() {
-                Ok(n) if (min..=max).contains(&n) => Ok(n),
-                _ => Err(ConfigError::Invalid {
-                    name: name.to_owned(),
-                    reason: format!("expected an integer in {min}..={max}"),
-                }),
-            },
-        }
-    };
+    let number = |name: &'static str, default: i64, min: i64, max: i64| env_number(&get, name, default, min, max);
     Ok(Settings {
         table_name: required("HOOKLEDGER_TABLE")?,
         queue_url: required("HOOKLEDGER_QUEUE_URL")?,
         max_body_bytes: number(
             "HOOKLEDGER_MAX_BODY_BYTES",
-            DEFAULT_MAX_BODY_BYTES as u64,
+            DEFAULT_MAX_BODY_BYTES as i64,
             1024,
-            MAX_MAX_BODY_BYTES as u64,
+            MAX_MAX_BODY_BYTES as i64,
         )? as usize,
         retention_days: number("HOOKLEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS.into(), 4, 3650)? as u32,
         index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
@@ -170,18 +179,7 @@ pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, C
 pub fn processor_settings_from(
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<crate::processor::ProcessorSettings, ConfigError> {
-    let number = |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
-        match get(name) {
-            None => Ok(default),
-            Some(raw) => match raw.trim().parse::<i64>() {
-                Ok(n) if (min..=max).contains(&n) => Ok(n),
-                _ => Err(ConfigError::Invalid {
-                    name: name.to_owned(),
-                    reason: format!("expected an integer in {min}..={max}"),
-                }),
-            },
-        }
-    };
+    let number = |name: &'static str, default: i64, min: i64, max: i64| env_number(&get, name, default, min, max);
     let base_ms = number("HOOKLEDGER_BACKOFF_BASE_MS", 2_000, 10, 3_600_000)?;
     let max_ms = number("HOOKLEDGER_BACKOFF_MAX_MS", 300_000, 10, 43_200_000)?;
     if max_ms < base_ms {

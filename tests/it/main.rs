@@ -8,6 +8,7 @@ mod fake_provider;
 mod handler;
 mod intake;
 mod processor;
+mod queues;
 mod race;
 mod reconciler;
 mod sqs_handler;

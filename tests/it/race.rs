@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::account_ledger::balance_pk;
@@ -18,15 +18,13 @@ use hookledger::processor::ProcessorSettings;
 use hookledger::secret::Secret;
 use hookledger::verify::{standard, stripe};
 use http::{HeaderMap, HeaderValue, Method};
-use lambda_runtime::{Context, LambdaEvent};
-use processor::handler::{App, handle};
+use processor::handler::App;
 use serde_json::json;
 
 use crate::fake_provider::FakeStripe;
 use crate::intake::sns::signed_message;
 use crate::processor::{charge_refunded, pi_succeeded, sub_updated};
-use crate::sqs_handler::{ack_successes, sqs_event};
-use crate::support::{self, SNS_TOPIC, STRIPE_SECRET, Stack, n, now_s, s};
+use crate::support::{self, SNS_TOPIC, STRIPE_SECRET, Stack, n, now_s, run_processor, s};
 
 /// A small deterministic generator, so a failure reproduces.
 struct Lcg(u64);
@@ -209,37 +207,10 @@ async fn eight_invocations_race_over_200_events_with_duplicates_and_converge() {
         queue_url: stack.queue_url.clone(),
     });
     let stack = Arc::new(stack);
-    let deadline = Instant::now() + Duration::from_secs(120);
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let (stack, app) = (stack.clone(), app.clone());
-        workers.spawn(async move {
-            let mut idle = 0;
-            while Instant::now() < deadline && idle < 12 {
-                let out = stack
-                    .sqs
-                    .receive_message()
-                    .queue_url(&stack.queue_url)
-                    .max_number_of_messages(10)
-                    .visibility_timeout(30)
-                    .send()
-                    .await
-                    .unwrap();
-                let msgs = out.messages.unwrap_or_default();
-                if msgs.is_empty() {
-                    idle += 1;
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    continue;
-                }
-                idle = 0;
-                let batch: Vec<(String, String, String)> = msgs
-                    .into_iter()
-                    .map(|m| (m.message_id.unwrap(), m.receipt_handle.unwrap(), m.body.unwrap()))
-                    .collect();
-                let resp = handle(app.clone(), LambdaEvent::new(sqs_event(&batch), Context::default())).await.unwrap();
-                ack_successes(&stack, &batch, &resp).await;
-            }
-        });
+        workers.spawn(async move { run_processor(&stack, app, 12, Duration::from_secs(120)).await });
     }
     while let Some(r) = workers.join_next().await {
         r.unwrap();

@@ -9,11 +9,7 @@ use processor::handler;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
-    let metrics = metrics_cloudwatch_embedded::Builder::new()
-        .cloudwatch_namespace(std::env::var("HOOKLEDGER_METRICS_NAMESPACE").unwrap_or_else(|_| "Hookledger".into()))
-        .with_dimension("function", "processor")
-        .init()?;
-    hookledger::telemetry::describe();
+    let metrics = hookledger::telemetry::init_metrics("processor")?;
 
     let aws = aws_config::load_from_env().await;
     let app =
@@ -23,9 +19,7 @@ async fn main() -> Result<(), Error> {
         let app = app.clone();
         async move {
             let resp = handler::handle(app, event).await;
-            if let Err(e) = metrics.flush(std::io::stdout()) {
-                tracing::warn!(error = %e, "metrics flush failed");
-            }
+            hookledger::telemetry::flush(metrics);
             resp
         }
     }))

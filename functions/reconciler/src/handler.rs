@@ -20,18 +20,8 @@ pub const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
 /// Reconciler settings (`HOOKLEDGER_RECONCILE_MAX_ITEMS`, `HOOKLEDGER_REDRIVE_BACKOFF_SECS`,
 /// `HOOKLEDGER_DRIFT_INTERVAL_SECS`, `HOOKLEDGER_RETENTION_DAYS`).
 pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<ReconcilerSettings, ConfigError> {
-    let number = |name: &'static str, default: i64, min: i64, max: i64| -> Result<i64, ConfigError> {
-        match get(name) {
-            None => Ok(default),
-            Some(raw) => match raw.trim().parse::<i64>() {
-                Ok(n) if (min..=max).contains(&n) => Ok(n),
-                _ => Err(ConfigError::Invalid {
-                    name: name.to_owned(),
-                    reason: format!("expected an integer in {min}..={max}"),
-                }),
-            },
-        }
-    };
+    let number =
+        |name: &'static str, default: i64, min: i64, max: i64| config::env_number(&get, name, default, min, max);
     Ok(ReconcilerSettings {
         max_items: number("HOOKLEDGER_RECONCILE_MAX_ITEMS", 500, 1, 100_000)? as usize,
         redrive_backoff_ms: number("HOOKLEDGER_REDRIVE_BACKOFF_SECS", 300, 1, 86_400)? * 1000,
@@ -72,6 +62,18 @@ pub fn budget(remaining: Duration) -> Duration {
     }
 }
 
+pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Summary, Error> {
+    let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
+    let deadline = Instant::now() + budget(remaining);
+    tracing::info!(
+        remaining_ms = remaining.as_millis() as u64,
+        budget_ms = budget(remaining).as_millis() as u64,
+        "reconciler invoked"
+    );
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    Ok(app.run(now_ms, deadline).await?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,16 +92,4 @@ mod tests {
         let bad = settings_from(|k| (k == "HOOKLEDGER_RECONCILE_MAX_ITEMS").then(|| "0".to_owned()));
         assert!(bad.unwrap_err().to_string().contains("HOOKLEDGER_RECONCILE_MAX_ITEMS"));
     }
-}
-
-pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Summary, Error> {
-    let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
-    let deadline = Instant::now() + budget(remaining);
-    tracing::info!(
-        remaining_ms = remaining.as_millis() as u64,
-        budget_ms = budget(remaining).as_millis() as u64,
-        "reconciler invoked"
-    );
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
-    Ok(app.run(now_ms, deadline).await?)
 }
