@@ -235,7 +235,15 @@ async fn reconcile_and_setup_commands_run() {
     assert_eq!(v["complete"], true);
     let (r, out) = stack.cli(&["setup", "--queue", &format!("cli-{}", uuid::Uuid::new_v4().simple())]).await;
     r.unwrap();
-    assert!(out.trim().starts_with("http://"), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("HOOKLEDGER_QUEUE_URL=http://"), "{out}");
+    assert!(lines[1].starts_with("HOOKLEDGER_DLQ_URL=http://") && lines[1].ends_with("-dlq"), "{out}");
+    assert!(lines[2].starts_with("HOOKLEDGER_NOTIFY_TOPIC_ARN=arn:aws:sns:"), "{out}");
+    let (r, out) = stack.cli(&["schema"]).await;
+    r.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["queue"]["maxReceiveCount"], 10);
+    assert_eq!(v["table"]["GlobalSecondaryIndexes"].as_array().unwrap().len(), 2);
     let (r, _) = stack.cli(&["no-such-command"]).await;
     assert!(r.unwrap_err().contains("unrecognized subcommand"));
 }
