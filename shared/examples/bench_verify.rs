@@ -6,6 +6,8 @@
 //! certificate cached (the warm-container case) and with parsing the
 //! certificate every call (cold start).
 
+#![allow(clippy::unwrap_used)]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
