@@ -147,25 +147,9 @@ impl Stack {
         self.items().await.into_iter().filter(|i| i["sk"].as_s().unwrap() == "meta").collect()
     }
 
-    /// Drains the queue and returns the message bodies.
+    /// Drains the work queue and returns the message bodies.
     pub async fn drain_queue(&self) -> Vec<String> {
-        let mut bodies = Vec::new();
-        loop {
-            let out = self
-                .sqs
-                .receive_message()
-                .queue_url(&self.queue_url)
-                .max_number_of_messages(10)
-                .visibility_timeout(60)
-                .send()
-                .await
-                .unwrap();
-            let msgs = out.messages.unwrap_or_default();
-            if msgs.is_empty() {
-                return bodies;
-            }
-            bodies.extend(msgs.into_iter().filter_map(|m| m.body));
-        }
+        self.drain(&self.queue_url).await
     }
 }
 

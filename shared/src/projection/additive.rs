@@ -15,7 +15,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 
 use super::{OnConflict, Op, key_of, n};
 
-/// Writes entry `entry_pk` (once) and adds `amount` to `balance_attr` of `balance_pk`.
+/// Writes entry `entry_pk` (once) and adds `amount` to `balance_attr` of
+/// `balance_pk`; if the entry exists, the operation was applied before.
 pub fn apply_once(
     table: &str,
     entry_pk: &str,
@@ -24,28 +25,9 @@ pub fn apply_once(
     balance_attr: &str,
     amount: i64,
 ) -> Op {
-    let mut entry = key_of(entry_pk);
-    entry.extend(entry_attrs);
-    entry.insert("amount".into(), n(amount));
-    let put = Put::builder()
-        .table_name(table)
-        .set_item(Some(entry))
-        .condition_expression("attribute_not_exists(pk)")
-        .build()
-        .unwrap_or_else(|e| unreachable!("table and item are set: {e}"));
-    let update = Update::builder()
-        .table_name(table)
-        .set_key(Some(key_of(balance_pk)))
-        .update_expression("ADD #b :amt, entries :one")
-        .expression_attribute_names("#b", balance_attr)
-        .expression_attribute_values(":amt", n(amount))
-        .expression_attribute_values(":one", n(1))
-        .build()
-        .unwrap_or_else(|e| unreachable!("table and key are set: {e}"));
-    Op::new(
-        vec![TransactWriteItem::builder().put(put).build(), TransactWriteItem::builder().update(update).build()],
-        OnConflict::AlreadyApplied,
-    )
+    let mut op = apply_many(table, vec![(entry_pk.to_owned(), entry_attrs, amount)], balance_pk, balance_attr);
+    op.on_conflict = OnConflict::AlreadyApplied;
+    op
 }
 
 /// Puts every entry in `entries` (each `(pk, attrs, amount)`, none existing
