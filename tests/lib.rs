@@ -1,1 +1,4 @@
-//! Integration tests live in `it/`; this crate has no library code.
+//! Test support shared by the integration tests in `it/` and the benchmarks:
+//! fault injection in the AWS SDK's HTTP client, with a per-call trace.
+
+pub mod faults;

@@ -19,8 +19,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use http::{HeaderMap, Method};
 
 use crate::config::{Endpoint, EndpointVerifier, Settings};
-use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
+use crate::identity::{EventKey, content_hash, payload_hash};
+use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
 use crate::telemetry;
 use crate::verify::{Action, Verified, VerifyError};
 
@@ -221,71 +221,114 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             event_id: verified.event_id.clone(),
             event_type: verified.event_type.clone(),
             payload_hash: hash.clone(),
+            content_hash: content_hash(provider, req.body),
             received_at_ms: now_ms,
             expires_at,
             shard: key.shard(self.settings.index_shards),
             send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
         };
-        let fail = |stage: &'static str, e: PortError| {
-            tracing::warn!(stage, error = %e, key = %key, "intake dependency failed");
-            Outcome::Unavailable { stage }
-        };
         let claim = match self.ledger.claim(&event).await {
             Ok(c) => c,
-            Err(e) => return fail("claim", e),
+            Err(e) => {
+                // The put may have committed with every acknowledgement lost:
+                // give back the send lease it may hold, so the provider's
+                // retry can send at once instead of meeting a dead holder.
+                self.release(&key, &event.send).await;
+                return self.unavailable("claim", &key, e);
+            }
         };
         match claim {
-            Claim::New => match self.hand_over(&key, &hash, req.body, expires_at, &event.send, now_ms, true).await {
-                Ok(()) => Outcome::Accepted,
-                Err((stage, e)) => fail(stage, e),
-            },
-            Claim::Existing(existing) if existing.payload_hash != hash => {
-                if let Err(e) = self.ledger.flag_conflict(&key, &hash, now_ms).await {
-                    tracing::warn!(error = %e, key = %key, "could not flag payload conflict");
-                }
-                Outcome::Duplicate { resent: false, conflict: true }
-            }
-            // "Already exists" never means "done": a record that was never
-            // handed to the queue is handed over now.
-            // A live send lease means the first delivery is handing it over
-            // right now; only one of the duplicates may take over a lapsed one.
-            Claim::Existing(existing) if existing.status == Status::Received && existing.enqueued_at_ms.is_none() => {
-                self.count_duplicate(&key).await;
-                match self.ledger.take_send_lease(&key, &event.send, now_ms).await {
-                    Ok(true) => {}
-                    Ok(false) => return Outcome::Duplicate { resent: false, conflict: false },
-                    Err(e) => return fail("send_lease", e),
-                }
-                match self
-                    .hand_over(&key, &hash, req.body, expires_at, &event.send, now_ms, !existing.payload_stored)
-                    .await
-                {
-                    Ok(()) => Outcome::Duplicate { resent: true, conflict: false },
-                    Err((stage, e)) => fail(stage, e),
+            Claim::New => {
+                match self.hand_over(&key, Some((&hash, req.body)), expires_at, &event.send, now_ms).await {
+                    Ok(()) => Outcome::Accepted,
+                    Err((stage, e)) => self.unavailable(stage, &key, e),
                 }
             }
-            Claim::Existing(_) => {
-                self.count_duplicate(&key).await;
-                Outcome::Duplicate { resent: false, conflict: false }
-            }
+            Claim::Existing(existing) => self.duplicate(&event, existing, req.body).await,
         }
     }
 
-    /// Stores the payload (when needed) and sends the key, holding the send
+    /// A delivery of an identity that is already claimed (by an earlier or a
+    /// concurrent delivery). "Already exists" never means "done": a 2xx is
+    /// answered only once the payload is durable and the key is on the queue
+    /// or certain to be re-driven (every non-terminal record is in the
+    /// reconciler's index), whoever's claim it is.
+    async fn duplicate(&self, event: &NewEvent, existing: ExistingRecord, body: &[u8]) -> Outcome {
+        let key = &event.key;
+        self.count_duplicate(key).await;
+        let same_bytes = existing.payload_hash == event.payload_hash;
+        let same_content = same_bytes || existing.content_hash.as_deref() == Some(event.content_hash.as_str());
+        let mut conflict = !same_content;
+        if !existing.payload_stored {
+            // The first delivery died (or is still working) before its payload
+            // was durable: make good the payload with ours.
+            let stored = if same_bytes {
+                self.ledger.store_payload(key, &event.payload_hash, body, event.expires_at).await.map(|()| true)
+            } else {
+                self.ledger
+                    .adopt_payload(key, &existing.payload_hash, &event.payload_hash, body, event.expires_at, conflict)
+                    .await
+            };
+            match stored {
+                // Ours is the record's payload now; a conflict, if any, is flagged.
+                Ok(true) => {}
+                // The first payload became durable meanwhile and is kept.
+                Ok(false) if conflict => self.flag_conflict(key, &event.payload_hash, event.received_at_ms).await,
+                Ok(false) => {}
+                Err(e) => return self.unavailable("store_payload", key, e),
+            }
+        } else if conflict {
+            self.flag_conflict(key, &event.payload_hash, event.received_at_ms).await;
+        } else {
+            conflict = false;
+        }
+        // A record that was never handed to the queue is handed over now. A
+        // live send lease means another delivery is doing it right now (or
+        // died doing it: the reconciler re-drives the record, whose payload
+        // is durable by now).
+        if existing.status == Status::Received && existing.enqueued_at_ms.is_none() {
+            match self.ledger.take_send_lease(key, &event.send, event.received_at_ms).await {
+                Ok(true) => {}
+                Ok(false) => return Outcome::Duplicate { resent: false, conflict },
+                Err(e) => return self.unavailable("send_lease", key, e),
+            }
+            return match self.hand_over(key, None, event.expires_at, &event.send, event.received_at_ms).await {
+                Ok(()) => Outcome::Duplicate { resent: true, conflict },
+                Err((stage, e)) => self.unavailable(stage, key, e),
+            };
+        }
+        Outcome::Duplicate { resent: false, conflict }
+    }
+
+    fn unavailable(&self, stage: &'static str, key: &EventKey, e: PortError) -> Outcome {
+        tracing::warn!(stage, error = %e, key = %key, "intake dependency failed");
+        Outcome::Unavailable { stage }
+    }
+
+    async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) {
+        if let Err(e) = self.ledger.flag_conflict(key, other_hash, at_ms).await {
+            tracing::warn!(error = %e, key = %key, "could not flag payload conflict");
+        }
+    }
+
+    async fn release(&self, key: &EventKey, lease: &SendLease) {
+        if let Err(e) = self.ledger.release_send_lease(key, lease).await {
+            tracing::warn!(error = %e, key = %key, "could not release send lease; it lapses by itself");
+        }
+    }
+
+    /// Stores the payload (when given) and sends the key, holding the send
     /// lease; on failure the lease is released so the sender's retry can send.
-    #[allow(clippy::too_many_arguments)]
     async fn hand_over(
         &self,
         key: &EventKey,
-        hash: &str,
-        body: &[u8],
+        payload: Option<(&str, &[u8])>,
         expires_at: i64,
         lease: &SendLease,
         now_ms: i64,
-        store: bool,
     ) -> Result<(), (&'static str, PortError)> {
         let result = async {
-            if store {
+            if let Some((hash, body)) = payload {
                 self.ledger.store_payload(key, hash, body, expires_at).await.map_err(|e| ("store_payload", e))?;
             }
             self.queue.send(key).await.map_err(|e| ("enqueue", e))
@@ -297,9 +340,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 Ok(())
             }
             Err(failure) => {
-                if let Err(e) = self.ledger.release_send_lease(key, lease).await {
-                    tracing::warn!(error = %e, key = %key, "could not release send lease; it lapses by itself");
-                }
+                self.release(key, lease).await;
                 Err(failure)
             }
         }

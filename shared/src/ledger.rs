@@ -59,6 +59,10 @@ pub struct NewEvent {
     pub event_id: String,
     pub event_type: Option<String>,
     pub payload_hash: String,
+    /// Hash of the provider fact's content: equal for two deliveries whose
+    /// bytes differ only where a provider's retries may change them (see
+    /// [`crate::identity::content_hash`]).
+    pub content_hash: String,
     pub received_at_ms: i64,
     /// TTL (epoch seconds) after which the identity may be forgotten.
     pub expires_at: i64,
@@ -81,6 +85,8 @@ pub struct SendLease {
 pub struct ExistingRecord {
     pub status: Status,
     pub payload_hash: String,
+    /// `None` on records written before content hashes existed.
+    pub content_hash: Option<String>,
     /// When the intake last handed the key to the queue; `None`: never sent.
     pub enqueued_at_ms: Option<i64>,
     /// Whether the payload item has been written for this record.
@@ -119,8 +125,24 @@ pub trait Ledger: Send + Sync {
         body: &[u8],
         expires_at: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Stores `body` for a record whose own payload was never stored, and
+    /// makes it the record's payload (`payload_hash := new_hash`), unless the
+    /// first payload was stored meanwhile. `conflict`: the content differs
+    /// (counted and flagged as a conflict). `Ok(false)`: the first payload is
+    /// durable now and was kept.
+    fn adopt_payload(
+        &self,
+        key: &EventKey,
+        old_hash: &str,
+        new_hash: &str,
+        body: &[u8],
+        expires_at: i64,
+        conflict: bool,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
     /// Takes the send lease of a record that was never enqueued, if no live
-    /// lease is held by another delivery. `Ok(false)`: someone else sends.
+    /// lease is held by another delivery (a lease already holding this
+    /// token, our own retried write, counts as taken). `Ok(false)`: someone
+    /// else sends.
     fn take_send_lease(
         &self,
         key: &EventKey,

@@ -353,6 +353,7 @@ impl<Q: WorkQueue> Reconciler<Q> {
             event_id,
             event_type: Some("customer.subscription.reconciled".into()),
             payload_hash: hash.clone(),
+            content_hash: crate::identity::content_hash("stripe", &body),
             received_at_ms: now_ms,
             expires_at,
             shard: key.shard(self.ledger.shards()),

@@ -4,9 +4,11 @@
 //! `AWS_ENDPOINT_URL`. One binary, so it builds once.
 
 mod cli;
+mod explore;
 mod fake_provider;
 mod handler;
 mod intake;
+mod intake_faults;
 mod processor;
 mod queues;
 mod race;

@@ -175,6 +175,7 @@ impl Stack {
             event_id: event_id.into(),
             event_type: event_type.map(str::to_owned),
             payload_hash: hash.clone(),
+            content_hash: hash.clone(),
             received_at_ms: now_ms,
             expires_at: now_s() + 86_400,
             shard: key.shard(16),

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
@@ -39,6 +40,7 @@ pub mod attr {
     pub const EVENT_TYPE: &str = "event_type";
     pub const STATUS: &str = "status";
     pub const PAYLOAD_HASH: &str = "payload_hash";
+    pub const CONTENT_HASH: &str = "content_hash";
     pub const PAYLOAD_STORED: &str = "payload_stored";
     pub const RECEIVED_AT: &str = "received_at";
     pub const ENQUEUED_AT: &str = "enqueued_at";
@@ -119,6 +121,21 @@ impl DynamoLedger {
         ])
     }
 
+    /// Writes the payload item (idempotent: same key, same bytes).
+    async fn put_payload(&self, key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Result<(), PortError> {
+        let mut item = Self::key(key, &payload_sk(hash));
+        item.insert(attr::BODY.into(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(body)));
+        item.insert(attr::EXPIRES_AT.into(), n(expires_at));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(())
+    }
+
     async fn read_meta(&self, key: &EventKey) -> Result<Option<HashMap<String, AttributeValue>>, PortError> {
         let out = self
             .client
@@ -158,6 +175,7 @@ pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<Exis
     Ok(ExistingRecord {
         status: get_s(item, attr::STATUS).and_then(Status::parse).ok_or_else(|| corrupt(attr::STATUS))?,
         payload_hash: get_s(item, attr::PAYLOAD_HASH).ok_or_else(|| corrupt(attr::PAYLOAD_HASH))?.to_owned(),
+        content_hash: get_s(item, attr::CONTENT_HASH).map(str::to_owned),
         enqueued_at_ms: get_n(item, attr::ENQUEUED_AT),
         payload_stored: item.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
     })
@@ -175,6 +193,7 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     }
     item.insert(attr::STATUS.into(), s(Status::Received.as_str()));
     item.insert(attr::PAYLOAD_HASH.into(), s(&event.payload_hash));
+    item.insert(attr::CONTENT_HASH.into(), s(&event.content_hash));
     item.insert(attr::PAYLOAD_STORED.into(), AttributeValue::Bool(false));
     item.insert(attr::RECEIVED_AT.into(), n(event.received_at_ms));
     item.insert(attr::ATTEMPTS.into(), n(0));
@@ -193,7 +212,10 @@ impl Ledger for DynamoLedger {
     async fn claim(&self, event: &NewEvent) -> Result<Claim, PortError> {
         // Timeline guarded: two deliveries (or our own SDK retry after a lost
         // response) race to create the record; exactly one put passes
-        // attribute_not_exists, the other gets the winner's item back.
+        // attribute_not_exists, the other gets the winner's item back. A put
+        // that committed and lost its acknowledgement is retried by the SDK
+        // and fails against its own record: the send token it wrote says so,
+        // and the claim is ours (`Claim::New`), never a duplicate.
         let result = self
             .client
             .put_item()
@@ -215,6 +237,9 @@ impl Ledger for DynamoLedger {
                             message: "record vanished after a failed claim".into(),
                         })?,
                     };
+                    if get_s(&item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
+                        return Ok(Claim::New);
+                    }
                     Ok(Claim::Existing(existing_from_item(&item)?))
                 }
                 _ => Err(port_error("dynamodb", &err)),
@@ -229,16 +254,7 @@ impl Ledger for DynamoLedger {
         body: &[u8],
         expires_at: i64,
     ) -> Result<(), PortError> {
-        let mut item = Self::key(key, &payload_sk(payload_hash));
-        item.insert(attr::BODY.into(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(body)));
-        item.insert(attr::EXPIRES_AT.into(), n(expires_at));
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
+        self.put_payload(key, payload_hash, body, expires_at).await?;
         self.client
             .update_item()
             .table_name(&self.table)
@@ -271,12 +287,74 @@ impl Ledger for DynamoLedger {
             .expression_attribute_values(":tok", s(&lease.token))
             .expression_attribute_values(":until", n(lease.until_ms))
             .expression_attribute_values(":now", n(now_ms))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match result {
             Ok(_) => Ok(true),
-            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(false),
-            Err(e) => Err(port_error("dynamodb", &e)),
+            Err(e) => match e.as_service_error() {
+                // Our own retried update after a lost acknowledgement finds
+                // the lease it took: still ours (unless the key was sent since).
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => Ok(c.item().is_some_and(|old| {
+                    get_s(old, attr::SEND_TOKEN) == Some(lease.token.as_str()) && !old.contains_key(attr::ENQUEUED_AT)
+                })),
+                _ => Err(port_error("dynamodb", &e)),
+            },
+        }
+    }
+
+    async fn adopt_payload(
+        &self,
+        key: &EventKey,
+        old_hash: &str,
+        new_hash: &str,
+        body: &[u8],
+        expires_at: i64,
+        conflict: bool,
+    ) -> Result<bool, PortError> {
+        self.put_payload(key, new_hash, body, expires_at).await?;
+        // Timeline guarded: the creating delivery died (or is slow) between
+        // its claim and its payload write, and a later delivery of the same
+        // fact carries other bytes. Only a record whose first payload is
+        // still missing takes ours; if the first lands meanwhile, its own
+        // `payload_stored` update (conditioned on the old hash) fails and it
+        // answers 503, or ours fails here and the first is kept. A retry of
+        // this update after a lost acknowledgement finds our hash stored.
+        let conflict_set = if conflict {
+            " ADD conflicts :one SET last_conflict_hash = :old, payload_hash = :new, payload_stored = :t"
+        } else {
+            " SET payload_hash = :new, payload_stored = :t"
+        };
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::key(key, META_SK)))
+            .update_expression(conflict_set.trim_start())
+            .condition_expression(
+                "attribute_exists(pk) AND payload_hash = :old \
+                 AND (attribute_not_exists(payload_stored) OR payload_stored = :f)",
+            )
+            .expression_attribute_values(":old", s(old_hash))
+            .expression_attribute_values(":new", s(new_hash))
+            .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .expression_attribute_values(":f", AttributeValue::Bool(false))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if conflict {
+            req = req.expression_attribute_values(":one", n(1));
+        }
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    let ours = c.item().is_some_and(|old| {
+                        get_s(old, attr::PAYLOAD_HASH) == Some(new_hash)
+                            && old.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()) == Some(&true)
+                    });
+                    Ok(ours)
+                }
+                _ => Err(port_error("dynamodb", &e)),
+            },
         }
     }
 

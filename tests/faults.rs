@@ -1,0 +1,544 @@
+//! Fault injection in the AWS SDK's HTTP client.
+//!
+//! [`FaultClient`] wraps a real smithy `HttpClient` (the one that talks to the
+//! emulator) and, by [`Rule`], can at a chosen call:
+//! - fail before sending: throttling, a 5xx, a connection reset (the SDK
+//!   retries these);
+//! - lose the acknowledgement of one attempt or of every attempt: the request
+//!   reaches the service and commits, the caller sees an I/O error;
+//! - delay the call;
+//! - crash the invocation: the call's future never completes, and
+//!   [`FaultPlan::run`] drops the invocation's future, so nothing after that
+//!   point runs (cleanup included). Crash-before never sends; crash-after sends
+//!   first, so the write commits and then the invocation dies.
+//!
+//! Interceptors are synchronous and cannot delay or hang a call, hence a
+//! client wrapper. Every call is recorded in an ordered trace, per scope
+//! ([`FaultPlan::scope`]), which also serves the benchmarks' request counts.
+//!
+//! DynamoDB absorbs a retried `TransactWriteItems` that carries the same
+//! `ClientRequestToken`; the emulator ignores the token. With
+//! [`FaultPlan::honour_transaction_tokens`] the wrapper answers a repeated
+//! token as real DynamoDB does, without forwarding it; without it, the
+//! emulator's behaviour stands. Code must be correct under both.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+
+/// What to do to a matching call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// Answer a throttling error without sending (the SDK retries it).
+    Throttle,
+    /// Answer HTTP 500 without sending (the SDK retries it).
+    ServerError,
+    /// Fail with a connection reset without sending (the SDK retries it).
+    Reset,
+    /// Send; the service commits; the response is lost (an I/O error).
+    LoseAck,
+    /// Wait, then send.
+    Delay(Duration),
+    /// The invocation dies at this call, before sending it.
+    CrashBefore,
+    /// The invocation dies at this call, after the service committed it.
+    CrashAfter,
+}
+
+impl Fault {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Throttle => "throttle",
+            Self::ServerError => "5xx",
+            Self::Reset => "reset",
+            Self::LoseAck => "lost_ack",
+            Self::Delay(_) => "delay",
+            Self::CrashBefore => "crash_before",
+            Self::CrashAfter => "crash",
+        }
+    }
+}
+
+/// Which attempts of the matched operation the fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempts {
+    /// Only the first attempt; the SDK's retry goes through.
+    First,
+    /// Every attempt, until the SDK gives up.
+    Every,
+}
+
+/// A fault rule. Filters are ANDed; `nth` counts matching operations (not
+/// attempts) from the moment the rule is armed, starting at 0.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub service: Option<&'static str>,
+    pub operation: Option<String>,
+    pub body_contains: Option<String>,
+    pub nth: Option<usize>,
+    /// Probability in [0, 1] that a matching operation is hit (seeded).
+    pub probability: Option<f64>,
+    pub attempts: Attempts,
+    pub fault: Fault,
+}
+
+impl Rule {
+    pub fn new(fault: Fault) -> Self {
+        Self {
+            service: None,
+            operation: None,
+            body_contains: None,
+            nth: None,
+            probability: None,
+            attempts: Attempts::First,
+            fault,
+        }
+    }
+
+    /// The `n`th operation (0-based) of any service.
+    pub fn at_call(fault: Fault, n: usize) -> Self {
+        Self { nth: Some(n), ..Self::new(fault) }
+    }
+
+    pub fn on(mut self, service: &'static str, operation: &str) -> Self {
+        self.service = Some(service);
+        self.operation = Some(operation.to_owned());
+        self
+    }
+
+    pub fn containing(mut self, needle: &str) -> Self {
+        self.body_contains = Some(needle.to_owned());
+        self
+    }
+
+    pub fn nth(mut self, n: usize) -> Self {
+        self.nth = Some(n);
+        self
+    }
+
+    pub fn every_attempt(mut self) -> Self {
+        self.attempts = Attempts::Every;
+        self
+    }
+
+    pub fn with_probability(mut self, p: f64) -> Self {
+        self.probability = Some(p);
+        self
+    }
+
+    fn filters(&self, call: &CallInfo) -> bool {
+        self.service.is_none_or(|s| s == call.service)
+            && self.operation.as_deref().is_none_or(|o| o == call.operation)
+            && self.body_contains.as_deref().is_none_or(|n| call.body.contains(n))
+    }
+}
+
+/// One HTTP attempt, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub scope: String,
+    pub service: &'static str,
+    pub operation: String,
+    /// Index of the operation (all its attempts share it) since the plan's
+    /// last [`FaultPlan::reset_counts`].
+    pub op_index: usize,
+    pub attempt: u32,
+    pub fault: Option<&'static str>,
+}
+
+struct CallInfo {
+    service: &'static str,
+    operation: String,
+    body: String,
+    invocation: String,
+    attempt: u32,
+}
+
+#[derive(Default)]
+struct State {
+    rules: Vec<(Rule, usize)>,
+    /// invocation id -> (op index, faults decided for this op per rule index)
+    ops: HashMap<String, (usize, Vec<usize>)>,
+    next_op: usize,
+    trace: Vec<Call>,
+    scope: String,
+    rng: u64,
+    honour_tokens: bool,
+    committed_tokens: HashSet<String>,
+    injected: HashMap<&'static str, u64>,
+}
+
+/// The shared, mutable plan behind every [`FaultClient`] built from it.
+#[derive(Clone)]
+pub struct FaultPlan {
+    state: Arc<Mutex<State>>,
+    crash: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for FaultPlan {
+    fn default() -> Self {
+        Self::new(1)
+    }
+}
+
+impl fmt::Debug for FaultPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FaultPlan")
+    }
+}
+
+/// The invocation was dropped at a crash fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crashed;
+
+impl FaultPlan {
+    pub fn new(seed: u64) -> Self {
+        let state = State { rng: seed.max(1), ..Default::default() };
+        Self { state: Arc::new(Mutex::new(state)), crash: Arc::new(tokio::sync::watch::channel(0).0) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a rule; its `nth` counts operations from now on.
+    pub fn arm(&self, rule: Rule) {
+        self.lock().rules.push((rule, 0));
+    }
+
+    pub fn disarm(&self) {
+        self.lock().rules.clear();
+    }
+
+    /// Emulates real DynamoDB's idempotent `TransactWriteItems` (same token,
+    /// already committed: success without executing again).
+    pub fn honour_transaction_tokens(&self, on: bool) {
+        self.lock().honour_tokens = on;
+    }
+
+    /// Names the calls that follow (e.g. `intake#1`, `processor`).
+    pub fn scope(&self, name: &str) {
+        self.lock().scope = name.to_owned();
+    }
+
+    /// Restarts the operation index at 0 (and forgets the trace).
+    pub fn reset_counts(&self) {
+        let mut st = self.lock();
+        st.ops.clear();
+        st.next_op = 0;
+        st.trace.clear();
+    }
+
+    pub fn trace(&self) -> Vec<Call> {
+        self.lock().trace.clone()
+    }
+
+    /// Distinct operations in order: `(service, operation)`.
+    pub fn operations(&self) -> Vec<(String, &'static str, String)> {
+        let st = self.lock();
+        let mut seen = HashSet::new();
+        st.trace
+            .iter()
+            .filter(|c| seen.insert(c.op_index))
+            .map(|c| (c.scope.clone(), c.service, c.operation.clone()))
+            .collect()
+    }
+
+    /// Attempts per `service:operation` in the trace.
+    pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for c in self.lock().trace.iter() {
+            *out.entry(format!("{}:{}", c.service, c.operation)).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Faults injected so far, by kind.
+    pub fn injected(&self) -> HashMap<&'static str, u64> {
+        self.lock().injected.clone()
+    }
+
+    /// Runs one invocation; `Err(Crashed)` if a crash fault fired while it
+    /// ran, in which case its future was dropped at that point.
+    pub async fn run<F: std::future::Future>(&self, invocation: F) -> Result<F::Output, Crashed> {
+        let mut rx = self.crash.subscribe();
+        rx.borrow_and_update();
+        tokio::select! {
+            out = invocation => Ok(out),
+            _ = rx.changed() => Err(Crashed),
+        }
+    }
+
+    /// A client that applies this plan over `inner`.
+    pub fn client(&self, inner: SharedHttpClient) -> SharedHttpClient {
+        SharedHttpClient::new(FaultClient { inner, plan: self.clone() })
+    }
+
+    fn next_random(st: &mut State) -> f64 {
+        // xorshift64*: deterministic per seed.
+        let mut x = st.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        st.rng = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Decides the fault for one attempt and records it.
+    fn decide(&self, call: &CallInfo) -> Option<Fault> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let first_attempt_of_op = !st.ops.contains_key(&call.invocation);
+        if first_attempt_of_op {
+            let index = st.next_op;
+            st.next_op += 1;
+            let mut hits = Vec::new();
+            for i in 0..st.rules.len() {
+                if !st.rules[i].0.filters(call) {
+                    continue;
+                }
+                let seen = st.rules[i].1;
+                st.rules[i].1 += 1;
+                let nth_ok = st.rules[i].0.nth.is_none_or(|n| n == seen);
+                let p = st.rules[i].0.probability;
+                let lucky = p.is_none_or(|p| Self::next_random(st) < p);
+                if nth_ok && lucky {
+                    hits.push(i);
+                }
+            }
+            st.ops.insert(call.invocation.clone(), (index, hits));
+        }
+        let (op_index, hits) = st.ops[&call.invocation].clone();
+        let fault = hits.iter().map(|i| &st.rules[*i].0).find_map(|r| match r.attempts {
+            Attempts::Every => Some(r.fault),
+            Attempts::First if call.attempt <= 1 => Some(r.fault),
+            Attempts::First => None,
+        });
+        if let Some(f) = fault {
+            *st.injected.entry(f.label()).or_insert(0) += 1;
+        }
+        st.trace.push(Call {
+            scope: st.scope.clone(),
+            service: call.service,
+            operation: call.operation.clone(),
+            op_index,
+            attempt: call.attempt,
+            fault: fault.map(Fault::label),
+        });
+        fault
+    }
+
+    fn crash_now(&self) {
+        self.crash.send_modify(|n| *n += 1);
+    }
+}
+
+#[derive(Debug)]
+struct FaultClient {
+    inner: SharedHttpClient,
+    plan: FaultPlan,
+}
+
+impl HttpClient for FaultClient {
+    fn http_connector(&self, settings: &HttpConnectorSettings, components: &RuntimeComponents) -> SharedHttpConnector {
+        let inner = self.inner.http_connector(settings, components);
+        SharedHttpConnector::new(FaultConnector { inner, plan: self.plan.clone() })
+    }
+}
+
+#[derive(Debug)]
+struct FaultConnector {
+    inner: SharedHttpConnector,
+    plan: FaultPlan,
+}
+
+fn describe(request: &HttpRequest) -> CallInfo {
+    let header = |name: &str| request.headers().get(name).unwrap_or_default().to_owned();
+    let body = request.body().bytes().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+    let target = header("x-amz-target");
+    let (service, operation) = if let Some(op) = target.strip_prefix("DynamoDB_20120810.") {
+        ("dynamodb", op.to_owned())
+    } else if let Some(op) = target.strip_prefix("AmazonSQS.") {
+        ("sqs", op.to_owned())
+    } else if let Some(action) = body.split('&').find_map(|kv| kv.strip_prefix("Action=")) {
+        let service = if request.uri().contains("sns") || body.contains("TopicArn") { "sns" } else { "query" };
+        (service, action.to_owned())
+    } else {
+        ("other", target)
+    };
+    let attempt = header("amz-sdk-request")
+        .split(';')
+        .find_map(|p| p.trim().strip_prefix("attempt=").and_then(|n| n.parse().ok()))
+        .unwrap_or(1);
+    let invocation = match header("amz-sdk-invocation-id") {
+        id if id.is_empty() => uuid::Uuid::new_v4().to_string(),
+        id => id,
+    };
+    CallInfo { service, operation, body, invocation, attempt }
+}
+
+fn transaction_token(call: &CallInfo) -> Option<String> {
+    if call.service != "dynamodb" || call.operation != "TransactWriteItems" {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&call.body).ok()?;
+    v.get("ClientRequestToken")?.as_str().map(str::to_owned)
+}
+
+fn response(status: u16, content_type: &'static str, body: String) -> HttpResponse {
+    let mut r = HttpResponse::new(
+        StatusCode::try_from(status).unwrap_or_else(|_| unreachable!("valid status")),
+        SdkBody::from(body),
+    );
+    r.headers_mut().insert("content-type", content_type);
+    r
+}
+
+fn throttling(service: &'static str) -> HttpResponse {
+    match service {
+        "sns" | "query" => response(
+            400,
+            "text/xml",
+            "<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code>\
+             <Message>Rate exceeded (injected)</Message></Error><RequestId>injected</RequestId></ErrorResponse>"
+                .into(),
+        ),
+        "sqs" => response(
+            400,
+            "application/x-amz-json-1.0",
+            r#"{"__type":"com.amazonaws.sqs#ThrottlingException","message":"Rate exceeded (injected)"}"#.into(),
+        ),
+        _ => response(
+            400,
+            "application/x-amz-json-1.0",
+            r#"{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"Rate exceeded (injected)"}"#
+                .into(),
+        ),
+    }
+}
+
+impl HttpConnector for FaultConnector {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let call = describe(&request);
+        let fault = self.plan.decide(&call);
+        let inner = self.inner.clone();
+        let plan = self.plan.clone();
+        let token = transaction_token(&call);
+        HttpConnectorFuture::new(async move {
+            if let Some(tok) = &token {
+                let st = plan.lock();
+                if st.honour_tokens && st.committed_tokens.contains(tok) {
+                    drop(st);
+                    return Ok(response(200, "application/x-amz-json-1.0", "{}".into()));
+                }
+            }
+            match fault {
+                Some(Fault::Throttle) => return Ok(throttling(call.service)),
+                Some(Fault::ServerError) => {
+                    return Ok(response(
+                        500,
+                        "application/x-amz-json-1.0",
+                        r#"{"__type":"InternalServerError","message":"injected"}"#.into(),
+                    ));
+                }
+                Some(Fault::Reset) => {
+                    return Err(ConnectorError::io(
+                        std::io::Error::new(std::io::ErrorKind::ConnectionReset, "injected reset").into(),
+                    ));
+                }
+                Some(Fault::CrashBefore) => {
+                    plan.crash_now();
+                    std::future::pending::<()>().await;
+                }
+                Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
+                _ => {}
+            }
+            let result = inner.call(request).await;
+            if let (Some(tok), Ok(r)) = (&token, &result) {
+                if r.status().is_success() {
+                    plan.lock().committed_tokens.insert(tok.clone());
+                }
+            }
+            match fault {
+                Some(Fault::LoseAck) => {
+                    drop(result);
+                    Err(ConnectorError::io(
+                        std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "injected lost acknowledgement")
+                            .into(),
+                    ))
+                }
+                Some(Fault::CrashAfter) => {
+                    drop(result);
+                    plan.crash_now();
+                    std::future::pending().await
+                }
+                _ => result,
+            }
+        })
+    }
+}
+
+/// A plain-HTTP client to the emulator, for [`FaultPlan::client`].
+pub fn emulator_http_client() -> SharedHttpClient {
+    aws_smithy_http_client::Builder::new().build_http()
+}
+
+/// SDK configuration for tests: the environment's endpoint and credentials,
+/// the fault plan's client, 3 attempts with zero backoff, and a retry
+/// partition of its own (a fresh retry quota).
+pub async fn sdk_config(plan: &FaultPlan) -> aws_config::SdkConfig {
+    use aws_config::retry::RetryConfig;
+    aws_config::from_env()
+        .http_client(plan.client(emulator_http_client()))
+        .retry_config(
+            RetryConfig::standard()
+                .with_max_attempts(3)
+                .with_initial_backoff(Duration::ZERO)
+                .with_max_backoff(Duration::from_millis(1)),
+        )
+        .load()
+        .await
+}
+
+/// A DynamoDB client with a retry partition (and so a retry quota) of its own.
+pub fn dynamodb_client(config: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
+    let conf = aws_sdk_dynamodb::config::Builder::from(config)
+        .retry_partition(aws_smithy_runtime::client::retries::RetryPartition::new(format!(
+            "ddb-{}",
+            uuid::Uuid::new_v4().simple()
+        )))
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(conf)
+}
+
+/// An SQS client with a retry quota of its own.
+pub fn sqs_client(config: &aws_config::SdkConfig) -> aws_sdk_sqs::Client {
+    let conf = aws_sdk_sqs::config::Builder::from(config)
+        .retry_partition(aws_smithy_runtime::client::retries::RetryPartition::new(format!(
+            "sqs-{}",
+            uuid::Uuid::new_v4().simple()
+        )))
+        .build();
+    aws_sdk_sqs::Client::from_conf(conf)
+}
+
+/// An SNS client with a retry quota of its own.
+pub fn sns_client(config: &aws_config::SdkConfig) -> aws_sdk_sns::Client {
+    let conf = aws_sdk_sns::config::Builder::from(config)
+        .retry_partition(aws_smithy_runtime::client::retries::RetryPartition::new(format!(
+            "sns-{}",
+            uuid::Uuid::new_v4().simple()
+        )))
+        .build();
+    aws_sdk_sns::Client::from_conf(conf)
+}

@@ -1,0 +1,959 @@
+//! Exhaustive step-boundary exploration (effectively-once under faults).
+//!
+//! For each flow: run it once without faults and record its trace of AWS
+//! operations; then, for every operation index k and each fault kind (a lost
+//! acknowledgement once, a lost acknowledgement on every attempt, a crash, a
+//! throttle on every attempt), run the flow on a fresh table and queue with
+//! that fault at k, and let the world converge on a virtual clock:
+//! providers retry (re-signed at the virtual time), messages reappear when
+//! their visibility lapses (tracked here, since the emulator's is
+//! wall-clock), and the reconciler runs on its schedule. Then assert: one
+//! record per identity, nothing lost, nothing doubled, nothing wrongly DEAD,
+//! and no 2xx answered while the payload was not durable.
+//!
+//! The SDK clients of the code under test go through the fault plan
+//! (zero backoff, 3 attempts, a retry quota of their own); the harness reads
+//! and drives the emulator through clean clients.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::sqs::{SqsQueue, WorkMessage};
+use hookledger::adapters::stripe::StripeApi;
+use hookledger::backoff::Backoff;
+use hookledger::identity::{EventKey, content_hash, payload_hash};
+use hookledger::intake::{Intake, IntakeRequest};
+use hookledger::ledger::{Claim, Ledger, NewEvent, SendLease, WorkQueue};
+use hookledger::ops::Ops;
+use hookledger::outbox::Dispatcher;
+use hookledger::processor::{Processor, ProcessorSettings};
+use hookledger::reconciler::{Reconciler, ReconcilerSettings};
+use hookledger::secret::Secret;
+use hookledger::verify::{standard, stripe};
+use hookledger_it::faults::{self, Fault, FaultPlan, Rule};
+use http::{HeaderMap, HeaderValue, Method};
+
+use crate::fake_provider::FakeStripe;
+use crate::processor::{inventory, pi_succeeded, seats, ses, sub_updated};
+use crate::support::{STRIPE_SECRET, SVIX_SECRET, Stack, n, s};
+
+/// Stripe's retry schedule after a failed delivery (virtual ms after the
+/// previous attempt), shortened to its first steps: enough to converge.
+const STRIPE_RETRIES_MS: [i64; 8] =
+    [60_000, 300_000, 1_800_000, 3_600_000, 7_200_000, 14_400_000, 28_800_000, 57_600_000];
+/// Standard Webhooks / Svix schedule (5 s, 5 min, 30 min, 2 h, 5 h, 10 h).
+const SVIX_RETRIES_MS: [i64; 6] = [5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000];
+const RECONCILER_EVERY_MS: i64 = 300_000;
+const QUEUE_VISIBILITY_MS: i64 = 120_000;
+const MAX_RECEIVES: u32 = 10;
+const HORIZON_MS: i64 = 3 * 86_400_000;
+const MAX_STEPS: usize = 400;
+
+/// One webhook delivery as a provider would make it.
+#[derive(Clone)]
+pub struct Delivery {
+    pub endpoint: &'static str,
+    pub event_id: String,
+    pub body: Vec<u8>,
+}
+
+impl Delivery {
+    fn provider(&self) -> &'static str {
+        if self.endpoint.starts_with("stripe") { "stripe" } else { "standard_webhooks" }
+    }
+
+    pub fn key(&self) -> EventKey {
+        EventKey::new(self.provider(), self.endpoint, &self.event_id)
+    }
+
+    fn headers(&self, now_s: i64) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if self.provider() == "stripe" {
+            let sig = stripe::sign(&Secret::new(STRIPE_SECRET), now_s, &self.body);
+            h.insert(stripe::SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap_or_else(|_| unreachable!()));
+        } else {
+            let sig = standard::sign(&Secret::new(SVIX_SECRET), &self.event_id, now_s, &self.body);
+            h.insert("webhook-id", HeaderValue::from_str(&self.event_id).unwrap_or_else(|_| unreachable!()));
+            h.insert("webhook-timestamp", HeaderValue::from(now_s));
+            h.insert("webhook-signature", HeaderValue::from_str(&sig).unwrap_or_else(|_| unreachable!()));
+        }
+        h
+    }
+
+    fn retry_after(&self, attempt: usize) -> Option<i64> {
+        if self.provider() == "stripe" {
+            STRIPE_RETRIES_MS.get(attempt).copied()
+        } else {
+            SVIX_RETRIES_MS.get(attempt).copied()
+        }
+    }
+}
+
+struct Pending {
+    at: i64,
+    delivery: Delivery,
+    /// Attempts made so far.
+    attempts: usize,
+}
+
+struct InFlight {
+    receipt: String,
+    key: EventKey,
+    visible_at: i64,
+    receives: u32,
+}
+
+/// The world a flow runs in: a fresh table and queue, the code under test
+/// on faulty clients, the harness on clean ones, and a virtual clock.
+pub struct World {
+    pub stack: Stack,
+    pub plan: FaultPlan,
+    pub intake: Intake<DynamoLedger, SqsQueue>,
+    pub processor: Processor,
+    pub reconciler: Reconciler<SqsQueue>,
+    pub dispatcher: Dispatcher,
+    pub ops: Ops<SqsQueue>,
+    pub fake: Arc<FakeStripe>,
+    fake_base: String,
+    topic_arn: String,
+    pub inbox: String,
+    pub now: i64,
+    next_tick: i64,
+    pending: Vec<Pending>,
+    inflight: Vec<InFlight>,
+    /// Keys answered 2xx (the provider will not retry them).
+    pub acknowledged: Vec<EventKey>,
+    /// Keys taken into the ledger by the harness (seeded) or by the reconciler.
+    pub taken: Vec<EventKey>,
+    pub violations: Vec<(&'static str, String)>,
+}
+
+pub fn processor_settings() -> ProcessorSettings {
+    ProcessorSettings { backoff: Backoff { base_ms: 2_000, max_ms: 300_000 }, ..ProcessorSettings::default() }
+}
+
+impl World {
+    pub async fn new(seed: u64) -> Self {
+        let stack = Stack::new().await;
+        let plan = FaultPlan::new(seed);
+        let cfg = faults::sdk_config(&plan).await;
+        let ddb = faults::dynamodb_client(&cfg);
+        let sqs = faults::sqs_client(&cfg);
+        let sns = faults::sns_client(&cfg);
+        let (topic, inbox) = stack.notify_topic().await;
+        let (fake, base) = FakeStripe::start().await;
+        let api = StripeApi::new(base.clone(), Secret::new("sk_test_fake")).unwrap_or_else(|e| panic!("stripe api: {e}"));
+        let source: Arc<dyn hookledger::projection::fetch::SubscriptionSource> = Arc::new(api);
+        let ledger = DynamoLedger::new(ddb.clone(), &stack.table);
+        let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
+        let intake = Intake::new(stack.endpoints().await, stack.settings(), ledger.clone(), queue.clone());
+        let dispatcher = Dispatcher::new(ddb.clone(), sns.clone(), stack.table.clone());
+        let processor = Processor::new(
+            ledger.clone(),
+            hookledger::app::reference_registry(Some(source.clone()), Some(topic.clone())),
+            Some(dispatcher.clone()),
+            processor_settings(),
+        );
+        let reconciler = Reconciler::new(
+            ledger.clone(),
+            queue.clone(),
+            Some(dispatcher.clone()),
+            Some(source),
+            ReconcilerSettings::default(),
+        );
+        let ops = Ops::new(ledger, queue);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+        Self {
+            stack,
+            plan,
+            intake,
+            processor,
+            reconciler,
+            dispatcher,
+            ops,
+            fake,
+            fake_base: base,
+            topic_arn: topic,
+            inbox,
+            now,
+            next_tick: now + RECONCILER_EVERY_MS,
+            pending: Vec::new(),
+            inflight: Vec::new(),
+            acknowledged: Vec::new(),
+            taken: Vec::new(),
+            violations: Vec::new(),
+        }
+    }
+
+    fn violation(&mut self, kind: &'static str, what: String) {
+        self.violations.push((kind, what));
+    }
+
+    /// Delivers now (one attempt); a non-2xx answer or a crash schedules the
+    /// provider's next attempt. Returns the status (`None`: crashed).
+    pub async fn deliver(&mut self, delivery: Delivery, attempts_before: usize) -> Option<u16> {
+        let headers = delivery.headers(self.now / 1000);
+        let now = UNIX_EPOCH + Duration::from_millis(self.now as u64);
+        self.plan.scope("intake");
+        let req = IntakeRequest {
+            endpoint: delivery.endpoint,
+            method: &Method::POST,
+            headers: &headers,
+            body: &delivery.body,
+            now,
+            request_id: "explore",
+        };
+        let answer = self.plan.run(self.intake.handle(req)).await.ok().map(|a| a.status);
+        match answer {
+            Some(status) if (200..300).contains(&status) => {
+                self.check_durable(&delivery.key()).await;
+                self.acknowledged.push(delivery.key());
+            }
+            _ => {
+                if let Some(after) = delivery.retry_after(attempts_before) {
+                    self.pending.push(Pending { at: self.now + after, delivery, attempts: attempts_before + 1 });
+                }
+            }
+        }
+        answer
+    }
+
+    /// A 2xx promises: the payload is durable, and the key is on the queue
+    /// or certain to be re-driven (a non-terminal record is in the due index).
+    async fn check_durable(&mut self, key: &EventKey) {
+        let Some(meta) = self.meta(key).await else {
+            return self.violation("wrong_2xx", format!("{key}: answered 2xx without a record"));
+        };
+        let stored = meta.get("payload_stored").and_then(|v| v.as_bool().ok()).copied().unwrap_or(false);
+        let hash = s(&meta, "payload_hash");
+        let payload = self.item(key.as_str(), &format!("payload#{hash}")).await;
+        if !stored || payload.is_none() {
+            self.violation("wrong_2xx", format!("{key}: answered 2xx while the payload was not durable"));
+        }
+        let status = s(&meta, "status");
+        let terminal = matches!(status.as_str(), "PROCESSED" | "DEAD" | "PARKED");
+        if !terminal && !meta.contains_key("due_shard") {
+            self.violation("wrong_2xx", format!("{key}: answered 2xx, {status} and not re-drivable"));
+        }
+    }
+
+    pub async fn meta(&self, key: &EventKey) -> Option<HashMap<String, AttributeValue>> {
+        self.item(key.as_str(), "meta").await
+    }
+
+    pub async fn item(&self, pk: &str, sk: &str) -> Option<HashMap<String, AttributeValue>> {
+        self.stack
+            .ddb
+            .get_item()
+            .table_name(&self.stack.table)
+            .key("pk", AttributeValue::S(pk.into()))
+            .key("sk", AttributeValue::S(sk.into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("harness read: {e}"))
+            .item
+    }
+
+    /// Puts a record in the ledger as a delivery that was acknowledged would
+    /// have (claim + payload), optionally on the queue, with the harness's
+    /// clean clients.
+    pub async fn seed(&mut self, provider: &str, endpoint: &str, event_id: &str, body: &[u8], send: bool) -> EventKey {
+        let key = EventKey::new(provider, endpoint, event_id);
+        let ledger = self.stack.ledger();
+        let event = NewEvent {
+            key: key.clone(),
+            provider: provider.into(),
+            endpoint: endpoint.into(),
+            tenant: "t1".into(),
+            event_id: event_id.into(),
+            event_type: None,
+            payload_hash: payload_hash(body),
+            content_hash: content_hash(provider, body),
+            received_at_ms: self.now,
+            expires_at: self.now / 1000 + 30 * 86_400,
+            shard: key.shard(16),
+            send: SendLease { token: "seed".into(), until_ms: self.now },
+        };
+        assert_eq!(ledger.claim(&event).await.unwrap_or_else(|e| panic!("seed claim: {e}")), Claim::New);
+        ledger.store_payload(&key, &event.payload_hash, body, event.expires_at).await.unwrap_or_else(|e| panic!("{e}"));
+        if send {
+            SqsQueue::new(self.stack.sqs.clone(), &self.stack.queue_url).send(&key).await.unwrap_or_else(|e| panic!("{e}"));
+            ledger.mark_enqueued(&key, self.now).await.unwrap_or_else(|e| panic!("{e}"));
+        }
+        self.taken.push(key.clone());
+        key
+    }
+
+    /// Takes every visible message off the emulator's queue into the
+    /// harness's own in-flight list (visibility is tracked on the virtual clock).
+    async fn poll(&mut self) {
+        loop {
+            let out = self
+                .stack
+                .sqs
+                .receive_message()
+                .queue_url(&self.stack.queue_url)
+                .max_number_of_messages(10)
+                .visibility_timeout(43_200)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("harness receive: {e}"));
+            let msgs = out.messages.unwrap_or_default();
+            if msgs.is_empty() {
+                return;
+            }
+            for m in msgs {
+                let key = m
+                    .body
+                    .as_deref()
+                    .and_then(|b| serde_json::from_str::<WorkMessage>(b).ok())
+                    .and_then(|w| EventKey::from_stored(&w.key));
+                let (Some(key), Some(receipt)) = (key, m.receipt_handle) else { continue };
+                self.inflight.push(InFlight { receipt, key, visible_at: self.now, receives: 0 });
+            }
+        }
+    }
+
+    async fn delete(&self, receipt: &str) {
+        self.stack
+            .sqs
+            .delete_message()
+            .queue_url(&self.stack.queue_url)
+            .receipt_handle(receipt)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("harness delete: {e}"));
+    }
+
+    /// Runs the processor on one message as the event source mapping would.
+    /// Returns whether the invocation completed (false: crashed).
+    pub async fn process_one(&mut self, index: usize) -> bool {
+        let key = self.inflight[index].key.clone();
+        self.inflight[index].receives += 1;
+        self.plan.scope("processor");
+        let result = self.plan.run(self.processor.process(&key, self.now)).await;
+        let next = match &result {
+            Ok(Ok(report)) => report.retry_after_ms.map(|d| self.now + d.max(1_000)),
+            Ok(Err(_)) | Err(_) => Some(self.now + QUEUE_VISIBILITY_MS),
+        };
+        match next {
+            None => {
+                let m = self.inflight.remove(index);
+                self.delete(&m.receipt).await;
+            }
+            Some(_) if self.inflight[index].receives >= MAX_RECEIVES => {
+                // Redrive policy: the message moves to the dead-letter queue.
+                let m = self.inflight.remove(index);
+                self.delete(&m.receipt).await;
+            }
+            Some(at) => self.inflight[index].visible_at = at,
+        }
+        result.is_ok()
+    }
+
+    /// One reconciler run at the current virtual time.
+    pub async fn reconcile(&mut self) -> bool {
+        self.plan.scope("reconciler");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        self.plan.run(self.reconciler.run(self.now, deadline)).await.is_ok()
+    }
+
+    async fn records(&self) -> Vec<HashMap<String, AttributeValue>> {
+        self.stack.meta_items().await
+    }
+
+    async fn settled(&self) -> bool {
+        if !self.pending.is_empty() || !self.inflight.is_empty() {
+            return false;
+        }
+        let items = self.stack.items().await;
+        items.iter().all(|i| match s(i, "sk").as_str() {
+            "meta" => matches!(s(i, "status").as_str(), "PROCESSED" | "DEAD" | "PARKED"),
+            "outbox" => matches!(s(i, "status").as_str(), "SENT" | "DEAD"),
+            _ => true,
+        })
+    }
+
+    /// Lets the world run until nothing is left to do (or the horizon).
+    pub async fn converge(&mut self) {
+        self.plan.disarm();
+        let end = self.now + HORIZON_MS;
+        for _ in 0..MAX_STEPS {
+            self.poll().await;
+            if let Some(i) = self.pending.iter().position(|p| p.at <= self.now) {
+                let p = self.pending.remove(i);
+                self.deliver(p.delivery, p.attempts).await;
+                continue;
+            }
+            let due = self
+                .inflight
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.visible_at <= self.now)
+                .min_by_key(|(_, m)| m.visible_at)
+                .map(|(i, _)| i);
+            if let Some(i) = due {
+                self.process_one(i).await;
+                continue;
+            }
+            if self.now >= self.next_tick {
+                self.next_tick = self.now + RECONCILER_EVERY_MS;
+                self.reconcile().await;
+                continue;
+            }
+            if self.settled().await {
+                return;
+            }
+            let next = self
+                .pending
+                .iter()
+                .map(|p| p.at)
+                .chain(self.inflight.iter().map(|m| m.visible_at))
+                .chain([self.next_tick])
+                .min()
+                .unwrap_or(self.next_tick);
+            if next > end {
+                return;
+            }
+            self.now = next.max(self.now + 1);
+        }
+    }
+
+    /// Invariants after convergence. `allowed`: final statuses the flow may
+    /// end in besides PROCESSED (e.g. DEAD for a malformed payload).
+    pub async fn check(&mut self, allowed: &[&str]) {
+        let records = self.records().await;
+        let by_key: HashMap<String, &HashMap<String, AttributeValue>> =
+            records.iter().map(|r| (s(r, "pk"), r)).collect();
+        let mut owed: Vec<EventKey> = self.acknowledged.clone();
+        owed.extend(self.taken.iter().cloned());
+        owed.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        owed.dedup();
+        for key in owed {
+            let Some(r) = by_key.get(key.as_str()) else {
+                self.violation("lost", format!("{key}: acknowledged but no record"));
+                continue;
+            };
+            let status = s(r, "status");
+            match status.as_str() {
+                "PROCESSED" => {}
+                st if allowed.contains(&st) => {}
+                "DEAD" => {
+                    let why = format!("{} {}", s(r, "dead_reason"), s(r, "error_message"));
+                    self.violation("wrongly_dead", format!("{key}: DEAD ({why})"));
+                }
+                other => self.violation("lost", format!("{key}: ended {other}")),
+            }
+        }
+        let outbox_open: Vec<String> = self
+            .stack
+            .items()
+            .await
+            .into_iter()
+            .filter(|i| s(i, "sk") == "outbox" && !matches!(s(i, "status").as_str(), "SENT" | "DEAD"))
+            .map(|i| s(&i, "pk"))
+            .collect();
+        for pk in outbox_open {
+            self.violation("lost", format!("{pk}: outbox item never sent"));
+        }
+    }
+
+    /// Rows of one projection's state item.
+    pub async fn state(&self, pk: &str) -> Option<HashMap<String, AttributeValue>> {
+        self.item(pk, "state").await
+    }
+
+    pub fn expect_eq(&mut self, kind: &'static str, what: &str, got: i64, want: i64) {
+        if got != want {
+            self.violation(kind, format!("{what}: {got}, expected {want}"));
+        }
+    }
+}
+
+/// Every flow the exploration covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Flow {
+    IntakeNew,
+    IntakeDuplicate,
+    IntakeNeverSentDuplicate,
+    IntakeHashConflict,
+    ApplyEntitlement,
+    ApplySeats,
+    ApplyEmailStatus,
+    ApplyLedger,
+    ApplyInventory,
+    ProcessorRetry,
+    ProcessorDead,
+    ProcessorPark,
+    ProcessorGap,
+    OutboxDispatch,
+    ReconcilerRedrive,
+    ReconcilerOutboxSweep,
+    ReconcilerDriftRepair,
+    OperatorReplay,
+    OperatorPark,
+    OperatorResolve,
+}
+
+pub const FLOWS: [Flow; 20] = [
+    Flow::IntakeNew,
+    Flow::IntakeDuplicate,
+    Flow::IntakeNeverSentDuplicate,
+    Flow::IntakeHashConflict,
+    Flow::ApplyEntitlement,
+    Flow::ApplySeats,
+    Flow::ApplyEmailStatus,
+    Flow::ApplyLedger,
+    Flow::ApplyInventory,
+    Flow::ProcessorRetry,
+    Flow::ProcessorDead,
+    Flow::ProcessorPark,
+    Flow::ProcessorGap,
+    Flow::OutboxDispatch,
+    Flow::ReconcilerRedrive,
+    Flow::ReconcilerOutboxSweep,
+    Flow::ReconcilerDriftRepair,
+    Flow::OperatorReplay,
+    Flow::OperatorPark,
+    Flow::OperatorResolve,
+];
+
+fn payment(id: &str, amount: i64) -> Delivery {
+    Delivery { endpoint: "stripe-a", event_id: id.into(), body: pi_succeeded(id, "pi_x", Some("cus_x"), amount) }
+}
+
+/// What the flow set up, for its act and its checks.
+struct Ctx {
+    key: EventKey,
+    delivery: Option<Delivery>,
+    outbox_pk: Option<String>,
+}
+
+async fn map_customer(w: &World, customer: &str, account: &str) {
+    hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "tenant-a", customer, account)
+        .await
+        .unwrap_or_else(|e| panic!("map subject: {e}"));
+    hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "t1", customer, account)
+        .await
+        .unwrap_or_else(|e| panic!("map subject: {e}"));
+}
+
+/// Processes every message that is visible now, without faults.
+async fn drain_processor(w: &mut World) {
+    for _ in 0..50 {
+        w.poll().await;
+        let Some(i) = w.inflight.iter().position(|m| m.visible_at <= w.now) else { return };
+        w.process_one(i).await;
+    }
+}
+
+/// The outbox item of the seeded entitlement event, left PENDING by a
+/// processor without a dispatcher.
+async fn pending_outbox(w: &mut World, event_id: &str) -> (EventKey, String) {
+    w.fake.set("sub_o", "cus_x", "active", 3);
+    let key = w.seed("stripe", "stripe-a", event_id, &sub_updated(event_id, "sub_o", "cus_x"), false).await;
+    let quiet = Processor::new(
+        w.stack.ledger(),
+        hookledger::app::reference_registry(Some(w.reconciler_source()), Some(w.topic())),
+        None,
+        processor_settings(),
+    );
+    quiet.process(&key, w.now).await.unwrap_or_else(|e| panic!("setup process: {e}"));
+    let pk = w
+        .stack
+        .items()
+        .await
+        .into_iter()
+        .find(|i| s(i, "sk") == "outbox")
+        .map(|i| s(&i, "pk"))
+        .unwrap_or_else(|| panic!("setup wrote no outbox item"));
+    (key, pk)
+}
+
+impl World {
+    fn reconciler_source(&self) -> Arc<dyn hookledger::projection::fetch::SubscriptionSource> {
+        Arc::new(StripeApi::new(self.fake_base(), Secret::new("sk_test_fake")).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    fn fake_base(&self) -> String {
+        self.fake_base.clone()
+    }
+
+    fn topic(&self) -> String {
+        self.topic_arn.clone()
+    }
+}
+
+async fn setup(w: &mut World, flow: Flow) -> Ctx {
+    map_customer(w, "cus_x", "acct_x").await;
+    let none = |key: EventKey| Ctx { key, delivery: None, outbox_pk: None };
+    match flow {
+        Flow::IntakeNew => {
+            let d = payment("evt_new", 500);
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::IntakeDuplicate | Flow::IntakeHashConflict => {
+            let d = payment("evt_dup", 500);
+            w.deliver(d.clone(), 0).await;
+            drain_processor(w).await;
+            let d = if flow == Flow::IntakeHashConflict { payment("evt_dup", 900) } else { d };
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::IntakeNeverSentDuplicate => {
+            // The first delivery claimed the record and died: no payload, no
+            // message, a lapsed send lease; it was never acknowledged.
+            let d = payment("evt_orphan", 500);
+            let key = d.key();
+            let event = NewEvent {
+                key: key.clone(),
+                provider: "stripe".into(),
+                endpoint: "stripe-a".into(),
+                tenant: "tenant-a".into(),
+                event_id: d.event_id.clone(),
+                event_type: Some("payment_intent.succeeded".into()),
+                payload_hash: payload_hash(&d.body),
+                content_hash: content_hash("stripe", &d.body),
+                received_at_ms: w.now - 30_000,
+                expires_at: w.now / 1000 + 86_400,
+                shard: key.shard(16),
+                send: SendLease { token: "dead-lambda".into(), until_ms: w.now - 15_000 },
+            };
+            w.stack.ledger().claim(&event).await.unwrap_or_else(|e| panic!("{e}"));
+            Ctx { key, delivery: Some(d), outbox_pk: None }
+        }
+        Flow::ApplyEntitlement => {
+            w.fake.set("sub_e", "cus_x", "active", 4);
+            none(w.seed("stripe", "stripe-a", "evt_sub", &sub_updated("evt_sub", "sub_e", "cus_x"), true).await)
+        }
+        Flow::ApplySeats => none(w.seed("standard_webhooks", "svix", "seats-1", &seats("acct_s", 1, 3, 7), true).await),
+        Flow::ApplyEmailStatus => {
+            none(w.seed("sns", "ses", "sns-msg-1", &ses("sns-msg-1", "mail-1", "Delivery"), true).await)
+        }
+        Flow::ApplyLedger => {
+            none(w.seed("stripe", "stripe-a", "evt_pay", &pi_succeeded("evt_pay", "pi_1", Some("cus_x"), 500), true).await)
+        }
+        Flow::ApplyInventory => {
+            none(w.seed("standard_webhooks", "svix", "inv-1", &inventory("sku-1", 1, 10), true).await)
+        }
+        Flow::ProcessorRetry => {
+            w.fake.set("sub_r", "cus_x", "active", 2);
+            w.fake.fail.store(true, Ordering::SeqCst);
+            none(w.seed("stripe", "stripe-a", "evt_retry", &sub_updated("evt_retry", "sub_r", "cus_x"), true).await)
+        }
+        Flow::ProcessorDead => {
+            none(w.seed("stripe", "stripe-a", "evt_bad", br#"{"id":"evt_bad","type":"payment_intent.succeeded"}"#, true).await)
+        }
+        Flow::ProcessorPark => none(
+            w.seed("stripe", "stripe-a", "evt_nobody", &pi_succeeded("evt_nobody", "pi_n", Some("cus_unknown"), 5), true)
+                .await,
+        ),
+        Flow::ProcessorGap => {
+            let key = w.seed("standard_webhooks", "svix", "inv-2", &inventory("sku-g", 2, -3), true).await;
+            none(key)
+        }
+        Flow::OutboxDispatch | Flow::ReconcilerOutboxSweep => {
+            let (key, pk) = pending_outbox(w, "evt_out").await;
+            if flow == Flow::ReconcilerOutboxSweep {
+                w.now += 120_000;
+            }
+            Ctx { key, delivery: None, outbox_pk: Some(pk) }
+        }
+        Flow::ReconcilerRedrive => {
+            // Claimed, payload stored, never sent: due 60 s after receipt.
+            let key = w.seed("stripe", "stripe-a", "evt_unsent", &pi_succeeded("evt_unsent", "pi_u", Some("cus_x"), 500), false).await;
+            w.now += 61_000;
+            none(key)
+        }
+        Flow::ReconcilerDriftRepair => {
+            w.fake.set("sub_d", "cus_x", "active", 2);
+            let key = w.seed("stripe", "stripe-a", "evt_drift", &sub_updated("evt_drift", "sub_d", "cus_x"), true).await;
+            drain_processor(w).await;
+            // The provider changed and no webhook said so.
+            w.fake.set("sub_d", "cus_x", "active", 9);
+            w.now += ReconcilerSettings::default().drift_interval_ms + 1_000;
+            none(key)
+        }
+        Flow::OperatorReplay | Flow::OperatorResolve => {
+            // DEAD after a permanent failure, repaired outside Hookledger.
+            let key = w.seed("stripe", "stripe-a", "evt_op", &pi_succeeded("evt_op", "pi_o", Some("cus_later"), 300), true).await;
+            drain_processor(w).await; // unknown subject: PARKED
+            map_customer(w, "cus_later", "acct_l").await;
+            none(key)
+        }
+        Flow::OperatorPark => {
+            w.fake.set("sub_p", "cus_x", "active", 2);
+            w.fake.fail.store(true, Ordering::SeqCst);
+            let key = w.seed("stripe", "stripe-a", "evt_park", &sub_updated("evt_park", "sub_p", "cus_x"), true).await;
+            drain_processor(w).await; // RETRYABLE
+            none(key)
+        }
+    }
+}
+
+/// The one invocation under test.
+async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
+    match flow {
+        Flow::IntakeNew | Flow::IntakeDuplicate | Flow::IntakeNeverSentDuplicate | Flow::IntakeHashConflict => {
+            let d = ctx.delivery.clone().unwrap_or_else(|| unreachable!("intake flows deliver"));
+            w.deliver(d, 0).await;
+        }
+        Flow::ApplyEntitlement
+        | Flow::ApplySeats
+        | Flow::ApplyEmailStatus
+        | Flow::ApplyLedger
+        | Flow::ApplyInventory
+        | Flow::ProcessorRetry
+        | Flow::ProcessorDead
+        | Flow::ProcessorPark
+        | Flow::ProcessorGap => {
+            w.poll().await;
+            let i = w.inflight.iter().position(|m| m.key == ctx.key).unwrap_or_else(|| panic!("no message"));
+            w.process_one(i).await;
+            if flow == Flow::ProcessorRetry {
+                w.fake.fail.store(false, Ordering::SeqCst);
+            }
+            if flow == Flow::ProcessorGap {
+                // The predecessor arrives after the successor was deferred.
+                w.seed("standard_webhooks", "svix", "inv-1", &inventory("sku-g", 1, 10), true).await;
+            }
+        }
+        Flow::OutboxDispatch => {
+            let pk = ctx.outbox_pk.clone().unwrap_or_default();
+            w.plan.scope("dispatcher");
+            let _ = w.plan.run(w.dispatcher.dispatch(&pk, w.now)).await;
+        }
+        Flow::ReconcilerRedrive | Flow::ReconcilerOutboxSweep | Flow::ReconcilerDriftRepair => {
+            w.reconcile().await;
+        }
+        Flow::OperatorReplay => {
+            w.plan.scope("operator");
+            let _ = w.plan.run(w.ops.replay(&ctx.key, "alice", "customer mapped", w.now)).await;
+        }
+        Flow::OperatorResolve => {
+            w.plan.scope("operator");
+            let _ = w.plan.run(w.ops.resolve(&ctx.key, "alice", "settled by hand", w.now)).await;
+        }
+        Flow::OperatorPark => {
+            w.plan.scope("operator");
+            let _ = w.plan.run(w.ops.park(&ctx.key, "alice", "provider incident", w.now)).await;
+            w.fake.fail.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Flow-specific business checks (doubled effects, expected outcomes).
+async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
+    use hookledger::app::account_ledger::balance_pk;
+    let allowed: &[&str] = match flow {
+        Flow::ProcessorDead => &["DEAD"],
+        Flow::ProcessorPark | Flow::OperatorPark => &["PARKED"],
+        // An operator action that failed leaves the record where it was; the
+        // operator sees the error and may try again.
+        Flow::OperatorReplay | Flow::OperatorResolve => &["PARKED"],
+        _ => &[],
+    };
+    w.check(allowed).await;
+    let bal = |tenant: &str, acct: &str| balance_pk(tenant, acct);
+    match flow {
+        Flow::IntakeNew | Flow::IntakeDuplicate | Flow::IntakeNeverSentDuplicate | Flow::IntakeHashConflict => {
+            let b = w.state(&bal("tenant-a", "acct_x")).await;
+            let (balance, entries) = b.as_ref().map_or((0, 0), |b| (n(b, "balance"), n(b, "entries")));
+            w.expect_eq("doubled", "ledger entries", entries, 1);
+            w.expect_eq("doubled", "balance", balance, 500);
+        }
+        Flow::ApplyLedger | Flow::ReconcilerRedrive => {
+            let b = w.state(&bal("t1", "acct_x")).await;
+            let (balance, entries) = b.as_ref().map_or((0, 0), |b| (n(b, "balance"), n(b, "entries")));
+            w.expect_eq("doubled", "ledger entries", entries, 1);
+            w.expect_eq("doubled", "balance", balance, 500);
+        }
+        Flow::ApplyInventory | Flow::ProcessorGap => {
+            let st = w.state(&hookledger::app::inventory::inventory_pk("t1", if flow == Flow::ProcessorGap { "sku-g" } else { "sku-1" })).await;
+            let on_hand = st.as_ref().map_or(0, |st| n(st, "on_hand"));
+            w.expect_eq("doubled", "on hand", on_hand, if flow == Flow::ProcessorGap { 7 } else { 10 });
+        }
+        Flow::ApplySeats => {
+            let st = w.state(&hookledger::app::seats::seats_pk("t1", "acct_s")).await;
+            w.expect_eq("lost", "seats", st.as_ref().map_or(0, |st| n(st, "seats")), 7);
+        }
+        Flow::ApplyEmailStatus => {
+            let st = w.state(&hookledger::app::email_status::email_pk("t1", "mail-1")).await;
+            if st.as_ref().map(|st| s(st, "status")).as_deref() != Some("Delivery") {
+                w.violation("lost", "email status not applied".into());
+            }
+        }
+        Flow::ApplyEntitlement | Flow::ProcessorRetry | Flow::OutboxDispatch | Flow::ReconcilerOutboxSweep => {
+            let published = w.stack.drain(&w.inbox).await;
+            let keys: std::collections::BTreeSet<String> = published
+                .iter()
+                .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+                .filter_map(|m| m["MessageAttributes"]["idempotency-key"]["Value"].as_str().map(str::to_owned))
+                .collect();
+            if published.is_empty() {
+                w.violation("lost", "no notification published".into());
+            }
+            w.expect_eq("doubled", "distinct idempotency keys published", keys.len() as i64, 1);
+        }
+        Flow::ReconcilerDriftRepair => {
+            let st = w.state(&hookledger::app::entitlement::entitlement_pk("t1", "sub_d")).await;
+            w.expect_eq("lost", "repaired seats", st.as_ref().map_or(0, |st| n(st, "seats")), 9);
+            let recon = w.records().await.iter().filter(|r| s(r, "event_id").starts_with("recon:")).count();
+            w.expect_eq("doubled", "reconciliation events", recon as i64, 1);
+        }
+        Flow::OperatorReplay => {
+            let applied = w.state(&bal("t1", "acct_l")).await.as_ref().map_or(0, |b| n(b, "entries"));
+            let status = w.meta(&ctx.key).await.map(|m| s(&m, "status")).unwrap_or_default();
+            if status == "PROCESSED" {
+                w.expect_eq("doubled", "entries after replay", applied, 1);
+            }
+        }
+        Flow::ProcessorDead | Flow::ProcessorPark | Flow::OperatorPark | Flow::OperatorResolve => {
+            let none = w.state(&bal("t1", "acct_x")).await.is_none();
+            if !none {
+                w.violation("doubled", "a mutation where none was due".into());
+            }
+        }
+    }
+    // One record per identity: every meta item's key is unique by
+    // construction; check no record exists under an unexpected identity.
+    let _ = &ctx.key;
+}
+
+/// Runs `flow` once with `rule` (or none) armed for its act; returns the
+/// act's operations and the world after convergence.
+pub async fn run_flow(flow: Flow, rule: Option<Rule>) -> (Vec<(String, &'static str, String)>, World) {
+    let mut w = World::new(7).await;
+    let ctx = setup(&mut w, flow).await;
+    w.plan.reset_counts();
+    if let Some(rule) = rule {
+        w.plan.arm(rule);
+    }
+    act(&mut w, flow, &ctx).await;
+    let ops = w.plan.operations();
+    w.converge().await;
+    check(&mut w, flow, &ctx).await;
+    (ops, w)
+}
+
+/// The four fault kinds of the exploration.
+pub fn kinds() -> [(&'static str, fn(usize) -> Rule); 4] {
+    [
+        ("lost_ack_once", |k| Rule::at_call(Fault::LoseAck, k)),
+        ("lost_ack_every", |k| Rule::at_call(Fault::LoseAck, k).every_attempt()),
+        ("crash", |k| Rule::at_call(Fault::CrashAfter, k)),
+        ("throttle_every", |k| Rule::at_call(Fault::Throttle, k).every_attempt()),
+    ]
+}
+
+#[derive(Default)]
+pub struct Row {
+    pub calls: usize,
+    pub runs: BTreeMap<&'static str, usize>,
+    pub violations: BTreeMap<&'static str, usize>,
+}
+
+pub async fn explore(flows: &[Flow]) -> (BTreeMap<Flow, Row>, Vec<String>) {
+    let mut table = BTreeMap::new();
+    let mut failures = Vec::new();
+    for &flow in flows {
+        let (ops, clean) = run_flow(flow, None).await;
+        let mut row = Row { calls: ops.len(), ..Default::default() };
+        for (kind, what) in &clean.violations {
+            failures.push(format!("{flow:?} without faults: {kind}: {what}"));
+        }
+        for k in 0..ops.len() {
+            for (label, rule) in kinds() {
+                let (_, w) = run_flow(flow, Some(rule(k))).await;
+                *row.runs.entry(label).or_default() += 1;
+                for (kind, what) in &w.violations {
+                    *row.violations.entry(kind).or_default() += 1;
+                    let (scope, service, op) = &ops[k];
+                    failures.push(format!("{flow:?} {label} at #{k} {scope}:{service}:{op}: {kind}: {what}"));
+                }
+            }
+        }
+        table.insert(flow, row);
+    }
+    (table, failures)
+}
+
+pub fn print_table(table: &BTreeMap<Flow, Row>) -> String {
+    let mut out = String::from(
+        "flow                         calls  lost_ack_once  lost_ack_every  crash  throttle_every  lost  doubled  wrongly_dead  wrong_2xx\n",
+    );
+    for (flow, row) in table {
+        let r = |k: &str| row.runs.get(k).copied().unwrap_or(0);
+        let v = |k: &str| row.violations.get(k).copied().unwrap_or(0);
+        out.push_str(&format!(
+            "{:<28} {:>5}  {:>13}  {:>14}  {:>5}  {:>14}  {:>4}  {:>7}  {:>12}  {:>9}\n",
+            format!("{flow:?}"),
+            row.calls,
+            r("lost_ack_once"),
+            r("lost_ack_every"),
+            r("crash"),
+            r("throttle_every"),
+            v("lost"),
+            v("doubled"),
+            v("wrongly_dead"),
+            v("wrong_2xx"),
+        ));
+    }
+    out
+}
+
+async fn explore_and_assert(flows: &[Flow]) {
+    let started = Instant::now();
+    let (table, failures) = explore(flows).await;
+    let runs: usize = table.values().map(|r| r.runs.values().sum::<usize>()).sum();
+    println!("{}", print_table(&table));
+    println!("{runs} faulted runs in {:.1} s", started.elapsed().as_secs_f64());
+    assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
+}
+
+const INTAKE_FLOWS: [Flow; 4] =
+    [Flow::IntakeNew, Flow::IntakeDuplicate, Flow::IntakeNeverSentDuplicate, Flow::IntakeHashConflict];
+const CONTRACT_FLOWS: [Flow; 5] =
+    [Flow::ApplyEntitlement, Flow::ApplySeats, Flow::ApplyEmailStatus, Flow::ApplyLedger, Flow::ApplyInventory];
+const OUTCOME_FLOWS: [Flow; 4] = [Flow::ProcessorRetry, Flow::ProcessorDead, Flow::ProcessorPark, Flow::ProcessorGap];
+const BACKGROUND_FLOWS: [Flow; 7] = [
+    Flow::OutboxDispatch,
+    Flow::ReconcilerRedrive,
+    Flow::ReconcilerOutboxSweep,
+    Flow::ReconcilerDriftRepair,
+    Flow::OperatorReplay,
+    Flow::OperatorPark,
+    Flow::OperatorResolve,
+];
+
+#[test]
+fn the_exploration_tests_cover_every_flow() {
+    let mut covered: Vec<Flow> =
+        [&INTAKE_FLOWS[..], &CONTRACT_FLOWS[..], &OUTCOME_FLOWS[..], &BACKGROUND_FLOWS[..]].concat();
+    covered.sort();
+    assert_eq!(covered, FLOWS.to_vec());
+}
+
+#[tokio::test]
+async fn exploration_intake() {
+    explore_and_assert(&INTAKE_FLOWS).await;
+}
+
+#[tokio::test]
+async fn exploration_processor_contracts() {
+    explore_and_assert(&CONTRACT_FLOWS).await;
+}
+
+#[tokio::test]
+async fn exploration_processor_outcomes() {
+    explore_and_assert(&OUTCOME_FLOWS).await;
+}
+
+#[tokio::test]
+async fn exploration_outbox_reconciler_operator() {
+    explore_and_assert(&BACKGROUND_FLOWS).await;
+}
