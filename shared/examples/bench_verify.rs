@@ -94,7 +94,7 @@ fn main() {
         message_id: "bench".into(),
         topic_arn: "arn:aws:sns:eu-west-1:123456789012:bench".into(),
         message: String::from_utf8_lossy(&body).into_owned(),
-        timestamp: "2026-11-29T12:00:00.000Z".into(),
+        timestamp: signing::timestamp(now),
         signature_version: "2".into(),
         signature: String::new(),
         signing_cert_url: "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000test0000.pem".into(),
@@ -104,7 +104,7 @@ fn main() {
     };
     signing::sign(&mut msg, &key_pem).expect("sign");
     let sns_body = serde_json::to_vec(&msg).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let warm =
         SnsVerifier::new(vec![msg.topic_arn.clone()], Arc::new(CertificateCache::new(Arc::new(Pem(pem.clone())))));
     let empty = HeaderMap::new();

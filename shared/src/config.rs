@@ -379,7 +379,7 @@ mod tests {
             &'a self,
             _: &'a url::Url,
         ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
-            Box::pin(async { Err(FetchError("offline".into())) })
+            Box::pin(async { Err(FetchError::Failed("offline".into())) })
         }
     }
 

@@ -260,7 +260,7 @@ pub mod sns {
             message_id: message_id.to_owned(),
             topic_arn: topic.to_owned(),
             message: message.to_owned(),
-            timestamp: "2026-11-29T12:00:00.000Z".to_owned(),
+            timestamp: signing::timestamp(now_s()),
             signature_version: "2".to_owned(),
             signature: String::new(),
             signing_cert_url: "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000test0000.pem"

@@ -67,7 +67,7 @@ impl HttpsGet for TestSnsGetter {
         Box::pin(async move {
             if url.path().ends_with(".pem") {
                 std::fs::read(testdata("test-sns/SimpleNotificationService-0000test0000.pem"))
-                    .map_err(|e| FetchError(e.to_string()))
+                    .map_err(|e| FetchError::Failed(e.to_string()))
             } else {
                 Ok(b"<ConfirmSubscriptionResponse/>".to_vec())
             }

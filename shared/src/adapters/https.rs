@@ -33,14 +33,14 @@ impl ReqwestGetter {
 impl HttpsGet for ReqwestGetter {
     fn get<'a>(&'a self, url: &'a Url) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
         Box::pin(async move {
-            let mut resp = self.client.get(url.clone()).send().await.map_err(|e| FetchError(e.to_string()))?;
+            let mut resp = self.client.get(url.clone()).send().await.map_err(|e| FetchError::Failed(e.to_string()))?;
             if !resp.status().is_success() {
-                return Err(FetchError(format!("HTTP {}", resp.status())));
+                return Err(FetchError::Status(resp.status().as_u16()));
             }
             let mut body = Vec::new();
-            while let Some(chunk) = resp.chunk().await.map_err(|e| FetchError(e.to_string()))? {
+            while let Some(chunk) = resp.chunk().await.map_err(|e| FetchError::Failed(e.to_string()))? {
                 if body.len() + chunk.len() > MAX_CERTIFICATE_BYTES * 4 {
-                    return Err(FetchError("response too large".into()));
+                    return Err(FetchError::Failed("response too large".into()));
                 }
                 body.extend_from_slice(&chunk);
             }
