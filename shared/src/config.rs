@@ -175,7 +175,8 @@ pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, C
 }
 
 /// Processor settings (`HOOKLEDGER_LEASE_SECS`, `HOOKLEDGER_MAX_ATTEMPTS`,
-/// `HOOKLEDGER_BACKOFF_BASE_MS`, `HOOKLEDGER_BACKOFF_MAX_MS`, `HOOKLEDGER_INDEX_SHARDS`).
+/// `HOOKLEDGER_BACKOFF_BASE_MS`, `HOOKLEDGER_BACKOFF_MAX_MS`, `HOOKLEDGER_INDEX_SHARDS`,
+/// `HOOKLEDGER_GAP_BOUND_SECS`, `HOOKLEDGER_TRANSIENT_BOUND_SECS`).
 pub fn processor_settings_from(
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<crate::processor::ProcessorSettings, ConfigError> {
@@ -188,11 +189,25 @@ pub fn processor_settings_from(
             reason: "must be >= HOOKLEDGER_BACKOFF_BASE_MS".into(),
         });
     }
+    // Both bounds stay well inside the identity retention (at least 4 days).
+    let week = 7 * 86_400;
+    let gap_secs = number("HOOKLEDGER_GAP_BOUND_SECS", crate::processor::DEFAULT_GAP_BOUND_MS / 1000, 1, week)?;
+    let transient_secs =
+        number("HOOKLEDGER_TRANSIENT_BOUND_SECS", crate::processor::DEFAULT_TRANSIENT_BOUND_MS / 1000, 60, week)?;
+    if gap_secs > transient_secs {
+        // A record waiting on a gap would otherwise be dead-lettered as transient first.
+        return Err(ConfigError::Invalid {
+            name: "HOOKLEDGER_GAP_BOUND_SECS".into(),
+            reason: "must be <= HOOKLEDGER_TRANSIENT_BOUND_SECS".into(),
+        });
+    }
     Ok(crate::processor::ProcessorSettings {
         lease_ms: number("HOOKLEDGER_LEASE_SECS", 30, 1, 900)? * 1000,
         max_attempts: number("HOOKLEDGER_MAX_ATTEMPTS", 5, 1, 100)? as u32,
         backoff: crate::backoff::Backoff { base_ms, max_ms },
         index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
+        gap_bound_ms: gap_secs * 1000,
+        transient_bound_ms: transient_secs * 1000,
     })
 }
 
@@ -405,6 +420,26 @@ mod tests {
             ("HOOKLEDGER_RETENTION_DAYS", "1"),
         ]));
         assert!(short.unwrap_err().to_string().contains("HOOKLEDGER_RETENTION_DAYS"));
+    }
+
+    #[test]
+    fn processor_time_bounds_have_defaults_and_are_checked() {
+        let p = processor_settings_from(env(&[])).unwrap();
+        assert_eq!(p, crate::processor::ProcessorSettings::default());
+        assert_eq!((p.gap_bound_ms, p.transient_bound_ms), (3_600_000, 21_600_000));
+        let set = processor_settings_from(env(&[
+            ("HOOKLEDGER_GAP_BOUND_SECS", "600"),
+            ("HOOKLEDGER_TRANSIENT_BOUND_SECS", "7200"),
+        ]))
+        .unwrap();
+        assert_eq!((set.gap_bound_ms, set.transient_bound_ms), (600_000, 7_200_000));
+        let inverted = processor_settings_from(env(&[
+            ("HOOKLEDGER_GAP_BOUND_SECS", "7200"),
+            ("HOOKLEDGER_TRANSIENT_BOUND_SECS", "600"),
+        ]));
+        assert!(inverted.unwrap_err().to_string().contains("HOOKLEDGER_TRANSIENT_BOUND_SECS"));
+        let zero = processor_settings_from(env(&[("HOOKLEDGER_TRANSIENT_BOUND_SECS", "0")]));
+        assert!(zero.unwrap_err().to_string().contains("HOOKLEDGER_TRANSIENT_BOUND_SECS"));
     }
 
     const ALL: &str = r#"{

@@ -359,8 +359,9 @@ impl<Q: WorkQueue> Ops<Q> {
         }
     }
 
-    /// DEAD or PARKED → RETRYABLE, due now, attempts reset, same identity;
-    /// audited; the key is queued at once.
+    /// DEAD or PARKED → RETRYABLE, due now, attempts and failures reset, a
+    /// new time window (set by the next lease), same identity; audited; the
+    /// key is queued at once.
     pub async fn replay(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
         self.transition(
             key,
@@ -368,9 +369,9 @@ impl<Q: WorkQueue> Ops<Q> {
             &[Status::Dead, Status::Parked],
             "only DEAD or PARKED records can be replayed",
             Status::Retryable,
-            "next_attempt_at = :now, due_shard = :ds, due_at = :now, attempts = :zero, last_replay_by = :op, \
-             last_replay_reason = :why, last_replay_at = :now ADD replays :one",
-            "",
+            "next_attempt_at = :now, due_shard = :ds, due_at = :now, attempts = :zero, failures = :zero, \
+             last_replay_by = :op, last_replay_reason = :why, last_replay_at = :now ADD replays :one",
+            "window_start",
             vec![
                 (":now", AttributeValue::N(now_ms.to_string())),
                 (":ds", AttributeValue::S(due_shard(key.shard(self.ledger.shards())))),

@@ -1,29 +1,52 @@
 //! The processor use case: lease the record, decode the stored payload, plan
 //! with the registered projections, commit the plan with the completion
-//! marker (fenced), then dispatch the outbox. Errors are classified:
-//! transient → RETRYABLE with backoff; permanent → DEAD at once; attempts
-//! exhausted → DEAD; unknown subject → PARKED; missing predecessor → deferred
-//! (RETRYABLE) until the bound, then DEAD ("gap").
+//! marker (fenced), then dispatch the outbox. Failures are classified:
+//!
+//! | failure | budget | at the bound |
+//! |---|---|---|
+//! | permanent (malformed, unsupported) | none | DEAD at once |
+//! | business logic (a projection's retryable error) | `max_attempts` failures | DEAD `attempts_exhausted` |
+//! | infrastructure (throttling, 5xx, unavailable provider, contention, payload not stored yet, crashed workers) | `transient_bound_ms` of time | DEAD `transient_exhausted` |
+//! | missing predecessor (sequence gap) | `gap_bound_ms` of time | PARKED `gap` |
+//! | unknown subject | none | PARKED |
+//!
+//! Every lease counts in `attempts` (evidence); only business failures count
+//! in `failures`. The time bounds run from the record's window start (its
+//! first lease after receipt, replay or wake). A gap waiter is woken when
+//! its predecessor commits (see `projection::sequence`).
 
 use std::time::Instant;
 
 use crate::adapters::dynamodb::DynamoLedger;
-use crate::adapters::dynamodb::work::{CommitResult, LeaseResult, WorkRecord};
+use crate::adapters::dynamodb::work::{CommitResult, GAP, LeaseResult, WorkRecord};
+use crate::adapters::sqs::SqsQueue;
 use crate::backoff::{Backoff, random_jitter};
 use crate::event::decode;
 use crate::identity::EventKey;
-use crate::ledger::PortError;
+use crate::ledger::{PortError, WorkQueue};
 use crate::outbox::Dispatcher;
-use crate::projection::{Decision, EventContext, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
+use crate::projection::sequence::{self, Position};
+use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
+
+pub const DEFAULT_GAP_BOUND_MS: i64 = 3_600_000;
+pub const DEFAULT_TRANSIENT_BOUND_MS: i64 = 6 * 3_600_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessorSettings {
     /// How long a lease lasts; keep it shorter than the queue visibility timeout.
     pub lease_ms: i64,
-    /// Attempts (leases) before a record is dead-lettered.
+    /// Business failures (a projection's retryable error) before a record is
+    /// dead-lettered (`attempts_exhausted`). Infrastructure faults, gaps and
+    /// crashed workers do not count.
     pub max_attempts: u32,
     pub backoff: Backoff,
     pub index_shards: u32,
+    /// How long an event may wait for a missing predecessor before it is
+    /// PARKED (`gap`); it is revived if the predecessor commits later.
+    pub gap_bound_ms: i64,
+    /// How long infrastructure faults may keep an event from an outcome
+    /// before it is DEAD (`transient_exhausted`).
+    pub transient_bound_ms: i64,
 }
 
 impl Default for ProcessorSettings {
@@ -33,6 +56,8 @@ impl Default for ProcessorSettings {
             max_attempts: 5,
             backoff: Backoff { base_ms: 2_000, max_ms: 300_000 },
             index_shards: 16,
+            gap_bound_ms: DEFAULT_GAP_BOUND_MS,
+            transient_bound_ms: DEFAULT_TRANSIENT_BOUND_MS,
         }
     }
 }
@@ -111,13 +136,39 @@ pub struct Processor {
     registry: Registry,
     cx: ProjectionContext,
     dispatcher: Option<Dispatcher>,
+    /// Where woken gap waiters are sent at once; without it they wait for
+    /// the reconciler's next run (they are due now in the `due` index).
+    queue: Option<SqsQueue>,
     settings: ProcessorSettings,
     pub fault: ProcessorFault,
 }
 
+#[derive(Debug)]
 enum Failure {
-    Transient { code: &'static str, message: String },
-    Permanent { reason: &'static str, message: String },
+    /// Business logic failed; spends the attempt budget.
+    Business {
+        code: &'static str,
+        message: String,
+    },
+    /// Infrastructure fault; bounded by time.
+    Transient {
+        code: &'static str,
+        message: String,
+    },
+    Permanent {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+impl From<ProjectionError> for Failure {
+    fn from(e: ProjectionError) -> Self {
+        match e {
+            ProjectionError::Permanent(message) => Self::Permanent { reason: "unsupported_event", message },
+            ProjectionError::Transient(message) => Self::Business { code: "projection", message },
+            ProjectionError::Unavailable(message) => Self::Transient { code: "unavailable", message },
+        }
+    }
 }
 
 impl Processor {
@@ -133,7 +184,13 @@ impl Processor {
             table: ledger.table().to_owned(),
             shards: settings.index_shards,
         };
-        Self { ledger, registry, cx, dispatcher, settings, fault: ProcessorFault::None }
+        Self { ledger, registry, cx, dispatcher, queue: None, settings, fault: ProcessorFault::None }
+    }
+
+    /// Sends woken gap waiters to this queue at once.
+    pub fn with_queue(mut self, queue: SqsQueue) -> Self {
+        self.queue = Some(queue);
+        self
     }
 
     pub fn settings(&self) -> &ProcessorSettings {
@@ -178,8 +235,12 @@ impl Processor {
 
     async fn work(&self, record: &WorkRecord, token: &str, now_ms: i64) -> Result<Report, PortError> {
         let key = &record.key;
-        if record.attempts > self.settings.max_attempts {
-            return self.dead(record, token, "attempts_exhausted", "no attempt left", now_ms).await;
+        // Leases lost to crashes and faults that escaped as errors left no
+        // failure behind; the time bound still ends them.
+        let elapsed = now_ms - record.window_start();
+        if elapsed >= self.settings.transient_bound_ms {
+            let message = format!("no outcome {} s into its window (lease {})", elapsed / 1000, record.attempts);
+            return self.dead(record, token, "transient_exhausted", &message, now_ms).await;
         }
         let payload = match self.ledger.payload(key, &record.payload_hash).await? {
             Some(p) => p,
@@ -212,16 +273,7 @@ impl Processor {
         for _round in 0..MAX_PLAN_ROUNDS {
             let decision = match self.plan(&event).await {
                 Ok(d) => d,
-                Err(ProjectionError::Permanent(m)) => {
-                    return self
-                        .fail(record, token, Failure::Permanent { reason: "unsupported_event", message: m }, now_ms)
-                        .await;
-                }
-                Err(ProjectionError::Transient(m)) => {
-                    return self
-                        .fail(record, token, Failure::Transient { code: "projection", message: m }, now_ms)
-                        .await;
-                }
+                Err(e) => return self.fail(record, token, e.into(), now_ms).await,
             };
             let (ops, duplicate) = match decision {
                 Decision::Park(reason) => {
@@ -236,9 +288,7 @@ impl Processor {
                         Report::done(Outcome::Fenced)
                     });
                 }
-                Decision::Defer(reason) => {
-                    return self.fail(record, token, Failure::Transient { code: "gap", message: reason }, now_ms).await;
-                }
+                Decision::Defer(gap) => return self.defer(record, token, gap, subject.as_deref(), now_ms).await,
                 Decision::Ignore(_) => (Vec::new(), false),
                 Decision::Duplicate => (Vec::new(), true),
                 Decision::Apply(ops) => (ops, false),
@@ -317,6 +367,9 @@ impl Processor {
                             message: "crash after commit".into(),
                         });
                     }
+                    for at in ops.iter().filter_map(|op| op.advances.as_ref()) {
+                        self.wake_successor(at, now_ms).await;
+                    }
                     self.dispatch(&outbox, now_ms).await;
                     return Ok(Some(Report::done(outcome)));
                 }
@@ -336,7 +389,13 @@ impl Processor {
                     // Our own earlier commit whose response was lost looks fenced too.
                     let ours =
                         self.ledger.read_record(key).await?.and_then(|r| r.completed_token).is_some_and(|t| t == token);
-                    return Ok(Some(Report::done(if ours { outcome } else { Outcome::Fenced })));
+                    if !ours {
+                        return Ok(Some(Report::done(Outcome::Fenced)));
+                    }
+                    for at in ops.iter().filter_map(|op| op.advances.as_ref()) {
+                        self.wake_successor(at, now_ms).await;
+                    }
+                    return Ok(Some(Report::done(outcome)));
                 }
                 CommitResult::Contention => {
                     let f = Failure::Transient { code: "contention", message: "transaction conflict".into() };
@@ -364,28 +423,132 @@ impl Processor {
     }
 
     async fn fail(&self, record: &WorkRecord, token: &str, failure: Failure, now_ms: i64) -> Result<Report, PortError> {
-        match failure {
-            Failure::Permanent { reason, message } => self.dead(record, token, reason, &message, now_ms).await,
-            Failure::Transient { code, message } if record.attempts >= self.settings.max_attempts => {
-                let reason = if code == "gap" { "gap" } else { "attempts_exhausted" };
-                self.dead(record, token, reason, &format!("{code}: {message}"), now_ms).await
+        let (code, message, counted) = match failure {
+            Failure::Permanent { reason, message } => return self.dead(record, token, reason, &message, now_ms).await,
+            Failure::Business { code, message } => {
+                let failures = record.failures.saturating_add(1);
+                if failures >= self.settings.max_attempts {
+                    return self.dead(record, token, "attempts_exhausted", &format!("{code}: {message}"), now_ms).await;
+                }
+                (code, message, Some(failures))
             }
             Failure::Transient { code, message } => {
-                let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter());
-                if !self.ledger.retry(&record.key, token, now_ms + delay, code, &message).await? {
-                    return Ok(Report::done(Outcome::Fenced));
+                if now_ms - record.window_start() >= self.settings.transient_bound_ms {
+                    return self
+                        .dead(record, token, "transient_exhausted", &format!("{code}: {message}"), now_ms)
+                        .await;
                 }
-                self.history(
-                    &record.key,
-                    "retry",
-                    &format!("attempt {} failed ({code}): {message}", record.attempts),
-                    now_ms,
-                )
-                .await;
-                metrics::counter!("retried", "provider" => record.provider.clone(), "code" => code).increment(1);
-                tracing::warn!(key = %record.key, code, attempt = record.attempts, delay_ms = delay, "will retry");
-                Ok(Report::later(Outcome::Retrying, delay))
+                (code, message, None)
             }
+        };
+        let key = &record.key;
+        let (stored, delay, detail) = match counted {
+            Some(failures) => {
+                let delay = self.settings.backoff.delay_ms(failures, random_jitter());
+                let stored = self.ledger.retry_after_failure(key, token, now_ms + delay, code, &message).await?;
+                let of = self.settings.max_attempts;
+                (
+                    stored,
+                    delay,
+                    format!("attempt {} failed ({code}): {message} [failure {failures} of {of}]", record.attempts),
+                )
+            }
+            None => {
+                let left = self.settings.transient_bound_ms - (now_ms - record.window_start());
+                let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter()).min(left);
+                let stored = self.ledger.retry(key, token, now_ms + delay, code, &message).await?;
+                (stored, delay, format!("attempt {} met a transient fault ({code}): {message}", record.attempts))
+            }
+        };
+        if !stored {
+            return Ok(Report::done(Outcome::Fenced));
+        }
+        self.history(key, "retry", &detail, now_ms).await;
+        metrics::counter!("retried", "provider" => record.provider.clone(), "code" => code).increment(1);
+        tracing::warn!(key = %key, code, attempt = record.attempts, failures = ?counted, delay_ms = delay, "will retry");
+        Ok(Report::later(Outcome::Retrying, delay))
+    }
+
+    /// A predecessor is missing: wait for it (woken by its commit, or at the
+    /// next look) without spending the attempt budget; PARKED (`gap`) once
+    /// the gap bound has passed.
+    async fn defer(
+        &self,
+        record: &WorkRecord,
+        token: &str,
+        gap: Gap,
+        subject: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Report, PortError> {
+        let key = &record.key;
+        let left = self.settings.gap_bound_ms - (now_ms - record.window_start());
+        if left <= 0 {
+            if !self.ledger.park(key, token, GAP, subject, now_ms).await? {
+                return Ok(Report::done(Outcome::Fenced));
+            }
+            self.history(key, "parked", &format!("{GAP}: {}", gap.reason), now_ms).await;
+            metrics::counter!("parked", "provider" => record.provider.clone()).increment(1);
+            tracing::warn!(key = %key, reason = %gap.reason, "parked at the gap bound");
+            return Ok(Report::done(Outcome::Parked));
+        }
+        // Pointer first, then leave PROCESSING, then look at the stream once
+        // more: a predecessor committed in between is seen by one side.
+        if let Some(at) = &gap.waiter {
+            let expires_at = now_ms / 1000 + i64::from(crate::config::DEFAULT_RETENTION_DAYS) * 86_400;
+            if let Err(e) = sequence::register_waiter(&self.cx, at, key, expires_at).await {
+                tracing::warn!(key = %key, error = %e, "could not leave a waiter pointer; the retry timer remains");
+            }
+        }
+        let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter()).min(left);
+        if !self.ledger.retry(key, token, now_ms + delay, GAP, &gap.reason).await? {
+            return Ok(Report::done(Outcome::Fenced));
+        }
+        self.history(key, "deferred", &gap.reason, now_ms).await;
+        metrics::counter!("retried", "provider" => record.provider.clone(), "code" => GAP).increment(1);
+        if let Some(at) = &gap.waiter {
+            let woken = match sequence::predecessor_applied(&self.cx, at).await {
+                Ok(true) => self.ledger.wake(key, now_ms).await.map_err(|e| e.to_string()),
+                Ok(false) => Ok(false),
+                Err(e) => Err(e.to_string()),
+            };
+            match woken {
+                Ok(true) => return Ok(Report::later(Outcome::Retrying, 0)),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(key = %key, error = %e, "could not look at the stream again; the timer remains")
+                }
+            }
+        }
+        tracing::info!(key = %key, reason = %gap.reason, delay_ms = delay, "deferred on a gap");
+        Ok(Report::later(Outcome::Retrying, delay))
+    }
+
+    /// `at` was just committed: the event waiting for the next position, if
+    /// any, becomes due now (and is queued when a queue is configured). Best
+    /// effort: a failure leaves the waiter to its own timer.
+    async fn wake_successor(&self, at: &Position, now_ms: i64) {
+        let next = Position { stream: at.stream.clone(), seq: at.seq + 1 };
+        let waiter = match sequence::waiter(&self.cx, &next).await {
+            Ok(Some(k)) => k,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(stream = %at.stream, error = %e, "could not read the waiter pointer");
+                return;
+            }
+        };
+        match self.ledger.wake(&waiter, now_ms).await {
+            Ok(true) => {
+                self.history(&waiter, "woken", &format!("predecessor seq {} committed", at.seq), now_ms).await;
+                metrics::counter!("gap_woken").increment(1);
+                tracing::info!(key = %waiter, seq = next.seq, "gap closed; waiter due now");
+                if let Some(q) = &self.queue {
+                    if let Err(e) = q.send(&waiter).await {
+                        tracing::warn!(key = %waiter, error = %e, "could not queue the woken waiter; the reconciler will");
+                    }
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(key = %waiter, error = %e, "could not wake the waiter; its timer remains"),
         }
     }
 

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::account_ledger::balance_pk;
-use hookledger::processor::{Outcome, ProcessorSettings};
+use hookledger::processor::{Outcome, Processor, ProcessorSettings};
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::secret::Secret;
 
 use crate::fake_provider::FakeStripe;
-use crate::processor::{pi_succeeded, sub_updated};
+use crate::processor::{failing_rules, pi_succeeded, sub_updated};
 use crate::support::{Stack, fast_settings, n, now_s, run_processor, s};
 
 fn now_ms() -> i64 {
@@ -25,7 +25,13 @@ async fn populated() -> (Stack, Arc<FakeStripe>, Arc<dyn SubscriptionSource>) {
     stack.map_customer("cus_ok", "acct_ok").await;
     let (fake, base) = FakeStripe::start().await;
     let source: Arc<dyn SubscriptionSource> = Arc::new(StripeApi::new(base, Secret::new("sk_test_fake")).unwrap());
-    let p = stack.processor(ProcessorSettings { max_attempts: 2, ..fast_settings() }, Some(source.clone()), None);
+    // The DEAD one fails a business rule (provider outages do not spend the attempt budget).
+    let p = Processor::new(
+        stack.ledger(),
+        failing_rules(Some(source.clone())),
+        None,
+        ProcessorSettings { max_attempts: 2, ..fast_settings() },
+    );
     let ok =
         stack.claim("stripe", "stripe-a", "evt_ok", None, &pi_succeeded("evt_ok", "pi_ok", Some("cus_ok"), 100)).await;
     assert_eq!(p.process(&ok, now_ms()).await.unwrap().outcome, Outcome::Applied);
@@ -39,7 +45,6 @@ async fn populated() -> (Stack, Arc<FakeStripe>, Arc<dyn SubscriptionSource>) {
         )
         .await;
     assert_eq!(p.process(&parked, now_ms()).await.unwrap().outcome, Outcome::Parked);
-    fake.fail.store(true, Ordering::SeqCst);
     let dead = stack
         .claim(
             "stripe",

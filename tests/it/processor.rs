@@ -11,9 +11,11 @@ use hookledger::app::email_status::email_pk;
 use hookledger::app::entitlement::entitlement_pk;
 use hookledger::app::inventory::inventory_pk;
 use hookledger::app::seats::seats_pk;
+use hookledger::backoff::Backoff;
 use hookledger::outbox::{DispatchFault, Dispatcher};
-use hookledger::processor::{Outcome, ProcessorFault, ProcessorSettings};
+use hookledger::processor::{Outcome, Processor, ProcessorFault, ProcessorSettings};
 use hookledger::projection::fetch::SubscriptionSource;
+use hookledger::projection::{EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, Registry};
 use hookledger::secret::Secret;
 use serde_json::json;
 
@@ -130,7 +132,7 @@ async fn failure_after_the_claim_leaves_the_event_retryable() {
     assert_eq!(first.outcome, Outcome::Retrying);
     let delay = first.retry_after_ms.unwrap();
     let rec = stack.record(&key).await;
-    assert_eq!((s(&rec, "status").as_str(), s(&rec, "error_code").as_str()), ("RETRYABLE", "projection"));
+    assert_eq!((s(&rec, "status").as_str(), s(&rec, "error_code").as_str()), ("RETRYABLE", "unavailable"));
     assert!(n(&rec, "next_attempt_at") > now_ms() - 1000);
     assert!(stack.state(&entitlement_pk("t1", "sub_9")).await.is_none(), "nothing mutated");
 
@@ -271,14 +273,36 @@ async fn permanent_malformed_payload_goes_dead_without_retry() {
     assert_eq!(s(&stack.record(&key).await, "dead_reason"), "unsupported_event");
 }
 
+/// A projection whose business rule keeps failing with a retryable error of
+/// its own: what the attempt budget is for.
+pub struct RuleFails;
+
+impl Projection for RuleFails {
+    fn name(&self) -> &'static str {
+        "rule_fails"
+    }
+
+    fn handles(&self, _provider: &str, event_type: &str) -> bool {
+        event_type == "customer.subscription.updated"
+    }
+
+    fn plan<'a>(&'a self, _: &'a EventContext, _: &'a ProjectionContext) -> PlanFuture<'a> {
+        Box::pin(async { Err(ProjectionError::Transient("credit check refused: account on hold".into())) })
+    }
+}
+
+/// The reference projections plus [`RuleFails`].
+pub fn failing_rules(source: Option<Arc<dyn SubscriptionSource>>) -> Registry {
+    hookledger::app::reference_registry(source, None).register(RuleFails)
+}
+
 #[tokio::test]
 async fn exhausted_attempts_end_in_a_visible_dead_letter() {
     let stack = Stack::new().await;
     stack.map_customer("cus_x", "acct_x").await;
     let (fake, source) = stripe_source().await;
-    fake.fail.store(true, Ordering::SeqCst);
     let settings = ProcessorSettings { max_attempts: 3, ..fast_settings() };
-    let p = stack.processor(settings, Some(source), None);
+    let p = Processor::new(stack.ledger(), failing_rules(Some(source)), None, settings);
     let key = stack.claim("stripe", "stripe-a", "evt_x", None, &sub_updated("evt_x", "sub_x", "cus_x")).await;
     let mut now = now_ms();
     let mut outcomes = Vec::new();
@@ -296,7 +320,8 @@ async fn exhausted_attempts_end_in_a_visible_dead_letter() {
         (s(&rec, "status").as_str(), s(&rec, "dead_reason").as_str(), n(&rec, "attempts")),
         ("DEAD", "attempts_exhausted", 3)
     );
-    assert!(s(&rec, "error_message").contains("503"), "{rec:?}");
+    assert_eq!(n(&rec, "failures"), 2, "the third failure dead-lettered it");
+    assert!(s(&rec, "error_message").contains("account on hold"), "{rec:?}");
     assert_eq!(fake.requests.load(Ordering::SeqCst), 3);
 }
 
@@ -334,7 +359,7 @@ async fn an_expired_lease_is_reclaimed_and_the_late_commit_is_fenced() {
 }
 
 #[tokio::test]
-async fn sequence_gaps_are_deferred_then_applied_in_order_or_dead_after_the_bound() {
+async fn sequence_gaps_are_deferred_then_applied_in_order_or_parked_after_the_bound() {
     let stack = Stack::new().await;
     let p = stack.processor(fast_settings(), None, None);
     let s2 = stack.claim("standard_webhooks", "svix", "inv-2", None, &inventory("sku-1", 2, -3)).await;
@@ -349,19 +374,19 @@ async fn sequence_gaps_are_deferred_then_applied_in_order_or_dead_after_the_boun
     );
     let st = stack.state(&inventory_pk("t1", "sku-1")).await.unwrap();
     assert_eq!((n(&st, "on_hand"), n(&st, "last_seq")), (7, 2));
-    // A repeat of seq 1 is ignored; a gap that never closes ends DEAD ("gap").
+    // A repeat of seq 1 is ignored; a gap that never closes ends PARKED ("gap") at its time bound.
     let dup = stack.claim("standard_webhooks", "svix", "inv-1-again", None, &inventory("sku-1", 1, 10)).await;
     assert_eq!(p.process(&dup, now_ms()).await.unwrap().outcome, Outcome::Ignored);
     let orphan = stack.claim("standard_webhooks", "svix", "inv-9", None, &inventory("sku-1", 9, 1)).await;
     let mut now = now_ms();
-    let mut last = Outcome::Retrying;
     for _ in 0..5 {
         let r = p.process(&orphan, now).await.unwrap();
-        last = r.outcome;
+        assert_eq!(r.outcome, Outcome::Retrying);
         now += r.retry_after_ms.unwrap_or(0) + 1;
     }
-    assert_eq!(last, Outcome::Dead);
-    assert_eq!(s(&stack.record(&orphan).await, "dead_reason"), "gap");
+    let r = p.process(&orphan, now + fast_settings().gap_bound_ms).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Parked);
+    assert_eq!(s(&stack.record(&orphan).await, "park_reason"), "gap");
     assert_eq!(n(&stack.state(&inventory_pk("t1", "sku-1")).await.unwrap(), "on_hand"), 7);
 }
 
@@ -467,4 +492,186 @@ async fn seed_001_orders_and_duplicate_insertions_converge_through_the_processor
         runs += 1;
     }
     assert_eq!(runs, 6 + 72);
+}
+
+// --- lost acknowledgements: a writer recognises its own token -------------
+
+/// The SDK retries a request whose response was lost; the retry meets the
+/// write it already made. Performing the same write twice with the same
+/// token is exactly that retry.
+#[tokio::test]
+async fn a_lease_retried_after_its_lost_acknowledgement_is_still_ours() {
+    use hookledger::adapters::dynamodb::work::LeaseResult;
+    let stack = Stack::new().await;
+    stack.map_customer("cus_ack", "acct_ack").await;
+    let key = stack
+        .claim("stripe", "stripe-a", "evt_ack", None, &pi_succeeded("evt_ack", "pi_ack", Some("cus_ack"), 5))
+        .await;
+    let ledger = stack.ledger();
+    let t0 = now_ms();
+    assert!(matches!(ledger.lease(&key, "tok-1", t0, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    let again = ledger.lease(&key, "tok-1", t0, 30_000).await.unwrap();
+    assert!(matches!(&again, LeaseResult::Leased(r) if r.attempts == 1), "our own lease, not Busy: {again:?}");
+    assert_eq!(n(&stack.record(&key).await, "attempts"), 1, "no attempt burned");
+    // A stranger still finds it busy.
+    assert!(matches!(ledger.lease(&key, "tok-2", t0 + 1, 30_000).await.unwrap(), LeaseResult::Busy { .. }));
+}
+
+#[tokio::test]
+async fn transitions_retried_after_their_lost_acknowledgement_are_not_fenced() {
+    let stack = Stack::new().await;
+    let ledger = stack.ledger();
+    let t0 = now_ms();
+    let keys = [
+        stack.claim("standard_webhooks", "svix", "ack-retry", None, &inventory("sku-ack", 1, 1)).await,
+        stack.claim("standard_webhooks", "svix", "ack-dead", None, &inventory("sku-ack", 2, 1)).await,
+        stack.claim("standard_webhooks", "svix", "ack-park", None, &inventory("sku-ack", 3, 1)).await,
+    ];
+    for (i, key) in keys.iter().enumerate() {
+        let tok = format!("tok-{i}");
+        ledger.lease(key, &tok, t0, 30_000).await.unwrap();
+        for round in 0..2 {
+            let ok = match i {
+                0 => ledger.retry(key, &tok, t0 + 60_000, "projection", "boom").await.unwrap(),
+                1 => ledger.dead(key, &tok, "malformed_payload", "bad", t0).await.unwrap(),
+                _ => ledger.park(key, &tok, "unknown subject", None, t0).await.unwrap(),
+            };
+            assert!(ok, "{key}: round {round} must recognise its own transition");
+        }
+        // A stranger's token is still fenced.
+        assert!(!ledger.retry(key, "stranger", t0, "x", "y").await.unwrap());
+    }
+    let mut statuses = Vec::new();
+    for k in &keys {
+        statuses.push(s(&stack.record(k).await, "status"));
+    }
+    assert_eq!(statuses, ["RETRYABLE", "DEAD", "PARKED"]);
+}
+
+// --- sequence gaps: bounded by time, parked at the bound, woken when closed --
+
+#[tokio::test]
+async fn a_gap_is_bounded_by_time_not_attempts_and_parks_at_the_bound() {
+    let stack = Stack::new().await;
+    let p = stack.processor(fast_settings(), None, None);
+    let orphan = stack.claim("standard_webhooks", "svix", "gap-3", None, &inventory("sku-gap", 3, 5)).await;
+    let received = n(&stack.record(&orphan).await, "received_at");
+    // Far more deferrals than max_attempts (5), all within the default 1-hour bound.
+    let mut now = received;
+    for i in 0..12 {
+        let r = p.process(&orphan, now).await.unwrap();
+        assert_eq!(r.outcome, Outcome::Retrying, "deferral {i}");
+        now += r.retry_after_ms.unwrap() + 1;
+    }
+    let rec = stack.record(&orphan).await;
+    assert_eq!((s(&rec, "status").as_str(), s(&rec, "error_code").as_str()), ("RETRYABLE", "gap"));
+    // At the bound: PARKED with reason `gap`, not DEAD.
+    let r = p.process(&orphan, received + 3_600_000 + 1).await.unwrap();
+    assert_eq!((r.outcome, r.retry_after_ms), (Outcome::Parked, None));
+    let rec = stack.record(&orphan).await;
+    assert_eq!((s(&rec, "status").as_str(), s(&rec, "park_reason").as_str()), ("PARKED", "gap"));
+    assert!(!rec.contains_key("due_shard"));
+
+    // The predecessors arrive late: the parked waiter is revived and applies in order.
+    let s1 = stack.claim("standard_webhooks", "svix", "gap-1", None, &inventory("sku-gap", 1, 10)).await;
+    let s2 = stack.claim("standard_webhooks", "svix", "gap-2", None, &inventory("sku-gap", 2, 20)).await;
+    let later = received + 4_000_000;
+    assert_eq!(p.process(&s1, later).await.unwrap().outcome, Outcome::Applied);
+    assert_eq!(p.process(&s2, later).await.unwrap().outcome, Outcome::Applied);
+    let rec = stack.record(&orphan).await;
+    assert_eq!(s(&rec, "status"), "RETRYABLE", "seq 2's commit re-drives the waiter for seq 3: {rec:?}");
+    assert_eq!(p.process(&orphan, later + 1).await.unwrap().outcome, Outcome::Applied);
+    let st = stack.state(&inventory_pk("t1", "sku-gap")).await.unwrap();
+    assert_eq!((n(&st, "on_hand"), n(&st, "last_seq")), (35, 3));
+}
+
+#[tokio::test]
+async fn a_closed_gap_makes_its_waiters_due_at_once() {
+    let stack = Stack::new().await;
+    // Long deferral delays: only the wake-up can make the waiters due soon.
+    let settings = ProcessorSettings { backoff: Backoff { base_ms: 60_000, max_ms: 300_000 }, ..fast_settings() };
+    let queue = hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url);
+    let p = stack.processor(settings, None, None).with_queue(queue);
+    let s3 = stack.claim("standard_webhooks", "svix", "wake-3", None, &inventory("sku-wake", 3, 3)).await;
+    let s2 = stack.claim("standard_webhooks", "svix", "wake-2", None, &inventory("sku-wake", 2, 2)).await;
+    let s1 = stack.claim("standard_webhooks", "svix", "wake-1", None, &inventory("sku-wake", 1, 1)).await;
+    let t = now_ms();
+    for k in [&s3, &s2] {
+        let r = p.process(k, t).await.unwrap();
+        assert_eq!(r.outcome, Outcome::Retrying);
+        assert!(r.retry_after_ms.unwrap() >= 30_000);
+    }
+    assert_eq!(p.process(&s1, t + 10).await.unwrap().outcome, Outcome::Applied);
+    assert!(n(&stack.record(&s2).await, "next_attempt_at") <= t + 10, "seq 1's commit made seq 2 due");
+    assert_eq!(stack.drain_queue().await, [crate::sqs_handler::work(&s2)], "and queued it at once");
+    assert_eq!(p.process(&s2, t + 20).await.unwrap().outcome, Outcome::Applied);
+    assert!(n(&stack.record(&s3).await, "next_attempt_at") <= t + 20, "seq 2's commit made seq 3 due");
+    assert_eq!(p.process(&s3, t + 30).await.unwrap().outcome, Outcome::Applied);
+    let st = stack.state(&inventory_pk("t1", "sku-wake")).await.unwrap();
+    assert_eq!((n(&st, "on_hand"), n(&st, "last_seq")), (6, 3));
+}
+
+// --- transient faults: bounded by time, not by the attempt budget ----------
+
+#[tokio::test]
+async fn transient_faults_do_not_spend_the_attempt_budget() {
+    let stack = Stack::new().await;
+    stack.map_customer("cus_t", "acct_t").await;
+    let (fake, source) = stripe_source().await;
+    fake.set("sub_t", "cus_t", "active", 7);
+    let settings = ProcessorSettings { max_attempts: 3, ..fast_settings() };
+    let p = stack.processor(settings, Some(source), None);
+    let key = stack.claim("stripe", "stripe-a", "evt_t", None, &sub_updated("evt_t", "sub_t", "cus_t")).await;
+    let ledger = stack.ledger();
+
+    // The provider answers 503 six times (twice the budget).
+    fake.fail.store(true, Ordering::SeqCst);
+    let mut now = now_ms();
+    for i in 0..6 {
+        let r = p.process(&key, now).await.unwrap();
+        assert_eq!(r.outcome, Outcome::Retrying, "outage {i}");
+        now += r.retry_after_ms.unwrap() + 1;
+    }
+    // Four workers crash while holding the lease (it expires each time).
+    for i in 0..4 {
+        let leased = ledger.lease(&key, &format!("crashed-{i}"), now, 1).await.unwrap();
+        assert!(matches!(leased, hookledger::adapters::dynamodb::work::LeaseResult::Leased(_)), "{leased:?}");
+        now += 2;
+    }
+    let rec = stack.record(&key).await;
+    assert_eq!(n(&rec, "attempts"), 10, "every lease is still counted as evidence");
+    assert_ne!(s(&rec, "status"), "DEAD");
+
+    // The provider is back: the event applies, it was never dead.
+    fake.fail.store(false, Ordering::SeqCst);
+    assert_eq!(p.process(&key, now).await.unwrap().outcome, Outcome::Applied);
+    assert_eq!(n(&stack.state(&entitlement_pk("t1", "sub_t")).await.unwrap(), "seats"), 7);
+}
+
+#[tokio::test]
+async fn transient_faults_are_bounded_by_time_since_receipt() {
+    let stack = Stack::new().await;
+    stack.map_customer("cus_tb", "acct_tb").await;
+    let (fake, source) = stripe_source().await;
+    fake.fail.store(true, Ordering::SeqCst);
+    let p = stack.processor(fast_settings(), Some(source), None);
+    let six_hours = 6 * 3_600_000;
+
+    // A provider outage longer than the bound.
+    let key = stack.claim("stripe", "stripe-a", "evt_tb", None, &sub_updated("evt_tb", "sub_tb", "cus_tb")).await;
+    let received = n(&stack.record(&key).await, "received_at");
+    assert_eq!(p.process(&key, received).await.unwrap().outcome, Outcome::Retrying);
+    let r = p.process(&key, received + six_hours + 1).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Dead);
+    let rec = stack.record(&key).await;
+    assert_eq!((s(&rec, "status").as_str(), s(&rec, "dead_reason").as_str()), ("DEAD", "transient_exhausted"));
+
+    // A record whose workers keep dying (expired leases) is bounded the same way.
+    stack.map_customer("cus_ok2", "acct_ok2").await;
+    let crashy = stack
+        .claim("stripe", "stripe-a", "evt_crashy", None, &pi_succeeded("evt_crashy", "pi_cr", Some("cus_ok2"), 1))
+        .await;
+    stack.ledger().lease(&crashy, "crashed", received, 1).await.unwrap();
+    assert_eq!(p.process(&crashy, received + six_hours + 1).await.unwrap().outcome, Outcome::Dead);
+    assert_eq!(s(&stack.record(&crashy).await, "dead_reason"), "transient_exhausted");
 }

@@ -292,6 +292,7 @@ pub fn fast_settings() -> ProcessorSettings {
         max_attempts: 5,
         backoff: Backoff { base_ms: 100, max_ms: 1_000 },
         index_shards: 16,
+        ..ProcessorSettings::default()
     }
 }
 

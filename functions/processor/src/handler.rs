@@ -2,6 +2,14 @@
 //! partial batch response. Each record is parsed on its own (a malformed
 //! body fails that record only); records for different keys run
 //! concurrently, repeats of one key in a batch run in order.
+//!
+//! A record that must come back later stays on the queue, hidden for its
+//! delay rounded up to whole seconds (never early: an early return only
+//! burns a receive). On its last receive before the queue's dead-letter
+//! redrive it is deleted instead: the ledger record is RETRYABLE (or leased)
+//! with its due time in the `due` index, and the reconciler re-drives it
+//! then. Long waits (gaps, infrastructure outages) thus never reach the DLQ,
+//! which stays for messages that cannot be read at all.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::secrets::AwsSecretResolver;
-use hookledger::adapters::sqs::WorkMessage;
+use hookledger::adapters::sqs::{MAX_RECEIVE_COUNT, SqsQueue, WorkMessage};
 use hookledger::app::reference_registry;
 use hookledger::config::{self, ConfigError};
 use hookledger::identity::EventKey;
@@ -37,22 +45,38 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let resolver = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
     let source = hookledger::adapters::stripe::source_from_env(env, &resolver).await?;
     let ddb = aws_sdk_dynamodb::Client::new(aws);
+    let sqs = aws_sdk_sqs::Client::new(aws);
     let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());
     let processor = Processor::new(
         DynamoLedger::new(ddb, table),
         reference_registry(source, notify_topic),
         Some(dispatcher),
         settings,
-    );
-    Ok(App { processor, sqs: aws_sdk_sqs::Client::new(aws), queue_url })
+    )
+    .with_queue(SqsQueue::new(sqs.clone(), &queue_url));
+    Ok(App { processor, sqs, queue_url })
 }
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+/// The visibility timeout (whole seconds) that shows a message again after
+/// `delay_ms`: rounded up, so it never comes back before it is due.
+pub fn visibility_secs(delay_ms: i64) -> i32 {
+    let delay_ms = delay_ms.max(0);
+    let secs = delay_ms / 1000 + i64::from(delay_ms % 1000 != 0);
+    secs.clamp(1, MAX_VISIBILITY_SECS) as i32
+}
+
+/// Whether this is the message's last receive before the queue moves it to
+/// the dead-letter queue (`ApproximateReceiveCount` from the record).
+pub fn last_receive(receive_count: Option<&str>) -> bool {
+    receive_count.and_then(|c| c.trim().parse::<i64>().ok()).is_some_and(|c| c >= i64::from(MAX_RECEIVE_COUNT))
+}
+
 /// One record's fate: `Ok(())` delete it, `Err(())` leave it on the queue.
-async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&str>) -> Result<(), ()> {
+async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&str>, last: bool) -> Result<(), ()> {
     let key =
         body.and_then(|b| serde_json::from_str::<WorkMessage>(b).ok()).and_then(|m| EventKey::from_stored(&m.key));
     let Some(key) = key else {
@@ -62,9 +86,13 @@ async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&s
     match app.processor.process(&key, now_ms()).await {
         Ok(report) => match report.retry_after_ms {
             None => Ok(()),
+            Some(delay_ms) if last => {
+                tracing::info!(message_id, key = %key, delay_ms, "last receive; the reconciler re-drives it when due");
+                Ok(())
+            }
             Some(delay_ms) => {
                 if let Some(receipt) = receipt {
-                    let secs = (delay_ms / 1000).clamp(1, MAX_VISIBILITY_SECS) as i32;
+                    let secs = visibility_secs(delay_ms);
                     let changed = app
                         .sqs
                         .change_message_visibility()
@@ -87,8 +115,8 @@ async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&s
     }
 }
 
-/// (message id, receipt handle, body) of one record.
-type Received = (String, Option<String>, Option<String>);
+/// (message id, receipt handle, body, last receive) of one record.
+type Received = (String, Option<String>, Option<String>, bool);
 
 pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, Error> {
     // Without a message id a failure cannot be reported: the batch is broken.
@@ -96,15 +124,16 @@ pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBa
     for record in event.payload.records {
         let id = record.message_id.filter(|m| !m.is_empty()).ok_or("SQS record without messageId")?;
         let group = record.body.clone().unwrap_or_default();
-        groups.entry(group).or_default().push((id, record.receipt_handle, record.body));
+        let last = last_receive(record.attributes.get("ApproximateReceiveCount").map(String::as_str));
+        groups.entry(group).or_default().push((id, record.receipt_handle, record.body, last));
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (_, records) in groups {
         let app = app.clone();
         tasks.spawn(async move {
             let mut failed = Vec::new();
-            for (id, receipt, body) in records {
-                if one(&app, &id, receipt.as_deref(), body.as_deref()).await.is_err() {
+            for (id, receipt, body, last) in records {
+                if one(&app, &id, receipt.as_deref(), body.as_deref(), last).await.is_err() {
                     failed.push(id);
                 }
             }
@@ -118,4 +147,30 @@ pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBa
         }
     }
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visibility_delay_is_rounded_up_never_early() {
+        assert_eq!(visibility_secs(1_000), 1);
+        assert_eq!(visibility_secs(1_001), 2, "1.001 s must not come back after 1 s");
+        assert_eq!(visibility_secs(1_999), 2);
+        assert_eq!(visibility_secs(29_500), 30);
+        assert_eq!(visibility_secs(0), 1, "at least one second");
+        assert_eq!(visibility_secs(-5), 1);
+        assert_eq!(visibility_secs(i64::MAX), MAX_VISIBILITY_SECS as i32, "capped at SQS's 12 hours");
+    }
+
+    #[test]
+    fn only_the_receive_before_the_dead_letter_redrive_is_the_last() {
+        assert!(!last_receive(Some("1")));
+        assert!(!last_receive(Some("9")));
+        assert!(last_receive(Some("10")));
+        assert!(last_receive(Some("11")));
+        assert!(!last_receive(None), "unknown: keep the message");
+        assert!(!last_receive(Some("many")));
+    }
 }

@@ -54,7 +54,7 @@ impl Projection for Entitlements {
                 .as_ref()
                 .ok_or_else(|| ProjectionError::Permanent("no subscription source configured".into()))?;
             let fetched = source.subscription(sub_id).await.map_err(|e| match e {
-                ProviderError::Unavailable(m) => ProjectionError::Transient(m),
+                ProviderError::Unavailable(m) => ProjectionError::Unavailable(m),
                 ProviderError::Rejected(m) => ProjectionError::Permanent(m),
             })?;
             let (status, seats) = match &fetched.object {

@@ -1,14 +1,15 @@
 //! Ordered deltas: `inventory.adjusted` events carry a per-SKU sequence
 //! number and a delta. Each is applied exactly after its predecessor; a gap
-//! is deferred until the missing delta arrives (bounded, then DEAD "gap").
+//! is deferred until the missing delta arrives (woken by its commit), and
+//! PARKED (`gap`) if it has not arrived within the gap bound.
 //!
 //! Event: `{"data": {"sku": "...", "seq": 3, "delta": -2}}`.
 
 use std::collections::HashMap;
 
 use super::{int_field, str_field};
-use crate::projection::sequence::{SeqDecision, apply_next, decide};
-use crate::projection::{Decision, EventContext, PlanFuture, Projection, ProjectionContext, get_n, s};
+use crate::projection::sequence::{Position, SeqDecision, apply_next, decide};
+use crate::projection::{Decision, EventContext, Gap, PlanFuture, Projection, ProjectionContext, get_n, s};
 
 pub struct Inventory;
 
@@ -43,9 +44,10 @@ impl Projection for Inventory {
                     Decision::Apply(vec![apply_next(&cx.table, &pk, seq, "on_hand", delta, extra)])
                 }
                 SeqDecision::Duplicate => Decision::Ignore("sequence already applied"),
-                SeqDecision::Gap { expected } => {
-                    Decision::Defer(format!("{sku}: waiting for seq {expected}, got {seq}"))
-                }
+                SeqDecision::Gap { expected } => Decision::Defer(Gap {
+                    reason: format!("{sku}: waiting for seq {expected}, got {seq}"),
+                    waiter: Some(Position { stream: pk, seq }),
+                }),
             })
         })
     }

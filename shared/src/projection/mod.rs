@@ -58,8 +58,20 @@ pub enum Decision {
     Duplicate,
     /// The subject is unknown (no mapping): PARKED, no mutation.
     Park(String),
-    /// A predecessor is missing: RETRYABLE, then DEAD ("gap") after the bound.
-    Defer(String),
+    /// A predecessor is missing: RETRYABLE without spending the attempt
+    /// budget, woken when the predecessor commits; PARKED (`gap`) once the
+    /// gap bound has passed.
+    Defer(Gap),
+}
+
+/// Why an event waits, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    pub reason: String,
+    /// This event's place in its ordered stream. When set, the processor
+    /// leaves a waiter pointer there, so the commit of `seq - 1` makes this
+    /// event due at once instead of at its next scheduled look.
+    pub waiter: Option<sequence::Position>,
 }
 
 /// What a failed condition on an op means.
@@ -80,11 +92,14 @@ pub struct Op {
     pub on_conflict: OnConflict,
     /// Outbound notifications written (as outbox items) only if the op applies.
     pub outbox: Vec<OutboxMessage>,
+    /// The stream position this op applies, if it is an ordered delta: once
+    /// it commits, the event waiting for the next position is woken.
+    pub advances: Option<sequence::Position>,
 }
 
 impl Op {
     pub fn new(writes: Vec<TransactWriteItem>, on_conflict: OnConflict) -> Self {
-        Self { writes, on_conflict, outbox: Vec::new() }
+        Self { writes, on_conflict, outbox: Vec::new(), advances: None }
     }
 
     pub fn notify(mut self, msg: OutboxMessage) -> Self {
@@ -98,9 +113,15 @@ pub enum ProjectionError {
     /// Retrying cannot help (malformed or unsupported payload).
     #[error("permanent: {0}")]
     Permanent(String),
-    /// A dependency failed; a later attempt may succeed.
+    /// The projection's own logic failed; a later attempt may succeed. Spends
+    /// the attempt budget (`max_attempts`), then DEAD (`attempts_exhausted`).
     #[error("transient: {0}")]
     Transient(String),
+    /// Infrastructure the projection reads was unavailable (DynamoDB
+    /// throttling or errors, the provider's API answering 5xx/429 or not at
+    /// all). Does not spend the attempt budget: bounded by time instead.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 pub type PlanFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, ProjectionError>> + Send + 'a>>;
@@ -126,7 +147,7 @@ impl ProjectionContext {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| ProjectionError::Transient(crate::adapters::error_chain(&e)))?;
+            .map_err(|e| ProjectionError::Unavailable(crate::adapters::error_chain(&e)))?;
         Ok(out.item)
     }
 }

@@ -1,12 +1,34 @@
 //! Ordered deltas with sequence numbers: apply sequence `n` only right after
-//! `n - 1`; repeats are duplicates; a jump is a gap, deferred (bounded) until
-//! the predecessor arrives, then left for reconciliation.
+//! `n - 1`; repeats are duplicates; a jump is a gap, deferred (bounded by
+//! time) until the predecessor arrives.
+//!
+//! Waking a waiter without a scan: an event that defers on a gap leaves a
+//! small pointer item `(stream pk, "wait#<its seq>") → event key`. The
+//! processor that commits `seq - 1` reads the pointer for `seq` (one
+//! strongly consistent read by key) and makes that event due at once. The
+//! waiter writes its pointer, leaves PROCESSING, then checks the stream
+//! again, so a commit that lands in between is never missed: either the
+//! committer sees the pointer, or the waiter sees the commit.
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 
-use super::{OnConflict, Op, key_of, n};
+use super::{OnConflict, Op, ProjectionContext, ProjectionError, get_n, get_s, key_of, n, s};
+use crate::identity::EventKey;
+
+/// A place in an ordered stream: the stream's state item and a sequence number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    /// The `pk` of the stream's state item (`sk = "state"`).
+    pub stream: String,
+    pub seq: i64,
+}
+
+/// Sort key of the waiter pointer for `seq` under the stream's `pk`.
+pub fn waiter_sk(seq: i64) -> String {
+    format!("wait#{seq:020}")
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqDecision {
@@ -55,7 +77,51 @@ pub fn apply_next(
         .update_expression(format!("SET {} ADD #v :d", sets.join(", ")))
         .build()
         .unwrap_or_else(|e| unreachable!("table and key are set: {e}"));
-    Op::new(vec![TransactWriteItem::builder().update(update).build()], OnConflict::Replan)
+    let mut op = Op::new(vec![TransactWriteItem::builder().update(update).build()], OnConflict::Replan);
+    op.advances = Some(Position { stream: pk.to_owned(), seq });
+    op
+}
+
+/// Leaves the pointer that lets the commit of `at.seq - 1` wake `key`
+/// (idempotent: a repeat writes the same item). Kept until `expires_at`.
+pub async fn register_waiter(
+    cx: &ProjectionContext,
+    at: &Position,
+    key: &EventKey,
+    expires_at: i64,
+) -> Result<(), ProjectionError> {
+    cx.ddb
+        .put_item()
+        .table_name(&cx.table)
+        .item("pk", s(&at.stream))
+        .item("sk", s(waiter_sk(at.seq)))
+        .item("event_key", s(key.as_str()))
+        .item("expires_at", n(expires_at))
+        .send()
+        .await
+        .map_err(|e| ProjectionError::Unavailable(crate::adapters::error_chain(&e)))?;
+    Ok(())
+}
+
+/// The event waiting at `at`, if one left a pointer (strongly consistent).
+pub async fn waiter(cx: &ProjectionContext, at: &Position) -> Result<Option<EventKey>, ProjectionError> {
+    let out = cx
+        .ddb
+        .get_item()
+        .table_name(&cx.table)
+        .key("pk", s(&at.stream))
+        .key("sk", s(waiter_sk(at.seq)))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| ProjectionError::Unavailable(crate::adapters::error_chain(&e)))?;
+    Ok(out.item.as_ref().and_then(|i| get_s(i, "event_key")).and_then(EventKey::from_stored))
+}
+
+/// Whether the predecessor of `at` has been applied (the stream reached `at.seq - 1`).
+pub async fn predecessor_applied(cx: &ProjectionContext, at: &Position) -> Result<bool, ProjectionError> {
+    let last = cx.read_state(&at.stream).await?.and_then(|i| get_n(&i, "last_seq")).unwrap_or(0);
+    Ok(last >= at.seq - 1)
 }
 
 #[cfg(test)]
@@ -70,5 +136,12 @@ mod tests {
         assert_eq!(decide(Some(4), 4), SeqDecision::Duplicate);
         assert_eq!(decide(Some(4), 2), SeqDecision::Duplicate);
         assert_eq!(decide(Some(4), 7), SeqDecision::Gap { expected: 5 });
+    }
+
+    #[test]
+    fn an_applied_delta_names_the_position_it_advances_to() {
+        let op = apply_next("t", "proj#x", 4, "v", 1, HashMap::new());
+        assert_eq!(op.advances, Some(Position { stream: "proj#x".into(), seq: 4 }));
+        assert!(waiter_sk(5) < waiter_sk(40), "pointers sort by sequence");
     }
 }

@@ -4,14 +4,25 @@
 //! ```text
 //! lease     RECEIVED | RETRYABLE (due) | PROCESSING (lease expired) → PROCESSING(token, expiry, attempts+1)
 //! commit    PROCESSING(token) → PROCESSED   + projection writes + outbox items, one transaction
-//! retry     PROCESSING(token) → RETRYABLE(next_attempt_at)
+//! retry     PROCESSING(token) → RETRYABLE(next_attempt_at)           (+1 failure if business logic failed)
 //! dead      PROCESSING(token) → DEAD(reason)
 //! park      PROCESSING(token) → PARKED(reason)
+//! wake      RETRYABLE(gap) | PARKED(gap) → RETRYABLE, due now       (its predecessor committed)
 //! ```
 //!
 //! Every transition out of PROCESSING is conditioned on the lease token
 //! (fencing): a worker whose lease was taken over can neither mutate nor
-//! complete.
+//! complete. Every one also lets its own retry recognise itself: the SDK
+//! retries a request whose response was lost, and the retry fails its
+//! condition against the write it already made. The lease compares the
+//! returned record's `lease_owner`, the exits from PROCESSING compare its
+//! `transition_token`, and the commit compares its `completed_token`, with
+//! this invocation's token; a match is success, never "busy" or "fenced".
+//!
+//! `attempts` counts leases (evidence); `failures` counts business failures
+//! (the attempt budget). `window_start` is set by the first lease after
+//! receipt, replay or wake: the time bounds on gaps and transient faults
+//! count from it.
 
 use std::collections::HashMap;
 
@@ -31,6 +42,16 @@ use crate::projection::Op;
 /// Longest error message kept on a record.
 pub const MAX_ERROR_LEN: usize = 300;
 
+/// Business failures recorded on the record (the attempt budget).
+pub const FAILURES: &str = "failures";
+/// Start of the window the time bounds count from.
+pub const WINDOW_START: &str = "window_start";
+/// The token of the invocation that last left PROCESSING.
+pub const TRANSITION_TOKEN: &str = "transition_token";
+/// `error_code` of a record deferred on a sequence gap, and `park_reason` of
+/// one parked at the gap bound.
+pub const GAP: &str = "gap";
+
 /// The record fields the processor works from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkRecord {
@@ -42,11 +63,27 @@ pub struct WorkRecord {
     pub event_id: String,
     pub event_type: Option<String>,
     pub payload_hash: String,
+    /// Leases taken (evidence; a lease lost to a crash counts here too).
     pub attempts: u32,
+    /// Business failures recorded (the attempt budget).
+    pub failures: u32,
     pub received_at_ms: i64,
+    /// When the current window of the time bounds started (first lease after
+    /// receipt, replay or wake).
+    pub window_start_ms: Option<i64>,
+    pub lease_owner: Option<String>,
     pub lease_expires_at_ms: Option<i64>,
     pub next_attempt_at_ms: Option<i64>,
     pub completed_token: Option<String>,
+    /// The token of the invocation that last moved the record out of PROCESSING.
+    pub transition_token: Option<String>,
+}
+
+impl WorkRecord {
+    /// Start of the window the gap and transient bounds count from.
+    pub fn window_start(&self) -> i64 {
+        self.window_start_ms.unwrap_or(self.received_at_ms)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,10 +144,14 @@ pub fn work_record(item: &HashMap<String, AttributeValue>) -> Option<WorkRecord>
         event_type: gs(attr::EVENT_TYPE),
         payload_hash: gs(attr::PAYLOAD_HASH)?,
         attempts: gn(attr::ATTEMPTS).unwrap_or(0).try_into().unwrap_or(u32::MAX),
+        failures: gn(FAILURES).unwrap_or(0).try_into().unwrap_or(u32::MAX),
         received_at_ms: gn(attr::RECEIVED_AT).unwrap_or(0),
+        window_start_ms: gn(WINDOW_START),
+        lease_owner: gs("lease_owner"),
         lease_expires_at_ms: gn("lease_expires_at"),
         next_attempt_at_ms: gn("next_attempt_at"),
         completed_token: gs("completed_token"),
+        transition_token: gs(TRANSITION_TOKEN),
     })
 }
 
@@ -144,7 +185,10 @@ impl DynamoLedger {
         // Timeline guarded: two workers receive the same key (duplicate
         // message, redelivery, reconciler re-drive); exactly one update
         // passes. A worker that crashed holds an expired lease: the next one
-        // takes over and the crashed one's commit will fail the fence.
+        // takes over and the crashed one's commit will fail the fence. Our
+        // own lease whose response was lost fails the condition on the SDK's
+        // retry: the returned record names us as lease owner, so it is ours
+        // (no attempt burned, not "busy").
         let result = self
             .client()
             .update_item()
@@ -152,7 +196,8 @@ impl DynamoLedger {
             .set_key(Some(Self::meta_key(key)))
             .update_expression(
                 "SET #st = :processing, lease_owner = :tok, lease_expires_at = :exp, due_at = :exp, \
-                 last_attempt_at = :now, st_shard = :stp ADD attempts :one",
+                 last_attempt_at = :now, st_shard = :stp, window_start = if_not_exists(window_start, :now) \
+                 ADD attempts :one",
             )
             .condition_expression(
                 "attribute_exists(pk) AND (#st = :received \
@@ -194,6 +239,9 @@ impl DynamoLedger {
         };
         Ok(match old {
             None => LeaseResult::Missing,
+            Some(r) if r.status == Status::Processing && r.lease_owner.as_deref() == Some(token) => {
+                LeaseResult::Leased(Box::new(r))
+            }
             Some(r) if r.status.is_terminal() => LeaseResult::Final(r.status),
             Some(r) if r.status == Status::Processing => {
                 LeaseResult::Busy { until_ms: r.lease_expires_at_ms.unwrap_or(now_ms) }
@@ -301,7 +349,8 @@ impl DynamoLedger {
         Ok(CommitResult::Contention)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// `Ok(true)`: this invocation's transition is stored (now, or by the
+    /// earlier try whose response was lost). `Ok(false)`: fenced.
     async fn leave_processing(
         &self,
         key: &EventKey,
@@ -311,28 +360,45 @@ impl DynamoLedger {
         remove: &str,
         values: Vec<(&str, AttributeValue)>,
     ) -> Result<bool, PortError> {
+        // Timeline guarded: our lease expired while we stalled and another
+        // worker took the record over: the token no longer matches, we are
+        // fenced. Or our own update committed but its response was lost and
+        // the SDK retried it: the retry fails the condition against our own
+        // write, and the returned record carries our token as
+        // `transition_token` (each invocation leaves PROCESSING at most once,
+        // so the token names exactly this transition): success, not fenced.
         let mut req = self
             .client()
             .update_item()
             .table_name(self.table())
             .set_key(Some(Self::meta_key(key)))
-            .update_expression(format!("SET {set}, st_shard = :stnext REMOVE lease_owner, lease_expires_at{remove}"))
+            .update_expression(format!(
+                "SET {set}, st_shard = :stnext, transition_token = :tok REMOVE lease_owner, lease_expires_at{remove}"
+            ))
             .condition_expression("#st = :processing AND lease_owner = :tok")
             .expression_attribute_names("#st", attr::STATUS)
             .expression_attribute_values(":processing", s(Status::Processing.as_str()))
             .expression_attribute_values(":stnext", s(self.status_shard(to, key)))
-            .expression_attribute_values(":tok", s(token));
+            .expression_attribute_values(":tok", s(token))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         for (k, v) in values {
             req = req.expression_attribute_values(k, v);
         }
-        match req.send().await {
-            Ok(_) => Ok(true),
-            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(false),
-            Err(e) => Err(port_error("dynamodb", &e)),
-        }
+        let old = match req.send().await {
+            Ok(_) => return Ok(true),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => match c.item() {
+                    Some(item) => work_record(item),
+                    None => self.read_record(key).await?,
+                },
+                _ => return Err(port_error("dynamodb", &e)),
+            },
+        };
+        Ok(old.is_some_and(|r| r.transition_token.as_deref() == Some(token)))
     }
 
-    /// PROCESSING → RETRYABLE; `Ok(false)` if fenced.
+    /// PROCESSING → RETRYABLE after an infrastructure fault or a gap (the
+    /// attempt budget is not spent); `Ok(false)` if fenced.
     pub async fn retry(
         &self,
         key: &EventKey,
@@ -341,20 +407,85 @@ impl DynamoLedger {
         code: &str,
         message: &str,
     ) -> Result<bool, PortError> {
-        self.leave_processing(
-            key,
-            token,
-            Status::Retryable,
-            "#st = :retryable, next_attempt_at = :next, due_at = :next, error_code = :code, error_message = :msg",
-            "",
-            vec![
-                (":retryable", s(Status::Retryable.as_str())),
-                (":next", n(next_at_ms)),
-                (":code", s(code)),
-                (":msg", s(bounded(message))),
-            ],
-        )
-        .await
+        self.to_retryable(key, token, next_at_ms, code, message, false).await
+    }
+
+    /// PROCESSING → RETRYABLE after a business failure: `failures + 1`;
+    /// `Ok(false)` if fenced.
+    pub async fn retry_after_failure(
+        &self,
+        key: &EventKey,
+        token: &str,
+        next_at_ms: i64,
+        code: &str,
+        message: &str,
+    ) -> Result<bool, PortError> {
+        self.to_retryable(key, token, next_at_ms, code, message, true).await
+    }
+
+    async fn to_retryable(
+        &self,
+        key: &EventKey,
+        token: &str,
+        next_at_ms: i64,
+        code: &str,
+        message: &str,
+        count_failure: bool,
+    ) -> Result<bool, PortError> {
+        let mut values = vec![
+            (":retryable", s(Status::Retryable.as_str())),
+            (":next", n(next_at_ms)),
+            (":code", s(code)),
+            (":msg", s(bounded(message))),
+        ];
+        let set = if count_failure {
+            values.extend([(":zero", n(0)), (":one", n(1))]);
+            "#st = :retryable, next_attempt_at = :next, due_at = :next, error_code = :code, error_message = :msg, \
+             failures = if_not_exists(failures, :zero) + :one"
+        } else {
+            "#st = :retryable, next_attempt_at = :next, due_at = :next, error_code = :code, error_message = :msg"
+        };
+        self.leave_processing(key, token, Status::Retryable, set, "", values).await
+    }
+
+    /// A gap closed: the record waiting on it (RETRYABLE, deferred by `gap`;
+    /// or PARKED at the gap bound) becomes RETRYABLE and due now, with a new
+    /// time window. `Ok(false)`: it was not waiting (already applied, in
+    /// flight, or waiting for something else).
+    pub async fn wake(&self, key: &EventKey, now_ms: i64) -> Result<bool, PortError> {
+        // Timeline guarded: the waiter may be anywhere by now. Only a record
+        // still waiting on the gap is touched; one in flight (PROCESSING)
+        // checks the stream itself after it leaves PROCESSING, so it cannot
+        // miss the commit that made this call. A retry of this update after
+        // a lost response meets a RETRYABLE record still marked `gap` and
+        // writes the same values again.
+        let result = self
+            .client()
+            .update_item()
+            .table_name(self.table())
+            .set_key(Some(Self::meta_key(key)))
+            .update_expression(
+                "SET #st = :retryable, st_shard = :str, next_attempt_at = :now, due_at = :now, due_shard = :ds, \
+                 woken_at = :now REMOVE window_start",
+            )
+            .condition_expression(
+                "attribute_exists(pk) AND ((#st = :retryable AND error_code = :gap) \
+                 OR (#st = :parked AND park_reason = :gap))",
+            )
+            .expression_attribute_names("#st", attr::STATUS)
+            .expression_attribute_values(":retryable", s(Status::Retryable.as_str()))
+            .expression_attribute_values(":parked", s(Status::Parked.as_str()))
+            .expression_attribute_values(":gap", s(GAP))
+            .expression_attribute_values(":str", s(self.status_shard(Status::Retryable, key)))
+            .expression_attribute_values(":ds", s(super::due_shard(key.shard(self.shards()))))
+            .expression_attribute_values(":now", n(now_ms))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(false),
+            Err(e) => Err(port_error("dynamodb", &e)),
+        }
     }
 
     /// PROCESSING → DEAD (terminal, out of the due index); `Ok(false)` if fenced.
