@@ -388,7 +388,7 @@ where
                 source,
                 settings,
             );
-            let summary = r.run(now_ms(), Instant::now() + std::time::Duration::from_secs(60)).await?;
+            let summary = r.run(now_ms(), Instant::now() + std::time::Duration::from_secs(60)).await;
             writeln!(out, "{}", serde_json::to_string_pretty(&summary).unwrap_or_default())?;
         }
     }
