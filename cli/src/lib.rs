@@ -292,6 +292,7 @@ where
                     "VisibilityTimeout": hookledger::adapters::sqs::WORK_QUEUE_VISIBILITY_SECS,
                     "maxReceiveCount": hookledger::adapters::sqs::MAX_RECEIVE_COUNT,
                 },
+                "metrics": { "reconciler": hookledger::reconciler::METRICS },
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
         }
