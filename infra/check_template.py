@@ -12,7 +12,11 @@ Asserts, each with a clear message:
   size <= 10 and a maximum concurrency;
 - every function policy is least-privilege: no wildcard actions, no "*"
   resources for data services (DynamoDB, SQS, SNS, SSM, Secrets Manager);
-- no secret value appears in the template.
+- no secret value appears in the template;
+- every alarm says how it treats missing data; alarms on the project's own
+  metrics never read missing data as healthy (no `notBreaching`), name only
+  metrics the code emits, and a heartbeat alarm on the reconciler's runs
+  treats missing data as breaching.
 """
 
 import json
@@ -99,6 +103,36 @@ def main():
                 if any(a.startswith(DATA_SERVICES) for a in actions) and any(r == "*" for r in resources):
                     fail(f"{name}: {actions} on resource '*'")
                 checks += 1
+
+    metrics = set(schema.get("metrics", {}).get("reconciler", []))
+    if not metrics:
+        fail("the schema lists no reconciler metrics")
+    heartbeat = False
+    for name, r in res.items():
+        if r["Type"] != "AWS::CloudWatch::Alarm":
+            continue
+        props = r["Properties"]
+        missing = props.get("TreatMissingData")
+        if missing not in ("breaching", "notBreaching", "ignore", "missing"):
+            fail(f"{name}: TreatMissingData must be chosen explicitly (got {missing!r})")
+        if props.get("Namespace") != "Hookledger":
+            checks += 1
+            continue
+        if missing == "notBreaching":
+            fail(f"{name}: missing data of a Hookledger metric means no report, not health (notBreaching)")
+        dims = {d["Name"]: d["Value"] for d in props.get("Dimensions", [])}
+        if dims.get("function") == "reconciler" and props["MetricName"] not in metrics:
+            fail(f"{name}: the reconciler emits no metric {props['MetricName']!r} (it would never have data)")
+        if (
+            props["MetricName"] == "reconciler_runs"
+            and missing == "breaching"
+            and props.get("ComparisonOperator") == "LessThanThreshold"
+        ):
+            heartbeat = True
+        checks += 1
+    if not heartbeat:
+        fail("no heartbeat alarm: reconciler_runs, LessThanThreshold, TreatMissingData breaching")
+    checks += 1
 
     text = open(template_path).read()
     for marker in ("whsec_", "sk_live_", "sk_test_"):

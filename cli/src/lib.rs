@@ -292,6 +292,7 @@ where
                     "VisibilityTimeout": hookledger::adapters::sqs::WORK_QUEUE_VISIBILITY_SECS,
                     "maxReceiveCount": hookledger::adapters::sqs::MAX_RECEIVE_COUNT,
                 },
+                "metrics": { "reconciler": hookledger::reconciler::METRICS },
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
         }
@@ -388,7 +389,7 @@ where
                 source,
                 settings,
             );
-            let summary = r.run(now_ms(), Instant::now() + std::time::Duration::from_secs(60)).await?;
+            let summary = r.run(now_ms(), Instant::now() + std::time::Duration::from_secs(60)).await;
             writeln!(out, "{}", serde_json::to_string_pretty(&summary).unwrap_or_default())?;
         }
     }

@@ -6,37 +6,74 @@
 //!   receipt), PROCESSING records whose lease expired (due at expiry),
 //!   RETRYABLE records whose retry is due → re-driven to SQS.
 //! - `out#…`: outbox items still pending, or claimed by a dispatcher that
-//!   died → published (same idempotency key).
+//!   died → published (same idempotency key); a failed publish backs off and,
+//!   its attempts exhausted, goes DEAD (see [`crate::outbox`]).
 //! - `ent#…`: entitlements whose last provider check is older than the drift
 //!   interval → compared with Stripe; drift is repaired by a reconciliation
 //!   event (`recon:<subscription>:<fetch version>`) through the processor.
 //!
 //! Each item is claimed before it is acted on with a conditional update of
-//! its `due_at` (from the value read to the next look), so two runs at once
-//! never both act on it, and a rerun finds nothing it already did. A run stops
-//! at its item budget or deadline; what it did not reach stays due, so the
-//! next run continues.
+//! its `due_at` (from the value read to the next look) that also writes a
+//! claim token, so two runs at once never both act on it, a rerun finds
+//! nothing it already did, and a claim whose acknowledgement was lost is
+//! recognised by its own SDK retry (the item met carries our token). A claimed
+//! item stays in the index, due at its next look: if the run dies or the
+//! action fails, a later run acts again. A record re-driven because it was
+//! never sent is noted as sent (`enqueued_at`) only after the send.
+//!
+//! Failures are isolated: an item whose action fails is counted in
+//! `Summary::errors` under its phase, logged, and left due; every phase runs
+//! (a phase stops early only when throttled, or after
+//! [`MAX_CONSECUTIVE_ERRORS`] failures in a row); evidence is gathered and the
+//! metrics are emitted on every run. A run stops at its item budget or
+//! deadline; what it did not reach stays due, so the next run continues.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
-use crate::adapters::dynamodb::{DUE_INDEX, DynamoLedger, attr, due_shard, due_shard_named, status_shard};
+use crate::adapters::dynamodb::{DUE_INDEX, DynamoLedger, META_SK, attr, due_shard, due_shard_named, status_shard};
 use crate::adapters::port_error;
 use crate::app::entitlement::DRIFT_SHARD_PREFIX;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
-use crate::outbox::Dispatcher;
-use crate::projection::fetch::{ProviderError, SubscriptionSource};
+use crate::outbox::{Dispatched, Dispatcher};
+use crate::projection::fetch::SubscriptionSource;
 use crate::projection::{STATE_SK, get_n, get_s};
+
+/// A phase stops after this many item failures in a row (its dependency is
+/// down); what it did not reach stays due for the next run.
+pub const MAX_CONSECUTIVE_ERRORS: u32 = 5;
+
+/// The claim token an item's `due_at` claim writes (see the module docs).
+const CLAIM_TOKEN: &str = "redrive_token";
+
+/// Metrics the reconciler emits (namespace from `HOOKLEDGER_METRICS_NAMESPACE`,
+/// dimension `function = reconciler`); the SAM template's alarms must name
+/// only these (checked by `infra/check_template.py` through `hookledger schema`).
+pub const METRICS: &[&str] = &[
+    "reconciler_runs",
+    "reconciler_errors",
+    "redriven",
+    "outbox_republished",
+    "dead_letters",
+    "parked",
+    "outbox_dead",
+    "stuck_leases",
+    "drift_found_last_run",
+    "oldest_unprocessed_age",
+    "reconcile_duration",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReconcilerSettings {
     /// Items acted on per run, at most.
     pub max_items: usize,
-    /// When a re-driven record is looked at again if still not done.
+    /// When a re-driven record is looked at again if still not done (also
+    /// when a failed drift check is retried).
     pub redrive_backoff_ms: i64,
     /// How old an entitlement's last provider check must be to check it again.
     pub drift_interval_ms: i64,
@@ -62,16 +99,60 @@ pub struct Summary {
     /// Re-driven records by reason: never_sent, not_picked_up, lease_expired, retry_due.
     pub redriven: BTreeMap<String, u64>,
     pub outbox_republished: u64,
+    /// Outbox publishes that failed this run (each retried after a backoff, or dead).
+    pub outbox_failed: u64,
+    /// Outbox items that went DEAD this run.
+    pub outbox_dead_lettered: u64,
     pub drift_checked: u64,
     pub drift_found: u64,
     pub drift_repaired: u64,
     pub dead_letters: u64,
     pub parked: u64,
+    /// Outbox items in DEAD (all, not only this run's).
+    pub outbox_dead: u64,
     /// Expired leases seen (each also counted in `redriven.lease_expired`).
     pub stuck_leases: u64,
     pub oldest_unprocessed_age_ms: Option<i64>,
-    /// False when the run stopped at its budget or deadline.
+    /// Failures by phase (redrive, outbox, drift, evidence); each item's is
+    /// logged, and the item stays due for a later run.
+    pub errors: BTreeMap<String, u64>,
+    /// False when the run stopped at its budget or deadline, was throttled,
+    /// or a phase stopped after repeated failures.
     pub complete: bool,
+    /// False when the evidence queries failed (its counts above are then not
+    /// measured, and their metrics are not emitted).
+    pub evidence: bool,
+}
+
+impl Summary {
+    pub fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+}
+
+/// A phase's record of failures in a row.
+#[derive(Default)]
+struct Failures {
+    in_a_row: u32,
+}
+
+impl Failures {
+    /// Counts and logs one item's failure; `true` when the phase should stop.
+    fn item(&mut self, phase: &'static str, item: &str, e: &PortError, summary: &mut Summary) -> bool {
+        *summary.errors.entry(phase.to_owned()).or_default() += 1;
+        tracing::warn!(phase, item, error = %e, "reconciler item failed; it stays due for a later run");
+        self.in_a_row += 1;
+        let stop = matches!(e, PortError::Throttled { .. }) || self.in_a_row >= MAX_CONSECUTIVE_ERRORS;
+        if stop {
+            summary.complete = false;
+            tracing::warn!(phase, failures_in_a_row = self.in_a_row, "phase stopped; the next run continues");
+        }
+        stop
+    }
+
+    fn ok(&mut self) {
+        self.in_a_row = 0;
+    }
 }
 
 pub struct Reconciler<Q> {
@@ -94,29 +175,37 @@ impl<Q: WorkQueue> Reconciler<Q> {
     }
 
     /// One bounded run. `deadline`: stop acting after this instant (the
-    /// Lambda's remaining time minus a margin).
-    pub async fn run(&self, now_ms: i64, deadline: Instant) -> Result<Summary, PortError> {
+    /// Lambda's remaining time minus a margin). Never fails: every failure is
+    /// counted in the summary's `errors`, and the metrics are emitted.
+    pub async fn run(&self, now_ms: i64, deadline: Instant) -> Summary {
         let mut summary = Summary { complete: true, ..Default::default() };
         let mut budget = self.settings.max_items;
         let started = Instant::now();
-        let result = async {
-            self.redrive(now_ms, deadline, &mut budget, &mut summary).await?;
-            self.outbox(now_ms, deadline, &mut budget, &mut summary).await?;
-            self.drift(now_ms, deadline, &mut budget, &mut summary).await?;
-            Ok::<_, PortError>(())
-        }
-        .await;
-        match result {
-            Ok(_) => {}
-            Err(e) if matches!(e, PortError::Throttled { .. }) => {
-                summary.complete = false;
-                tracing::warn!(error = %e, "reconciler throttled; the next run continues");
+        let redrive = self.redrive(now_ms, deadline, &mut budget, &mut summary).await;
+        self.phase_result("redrive", redrive, &mut summary);
+        let outbox = self.outbox(now_ms, deadline, &mut budget, &mut summary).await;
+        self.phase_result("outbox", outbox, &mut summary);
+        let drift = self.drift(now_ms, deadline, &mut budget, &mut summary).await;
+        self.phase_result("drift", drift, &mut summary);
+        match self.evidence(now_ms, &mut summary).await {
+            Ok(()) => summary.evidence = true,
+            Err(e) => {
+                *summary.errors.entry("evidence".into()).or_default() += 1;
+                tracing::error!(error = %e, "reconciler evidence not gathered");
             }
-            Err(e) => return Err(e),
         }
-        self.evidence(now_ms, &mut summary).await?;
         self.emit(&summary, started);
-        Ok(summary)
+        summary
+    }
+
+    /// A phase that could not go on (its index query failed): counted, and
+    /// the run continues with the next phase.
+    fn phase_result(&self, phase: &'static str, result: Result<(), PortError>, summary: &mut Summary) {
+        if let Err(e) = result {
+            summary.complete = false;
+            *summary.errors.entry(phase.to_owned()).or_default() += 1;
+            tracing::warn!(phase, error = %e, "reconciler phase stopped; the next run continues");
+        }
     }
 
     fn out_of_time(&self, deadline: Instant, budget: usize, summary: &mut Summary) -> bool {
@@ -127,35 +216,112 @@ impl<Q: WorkQueue> Reconciler<Q> {
         false
     }
 
-    /// Moves an item's `due_at` from `seen` to `next`; `false` if someone
-    /// else did first. `extra_set` may use `:now`.
-    async fn claim_due(
-        &self,
-        pk: &str,
-        sk: &str,
-        seen: i64,
-        next: i64,
-        now: i64,
-        extra_set: &str,
-    ) -> Result<bool, PortError> {
-        let mut req = self
+    /// Claims a due item: moves its `due_at` from `seen` to `next` and writes
+    /// a fresh claim token. `Ok(Some(token))`: this run owns it; `Ok(None)`:
+    /// another run moved it first.
+    async fn claim_due(&self, pk: &str, sk: &str, seen: i64, next: i64) -> Result<Option<String>, PortError> {
+        let token = uuid::Uuid::new_v4().to_string();
+        // Timeline guarded: two runs at once read the same due item; only the
+        // one whose update still finds `due_at = seen` acts. The other's fails.
+        // Our own SDK retry after a lost acknowledgement fails the same way,
+        // against our write: the item it met carries our token, so we own it.
+        let result = self
             .ledger
             .client()
             .update_item()
             .table_name(self.ledger.table())
             .key(attr::PK, AttributeValue::S(pk.to_owned()))
             .key(attr::SK, AttributeValue::S(sk.to_owned()))
-            .update_expression(format!("SET due_at = :next{extra_set} ADD redrives :one"))
+            .update_expression(format!("SET due_at = :next, {CLAIM_TOKEN} = :tok ADD redrives :one"))
             .condition_expression("due_at = :seen")
             .expression_attribute_values(":next", AttributeValue::N(next.to_string()))
             .expression_attribute_values(":seen", AttributeValue::N(seen.to_string()))
-            .expression_attribute_values(":one", AttributeValue::N("1".into()));
-        if extra_set.contains(":now") {
-            req = req.expression_attribute_values(":now", AttributeValue::N(now.to_string()));
+            .expression_attribute_values(":tok", AttributeValue::S(token.clone()))
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Some(token)),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(ccf)) => {
+                    let met = match ccf.item() {
+                        Some(item) => item.clone(),
+                        None => self.read(pk, sk).await?,
+                    };
+                    if get_s(&met, CLAIM_TOKEN) == Some(token.as_str()) {
+                        tracing::info!(item = %pk, "claim acknowledgement lost; continuing as its owner");
+                        Ok(Some(token))
+                    } else {
+                        Ok(None)
+                    }
+                }
+                _ => Err(port_error("dynamodb", &e)),
+            },
         }
-        match req.send().await {
-            Ok(_) => Ok(true),
-            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(false),
+    }
+
+    /// A consistent read (for emulators that return no item with a failed condition).
+    async fn read(&self, pk: &str, sk: &str) -> Result<HashMap<String, AttributeValue>, PortError> {
+        let out = self
+            .ledger
+            .client()
+            .get_item()
+            .table_name(self.ledger.table())
+            .key(attr::PK, AttributeValue::S(pk.to_owned()))
+            .key(attr::SK, AttributeValue::S(sk.to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(out.item.unwrap_or_default())
+    }
+
+    /// Notes that a re-driven record was handed to the queue, after the send.
+    async fn note_enqueued(&self, pk: &str, now_ms: i64) -> Result<(), PortError> {
+        // Timeline guarded: the intake or an earlier re-drive may have noted
+        // it first (keep the first time), the record may be gone (TTL), and
+        // our own retry after a lost acknowledgement meets our own note.
+        let result = self
+            .ledger
+            .client()
+            .update_item()
+            .table_name(self.ledger.table())
+            .key(attr::PK, AttributeValue::S(pk.to_owned()))
+            .key(attr::SK, AttributeValue::S(META_SK.to_owned()))
+            .update_expression("SET enqueued_at = :now")
+            .condition_expression("attribute_exists(pk) AND attribute_not_exists(enqueued_at)")
+            .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(()),
+            Err(e) => Err(port_error("dynamodb", &e)),
+        }
+    }
+
+    /// Moves a claimed item's next look to `at`, if this run still holds it.
+    async fn reschedule(&self, pk: &str, sk: &str, token: &str, at: i64) -> Result<(), PortError> {
+        // Timeline guarded: another run may have claimed the item since; its
+        // token then differs and its schedule stands. A retry of our own
+        // update writes the same values again.
+        let result = self
+            .ledger
+            .client()
+            .update_item()
+            .table_name(self.ledger.table())
+            .key(attr::PK, AttributeValue::S(pk.to_owned()))
+            .key(attr::SK, AttributeValue::S(sk.to_owned()))
+            .update_expression("SET due_at = :at")
+            .condition_expression(format!("{CLAIM_TOKEN} = :tok"))
+            .expression_attribute_values(":at", AttributeValue::N(at.to_string()))
+            .expression_attribute_values(":tok", AttributeValue::S(token.to_owned()))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(()),
             Err(e) => Err(port_error("dynamodb", &e)),
         }
     }
@@ -189,6 +355,7 @@ impl<Q: WorkQueue> Reconciler<Q> {
         budget: &mut usize,
         summary: &mut Summary,
     ) -> Result<(), PortError> {
+        let mut failures = Failures::default();
         // Start at a shard that moves with time, so a run cut short by its
         // budget does not always favour the first shards.
         let shards = self.ledger.shards();
@@ -218,14 +385,36 @@ impl<Q: WorkQueue> Reconciler<Q> {
                         Some(Status::Retryable) => "retry_due",
                         _ => continue,
                     };
-                    let mark_sent = if reason == "never_sent" { ", enqueued_at = :now" } else { "" };
+                    // Claimed, the record stays due at its next look: if the
+                    // send below fails or this invocation dies, a later run
+                    // sends it again.
                     let next = now_ms + self.settings.redrive_backoff_ms;
-                    if !self.claim_due(pk, crate::adapters::dynamodb::META_SK, seen, next, now_ms, mark_sent).await? {
-                        continue;
+                    match self.claim_due(pk, META_SK, seen, next).await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => continue,
+                        Err(e) => {
+                            if failures.item("redrive", pk, &e, summary) {
+                                return Ok(());
+                            }
+                            continue;
+                        }
                     }
                     *budget -= 1;
                     acted += 1;
-                    self.queue.send(&key).await?;
+                    if let Err(e) = self.queue.send(&key).await {
+                        if failures.item("redrive", pk, &e, summary) {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    failures.ok();
+                    if reason == "never_sent" {
+                        // Only now is it sent. Best effort: without the note
+                        // the record is sent again after the backoff.
+                        if let Err(e) = self.note_enqueued(pk, now_ms).await {
+                            failures.item("redrive", pk, &e, summary);
+                        }
+                    }
                     if reason == "lease_expired" {
                         summary.stuck_leases += 1;
                     }
@@ -249,12 +438,58 @@ impl<Q: WorkQueue> Reconciler<Q> {
         summary: &mut Summary,
     ) -> Result<(), PortError> {
         let Some(d) = &self.dispatcher else { return Ok(()) };
-        if self.out_of_time(deadline, *budget, summary) {
-            return Ok(());
+        let mut failures = Failures::default();
+        for shard in 0..self.ledger.shards() {
+            loop {
+                if self.out_of_time(deadline, *budget, summary) {
+                    return Ok(());
+                }
+                let page = d.due(shard, now_ms - self.settings.outbox_grace_ms, *budget).await?;
+                if page.is_empty() {
+                    break;
+                }
+                let mut acted = 0;
+                for item in page {
+                    if self.out_of_time(deadline, *budget, summary) {
+                        return Ok(());
+                    }
+                    let Some(pk) = get_s(&item, attr::PK) else { continue };
+                    // Each outcome but `Skipped` moves the item out of this
+                    // page's range (sent, due later, or dead).
+                    let outcome = match d.dispatch(pk, now_ms).await {
+                        Ok(outcome) => outcome,
+                        Err(e) => {
+                            if failures.item("outbox", pk, &e, summary) {
+                                return Ok(());
+                            }
+                            continue;
+                        }
+                    };
+                    match outcome {
+                        Dispatched::Skipped => continue,
+                        Dispatched::Published => {
+                            failures.ok();
+                            summary.outbox_republished += 1;
+                        }
+                        Dispatched::Retrying { ref error, .. } | Dispatched::Dead { ref error, .. } => {
+                            summary.outbox_failed += 1;
+                            if matches!(outcome, Dispatched::Dead { .. }) {
+                                summary.outbox_dead_lettered += 1;
+                            }
+                            let e = PortError::Unavailable { service: "sns", message: error.clone() };
+                            if failures.item("outbox", pk, &e, summary) {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    *budget -= 1;
+                    acted += 1;
+                }
+                if acted == 0 {
+                    break;
+                }
+            }
         }
-        let sent = d.sweep(self.ledger.shards(), now_ms, self.settings.outbox_grace_ms, *budget).await?;
-        *budget -= sent.min(*budget);
-        summary.outbox_republished += sent as u64;
         Ok(())
     }
 
@@ -266,6 +501,7 @@ impl<Q: WorkQueue> Reconciler<Q> {
         summary: &mut Summary,
     ) -> Result<(), PortError> {
         let Some(source) = &self.subscriptions else { return Ok(()) };
+        let mut failures = Failures::default();
         for shard in 0..self.ledger.shards() {
             loop {
                 if self.out_of_time(deadline, *budget, summary) {
@@ -285,15 +521,39 @@ impl<Q: WorkQueue> Reconciler<Q> {
                     }
                     let (Some(pk), Some(seen)) = (get_s(&item, attr::PK), get_n(&item, attr::DUE_AT)) else { continue };
                     // Checked now: next look after another interval.
-                    if !self.claim_due(pk, STATE_SK, seen, now_ms, now_ms, "").await? {
-                        continue;
-                    }
+                    let token = match self.claim_due(pk, STATE_SK, seen, now_ms).await {
+                        Ok(Some(token)) => token,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            if failures.item("drift", pk, &e, summary) {
+                                return Ok(());
+                            }
+                            continue;
+                        }
+                    };
                     *budget -= 1;
                     acted += 1;
                     summary.drift_checked += 1;
-                    if self.check_entitlement(&item, source.as_ref(), now_ms).await? {
-                        summary.drift_found += 1;
-                        summary.drift_repaired += 1;
+                    match self.check_entitlement(&item, source.as_ref(), now_ms).await {
+                        Ok(drift) => {
+                            failures.ok();
+                            if drift {
+                                summary.drift_found += 1;
+                                summary.drift_repaired += 1;
+                            }
+                        }
+                        Err(e) => {
+                            let stop = failures.item("drift", pk, &e, summary);
+                            // Look again after the re-drive backoff rather than a
+                            // whole interval (still out of this run's range).
+                            let retry = now_ms - self.settings.drift_interval_ms + self.settings.redrive_backoff_ms;
+                            if let Err(e) = self.reschedule(pk, STATE_SK, &token, retry.min(now_ms)).await {
+                                tracing::warn!(item = %pk, error = %e, "drift check not rescheduled; next look after the interval");
+                            }
+                            if stop {
+                                return Ok(());
+                            }
+                        }
                     }
                 }
                 if acted == 0 {
@@ -306,6 +566,8 @@ impl<Q: WorkQueue> Reconciler<Q> {
 
     /// Compares one entitlement with Stripe; on drift, submits a
     /// reconciliation event through the normal pipeline. `Ok(true)`: drift.
+    /// A provider that cannot answer is an error (counted; the check is
+    /// retried after the re-drive backoff).
     async fn check_entitlement(
         &self,
         item: &HashMap<String, AttributeValue>,
@@ -320,10 +582,7 @@ impl<Q: WorkQueue> Reconciler<Q> {
         }
         let fetched = match source.subscription(&sub).await {
             Ok(f) => f,
-            Err(ProviderError::Unavailable(m) | ProviderError::Rejected(m)) => {
-                tracing::warn!(subscription = %sub, error = %m, "drift check skipped: provider unavailable");
-                return Ok(false);
-            }
+            Err(e) => return Err(PortError::Unavailable { service: "provider", message: format!("{sub}: {e}") }),
         };
         let (status, seats) = match &fetched.object {
             Some(s) => (s.status.clone(), s.seats),
@@ -362,8 +621,23 @@ impl<Q: WorkQueue> Reconciler<Q> {
                 until_ms: now_ms + crate::intake::SEND_LEASE_MS,
             },
         };
-        if self.ledger.claim(&event).await? == Claim::New {
+        // The repair's identity is fixed by the provider's version, so any
+        // earlier attempt at this repair claimed the same record: our own
+        // claim whose acknowledgement was lost (the SDK retry then meets it),
+        // or a run that died before storing or sending. "Already exists"
+        // never means "done": a missing payload is stored and a record never
+        // sent is sent (a duplicate on the queue is absorbed by the lease).
+        let (store, send) = match self.ledger.claim(&event).await? {
+            Claim::New => (true, true),
+            Claim::Existing(old) => (
+                !old.payload_stored && old.payload_hash == hash && !old.status.is_terminal(),
+                old.status == Status::Received && old.enqueued_at_ms.is_none(),
+            ),
+        };
+        if store {
             self.ledger.store_payload(&key, &hash, &body, expires_at).await?;
+        }
+        if send {
             self.queue.send(&key).await?;
             self.ledger.mark_enqueued(&key, now_ms).await?;
             metrics::counter!("drift_repaired", "projection" => "entitlements").increment(1);
@@ -371,11 +645,14 @@ impl<Q: WorkQueue> Reconciler<Q> {
         Ok(true)
     }
 
-    /// Dead letters, parked records and the oldest unprocessed age, from the status index.
+    /// Dead letters, parked records, dead outbox items and the oldest
+    /// unprocessed age, from the status index.
     async fn evidence(&self, now_ms: i64, summary: &mut Summary) -> Result<(), PortError> {
         let ops = crate::ops::Ops::new(self.ledger.clone(), NoQueue);
         summary.dead_letters = ops.count(Status::Dead).await?;
         summary.parked = ops.count(Status::Parked).await?;
+        summary.outbox_dead =
+            crate::outbox::count_dead(self.ledger.client(), self.ledger.table(), self.ledger.shards()).await?;
         let mut oldest: Option<i64> = None;
         for status in [Status::Received, Status::Retryable, Status::Processing] {
             for shard in 0..self.ledger.shards() {
@@ -401,18 +678,34 @@ impl<Q: WorkQueue> Reconciler<Q> {
         Ok(())
     }
 
+    /// Emitted on every run. `reconciler_runs` is the heartbeat (its absence
+    /// alarms), `reconciler_errors` is set even when zero (so "no errors" is a
+    /// data point, not missing data). The evidence gauges are set only when
+    /// measured: a failed measurement must not report zero dead letters (a
+    /// warm container's collector repeats the last measured value; the
+    /// failure itself is in `reconciler_errors`).
     fn emit(&self, s: &Summary, started: Instant) {
+        metrics::counter!("reconciler_runs").increment(1);
+        metrics::gauge!("reconciler_errors").set(s.error_count() as f64);
         for (reason, n) in &s.redriven {
             metrics::counter!("redriven", "reason" => reason.clone()).increment(*n);
         }
         metrics::counter!("outbox_republished").increment(s.outbox_republished);
-        metrics::gauge!("dead_letters").set(s.dead_letters as f64);
-        metrics::gauge!("parked").set(s.parked as f64);
         metrics::gauge!("stuck_leases").set(s.stuck_leases as f64);
         metrics::gauge!("drift_found_last_run").set(s.drift_found as f64);
-        metrics::gauge!("oldest_unprocessed_age").set(s.oldest_unprocessed_age_ms.unwrap_or(0) as f64);
+        if s.evidence {
+            metrics::gauge!("dead_letters").set(s.dead_letters as f64);
+            metrics::gauge!("parked").set(s.parked as f64);
+            metrics::gauge!("outbox_dead").set(s.outbox_dead as f64);
+            metrics::gauge!("oldest_unprocessed_age").set(s.oldest_unprocessed_age_ms.unwrap_or(0) as f64);
+        }
         metrics::histogram!("reconcile_duration").record(started.elapsed().as_secs_f64() * 1000.0);
-        tracing::info!(summary = %serde_json::to_string(s).unwrap_or_default(), "reconciler run");
+        let summary = serde_json::to_string(s).unwrap_or_default();
+        if s.errors.is_empty() {
+            tracing::info!(summary = %summary, "reconciler run");
+        } else {
+            tracing::warn!(summary = %summary, errors = s.error_count(), "reconciler run with errors");
+        }
     }
 }
 

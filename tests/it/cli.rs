@@ -249,6 +249,7 @@ async fn reconcile_and_setup_commands_run() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["queue"]["maxReceiveCount"], 10);
     assert_eq!(v["table"]["GlobalSecondaryIndexes"].as_array().unwrap().len(), 2);
+    assert!(v["metrics"]["reconciler"].as_array().unwrap().iter().any(|m| m == "reconciler_runs"), "{out}");
     let (r, _) = stack.cli(&["no-such-command"]).await;
     assert!(r.unwrap_err().contains("unrecognized subcommand"));
 }

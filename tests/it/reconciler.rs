@@ -5,13 +5,17 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::sqs::SqsQueue;
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::account_ledger::balance_pk;
 use hookledger::app::entitlement::entitlement_pk;
-use hookledger::ledger::Ledger;
+use hookledger::identity::EventKey;
+use hookledger::ledger::{Ledger, PortError, WorkQueue};
+use hookledger::outbox::{DispatchPolicy, Dispatcher, OutboxMessage, outbox_put};
 use hookledger::processor::Outcome;
 use hookledger::projection::fetch::SubscriptionSource;
-use hookledger::reconciler::ReconcilerSettings;
+use hookledger::reconciler::{Reconciler, ReconcilerSettings};
 use hookledger::secret::Secret;
 
 use crate::fake_provider::FakeStripe;
@@ -39,16 +43,16 @@ async fn a_never_sent_claim_is_processed_after_one_reconciler_run() {
         .await;
     assert!(stack.drain_queue().await.is_empty());
     let r = stack.reconciler(ReconcilerSettings::default(), None);
-    let early = r.run(now_ms(), later()).await.unwrap();
+    let early = r.run(now_ms(), later()).await;
     assert!(early.redriven.is_empty(), "inside the grace period the intake may still be sending: {early:?}");
-    let summary = r.run(now_ms() + AFTER_GRACE, later()).await.unwrap();
+    let summary = r.run(now_ms() + AFTER_GRACE, later()).await;
     assert_eq!(summary.redriven.get("never_sent"), Some(&1));
     assert!(summary.complete);
     run_processor(&stack, stack.app(fast_settings(), None), 3, Duration::from_secs(20)).await;
     assert_eq!(s(&stack.record(&key).await, "status"), "PROCESSED");
     assert_eq!(n(&stack.state(&balance_pk("t1", "acct_n")).await.unwrap(), "balance"), 42);
     // A rerun finds nothing to do.
-    let again = r.run(now_ms() + AFTER_GRACE, later()).await.unwrap();
+    let again = r.run(now_ms() + AFTER_GRACE, later()).await;
     assert!(again.redriven.is_empty(), "{again:?}");
 }
 
@@ -78,7 +82,7 @@ async fn expired_leases_and_due_retries_are_redriven_and_not_yet_due_ones_left_a
         ledger.mark_enqueued(k, now).await.unwrap();
     }
 
-    let summary = stack.reconciler(ReconcilerSettings::default(), None).run(now + 2_000, later()).await.unwrap();
+    let summary = stack.reconciler(ReconcilerSettings::default(), None).run(now + 2_000, later()).await;
     assert_eq!(summary.redriven.get("lease_expired"), Some(&1), "{summary:?}");
     assert_eq!(summary.redriven.get("retry_due"), Some(&1), "{summary:?}");
     assert_eq!(summary.stuck_leases, 1);
@@ -115,7 +119,6 @@ async fn two_runs_at_once_over_500_stuck_records_give_one_effect_each() {
     let (a, b) = (Arc::new(stack.reconciler(settings, None)), Arc::new(stack.reconciler(settings, None)));
     let at = now_ms() + AFTER_GRACE;
     let (ra, rb) = tokio::join!(a.run(at, later()), b.run(at, later()));
-    let (ra, rb) = (ra.unwrap(), rb.unwrap());
     let total =
         ra.redriven.get("never_sent").copied().unwrap_or(0) + rb.redriven.get("never_sent").copied().unwrap_or(0);
     assert_eq!(total, 500, "each record re-driven by exactly one run: {ra:?} {rb:?}");
@@ -150,7 +153,7 @@ async fn drift_is_detected_against_the_fake_provider_and_repaired_through_the_pi
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
     let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
     let r = stack.reconciler(settings, Some(source.clone()));
-    let clean = r.run(now_ms() + 1, later()).await.unwrap();
+    let clean = r.run(now_ms() + 1, later()).await;
     assert_eq!((clean.drift_checked, clean.drift_found), (1, 0));
 
     // Behind the system's back: the local projection is edited, and the provider moves on too.
@@ -168,7 +171,7 @@ async fn drift_is_detected_against_the_fake_provider_and_repaired_through_the_pi
         .unwrap();
     fake.set("sub_d", "cus_d", "past_due", 5);
 
-    let found = r.run(now_ms() + 2, later()).await.unwrap();
+    let found = r.run(now_ms() + 2, later()).await;
     assert_eq!((found.drift_checked, found.drift_found, found.drift_repaired), (1, 1, 1), "{found:?}");
     let repair: Vec<String> =
         stack.meta_items().await.iter().map(|m| s(m, "pk")).filter(|pk| pk.contains("#recon:sub_d:")).collect();
@@ -177,7 +180,7 @@ async fn drift_is_detected_against_the_fake_provider_and_repaired_through_the_pi
     let ent = stack.state(&pk).await.unwrap();
     assert_eq!((s(&ent, "status").as_str(), n(&ent, "seats")), ("past_due", 5));
 
-    let second = r.run(now_ms() + 3, later()).await.unwrap();
+    let second = r.run(now_ms() + 3, later()).await;
     assert_eq!((second.drift_checked, second.drift_found), (1, 0), "{second:?}");
     assert!(fake.requests.load(Ordering::SeqCst) >= 4);
 }
@@ -193,7 +196,7 @@ async fn a_run_over_its_bound_stops_cleanly_and_the_next_run_continues() {
     let at = now_ms() + AFTER_GRACE;
     let mut sent = Vec::new();
     for expected in [10, 10, 5] {
-        let summary = r.run(at, later()).await.unwrap();
+        let summary = r.run(at, later()).await;
         let n = summary.redriven.get("never_sent").copied().unwrap_or(0);
         assert_eq!(n, expected, "{summary:?}");
         assert_eq!(summary.complete, expected < 10, "{summary:?}");
@@ -202,7 +205,7 @@ async fn a_run_over_its_bound_stops_cleanly_and_the_next_run_continues() {
     sent.sort();
     sent.dedup();
     assert_eq!(sent.len(), 25, "every record re-driven once across the runs");
-    let last = r.run(at, later()).await.unwrap();
+    let last = r.run(at, later()).await;
     assert!(last.redriven.is_empty() && last.complete);
 }
 
@@ -210,10 +213,336 @@ async fn a_run_over_its_bound_stops_cleanly_and_the_next_run_continues() {
 async fn a_run_past_its_deadline_does_nothing_and_says_so() {
     let stack = Stack::new().await;
     stack.claim("standard_webhooks", "svix", "msg_deadline", None, b"{}").await;
-    let summary = stack
-        .reconciler(ReconcilerSettings::default(), None)
-        .run(now_ms() + AFTER_GRACE, Instant::now())
-        .await
-        .unwrap();
+    let summary =
+        stack.reconciler(ReconcilerSettings::default(), None).run(now_ms() + AFTER_GRACE, Instant::now()).await;
     assert!(!summary.complete && summary.redriven.is_empty());
+}
+
+// --- Failure isolation and lost acknowledgements -------------------------
+
+mod faults {
+    //! A DynamoDB client that loses acknowledgements: the first `times`
+    //! requests of one operation whose body contains a marker reach the
+    //! emulator and commit, then their response is replaced by a 500, so the
+    //! SDK retries the write against its own committed result.
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use aws_sdk_dynamodb::config::interceptors::{
+        BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+    };
+    use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+    use aws_sdk_dynamodb::error::BoxError;
+
+    #[derive(Debug, Clone)]
+    pub struct LoseAck {
+        operation: &'static str,
+        marker: &'static str,
+        remaining: Arc<AtomicU32>,
+        armed: Arc<AtomicBool>,
+        pub lost: Arc<AtomicU32>,
+    }
+
+    impl LoseAck {
+        pub fn new(operation: &'static str, marker: &'static str, times: u32) -> Self {
+            Self {
+                operation,
+                marker,
+                remaining: Arc::new(AtomicU32::new(times)),
+                armed: Arc::new(AtomicBool::new(false)),
+                lost: Arc::new(AtomicU32::new(0)),
+            }
+        }
+
+        pub fn client(&self, aws: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
+            let conf = aws_sdk_dynamodb::config::Builder::from(aws).interceptor(self.clone()).build();
+            aws_sdk_dynamodb::Client::from_conf(conf)
+        }
+    }
+
+    impl Intercept for LoseAck {
+        fn name(&self) -> &'static str {
+            "LoseAck"
+        }
+
+        fn read_before_transmit(
+            &self,
+            ctx: &BeforeTransmitInterceptorContextRef<'_>,
+            _rc: &RuntimeComponents,
+            _cfg: &mut ConfigBag,
+        ) -> Result<(), BoxError> {
+            let req = ctx.request();
+            let target = req.headers().get("x-amz-target").unwrap_or_default();
+            let body = req.body().bytes().map(String::from_utf8_lossy).unwrap_or_default();
+            if target.ends_with(&format!(".{}", self.operation))
+                && body.contains(self.marker)
+                && self.remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+            {
+                self.armed.store(true, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+
+        fn modify_before_deserialization(
+            &self,
+            ctx: &mut BeforeDeserializationInterceptorContextMut<'_>,
+            _rc: &RuntimeComponents,
+            _cfg: &mut ConfigBag,
+        ) -> Result<(), BoxError> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                assert!(ctx.response().status().is_success(), "the write to lose must have committed");
+                *ctx.response_mut().status_mut() = 500u16.try_into().unwrap();
+                self.lost.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A work queue that refuses keys containing `refuse` (a non-throttling fault).
+struct RefusingQueue {
+    inner: SqsQueue,
+    refuse: &'static str,
+}
+
+impl WorkQueue for RefusingQueue {
+    async fn send(&self, key: &EventKey) -> Result<(), PortError> {
+        if key.as_str().contains(self.refuse) {
+            return Err(PortError::Unavailable { service: "sqs", message: "injected: access denied".into() });
+        }
+        self.inner.send(key).await
+    }
+}
+
+fn reconciler_with<Q: WorkQueue>(
+    stack: &Stack,
+    ddb: aws_sdk_dynamodb::Client,
+    queue: Q,
+    source: Option<Arc<dyn SubscriptionSource>>,
+    settings: ReconcilerSettings,
+) -> Reconciler<Q> {
+    let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
+    Reconciler::new(DynamoLedger::new(ddb, &stack.table), queue, Some(dispatcher), source, settings)
+}
+
+fn sqs_queue(stack: &Stack) -> SqsQueue {
+    SqsQueue::new(stack.sqs.clone(), &stack.queue_url)
+}
+
+/// One run, its summary as JSON (fields by name).
+async fn run_json<Q: WorkQueue>(r: &Reconciler<Q>, at: i64) -> serde_json::Value {
+    serde_json::to_value(r.run(at, later()).await).unwrap()
+}
+
+/// Writes an outbox item as a processor commit would, due `at`.
+async fn put_outbox(stack: &Stack, event: &str, topic: &str, at: i64) -> String {
+    let key = EventKey::new("stripe", "stripe-a", event);
+    let msg = OutboxMessage {
+        topic_arn: topic.to_owned(),
+        action: "subscription.changed".into(),
+        group: "sub_x".into(),
+        body: serde_json::json!({"event": event}),
+    };
+    let (pk, put) = outbox_put(&stack.table, &key, &msg, at, 16);
+    stack.ddb.transact_write_items().transact_items(put).send().await.unwrap();
+    pk
+}
+
+async fn outbox_item(stack: &Stack, pk: &str) -> std::collections::HashMap<String, AttributeValue> {
+    stack
+        .ddb
+        .get_item()
+        .table_name(&stack.table)
+        .key("pk", AttributeValue::S(pk.into()))
+        .key("sk", AttributeValue::S("outbox".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap()
+}
+
+/// An entitlement the drift phase will check (`interval 0`), its provider state
+/// already moved on; returns the fake provider and the source.
+async fn drifting_entitlement(
+    stack: &Stack,
+    sub: &str,
+    customer: &str,
+) -> (Arc<FakeStripe>, Arc<dyn SubscriptionSource>) {
+    stack.map_customer(customer, &format!("acct_{customer}")).await;
+    let (fake, base) = FakeStripe::start().await;
+    let source: Arc<dyn SubscriptionSource> = Arc::new(StripeApi::new(base, Secret::new("sk_test_fake")).unwrap());
+    fake.set(sub, customer, "active", 5);
+    let event = format!("evt_{sub}");
+    let key = stack.claim("stripe", "stripe-a", &event, None, &sub_updated(&event, sub, customer)).await;
+    let p = stack.processor(fast_settings(), Some(source.clone()), None);
+    assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
+    fake.set(sub, customer, "past_due", 5);
+    (fake, source)
+}
+
+const NO_TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:no-such-topic";
+
+#[tokio::test]
+async fn a_failing_outbox_publish_does_not_abort_the_run_and_every_phase_reports() {
+    let stack = Stack::new().await;
+    let (_fake, source) = drifting_entitlement(&stack, "sub_fo", "cus_fo").await;
+    let now = now_ms();
+    let bad = put_outbox(&stack, "evt_fo_bad", NO_TOPIC, now).await;
+    let lost = stack.claim("standard_webhooks", "svix", "msg_fo_lost", None, b"{}").await;
+    let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
+    let r = reconciler_with(&stack, stack.ddb.clone(), sqs_queue(&stack), Some(source), settings);
+
+    let at = now + AFTER_GRACE;
+    let summary = run_json(&r, at).await;
+    assert_eq!(summary["redriven"]["never_sent"], 1, "{summary}");
+    assert_eq!(summary["errors"]["outbox"], 1, "the failure is counted: {summary}");
+    assert_eq!((summary["drift_checked"].clone(), summary["drift_found"].clone()), (1.into(), 1.into()), "{summary}");
+    assert!(summary["oldest_unprocessed_age_ms"].is_i64(), "evidence gathered: {summary}");
+    assert!(stack.drain_queue().await.iter().any(|b| b.contains(lost.as_str())));
+    // The failed item backs off: pending again, due later, the attempt counted.
+    let item = outbox_item(&stack, &bad).await;
+    assert_eq!((s(&item, "status").as_str(), n(&item, "dispatch_attempts")), ("PENDING", 1));
+    assert!(n(&item, "due_at") > at, "{item:?}");
+    let again = run_json(&r, at).await;
+    assert!(again["errors"].as_object().is_none_or(|e| e.is_empty()), "not retried before its backoff: {again}");
+}
+
+#[tokio::test]
+async fn an_outbox_item_that_keeps_failing_goes_dead_out_of_the_due_index_and_is_counted() {
+    let stack = Stack::new().await;
+    let now = now_ms();
+    let bad = put_outbox(&stack, "evt_dead_out", NO_TOPIC, now).await;
+    let r = reconciler_with(&stack, stack.ddb.clone(), sqs_queue(&stack), None, ReconcilerSettings::default());
+    let max = i64::from(DispatchPolicy::default().max_attempts);
+    let mut last = serde_json::Value::Null;
+    // A day apart: every backoff has passed. Each run makes one attempt.
+    for i in 1..=max {
+        last = run_json(&r, now + i * 86_400_000).await;
+        let item = outbox_item(&stack, &bad).await;
+        let want = if i < max { "PENDING" } else { "DEAD" };
+        assert_eq!((s(&item, "status").as_str(), n(&item, "dispatch_attempts")), (want, i), "run {i}: {last}");
+        assert_eq!(last["errors"]["outbox"], 1, "run {i}: {last}");
+    }
+    assert_eq!(last["outbox_dead_lettered"], 1, "{last}");
+    let item = outbox_item(&stack, &bad).await;
+    assert_eq!(s(&item, "status"), "DEAD", "{item:?}");
+    assert!(!item.contains_key("due_shard") && !item.contains_key("due_at"), "out of the due index: {item:?}");
+    assert!(s(&item, "st_shard").starts_with("OUTBOX_DEAD#"), "findable in the status index: {item:?}");
+    assert!(!s(&item, "last_error").is_empty(), "{item:?}");
+    assert_eq!(last["outbox_dead"], 1, "{last}");
+    let after = run_json(&r, now + 30 * 86_400_000).await;
+    assert_eq!((after["outbox_dead"].clone(), after["errors"].get("outbox").cloned()), (1.into(), None), "{after}");
+}
+
+#[tokio::test]
+async fn a_redrive_whose_send_fails_does_not_mark_the_record_sent() {
+    let stack = Stack::new().await;
+    let key = stack.claim("standard_webhooks", "svix", "msg_rd_fail", None, b"{}").await;
+    let refusing = RefusingQueue { inner: sqs_queue(&stack), refuse: "msg_rd_fail" };
+    let at = now_ms() + AFTER_GRACE;
+    let failed = run_json(&reconciler_with(&stack, stack.ddb.clone(), refusing, None, Default::default()), at).await;
+    let record = stack.record(&key).await;
+    assert!(!record.contains_key("enqueued_at"), "marked sent though the send failed: {record:?} (run: {failed})");
+    assert_eq!(failed["errors"]["redrive"], 1);
+    // It stays re-drivable: after the backoff a healthy run sends it, still as never sent.
+    let r = reconciler_with(&stack, stack.ddb.clone(), sqs_queue(&stack), None, ReconcilerSettings::default());
+    let next = run_json(&r, at + ReconcilerSettings::default().redrive_backoff_ms).await;
+    assert_eq!(next["redriven"]["never_sent"], 1, "{next}");
+    assert_eq!(stack.drain_queue().await.len(), 1);
+    assert!(stack.record(&key).await.contains_key("enqueued_at"));
+}
+
+#[tokio::test]
+async fn a_failing_send_for_one_record_does_not_abort_the_run() {
+    let stack = Stack::new().await;
+    let good = stack.claim("standard_webhooks", "svix", "msg_one_good", None, b"{}").await;
+    let bad = stack.claim("standard_webhooks", "svix", "msg_one_bad", None, b"{}").await;
+    let refusing = RefusingQueue { inner: sqs_queue(&stack), refuse: "msg_one_bad" };
+    let r = reconciler_with(&stack, stack.ddb.clone(), refusing, None, ReconcilerSettings::default());
+    let summary = run_json(&r, now_ms() + AFTER_GRACE).await;
+    assert_eq!((summary["redriven"]["never_sent"].clone(), summary["errors"]["redrive"].clone()), (1.into(), 1.into()));
+    let sent = stack.drain_queue().await;
+    assert!(sent.len() == 1 && sent[0].contains(good.as_str()), "{sent:?}");
+    assert!(!stack.record(&bad).await.contains_key("enqueued_at"));
+}
+
+#[tokio::test]
+async fn a_lost_ack_on_the_redrive_claim_is_recognised_and_the_record_sent() {
+    let stack = Stack::new().await;
+    let key = stack.claim("standard_webhooks", "svix", "msg_claim_ack", None, b"{}").await;
+    let lose = faults::LoseAck::new("UpdateItem", "redrives :one", 1);
+    let r = reconciler_with(&stack, lose.client(&stack.aws), sqs_queue(&stack), None, ReconcilerSettings::default());
+    let summary = run_json(&r, now_ms() + AFTER_GRACE).await;
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 1, "the fault fired");
+    assert_eq!(summary["redriven"]["never_sent"], 1, "{summary}");
+    let sent = stack.drain_queue().await;
+    assert!(sent.len() == 1 && sent[0].contains(key.as_str()), "{sent:?}");
+}
+
+#[tokio::test]
+async fn a_lost_ack_on_the_outbox_claim_is_recognised_and_the_item_published_once() {
+    let stack = Stack::new().await;
+    let (topic, inbox) = stack.notify_topic().await;
+    let now = now_ms();
+    let pk = put_outbox(&stack, "evt_out_claim_ack", &topic, now).await;
+    let lose = faults::LoseAck::new("UpdateItem", "dispatch_attempts :one", 1);
+    let r = reconciler_with(&stack, lose.client(&stack.aws), sqs_queue(&stack), None, ReconcilerSettings::default());
+    let summary = run_json(&r, now + AFTER_GRACE).await;
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 1, "the fault fired");
+    assert_eq!(summary["outbox_republished"], 1, "{summary}");
+    assert_eq!(stack.drain(&inbox).await.len(), 1);
+    assert_eq!(s(&outbox_item(&stack, &pk).await, "status"), "SENT");
+}
+
+#[tokio::test]
+async fn a_lost_ack_on_the_outbox_mark_is_recognised_as_sent() {
+    let stack = Stack::new().await;
+    let (topic, inbox) = stack.notify_topic().await;
+    let now = now_ms();
+    let pk = put_outbox(&stack, "evt_out_mark_ack", &topic, now).await;
+    let lose = faults::LoseAck::new("UpdateItem", "sent_at", 1);
+    let r = reconciler_with(&stack, lose.client(&stack.aws), sqs_queue(&stack), None, ReconcilerSettings::default());
+    let summary = run_json(&r, now + AFTER_GRACE).await;
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 1, "the fault fired");
+    assert_eq!(summary["outbox_republished"], 1, "{summary}");
+    assert!(summary["errors"].as_object().is_none_or(|e| e.is_empty()), "{summary}");
+    assert_eq!(stack.drain(&inbox).await.len(), 1);
+    assert_eq!(s(&outbox_item(&stack, &pk).await, "status"), "SENT");
+}
+
+#[tokio::test]
+async fn a_lost_ack_on_the_drift_repair_claim_still_stores_and_sends_the_repair() {
+    let stack = Stack::new().await;
+    let (_fake, source) = drifting_entitlement(&stack, "sub_la", "cus_la").await;
+    let lose = faults::LoseAck::new("PutItem", "recon:sub_la:", 1);
+    let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
+    let r = reconciler_with(&stack, lose.client(&stack.aws), sqs_queue(&stack), Some(source.clone()), settings);
+    let summary = run_json(&r, now_ms() + 1).await;
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 1, "the fault fired");
+    assert_eq!(summary["drift_found"], 1, "{summary}");
+    let repair = stack.meta_items().await.into_iter().find(|m| s(m, "pk").contains("#recon:sub_la:")).unwrap();
+    assert_eq!(repair.get("payload_stored").and_then(|v| v.as_bool().ok()), Some(&true), "{repair:?}");
+    let sent = stack.drain_queue().await;
+    assert!(sent.len() == 1 && sent[0].contains("recon:sub_la:"), "the repair was handed to the queue: {sent:?}");
+}
+
+#[tokio::test]
+async fn a_provider_outage_is_counted_and_the_drift_check_retried_after_the_backoff() {
+    let stack = Stack::new().await;
+    let (fake, source) = drifting_entitlement(&stack, "sub_po", "cus_po").await;
+    let settings = ReconcilerSettings::default();
+    let r = reconciler_with(&stack, stack.ddb.clone(), sqs_queue(&stack), Some(source), settings);
+    fake.fail.store(true, Ordering::SeqCst);
+    let t1 = now_ms() + settings.drift_interval_ms + 1_000;
+    let down = run_json(&r, t1).await;
+    assert_eq!((down["drift_checked"].clone(), down["errors"]["drift"].clone()), (1.into(), 1.into()), "{down}");
+    fake.fail.store(false, Ordering::SeqCst);
+    let soon = run_json(&r, t1 + 1_000).await;
+    assert_eq!(soon["drift_checked"], 0, "not before the backoff: {soon}");
+    let after = run_json(&r, t1 + settings.redrive_backoff_ms + 1).await;
+    assert_eq!((after["drift_found"].clone(), after["errors"].get("drift").cloned()), (1.into(), None), "{after}");
+    assert!(stack.drain_queue().await.iter().any(|b| b.contains("recon:sub_po:")));
 }

@@ -62,6 +62,9 @@ pub fn budget(remaining: Duration) -> Duration {
     }
 }
 
+/// Runs one reconciliation. The run isolates its failures (counted in the
+/// summary and the `reconciler_errors` metric), so the invocation succeeds
+/// and the schedule does not retry it; the next scheduled run continues.
 pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Summary, Error> {
     let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
     let deadline = Instant::now() + budget(remaining);
@@ -71,7 +74,7 @@ pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<
         "reconciler invoked"
     );
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
-    Ok(app.run(now_ms, deadline).await?)
+    Ok(app.run(now_ms, deadline).await)
 }
 
 #[cfg(test)]
