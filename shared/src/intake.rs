@@ -238,12 +238,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             }
         };
         match claim {
-            Claim::New => {
-                match self.hand_over(&key, Some((&hash, req.body)), expires_at, &event.send, now_ms).await {
-                    Ok(()) => Outcome::Accepted,
-                    Err((stage, e)) => self.unavailable(stage, &key, e),
-                }
-            }
+            Claim::New => match self.hand_over(&key, Some((&hash, req.body)), expires_at, &event.send, now_ms).await {
+                Ok(()) => Outcome::Accepted,
+                Err((stage, e)) => self.unavailable(stage, &key, e),
+            },
             Claim::Existing(existing) => self.duplicate(&event, existing, req.body).await,
         }
     }

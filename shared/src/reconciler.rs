@@ -10,7 +10,7 @@
 //!   its attempts exhausted, goes DEAD (see [`crate::outbox`]).
 //! - `ent#…`: entitlements whose last provider check is older than the drift
 //!   interval → compared with Stripe; drift is repaired by a reconciliation
-//!   event (`recon:<subscription>:<fetch version>`) through the processor.
+//!   event (`recon:<subscription>:<drift instance>`) through the processor.
 //!
 //! Each item is claimed before it is acted on with a conditional update of
 //! its `due_at` (from the value read to the next look) that also writes a
@@ -594,7 +594,12 @@ impl<Q: WorkQueue> Reconciler<Q> {
         metrics::counter!("drift_found", "projection" => "entitlements").increment(1);
         tracing::warn!(subscription = %sub, local_status = get_s(item, "status").unwrap_or(""), provider_status = %status,
             local_seats = get_n(item, "seats").unwrap_or(-1), provider_seats = seats, "drift found; repairing through the pipeline");
-        let event_id = format!("recon:{sub}:{}", fetched.version);
+        // One identity per drift instance (the local state's source event and
+        // the provider's answer): a check retried after a lost acknowledgement
+        // or a crash meets its own repair record instead of making another.
+        let instance =
+            payload_hash(format!("{}|{status}|{seats}", get_s(item, "event_id").unwrap_or_default()).as_bytes());
+        let event_id = format!("recon:{sub}:{}", &instance[..16]);
         let body = serde_json::json!({
             "id": event_id, "object": "event", "type": "customer.subscription.reconciled",
             "data": {"object": {"id": sub, "object": "subscription", "customer": customer}},
@@ -621,7 +626,7 @@ impl<Q: WorkQueue> Reconciler<Q> {
                 until_ms: now_ms + crate::intake::SEND_LEASE_MS,
             },
         };
-        // The repair's identity is fixed by the provider's version, so any
+        // The repair's identity is fixed by the drift instance, so any
         // earlier attempt at this repair claimed the same record: our own
         // claim whose acknowledgement was lost (the SDK retry then meets it),
         // or a run that died before storing or sending. "Already exists"
