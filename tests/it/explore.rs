@@ -880,8 +880,17 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
 
 /// Runs `flow` once with `rule` (or none) armed for its act; returns the
 /// act's operations and the world after convergence.
-pub async fn run_flow(flow: Flow, rule: Option<Rule>) -> (Vec<(String, &'static str, String)>, World) {
+///
+/// `honour_tokens`: whether retried `TransactWriteItems` with the same
+/// `ClientRequestToken` are absorbed as real DynamoDB does (the emulator
+/// ignores the token).
+pub async fn run_flow(
+    flow: Flow,
+    rule: Option<Rule>,
+    honour_tokens: bool,
+) -> (Vec<(String, &'static str, String)>, World) {
     let mut w = World::new(7).await;
+    w.plan.honour_transaction_tokens(honour_tokens);
     let ctx = setup(&mut w, flow).await;
     w.plan.reset_counts();
     if let Some(rule) = rule {
@@ -895,7 +904,10 @@ pub async fn run_flow(flow: Flow, rule: Option<Rule>) -> (Vec<(String, &'static 
 }
 
 /// The four fault kinds of the exploration.
-pub fn kinds() -> [(&'static str, fn(usize) -> Rule); 4] {
+/// A fault kind: its label and the rule that puts it at operation k.
+pub type FaultKind = (&'static str, fn(usize) -> Rule);
+
+pub fn kinds() -> [FaultKind; 4] {
     [
         ("lost_ack_once", |k| Rule::at_call(Fault::LoseAck, k)),
         ("lost_ack_every", |k| Rule::at_call(Fault::LoseAck, k).every_attempt()),
@@ -911,32 +923,32 @@ pub struct Row {
     pub violations: BTreeMap<&'static str, usize>,
 }
 
-pub async fn explore(flows: &[Flow]) -> (BTreeMap<Flow, Row>, Vec<String>) {
+pub async fn explore(flows: &[Flow], honour_tokens: bool) -> (BTreeMap<Flow, Row>, Vec<String>) {
+    let mode = if honour_tokens { "token honoured" } else { "token ignored" };
     let mut table = BTreeMap::new();
     let mut failures = Vec::new();
     for &flow in flows {
-        let (ops, clean) = run_flow(flow, None).await;
+        let (ops, clean) = run_flow(flow, None, honour_tokens).await;
         let mut row = Row { calls: ops.len(), ..Default::default() };
         for (kind, what) in &clean.violations {
-            failures.push(format!("{flow:?} without faults: {kind}: {what}"));
+            failures.push(format!("{flow:?} ({mode}) without faults: {kind}: {what}"));
         }
-        for k in 0..ops.len() {
+        for (k, (scope, service, op)) in ops.iter().enumerate() {
             for (label, rule) in kinds() {
                 let t = Instant::now();
-                let (_, w) = run_flow(flow, Some(rule(k))).await;
+                let (_, w) = run_flow(flow, Some(rule(k)), honour_tokens).await;
                 if t.elapsed() > Duration::from_secs(5) {
                     eprintln!("slow run: {flow:?} {label} at #{k}: {:.1} s", t.elapsed().as_secs_f64());
                 }
                 *row.runs.entry(label).or_default() += 1;
                 for (kind, what) in &w.violations {
                     *row.violations.entry(kind).or_default() += 1;
-                    let (scope, service, op) = &ops[k];
-                    failures.push(format!("{flow:?} {label} at #{k} {scope}:{service}:{op}: {kind}: {what}"));
+                    failures.push(format!("{flow:?} ({mode}) {label} at #{k} {scope}:{service}:{op}: {kind}: {what}"));
                 }
             }
         }
         eprintln!(
-            "explored {flow:?}: {} calls, {} runs, {} violations",
+            "explored {flow:?} ({mode}): {} calls, {} runs, {} violations",
             row.calls,
             row.runs.values().sum::<usize>(),
             row.violations.values().sum::<usize>()
@@ -970,10 +982,11 @@ pub fn print_table(table: &BTreeMap<Flow, Row>) -> String {
     out
 }
 
-async fn explore_and_assert(flows: &[Flow]) {
+async fn explore_and_assert(flows: &[Flow], honour_tokens: bool) {
     let started = Instant::now();
-    let (table, failures) = explore(flows).await;
+    let (table, failures) = explore(flows, honour_tokens).await;
     let runs: usize = table.values().map(|r| r.runs.values().sum::<usize>()).sum();
+    println!("ClientRequestToken {}", if honour_tokens { "honoured" } else { "ignored (as the emulator does)" });
     println!("{}", print_table(&table));
     println!("{runs} faulted runs in {:.1} s", started.elapsed().as_secs_f64());
     assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
@@ -1004,22 +1017,29 @@ fn the_exploration_tests_cover_every_flow() {
 
 #[tokio::test]
 async fn exploration_intake() {
-    explore_and_assert(&INTAKE_FLOWS).await;
+    explore_and_assert(&INTAKE_FLOWS, false).await;
 }
 
 #[tokio::test]
 async fn exploration_processor_contracts() {
-    explore_and_assert(&CONTRACT_FLOWS).await;
+    explore_and_assert(&CONTRACT_FLOWS, false).await;
+}
+
+/// Real DynamoDB absorbs a retried commit with the same ClientRequestToken;
+/// the code must be correct under both behaviours.
+#[tokio::test]
+async fn exploration_processor_contracts_with_transaction_tokens_honoured() {
+    explore_and_assert(&CONTRACT_FLOWS, true).await;
 }
 
 #[tokio::test]
 async fn exploration_processor_outcomes() {
-    explore_and_assert(&OUTCOME_FLOWS).await;
+    explore_and_assert(&OUTCOME_FLOWS, false).await;
 }
 
 #[tokio::test]
 async fn exploration_outbox_reconciler_operator() {
-    explore_and_assert(&BACKGROUND_FLOWS).await;
+    explore_and_assert(&BACKGROUND_FLOWS, false).await;
 }
 
 #[tokio::test]
@@ -1027,6 +1047,6 @@ async fn exploration_outbox_reconciler_operator() {
 async fn explore_one_flow() {
     let name = std::env::var("EXPLORE_FLOW").unwrap_or_default();
     let flow = FLOWS.into_iter().find(|f| format!("{f:?}") == name).unwrap_or(Flow::IntakeNew);
-    let (ops, w) = run_flow(flow, None).await;
+    let (ops, w) = run_flow(flow, None, false).await;
     eprintln!("{flow:?}: {ops:?}\nviolations: {:?}", w.violations);
 }

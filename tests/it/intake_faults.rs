@@ -136,3 +136,29 @@ async fn a_stripe_retry_that_differs_only_in_pending_webhooks_is_no_conflict() {
     assert_eq!(w.stack.drain_queue().await.len(), 1);
     assert!(w.violations.is_empty(), "{:?}", w.violations);
 }
+
+/// The processor's fenced commit loses its acknowledgement; the SDK retries
+/// it. Real DynamoDB (token honoured) answers the retry as a success; the
+/// emulator (token ignored) executes it again and it fails its fence against
+/// our own completion, which the processor must recognise as ours.
+#[tokio::test]
+async fn a_commit_retried_after_a_lost_ack_is_ours_whether_or_not_the_token_is_honoured() {
+    use hookledger::processor::Outcome;
+    for honour in [true, false] {
+        let mut w = mapped_world().await;
+        w.plan.honour_transaction_tokens(honour);
+        hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "t1", "cus_x", "acct_x")
+            .await
+            .unwrap();
+        let body = pi_succeeded("evt_commit", "pi_c", Some("cus_x"), 500);
+        let key = w.seed("stripe", "stripe-a", "evt_commit", &body, false).await;
+        w.plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "TransactWriteItems").nth(0));
+        let report = w.processor.process(&key, w.now).await.unwrap();
+        assert_eq!(w.plan.injected().get("lost_ack"), Some(&1));
+        assert_eq!(report.outcome, Outcome::Applied, "token honoured: {honour}");
+        let attempts = w.plan.trace().iter().filter(|c| c.operation == "TransactWriteItems").count();
+        assert_eq!(attempts, 2, "the SDK retried the commit");
+        let b = w.state(&hookledger::app::account_ledger::balance_pk("t1", "acct_x")).await.unwrap();
+        assert_eq!((crate::support::n(&b, "balance"), crate::support::n(&b, "entries")), (500, 1));
+    }
+}
