@@ -173,6 +173,9 @@ struct State {
     trace: Vec<Call>,
     scope: String,
     rng: u64,
+    invocations: u64,
+    crashed: HashSet<u64>,
+    crash_all: u64,
     honour_tokens: bool,
     committed_tokens: HashSet<String>,
     injected: HashMap<&'static str, u64>,
@@ -197,6 +200,11 @@ impl fmt::Debug for FaultPlan {
     }
 }
 
+tokio::task_local! {
+    /// The invocation a call belongs to (set by [`FaultPlan::run`]).
+    static INVOCATION: u64;
+}
+
 /// The invocation was dropped at a crash fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crashed;
@@ -204,7 +212,7 @@ pub struct Crashed;
 impl FaultPlan {
     pub fn new(seed: u64) -> Self {
         let state = State { rng: seed.max(1), ..Default::default() };
-        Self { state: Arc::new(Mutex::new(state)), crash: Arc::new(tokio::sync::watch::channel(0).0) }
+        Self { state: Arc::new(Mutex::new(state)), crash: Arc::new(tokio::sync::watch::channel(0u64).0) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -270,12 +278,31 @@ impl FaultPlan {
 
     /// Runs one invocation; `Err(Crashed)` if a crash fault fired while it
     /// ran, in which case its future was dropped at that point.
+    ///
+    /// Invocations run at once under one plan crash independently: a crash
+    /// fault kills the invocation whose call it hit (calls made from tasks the
+    /// invocation spawned, which do not inherit its identity, kill every
+    /// running invocation).
     pub async fn run<F: std::future::Future>(&self, invocation: F) -> Result<F::Output, Crashed> {
+        let (id, crash_all_at_start) = {
+            let mut st = self.lock();
+            st.invocations += 1;
+            (st.invocations, st.crash_all)
+        };
         let mut rx = self.crash.subscribe();
-        rx.borrow_and_update();
-        tokio::select! {
-            out = invocation => Ok(out),
-            _ = rx.changed() => Err(Crashed),
+        let _ = rx.borrow_and_update();
+        let invocation = INVOCATION.scope(id, invocation);
+        tokio::pin!(invocation);
+        loop {
+            tokio::select! {
+                out = &mut invocation => return Ok(out),
+                changed = rx.changed() => {
+                    let st = self.lock();
+                    if changed.is_err() || st.crashed.contains(&id) || st.crash_all > crash_all_at_start {
+                        return Err(Crashed);
+                    }
+                }
+            }
         }
     }
 
@@ -338,7 +365,17 @@ impl FaultPlan {
         fault
     }
 
-    fn crash_now(&self) {
+    /// Crashes the invocation the call belongs to (0, unknown: every
+    /// invocation running now).
+    fn crash_now(&self, invocation: u64) {
+        {
+            let mut st = self.lock();
+            if invocation == 0 {
+                st.crash_all += 1;
+            } else {
+                st.crashed.insert(invocation);
+            }
+        }
         self.crash.send_modify(|n| *n += 1);
     }
 }
@@ -434,6 +471,7 @@ impl HttpConnector for FaultConnector {
         let inner = self.inner.clone();
         let plan = self.plan.clone();
         let token = transaction_token(&call);
+        let invocation = INVOCATION.try_with(|id| *id).unwrap_or(0);
         HttpConnectorFuture::new(async move {
             if let Some(tok) = &token {
                 let st = plan.lock();
@@ -457,7 +495,7 @@ impl HttpConnector for FaultConnector {
                     ));
                 }
                 Some(Fault::CrashBefore) => {
-                    plan.crash_now();
+                    plan.crash_now(invocation);
                     std::future::pending::<()>().await;
                 }
                 Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
@@ -479,7 +517,7 @@ impl HttpConnector for FaultConnector {
                 }
                 Some(Fault::CrashAfter) => {
                     drop(result);
-                    plan.crash_now();
+                    plan.crash_now(invocation);
                     std::future::pending().await
                 }
                 _ => result,
@@ -541,4 +579,92 @@ pub fn sns_client(config: &aws_config::SdkConfig) -> aws_sdk_sns::Client {
         )))
         .build();
     aws_sdk_sns::Client::from_conf(conf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(operation: &str, invocation: &str, attempt: u32) -> CallInfo {
+        CallInfo {
+            service: "dynamodb",
+            operation: operation.to_owned(),
+            body: format!("{{\"op\":\"{operation}\"}}"),
+            invocation: invocation.to_owned(),
+            attempt,
+        }
+    }
+
+    #[test]
+    fn nth_counts_operations_not_attempts() {
+        let plan = FaultPlan::new(1);
+        plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "PutItem").nth(1));
+        assert_eq!(plan.decide(&call("PutItem", "a", 1)), None);
+        assert_eq!(plan.decide(&call("PutItem", "a", 2)), None, "a retry is the same operation");
+        assert_eq!(plan.decide(&call("GetItem", "b", 1)), None, "other operations do not count");
+        assert_eq!(plan.decide(&call("PutItem", "c", 1)), Some(Fault::LoseAck));
+        assert_eq!(plan.decide(&call("PutItem", "c", 2)), None, "first attempt only");
+        assert_eq!(plan.decide(&call("PutItem", "d", 1)), None);
+        let ops: Vec<usize> = plan.trace().iter().map(|c| c.op_index).collect();
+        assert_eq!(ops, [0, 0, 1, 2, 2, 3]);
+    }
+
+    #[test]
+    fn every_attempt_hits_the_retries_too() {
+        let plan = FaultPlan::new(1);
+        plan.arm(Rule::at_call(Fault::Throttle, 0).every_attempt());
+        for attempt in 1..=3 {
+            assert_eq!(plan.decide(&call("UpdateItem", "x", attempt)), Some(Fault::Throttle));
+        }
+        assert_eq!(plan.decide(&call("UpdateItem", "y", 1)), None);
+        assert_eq!(plan.injected().get("throttle"), Some(&3));
+    }
+
+    #[test]
+    fn probability_is_reproducible_per_seed() {
+        let pattern = |seed| {
+            let plan = FaultPlan::new(seed);
+            plan.arm(Rule::new(Fault::ServerError).with_probability(0.5));
+            (0..64).map(|i| plan.decide(&call("Query", &i.to_string(), 1)).is_some()).collect::<Vec<_>>()
+        };
+        assert_eq!(pattern(42), pattern(42));
+        assert_ne!(pattern(42), pattern(43));
+        let hits = pattern(42).iter().filter(|h| **h).count();
+        assert!((16..=48).contains(&hits), "about half: {hits}");
+    }
+
+    #[test]
+    fn body_filters_select_the_call() {
+        let plan = FaultPlan::new(1);
+        plan.arm(Rule::new(Fault::CrashAfter).containing("\"op\":\"PutItem\""));
+        assert_eq!(plan.decide(&call("GetItem", "a", 1)), None);
+        assert_eq!(plan.decide(&call("PutItem", "b", 1)), Some(Fault::CrashAfter));
+    }
+}
+
+#[cfg(test)]
+mod crash_tests {
+    use super::*;
+
+    /// Two invocations at once under one plan: the crash kills only the one
+    /// whose call it hit.
+    #[tokio::test]
+    async fn a_crash_kills_only_its_own_invocation() {
+        let plan = FaultPlan::new(1);
+        let (p1, p2) = (plan.clone(), plan.clone());
+        let victim = plan.run(async move {
+            let id = INVOCATION.try_with(|id| *id).unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            p1.crash_now(id);
+            std::future::pending::<()>().await;
+        });
+        let survivor = plan.run(async move {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            drop(p2);
+            7
+        });
+        let (v, s) = tokio::join!(victim, survivor);
+        assert_eq!(v, Err(Crashed));
+        assert_eq!(s, Ok(7));
+    }
 }
