@@ -367,7 +367,7 @@ where
             writeln!(out, "mapped {provider} subject {subject} (tenant {tenant}) to account {account}")?;
         }
         Command::Reconcile { max_items, drift_interval_secs } => {
-            let settings = hookledger::reconciler::ReconcilerSettings {
+            let settings = hookledger::config::ReconcilerSettings {
                 max_items,
                 drift_interval_ms: drift_interval_secs * 1000,
                 ..Default::default()

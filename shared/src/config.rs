@@ -15,6 +15,8 @@ use std::sync::Arc;
 use http::HeaderName;
 use serde::Deserialize;
 
+use crate::backoff::Backoff;
+use crate::policy::{DEFAULT_INDEX_SHARDS, DEFAULT_RETENTION_DAYS};
 use crate::secret::Secret;
 use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
 use crate::verify::github::GithubVerifier;
@@ -25,9 +27,69 @@ use crate::verify::stripe::{self, StripeVerifier};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
 /// DynamoDB items are at most 400 KB; keep room for the key and attributes.
 pub const MAX_MAX_BODY_BYTES: usize = 380 * 1024;
-/// Providers retry for up to ~3 days (Stripe, Standard Webhooks); keep ids far longer.
-pub const DEFAULT_RETENTION_DAYS: u32 = 30;
-pub const DEFAULT_INDEX_SHARDS: u32 = 16;
+
+/// Default time bounds of the processor (see `processor` for what they bound).
+pub const DEFAULT_GAP_BOUND_MS: i64 = 3_600_000;
+pub const DEFAULT_TRANSIENT_BOUND_MS: i64 = 6 * 3_600_000;
+
+/// The processor's settings (read from the environment by `processor_settings_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessorSettings {
+    /// How long a lease lasts; keep it shorter than the queue visibility timeout.
+    pub lease_ms: i64,
+    /// Business failures (a projection's retryable error) before a record is
+    /// dead-lettered (`attempts_exhausted`). Infrastructure faults, gaps and
+    /// crashed workers do not count.
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub index_shards: u32,
+    /// How long an event may wait for a missing predecessor before it is
+    /// PARKED (`gap`); it is revived if the predecessor commits later.
+    pub gap_bound_ms: i64,
+    /// How long infrastructure faults may keep an event from an outcome
+    /// before it is DEAD (`transient_exhausted`).
+    pub transient_bound_ms: i64,
+}
+
+impl Default for ProcessorSettings {
+    fn default() -> Self {
+        Self {
+            lease_ms: 30_000,
+            max_attempts: 5,
+            backoff: Backoff { base_ms: 2_000, max_ms: 300_000 },
+            index_shards: 16,
+            gap_bound_ms: DEFAULT_GAP_BOUND_MS,
+            transient_bound_ms: DEFAULT_TRANSIENT_BOUND_MS,
+        }
+    }
+}
+
+/// The reconciler's settings (read by the reconciler function from its environment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconcilerSettings {
+    /// Items acted on per run, at most.
+    pub max_items: usize,
+    /// When a re-driven record is looked at again if still not done (also
+    /// when a failed drift check is retried).
+    pub redrive_backoff_ms: i64,
+    /// How old an entitlement's last provider check must be to check it again.
+    pub drift_interval_ms: i64,
+    /// Outbox items younger than this are left to their processor.
+    pub outbox_grace_ms: i64,
+    pub retention_days: u32,
+}
+
+impl Default for ReconcilerSettings {
+    fn default() -> Self {
+        Self {
+            max_items: 500,
+            redrive_backoff_ms: 300_000,
+            drift_interval_ms: 3_600_000,
+            outbox_grace_ms: 60_000,
+            retention_days: 30,
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -177,9 +239,7 @@ pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, C
 /// Processor settings (`HOOKLEDGER_LEASE_SECS`, `HOOKLEDGER_MAX_ATTEMPTS`,
 /// `HOOKLEDGER_BACKOFF_BASE_MS`, `HOOKLEDGER_BACKOFF_MAX_MS`, `HOOKLEDGER_INDEX_SHARDS`,
 /// `HOOKLEDGER_GAP_BOUND_SECS`, `HOOKLEDGER_TRANSIENT_BOUND_SECS`).
-pub fn processor_settings_from(
-    get: impl Fn(&str) -> Option<String>,
-) -> Result<crate::processor::ProcessorSettings, ConfigError> {
+pub fn processor_settings_from(get: impl Fn(&str) -> Option<String>) -> Result<ProcessorSettings, ConfigError> {
     let number = |name: &'static str, default: i64, min: i64, max: i64| env_number(&get, name, default, min, max);
     let base_ms = number("HOOKLEDGER_BACKOFF_BASE_MS", 2_000, 10, 3_600_000)?;
     let max_ms = number("HOOKLEDGER_BACKOFF_MAX_MS", 300_000, 10, 43_200_000)?;
@@ -191,9 +251,8 @@ pub fn processor_settings_from(
     }
     // Both bounds stay well inside the identity retention (at least 4 days).
     let week = 7 * 86_400;
-    let gap_secs = number("HOOKLEDGER_GAP_BOUND_SECS", crate::processor::DEFAULT_GAP_BOUND_MS / 1000, 1, week)?;
-    let transient_secs =
-        number("HOOKLEDGER_TRANSIENT_BOUND_SECS", crate::processor::DEFAULT_TRANSIENT_BOUND_MS / 1000, 60, week)?;
+    let gap_secs = number("HOOKLEDGER_GAP_BOUND_SECS", DEFAULT_GAP_BOUND_MS / 1000, 1, week)?;
+    let transient_secs = number("HOOKLEDGER_TRANSIENT_BOUND_SECS", DEFAULT_TRANSIENT_BOUND_MS / 1000, 60, week)?;
     if gap_secs > transient_secs {
         // A record waiting on a gap would otherwise be dead-lettered as transient first.
         return Err(ConfigError::Invalid {
@@ -201,10 +260,10 @@ pub fn processor_settings_from(
             reason: "must be <= HOOKLEDGER_TRANSIENT_BOUND_SECS".into(),
         });
     }
-    Ok(crate::processor::ProcessorSettings {
+    Ok(ProcessorSettings {
         lease_ms: number("HOOKLEDGER_LEASE_SECS", 30, 1, 900)? * 1000,
         max_attempts: number("HOOKLEDGER_MAX_ATTEMPTS", 5, 1, 100)? as u32,
-        backoff: crate::backoff::Backoff { base_ms, max_ms },
+        backoff: Backoff { base_ms, max_ms },
         index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
         gap_bound_ms: gap_secs * 1000,
         transient_bound_ms: transient_secs * 1000,
@@ -425,7 +484,7 @@ mod tests {
     #[test]
     fn processor_time_bounds_have_defaults_and_are_checked() {
         let p = processor_settings_from(env(&[])).unwrap();
-        assert_eq!(p, crate::processor::ProcessorSettings::default());
+        assert_eq!(p, ProcessorSettings::default());
         assert_eq!((p.gap_bound_ms, p.transient_bound_ms), (3_600_000, 21_600_000));
         let set = processor_settings_from(env(&[
             ("HOOKLEDGER_GAP_BOUND_SECS", "600"),

@@ -21,17 +21,11 @@ use http::{HeaderMap, Method};
 use crate::config::{Endpoint, EndpointVerifier, Settings};
 use crate::identity::{EventKey, content_hash, payload_hash};
 use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
-use crate::telemetry;
+use crate::policy::SEND_LEASE_MS;
 use crate::verify::{Action, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.
 pub const RETRY_AFTER_SECS: u32 = 5;
-/// A RECEIVED record becomes due for the reconciler this long after receipt
-/// (never sent, or sent but not picked up): well past the send lease.
-pub const REDRIVE_GRACE_MS: i64 = 60_000;
-/// How long one delivery may hold the right to enqueue a record. Longer than
-/// the intake's worst-case store + send time; a crashed holder's lease lapses.
-pub const SEND_LEASE_MS: i64 = 15_000;
 
 pub struct IntakeRequest<'a> {
     pub endpoint: &'a str,
@@ -139,7 +133,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let provider = endpoint.map_or("unknown", |e| e.provider.as_str());
         let endpoint_name = endpoint.map_or("unknown", |e| e.name.as_str());
         let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
-        telemetry::intake_outcome(provider, endpoint_name, &outcome, duration_ms);
+        record_outcome(provider, endpoint_name, &outcome, duration_ms);
         let (event_id, event_type) =
             verified.as_ref().map_or(("", ""), |v| (v.event_id.as_str(), v.event_type.as_deref().unwrap_or("")));
         if answer.status >= 500 {
@@ -358,6 +352,35 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             tracing::warn!(error = %e, key = %key, "enqueued but could not note it");
         }
     }
+}
+
+/// Counts one intake outcome and records its duration.
+fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, duration_ms: f64) {
+    let provider = provider.to_owned();
+    let endpoint = endpoint.to_owned();
+    match outcome {
+        Outcome::Accepted => {
+            metrics::counter!("received", "provider" => provider.clone(), "endpoint" => endpoint.clone()).increment(1)
+        }
+        Outcome::Duplicate { conflict, .. } => {
+            metrics::counter!("duplicate", "provider" => provider.clone(), "endpoint" => endpoint.clone()).increment(1);
+            if *conflict {
+                metrics::counter!("payload_conflict", "provider" => provider.clone(), "endpoint" => endpoint.clone())
+                    .increment(1);
+            }
+        }
+        Outcome::Unavailable { stage } => {
+            metrics::counter!("failed", "provider" => provider.clone(), "stage" => *stage).increment(1);
+        }
+        Outcome::SubscriptionConfirmed | Outcome::Unsubscribed => {
+            metrics::counter!("subscription", "provider" => provider.clone(), "outcome" => outcome.label())
+                .increment(1);
+        }
+        other => {
+            metrics::counter!("rejected", "provider" => provider.clone(), "reason" => other.label()).increment(1);
+        }
+    }
+    metrics::histogram!("intake_duration", "provider" => provider).record(duration_ms);
 }
 
 #[cfg(test)]

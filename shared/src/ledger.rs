@@ -173,6 +173,18 @@ pub trait WorkQueue: Send + Sync {
     fn send(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
 }
 
+/// The error and its sources, for logs (never contains request payloads).
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,21 @@
 //! Hookledger: effectively-once webhook outcomes on AWS.
 //!
-//! Layers: `verify`, `identity` and `ledger` are pure domain code; `config`
-//! reads and validates the typed configuration once; `intake` is the intake
-//! use case over two small ports (`ledger::Ledger`, `ledger::WorkQueue`);
-//! `adapters` implement the ports with the AWS SDK.
+//! Layers, bottom to top; a module imports only from layers below its own
+//! (and, inside a layer, only from the modules listed before it):
+//!
+//! 1. domain: `secret`, `identity`, `event`, `backoff`, `policy` (record
+//!    policy: retention, index shards, redrive grace, send lease, index
+//!    partition names), `ledger` (the record model, its state machine, the
+//!    ports `Ledger` and `WorkQueue`, port errors), `message` (the outbox
+//!    value `OutboxMessage` and its idempotency key);
+//! 2. building blocks: `verify`, `projection`; then `config` (typed
+//!    configuration and the processor and reconciler settings), `app` (the
+//!    reference projections) and `seed001`;
+//! 3. adapters: `adapters` (DynamoDB ledger, work records and outbox items,
+//!    SQS, Secrets/SSM, HTTPS, Stripe) and `telemetry` (the metrics collector);
+//! 4. use cases: `intake`, `ops`, `outbox` (the dispatcher); then `processor`
+//!    and `reconciler`, which use the dispatcher;
+//! 5. the functions and the CLI (other crates).
 
 pub mod adapters;
 pub mod app;
@@ -13,8 +25,10 @@ pub mod event;
 pub mod identity;
 pub mod intake;
 pub mod ledger;
+pub mod message;
 pub mod ops;
 pub mod outbox;
+pub mod policy;
 pub mod processor;
 pub mod projection;
 pub mod reconciler;

@@ -25,19 +25,16 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValue, ReturnValuesOnConditionCheckFailure, Select, TransactWriteItem,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure, Select};
 use aws_sdk_sns::types::MessageAttributeValue;
 
-use crate::adapters::dynamodb::{STATUS_INDEX, due_shard_named};
+use crate::adapters::dynamodb::STATUS_INDEX;
+use crate::adapters::dynamodb::outbox::OUTBOX_SK;
 use crate::adapters::port_error;
 use crate::backoff::{Backoff, random_jitter};
-use crate::identity::EventKey;
-use crate::ledger::PortError;
-use crate::projection::fetch::idempotency_key;
+use crate::ledger::{PortError, error_chain};
+use crate::policy::due_shard_named;
 
-pub const OUTBOX_SK: &str = "outbox";
 pub const IDEMPOTENCY_ATTRIBUTE: &str = "idempotency-key";
 /// How long a dispatcher may hold an outbox item between claim and mark.
 pub const DISPATCH_LEASE_MS: i64 = 30_000;
@@ -67,51 +64,6 @@ impl Default for DispatchPolicy {
     fn default() -> Self {
         Self { backoff: Backoff { base_ms: 30_000, max_ms: 3_600_000 }, max_attempts: 10 }
     }
-}
-
-/// A notification a projection wants sent if (and only if) its op applies.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutboxMessage {
-    pub topic_arn: String,
-    /// The logical action, e.g. `subscription.changed`; part of the idempotency key.
-    pub action: String,
-    /// Ordering group for FIFO topics (e.g. the subject id).
-    pub group: String,
-    pub body: serde_json::Value,
-}
-
-/// The outbox item for `msg` produced by the event `key`.
-pub fn outbox_put(
-    table: &str,
-    key: &EventKey,
-    msg: &OutboxMessage,
-    now_ms: i64,
-    shards: u32,
-) -> (String, TransactWriteItem) {
-    let idem = idempotency_key(key.as_str(), &msg.action);
-    let pk = format!("outbox#{idem}");
-    let shard = EventKey::from_stored(key.as_str()).map_or(0, |k| k.shard(shards));
-    let item = HashMap::from([
-        ("pk".to_owned(), AttributeValue::S(pk.clone())),
-        ("sk".to_owned(), AttributeValue::S(OUTBOX_SK.to_owned())),
-        ("status".to_owned(), AttributeValue::S("PENDING".into())),
-        ("idempotency_key".to_owned(), AttributeValue::S(idem)),
-        ("event_key".to_owned(), AttributeValue::S(key.as_str().to_owned())),
-        ("topic_arn".to_owned(), AttributeValue::S(msg.topic_arn.clone())),
-        ("action".to_owned(), AttributeValue::S(msg.action.clone())),
-        ("group_id".to_owned(), AttributeValue::S(msg.group.clone())),
-        ("body".to_owned(), AttributeValue::S(msg.body.to_string())),
-        ("created_at".to_owned(), AttributeValue::N(now_ms.to_string())),
-        ("due_shard".to_owned(), AttributeValue::S(due_shard_named("out", shard))),
-        ("due_at".to_owned(), AttributeValue::N(now_ms.to_string())),
-    ]);
-    let put = Put::builder()
-        .table_name(table)
-        .set_item(Some(item))
-        .condition_expression("attribute_not_exists(pk)")
-        .build()
-        .unwrap_or_else(|e| unreachable!("table and item are set: {e}"));
-    (pk, TransactWriteItem::builder().put(put).build())
 }
 
 /// Where a crash is injected in tests ("die between publish and mark").
@@ -282,7 +234,7 @@ impl Dispatcher {
                 .message_deduplication_id(&idem);
         }
         if let Err(e) = publish.send().await {
-            let error = crate::adapters::error_chain(&e);
+            let error = error_chain(&e);
             return self.failed(pk, &item, &token, attempts, error, now_ms).await;
         }
         metrics::counter!("outbox_published").increment(1);

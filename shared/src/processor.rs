@@ -20,47 +20,14 @@ use std::time::Instant;
 use crate::adapters::dynamodb::DynamoLedger;
 use crate::adapters::dynamodb::work::{CommitResult, GAP, LeaseResult, WorkRecord};
 use crate::adapters::sqs::SqsQueue;
-use crate::backoff::{Backoff, random_jitter};
+use crate::backoff::random_jitter;
+use crate::config::ProcessorSettings;
 use crate::event::decode;
 use crate::identity::EventKey;
 use crate::ledger::{PortError, WorkQueue};
 use crate::outbox::Dispatcher;
 use crate::projection::sequence::{self, Position};
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
-
-pub const DEFAULT_GAP_BOUND_MS: i64 = 3_600_000;
-pub const DEFAULT_TRANSIENT_BOUND_MS: i64 = 6 * 3_600_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessorSettings {
-    /// How long a lease lasts; keep it shorter than the queue visibility timeout.
-    pub lease_ms: i64,
-    /// Business failures (a projection's retryable error) before a record is
-    /// dead-lettered (`attempts_exhausted`). Infrastructure faults, gaps and
-    /// crashed workers do not count.
-    pub max_attempts: u32,
-    pub backoff: Backoff,
-    pub index_shards: u32,
-    /// How long an event may wait for a missing predecessor before it is
-    /// PARKED (`gap`); it is revived if the predecessor commits later.
-    pub gap_bound_ms: i64,
-    /// How long infrastructure faults may keep an event from an outcome
-    /// before it is DEAD (`transient_exhausted`).
-    pub transient_bound_ms: i64,
-}
-
-impl Default for ProcessorSettings {
-    fn default() -> Self {
-        Self {
-            lease_ms: 30_000,
-            max_attempts: 5,
-            backoff: Backoff { base_ms: 2_000, max_ms: 300_000 },
-            index_shards: 16,
-            gap_bound_ms: DEFAULT_GAP_BOUND_MS,
-            transient_bound_ms: DEFAULT_TRANSIENT_BOUND_MS,
-        }
-    }
-}
 
 /// Where a crash is injected in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -494,7 +461,7 @@ impl Processor {
         // Pointer first, then leave PROCESSING, then look at the stream once
         // more: a predecessor committed in between is seen by one side.
         if let Some(at) = &gap.waiter {
-            let expires_at = now_ms / 1000 + i64::from(crate::config::DEFAULT_RETENTION_DAYS) * 86_400;
+            let expires_at = now_ms / 1000 + i64::from(crate::policy::DEFAULT_RETENTION_DAYS) * 86_400;
             if let Err(e) = sequence::register_waiter(&self.cx, at, key, expires_at).await {
                 tracing::warn!(key = %key, error = %e, "could not leave a waiter pointer; the retry timer remains");
             }

@@ -35,12 +35,14 @@ use std::time::Instant;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
-use crate::adapters::dynamodb::{DUE_INDEX, DynamoLedger, META_SK, attr, due_shard, due_shard_named, status_shard};
+use crate::adapters::dynamodb::{DUE_INDEX, DynamoLedger, META_SK, attr, due_shard, status_shard};
 use crate::adapters::port_error;
 use crate::app::entitlement::DRIFT_SHARD_PREFIX;
+use crate::config::ReconcilerSettings;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
 use crate::outbox::{Dispatched, Dispatcher};
+use crate::policy::{SEND_LEASE_MS, due_shard_named};
 use crate::projection::fetch::SubscriptionSource;
 use crate::projection::{STATE_SK, get_n, get_s};
 
@@ -67,32 +69,6 @@ pub const METRICS: &[&str] = &[
     "oldest_unprocessed_age",
     "reconcile_duration",
 ];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReconcilerSettings {
-    /// Items acted on per run, at most.
-    pub max_items: usize,
-    /// When a re-driven record is looked at again if still not done (also
-    /// when a failed drift check is retried).
-    pub redrive_backoff_ms: i64,
-    /// How old an entitlement's last provider check must be to check it again.
-    pub drift_interval_ms: i64,
-    /// Outbox items younger than this are left to their processor.
-    pub outbox_grace_ms: i64,
-    pub retention_days: u32,
-}
-
-impl Default for ReconcilerSettings {
-    fn default() -> Self {
-        Self {
-            max_items: 500,
-            redrive_backoff_ms: 300_000,
-            drift_interval_ms: 3_600_000,
-            outbox_grace_ms: 60_000,
-            retention_days: 30,
-        }
-    }
-}
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Summary {
@@ -621,10 +597,7 @@ impl<Q: WorkQueue> Reconciler<Q> {
             received_at_ms: now_ms,
             expires_at,
             shard: key.shard(self.ledger.shards()),
-            send: SendLease {
-                token: uuid::Uuid::new_v4().to_string(),
-                until_ms: now_ms + crate::intake::SEND_LEASE_MS,
-            },
+            send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
         };
         // The repair's identity is fixed by the drift instance, so any
         // earlier attempt at this repair claimed the same record: our own

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::account_ledger::balance_pk;
-use hookledger::processor::{Outcome, Processor, ProcessorSettings};
+use hookledger::config::ProcessorSettings;
+use hookledger::processor::{Outcome, Processor};
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::secret::Secret;
 

@@ -6,16 +6,19 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::dynamodb::outbox::outbox_put;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::account_ledger::balance_pk;
 use hookledger::app::entitlement::entitlement_pk;
+use hookledger::config::ReconcilerSettings;
 use hookledger::identity::EventKey;
 use hookledger::ledger::{Ledger, PortError, WorkQueue};
-use hookledger::outbox::{DispatchPolicy, Dispatcher, OutboxMessage, outbox_put};
+use hookledger::message::OutboxMessage;
+use hookledger::outbox::{DispatchPolicy, Dispatcher};
 use hookledger::processor::Outcome;
 use hookledger::projection::fetch::SubscriptionSource;
-use hookledger::reconciler::{Reconciler, ReconcilerSettings};
+use hookledger::reconciler::Reconciler;
 use hookledger::secret::Secret;
 
 use crate::fake_provider::FakeStripe;

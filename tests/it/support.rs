@@ -11,12 +11,13 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use hookledger::adapters::dynamodb::{self, DynamoLedger};
 use hookledger::adapters::sqs::{self, SqsQueue};
 use hookledger::backoff::Backoff;
+use hookledger::config::ProcessorSettings;
 use hookledger::config::{self, Endpoint, SecretResolver, Settings};
 use hookledger::identity::EventKey;
 use hookledger::intake::Intake;
 use hookledger::ledger::{Claim, Ledger, NewEvent, SendLease};
 use hookledger::outbox::Dispatcher;
-use hookledger::processor::{Processor, ProcessorSettings};
+use hookledger::processor::Processor;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::secret::Secret;
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet};
@@ -371,7 +372,7 @@ impl Stack {
 
     pub fn reconciler(
         &self,
-        settings: hookledger::reconciler::ReconcilerSettings,
+        settings: hookledger::config::ReconcilerSettings,
         source: Option<Arc<dyn SubscriptionSource>>,
     ) -> hookledger::reconciler::Reconciler<SqsQueue> {
         let dispatcher = Dispatcher::new(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());

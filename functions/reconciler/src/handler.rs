@@ -7,9 +7,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::secrets::AwsSecretResolver;
 use hookledger::adapters::sqs::SqsQueue;
+use hookledger::config::ReconcilerSettings;
 use hookledger::config::{self, ConfigError};
 use hookledger::outbox::Dispatcher;
-use hookledger::reconciler::{Reconciler, ReconcilerSettings, Summary};
+use hookledger::reconciler::{Reconciler, Summary};
 use lambda_runtime::{Error, LambdaEvent};
 
 pub type App = Reconciler<SqsQueue>;

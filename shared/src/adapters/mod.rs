@@ -10,6 +10,7 @@ pub mod stripe;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 
 use crate::ledger::PortError;
+pub(crate) use crate::ledger::error_chain;
 
 /// Maps an SDK error to a port error by its type/code, never by message text.
 pub(crate) fn port_error<E>(service: &'static str, err: &aws_sdk_dynamodb::error::SdkError<E>) -> PortError
@@ -31,16 +32,4 @@ where
         ) => PortError::Throttled { service },
         _ => PortError::Unavailable { service, message: error_chain(err) },
     }
-}
-
-/// The error and its sources, for logs (never contains request payloads).
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
 }

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{str_field, subjects};
-use crate::adapters::dynamodb::due_shard_named;
 use crate::identity::shard_of;
-use crate::outbox::OutboxMessage;
+use crate::message::OutboxMessage;
+use crate::policy::due_shard_named;
 use crate::projection::fetch::{ProviderError, SubscriptionSource};
 use crate::projection::snapshot::{Version, replace_if_newer};
 use crate::projection::{Decision, EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, n, s};

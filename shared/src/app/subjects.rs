@@ -44,6 +44,6 @@ pub async fn map_subject(
         ])))
         .send()
         .await
-        .map_err(|e| crate::adapters::error_chain(&e))?;
+        .map_err(|e| crate::ledger::error_chain(&e))?;
     Ok(())
 }

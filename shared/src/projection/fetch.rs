@@ -44,22 +44,5 @@ pub trait SubscriptionSource: Send + Sync {
     fn subscription<'a>(&'a self, id: &'a str) -> SubscriptionFuture<'a>;
 }
 
-/// A stable idempotency key for one logical outbound action of one event:
-/// the same on every attempt, different for different actions.
-pub fn idempotency_key(event_key: &str, action: &str) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(format!("{event_key}\n{action}").as_bytes()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idempotency_keys_are_stable_per_action() {
-        let a = idempotency_key("evt#stripe#e#evt_1", "notify");
-        assert_eq!(a, idempotency_key("evt#stripe#e#evt_1", "notify"));
-        assert_ne!(a, idempotency_key("evt#stripe#e#evt_1", "email"));
-        assert_ne!(a, idempotency_key("evt#stripe#e#evt_2", "notify"));
-    }
-}
+/// Kept here for callers of the fetch building block; defined with the outbox value.
+pub use crate::message::idempotency_key;

@@ -31,7 +31,8 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
 use crate::identity::EventKey;
-use crate::outbox::OutboxMessage;
+use crate::ledger::error_chain;
+use crate::message::OutboxMessage;
 
 /// The verified event handed to projections.
 #[derive(Debug, Clone)]
@@ -147,7 +148,7 @@ impl ProjectionContext {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| ProjectionError::Unavailable(crate::adapters::error_chain(&e)))?;
+            .map_err(|e| ProjectionError::Unavailable(error_chain(&e)))?;
         Ok(out.item)
     }
 }

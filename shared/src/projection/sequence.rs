@@ -16,6 +16,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 
 use super::{OnConflict, Op, ProjectionContext, ProjectionError, get_n, get_s, key_of, n, s};
 use crate::identity::EventKey;
+use crate::ledger::error_chain;
 
 /// A place in an ordered stream: the stream's state item and a sequence number.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +100,7 @@ pub async fn register_waiter(
         .item("expires_at", n(expires_at))
         .send()
         .await
-        .map_err(|e| ProjectionError::Unavailable(crate::adapters::error_chain(&e)))?;
+        .map_err(|e| ProjectionError::Unavailable(error_chain(&e)))?;
     Ok(())
 }
 
@@ -114,7 +115,7 @@ pub async fn waiter(cx: &ProjectionContext, at: &Position) -> Result<Option<Even
         .consistent_read(true)
         .send()
         .await
-        .map_err(|e| ProjectionError::Unavailable(crate::adapters::error_chain(&e)))?;
+        .map_err(|e| ProjectionError::Unavailable(error_chain(&e)))?;
     Ok(out.item.as_ref().and_then(|i| get_s(i, "event_key")).and_then(EventKey::from_stored))
 }
 

@@ -8,6 +8,7 @@
 //! Non-terminal records carry `due_shard`/`due_at`, the keys of the sparse,
 //! sharded `due` index the reconciler queries (never a scan).
 
+pub mod outbox;
 pub mod work;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use aws_sdk_dynamodb::types::{
 use super::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, SendLease, Status};
+use crate::policy::{DEFAULT_INDEX_SHARDS, REDRIVE_GRACE_MS, due_shard_named};
 
 pub const META_SK: &str = "meta";
 pub const DUE_INDEX: &str = "due";
@@ -74,11 +76,6 @@ pub fn status_shard(status: Status, shard: u32) -> String {
     format!("{}#{shard:03}", status.as_str())
 }
 
-/// Index partition names: `due#007` for ledger records, `out#007` for outbox items.
-pub fn due_shard_named(prefix: &str, shard: u32) -> String {
-    format!("{prefix}#{shard:03}")
-}
-
 #[derive(Clone)]
 pub struct DynamoLedger {
     client: Client,
@@ -88,7 +85,7 @@ pub struct DynamoLedger {
 
 impl DynamoLedger {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into(), shards: crate::config::DEFAULT_INDEX_SHARDS }
+        Self { client, table: table.into(), shards: DEFAULT_INDEX_SHARDS }
     }
 
     /// Sets the number of index shards (must match the intake's `HOOKLEDGER_INDEX_SHARDS`).
@@ -204,7 +201,7 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
     item.insert(attr::ST_SHARD.into(), s(status_shard(Status::Received, event.shard)));
     item.insert(attr::ST_AT.into(), n(event.received_at_ms));
-    item.insert(attr::DUE_AT.into(), n(event.received_at_ms + crate::intake::REDRIVE_GRACE_MS));
+    item.insert(attr::DUE_AT.into(), n(event.received_at_ms + REDRIVE_GRACE_MS));
     item
 }
 

@@ -32,11 +32,12 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 
+use super::outbox::outbox_put;
 use super::{DynamoLedger, META_SK, attr, payload_sk};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{PortError, Status};
-use crate::outbox::outbox_put;
+use crate::policy::DEFAULT_RETENTION_DAYS;
 use crate::projection::Op;
 
 /// Longest error message kept on a record.
@@ -544,7 +545,7 @@ impl DynamoLedger {
             ("kind".to_owned(), s(kind)),
             ("detail".to_owned(), s(bounded(detail))),
             ("at".to_owned(), n(now_ms)),
-            (attr::EXPIRES_AT.to_owned(), n(now_ms / 1000 + i64::from(crate::config::DEFAULT_RETENTION_DAYS) * 86_400)),
+            (attr::EXPIRES_AT.to_owned(), n(now_ms / 1000 + i64::from(DEFAULT_RETENTION_DAYS) * 86_400)),
         ]);
         self.client()
             .put_item()
