@@ -57,7 +57,7 @@ impl Default for ProcessorSettings {
             lease_ms: 30_000,
             max_attempts: 5,
             backoff: Backoff { base_ms: 2_000, max_ms: 300_000 },
-            index_shards: 16,
+            index_shards: DEFAULT_INDEX_SHARDS,
             gap_bound_ms: DEFAULT_GAP_BOUND_MS,
             transient_bound_ms: DEFAULT_TRANSIENT_BOUND_MS,
         }
@@ -86,7 +86,7 @@ impl Default for ReconcilerSettings {
             redrive_backoff_ms: 300_000,
             drift_interval_ms: 3_600_000,
             outbox_grace_ms: 60_000,
-            retention_days: 30,
+            retention_days: DEFAULT_RETENTION_DAYS,
         }
     }
 }

@@ -29,7 +29,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditi
 use aws_sdk_sns::types::MessageAttributeValue;
 
 use crate::adapters::dynamodb::STATUS_INDEX;
-use crate::adapters::dynamodb::outbox::OUTBOX_SK;
+use crate::adapters::dynamodb::outbox::{OUTBOX_SHARD_PREFIX, OUTBOX_SK, attr};
 use crate::adapters::port_error;
 use crate::backoff::{Backoff, random_jitter};
 use crate::ledger::{PortError, error_chain};
@@ -127,8 +127,8 @@ impl Dispatcher {
 
     fn key(pk: &str) -> Item {
         HashMap::from([
-            ("pk".to_owned(), AttributeValue::S(pk.to_owned())),
-            ("sk".to_owned(), AttributeValue::S(OUTBOX_SK.to_owned())),
+            (attr::PK.to_owned(), AttributeValue::S(pk.to_owned())),
+            (attr::SK.to_owned(), AttributeValue::S(OUTBOX_SK.to_owned())),
         ])
     }
 
@@ -196,7 +196,7 @@ impl Dispatcher {
                 "(#s = :pending AND (attribute_not_exists(due_at) OR due_at <= :now)) \
                  OR (#s = :sending AND dispatch_until < :now)",
             )
-            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#s", attr::STATUS)
             .expression_attribute_values(":sending", AttributeValue::S("SENDING".into()))
             .expression_attribute_values(":pending", AttributeValue::S("PENDING".into()))
             .expression_attribute_values(":tok", AttributeValue::S(token.clone()))
@@ -206,21 +206,25 @@ impl Dispatcher {
             .return_values(ReturnValue::AllNew);
         let item = match self.conditional(pk, claim).await? {
             Ok(item) => item,
-            Err(met) if text(&met, "dispatch_token") == token && text(&met, "status") == "SENDING" => {
+            Err(met) if text(&met, attr::DISPATCH_TOKEN) == token && text(&met, attr::STATUS) == "SENDING" => {
                 tracing::info!(outbox = %pk, "outbox claim acknowledgement lost; continuing as its owner");
                 met
             }
             Err(_) => return Ok(Dispatched::Skipped),
         };
-        let attempts = u32::try_from(number(&item, "dispatch_attempts")).unwrap_or(u32::MAX);
+        let attempts = u32::try_from(number(&item, attr::DISPATCH_ATTEMPTS)).unwrap_or(u32::MAX);
         if attempts > self.policy.max_attempts {
             // Dispatchers kept dying before they could record an outcome.
             let error = format!("{} claims without an outcome", attempts - 1);
             return self.failed(pk, &item, &token, attempts, error, now_ms).await;
         }
 
-        let (topic, idem, group, body) =
-            (text(&item, "topic_arn"), text(&item, "idempotency_key"), text(&item, "group_id"), text(&item, "body"));
+        let (topic, idem, group, body) = (
+            text(&item, attr::TOPIC_ARN),
+            text(&item, attr::IDEMPOTENCY_KEY),
+            text(&item, attr::GROUP_ID),
+            text(&item, attr::BODY),
+        );
         let attr = MessageAttributeValue::builder()
             .data_type("String")
             .string_value(&idem)
@@ -256,18 +260,18 @@ impl Dispatcher {
             .set_key(Some(Self::key(pk)))
             .update_expression("SET #s = :sent, sent_at = :now REMOVE due_shard, due_at, dispatch_until")
             .condition_expression("#s = :sending AND dispatch_token = :tok")
-            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#s", attr::STATUS)
             .expression_attribute_values(":sent", AttributeValue::S("SENT".into()))
             .expression_attribute_values(":sending", AttributeValue::S("SENDING".into()))
             .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))
             .expression_attribute_values(":tok", AttributeValue::S(token.clone()));
         match self.conditional(pk, mark).await? {
             Ok(_) => {}
-            Err(met) if text(&met, "status") == "SENT" && text(&met, "dispatch_token") == token => {
+            Err(met) if text(&met, attr::STATUS) == "SENT" && text(&met, attr::DISPATCH_TOKEN) == token => {
                 tracing::info!(outbox = %pk, "outbox mark acknowledgement lost; it is marked");
             }
             Err(met) => {
-                tracing::warn!(outbox = %pk, status = %text(&met, "status"),
+                tracing::warn!(outbox = %pk, status = %text(&met, attr::STATUS),
                     "published after the dispatch lease lapsed; the new owner republishes with the same key");
             }
         }
@@ -293,14 +297,14 @@ impl Dispatcher {
             .table_name(&self.table)
             .set_key(Some(Self::key(pk)))
             .condition_expression("#s = :sending AND dispatch_token = :tok")
-            .expression_attribute_names("#s", "status")
+            .expression_attribute_names("#s", attr::STATUS)
             .expression_attribute_values(":sending", AttributeValue::S("SENDING".into()))
             .expression_attribute_values(":tok", AttributeValue::S(token.to_owned()))
             .expression_attribute_values(":err", AttributeValue::S(short(&error)))
             .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()));
         let req = if dead {
             // The shard of the item's `due_shard` (`out#007` → `OUTBOX_DEAD#007`).
-            let shard = text(item, "due_shard").rsplit('#').next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let shard = text(item, attr::DUE_SHARD).rsplit('#').next().and_then(|s| s.parse().ok()).unwrap_or(0);
             base.update_expression(
                 "SET #s = :dead, last_error = :err, last_failed_at = :now, dead_at = :now, st_shard = :st, st_at = :now \
                  REMOVE due_shard, due_at, dispatch_until",
@@ -321,7 +325,7 @@ impl Dispatcher {
         // dispatcher leaves the item to it.
         match self.conditional(pk, req).await? {
             Ok(_) => {}
-            Err(met) if text(&met, "dispatch_token") == token => {}
+            Err(met) if text(&met, attr::DISPATCH_TOKEN) == token => {}
             Err(_) => tracing::warn!(outbox = %pk, "dispatch lease lapsed before the failure was recorded"),
         }
         metrics::counter!("outbox_failed").increment(1);
@@ -347,7 +351,7 @@ impl Dispatcher {
                 if published >= limit {
                     return Ok(published);
                 }
-                let pk = text(&item, "pk");
+                let pk = text(&item, attr::PK);
                 match self.dispatch(&pk, now_ms).await {
                     Ok(Dispatched::Published) => published += 1,
                     Ok(_) => {}
@@ -366,7 +370,7 @@ impl Dispatcher {
             .table_name(&self.table)
             .index_name(crate::adapters::dynamodb::DUE_INDEX)
             .key_condition_expression("due_shard = :s AND due_at <= :t")
-            .expression_attribute_values(":s", AttributeValue::S(due_shard_named("out", shard)))
+            .expression_attribute_values(":s", AttributeValue::S(due_shard_named(OUTBOX_SHARD_PREFIX, shard)))
             .expression_attribute_values(":t", AttributeValue::N(up_to.to_string()))
             .limit(limit.clamp(1, 100) as i32)
             .send()

@@ -10,6 +10,8 @@ use crate::message::{OutboxMessage, idempotency_key};
 use crate::policy::due_shard_named;
 
 pub const OUTBOX_SK: &str = "outbox";
+/// Due-index partition prefix of outbox items: `out#007`.
+pub const OUTBOX_SHARD_PREFIX: &str = "out";
 
 /// Attribute names of the outbox item.
 pub mod attr {
@@ -25,6 +27,8 @@ pub mod attr {
     pub const CREATED_AT: &str = "created_at";
     pub const DUE_SHARD: &str = "due_shard";
     pub const DUE_AT: &str = "due_at";
+    pub const DISPATCH_TOKEN: &str = "dispatch_token";
+    pub const DISPATCH_ATTEMPTS: &str = "dispatch_attempts";
 }
 
 /// The outbox item for `msg` produced by the event `key`.
@@ -49,7 +53,7 @@ pub fn outbox_put(
         (attr::GROUP_ID.to_owned(), AttributeValue::S(msg.group.clone())),
         (attr::BODY.to_owned(), AttributeValue::S(msg.body.to_string())),
         (attr::CREATED_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
-        (attr::DUE_SHARD.to_owned(), AttributeValue::S(due_shard_named("out", shard))),
+        (attr::DUE_SHARD.to_owned(), AttributeValue::S(due_shard_named(OUTBOX_SHARD_PREFIX, shard))),
         (attr::DUE_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
     ]);
     let put = Put::builder()
