@@ -52,3 +52,75 @@ mod readme {
         );
     }
 }
+
+#[cfg(test)]
+mod layers {
+    /// The modules, lowest layer first (the map above). A module may name
+    /// `crate::X` only for an X listed before it.
+    const ORDER: [&str; 19] = [
+        "secret",
+        "identity",
+        "event",
+        "backoff",
+        "policy",
+        "ledger",
+        "message",
+        "verify",
+        "projection",
+        "config",
+        "app",
+        "seed001",
+        "adapters",
+        "telemetry",
+        "intake",
+        "ops",
+        "outbox",
+        "processor",
+        "reconciler",
+    ];
+
+    fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn no_module_imports_one_above_it_and_there_is_no_circle() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let rank = |m: &str| ORDER.iter().position(|o| *o == m);
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let mut upward = Vec::new();
+        for file in files {
+            let rel = file.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+            if rel == "lib.rs" {
+                continue;
+            }
+            let from = rel.split(['/', '.']).next().unwrap().to_owned();
+            let from_rank = rank(&from).unwrap_or_else(|| panic!("{rel}: module {from} is not on the layer map"));
+            let text = std::fs::read_to_string(&file).unwrap();
+            for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                for (i, _) in line.match_indices("crate::") {
+                    let to: String =
+                        line[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                    if to == from {
+                        continue;
+                    }
+                    match rank(&to) {
+                        Some(r) if r < from_rank => {}
+                        _ => upward.push(format!("{rel} -> crate::{to}")),
+                    }
+                }
+            }
+        }
+        upward.sort();
+        upward.dedup();
+        assert!(upward.is_empty(), "imports that run upward or sideways:\n{}", upward.join("\n"));
+    }
+}
