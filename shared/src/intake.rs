@@ -247,10 +247,12 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     /// reconciler's index), whoever's claim it is.
     async fn duplicate(&self, event: &NewEvent, existing: ExistingRecord, body: &[u8]) -> Outcome {
         let key = &event.key;
-        self.count_duplicate(key).await;
         let same_bytes = existing.payload_hash == event.payload_hash;
         let same_content = same_bytes || existing.content_hash.as_deref() == Some(event.content_hash.as_str());
-        let mut conflict = !same_content;
+        let conflict = !same_content;
+        // The duplicate is counted once: by the conflict flag when the first
+        // payload is kept, by the duplicate counter otherwise.
+        let mut flag = conflict;
         if !existing.payload_stored {
             // The first delivery died (or is still working) before its payload
             // was durable: make good the payload with ours.
@@ -262,17 +264,17 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                     .await
             };
             match stored {
-                // Ours is the record's payload now; a conflict, if any, is flagged.
-                Ok(true) => {}
+                // Ours is the record's payload now (the adoption counted a conflict, if any).
+                Ok(true) => flag = false,
                 // The first payload became durable meanwhile and is kept.
-                Ok(false) if conflict => self.flag_conflict(key, &event.payload_hash, event.received_at_ms).await,
                 Ok(false) => {}
                 Err(e) => return self.unavailable("store_payload", key, e),
             }
-        } else if conflict {
+        }
+        if flag {
             self.flag_conflict(key, &event.payload_hash, event.received_at_ms).await;
         } else {
-            conflict = false;
+            self.count_duplicate(key).await;
         }
         // A record that was never handed to the queue is handed over now. A
         // live send lease means another delivery is doing it right now (or

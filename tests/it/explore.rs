@@ -518,6 +518,10 @@ pub enum Flow {
     IntakeNew,
     IntakeDuplicate,
     IntakeNeverSentDuplicate,
+    /// A Stripe retry whose bytes differ (`pending_webhooks`) from those of a
+    /// first delivery that died before storing its payload: the retry's
+    /// payload is adopted.
+    IntakeChangedRetryOfUnstored,
     IntakeHashConflict,
     ApplyEntitlement,
     ApplySeats,
@@ -537,10 +541,11 @@ pub enum Flow {
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 20] = [
+pub const FLOWS: [Flow; 21] = [
     Flow::IntakeNew,
     Flow::IntakeDuplicate,
     Flow::IntakeNeverSentDuplicate,
+    Flow::IntakeChangedRetryOfUnstored,
     Flow::IntakeHashConflict,
     Flow::ApplyEntitlement,
     Flow::ApplySeats,
@@ -641,10 +646,10 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             let d = if flow == Flow::IntakeHashConflict { payment("evt_dup", 900) } else { d };
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
-        Flow::IntakeNeverSentDuplicate => {
+        Flow::IntakeNeverSentDuplicate | Flow::IntakeChangedRetryOfUnstored => {
             // The first delivery claimed the record and died: no payload, no
             // message, a lapsed send lease; it was never acknowledged.
-            let d = payment("evt_orphan", 500);
+            let mut d = payment("evt_orphan", 500);
             let key = d.key();
             let event = NewEvent {
                 key: key.clone(),
@@ -661,6 +666,12 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
                 send: SendLease { token: "dead-lambda".into(), until_ms: w.now - 15_000 },
             };
             w.stack.ledger().claim(&event).await.unwrap_or_else(|e| panic!("{e}"));
+            if flow == Flow::IntakeChangedRetryOfUnstored {
+                // Stripe re-renders the count of endpoints still owed the event.
+                let mut v: serde_json::Value = serde_json::from_slice(&d.body).unwrap_or_else(|e| panic!("{e}"));
+                v["pending_webhooks"] = serde_json::json!(1);
+                d.body = v.to_string().into_bytes();
+            }
             Ctx { key, delivery: Some(d), outbox_pk: None }
         }
         Flow::ApplyEntitlement => {
@@ -752,7 +763,11 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
 /// The one invocation under test.
 async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
     match flow {
-        Flow::IntakeNew | Flow::IntakeDuplicate | Flow::IntakeNeverSentDuplicate | Flow::IntakeHashConflict => {
+        Flow::IntakeNew
+        | Flow::IntakeDuplicate
+        | Flow::IntakeNeverSentDuplicate
+        | Flow::IntakeChangedRetryOfUnstored
+        | Flow::IntakeHashConflict => {
             let d = ctx.delivery.clone().unwrap_or_else(|| unreachable!("intake flows deliver"));
             w.deliver(d, 0).await;
         }
@@ -821,11 +836,21 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
     w.check(allowed).await;
     let bal = |tenant: &str, acct: &str| balance_pk(tenant, acct);
     match flow {
-        Flow::IntakeNew | Flow::IntakeDuplicate | Flow::IntakeNeverSentDuplicate | Flow::IntakeHashConflict => {
+        Flow::IntakeNew
+        | Flow::IntakeDuplicate
+        | Flow::IntakeNeverSentDuplicate
+        | Flow::IntakeChangedRetryOfUnstored
+        | Flow::IntakeHashConflict => {
             let b = w.state(&bal("tenant-a", "acct_x")).await;
             let (balance, entries) = b.as_ref().map_or((0, 0), |b| (n(b, "balance"), n(b, "entries")));
             w.expect_count("ledger entries", entries, 1);
             w.expect_state("balance", balance, 500);
+            if flow == Flow::IntakeChangedRetryOfUnstored {
+                let conflicts = w.meta(&ctx.key).await.as_ref().map_or(0, |m| n(m, "conflicts"));
+                if conflicts != 0 {
+                    w.violation("false_conflict", format!("{conflicts} conflicts for one fact"));
+                }
+            }
         }
         Flow::ApplyLedger | Flow::ReconcilerRedrive => {
             let b = w.state(&bal("t1", "acct_x")).await;
@@ -1004,8 +1029,13 @@ async fn explore_and_assert(flows: &[Flow], honour_tokens: bool) {
     assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
 }
 
-const INTAKE_FLOWS: [Flow; 4] =
-    [Flow::IntakeNew, Flow::IntakeDuplicate, Flow::IntakeNeverSentDuplicate, Flow::IntakeHashConflict];
+const INTAKE_FLOWS: [Flow; 5] = [
+    Flow::IntakeNew,
+    Flow::IntakeDuplicate,
+    Flow::IntakeNeverSentDuplicate,
+    Flow::IntakeChangedRetryOfUnstored,
+    Flow::IntakeHashConflict,
+];
 const CONTRACT_FLOWS: [Flow; 5] =
     [Flow::ApplyEntitlement, Flow::ApplySeats, Flow::ApplyEmailStatus, Flow::ApplyLedger, Flow::ApplyInventory];
 const OUTCOME_FLOWS: [Flow; 4] = [Flow::ProcessorRetry, Flow::ProcessorDead, Flow::ProcessorPark, Flow::ProcessorGap];

@@ -218,6 +218,7 @@ async fn same_id_with_a_different_payload_is_flagged_not_overwritten() {
     assert_eq!(support::s(m, "payload_hash"), hookledger::identity::payload_hash(&first), "first kept");
     assert_eq!(support::s(m, "event_type"), "invoice.paid");
     assert_eq!(m["conflicts"].as_n().unwrap(), "1");
+    assert_eq!(m["duplicates"].as_n().unwrap(), "1", "the duplicate is counted once");
     assert_eq!(support::s(m, "last_conflict_hash"), hookledger::identity::payload_hash(&second));
     assert_eq!(stack.drain_queue().await.len(), 1);
 }

@@ -112,6 +112,7 @@ async fn a_duplicate_with_other_bytes_makes_good_a_missing_payload_and_flags_a_r
     assert!(w.violations.is_empty(), "{:?}", w.violations);
     let meta = w.meta(&other.key()).await.unwrap();
     assert_eq!(crate::support::n(&meta, "conflicts"), 1, "a real conflict is flagged");
+    assert_eq!(crate::support::n(&meta, "duplicates"), 1, "and the duplicate counted once");
     assert_eq!(w.stack.drain_queue().await.len(), 1, "the never-sent record was sent");
 }
 
