@@ -23,7 +23,7 @@ use clap::{Args, Parser, Subcommand};
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::ledger::Status;
-use hookledger::ops::{ListFilter, Ops, OpsError, item_json, parse_key};
+use hookledger::ops::{ListFilter, Ops, OpsError, parse_key};
 
 #[derive(Parser)]
 #[command(name = "hookledger", version, about = "Hookledger developer and operator tool")]
@@ -327,7 +327,7 @@ where
             };
             let (items, next) = ctx.ops_read_only()?.list(&filter).await?;
             if json {
-                let v = serde_json::json!({ "items": items.iter().map(item_json).collect::<Vec<_>>(), "next_cursor": next.as_ref().map(cursor_text) });
+                let v = serde_json::json!({ "items": items, "next_cursor": next.as_ref().map(cursor_text) });
                 writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
             } else {
                 table::list(out, &items)?;
@@ -341,8 +341,8 @@ where
             let (record, history, body) = ctx.ops_read_only()?.show(&key, payload).await?;
             if json {
                 let v = serde_json::json!({
-                    "record": item_json(&record),
-                    "history": history.iter().map(item_json).collect::<Vec<_>>(),
+                    "record": record,
+                    "history": history,
                     "payload": body.as_ref().map(|b| String::from_utf8_lossy(b).into_owned()),
                 });
                 writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
@@ -436,7 +436,12 @@ async fn act(ctx: &Ctx, out: &mut (dyn Write + Send), a: ActionArgs, action: Act
                 limit: a.select.max,
                 ..Default::default()
             };
-            ops.list(&filter).await?.0.iter().filter_map(|i| i.get("pk").and_then(|v| v.as_s().ok()).cloned()).collect()
+            ops.list(&filter)
+                .await?
+                .0
+                .iter()
+                .filter_map(|i| i.get("pk").and_then(|v| v.as_str()).map(str::to_owned))
+                .collect()
         }
         (false, true) => return Err(CliError::Failed("give event keys or filters, not both".into())),
         (true, false) => {

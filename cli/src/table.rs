@@ -1,19 +1,15 @@
 //! Human-readable output.
 
-use std::collections::HashMap;
 use std::io::{self, Write};
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use hookledger::ledger::Row;
 use hookledger::ops::Stats;
 
-fn get(item: &HashMap<String, AttributeValue>, k: &str) -> String {
+fn get(item: &Row, k: &str) -> String {
     match item.get(k) {
-        Some(AttributeValue::S(s)) => s.clone(),
-        Some(AttributeValue::N(n)) => n.clone(),
-        Some(AttributeValue::Bool(b)) => b.to_string(),
-        Some(AttributeValue::B(b)) => format!("<{} bytes>", b.as_ref().len()),
-        Some(other) => format!("{other:?}"),
-        None => "-".into(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Null) | None => "-".into(),
+        Some(other) => other.to_string(),
     }
 }
 
@@ -39,7 +35,7 @@ pub fn columns(out: &mut (dyn Write + Send), header: &[&str], rows: &[Vec<String
     Ok(())
 }
 
-pub fn list(out: &mut (dyn Write + Send), items: &[HashMap<String, AttributeValue>]) -> io::Result<()> {
+pub fn list(out: &mut (dyn Write + Send), items: &[Row]) -> io::Result<()> {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|i| {
@@ -90,8 +86,8 @@ pub fn stats(out: &mut (dyn Write + Send), s: &Stats) -> io::Result<()> {
 
 pub fn show(
     out: &mut (dyn Write + Send),
-    record: &HashMap<String, AttributeValue>,
-    history: &[HashMap<String, AttributeValue>],
+    record: &Row,
+    history: &[Row],
     payload: Option<&[u8]>,
     asked: bool,
 ) -> io::Result<()> {

@@ -20,8 +20,9 @@ use http::{HeaderMap, Method};
 
 use crate::config::{Endpoint, EndpointVerifier, Settings};
 use crate::identity::{EventKey, content_hash, payload_hash};
-use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
+use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, SendLease, Status};
 use crate::policy::SEND_LEASE_MS;
+use crate::ports::{Ledger, WorkQueue};
 use crate::verify::{Action, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.

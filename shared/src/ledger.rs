@@ -1,7 +1,8 @@
-//! The ledger record and the ports the intake needs.
-//!
-//! State machine (design §4). The intake only creates records in RECEIVED;
-//! the processor and reconciler own the other transitions.
+//! The ledger record: its statuses, the values the use cases decide on, and
+//! the outcomes of each transition. The ports that move records between
+//! statuses are in `ports`; every conditional write that implements an
+//! arrow is in `adapters::dynamodb::conditions`, which draws the whole
+//! state machine with the file owning each arrow.
 //!
 //! ```text
 //! (new) ──claim──▶ RECEIVED ──lease──▶ PROCESSING ──commit──▶ PROCESSED
@@ -10,8 +11,6 @@
 //!                     │     RETRYABLE
 //!                     └──── lease expired (crash) is reclaimable
 //! ```
-
-use std::future::Future;
 
 use crate::identity::EventKey;
 
@@ -112,66 +111,226 @@ pub enum PortError {
     Unavailable { service: &'static str, message: String },
 }
 
-/// The durable event ledger (DynamoDB in production).
-pub trait Ledger: Send + Sync {
-    /// One conditional write: creates the record unless the key exists; on
-    /// conflict returns the existing record (no read before the write).
-    fn claim(&self, event: &NewEvent) -> impl Future<Output = Result<Claim, PortError>> + Send;
-    /// Stores the raw payload in its own item, which status updates never rewrite.
-    fn store_payload(
-        &self,
-        key: &EventKey,
-        payload_hash: &str,
-        body: &[u8],
-        expires_at: i64,
-    ) -> impl Future<Output = Result<(), PortError>> + Send;
-    /// Stores `body` for a record whose own payload was never stored, and
-    /// makes it the record's payload (`payload_hash := new_hash`), unless the
-    /// first payload was stored meanwhile. `conflict`: the content differs
-    /// (counted and flagged as a conflict). `Ok(false)`: the first payload is
-    /// durable now and was kept.
-    fn adopt_payload(
-        &self,
-        key: &EventKey,
-        old_hash: &str,
-        new_hash: &str,
-        body: &[u8],
-        expires_at: i64,
-        conflict: bool,
-    ) -> impl Future<Output = Result<bool, PortError>> + Send;
-    /// Takes the send lease of a record that was never enqueued, if no live
-    /// lease is held by another delivery (a lease already holding this
-    /// token, our own retried write, counts as taken). `Ok(false)`: someone
-    /// else sends.
-    fn take_send_lease(
-        &self,
-        key: &EventKey,
-        lease: &SendLease,
-        now_ms: i64,
-    ) -> impl Future<Output = Result<bool, PortError>> + Send;
-    /// Gives the send lease back after a failed send, so a retry can send at once.
-    fn release_send_lease(
-        &self,
-        key: &EventKey,
-        lease: &SendLease,
-    ) -> impl Future<Output = Result<(), PortError>> + Send;
-    /// Notes that the key was handed to the queue (and drops the send lease).
-    fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
-    /// Counts a duplicate delivery on the record (evidence for the duplicate rate).
-    fn note_duplicate(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
-    /// Flags "same id, different payload": keeps the first, counts the conflict.
-    fn flag_conflict(
-        &self,
-        key: &EventKey,
-        other_hash: &str,
-        at_ms: i64,
-    ) -> impl Future<Output = Result<(), PortError>> + Send;
+/// `error_code` of a record deferred on a sequence gap, and `park_reason` of
+/// one parked at the gap bound.
+pub const GAP: &str = "gap";
+
+/// The record fields the processor works from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkRecord {
+    pub key: EventKey,
+    pub status: Status,
+    pub provider: String,
+    pub endpoint: String,
+    pub tenant: String,
+    pub event_id: String,
+    pub event_type: Option<String>,
+    pub payload_hash: String,
+    /// Leases taken (evidence; a lease lost to a crash counts here too).
+    pub attempts: u32,
+    /// Business failures recorded (the attempt budget).
+    pub failures: u32,
+    pub received_at_ms: i64,
+    /// When the current window of the time bounds started (first lease after
+    /// receipt, replay or wake).
+    pub window_start_ms: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at_ms: Option<i64>,
+    pub next_attempt_at_ms: Option<i64>,
+    pub completed_token: Option<String>,
+    /// The token of the invocation that last moved the record out of PROCESSING.
+    pub transition_token: Option<String>,
 }
 
-/// The work queue between intake and processor (SQS in production).
-pub trait WorkQueue: Send + Sync {
-    fn send(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
+impl WorkRecord {
+    /// Start of the window the gap and transient bounds count from.
+    pub fn window_start(&self) -> i64 {
+        self.window_start_ms.unwrap_or(self.received_at_ms)
+    }
+
+    /// What a lease attempt by `token` at `now_ms` means, given the record a
+    /// failed lease condition met (`None`: no record).
+    pub fn lease_refused(met: Option<Self>, token: &str, now_ms: i64) -> LeaseResult {
+        match met {
+            None => LeaseResult::Missing,
+            // Our own lease whose acknowledgement was lost.
+            Some(r) if r.status == Status::Processing && r.lease_owner.as_deref() == Some(token) => {
+                LeaseResult::Leased(Box::new(r))
+            }
+            Some(r) if r.status.is_terminal() => LeaseResult::Final(r.status),
+            Some(r) if r.status == Status::Processing => {
+                LeaseResult::Busy { until_ms: r.lease_expires_at_ms.unwrap_or(now_ms) }
+            }
+            Some(r) if r.status == Status::Retryable => {
+                LeaseResult::NotDue { at_ms: r.next_attempt_at_ms.unwrap_or(now_ms) }
+            }
+            // RECEIVED fails only if it changed between two reads: try again soon.
+            Some(_) => LeaseResult::Busy { until_ms: now_ms },
+        }
+    }
 }
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseResult {
+    Leased(Box<WorkRecord>),
+    /// No such record (expired by TTL, or a foreign message).
+    Missing,
+    /// PROCESSED, DEAD or PARKED: nothing to do.
+    Final(Status),
+    /// Another worker holds a live lease until then.
+    Busy {
+        until_ms: i64,
+    },
+    /// RETRYABLE, not due yet.
+    NotDue {
+        at_ms: i64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitResult {
+    /// Everything committed; these outbox items were written.
+    Committed { outbox: Vec<String> },
+    /// These ops' conditions failed (indices into the ops given).
+    Conflicts(Vec<usize>),
+    /// The lease token no longer matches: another worker owns the record, or
+    /// our own commit whose acknowledgement was lost (see `completed_token`).
+    Fenced,
+    /// DynamoDB reported contention or throttling inside the transaction.
+    Contention,
+}
+
+/// How a leased record leaves PROCESSING other than by a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit<'a> {
+    /// RETRYABLE, due at `next_at_ms`. `failure`: a business failure, which
+    /// spends the attempt budget (`failures + 1`).
+    Retry { next_at_ms: i64, code: &'a str, message: &'a str, failure: bool },
+    /// DEAD (terminal).
+    Dead { reason: &'a str, message: &'a str },
+    /// PARKED (terminal until replayed); no mutation was made.
+    Park { reason: &'a str, subject: Option<&'a str> },
+}
+
+impl Exit<'_> {
+    pub fn to(&self) -> Status {
+        match self {
+            Self::Retry { .. } => Status::Retryable,
+            Self::Dead { .. } => Status::Dead,
+            Self::Park { .. } => Status::Parked,
+        }
+    }
+}
+
+/// An operator's transition (audited; `hookledger replay|park|resolve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorAction {
+    /// DEAD or PARKED → RETRYABLE, due now, attempts and failures reset, a
+    /// new time window; the key is queued at once.
+    Replay,
+    /// RECEIVED, RETRYABLE or DEAD → PARKED: stop working on it until replayed.
+    Park,
+    /// DEAD or PARKED → PROCESSED with outcome `resolved`.
+    Resolve,
+}
+
+impl OperatorAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Replay => "replay",
+            Self::Park => "park",
+            Self::Resolve => "resolve",
+        }
+    }
+
+    /// The statuses the action may leave (a PROCESSING record finishes its lease first).
+    pub fn from(self) -> &'static [Status] {
+        match self {
+            Self::Replay | Self::Resolve => &[Status::Dead, Status::Parked],
+            Self::Park => &[Status::Received, Status::Retryable, Status::Dead],
+        }
+    }
+
+    pub fn to(self) -> Status {
+        match self {
+            Self::Replay => Status::Retryable,
+            Self::Park => Status::Parked,
+            Self::Resolve => Status::Processed,
+        }
+    }
+
+    /// Why the action is refused, for the operator.
+    pub fn allowed(self) -> &'static str {
+        match self {
+            Self::Replay => "only DEAD or PARKED records can be replayed",
+            Self::Park => {
+                "only RECEIVED, RETRYABLE or DEAD records can be parked; a PROCESSING one must finish its lease first"
+            }
+            Self::Resolve => "only DEAD or PARKED records can be resolved",
+        }
+    }
+}
+
+/// What an operator transition met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transitioned {
+    Done,
+    /// No such record.
+    Missing,
+    /// The record is in a status the action may not leave.
+    Refused(Status),
+}
+
+/// A ledger record in the reconciler's `due` index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueRecord {
+    pub key: EventKey,
+    pub status: Status,
+    /// Whether any delivery or re-drive has handed it to the queue.
+    pub enqueued: bool,
+    /// The `due_at` read: a claim moves it only from this value.
+    pub due_at_ms: i64,
+}
+
+impl DueRecord {
+    /// Why the reconciler re-drives it; `None`: not its to re-drive.
+    pub fn redrive_reason(&self) -> Option<&'static str> {
+        match self.status {
+            Status::Received if !self.enqueued => Some("never_sent"),
+            Status::Received => Some("not_picked_up"),
+            Status::Processing => Some("lease_expired"),
+            Status::Retryable => Some("retry_due"),
+            _ => None,
+        }
+    }
+}
+
+/// An entitlement due for a drift check against the provider.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriftItem {
+    /// The projection item's partition key (`ent#<subscription>`).
+    pub pk: String,
+    pub due_at_ms: i64,
+    pub subscription: String,
+    pub customer: String,
+    pub endpoint: String,
+    pub tenant: String,
+    /// The provider event the local state came from.
+    pub event_id: String,
+    pub status: Option<String>,
+    pub seats: Option<i64>,
+}
+
+/// What the reconciler claims in the `due` index: a ledger record or a
+/// projection item due for a drift check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DueItem<'a> {
+    Record(&'a EventKey),
+    Drift(&'a str),
+}
+
+/// A stored item as JSON, for operators (binary values shown as their size).
+pub type Row = serde_json::Map<String, serde_json::Value>;
 
 /// The error and its sources, for logs (never contains request payloads).
 pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {

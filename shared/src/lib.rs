@@ -29,6 +29,7 @@ pub mod message;
 pub mod ops;
 pub mod outbox;
 pub mod policy;
+pub mod ports;
 pub mod processor;
 pub mod projection;
 pub mod reconciler;
@@ -57,7 +58,7 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 19] = [
+    const ORDER: [&str; 20] = [
         "secret",
         "identity",
         "event",
@@ -67,6 +68,7 @@ mod layers {
         "message",
         "verify",
         "projection",
+        "ports",
         "config",
         "app",
         "seed001",

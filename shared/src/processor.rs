@@ -18,15 +18,15 @@
 use std::time::Instant;
 
 use crate::adapters::dynamodb::DynamoLedger;
-use crate::adapters::dynamodb::work::{CommitResult, GAP, LeaseResult, WorkRecord};
 use crate::adapters::sqs::SqsQueue;
 use crate::backoff::random_jitter;
 use crate::config::ProcessorSettings;
 use crate::event::decode;
 use crate::identity::EventKey;
-use crate::ledger::{PortError, WorkQueue};
+use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, WorkRecord};
 use crate::outbox::Dispatcher;
-use crate::projection::sequence::{self, Position};
+use crate::ports::{Dispatch, WorkLedger, WorkQueue};
+use crate::projection::sequence::Position;
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
 
 /// Where a crash is injected in tests.
@@ -98,14 +98,16 @@ impl Report {
 
 const MAX_PLAN_ROUNDS: usize = 4;
 
-pub struct Processor {
-    ledger: DynamoLedger,
+/// The processor over its ports: the ledger's work transitions, the work
+/// queue (woken gap waiters) and the outbox dispatcher.
+pub struct Processor<L = DynamoLedger, Q = SqsQueue, D = Dispatcher> {
+    ledger: L,
     registry: Registry,
     cx: ProjectionContext,
-    dispatcher: Option<Dispatcher>,
+    dispatcher: Option<D>,
     /// Where woken gap waiters are sent at once; without it they wait for
     /// the reconciler's next run (they are due now in the `due` index).
-    queue: Option<SqsQueue>,
+    queue: Option<Q>,
     settings: ProcessorSettings,
     pub fault: ProcessorFault,
 }
@@ -139,6 +141,7 @@ impl From<ProjectionError> for Failure {
 }
 
 impl Processor {
+    /// The processor on DynamoDB (projections read and write the ledger's table).
     pub fn new(
         ledger: DynamoLedger,
         registry: Registry,
@@ -146,16 +149,26 @@ impl Processor {
         settings: ProcessorSettings,
     ) -> Self {
         let ledger = ledger.with_shards(settings.index_shards);
-        let cx = ProjectionContext {
-            ddb: ledger.client().clone(),
-            table: ledger.table().to_owned(),
-            shards: settings.index_shards,
-        };
+        let cx = ledger.projection_context();
+        Self::with_ports(ledger, cx, registry, dispatcher, settings)
+    }
+}
+
+impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
+    /// The processor over any implementation of its ports; `cx` is where the
+    /// projections read.
+    pub fn with_ports(
+        ledger: L,
+        cx: ProjectionContext,
+        registry: Registry,
+        dispatcher: Option<D>,
+        settings: ProcessorSettings,
+    ) -> Self {
         Self { ledger, registry, cx, dispatcher, queue: None, settings, fault: ProcessorFault::None }
     }
 
     /// Sends woken gap waiters to this queue at once.
-    pub fn with_queue(mut self, queue: SqsQueue) -> Self {
+    pub fn with_queue(mut self, queue: Q) -> Self {
         self.queue = Some(queue);
         self
     }
@@ -244,7 +257,8 @@ impl Processor {
             };
             let (ops, duplicate) = match decision {
                 Decision::Park(reason) => {
-                    let parked = self.ledger.park(key, token, &reason, subject.as_deref(), now_ms).await?;
+                    let exit = Exit::Park { reason: &reason, subject: subject.as_deref() };
+                    let parked = self.ledger.leave(key, token, &exit, now_ms).await?;
                     if parked {
                         self.history(key, "parked", &reason, now_ms).await;
                     }
@@ -354,8 +368,7 @@ impl Processor {
                 }
                 CommitResult::Fenced => {
                     // Our own earlier commit whose response was lost looks fenced too.
-                    let ours =
-                        self.ledger.read_record(key).await?.and_then(|r| r.completed_token).is_some_and(|t| t == token);
+                    let ours = self.ledger.completed_by(key).await?.is_some_and(|t| t == token);
                     if !ours {
                         return Ok(Some(Report::done(Outcome::Fenced)));
                     }
@@ -412,7 +425,8 @@ impl Processor {
         let (stored, delay, detail) = match counted {
             Some(failures) => {
                 let delay = self.settings.backoff.delay_ms(failures, random_jitter());
-                let stored = self.ledger.retry_after_failure(key, token, now_ms + delay, code, &message).await?;
+                let exit = Exit::Retry { next_at_ms: now_ms + delay, code, message: &message, failure: true };
+                let stored = self.ledger.leave(key, token, &exit, now_ms).await?;
                 let of = self.settings.max_attempts;
                 (
                     stored,
@@ -423,7 +437,8 @@ impl Processor {
             None => {
                 let left = self.settings.transient_bound_ms - (now_ms - record.window_start());
                 let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter()).min(left);
-                let stored = self.ledger.retry(key, token, now_ms + delay, code, &message).await?;
+                let exit = Exit::Retry { next_at_ms: now_ms + delay, code, message: &message, failure: false };
+                let stored = self.ledger.leave(key, token, &exit, now_ms).await?;
                 (stored, delay, format!("attempt {} met a transient fault ({code}): {message}", record.attempts))
             }
         };
@@ -450,7 +465,7 @@ impl Processor {
         let key = &record.key;
         let left = self.settings.gap_bound_ms - (now_ms - record.window_start());
         if left <= 0 {
-            if !self.ledger.park(key, token, GAP, subject, now_ms).await? {
+            if !self.ledger.leave(key, token, &Exit::Park { reason: GAP, subject }, now_ms).await? {
                 return Ok(Report::done(Outcome::Fenced));
             }
             self.history(key, "parked", &format!("{GAP}: {}", gap.reason), now_ms).await;
@@ -462,18 +477,19 @@ impl Processor {
         // more: a predecessor committed in between is seen by one side.
         if let Some(at) = &gap.waiter {
             let expires_at = now_ms / 1000 + i64::from(crate::policy::DEFAULT_RETENTION_DAYS) * 86_400;
-            if let Err(e) = sequence::register_waiter(&self.cx, at, key, expires_at).await {
+            if let Err(e) = self.ledger.register_waiter(at, key, expires_at).await {
                 tracing::warn!(key = %key, error = %e, "could not leave a waiter pointer; the retry timer remains");
             }
         }
         let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter()).min(left);
-        if !self.ledger.retry(key, token, now_ms + delay, GAP, &gap.reason).await? {
+        let exit = Exit::Retry { next_at_ms: now_ms + delay, code: GAP, message: &gap.reason, failure: false };
+        if !self.ledger.leave(key, token, &exit, now_ms).await? {
             return Ok(Report::done(Outcome::Fenced));
         }
         self.history(key, "deferred", &gap.reason, now_ms).await;
         metrics::counter!("retried", "provider" => record.provider.clone(), "code" => GAP).increment(1);
         if let Some(at) = &gap.waiter {
-            let woken = match sequence::predecessor_applied(&self.cx, at).await {
+            let woken = match self.ledger.predecessor_applied(at).await {
                 Ok(true) => self.ledger.wake(key, now_ms).await.map_err(|e| e.to_string()),
                 Ok(false) => Ok(false),
                 Err(e) => Err(e.to_string()),
@@ -495,7 +511,7 @@ impl Processor {
     /// effort: a failure leaves the waiter to its own timer.
     async fn wake_successor(&self, at: &Position, now_ms: i64) {
         let next = Position { stream: at.stream.clone(), seq: at.seq + 1 };
-        let waiter = match sequence::waiter(&self.cx, &next).await {
+        let waiter = match self.ledger.waiter(&next).await {
             Ok(Some(k)) => k,
             Ok(None) => return,
             Err(e) => {
@@ -527,7 +543,7 @@ impl Processor {
         message: &str,
         now_ms: i64,
     ) -> Result<Report, PortError> {
-        if !self.ledger.dead(&record.key, token, reason, message, now_ms).await? {
+        if !self.ledger.leave(&record.key, token, &Exit::Dead { reason, message }, now_ms).await? {
             return Ok(Report::done(Outcome::Fenced));
         }
         self.history(&record.key, "dead", &format!("{reason}: {message}"), now_ms).await;

@@ -28,30 +28,23 @@
 //! metrics are emitted on every run. A run stops at its item budget or
 //! deadline; what it did not reach stays due, so the next run continues.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
-
-use crate::adapters::dynamodb::{DUE_INDEX, DynamoLedger, META_SK, attr, due_shard, status_shard};
-use crate::adapters::port_error;
-use crate::app::entitlement::DRIFT_SHARD_PREFIX;
+use crate::adapters::dynamodb::DynamoLedger;
 use crate::config::ReconcilerSettings;
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, Ledger, NewEvent, PortError, SendLease, Status, WorkQueue};
-use crate::outbox::{Dispatched, Dispatcher};
-use crate::policy::{SEND_LEASE_MS, due_shard_named};
+use crate::ledger::{Claim, DriftItem, DueItem, NewEvent, PortError, SendLease, Status};
+use crate::message::Dispatched;
+use crate::outbox::Dispatcher;
+use crate::policy::SEND_LEASE_MS;
+use crate::ports::{Dispatch, DueLedger, WorkQueue};
 use crate::projection::fetch::SubscriptionSource;
-use crate::projection::{STATE_SK, get_n, get_s};
 
 /// A phase stops after this many item failures in a row (its dependency is
 /// down); what it did not reach stays due for the next run.
 pub const MAX_CONSECUTIVE_ERRORS: u32 = 5;
-
-/// The claim token an item's `due_at` claim writes (see the module docs).
-const CLAIM_TOKEN: &str = "redrive_token";
 
 /// Metrics the reconciler emits (namespace from `HOOKLEDGER_METRICS_NAMESPACE`,
 /// dimension `function = reconciler`); the SAM template's alarms must name
@@ -131,19 +124,21 @@ impl Failures {
     }
 }
 
-pub struct Reconciler<Q> {
-    ledger: DynamoLedger,
+/// The reconciler over its ports: the due index and evidence of the
+/// ledger, the work queue, and the outbox dispatcher.
+pub struct Reconciler<Q, L = DynamoLedger, D = Dispatcher> {
+    ledger: L,
     queue: Q,
-    dispatcher: Option<Dispatcher>,
+    dispatcher: Option<D>,
     subscriptions: Option<Arc<dyn SubscriptionSource>>,
     settings: ReconcilerSettings,
 }
 
-impl<Q: WorkQueue> Reconciler<Q> {
+impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     pub fn new(
-        ledger: DynamoLedger,
+        ledger: L,
         queue: Q,
-        dispatcher: Option<Dispatcher>,
+        dispatcher: Option<D>,
         subscriptions: Option<Arc<dyn SubscriptionSource>>,
         settings: ReconcilerSettings,
     ) -> Self {
@@ -192,138 +187,6 @@ impl<Q: WorkQueue> Reconciler<Q> {
         false
     }
 
-    /// Claims a due item: moves its `due_at` from `seen` to `next` and writes
-    /// a fresh claim token. `Ok(Some(token))`: this run owns it; `Ok(None)`:
-    /// another run moved it first.
-    async fn claim_due(&self, pk: &str, sk: &str, seen: i64, next: i64) -> Result<Option<String>, PortError> {
-        let token = uuid::Uuid::new_v4().to_string();
-        // Timeline guarded: two runs at once read the same due item; only the
-        // one whose update still finds `due_at = seen` acts. The other's fails.
-        // Our own SDK retry after a lost acknowledgement fails the same way,
-        // against our write: the item it met carries our token, so we own it.
-        let result = self
-            .ledger
-            .client()
-            .update_item()
-            .table_name(self.ledger.table())
-            .key(attr::PK, AttributeValue::S(pk.to_owned()))
-            .key(attr::SK, AttributeValue::S(sk.to_owned()))
-            .update_expression(format!("SET due_at = :next, {CLAIM_TOKEN} = :tok ADD redrives :one"))
-            .condition_expression("due_at = :seen")
-            .expression_attribute_values(":next", AttributeValue::N(next.to_string()))
-            .expression_attribute_values(":seen", AttributeValue::N(seen.to_string()))
-            .expression_attribute_values(":tok", AttributeValue::S(token.clone()))
-            .expression_attribute_values(":one", AttributeValue::N("1".into()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Some(token)),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(ccf)) => {
-                    let met = match ccf.item() {
-                        Some(item) => item.clone(),
-                        None => self.read(pk, sk).await?,
-                    };
-                    if get_s(&met, CLAIM_TOKEN) == Some(token.as_str()) {
-                        tracing::info!(item = %pk, "claim acknowledgement lost; continuing as its owner");
-                        Ok(Some(token))
-                    } else {
-                        Ok(None)
-                    }
-                }
-                _ => Err(port_error("dynamodb", &e)),
-            },
-        }
-    }
-
-    /// A consistent read (for emulators that return no item with a failed condition).
-    async fn read(&self, pk: &str, sk: &str) -> Result<HashMap<String, AttributeValue>, PortError> {
-        let out = self
-            .ledger
-            .client()
-            .get_item()
-            .table_name(self.ledger.table())
-            .key(attr::PK, AttributeValue::S(pk.to_owned()))
-            .key(attr::SK, AttributeValue::S(sk.to_owned()))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(out.item.unwrap_or_default())
-    }
-
-    /// Notes that a re-driven record was handed to the queue, after the send.
-    async fn note_enqueued(&self, pk: &str, now_ms: i64) -> Result<(), PortError> {
-        // Timeline guarded: the intake or an earlier re-drive may have noted
-        // it first (keep the first time), the record may be gone (TTL), and
-        // our own retry after a lost acknowledgement meets our own note.
-        let result = self
-            .ledger
-            .client()
-            .update_item()
-            .table_name(self.ledger.table())
-            .key(attr::PK, AttributeValue::S(pk.to_owned()))
-            .key(attr::SK, AttributeValue::S(META_SK.to_owned()))
-            .update_expression("SET enqueued_at = :now")
-            .condition_expression("attribute_exists(pk) AND attribute_not_exists(enqueued_at)")
-            .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(()),
-            Err(e) => Err(port_error("dynamodb", &e)),
-        }
-    }
-
-    /// Moves a claimed item's next look to `at`, if this run still holds it.
-    async fn reschedule(&self, pk: &str, sk: &str, token: &str, at: i64) -> Result<(), PortError> {
-        // Timeline guarded: another run may have claimed the item since; its
-        // token then differs and its schedule stands. A retry of our own
-        // update writes the same values again.
-        let result = self
-            .ledger
-            .client()
-            .update_item()
-            .table_name(self.ledger.table())
-            .key(attr::PK, AttributeValue::S(pk.to_owned()))
-            .key(attr::SK, AttributeValue::S(sk.to_owned()))
-            .update_expression("SET due_at = :at")
-            .condition_expression(format!("{CLAIM_TOKEN} = :tok"))
-            .expression_attribute_values(":at", AttributeValue::N(at.to_string()))
-            .expression_attribute_values(":tok", AttributeValue::S(token.to_owned()))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(()),
-            Err(e) => Err(port_error("dynamodb", &e)),
-        }
-    }
-
-    async fn due_page(
-        &self,
-        partition: &str,
-        up_to: i64,
-        limit: usize,
-    ) -> Result<Vec<HashMap<String, AttributeValue>>, PortError> {
-        let out = self
-            .ledger
-            .client()
-            .query()
-            .table_name(self.ledger.table())
-            .index_name(DUE_INDEX)
-            .key_condition_expression("due_shard = :s AND due_at <= :t")
-            .expression_attribute_values(":s", AttributeValue::S(partition.to_owned()))
-            .expression_attribute_values(":t", AttributeValue::N(up_to.to_string()))
-            .limit(limit.clamp(1, 100) as i32)
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(out.items.unwrap_or_default())
-    }
-
     async fn redrive(
         &self,
         now_ms: i64,
@@ -342,34 +205,26 @@ impl<Q: WorkQueue> Reconciler<Q> {
                 if self.out_of_time(deadline, *budget, summary) {
                     return Ok(());
                 }
-                let page = self.due_page(&due_shard(shard), now_ms, *budget).await?;
+                let page = self.ledger.due_records(shard, now_ms, *budget).await?;
                 if page.is_empty() {
                     break;
                 }
                 let mut acted = 0;
-                for item in page {
+                for record in page {
                     if self.out_of_time(deadline, *budget, summary) {
                         return Ok(());
                     }
-                    let (Some(pk), Some(seen)) = (get_s(&item, attr::PK), get_n(&item, attr::DUE_AT)) else { continue };
-                    let Some(key) = EventKey::from_stored(pk) else { continue };
-                    let status = get_s(&item, attr::STATUS).and_then(Status::parse);
-                    let reason = match status {
-                        Some(Status::Received) if !item.contains_key(attr::ENQUEUED_AT) => "never_sent",
-                        Some(Status::Received) => "not_picked_up",
-                        Some(Status::Processing) => "lease_expired",
-                        Some(Status::Retryable) => "retry_due",
-                        _ => continue,
-                    };
+                    let Some(reason) = record.redrive_reason() else { continue };
+                    let key = &record.key;
                     // Claimed, the record stays due at its next look: if the
                     // send below fails or this invocation dies, a later run
                     // sends it again.
                     let next = now_ms + self.settings.redrive_backoff_ms;
-                    match self.claim_due(pk, META_SK, seen, next).await {
+                    match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, next).await {
                         Ok(Some(_)) => {}
                         Ok(None) => continue,
                         Err(e) => {
-                            if failures.item("redrive", pk, &e, summary) {
+                            if failures.item("redrive", key.as_str(), &e, summary) {
                                 return Ok(());
                             }
                             continue;
@@ -377,8 +232,8 @@ impl<Q: WorkQueue> Reconciler<Q> {
                     }
                     *budget -= 1;
                     acted += 1;
-                    if let Err(e) = self.queue.send(&key).await {
-                        if failures.item("redrive", pk, &e, summary) {
+                    if let Err(e) = self.queue.send(key).await {
+                        if failures.item("redrive", key.as_str(), &e, summary) {
                             return Ok(());
                         }
                         continue;
@@ -387,8 +242,8 @@ impl<Q: WorkQueue> Reconciler<Q> {
                     if reason == "never_sent" {
                         // Only now is it sent. Best effort: without the note
                         // the record is sent again after the backoff.
-                        if let Err(e) = self.note_enqueued(pk, now_ms).await {
-                            failures.item("redrive", pk, &e, summary);
+                        if let Err(e) = self.ledger.note_enqueued(key, now_ms).await {
+                            failures.item("redrive", key.as_str(), &e, summary);
                         }
                     }
                     if reason == "lease_expired" {
@@ -425,17 +280,16 @@ impl<Q: WorkQueue> Reconciler<Q> {
                     break;
                 }
                 let mut acted = 0;
-                for item in page {
+                for id in page {
                     if self.out_of_time(deadline, *budget, summary) {
                         return Ok(());
                     }
-                    let Some(pk) = get_s(&item, attr::PK) else { continue };
                     // Each outcome but `Skipped` moves the item out of this
                     // page's range (sent, due later, or dead).
-                    let outcome = match d.dispatch(pk, now_ms).await {
+                    let outcome = match d.dispatch(&id, now_ms).await {
                         Ok(outcome) => outcome,
                         Err(e) => {
-                            if failures.item("outbox", pk, &e, summary) {
+                            if failures.item("outbox", &id, &e, summary) {
                                 return Ok(());
                             }
                             continue;
@@ -453,7 +307,7 @@ impl<Q: WorkQueue> Reconciler<Q> {
                                 summary.outbox_dead_lettered += 1;
                             }
                             let e = PortError::Unavailable { service: "sns", message: error.clone() };
-                            if failures.item("outbox", pk, &e, summary) {
+                            if failures.item("outbox", &id, &e, summary) {
                                 return Ok(());
                             }
                         }
@@ -483,10 +337,9 @@ impl<Q: WorkQueue> Reconciler<Q> {
                 if self.out_of_time(deadline, *budget, summary) {
                     return Ok(());
                 }
-                let partition = due_shard_named(DRIFT_SHARD_PREFIX, shard);
                 // Strictly older than the interval: an item checked in this run
                 // (due_at = now) is not checked again by it.
-                let page = self.due_page(&partition, now_ms - self.settings.drift_interval_ms - 1, *budget).await?;
+                let page = self.ledger.due_drift(shard, now_ms - self.settings.drift_interval_ms - 1, *budget).await?;
                 if page.is_empty() {
                     break;
                 }
@@ -495,9 +348,9 @@ impl<Q: WorkQueue> Reconciler<Q> {
                     if self.out_of_time(deadline, *budget, summary) {
                         return Ok(());
                     }
-                    let (Some(pk), Some(seen)) = (get_s(&item, attr::PK), get_n(&item, attr::DUE_AT)) else { continue };
+                    let pk = item.pk.as_str();
                     // Checked now: next look after another interval.
-                    let token = match self.claim_due(pk, STATE_SK, seen, now_ms).await {
+                    let token = match self.ledger.claim_due(DueItem::Drift(pk), item.due_at_ms, now_ms).await {
                         Ok(Some(token)) => token,
                         Ok(None) => continue,
                         Err(e) => {
@@ -523,7 +376,8 @@ impl<Q: WorkQueue> Reconciler<Q> {
                             // Look again after the re-drive backoff rather than a
                             // whole interval (still out of this run's range).
                             let retry = now_ms - self.settings.drift_interval_ms + self.settings.redrive_backoff_ms;
-                            if let Err(e) = self.reschedule(pk, STATE_SK, &token, retry.min(now_ms)).await {
+                            if let Err(e) = self.ledger.reschedule(DueItem::Drift(pk), &token, retry.min(now_ms)).await
+                            {
                                 tracing::warn!(item = %pk, error = %e, "drift check not rescheduled; next look after the interval");
                             }
                             if stop {
@@ -546,13 +400,12 @@ impl<Q: WorkQueue> Reconciler<Q> {
     /// retried after the re-drive backoff).
     async fn check_entitlement(
         &self,
-        item: &HashMap<String, AttributeValue>,
+        item: &DriftItem,
         source: &dyn SubscriptionSource,
         now_ms: i64,
     ) -> Result<bool, PortError> {
-        let field = |k: &str| get_s(item, k).unwrap_or_default().to_owned();
         let (sub, customer, endpoint, tenant) =
-            (field("subscription"), field("customer"), field("endpoint"), field("tenant"));
+            (item.subscription.clone(), item.customer.clone(), item.endpoint.clone(), item.tenant.clone());
         if sub.is_empty() || endpoint.is_empty() {
             return Ok(false);
         }
@@ -564,17 +417,16 @@ impl<Q: WorkQueue> Reconciler<Q> {
             Some(s) => (s.status.clone(), s.seats),
             None => ("deleted".to_owned(), 0),
         };
-        if get_s(item, "status") == Some(status.as_str()) && get_n(item, "seats") == Some(seats) {
+        if item.status.as_deref() == Some(status.as_str()) && item.seats == Some(seats) {
             return Ok(false);
         }
         metrics::counter!("drift_found", "projection" => "entitlements").increment(1);
-        tracing::warn!(subscription = %sub, local_status = get_s(item, "status").unwrap_or(""), provider_status = %status,
-            local_seats = get_n(item, "seats").unwrap_or(-1), provider_seats = seats, "drift found; repairing through the pipeline");
+        tracing::warn!(subscription = %sub, local_status = item.status.as_deref().unwrap_or(""), provider_status = %status,
+            local_seats = item.seats.unwrap_or(-1), provider_seats = seats, "drift found; repairing through the pipeline");
         // One identity per drift instance (the local state's source event and
         // the provider's answer): a check retried after a lost acknowledgement
         // or a crash meets its own repair record instead of making another.
-        let instance =
-            payload_hash(format!("{}|{status}|{seats}", get_s(item, "event_id").unwrap_or_default()).as_bytes());
+        let instance = payload_hash(format!("{}|{status}|{seats}", item.event_id).as_bytes());
         let event_id = format!("recon:{sub}:{}", &instance[..16]);
         let body = serde_json::json!({
             "id": event_id, "object": "event", "type": "customer.subscription.reconciled",
@@ -626,32 +478,12 @@ impl<Q: WorkQueue> Reconciler<Q> {
     /// Dead letters, parked records, dead outbox items and the oldest
     /// unprocessed age, from the status index.
     async fn evidence(&self, now_ms: i64, summary: &mut Summary) -> Result<(), PortError> {
-        let ops = crate::ops::Ops::new(self.ledger.clone(), NoQueue);
-        summary.dead_letters = ops.count(Status::Dead).await?;
-        summary.parked = ops.count(Status::Parked).await?;
-        summary.outbox_dead =
-            crate::outbox::count_dead(self.ledger.client(), self.ledger.table(), self.ledger.shards()).await?;
-        let mut oldest: Option<i64> = None;
-        for status in [Status::Received, Status::Retryable, Status::Processing] {
-            for shard in 0..self.ledger.shards() {
-                let out = self
-                    .ledger
-                    .client()
-                    .query()
-                    .table_name(self.ledger.table())
-                    .index_name(crate::adapters::dynamodb::STATUS_INDEX)
-                    .key_condition_expression("st_shard = :p")
-                    .expression_attribute_values(":p", AttributeValue::S(status_shard(status, shard)))
-                    .scan_index_forward(true)
-                    .limit(1)
-                    .send()
-                    .await
-                    .map_err(|e| port_error("dynamodb", &e))?;
-                if let Some(at) = out.items.unwrap_or_default().first().and_then(|i| get_n(i, attr::ST_AT)) {
-                    oldest = Some(oldest.map_or(at, |o: i64| o.min(at)));
-                }
-            }
+        summary.dead_letters = self.ledger.count(Status::Dead).await?;
+        summary.parked = self.ledger.count(Status::Parked).await?;
+        if let Some(d) = &self.dispatcher {
+            summary.outbox_dead = d.count_dead(self.ledger.shards()).await?;
         }
+        let oldest = self.ledger.oldest_open().await?;
         summary.oldest_unprocessed_age_ms = oldest.map(|o| (now_ms - o).max(0));
         Ok(())
     }
@@ -684,14 +516,5 @@ impl<Q: WorkQueue> Reconciler<Q> {
         } else {
             tracing::warn!(summary = %summary, errors = s.error_count(), "reconciler run with errors");
         }
-    }
-}
-
-/// The evidence queries never send.
-struct NoQueue;
-
-impl WorkQueue for NoQueue {
-    async fn send(&self, _key: &EventKey) -> Result<(), PortError> {
-        Err(PortError::Unavailable { service: "none", message: "read-only".into() })
     }
 }

@@ -28,7 +28,7 @@ fn stripe_headers(body: &[u8], secret: &str) -> HeaderMap {
 }
 
 async fn post(
-    intake: &hookledger::intake::Intake<impl hookledger::ledger::Ledger, impl hookledger::ledger::WorkQueue>,
+    intake: &hookledger::intake::Intake<impl hookledger::ports::Ledger, impl hookledger::ports::WorkQueue>,
     endpoint: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -316,7 +316,8 @@ pub mod sns {
 #[tokio::test]
 async fn crash_between_claim_and_send_is_recovered_by_the_next_delivery_once_the_lease_lapses() {
     use hookledger::identity::{EventKey, payload_hash};
-    use hookledger::ledger::{Claim, Ledger, NewEvent, SendLease};
+    use hookledger::ledger::{Claim, NewEvent, SendLease};
+    use hookledger::ports::Ledger;
 
     let stack = Stack::new().await;
     let body = stripe_event("evt_crashed", "invoice.paid");
@@ -350,7 +351,8 @@ async fn crash_between_claim_and_send_is_recovered_by_the_next_delivery_once_the
 #[tokio::test]
 async fn a_live_send_lease_held_by_another_delivery_is_respected() {
     use hookledger::identity::{EventKey, payload_hash};
-    use hookledger::ledger::{Ledger, NewEvent, SendLease};
+    use hookledger::ledger::{NewEvent, SendLease};
+    use hookledger::ports::Ledger;
 
     let stack = Stack::new().await;
     let body = stripe_event("evt_inflight", "invoice.paid");

@@ -13,7 +13,9 @@ use hookledger::app::inventory::inventory_pk;
 use hookledger::app::seats::seats_pk;
 use hookledger::backoff::Backoff;
 use hookledger::config::ProcessorSettings;
+use hookledger::ledger::Exit;
 use hookledger::outbox::{DispatchFault, Dispatcher};
+use hookledger::ports::WorkLedger as _;
 use hookledger::processor::{Outcome, Processor, ProcessorFault};
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::projection::{EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, Registry};
@@ -336,10 +338,7 @@ async fn an_expired_lease_is_reclaimed_and_the_late_commit_is_fenced() {
     let ledger = stack.ledger();
     // Worker A leases for 1 ms and stalls.
     let t0 = now_ms();
-    assert!(matches!(
-        ledger.lease(&key, "worker-a", t0, 1).await.unwrap(),
-        hookledger::adapters::dynamodb::work::LeaseResult::Leased(_)
-    ));
+    assert!(matches!(ledger.lease(&key, "worker-a", t0, 1).await.unwrap(), hookledger::ledger::LeaseResult::Leased(_)));
     // Worker B finds the lease expired, takes over and completes.
     let p = stack.processor(fast_settings(), None, None);
     assert_eq!(p.process(&key, t0 + 10).await.unwrap().outcome, Outcome::Applied);
@@ -353,8 +352,8 @@ async fn an_expired_lease_is_reclaimed_and_the_late_commit_is_fenced() {
         250,
     );
     let late = ledger.commit(&key, "worker-a", &[op], "applied", None, t0 + 20).await.unwrap();
-    assert_eq!(late, hookledger::adapters::dynamodb::work::CommitResult::Fenced);
-    assert!(!ledger.retry(&key, "worker-a", t0, "x", "y").await.unwrap(), "nor can it move the record");
+    assert_eq!(late, hookledger::ledger::CommitResult::Fenced);
+    assert!(!crate::support::retry(&ledger, &key, "worker-a", t0, "x", "y").await, "nor can it move the record");
     assert_eq!(n(&stack.state(&balance_pk("t1", "acct_l")).await.unwrap(), "balance"), 250);
     assert_eq!(n(&stack.record(&key).await, "attempts"), 2);
 }
@@ -502,7 +501,7 @@ async fn seed_001_orders_and_duplicate_insertions_converge_through_the_processor
 /// token is exactly that retry.
 #[tokio::test]
 async fn a_lease_retried_after_its_lost_acknowledgement_is_still_ours() {
-    use hookledger::adapters::dynamodb::work::LeaseResult;
+    use hookledger::ledger::LeaseResult;
     let stack = Stack::new().await;
     stack.map_customer("cus_ack", "acct_ack").await;
     let key = stack
@@ -533,14 +532,24 @@ async fn transitions_retried_after_their_lost_acknowledgement_are_not_fenced() {
         ledger.lease(key, &tok, t0, 30_000).await.unwrap();
         for round in 0..2 {
             let ok = match i {
-                0 => ledger.retry(key, &tok, t0 + 60_000, "projection", "boom").await.unwrap(),
-                1 => ledger.dead(key, &tok, "malformed_payload", "bad", t0).await.unwrap(),
-                _ => ledger.park(key, &tok, "unknown subject", None, t0).await.unwrap(),
+                0 => {
+                    let exit =
+                        Exit::Retry { next_at_ms: t0 + 60_000, code: "projection", message: "boom", failure: false };
+                    ledger.leave(key, &tok, &exit, t0).await.unwrap()
+                }
+                1 => ledger
+                    .leave(key, &tok, &Exit::Dead { reason: "malformed_payload", message: "bad" }, t0)
+                    .await
+                    .unwrap(),
+                _ => {
+                    ledger.leave(key, &tok, &Exit::Park { reason: "unknown subject", subject: None }, t0).await.unwrap()
+                }
             };
             assert!(ok, "{key}: round {round} must recognise its own transition");
         }
         // A stranger's token is still fenced.
-        assert!(!ledger.retry(key, "stranger", t0, "x", "y").await.unwrap());
+        let exit = Exit::Retry { next_at_ms: t0, code: "x", message: "y", failure: false };
+        assert!(!ledger.leave(key, "stranger", &exit, t0).await.unwrap());
     }
     let mut statuses = Vec::new();
     for k in &keys {
@@ -636,7 +645,7 @@ async fn transient_faults_do_not_spend_the_attempt_budget() {
     // Four workers crash while holding the lease (it expires each time).
     for i in 0..4 {
         let leased = ledger.lease(&key, &format!("crashed-{i}"), now, 1).await.unwrap();
-        assert!(matches!(leased, hookledger::adapters::dynamodb::work::LeaseResult::Leased(_)), "{leased:?}");
+        assert!(matches!(leased, hookledger::ledger::LeaseResult::Leased(_)), "{leased:?}");
         now += 2;
     }
     let rec = stack.record(&key).await;

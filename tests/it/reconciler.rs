@@ -13,9 +13,11 @@ use hookledger::app::account_ledger::balance_pk;
 use hookledger::app::entitlement::entitlement_pk;
 use hookledger::config::ReconcilerSettings;
 use hookledger::identity::EventKey;
-use hookledger::ledger::{Ledger, PortError, WorkQueue};
+use hookledger::ledger::PortError;
 use hookledger::message::OutboxMessage;
 use hookledger::outbox::{DispatchPolicy, Dispatcher};
+use hookledger::ports::WorkLedger as _;
+use hookledger::ports::{Ledger, WorkQueue};
 use hookledger::processor::Outcome;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::reconciler::Reconciler;
@@ -74,12 +76,12 @@ async fn expired_leases_and_due_retries_are_redriven_and_not_yet_due_ones_left_a
     let due =
         stack.claim("stripe", "stripe-a", "evt_due", None, &pi_succeeded("evt_due", "pi_due", Some("cus_e"), 7)).await;
     ledger.lease(&due, "w1", now, 30_000).await.unwrap();
-    ledger.retry(&due, "w1", now + 500, "test", "transient").await.unwrap();
+    crate::support::retry(&ledger, &due, "w1", now + 500, "test", "transient").await;
     let not_due = stack
         .claim("stripe", "stripe-a", "evt_not_due", None, &pi_succeeded("evt_nd", "pi_nd", Some("cus_e"), 9))
         .await;
     ledger.lease(&not_due, "w2", now, 30_000).await.unwrap();
-    ledger.retry(&not_due, "w2", now + 3_600_000, "test", "transient").await.unwrap();
+    crate::support::retry(&ledger, &not_due, "w2", now + 3_600_000, "test", "transient").await;
     // Mark the fresh RECEIVED copies as sent so only the three above are candidates.
     for k in [&crashed, &due, &not_due] {
         ledger.mark_enqueued(k, now).await.unwrap();

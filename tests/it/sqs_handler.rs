@@ -7,6 +7,7 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsEvent;
 use hookledger::adapters::sqs::WorkMessage;
 use hookledger::identity::EventKey;
+use hookledger::ports::WorkLedger as _;
 use lambda_runtime::{Context, LambdaEvent};
 use processor::handler::{App, handle};
 use serde_json::{Value, json};

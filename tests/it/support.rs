@@ -15,8 +15,9 @@ use hookledger::config::ProcessorSettings;
 use hookledger::config::{self, Endpoint, SecretResolver, Settings};
 use hookledger::identity::EventKey;
 use hookledger::intake::Intake;
-use hookledger::ledger::{Claim, Ledger, NewEvent, SendLease};
+use hookledger::ledger::{Claim, NewEvent, SendLease};
 use hookledger::outbox::Dispatcher;
+use hookledger::ports::Ledger;
 use hookledger::processor::Processor;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::secret::Secret;
@@ -393,4 +394,19 @@ impl Stack {
         let r = hookledger_cli::run(argv, &mut out).await.map_err(|e| e.to_string());
         (r, String::from_utf8(out).unwrap())
     }
+}
+
+/// PROCESSING(token) → RETRYABLE due at `next_at_ms` (an infrastructure
+/// fault: no failure counted). `false`: fenced.
+pub async fn retry(
+    ledger: &DynamoLedger,
+    key: &hookledger::identity::EventKey,
+    token: &str,
+    next_at_ms: i64,
+    code: &str,
+    message: &str,
+) -> bool {
+    use hookledger::ports::WorkLedger;
+    let exit = hookledger::ledger::Exit::Retry { next_at_ms, code, message, failure: false };
+    ledger.leave(key, token, &exit, next_at_ms).await.unwrap()
 }

@@ -55,8 +55,8 @@ fn request_id(req: &Request) -> String {
 
 pub async fn handle<L, Q>(intake: &Intake<L, Q>, req: Request) -> Result<Response<Body>, lambda_http::Error>
 where
-    L: hookledger::ledger::Ledger,
-    Q: hookledger::ledger::WorkQueue,
+    L: hookledger::ports::Ledger,
+    Q: hookledger::ports::WorkQueue,
 {
     let name = endpoint_name(&req).unwrap_or_default();
     let request_id = request_id(&req);

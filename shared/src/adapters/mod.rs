@@ -4,6 +4,7 @@
 pub mod dynamodb;
 pub mod https;
 pub mod secrets;
+pub mod sns;
 pub mod sqs;
 pub mod stripe;
 

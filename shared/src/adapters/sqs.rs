@@ -4,7 +4,8 @@ use aws_sdk_sqs::Client;
 use serde::{Deserialize, Serialize};
 
 use crate::identity::EventKey;
-use crate::ledger::{PortError, WorkQueue};
+use crate::ledger::PortError;
+use crate::ports::WorkQueue;
 
 /// The queue message body. Only the key travels; the ledger holds the rest.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -6,25 +6,46 @@
 //!   status updates (DynamoDB bills a write by the whole item's size).
 //!
 //! Non-terminal records carry `due_shard`/`due_at`, the keys of the sparse,
-//! sharded `due` index the reconciler queries (never a scan).
+//! sharded `due` index the reconciler queries (never a scan); every record
+//! carries `st_shard`/`st_at`, the keys of the `status` index operators read.
+//!
+//! Split by actor, each implementing its use case's port: `claim` (intake),
+//! `work` (processor), `due` (reconciler), `operator` (operations), `outbox`
+//! (the outbox items). Every condition expression they send is in
+//! `conditions`, which draws the state machine.
 
+pub mod claim;
+pub mod conditions;
+pub mod due;
+pub mod operator;
 pub mod outbox;
 pub mod work;
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+    ProjectionType, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
 };
 
+use self::conditions::Update;
 use super::port_error;
 use crate::identity::EventKey;
-use crate::ledger::{Claim, ExistingRecord, Ledger, NewEvent, PortError, SendLease, Status};
+use crate::ledger::{ExistingRecord, NewEvent, PortError, Status};
 use crate::policy::{DEFAULT_INDEX_SHARDS, REDRIVE_GRACE_MS, due_shard_named};
+
+/// A stored item.
+pub type Item = HashMap<String, AttributeValue>;
+
+/// What a conditional update did.
+pub enum Written {
+    /// Applied; the item after the write when asked for (`ReturnValue::AllNew`).
+    Applied(Option<Item>),
+    /// The condition failed against this item (`None`: there is no item).
+    Refused(Option<Item>),
+}
 
 pub const META_SK: &str = "meta";
 pub const DUE_INDEX: &str = "due";
@@ -111,11 +132,66 @@ impl DynamoLedger {
         &self.table
     }
 
-    fn key(key: &EventKey, sk: &str) -> HashMap<String, AttributeValue> {
+    fn key(key: &EventKey, sk: &str) -> Item {
+        Self::item_key(key.as_str(), sk)
+    }
+
+    fn item_key(pk: &str, sk: &str) -> Item {
         HashMap::from([
-            (attr::PK.to_owned(), AttributeValue::S(key.as_str().to_owned())),
+            (attr::PK.to_owned(), AttributeValue::S(pk.to_owned())),
             (attr::SK.to_owned(), AttributeValue::S(sk.to_owned())),
         ])
+    }
+
+    /// Sends one conditional update from `conditions`. A refused write
+    /// returns the item its condition met (read consistently when the
+    /// endpoint does not return it), so the caller can recognise its own
+    /// earlier write.
+    async fn conditional(&self, pk: &str, sk: &str, update: Update, return_new: bool) -> Result<Written, PortError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::item_key(pk, sk)))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if return_new {
+            req = req.return_values(ReturnValue::AllNew);
+        }
+        match update.apply(req).send().await {
+            Ok(out) => Ok(Written::Applied(out.attributes)),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => match c.item() {
+                    Some(item) => Ok(Written::Refused(Some(item.clone()))),
+                    None => Ok(Written::Refused(self.read_item(pk, sk).await?)),
+                },
+                _ => Err(port_error("dynamodb", &e)),
+            },
+        }
+    }
+
+    /// Sends one conditional update whose refusal needs no look at the item:
+    /// `Ok(true)` applied, `Ok(false)` refused.
+    async fn conditional_ok(&self, pk: &str, sk: &str, update: Update) -> Result<bool, PortError> {
+        let req = self.client.update_item().table_name(&self.table).set_key(Some(Self::item_key(pk, sk)));
+        match update.apply(req).send().await {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(false),
+            Err(e) => Err(port_error("dynamodb", &e)),
+        }
+    }
+
+    /// A strongly consistent read of one item.
+    async fn read_item(&self, pk: &str, sk: &str) -> Result<Option<Item>, PortError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::item_key(pk, sk)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(out.item)
     }
 
     /// Writes the payload item (idempotent: same key, same bytes).
@@ -133,17 +209,8 @@ impl DynamoLedger {
         Ok(())
     }
 
-    async fn read_meta(&self, key: &EventKey) -> Result<Option<HashMap<String, AttributeValue>>, PortError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(out.item)
+    async fn read_meta(&self, key: &EventKey) -> Result<Option<Item>, PortError> {
+        self.read_item(key.as_str(), META_SK).await
     }
 }
 
@@ -203,222 +270,6 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::ST_AT.into(), n(event.received_at_ms));
     item.insert(attr::DUE_AT.into(), n(event.received_at_ms + REDRIVE_GRACE_MS));
     item
-}
-
-impl Ledger for DynamoLedger {
-    async fn claim(&self, event: &NewEvent) -> Result<Claim, PortError> {
-        // Timeline guarded: two deliveries (or our own SDK retry after a lost
-        // response) race to create the record; exactly one put passes
-        // attribute_not_exists, the other gets the winner's item back. A put
-        // that committed and lost its acknowledgement is retried by the SDK
-        // and fails against its own record: the send token it wrote says so,
-        // and the claim is ours (`Claim::New`), never a duplicate.
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(new_record_item(event)))
-            .condition_expression("attribute_not_exists(pk)")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Claim::New),
-            Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(e)) => {
-                    let item = match e.item() {
-                        Some(item) => item.clone(),
-                        // Emulators without ReturnValuesOnConditionCheckFailure: read it.
-                        None => self.read_meta(&event.key).await?.ok_or_else(|| PortError::Unavailable {
-                            service: "dynamodb",
-                            message: "record vanished after a failed claim".into(),
-                        })?,
-                    };
-                    if get_s(&item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
-                        return Ok(Claim::New);
-                    }
-                    Ok(Claim::Existing(existing_from_item(&item)?))
-                }
-                _ => Err(port_error("dynamodb", &err)),
-            },
-        }
-    }
-
-    async fn store_payload(
-        &self,
-        key: &EventKey,
-        payload_hash: &str,
-        body: &[u8],
-        expires_at: i64,
-    ) -> Result<(), PortError> {
-        self.put_payload(key, payload_hash, body, expires_at).await?;
-        self.client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .update_expression("SET payload_stored = :t")
-            .condition_expression("attribute_exists(pk) AND payload_hash = :h")
-            .expression_attribute_values(":t", AttributeValue::Bool(true))
-            .expression_attribute_values(":h", s(payload_hash))
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(())
-    }
-
-    async fn take_send_lease(&self, key: &EventKey, lease: &SendLease, now_ms: i64) -> Result<bool, PortError> {
-        // Timeline guarded: the creating delivery is still between its claim
-        // and its send when a duplicate arrives; the duplicate must not send
-        // too. Only a record never enqueued whose lease is free or expired
-        // (its holder failed or crashed) can be taken over.
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .update_expression("SET send_token = :tok, send_lease_until = :until")
-            .condition_expression(
-                "attribute_exists(pk) AND attribute_not_exists(enqueued_at) \
-                 AND (attribute_not_exists(send_lease_until) OR send_lease_until < :now)",
-            )
-            .expression_attribute_values(":tok", s(&lease.token))
-            .expression_attribute_values(":until", n(lease.until_ms))
-            .expression_attribute_values(":now", n(now_ms))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(e) => match e.as_service_error() {
-                // Our own retried update after a lost acknowledgement finds
-                // the lease it took: still ours (unless the key was sent since).
-                Some(UpdateItemError::ConditionalCheckFailedException(c)) => Ok(c.item().is_some_and(|old| {
-                    get_s(old, attr::SEND_TOKEN) == Some(lease.token.as_str()) && !old.contains_key(attr::ENQUEUED_AT)
-                })),
-                _ => Err(port_error("dynamodb", &e)),
-            },
-        }
-    }
-
-    async fn adopt_payload(
-        &self,
-        key: &EventKey,
-        old_hash: &str,
-        new_hash: &str,
-        body: &[u8],
-        expires_at: i64,
-        conflict: bool,
-    ) -> Result<bool, PortError> {
-        self.put_payload(key, new_hash, body, expires_at).await?;
-        // Timeline guarded: the creating delivery died (or is slow) between
-        // its claim and its payload write, and a later delivery of the same
-        // fact carries other bytes. Only a record whose first payload is
-        // still missing takes ours; if the first lands meanwhile, its own
-        // `payload_stored` update (conditioned on the old hash) fails and it
-        // answers 503, or ours fails here and the first is kept. A retry of
-        // this update after a lost acknowledgement finds our hash stored.
-        let conflict_set = if conflict {
-            " ADD conflicts :one SET last_conflict_hash = :old, payload_hash = :new, payload_stored = :t"
-        } else {
-            " SET payload_hash = :new, payload_stored = :t"
-        };
-        let mut req = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .update_expression(conflict_set.trim_start())
-            .condition_expression(
-                "attribute_exists(pk) AND payload_hash = :old \
-                 AND (attribute_not_exists(payload_stored) OR payload_stored = :f)",
-            )
-            .expression_attribute_values(":old", s(old_hash))
-            .expression_attribute_values(":new", s(new_hash))
-            .expression_attribute_values(":t", AttributeValue::Bool(true))
-            .expression_attribute_values(":f", AttributeValue::Bool(false))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        if conflict {
-            req = req.expression_attribute_values(":one", n(1));
-        }
-        match req.send().await {
-            Ok(_) => Ok(true),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                    let ours = c.item().is_some_and(|old| {
-                        get_s(old, attr::PAYLOAD_HASH) == Some(new_hash)
-                            && old.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()) == Some(&true)
-                    });
-                    Ok(ours)
-                }
-                _ => Err(port_error("dynamodb", &e)),
-            },
-        }
-    }
-
-    async fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> Result<(), PortError> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .update_expression("REMOVE send_lease_until")
-            .condition_expression("send_token = :tok")
-            .expression_attribute_values(":tok", s(&lease.token))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            // Someone else holds it now: nothing to release.
-            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(()),
-            Err(e) => Err(port_error("dynamodb", &e)),
-        }
-    }
-
-    async fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> Result<(), PortError> {
-        self.client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .update_expression("SET enqueued_at = :at REMOVE send_lease_until")
-            .condition_expression("attribute_exists(pk)")
-            .expression_attribute_values(":at", n(at_ms))
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(())
-    }
-
-    async fn note_duplicate(&self, key: &EventKey) -> Result<(), PortError> {
-        self.client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .update_expression("ADD duplicates :one")
-            .condition_expression("attribute_exists(pk)")
-            .expression_attribute_values(":one", n(1))
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(())
-    }
-
-    async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
-        self.client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::key(key, META_SK)))
-            .update_expression(
-                "ADD conflicts :one, duplicates :one SET last_conflict_hash = :h, last_conflict_at = :at",
-            )
-            .condition_expression("attribute_exists(pk)")
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":h", s(other_hash))
-            .expression_attribute_values(":at", n(at_ms))
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(())
-    }
 }
 
 /// The table definition in CloudFormation's shape: what `create_table`

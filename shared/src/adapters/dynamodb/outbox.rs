@@ -1,13 +1,19 @@
-//! The outbox item on DynamoDB: its attribute names and the conditional put
-//! that writes it inside a processor's commit transaction.
+//! The outbox item on DynamoDB ([`OutboxStore`]): its attribute names, the
+//! conditional put that writes it inside a processor's commit transaction,
+//! and the dispatcher's transitions (expressions in `conditions`).
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, Select, TransactWriteItem};
 
+use super::conditions::{self as cond, outbox_status};
+use super::{DUE_INDEX, Item, STATUS_INDEX, Written};
+use crate::adapters::port_error;
 use crate::identity::EventKey;
-use crate::message::{OutboxMessage, idempotency_key};
+use crate::ledger::PortError;
+use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, idempotency_key};
 use crate::policy::due_shard_named;
+use crate::ports::OutboxStore;
 
 pub const OUTBOX_SK: &str = "outbox";
 /// Due-index partition prefix of outbox items: `out#007`.
@@ -29,6 +35,17 @@ pub mod attr {
     pub const DUE_AT: &str = "due_at";
     pub const DISPATCH_TOKEN: &str = "dispatch_token";
     pub const DISPATCH_ATTEMPTS: &str = "dispatch_attempts";
+    pub const DISPATCH_UNTIL: &str = "dispatch_until";
+}
+
+/// Status-index partition prefix of outbox items whose attempts are
+/// exhausted: `OUTBOX_DEAD#007`. Apart from the ledger's `DEAD#…`, so
+/// dead letters, `list --status dead` and replay see only ledger records.
+pub const OUTBOX_DEAD_PREFIX: &str = "OUTBOX_DEAD";
+
+/// The status-index partition of dead outbox items in `shard`.
+pub fn dead_partition(shard: u32) -> String {
+    due_shard_named(OUTBOX_DEAD_PREFIX, shard)
 }
 
 /// The outbox item for `msg` produced by the event `key`.
@@ -45,7 +62,7 @@ pub fn outbox_put(
     let item = HashMap::from([
         (attr::PK.to_owned(), AttributeValue::S(pk.clone())),
         (attr::SK.to_owned(), AttributeValue::S(OUTBOX_SK.to_owned())),
-        (attr::STATUS.to_owned(), AttributeValue::S("PENDING".into())),
+        (attr::STATUS.to_owned(), AttributeValue::S(outbox_status::PENDING.into())),
         (attr::IDEMPOTENCY_KEY.to_owned(), AttributeValue::S(idem)),
         (attr::EVENT_KEY.to_owned(), AttributeValue::S(key.as_str().to_owned())),
         (attr::TOPIC_ARN.to_owned(), AttributeValue::S(msg.topic_arn.clone())),
@@ -59,8 +76,138 @@ pub fn outbox_put(
     let put = Put::builder()
         .table_name(table)
         .set_item(Some(item))
-        .condition_expression("attribute_not_exists(pk)")
+        .condition_expression(cond::OUTBOX_NEW)
         .build()
         .unwrap_or_else(|e| unreachable!("table and item are set: {e}"));
     (pk, TransactWriteItem::builder().put(put).build())
+}
+
+/// The outbox items of the ledger table.
+#[derive(Clone)]
+pub struct DynamoOutbox {
+    ledger: super::DynamoLedger,
+}
+
+fn text(item: &Item, k: &str) -> String {
+    item.get(k).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default()
+}
+
+fn number(item: &Item, k: &str) -> i64 {
+    item.get(k).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Error text kept on the item: bounded, never a payload (SNS errors do not echo the message).
+fn short(error: &str) -> String {
+    error.chars().take(500).collect()
+}
+
+impl DynamoOutbox {
+    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self { ledger: super::DynamoLedger::new(client, table) }
+    }
+
+    async fn fenced_write(&self, id: &str, token: &str, update: cond::Update) -> Result<Held, PortError> {
+        match self.ledger.conditional(id, OUTBOX_SK, update, false).await? {
+            Written::Applied(_) => Ok(Held::Yes),
+            // Our own retry after a lost acknowledgement meets our token.
+            Written::Refused(Some(met)) if text(&met, attr::DISPATCH_TOKEN) == token => Ok(Held::Yes),
+            Written::Refused(_) => Ok(Held::Lapsed),
+        }
+    }
+}
+
+fn claimed(item: &Item) -> OutboxItem {
+    OutboxItem {
+        id: text(item, attr::PK),
+        idempotency_key: text(item, attr::IDEMPOTENCY_KEY),
+        topic_arn: text(item, attr::TOPIC_ARN),
+        group: text(item, attr::GROUP_ID),
+        body: text(item, attr::BODY),
+        attempts: u32::try_from(number(item, attr::DISPATCH_ATTEMPTS)).unwrap_or(u32::MAX),
+        // The shard of the item's `due_shard` (`out#007` → 7).
+        shard: text(item, attr::DUE_SHARD).rsplit('#').next().and_then(|s| s.parse().ok()).unwrap_or(0),
+    }
+}
+
+impl OutboxStore for DynamoOutbox {
+    async fn claim(&self, id: &str, token: &str, now_ms: i64, until_ms: i64) -> Result<OutboxClaim, PortError> {
+        match self.ledger.conditional(id, OUTBOX_SK, cond::outbox_claim(token, now_ms, until_ms), true).await? {
+            Written::Applied(Some(item)) => Ok(OutboxClaim::Claimed(claimed(&item))),
+            Written::Applied(None) => {
+                Err(PortError::Unavailable { service: "dynamodb", message: "claimed outbox item not returned".into() })
+            }
+            Written::Refused(Some(met))
+                if text(&met, attr::DISPATCH_TOKEN) == token && text(&met, attr::STATUS) == outbox_status::SENDING =>
+            {
+                tracing::info!(outbox = %id, "outbox claim acknowledgement lost; continuing as its owner");
+                Ok(OutboxClaim::Claimed(claimed(&met)))
+            }
+            Written::Refused(_) => Ok(OutboxClaim::Skipped),
+        }
+    }
+
+    async fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> Result<Held, PortError> {
+        self.fenced_write(id, token, cond::outbox_sent(token, now_ms)).await
+    }
+
+    async fn back_off(
+        &self,
+        id: &str,
+        token: &str,
+        next_at_ms: i64,
+        error: &str,
+        now_ms: i64,
+    ) -> Result<Held, PortError> {
+        self.fenced_write(id, token, cond::outbox_back_off(token, next_at_ms, &short(error), now_ms)).await
+    }
+
+    async fn dead(&self, id: &str, token: &str, shard: u32, error: &str, now_ms: i64) -> Result<Held, PortError> {
+        self.fenced_write(id, token, cond::outbox_dead(token, &dead_partition(shard), &short(error), now_ms)).await
+    }
+
+    async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
+        let out = self
+            .ledger
+            .client()
+            .query()
+            .table_name(self.ledger.table())
+            .index_name(DUE_INDEX)
+            .key_condition_expression("due_shard = :s AND due_at <= :t")
+            .expression_attribute_values(":s", AttributeValue::S(due_shard_named(OUTBOX_SHARD_PREFIX, shard)))
+            .expression_attribute_values(":t", AttributeValue::N(up_to.to_string()))
+            .projection_expression("pk")
+            .limit(limit.clamp(1, 100) as i32)
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(out.items.unwrap_or_default().iter().map(|i| text(i, attr::PK)).filter(|pk| !pk.is_empty()).collect())
+    }
+
+    async fn count_dead(&self, shards: u32) -> Result<u64, PortError> {
+        let mut total = 0;
+        for shard in 0..shards {
+            let mut start = None;
+            loop {
+                let page = self
+                    .ledger
+                    .client()
+                    .query()
+                    .table_name(self.ledger.table())
+                    .index_name(STATUS_INDEX)
+                    .key_condition_expression("st_shard = :p")
+                    .expression_attribute_values(":p", AttributeValue::S(dead_partition(shard)))
+                    .select(Select::Count)
+                    .set_exclusive_start_key(start.take())
+                    .send()
+                    .await
+                    .map_err(|e| port_error("dynamodb", &e))?;
+                total += page.count.max(0) as u64;
+                match page.last_evaluated_key {
+                    Some(k) => start = Some(k),
+                    None => break,
+                }
+            }
+        }
+        Ok(total)
+    }
 }

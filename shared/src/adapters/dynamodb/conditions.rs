@@ -1,0 +1,666 @@
+//! Every condition expression on ledger records and outbox items, and the
+//! index bookkeeping that goes with each status, written once. The actor
+//! modules (`claim`, `work`, `operator`, `due`, `outbox`) send these writes
+//! and read what a failed condition met; nothing else builds an expression
+//! on a ledger record or an outbox item.
+//!
+//! The ledger record (`sk = "meta"`), each arrow with its write here and the
+//! file that sends it:
+//!
+//! ```text
+//!                      claim (claim.rs)
+//!   (new) ───────────────────────────────▶ RECEIVED ◀─┐ payload_stored, take/release_send_lease,
+//!                                             │       │ mark_enqueued, note_duplicate, flag_conflict,
+//!                                             │       │ adopt_payload (claim.rs); note_redriven (due.rs)
+//!                  lease (work.rs)            ▼       │
+//!   RECEIVED | RETRYABLE due | PROCESSING expired ──▶ PROCESSING
+//!   PROCESSING(token) ── complete (work.rs, in the commit transaction) ──▶ PROCESSED
+//!   PROCESSING(token) ── leave Retry (work.rs) ──▶ RETRYABLE(due)
+//!   PROCESSING(token) ── leave Dead  (work.rs) ──▶ DEAD
+//!   PROCESSING(token) ── leave Park  (work.rs) ──▶ PARKED
+//!   RETRYABLE gap | PARKED gap ── wake (work.rs) ──▶ RETRYABLE, due now
+//!   DEAD | PARKED ── operator Replay (operator.rs) ──▶ RETRYABLE, due now
+//!   RECEIVED | RETRYABLE | DEAD ── operator Park (operator.rs) ──▶ PARKED
+//!   DEAD | PARKED ── operator Resolve (operator.rs) ──▶ PROCESSED (resolved)
+//!   any due item ── claim_due, reschedule (due.rs) ──▶ same status, next look moved
+//! ```
+//!
+//! The outbox item (`sk = "outbox"`):
+//!
+//! ```text
+//!   (new) ── outbox_new (outbox.rs, in the commit transaction) ──▶ PENDING(due)
+//!   PENDING due | SENDING lapsed ── outbox_claim (outbox.rs) ──▶ SENDING(token)
+//!   SENDING(token) ── outbox_sent     (outbox.rs) ──▶ SENT
+//!   SENDING(token) ── outbox_back_off (outbox.rs) ──▶ PENDING(due later)
+//!   SENDING(token) ── outbox_dead     (outbox.rs) ──▶ DEAD (OUTBOX_DEAD# partition)
+//! ```
+//!
+//! Index bookkeeping ([`Update::to`]): every status change sets `#st` and the
+//! record's `status` index partition (`st_shard`); a terminal status leaves
+//! the sparse `due` index (`due_shard`, `due_at`, `next_attempt_at` removed);
+//! a non-terminal one names its next look (`due_at`, and `due_shard` when it
+//! comes back into the index); RETRYABLE's `next_attempt_at` is its `due_at`.
+//!
+//! Every write lets its own retry recognise itself: the SDK retries a
+//! request whose acknowledgement was lost, and the retry fails its condition
+//! against the write it already made. Each write therefore stores a token the
+//! caller compares with the item the failed condition returns.
+
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::{attr, due_shard, status_shard};
+use crate::ledger::{Exit, OperatorAction, SendLease, Status};
+
+/// Longest error message kept on a record.
+pub const MAX_ERROR_LEN: usize = 300;
+
+/// Business failures recorded on the record (the attempt budget).
+pub const FAILURES: &str = "failures";
+/// Start of the window the time bounds count from.
+pub const WINDOW_START: &str = "window_start";
+/// The token of the invocation that last left PROCESSING.
+pub const TRANSITION_TOKEN: &str = "transition_token";
+/// The token of the reconciler run that last claimed a due item.
+pub const CLAIM_TOKEN: &str = "redrive_token";
+/// The token of the operator command that last changed the record.
+pub const OPERATOR_TOKEN: &str = "operator_token";
+
+/// The condition of the claim's put: the key is new.
+pub const CLAIM: &str = "attribute_not_exists(pk)";
+/// The condition of the outbox item's put (in the commit transaction).
+pub const OUTBOX_NEW: &str = "attribute_not_exists(pk)";
+
+/// A conditional update: its expressions and their values.
+#[derive(Debug, Clone, Default)]
+pub struct Update {
+    set: Vec<String>,
+    remove: Vec<&'static str>,
+    add: Vec<&'static str>,
+    pub condition: String,
+    values: Vec<(String, AttributeValue)>,
+    uses_status: bool,
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+/// Where a status change leaves the record in the `due` index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// Stays in the index (same partition), next look at this time.
+    At(i64),
+    /// Comes back into the index (it had left it), next look at this time.
+    Reenter(i64),
+    /// Leaves the index (terminal statuses).
+    Leave,
+}
+
+impl Update {
+    fn when(condition: impl Into<String>) -> Self {
+        Self { condition: condition.into(), ..Self::default() }
+    }
+
+    fn set(mut self, clause: impl Into<String>) -> Self {
+        self.set.push(clause.into());
+        self
+    }
+
+    fn remove(mut self, name: &'static str) -> Self {
+        self.remove.push(name);
+        self
+    }
+
+    fn add(mut self, clause: &'static str) -> Self {
+        self.add.push(clause);
+        self
+    }
+
+    fn value(mut self, name: &str, v: AttributeValue) -> Self {
+        self.values.push((name.to_owned(), v));
+        self
+    }
+
+    fn status(mut self) -> Self {
+        self.uses_status = true;
+        self
+    }
+
+    /// The index bookkeeping of a status change, written once (see the module docs).
+    pub fn to(mut self, to: Status, shard: u32, due: Due) -> Self {
+        self = self
+            .status()
+            .set("#st = :bk_to")
+            .set("st_shard = :bk_st")
+            .value(":bk_to", s(to.as_str()))
+            .value(":bk_st", s(status_shard(to, shard)));
+        debug_assert_eq!(to.is_terminal(), due == Due::Leave, "terminal statuses leave the due index");
+        match due {
+            Due::Leave => self.remove("due_shard").remove("due_at").remove("next_attempt_at"),
+            Due::At(at) | Due::Reenter(at) => {
+                self = self.set("due_at = :bk_due").value(":bk_due", n(at));
+                if let Due::Reenter(_) = due {
+                    self = self.set("due_shard = :bk_ds").value(":bk_ds", s(due_shard(shard)));
+                }
+                if to == Status::Retryable {
+                    self = self.set("next_attempt_at = :bk_due");
+                }
+                self
+            }
+        }
+    }
+
+    /// The update expression.
+    pub fn expression(&self) -> String {
+        let mut out = Vec::new();
+        if !self.set.is_empty() {
+            out.push(format!("SET {}", self.set.join(", ")));
+        }
+        if !self.remove.is_empty() {
+            out.push(format!("REMOVE {}", self.remove.join(", ")));
+        }
+        if !self.add.is_empty() {
+            out.push(format!("ADD {}", self.add.join(", ")));
+        }
+        out.join(" ")
+    }
+
+    /// Puts the expressions and values on an `UpdateItem` request.
+    pub fn apply(self, mut req: UpdateItemFluentBuilder) -> UpdateItemFluentBuilder {
+        req = req.update_expression(self.expression()).condition_expression(&self.condition);
+        if self.uses_status {
+            req = req.expression_attribute_names("#st", attr::STATUS);
+        }
+        for (k, v) in self.values {
+            req = req.expression_attribute_values(k, v);
+        }
+        req
+    }
+
+    /// The same write as a transaction item's update.
+    pub fn transact(
+        self,
+        table: &str,
+        key: std::collections::HashMap<String, AttributeValue>,
+    ) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
+        let mut b = aws_sdk_dynamodb::types::Update::builder()
+            .table_name(table)
+            .set_key(Some(key))
+            .update_expression(self.expression())
+            .condition_expression(&self.condition);
+        if self.uses_status {
+            b = b.expression_attribute_names("#st", attr::STATUS);
+        }
+        for (k, v) in self.values {
+            b = b.expression_attribute_values(k, v);
+        }
+        b
+    }
+}
+
+/// Error text kept on a record: bounded (never a payload).
+pub fn bounded(msg: &str) -> String {
+    let mut end = msg.len().min(MAX_ERROR_LEN);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    msg[..end].to_owned()
+}
+
+// ---------------------------------------------------------------- intake (claim.rs)
+
+/// RECEIVED: the payload item of `hash` is written.
+pub fn payload_stored(hash: &str) -> Update {
+    Update::when("attribute_exists(pk) AND payload_hash = :h")
+        .set("payload_stored = :t")
+        .value(":t", AttributeValue::Bool(true))
+        .value(":h", s(hash))
+}
+
+/// Timeline guarded: the creating delivery is still between its claim and
+/// its send when a duplicate arrives; the duplicate must not send too. Only
+/// a record never enqueued whose lease is free or expired (its holder failed
+/// or crashed) can be taken over. Our own retried update after a lost
+/// acknowledgement meets the lease it took (same `send_token`).
+pub fn take_send_lease(lease: &SendLease, now_ms: i64) -> Update {
+    Update::when(
+        "attribute_exists(pk) AND attribute_not_exists(enqueued_at) \
+         AND (attribute_not_exists(send_lease_until) OR send_lease_until < :now)",
+    )
+    .set("send_token = :tok")
+    .set("send_lease_until = :until")
+    .value(":tok", s(&lease.token))
+    .value(":until", n(lease.until_ms))
+    .value(":now", n(now_ms))
+}
+
+/// Gives the send lease back, if it is still ours.
+pub fn release_send_lease(lease: &SendLease) -> Update {
+    Update::when("send_token = :tok").remove("send_lease_until").value(":tok", s(&lease.token))
+}
+
+/// Timeline guarded: the creating delivery died (or is slow) between its
+/// claim and its payload write, and a later delivery of the same fact
+/// carries other bytes. Only a record whose first payload is still missing
+/// takes ours; if the first lands meanwhile, its own `payload_stored` update
+/// (conditioned on the old hash) fails and it answers 503, or ours fails here
+/// and the first is kept. A retry of this update after a lost
+/// acknowledgement finds our hash stored.
+pub fn adopt_payload(old_hash: &str, new_hash: &str, conflict: bool) -> Update {
+    let mut u = Update::when(
+        "attribute_exists(pk) AND payload_hash = :old \
+         AND (attribute_not_exists(payload_stored) OR payload_stored = :f)",
+    );
+    if conflict {
+        u = u.add("conflicts :one").set("last_conflict_hash = :old").value(":one", n(1));
+    }
+    u.set("payload_hash = :new")
+        .set("payload_stored = :t")
+        .value(":old", s(old_hash))
+        .value(":new", s(new_hash))
+        .value(":t", AttributeValue::Bool(true))
+        .value(":f", AttributeValue::Bool(false))
+}
+
+/// The intake handed the key to the queue (drops the send lease).
+pub fn mark_enqueued(at_ms: i64) -> Update {
+    Update::when("attribute_exists(pk)").set("enqueued_at = :at").remove("send_lease_until").value(":at", n(at_ms))
+}
+
+/// Counts a duplicate delivery (evidence for the duplicate rate).
+pub fn note_duplicate() -> Update {
+    Update::when("attribute_exists(pk)").add("duplicates :one").value(":one", n(1))
+}
+
+/// "Same id, different payload": keeps the first, counts the conflict once.
+pub fn flag_conflict(other_hash: &str, at_ms: i64) -> Update {
+    Update::when("attribute_exists(pk)")
+        .add("conflicts :one")
+        .add("duplicates :one")
+        .set("last_conflict_hash = :h")
+        .set("last_conflict_at = :at")
+        .value(":one", n(1))
+        .value(":h", s(other_hash))
+        .value(":at", n(at_ms))
+}
+
+// ------------------------------------------------------------ processor (work.rs)
+
+/// Timeline guarded: two workers receive the same key (duplicate message,
+/// redelivery, reconciler re-drive); exactly one update passes. A worker
+/// that crashed holds an expired lease: the next one takes over and the
+/// crashed one's commit fails the fence. Our own lease whose acknowledgement
+/// was lost fails the condition on the SDK's retry: the returned record
+/// names us as `lease_owner`, so it is ours (no attempt burned, not "busy").
+/// The lease's expiry is the record's next look in the `due` index.
+pub fn lease(token: &str, now_ms: i64, lease_ms: i64, shard: u32) -> Update {
+    let expires = now_ms + lease_ms;
+    Update::when(
+        "attribute_exists(pk) AND (#st = :received \
+         OR (#st = :retryable AND next_attempt_at <= :now) \
+         OR (#st = :processing AND lease_expires_at < :now))",
+    )
+    .to(Status::Processing, shard, Due::At(expires))
+    .set("lease_owner = :tok")
+    .set("lease_expires_at = :exp")
+    .set("last_attempt_at = :now")
+    .set(format!("{WINDOW_START} = if_not_exists({WINDOW_START}, :now)"))
+    .add("attempts :one")
+    .value(":received", s(Status::Received.as_str()))
+    .value(":retryable", s(Status::Retryable.as_str()))
+    .value(":processing", s(Status::Processing.as_str()))
+    .value(":tok", s(token))
+    .value(":exp", n(expires))
+    .value(":now", n(now_ms))
+    .value(":one", n(1))
+}
+
+/// The fence every exit from PROCESSING carries: still ours.
+fn fenced(token: &str) -> Update {
+    Update::when("#st = :processing AND lease_owner = :tok")
+        .status()
+        .value(":processing", s(Status::Processing.as_str()))
+        .value(":tok", s(token))
+        .remove("lease_owner")
+        .remove("lease_expires_at")
+}
+
+/// The completion marker, committed in one transaction with the
+/// projection's writes and outbox items. Timeline guarded: a worker whose
+/// lease was taken over cannot complete (the fence); our own commit whose
+/// acknowledgement was lost is recognised by `completed_token`.
+pub fn complete(token: &str, outcome: &str, subject: Option<&str>, now_ms: i64, shard: u32) -> Update {
+    let mut u = fenced(token)
+        .to(Status::Processed, shard, Due::Leave)
+        .set("outcome = :o")
+        .set("processed_at = :now")
+        .set("completed_token = :tok")
+        .value(":o", s(outcome))
+        .value(":now", n(now_ms));
+    if let Some(subj) = subject {
+        u = u.set("subject = :subj").value(":subj", s(subj));
+    }
+    u
+}
+
+/// Timeline guarded: our lease expired while we stalled and another worker
+/// took the record over: the token no longer matches, we are fenced. Or our
+/// own update committed but its acknowledgement was lost and the SDK retried
+/// it: the retry fails the condition against our own write, and the
+/// returned record carries our token as `transition_token` (each invocation
+/// leaves PROCESSING at most once, so the token names exactly this
+/// transition): success, not fenced.
+pub fn leave(token: &str, exit: &Exit<'_>, now_ms: i64, shard: u32) -> Update {
+    let u = fenced(token).set(format!("{TRANSITION_TOKEN} = :tok"));
+    match *exit {
+        Exit::Retry { next_at_ms, code, message, failure } => {
+            let u = u
+                .to(Status::Retryable, shard, Due::At(next_at_ms))
+                .set("error_code = :code")
+                .set("error_message = :msg")
+                .value(":code", s(code))
+                .value(":msg", s(bounded(message)));
+            if failure {
+                u.set(format!("{FAILURES} = if_not_exists({FAILURES}, :zero) + :one"))
+                    .value(":zero", n(0))
+                    .value(":one", n(1))
+            } else {
+                u
+            }
+        }
+        Exit::Dead { reason, message } => u
+            .to(Status::Dead, shard, Due::Leave)
+            .set("dead_reason = :reason")
+            .set("error_message = :msg")
+            .set("dead_at = :now")
+            .value(":reason", s(reason))
+            .value(":msg", s(bounded(message)))
+            .value(":now", n(now_ms)),
+        Exit::Park { reason, subject } => {
+            let u = u
+                .to(Status::Parked, shard, Due::Leave)
+                .set("park_reason = :reason")
+                .set("parked_at = :now")
+                .value(":reason", s(bounded(reason)))
+                .value(":now", n(now_ms));
+            match subject {
+                Some(subj) => u.set("subject = :subj").value(":subj", s(subj)),
+                None => u,
+            }
+        }
+    }
+}
+
+/// Timeline guarded: the waiter may be anywhere by now. Only a record still
+/// waiting on the gap is touched; one in flight (PROCESSING) checks the
+/// stream itself after it leaves PROCESSING, so it cannot miss the commit
+/// that made this call. A retry of this update after a lost acknowledgement
+/// meets a RETRYABLE record still marked `gap` and writes the same values
+/// again. A new time window starts at the next lease.
+pub fn wake(gap: &str, now_ms: i64, shard: u32) -> Update {
+    Update::when(
+        "attribute_exists(pk) AND ((#st = :retryable AND error_code = :gap) \
+         OR (#st = :parked AND park_reason = :gap))",
+    )
+    .to(Status::Retryable, shard, Due::Reenter(now_ms))
+    .set("woken_at = :now")
+    .remove(WINDOW_START)
+    .value(":retryable", s(Status::Retryable.as_str()))
+    .value(":parked", s(Status::Parked.as_str()))
+    .value(":gap", s(gap))
+    .value(":now", n(now_ms))
+}
+
+// --------------------------------------------------------- operator (operator.rs)
+
+/// One audited operator transition from the statuses `action` may leave.
+/// Timeline guarded: the record may have moved since the operator looked
+/// (a worker leased it, another operator acted): the condition names the
+/// statuses the action may leave, and a refusal reports the status met. Our
+/// own retried update after a lost acknowledgement meets our
+/// `operator_token`: done, not refused.
+pub fn operator(action: OperatorAction, operator: &str, reason: &str, token: &str, now_ms: i64, shard: u32) -> Update {
+    let from: Vec<String> = (0..action.from().len()).map(|i| format!("#st = :from{i}")).collect();
+    let mut u = Update::when(format!("attribute_exists(pk) AND ({})", from.join(" OR ")))
+        .set(format!("{OPERATOR_TOKEN} = :optok"))
+        .value(":optok", s(token))
+        .value(":now", n(now_ms));
+    for (i, st) in action.from().iter().enumerate() {
+        u = u.value(&format!(":from{i}"), s(st.as_str()));
+    }
+    match action {
+        OperatorAction::Replay => u
+            .to(Status::Retryable, shard, Due::Reenter(now_ms))
+            .set("attempts = :zero")
+            .set(format!("{FAILURES} = :zero"))
+            .set("last_replay_by = :op")
+            .set("last_replay_reason = :why")
+            .set("last_replay_at = :now")
+            .remove(WINDOW_START)
+            .add("replays :one")
+            .value(":zero", n(0))
+            .value(":one", n(1))
+            .value(":op", s(operator))
+            .value(":why", s(reason)),
+        OperatorAction::Park => u
+            .to(Status::Parked, shard, Due::Leave)
+            .set("park_reason = :why")
+            .set("parked_at = :now")
+            .value(":why", s(format!("operator {operator}: {reason}"))),
+        OperatorAction::Resolve => u
+            .to(Status::Processed, shard, Due::Leave)
+            .set("outcome = :resolved")
+            .set("processed_at = :now")
+            .set("resolved_by = :op")
+            .set("resolve_reason = :why")
+            .value(":resolved", s("resolved"))
+            .value(":op", s(operator))
+            .value(":why", s(reason)),
+    }
+}
+
+// ------------------------------------------------------------- reconciler (due.rs)
+
+/// Timeline guarded: two runs at once read the same due item; only the one
+/// whose update still finds `due_at = seen` acts, the other's fails. Our own
+/// SDK retry after a lost acknowledgement fails the same way, against our
+/// write: the item it met carries our token, so we own it. The item stays in
+/// the index, due at its next look (if the action fails or the run dies, a
+/// later run acts again).
+pub fn claim_due(seen: i64, next: i64, token: &str) -> Update {
+    Update::when("due_at = :seen")
+        .set("due_at = :next")
+        .set(format!("{CLAIM_TOKEN} = :tok"))
+        .add("redrives :one")
+        .value(":next", n(next))
+        .value(":seen", n(seen))
+        .value(":tok", s(token))
+        .value(":one", n(1))
+}
+
+/// Timeline guarded: another run may have claimed the item since; its token
+/// then differs and its schedule stands. A retry of our own update writes
+/// the same values again.
+pub fn reschedule(token: &str, at: i64) -> Update {
+    Update::when(format!("{CLAIM_TOKEN} = :tok")).set("due_at = :at").value(":at", n(at)).value(":tok", s(token))
+}
+
+/// Timeline guarded: the intake or an earlier re-drive may have noted it
+/// first (keep the first time), the record may be gone (TTL), and our own
+/// retry after a lost acknowledgement meets our own note.
+pub fn note_redriven(now_ms: i64) -> Update {
+    Update::when("attribute_exists(pk) AND attribute_not_exists(enqueued_at)")
+        .set("enqueued_at = :now")
+        .value(":now", n(now_ms))
+}
+
+// ------------------------------------------------------------ outbox (outbox.rs)
+
+/// Outbox statuses.
+pub mod outbox_status {
+    pub const PENDING: &str = "PENDING";
+    pub const SENDING: &str = "SENDING";
+    pub const SENT: &str = "SENT";
+    pub const DEAD: &str = "DEAD";
+}
+use outbox_status::{DEAD, PENDING, SENDING, SENT};
+
+/// Timeline guarded: two dispatchers (the processor that wrote the item and
+/// a sweeper, or two sweepers) must not both publish; a dispatcher that died
+/// after claiming must not block the item forever (its claim lapses, and
+/// `due_at` is set to the lapse so the sweeper looks again then); an item
+/// backing off is not taken before it is due; and our own SDK retry after a
+/// lost acknowledgement meets our token and continues as the owner.
+pub fn outbox_claim(token: &str, now_ms: i64, until_ms: i64) -> Update {
+    Update::when(
+        "(#st = :pending AND (attribute_not_exists(due_at) OR due_at <= :now)) \
+         OR (#st = :sending AND dispatch_until < :now)",
+    )
+    .status()
+    .set("#st = :sending")
+    .set("dispatch_token = :tok")
+    .set("dispatch_until = :until")
+    .set("due_at = :until")
+    .add("dispatch_attempts :one")
+    .value(":sending", s(SENDING))
+    .value(":pending", s(PENDING))
+    .value(":tok", s(token))
+    .value(":until", n(until_ms))
+    .value(":now", n(now_ms))
+    .value(":one", n(1))
+}
+
+/// The fence on every write after the claim: still the claim's holder.
+fn dispatch_fenced(token: &str) -> Update {
+    Update::when("#st = :sending AND dispatch_token = :tok")
+        .status()
+        .value(":sending", s(SENDING))
+        .value(":tok", s(token))
+        .remove("dispatch_until")
+}
+
+/// Timeline guarded: only the holder of the claim marks it sent. Our own
+/// retry after a lost acknowledgement meets SENT with our token: done. A
+/// dispatcher whose claim lapsed and was taken over has published anyway;
+/// the new owner publishes again with the same key.
+pub fn outbox_sent(token: &str, now_ms: i64) -> Update {
+    dispatch_fenced(token)
+        .set("#st = :sent")
+        .set("sent_at = :now")
+        .remove("due_shard")
+        .remove("due_at")
+        .value(":sent", s(SENT))
+        .value(":now", n(now_ms))
+}
+
+/// Timeline guarded: only the claim's holder records its failure; our own
+/// retry after a lost acknowledgement meets our token with the outcome
+/// already written. A lapsed claim taken over by another dispatcher leaves
+/// the item to it.
+pub fn outbox_back_off(token: &str, next_at_ms: i64, error: &str, now_ms: i64) -> Update {
+    dispatch_fenced(token)
+        .set("#st = :pending")
+        .set("last_error = :err")
+        .set("last_failed_at = :now")
+        .set("due_at = :next")
+        .value(":pending", s(PENDING))
+        .value(":err", s(error))
+        .value(":now", n(now_ms))
+        .value(":next", n(next_at_ms))
+}
+
+/// As [`outbox_back_off`], but the attempts are exhausted: out of the due
+/// index, into the `OUTBOX_DEAD#…` status partition.
+pub fn outbox_dead(token: &str, dead_partition: &str, error: &str, now_ms: i64) -> Update {
+    dispatch_fenced(token)
+        .set("#st = :dead")
+        .set("last_error = :err")
+        .set("last_failed_at = :now")
+        .set("dead_at = :now")
+        .set("st_shard = :st")
+        .set("st_at = :now")
+        .remove("due_shard")
+        .remove("due_at")
+        .value(":dead", s(DEAD))
+        .value(":err", s(error))
+        .value(":now", n(now_ms))
+        .value(":st", s(dead_partition))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_statuses_leave_the_due_index_and_retryable_names_its_next_attempt() {
+        let dead = leave("t", &Exit::Dead { reason: "r", message: "m" }, 5, 3).expression();
+        assert!(dead.contains("#st = :bk_to") && dead.contains("st_shard = :bk_st"), "{dead}");
+        assert!(dead.contains("REMOVE lease_owner, lease_expires_at, due_shard, due_at, next_attempt_at"), "{dead}");
+        let retry =
+            leave("t", &Exit::Retry { next_at_ms: 9, code: "c", message: "m", failure: true }, 5, 3).expression();
+        assert!(retry.contains("due_at = :bk_due") && retry.contains("next_attempt_at = :bk_due"), "{retry}");
+        assert!(!retry.contains("due_shard"), "stays in its partition: {retry}");
+        let woken = wake("gap", 5, 3).expression();
+        assert!(woken.contains("due_shard = :bk_ds") && woken.contains("REMOVE window_start"), "{woken}");
+        let resolved = operator(OperatorAction::Resolve, "op", "why", "tok", 5, 3).expression();
+        assert!(resolved.contains("REMOVE due_shard, due_at, next_attempt_at"), "{resolved}");
+    }
+
+    #[test]
+    fn the_lease_keeps_the_record_due_at_its_expiry() {
+        let u = lease("tok", 1_000, 30_000, 0);
+        let e = u.expression();
+        assert!(e.contains("due_at = :bk_due") && !e.contains("next_attempt_at ="), "{e}");
+        assert!(u.values.contains(&(":bk_due".into(), n(31_000))));
+        assert!(u.values.contains(&(":bk_st".into(), s("PROCESSING#000"))));
+    }
+
+    #[test]
+    fn every_placeholder_used_has_a_value_and_every_value_is_used() {
+        let updates = [
+            payload_stored("h"),
+            take_send_lease(&SendLease { token: "t".into(), until_ms: 1 }, 0),
+            release_send_lease(&SendLease { token: "t".into(), until_ms: 1 }),
+            adopt_payload("a", "b", true),
+            adopt_payload("a", "b", false),
+            mark_enqueued(1),
+            note_duplicate(),
+            flag_conflict("h", 1),
+            lease("t", 1, 2, 0),
+            complete("t", "applied", Some("cus"), 1, 0),
+            complete("t", "applied", None, 1, 0),
+            leave("t", &Exit::Retry { next_at_ms: 1, code: "c", message: "m", failure: false }, 1, 0),
+            leave("t", &Exit::Retry { next_at_ms: 1, code: "c", message: "m", failure: true }, 1, 0),
+            leave("t", &Exit::Dead { reason: "r", message: "m" }, 1, 0),
+            leave("t", &Exit::Park { reason: "r", subject: Some("s") }, 1, 0),
+            wake("gap", 1, 0),
+            operator(OperatorAction::Replay, "o", "r", "t", 1, 0),
+            operator(OperatorAction::Park, "o", "r", "t", 1, 0),
+            operator(OperatorAction::Resolve, "o", "r", "t", 1, 0),
+            claim_due(1, 2, "t"),
+            reschedule("t", 1),
+            note_redriven(1),
+            outbox_claim("t", 1, 2),
+            outbox_sent("t", 1),
+            outbox_back_off("t", 1, "e", 1),
+            outbox_dead("t", "OUTBOX_DEAD#000", "e", 1),
+        ];
+        for u in updates {
+            let text = format!("{} {}", u.expression(), u.condition);
+            let used: std::collections::BTreeSet<String> = text
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .filter(|w| w.starts_with(':'))
+                .map(str::to_owned)
+                .collect();
+            let given: std::collections::BTreeSet<String> = u.values.iter().map(|(k, _)| k.clone()).collect();
+            assert_eq!(used, given, "{text}");
+            assert_eq!(u.values.len(), given.len(), "a value given twice: {text}");
+            assert_eq!(text.contains("#st"), u.uses_status, "{text}");
+        }
+    }
+}

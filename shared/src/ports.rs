@@ -1,0 +1,306 @@
+//! The ports: what each use case needs from storage, the queue and the
+//! publisher, in the use case's own words. The AWS implementations are in
+//! `adapters` (the emulator tests are the evidence that their expressions
+//! work); `adapters::memory` implements them in memory for the use cases'
+//! unit tests.
+//!
+//! | use case | ports |
+//! |---|---|
+//! | intake | [`Ledger`], [`WorkQueue`] |
+//! | processor | [`WorkLedger`], [`WorkQueue`], [`Dispatch`] |
+//! | dispatcher | [`OutboxStore`], [`Publisher`] |
+//! | reconciler | [`DueLedger`] (with [`Ledger`]), [`WorkQueue`], [`Dispatch`] |
+//! | operations | [`OperatorLedger`], [`WorkQueue`] |
+//!
+//! The ports sit right above `projection`: the processor's commit carries
+//! projection ops, and gap waiters are stream positions.
+
+use std::future::Future;
+
+use crate::identity::EventKey;
+use crate::ledger::{
+    Claim, CommitResult, DriftItem, DueItem, DueRecord, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row,
+    SendLease, Status, Transitioned,
+};
+use crate::message::{Dispatched, Held, OutboxClaim};
+use crate::projection::Op;
+use crate::projection::sequence::Position;
+
+/// The durable event ledger (DynamoDB in production).
+pub trait Ledger: Send + Sync {
+    /// One conditional write: creates the record unless the key exists; on
+    /// conflict returns the existing record (no read before the write).
+    fn claim(&self, event: &NewEvent) -> impl Future<Output = Result<Claim, PortError>> + Send;
+    /// Stores the raw payload in its own item, which status updates never rewrite.
+    fn store_payload(
+        &self,
+        key: &EventKey,
+        payload_hash: &str,
+        body: &[u8],
+        expires_at: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Stores `body` for a record whose own payload was never stored, and
+    /// makes it the record's payload (`payload_hash := new_hash`), unless the
+    /// first payload was stored meanwhile. `conflict`: the content differs
+    /// (counted and flagged as a conflict). `Ok(false)`: the first payload is
+    /// durable now and was kept.
+    fn adopt_payload(
+        &self,
+        key: &EventKey,
+        old_hash: &str,
+        new_hash: &str,
+        body: &[u8],
+        expires_at: i64,
+        conflict: bool,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Takes the send lease of a record that was never enqueued, if no live
+    /// lease is held by another delivery (a lease already holding this
+    /// token, our own retried write, counts as taken). `Ok(false)`: someone
+    /// else sends.
+    fn take_send_lease(
+        &self,
+        key: &EventKey,
+        lease: &SendLease,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Gives the send lease back after a failed send, so a retry can send at once.
+    fn release_send_lease(
+        &self,
+        key: &EventKey,
+        lease: &SendLease,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Notes that the key was handed to the queue (and drops the send lease).
+    fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Counts a duplicate delivery on the record (evidence for the duplicate rate).
+    fn note_duplicate(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Flags "same id, different payload": keeps the first, counts the conflict.
+    fn flag_conflict(
+        &self,
+        key: &EventKey,
+        other_hash: &str,
+        at_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+/// The work queue between intake and processor (SQS in production).
+pub trait WorkQueue: Send + Sync {
+    fn send(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+/// The processor's transitions on the ledger record, each one conditional
+/// write fenced by the lease token.
+pub trait WorkLedger: Send + Sync {
+    /// Index shards (the record's due-index partition depends on them).
+    fn shards(&self) -> u32;
+    /// Takes the lease if the record is leasable now (RECEIVED; RETRYABLE
+    /// and due; PROCESSING with an expired lease). Our own lease whose
+    /// acknowledgement was lost is `Leased`.
+    fn lease(
+        &self,
+        key: &EventKey,
+        token: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<LeaseResult, PortError>> + Send;
+    /// The stored raw payload, if its item exists.
+    fn payload(&self, key: &EventKey, hash: &str) -> impl Future<Output = Result<Option<Vec<u8>>, PortError>> + Send;
+    /// Commits the ops, their outbox items and the completion marker
+    /// (PROCESSED, `outcome`) in one transaction fenced by `token`.
+    fn commit(
+        &self,
+        key: &EventKey,
+        token: &str,
+        ops: &[Op],
+        outcome: &str,
+        subject: Option<&str>,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<CommitResult, PortError>> + Send;
+    /// The token of the commit that completed the record, if any (tells our
+    /// own commit whose acknowledgement was lost from a real fence).
+    fn completed_by(&self, key: &EventKey) -> impl Future<Output = Result<Option<String>, PortError>> + Send;
+    /// PROCESSING(token) → RETRYABLE / DEAD / PARKED. `Ok(true)`: stored
+    /// (now, or by our own earlier try); `Ok(false)`: fenced.
+    fn leave(
+        &self,
+        key: &EventKey,
+        token: &str,
+        exit: &Exit<'_>,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// A gap closed: a record still waiting on it (RETRYABLE `gap`, or
+    /// PARKED `gap`) becomes RETRYABLE and due now. `Ok(false)`: not waiting.
+    fn wake(&self, key: &EventKey, now_ms: i64) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Appends an audit entry to the record's history (evidence, not state).
+    fn append_history(
+        &self,
+        key: &EventKey,
+        kind: &str,
+        detail: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Leaves the pointer that lets the commit of `at.seq - 1` wake `key`.
+    fn register_waiter(
+        &self,
+        at: &Position,
+        key: &EventKey,
+        expires_at: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// The event waiting at `at`, if one left a pointer.
+    fn waiter(&self, at: &Position) -> impl Future<Output = Result<Option<EventKey>, PortError>> + Send;
+    /// Whether the stream of `at` has reached `at.seq - 1`.
+    fn predecessor_applied(&self, at: &Position) -> impl Future<Output = Result<bool, PortError>> + Send;
+}
+
+/// Publishing a committed outbox item (the dispatcher, seen from the
+/// processor and the reconciler).
+pub trait Dispatch: Send + Sync {
+    /// Claims, publishes and marks one outbox item.
+    fn dispatch(&self, id: &str, now_ms: i64) -> impl Future<Output = Result<Dispatched, PortError>> + Send;
+    /// Outbox items of `shard` due at `up_to` or earlier, oldest first.
+    fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
+    /// Outbox items whose attempts are exhausted (all shards).
+    fn count_dead(&self, shards: u32) -> impl Future<Output = Result<u64, PortError>> + Send;
+}
+
+/// The outbox items' transitions, each conditional on the dispatcher's token.
+///
+/// ```text
+/// PENDING(due) ──claim──▶ SENDING(token) ──mark_sent──▶ SENT
+///    ▲                      │        │
+///    └──── back_off ◀───────┘        └── dead ──▶ DEAD
+/// ```
+pub trait OutboxStore: Send + Sync {
+    /// Claims a due PENDING item, or a SENDING one whose claim lapsed.
+    fn claim(
+        &self,
+        id: &str,
+        token: &str,
+        now_ms: i64,
+        until_ms: i64,
+    ) -> impl Future<Output = Result<OutboxClaim, PortError>> + Send;
+    /// SENDING(token) → SENT.
+    fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> impl Future<Output = Result<Held, PortError>> + Send;
+    /// SENDING(token) → PENDING, due at `next_at_ms`.
+    fn back_off(
+        &self,
+        id: &str,
+        token: &str,
+        next_at_ms: i64,
+        error: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Held, PortError>> + Send;
+    /// SENDING(token) → DEAD (out of the due index, counted apart).
+    fn dead(
+        &self,
+        id: &str,
+        token: &str,
+        shard: u32,
+        error: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Held, PortError>> + Send;
+    /// Items of `shard` due at `up_to` or earlier, oldest first.
+    fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
+    /// Items in DEAD (all shards).
+    fn count_dead(&self, shards: u32) -> impl Future<Output = Result<u64, PortError>> + Send;
+}
+
+/// Where outbox items go (SNS in production). `Err`: the publish failed (the
+/// message, never a payload).
+pub trait Publisher: Send + Sync {
+    fn publish(
+        &self,
+        topic_arn: &str,
+        body: &str,
+        idempotency_key: &str,
+        group: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// The reconciler's view: the `due` index, claims on its items, and the
+/// evidence counts. Drift repairs create records through [`Ledger`].
+pub trait DueLedger: Ledger {
+    fn shards(&self) -> u32;
+    /// Ledger records of `shard` due at `up_to` or earlier, oldest first.
+    fn due_records(
+        &self,
+        shard: u32,
+        up_to: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DueRecord>, PortError>> + Send;
+    /// Entitlements of `shard` last checked at `up_to` or earlier.
+    fn due_drift(
+        &self,
+        shard: u32,
+        up_to: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DriftItem>, PortError>> + Send;
+    /// Moves a due item's next look from `seen` to `next` with a fresh claim
+    /// token. `Ok(Some(token))`: this run owns it (our own retried claim
+    /// included); `Ok(None)`: another run moved it first.
+    fn claim_due(
+        &self,
+        item: DueItem<'_>,
+        seen: i64,
+        next: i64,
+    ) -> impl Future<Output = Result<Option<String>, PortError>> + Send;
+    /// Moves a claimed item's next look to `at`, if the claim is still ours.
+    fn reschedule(&self, item: DueItem<'_>, token: &str, at: i64)
+    -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Notes that a re-driven record was handed to the queue (keeps an
+    /// earlier note).
+    fn note_enqueued(&self, key: &EventKey, now_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Records in `status` (all shards).
+    fn count(&self, status: Status) -> impl Future<Output = Result<u64, PortError>> + Send;
+    /// The receive time of the oldest record not yet finished.
+    fn oldest_open(&self) -> impl Future<Output = Result<Option<i64>, PortError>> + Send;
+}
+
+/// Which records an operator lists.
+#[derive(Debug, Clone, Default)]
+pub struct RowFilter<'a> {
+    pub endpoint: Option<&'a str>,
+    pub event_type: Option<&'a str>,
+    pub subject: Option<&'a str>,
+    /// Receive time range, inclusive.
+    pub since_ms: i64,
+    pub until_ms: i64,
+    /// Only these attributes (all when empty).
+    pub fields: &'a [&'a str],
+}
+
+/// The operator's view: the `status` index and audited transitions.
+pub trait OperatorLedger: Send + Sync {
+    fn shards(&self) -> u32;
+    /// One status partition, newest first, pages until `want` rows (or the end).
+    fn rows(
+        &self,
+        status: Status,
+        shard: u32,
+        filter: &RowFilter<'_>,
+        want: usize,
+    ) -> impl Future<Output = Result<Vec<Row>, PortError>> + Send;
+    /// Records in `status` (all shards).
+    fn count(&self, status: Status) -> impl Future<Output = Result<u64, PortError>> + Send;
+    /// The record, its history (oldest first) and, if asked, its payload.
+    fn show(
+        &self,
+        key: &EventKey,
+        with_payload: bool,
+    ) -> impl Future<Output = Result<Option<(Row, Vec<Row>, Option<Vec<u8>>)>, PortError>> + Send;
+    /// One conditional transition from the statuses `action` may leave.
+    fn transition(
+        &self,
+        key: &EventKey,
+        action: OperatorAction,
+        operator: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Transitioned, PortError>> + Send;
+    fn append_history(
+        &self,
+        key: &EventKey,
+        kind: &str,
+        detail: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
