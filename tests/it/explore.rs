@@ -577,7 +577,7 @@ struct Ctx {
     outbox_pk: Option<String>,
 }
 
-async fn map_customer(w: &World, customer: &str, account: &str) {
+pub async fn map_customer(w: &World, customer: &str, account: &str) {
     hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "tenant-a", customer, account)
         .await
         .unwrap_or_else(|e| panic!("map subject: {e}"));
@@ -587,7 +587,7 @@ async fn map_customer(w: &World, customer: &str, account: &str) {
 }
 
 /// Processes every message that is visible now, without faults.
-async fn drain_processor(w: &mut World) {
+pub async fn drain_processor(w: &mut World) {
     for _ in 0..50 {
         w.poll().await;
         let Some(i) = w.inflight.iter().position(|m| m.visible_at <= w.now) else { return };

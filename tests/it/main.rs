@@ -9,6 +9,7 @@ mod fake_provider;
 mod handler;
 mod intake;
 mod intake_faults;
+mod ops_faults;
 mod processor;
 mod queues;
 mod race;

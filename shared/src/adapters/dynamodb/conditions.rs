@@ -49,7 +49,7 @@
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::{attr, due_shard, status_shard};
+use super::schema::{attr, due_shard, status_shard};
 use crate::ledger::{Exit, OperatorAction, SendLease, Status};
 
 /// Longest error message kept on a record.

@@ -1,0 +1,177 @@
+//! The table's names: item sort keys, index names and partitions,
+//! attribute names, and the table definition itself. Everything else in
+//! the adapter (the conditions, the actors) speaks in these names.
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
+    ScalarAttributeType, TimeToLiveSpecification,
+};
+
+use crate::adapters::error_chain;
+use crate::ledger::Status;
+use crate::policy::due_shard_named;
+
+pub const META_SK: &str = "meta";
+pub const DUE_INDEX: &str = "due";
+pub const STATUS_INDEX: &str = "status";
+pub const TTL_ATTRIBUTE: &str = "expires_at";
+
+/// Attribute names of the ledger record.
+pub mod attr {
+    pub const PK: &str = "pk";
+    pub const SK: &str = "sk";
+    pub const PROVIDER: &str = "provider";
+    pub const ENDPOINT: &str = "endpoint";
+    pub const TENANT: &str = "tenant";
+    pub const EVENT_ID: &str = "event_id";
+    pub const EVENT_TYPE: &str = "event_type";
+    pub const STATUS: &str = "status";
+    pub const PAYLOAD_HASH: &str = "payload_hash";
+    pub const CONTENT_HASH: &str = "content_hash";
+    pub const PAYLOAD_STORED: &str = "payload_stored";
+    pub const RECEIVED_AT: &str = "received_at";
+    pub const ENQUEUED_AT: &str = "enqueued_at";
+    pub const ATTEMPTS: &str = "attempts";
+    pub const CONFLICTS: &str = "conflicts";
+    pub const LAST_CONFLICT_HASH: &str = "last_conflict_hash";
+    pub const LAST_CONFLICT_AT: &str = "last_conflict_at";
+    pub const SEND_TOKEN: &str = "send_token";
+    pub const SEND_LEASE_UNTIL: &str = "send_lease_until";
+    pub const ST_SHARD: &str = "st_shard";
+    pub const ST_AT: &str = "st_at";
+    pub const DUPLICATES: &str = "duplicates";
+    pub const SUBJECT: &str = "subject";
+    pub const DUE_SHARD: &str = "due_shard";
+    pub const DUE_AT: &str = "due_at";
+    pub const BODY: &str = "body";
+    pub const EXPIRES_AT: &str = super::TTL_ATTRIBUTE;
+}
+
+pub fn payload_sk(payload_hash: &str) -> String {
+    format!("payload#{payload_hash}")
+}
+
+pub fn due_shard(shard: u32) -> String {
+    due_shard_named("due", shard)
+}
+
+/// Status-index partition: `DEAD#007`. Every ledger record is in it (sorted
+/// by receive time), so operators list and count by status without a scan.
+pub fn status_shard(status: Status, shard: u32) -> String {
+    format!("{}#{shard:03}", status.as_str())
+}
+
+/// The table definition in CloudFormation's shape: what `create_table`
+/// creates, and what `infra/check_template.py` compares with the SAM template.
+pub fn table_definition() -> serde_json::Value {
+    let gsi = |name: &str, hash: &str, range: &str| {
+        serde_json::json!({
+            "IndexName": name,
+            "KeySchema": [{"AttributeName": hash, "KeyType": "HASH"}, {"AttributeName": range, "KeyType": "RANGE"}],
+            "Projection": {"ProjectionType": "ALL"},
+        })
+    };
+    serde_json::json!({
+        "BillingMode": "PAY_PER_REQUEST",
+        "KeySchema": [{"AttributeName": attr::PK, "KeyType": "HASH"}, {"AttributeName": attr::SK, "KeyType": "RANGE"}],
+        "AttributeDefinitions": [
+            {"AttributeName": attr::PK, "AttributeType": "S"},
+            {"AttributeName": attr::SK, "AttributeType": "S"},
+            {"AttributeName": attr::DUE_SHARD, "AttributeType": "S"},
+            {"AttributeName": attr::DUE_AT, "AttributeType": "N"},
+            {"AttributeName": attr::ST_SHARD, "AttributeType": "S"},
+            {"AttributeName": attr::ST_AT, "AttributeType": "N"},
+        ],
+        "GlobalSecondaryIndexes": [gsi(DUE_INDEX, attr::DUE_SHARD, attr::DUE_AT), gsi(STATUS_INDEX, attr::ST_SHARD, attr::ST_AT)],
+        "TimeToLiveSpecification": {"AttributeName": TTL_ATTRIBUTE, "Enabled": true},
+    })
+}
+
+/// Creates the table from [`table_definition`]: keys, the sparse `due`
+/// index, the `status` index, on-demand billing, TTL (idempotent).
+pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
+    let d = table_definition();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    let keys = |schema: &serde_json::Value| -> Result<Vec<KeySchemaElement>, String> {
+        schema
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|k| {
+                let kind = if k["KeyType"] == "HASH" { KeyType::Hash } else { KeyType::Range };
+                KeySchemaElement::builder()
+                    .attribute_name(text(&k["AttributeName"]))
+                    .key_type(kind)
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .collect()
+    };
+    let mut req = client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .set_key_schema(Some(keys(&d["KeySchema"])?));
+    for a in d["AttributeDefinitions"].as_array().into_iter().flatten() {
+        let t = if a["AttributeType"] == "N" { ScalarAttributeType::N } else { ScalarAttributeType::S };
+        req = req.attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(text(&a["AttributeName"]))
+                .attribute_type(t)
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for g in d["GlobalSecondaryIndexes"].as_array().into_iter().flatten() {
+        req = req.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name(text(&g["IndexName"]))
+                .set_key_schema(Some(keys(&g["KeySchema"])?))
+                .projection(Projection::builder().projection_type(ProjectionType::All).build())
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    match req.send().await {
+        Ok(_) => {}
+        Err(e) if e.as_service_error().is_some_and(|se| se.is_resource_in_use_exception()) => return Ok(()),
+        Err(e) => return Err(error_chain(&e)),
+    }
+    let ttl = &d["TimeToLiveSpecification"];
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name(text(&ttl["AttributeName"]))
+                .enabled(ttl["Enabled"].as_bool().unwrap_or(true))
+                .build()
+                .map_err(|e| e.to_string())?,
+        )
+        .send()
+        .await
+        .map_err(|e| error_chain(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_definition_declares_every_key_the_code_writes() {
+        let d = table_definition();
+        let names: Vec<&str> = d["AttributeDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["AttributeName"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, [attr::PK, attr::SK, attr::DUE_SHARD, attr::DUE_AT, attr::ST_SHARD, attr::ST_AT]);
+        let indexes: Vec<&str> =
+            d["GlobalSecondaryIndexes"].as_array().unwrap().iter().map(|i| i["IndexName"].as_str().unwrap()).collect();
+        assert_eq!(indexes, [DUE_INDEX, STATUS_INDEX]);
+        assert_eq!(d["TimeToLiveSpecification"]["AttributeName"], attr::EXPIRES_AT);
+    }
+}
