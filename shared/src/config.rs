@@ -32,6 +32,24 @@ pub const MAX_MAX_BODY_BYTES: usize = 380 * 1024;
 pub const DEFAULT_GAP_BOUND_MS: i64 = 3_600_000;
 pub const DEFAULT_TRANSIENT_BOUND_MS: i64 = 6 * 3_600_000;
 
+/// How a failed publish is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchPolicy {
+    /// Delay before the next attempt after attempt `n` failed (the sweeper
+    /// then takes the item once it is also past the reconciler's grace).
+    pub backoff: Backoff,
+    /// Attempts (claims) after which the item goes DEAD instead.
+    pub max_attempts: u32,
+}
+
+impl Default for DispatchPolicy {
+    /// 10 attempts over about 3 hours: 30 s, then 1, 2, 4, 8, 16, 32, 60, 60 min
+    /// between them (each jittered down to half), plus the sweeper's grace.
+    fn default() -> Self {
+        Self { backoff: Backoff { base_ms: 30_000, max_ms: 3_600_000 }, max_attempts: 10 }
+    }
+}
+
 /// The processor's settings (read from the environment by `processor_settings_from`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessorSettings {

@@ -26,7 +26,8 @@
 
 use crate::adapters::dynamodb::outbox::DynamoOutbox;
 use crate::adapters::sns::SnsPublisher;
-use crate::backoff::{Backoff, random_jitter};
+use crate::backoff::random_jitter;
+pub use crate::config::DispatchPolicy;
 use crate::ledger::PortError;
 pub use crate::message::Dispatched;
 use crate::message::{Held, OutboxClaim};
@@ -34,24 +35,6 @@ use crate::ports::{Dispatch, OutboxStore, Publisher};
 
 /// How long a dispatcher may hold an outbox item between claim and mark.
 pub const DISPATCH_LEASE_MS: i64 = 30_000;
-
-/// How a failed publish is retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DispatchPolicy {
-    /// Delay before the next attempt after attempt `n` failed (the sweeper
-    /// then takes the item once it is also past the reconciler's grace).
-    pub backoff: Backoff,
-    /// Attempts (claims) after which the item goes DEAD instead.
-    pub max_attempts: u32,
-}
-
-impl Default for DispatchPolicy {
-    /// 10 attempts over about 3 hours: 30 s, then 1, 2, 4, 8, 16, 32, 60, 60 min
-    /// between them (each jittered down to half), plus the sweeper's grace.
-    fn default() -> Self {
-        Self { backoff: Backoff { base_ms: 30_000, max_ms: 3_600_000 }, max_attempts: 10 }
-    }
-}
 
 /// Where a crash is injected in tests ("die between publish and mark").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
