@@ -271,11 +271,13 @@ pub fn processor_settings_from(get: impl Fn(&str) -> Option<String>) -> Result<P
     let week = 7 * 86_400;
     let gap_secs = number("HOOKLEDGER_GAP_BOUND_SECS", DEFAULT_GAP_BOUND_MS / 1000, 1, week)?;
     let transient_secs = number("HOOKLEDGER_TRANSIENT_BOUND_SECS", DEFAULT_TRANSIENT_BOUND_MS / 1000, 60, week)?;
-    if gap_secs > transient_secs {
-        // A record waiting on a gap would otherwise be dead-lettered as transient first.
+    if gap_secs >= transient_secs {
+        // A record waiting on a gap would otherwise be dead-lettered as
+        // transient first: its last look lands on the gap bound, where the
+        // transient bound (checked first) must not have passed yet.
         return Err(ConfigError::Invalid {
             name: "HOOKLEDGER_GAP_BOUND_SECS".into(),
-            reason: "must be <= HOOKLEDGER_TRANSIENT_BOUND_SECS".into(),
+            reason: "must be < HOOKLEDGER_TRANSIENT_BOUND_SECS".into(),
         });
     }
     Ok(ProcessorSettings {
@@ -515,6 +517,11 @@ mod tests {
             ("HOOKLEDGER_TRANSIENT_BOUND_SECS", "600"),
         ]));
         assert!(inverted.unwrap_err().to_string().contains("HOOKLEDGER_TRANSIENT_BOUND_SECS"));
+        let equal = processor_settings_from(env(&[
+            ("HOOKLEDGER_GAP_BOUND_SECS", "3600"),
+            ("HOOKLEDGER_TRANSIENT_BOUND_SECS", "3600"),
+        ]));
+        assert!(equal.unwrap_err().to_string().contains("must be <"), "equal bounds dead-letter a gap waiter");
         let zero = processor_settings_from(env(&[("HOOKLEDGER_TRANSIENT_BOUND_SECS", "0")]));
         assert!(zero.unwrap_err().to_string().contains("HOOKLEDGER_TRANSIENT_BOUND_SECS"));
     }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use crate::adapters::dynamodb::DynamoLedger;
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
-use crate::ports::{OperatorLedger, RowFilter, WorkQueue};
+use crate::ports::{OperatorLedger, RowFilter, Shown, WorkQueue};
 
 pub use crate::adapters::dynamodb::operator::item_json;
 
@@ -163,7 +163,7 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
     }
 
     /// The record, its history (oldest first) and, if asked, its payload.
-    pub async fn show(&self, key: &EventKey, with_payload: bool) -> Result<(Row, Vec<Row>, Option<Vec<u8>>), OpsError> {
+    pub async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Shown, OpsError> {
         self.ledger.show(key, with_payload).await?.ok_or_else(|| OpsError::UnknownEvent(key.to_string()))
     }
 

@@ -268,6 +268,10 @@ pub struct RowFilter<'a> {
     pub fields: &'a [&'a str],
 }
 
+/// A record as `show` gives it: the record, its history (oldest first) and,
+/// if asked, its payload.
+pub type Shown = (Row, Vec<Row>, Option<Vec<u8>>);
+
 /// The operator's view: the `status` index and audited transitions.
 pub trait OperatorLedger: Send + Sync {
     fn shards(&self) -> u32;
@@ -282,11 +286,8 @@ pub trait OperatorLedger: Send + Sync {
     /// Records in `status` (all shards).
     fn count(&self, status: Status) -> impl Future<Output = Result<u64, PortError>> + Send;
     /// The record, its history (oldest first) and, if asked, its payload.
-    fn show(
-        &self,
-        key: &EventKey,
-        with_payload: bool,
-    ) -> impl Future<Output = Result<Option<(Row, Vec<Row>, Option<Vec<u8>>)>, PortError>> + Send;
+    fn show(&self, key: &EventKey, with_payload: bool)
+    -> impl Future<Output = Result<Option<Shown>, PortError>> + Send;
     /// One conditional transition from the statuses `action` may leave.
     fn transition(
         &self,

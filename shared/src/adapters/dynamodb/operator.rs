@@ -11,7 +11,7 @@ use super::{DynamoLedger, Item, META_SK, STATUS_INDEX, Written, attr, get_s, pay
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
-use crate::ports::{OperatorLedger, RowFilter, WorkLedger};
+use crate::ports::{OperatorLedger, RowFilter, Shown, WorkLedger};
 
 /// A stored item as JSON, for display (`B` values shown as their size).
 pub fn item_json(item: &HashMap<String, AttributeValue>) -> Row {
@@ -89,11 +89,7 @@ impl OperatorLedger for DynamoLedger {
         crate::ports::DueLedger::count(self, status).await
     }
 
-    async fn show(
-        &self,
-        key: &EventKey,
-        with_payload: bool,
-    ) -> Result<Option<(Row, Vec<Row>, Option<Vec<u8>>)>, PortError> {
+    async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Option<Shown>, PortError> {
         let all = self
             .client()
             .query()
