@@ -141,12 +141,23 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
     /// Publishes outbox items that are still pending (or whose dispatcher
     /// died) from the `due` index shards `out#000..`, oldest first, at most
     /// `limit`. Items younger than `grace_ms` are left to their processor.
-    /// One item's failure does not stop the others (it is rescheduled or
-    /// logged); returns how many were published.
+    /// One item's or one shard's failure does not stop the others (it is
+    /// rescheduled or logged); returns how many were published, or the first
+    /// error when a query failed and nothing was published.
     pub async fn sweep(&self, shards: u32, now_ms: i64, grace_ms: i64, limit: usize) -> Result<usize, PortError> {
         let mut published = 0;
+        let mut failed = None;
         for shard in 0..shards {
-            for id in self.store.due(shard, now_ms - grace_ms, limit).await? {
+            // One shard's failed query does not stop the others.
+            let due = match self.store.due(shard, now_ms - grace_ms, limit).await {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "outbox due query failed");
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            for id in due {
                 if published >= limit {
                     return Ok(published);
                 }
@@ -157,7 +168,11 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
                 }
             }
         }
-        Ok(published)
+        match failed {
+            // Nothing could be looked at or sent: say so.
+            Some(e) if published == 0 => Err(e),
+            _ => Ok(published),
+        }
     }
 }
 
@@ -181,6 +196,7 @@ mod tests {
     use std::sync::{Arc, Mutex, MutexGuard};
 
     use super::*;
+    use crate::backoff::Backoff;
     use crate::adapters::dynamodb::conditions::outbox_status::{DEAD, PENDING, SENDING, SENT};
     use crate::message::OutboxItem;
 

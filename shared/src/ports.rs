@@ -266,6 +266,19 @@ pub struct RowFilter<'a> {
     pub until_ms: i64,
     /// Only these attributes (all when empty).
     pub fields: &'a [&'a str],
+    /// Only rows that sort after this one (newest first, ties by key
+    /// descending): `(st_at, pk)` of the last row of the previous page.
+    pub after: Option<(i64, &'a str)>,
+}
+
+impl RowFilter<'_> {
+    /// Whether a row at `(at, pk)` comes after the cursor.
+    pub fn is_after(&self, at: i64, pk: &str) -> bool {
+        match self.after {
+            None => true,
+            Some((c_at, c_pk)) => at < c_at || (at == c_at && pk < c_pk),
+        }
+    }
 }
 
 /// A record as `show` gives it: the record, its history (oldest first) and,
@@ -275,7 +288,8 @@ pub type Shown = (Row, Vec<Row>, Option<Vec<u8>>);
 /// The operator's view: the `status` index and audited transitions.
 pub trait OperatorLedger: Send + Sync {
     fn shards(&self) -> u32;
-    /// One status partition, newest first, pages until `want` rows (or the end).
+    /// One status partition, newest first, after the filter's cursor; pages
+    /// until it has `want` rows (or the partition ends).
     fn rows(
         &self,
         status: Status,

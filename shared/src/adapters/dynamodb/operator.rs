@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::conditions as cond;
-use super::{DynamoLedger, Item, META_SK, STATUS_INDEX, Written, attr, get_s, payload_sk, status_shard};
+use super::{DynamoLedger, Item, META_SK, STATUS_INDEX, Written, attr, get_n, get_s, payload_sk, status_shard};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
@@ -77,7 +77,13 @@ impl OperatorLedger for DynamoLedger {
                 q = q.projection_expression(filter.fields.join(", "));
             }
             let page = q.send().await.map_err(|e| port_error("dynamodb", &e))?;
-            out.extend(page.items.unwrap_or_default().iter().map(item_json));
+            out.extend(
+                page.items
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|i| filter.is_after(get_n(i, attr::ST_AT).unwrap_or(0), get_s(i, attr::PK).unwrap_or("")))
+                    .map(item_json),
+            );
             match page.last_evaluated_key {
                 Some(k) if out.len() < want => start = Some(k),
                 _ => return Ok(out),
