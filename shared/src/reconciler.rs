@@ -518,3 +518,1449 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The reconciler's decisions against in-memory ports: a ledger with the
+    //! DynamoDB adapter's conditions (`adapters::dynamodb::{claim, due}` and
+    //! `conditions`), a recording work queue, a scripted dispatcher and a
+    //! scripted provider. Every port can be made to fail on chosen calls.
+
+    use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+    use std::sync::{Arc, Mutex, MutexGuard};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::identity::shard_of;
+    use crate::ledger::{DueRecord, ExistingRecord};
+    use crate::policy::REDRIVE_GRACE_MS;
+    use crate::ports::Ledger;
+    use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture};
+
+    const NOW: i64 = 1_700_000_000_000;
+    const SHARDS: u32 = 4;
+    const BACKOFF: i64 = 300_000;
+    const INTERVAL: i64 = 3_600_000;
+    const GRACE: i64 = 60_000;
+    const ALWAYS: u32 = u32::MAX;
+
+    fn settings() -> ReconcilerSettings {
+        ReconcilerSettings {
+            max_items: 500,
+            redrive_backoff_ms: BACKOFF,
+            drift_interval_ms: INTERVAL,
+            outbox_grace_ms: GRACE,
+            retention_days: 30,
+        }
+    }
+
+    /// A deadline no test reaches.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3_600)
+    }
+
+    fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+    }
+
+    fn key(id: &str) -> EventKey {
+        EventKey::new("stripe", "billing", id)
+    }
+
+    /// Event ids whose keys fall in `shard`.
+    fn ids_in_shard(shard: u32, n: usize) -> Vec<String> {
+        (0..).map(|i| format!("evt_{i}")).filter(|id| key(id).shard(SHARDS) == shard).take(n).collect()
+    }
+
+    // ------------------------------------------------------------ faults, log
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Fail {
+        Down,
+        Throttled,
+    }
+
+    impl Fail {
+        fn error(self, service: &'static str) -> PortError {
+            match self {
+                Fail::Down => PortError::Unavailable { service, message: "injected".into() },
+                Fail::Throttled => PortError::Throttled { service },
+            }
+        }
+    }
+
+    /// Fails the next `times` calls of `op` (on `key`, or on any key).
+    struct Fault {
+        op: &'static str,
+        key: Option<String>,
+        times: u32,
+        kind: Fail,
+    }
+
+    #[derive(Default)]
+    struct Faults(Vec<Fault>);
+
+    impl Faults {
+        fn add(&mut self, op: &'static str, key: Option<&str>, times: u32, kind: Fail) {
+            self.0.push(Fault { op, key: key.map(str::to_owned), times, kind });
+        }
+
+        fn trip(&mut self, op: &str, key: &str, service: &'static str) -> Result<(), PortError> {
+            let hit =
+                self.0.iter_mut().find(|f| f.op == op && f.times > 0 && f.key.as_deref().is_none_or(|k| k == key));
+            match hit {
+                Some(f) => {
+                    f.times -= 1;
+                    Err(f.kind.error(service))
+                }
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// What the ports did, in order, across all of them (`"<op> <item>"`).
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<String>>>);
+
+    impl Log {
+        fn push(&self, entry: String) {
+            self.0.lock().unwrap().push(entry);
+        }
+
+        fn entries(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+
+        fn count(&self, entry: &str) -> usize {
+            self.0.lock().unwrap().iter().filter(|e| *e == entry).count()
+        }
+
+        fn ops(&self, op: &str) -> Vec<String> {
+            let prefix = format!("{op} ");
+            self.0.lock().unwrap().iter().filter_map(|e| e.strip_prefix(&prefix).map(str::to_owned)).collect()
+        }
+
+        fn clear(&self) {
+            self.0.lock().unwrap().clear();
+        }
+    }
+
+    /// An index page as the `due` index returns it: up to `limit` (clamped
+    /// to 1..=100, as the adapter does), oldest first.
+    fn page<T>(mut due: Vec<(i64, String, T)>, limit: usize) -> Vec<T> {
+        due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        due.into_iter().take(limit.clamp(1, 100)).map(|(_, _, t)| t).collect()
+    }
+
+    // ------------------------------------------------------------- the ledger
+
+    /// A ledger record (`sk = "meta"`) with the attributes the conditions read.
+    #[derive(Debug, Clone)]
+    struct Rec {
+        status: Status,
+        shard: u32,
+        /// In the `due` index while set.
+        due_at: Option<i64>,
+        received_at: i64,
+        enqueued_at: Option<i64>,
+        payload_hash: String,
+        payload_stored: bool,
+        content_hash: Option<String>,
+        send_token: Option<String>,
+        send_lease_until: Option<i64>,
+        claim_token: Option<String>,
+        redrives: u32,
+        duplicates: u32,
+        conflicts: u32,
+    }
+
+    impl Rec {
+        fn new(status: Status, shard: u32, received_at: i64) -> Self {
+            Self {
+                status,
+                shard,
+                due_at: (!status.is_terminal()).then_some(received_at + REDRIVE_GRACE_MS),
+                received_at,
+                enqueued_at: None,
+                payload_hash: "h".into(),
+                payload_stored: true,
+                content_hash: None,
+                send_token: None,
+                send_lease_until: None,
+                claim_token: None,
+                redrives: 0,
+                duplicates: 0,
+                conflicts: 0,
+            }
+        }
+    }
+
+    /// An entitlement projection item in the `ent#…` shards of the index.
+    #[derive(Debug, Clone)]
+    struct Ent {
+        item: DriftItem,
+        shard: u32,
+        claim_token: Option<String>,
+    }
+
+    #[derive(Default)]
+    struct Store {
+        records: BTreeMap<String, Rec>,
+        payloads: BTreeMap<(String, String), Vec<u8>>,
+        ents: BTreeMap<String, Ent>,
+        faults: Faults,
+        /// Items another run claims just before ours (its next look).
+        races: HashMap<String, i64>,
+        tokens: u64,
+    }
+
+    impl Store {
+        /// `conditions::claim_due`: only if `due_at` still equals `seen`.
+        fn claim_due(&mut self, pk: &str, seen: i64, next: i64, token: &str) -> bool {
+            if let Some(r) = self.records.get_mut(pk) {
+                if r.due_at == Some(seen) {
+                    r.due_at = Some(next);
+                    r.claim_token = Some(token.to_owned());
+                    r.redrives += 1;
+                    return true;
+                }
+            } else if let Some(e) = self.ents.get_mut(pk) {
+                if e.item.due_at_ms == seen {
+                    e.item.due_at_ms = next;
+                    e.claim_token = Some(token.to_owned());
+                    return true;
+                }
+            }
+            false
+        }
+    }
+
+    /// A conditional update refused by `update_meta`: an error, as in DynamoDB.
+    fn refused() -> PortError {
+        PortError::Unavailable { service: "dynamodb", message: "ConditionalCheckFailedException".into() }
+    }
+
+    fn pk_of<'a>(item: &DueItem<'a>) -> &'a str {
+        match item {
+            DueItem::Record(k) => k.as_str(),
+            DueItem::Drift(pk) => pk,
+        }
+    }
+
+    #[derive(Clone)]
+    struct MemLedger {
+        store: Arc<Mutex<Store>>,
+        log: Log,
+    }
+
+    impl MemLedger {
+        fn lock(&self) -> MutexGuard<'_, Store> {
+            self.store.lock().unwrap()
+        }
+    }
+
+    impl Ledger for MemLedger {
+        async fn claim(&self, event: &NewEvent) -> Result<Claim, PortError> {
+            let mut s = self.lock();
+            s.faults.trip("claim", event.key.as_str(), "dynamodb")?;
+            if let Some(r) = s.records.get(event.key.as_str()) {
+                // Our own put retried after a lost acknowledgement meets its send token.
+                if r.send_token.as_deref() == Some(event.send.token.as_str()) {
+                    return Ok(Claim::New);
+                }
+                return Ok(Claim::Existing(ExistingRecord {
+                    status: r.status,
+                    payload_hash: r.payload_hash.clone(),
+                    content_hash: r.content_hash.clone(),
+                    enqueued_at_ms: r.enqueued_at,
+                    payload_stored: r.payload_stored,
+                }));
+            }
+            let mut rec = Rec::new(Status::Received, event.shard, event.received_at_ms);
+            rec.payload_hash = event.payload_hash.clone();
+            rec.payload_stored = false;
+            rec.content_hash = Some(event.content_hash.clone());
+            rec.send_token = Some(event.send.token.clone());
+            rec.send_lease_until = Some(event.send.until_ms);
+            s.records.insert(event.key.as_str().to_owned(), rec);
+            self.log.push(format!("claim {}", event.key));
+            Ok(Claim::New)
+        }
+
+        async fn store_payload(
+            &self,
+            key: &EventKey,
+            payload_hash: &str,
+            body: &[u8],
+            _expires_at: i64,
+        ) -> Result<(), PortError> {
+            let mut s = self.lock();
+            s.faults.trip("store_payload", key.as_str(), "dynamodb")?;
+            s.payloads.insert((key.as_str().to_owned(), payload_hash.to_owned()), body.to_vec());
+            match s.records.get_mut(key.as_str()) {
+                Some(r) if r.payload_hash == payload_hash => r.payload_stored = true,
+                _ => return Err(refused()),
+            }
+            self.log.push(format!("store_payload {key}"));
+            Ok(())
+        }
+
+        async fn adopt_payload(
+            &self,
+            key: &EventKey,
+            old_hash: &str,
+            new_hash: &str,
+            body: &[u8],
+            _expires_at: i64,
+            conflict: bool,
+        ) -> Result<bool, PortError> {
+            let mut s = self.lock();
+            s.faults.trip("adopt_payload", key.as_str(), "dynamodb")?;
+            s.payloads.insert((key.as_str().to_owned(), new_hash.to_owned()), body.to_vec());
+            let Some(r) = s.records.get_mut(key.as_str()) else { return Ok(false) };
+            if r.payload_hash == old_hash && !r.payload_stored {
+                r.conflicts += u32::from(conflict);
+                r.payload_hash = new_hash.to_owned();
+                r.payload_stored = true;
+                return Ok(true);
+            }
+            Ok(r.payload_hash == new_hash && r.payload_stored)
+        }
+
+        async fn take_send_lease(&self, key: &EventKey, lease: &SendLease, now_ms: i64) -> Result<bool, PortError> {
+            let mut s = self.lock();
+            s.faults.trip("take_send_lease", key.as_str(), "dynamodb")?;
+            let Some(r) = s.records.get_mut(key.as_str()) else { return Ok(false) };
+            if r.enqueued_at.is_none() && r.send_lease_until.is_none_or(|until| until < now_ms) {
+                r.send_token = Some(lease.token.clone());
+                r.send_lease_until = Some(lease.until_ms);
+                return Ok(true);
+            }
+            Ok(r.send_token.as_deref() == Some(lease.token.as_str()) && r.enqueued_at.is_none())
+        }
+
+        async fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> Result<(), PortError> {
+            let mut s = self.lock();
+            s.faults.trip("release_send_lease", key.as_str(), "dynamodb")?;
+            if let Some(r) = s.records.get_mut(key.as_str()) {
+                if r.send_token.as_deref() == Some(lease.token.as_str()) {
+                    r.send_lease_until = None;
+                }
+            }
+            Ok(())
+        }
+
+        async fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> Result<(), PortError> {
+            let mut s = self.lock();
+            s.faults.trip("mark_enqueued", key.as_str(), "dynamodb")?;
+            let r = s.records.get_mut(key.as_str()).ok_or_else(refused)?;
+            r.enqueued_at = Some(at_ms);
+            r.send_lease_until = None;
+            self.log.push(format!("mark_enqueued {key}"));
+            Ok(())
+        }
+
+        async fn note_duplicate(&self, key: &EventKey) -> Result<(), PortError> {
+            let mut s = self.lock();
+            s.faults.trip("note_duplicate", key.as_str(), "dynamodb")?;
+            s.records.get_mut(key.as_str()).ok_or_else(refused)?.duplicates += 1;
+            Ok(())
+        }
+
+        async fn flag_conflict(&self, key: &EventKey, _other_hash: &str, _at_ms: i64) -> Result<(), PortError> {
+            let mut s = self.lock();
+            s.faults.trip("flag_conflict", key.as_str(), "dynamodb")?;
+            let r = s.records.get_mut(key.as_str()).ok_or_else(refused)?;
+            r.conflicts += 1;
+            r.duplicates += 1;
+            Ok(())
+        }
+    }
+
+    impl DueLedger for MemLedger {
+        fn shards(&self) -> u32 {
+            SHARDS
+        }
+
+        async fn due_records(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<DueRecord>, PortError> {
+            let mut s = self.lock();
+            s.faults.trip("due_records", "", "dynamodb")?;
+            let due = s
+                .records
+                .iter()
+                .filter_map(|(pk, r)| match r.due_at {
+                    Some(at) if r.shard == shard && at <= up_to => Some((
+                        at,
+                        pk.clone(),
+                        DueRecord {
+                            key: EventKey::from_stored(pk)?,
+                            status: r.status,
+                            enqueued: r.enqueued_at.is_some(),
+                            due_at_ms: at,
+                        },
+                    )),
+                    _ => None,
+                })
+                .collect();
+            Ok(page(due, limit))
+        }
+
+        async fn due_drift(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<DriftItem>, PortError> {
+            let mut s = self.lock();
+            s.faults.trip("due_drift", "", "dynamodb")?;
+            let due = s
+                .ents
+                .iter()
+                .filter(|(_, e)| e.shard == shard && e.item.due_at_ms <= up_to)
+                .map(|(pk, e)| (e.item.due_at_ms, pk.clone(), e.item.clone()))
+                .collect();
+            Ok(page(due, limit))
+        }
+
+        async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {
+            let pk = pk_of(&item);
+            let mut s = self.lock();
+            s.faults.trip("claim_due", pk, "dynamodb")?;
+            if let Some(theirs) = s.races.remove(pk) {
+                // Another run read the same item and its claim landed first.
+                s.claim_due(pk, seen, theirs, "another-run");
+            }
+            s.tokens += 1;
+            let token = format!("claim-{}", s.tokens);
+            if !s.claim_due(pk, seen, next, &token) {
+                return Ok(None);
+            }
+            self.log.push(format!("claim_due {pk}"));
+            Ok(Some(token))
+        }
+
+        async fn reschedule(&self, item: DueItem<'_>, token: &str, at: i64) -> Result<(), PortError> {
+            let pk = pk_of(&item);
+            let mut s = self.lock();
+            s.faults.trip("reschedule", pk, "dynamodb")?;
+            // `conditions::reschedule`: only while the claim token is still ours.
+            let mut applied = false;
+            if let Some(r) = s.records.get_mut(pk) {
+                if r.claim_token.as_deref() == Some(token) {
+                    r.due_at = Some(at);
+                    applied = true;
+                }
+            } else if let Some(e) = s.ents.get_mut(pk) {
+                if e.claim_token.as_deref() == Some(token) {
+                    e.item.due_at_ms = at;
+                    applied = true;
+                }
+            }
+            if applied {
+                self.log.push(format!("reschedule {pk}"));
+            }
+            Ok(())
+        }
+
+        async fn note_enqueued(&self, key: &EventKey, now_ms: i64) -> Result<(), PortError> {
+            let mut s = self.lock();
+            s.faults.trip("note_enqueued", key.as_str(), "dynamodb")?;
+            // `conditions::note_redriven`: keeps an earlier note; a record gone is no error.
+            if let Some(r) = s.records.get_mut(key.as_str()) {
+                if r.enqueued_at.is_none() {
+                    r.enqueued_at = Some(now_ms);
+                    self.log.push(format!("note_enqueued {key}"));
+                }
+            }
+            Ok(())
+        }
+
+        async fn count(&self, status: Status) -> Result<u64, PortError> {
+            let mut s = self.lock();
+            s.faults.trip("count", status.as_str(), "dynamodb")?;
+            Ok(s.records.values().filter(|r| r.status == status).count() as u64)
+        }
+
+        async fn oldest_open(&self) -> Result<Option<i64>, PortError> {
+            let mut s = self.lock();
+            s.faults.trip("oldest_open", "", "dynamodb")?;
+            let open = [Status::Received, Status::Retryable, Status::Processing];
+            Ok(s.records.values().filter(|r| open.contains(&r.status)).map(|r| r.received_at).min())
+        }
+    }
+
+    // -------------------------------------------------------------- the queue
+
+    #[derive(Default)]
+    struct Sends {
+        attempts: Vec<String>,
+        /// Outcomes of the next sends, in order (`None`: sent); then `faults`.
+        script: VecDeque<Option<Fail>>,
+        faults: Faults,
+    }
+
+    #[derive(Clone)]
+    struct MemQueue {
+        state: Arc<Mutex<Sends>>,
+        log: Log,
+    }
+
+    impl WorkQueue for MemQueue {
+        async fn send(&self, key: &EventKey) -> Result<(), PortError> {
+            let mut q = self.state.lock().unwrap();
+            q.attempts.push(key.to_string());
+            if let Some(Some(kind)) = q.script.pop_front() {
+                return Err(kind.error("sqs"));
+            }
+            q.faults.trip("send", key.as_str(), "sqs")?;
+            self.log.push(format!("send {key}"));
+            Ok(())
+        }
+    }
+
+    // --------------------------------------------------------- the dispatcher
+
+    enum Step {
+        Out(Dispatched),
+        Fail(Fail),
+    }
+
+    fn retrying() -> Step {
+        Step::Out(Dispatched::Retrying { attempts: 2, error: "sns down".into() })
+    }
+
+    struct OutItem {
+        shard: u32,
+        /// In the `out#…` index while set.
+        due_at: Option<i64>,
+        /// Outcomes of the next dispatches (then `Published`).
+        script: VecDeque<Step>,
+    }
+
+    #[derive(Default)]
+    struct Outbox {
+        items: BTreeMap<String, OutItem>,
+        dead: u64,
+        faults: Faults,
+    }
+
+    #[derive(Clone)]
+    struct MemDispatch {
+        state: Arc<Mutex<Outbox>>,
+        log: Log,
+    }
+
+    impl Dispatch for MemDispatch {
+        async fn dispatch(&self, id: &str, now_ms: i64) -> Result<Dispatched, PortError> {
+            let mut o = self.state.lock().unwrap();
+            let Outbox { items, dead, .. } = &mut *o;
+            let Some(item) = items.get_mut(id) else { return Ok(Dispatched::Skipped) };
+            self.log.push(format!("dispatch {id}"));
+            let outcome = match item.script.pop_front().unwrap_or(Step::Out(Dispatched::Published)) {
+                Step::Fail(kind) => return Err(kind.error("dynamodb")),
+                Step::Out(outcome) => outcome,
+            };
+            match outcome {
+                Dispatched::Published => item.due_at = None,
+                Dispatched::Retrying { .. } => item.due_at = Some(now_ms + 60_000),
+                Dispatched::Dead { .. } => {
+                    item.due_at = None;
+                    *dead += 1;
+                }
+                // Claimed by a live dispatcher meanwhile: due at its claim's lapse.
+                Dispatched::Skipped => item.due_at = Some(now_ms + 30_000),
+            }
+            Ok(outcome)
+        }
+
+        async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
+            let mut o = self.state.lock().unwrap();
+            o.faults.trip("out_due", "", "dynamodb")?;
+            let due = o
+                .items
+                .iter()
+                .filter_map(|(id, i)| match i.due_at {
+                    Some(at) if i.shard == shard && at <= up_to => Some((at, id.clone(), id.clone())),
+                    _ => None,
+                })
+                .collect();
+            Ok(page(due, limit))
+        }
+
+        async fn count_dead(&self, _shards: u32) -> Result<u64, PortError> {
+            let mut o = self.state.lock().unwrap();
+            o.faults.trip("count_dead", "", "dynamodb")?;
+            Ok(o.dead)
+        }
+    }
+
+    // ----------------------------------------------------------- the provider
+
+    #[derive(Debug, Clone)]
+    enum Answer {
+        Is(&'static str, i64),
+        Gone,
+        Down,
+    }
+
+    struct MemSource {
+        answers: Mutex<HashMap<String, Answer>>,
+        log: Log,
+    }
+
+    impl SubscriptionSource for MemSource {
+        fn subscription<'a>(&'a self, id: &'a str) -> SubscriptionFuture<'a> {
+            Box::pin(async move {
+                self.log.push(format!("fetch {id}"));
+                let answer = self.answers.lock().unwrap().get(id).cloned().unwrap_or(Answer::Gone);
+                match answer {
+                    Answer::Is(status, seats) => Ok(Fetched {
+                        object: Some(Subscription {
+                            id: id.to_owned(),
+                            customer: "cus_1".into(),
+                            status: status.into(),
+                            seats,
+                        }),
+                        version: 1,
+                    }),
+                    Answer::Gone => Ok(Fetched { object: None, version: 1 }),
+                    Answer::Down => Err(ProviderError::Unavailable("injected".into())),
+                }
+            })
+        }
+    }
+
+    // -------------------------------------------------------------- the world
+
+    struct World {
+        ledger: MemLedger,
+        queue: MemQueue,
+        outbox: MemDispatch,
+        source: Arc<MemSource>,
+        log: Log,
+        settings: ReconcilerSettings,
+    }
+
+    impl World {
+        fn new() -> Self {
+            let log = Log::default();
+            Self {
+                ledger: MemLedger { store: Arc::default(), log: log.clone() },
+                queue: MemQueue { state: Arc::default(), log: log.clone() },
+                outbox: MemDispatch { state: Arc::default(), log: log.clone() },
+                source: Arc::new(MemSource { answers: Mutex::default(), log: log.clone() }),
+                log,
+                settings: settings(),
+            }
+        }
+
+        fn with(settings: ReconcilerSettings) -> Self {
+            Self { settings, ..Self::new() }
+        }
+
+        fn reconciler(&self) -> Reconciler<MemQueue, MemLedger, MemDispatch> {
+            let source: Arc<dyn SubscriptionSource> = self.source.clone();
+            Reconciler::new(
+                self.ledger.clone(),
+                self.queue.clone(),
+                Some(self.outbox.clone()),
+                Some(source),
+                self.settings,
+            )
+        }
+
+        async fn run(&self, now_ms: i64) -> Summary {
+            self.reconciler().run(now_ms, far()).await
+        }
+
+        /// A ledger record in the `due` index (`enqueued_at`: sent then).
+        fn record(&self, id: &str, status: Status, enqueued_at: Option<i64>, due_at: i64) -> EventKey {
+            let k = key(id);
+            let mut rec = Rec::new(status, k.shard(SHARDS), due_at - REDRIVE_GRACE_MS);
+            rec.due_at = (!status.is_terminal()).then_some(due_at);
+            rec.enqueued_at = enqueued_at;
+            self.ledger.lock().records.insert(k.as_str().to_owned(), rec);
+            k
+        }
+
+        fn rec(&self, k: &EventKey) -> Rec {
+            self.ledger.lock().records.get(k.as_str()).cloned().expect("record")
+        }
+
+        fn records(&self) -> usize {
+            self.ledger.lock().records.len()
+        }
+
+        /// An entitlement last checked long ago, locally `status`/`seats`.
+        fn entitlement(&self, sub: &str, status: &str, seats: i64) -> String {
+            let pk = format!("ent#{sub}");
+            let item = DriftItem {
+                pk: pk.clone(),
+                due_at_ms: NOW - self.settings.drift_interval_ms - 10,
+                subscription: sub.into(),
+                customer: "cus_1".into(),
+                endpoint: "billing".into(),
+                tenant: "t1".into(),
+                event_id: format!("evt_local_{sub}"),
+                status: Some(status.into()),
+                seats: Some(seats),
+            };
+            self.ledger.lock().ents.insert(pk.clone(), Ent { item, shard: shard_of(sub, SHARDS), claim_token: None });
+            pk
+        }
+
+        fn ent(&self, pk: &str) -> DriftItem {
+            self.ledger.lock().ents.get(pk).map(|e| e.item.clone()).expect("entitlement")
+        }
+
+        fn answer(&self, sub: &str, answer: Answer) {
+            self.source.answers.lock().unwrap().insert(sub.into(), answer);
+        }
+
+        fn outbox_item(&self, id: &str, due_at: i64, script: Vec<Step>) {
+            let item = OutItem { shard: shard_of(id, SHARDS), due_at: Some(due_at), script: script.into() };
+            self.outbox.state.lock().unwrap().items.insert(id.into(), item);
+        }
+
+        /// Makes the next `times` ledger calls of `op` fail.
+        fn fail(&self, op: &'static str, on: Option<&str>, times: u32, kind: Fail) {
+            self.ledger.lock().faults.add(op, on, times, kind);
+        }
+
+        /// Another run claims `pk` just before this one, moving it to `theirs`.
+        fn race(&self, pk: &str, theirs: i64) {
+            self.ledger.lock().races.insert(pk.into(), theirs);
+        }
+
+        fn script_sends(&self, outcomes: impl IntoIterator<Item = Option<Fail>>) {
+            self.queue.state.lock().unwrap().script.extend(outcomes);
+        }
+
+        fn fail_send(&self, on: &str, times: u32, kind: Fail) {
+            self.queue.state.lock().unwrap().faults.add("send", Some(on), times, kind);
+        }
+
+        fn sent(&self) -> Vec<String> {
+            self.log.ops("send")
+        }
+
+        fn attempts(&self) -> Vec<String> {
+            self.queue.state.lock().unwrap().attempts.clone()
+        }
+
+        fn dispatched(&self) -> Vec<String> {
+            self.log.ops("dispatch")
+        }
+
+        /// The redrive phase's records (and whatever else) are due; one
+        /// outbox item and one drifted entitlement wait behind them.
+        fn other_phases(&self) -> String {
+            self.outbox_item("out_1", NOW - GRACE - 1, vec![]);
+            let pk = self.entitlement("sub_other", "active", 1);
+            self.answer("sub_other", Answer::Is("active", 2));
+            pk
+        }
+    }
+
+    /// The repair record's key for a drift instance (`recon:<sub>:<hash>`).
+    fn repair_key(local_event: &str, sub: &str, status: &str, seats: i64) -> EventKey {
+        let instance = payload_hash(format!("{local_event}|{status}|{seats}").as_bytes());
+        EventKey::new("stripe", "billing", &format!("recon:{sub}:{}", &instance[..16]))
+    }
+
+    fn s(k: &EventKey) -> String {
+        k.to_string()
+    }
+
+    // ------------------------------------------------------- re-drive selection
+
+    #[tokio::test]
+    async fn never_sent_record_is_sent_then_noted_enqueued() {
+        let w = World::new();
+        let k = w.record("evt_1", Status::Received, None, NOW - 1);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.log.entries(), [format!("claim_due {k}"), format!("send {k}"), format!("note_enqueued {k}")]);
+        assert_eq!(w.rec(&k).enqueued_at, Some(NOW));
+        assert_eq!(summary.redriven, counts(&[("never_sent", 1)]));
+        assert!(summary.complete && summary.errors.is_empty() && summary.evidence, "{summary:?}");
+    }
+
+    #[tokio::test]
+    async fn sent_but_not_picked_up_record_is_sent_again_without_a_new_note() {
+        let w = World::new();
+        let k = w.record("evt_1", Status::Received, Some(NOW - 100_000), NOW - 1);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.sent(), [s(&k)]);
+        assert!(w.log.ops("note_enqueued").is_empty());
+        assert_eq!(w.rec(&k).enqueued_at, Some(NOW - 100_000), "the first send time is kept");
+        assert_eq!(summary.redriven, counts(&[("not_picked_up", 1)]));
+    }
+
+    #[tokio::test]
+    async fn expired_lease_is_redriven_and_counted_as_stuck() {
+        let w = World::new();
+        let k = w.record("evt_1", Status::Processing, Some(NOW - 100_000), NOW - 1);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.sent(), [s(&k)]);
+        assert_eq!(w.rec(&k).status, Status::Processing, "the reconciler never changes a status");
+        assert_eq!(summary.stuck_leases, 1);
+        assert_eq!(summary.redriven, counts(&[("lease_expired", 1)]));
+    }
+
+    #[tokio::test]
+    async fn due_retry_is_redriven() {
+        let w = World::new();
+        let k = w.record("evt_1", Status::Retryable, Some(NOW - 100_000), NOW - 1);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.sent(), [s(&k)]);
+        assert_eq!(summary.redriven, counts(&[("retry_due", 1)]));
+        assert_eq!(summary.stuck_leases, 0);
+    }
+
+    #[tokio::test]
+    async fn records_not_yet_due_are_left_untouched() {
+        let w = World::new();
+        let later: Vec<EventKey> = [Status::Received, Status::Processing, Status::Retryable]
+            .into_iter()
+            .enumerate()
+            .map(|(i, st)| w.record(&format!("evt_later_{i}"), st, Some(NOW - 1), NOW + 1))
+            .collect();
+        let never_sent_later = w.record("evt_later_new", Status::Received, None, NOW + 1);
+        let due_now = w.record("evt_now", Status::Received, None, NOW);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.sent(), [s(&due_now)], "due at `now` is due, one ms later is not");
+        for k in later.iter().chain([&never_sent_later]) {
+            let r = w.rec(k);
+            assert_eq!((r.due_at, r.redrives, r.claim_token.as_deref()), (Some(NOW + 1), 0, None), "{k}");
+        }
+        assert_eq!(w.rec(&never_sent_later).enqueued_at, None);
+        assert_eq!(summary.redriven, counts(&[("never_sent", 1)]));
+    }
+
+    #[tokio::test]
+    async fn every_claimed_record_is_looked_at_again_after_the_backoff() {
+        let w = World::new();
+        let keys = [
+            w.record("evt_1", Status::Received, None, NOW - 5),
+            w.record("evt_2", Status::Received, Some(NOW - 90_000), NOW - 4),
+            w.record("evt_3", Status::Processing, Some(NOW - 90_000), NOW - 3),
+            w.record("evt_4", Status::Retryable, Some(NOW - 90_000), NOW - 2),
+        ];
+        let summary = w.run(NOW).await;
+        for k in &keys {
+            let r = w.rec(k);
+            assert_eq!(r.due_at, Some(NOW + BACKOFF), "{k}");
+            assert!(r.claim_token.is_some() && r.redrives == 1, "{k}: {r:?}");
+        }
+        let mut sent = w.sent();
+        sent.sort();
+        assert_eq!(sent, keys.iter().map(s).collect::<Vec<_>>());
+        assert_eq!(summary.redriven.values().sum::<u64>(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_record_claimed_by_a_concurrent_run_is_not_sent() {
+        let w = World::new();
+        let theirs = w.record("evt_a", Status::Received, None, NOW - 2);
+        let ours = w.record("evt_b", Status::Retryable, Some(NOW - 90_000), NOW - 1);
+        w.race(theirs.as_str(), NOW + 7);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.sent(), [s(&ours)]);
+        let r = w.rec(&theirs);
+        assert_eq!((r.due_at, r.claim_token.as_deref()), (Some(NOW + 7), Some("another-run")), "their claim stands");
+        assert_eq!(r.enqueued_at, None, "not noted by a run that did not send it");
+        assert_eq!(summary.redriven, counts(&[("retry_due", 1)]));
+        assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
+    }
+
+    #[tokio::test]
+    async fn a_second_run_at_the_same_time_finds_nothing_to_do() {
+        let w = World::new();
+        w.record("evt_1", Status::Received, None, NOW - 3);
+        w.record("evt_2", Status::Processing, Some(NOW - 90_000), NOW - 2);
+        w.record("evt_3", Status::Retryable, Some(NOW - 90_000), NOW - 1);
+        let first = w.run(NOW).await;
+        assert_eq!(first.redriven.values().sum::<u64>(), 3);
+        w.log.clear();
+        let second = w.run(NOW).await;
+        assert!(w.log.entries().is_empty(), "{:?}", w.log.entries());
+        assert!(second.redriven.is_empty() && second.stuck_leases == 0, "{second:?}");
+        assert!(second.complete && second.errors.is_empty(), "{second:?}");
+    }
+
+    #[tokio::test]
+    async fn a_run_after_the_backoff_sends_again_what_is_still_not_done() {
+        let w = World::new();
+        let never_sent = w.record("evt_1", Status::Received, None, NOW - 2);
+        let stuck = w.record("evt_2", Status::Processing, Some(NOW - 90_000), NOW - 1);
+        w.run(NOW).await;
+        w.log.clear();
+        assert!(w.run(NOW + BACKOFF - 1).await.redriven.is_empty());
+        let again = w.run(NOW + BACKOFF).await;
+        let mut sent = w.sent();
+        sent.sort();
+        assert_eq!(sent, [s(&never_sent), s(&stuck)]);
+        // Noted at its first re-drive, it is now "sent, not picked up", and keeps its note.
+        assert_eq!(again.redriven, counts(&[("lease_expired", 1), ("not_picked_up", 1)]));
+        assert_eq!(w.rec(&never_sent).enqueued_at, Some(NOW));
+        assert_eq!(w.rec(&never_sent).due_at, Some(NOW + 2 * BACKOFF));
+    }
+
+    #[tokio::test]
+    async fn redrive_pages_through_a_shard_larger_than_one_page() {
+        let w = World::new();
+        let ids = ids_in_shard(2, 150);
+        for (i, id) in ids.iter().enumerate() {
+            w.record(id, Status::Received, Some(NOW - 90_000), NOW - 1 - i as i64);
+        }
+        let summary = w.run(NOW).await;
+        let sent: HashSet<String> = w.sent().into_iter().collect();
+        assert_eq!((w.sent().len(), sent.len()), (150, 150), "each sent once");
+        assert_eq!(summary.redriven, counts(&[("not_picked_up", 150)]));
+        assert!(summary.complete);
+    }
+
+    // ------------------------------------------------------- failure isolation
+
+    #[tokio::test]
+    async fn a_failed_send_is_counted_and_the_record_stays_due() {
+        let w = World::new();
+        let failing = w.record("evt_a", Status::Received, None, NOW - 3);
+        let others = [
+            w.record("evt_b", Status::Retryable, Some(1), NOW - 2),
+            w.record("evt_c", Status::Retryable, Some(1), NOW - 1),
+        ];
+        w.fail_send(failing.as_str(), 1, Fail::Down);
+        let summary = w.run(NOW).await;
+        let mut sent = w.sent();
+        sent.sort();
+        assert_eq!(sent, others.iter().map(s).collect::<Vec<_>>());
+        assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+        assert_eq!(summary.redriven, counts(&[("retry_due", 2)]));
+        assert!(summary.complete, "one failure does not stop the phase: {summary:?}");
+        let r = w.rec(&failing);
+        assert_eq!((r.enqueued_at, r.due_at), (None, Some(NOW + BACKOFF)), "not noted, due after the backoff");
+
+        w.log.clear();
+        let next = w.run(NOW + BACKOFF).await;
+        assert!(w.sent().contains(&s(&failing)));
+        assert_eq!(w.rec(&failing).enqueued_at, Some(NOW + BACKOFF));
+        assert_eq!(next.redriven.get("never_sent"), Some(&1));
+        assert!(next.errors.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_throttled_send_stops_the_redrive_phase_but_outbox_and_drift_still_run() {
+        let w = World::new();
+        let keys: Vec<EventKey> =
+            (0..3).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
+        w.other_phases();
+        w.script_sends([Some(Fail::Throttled)]);
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+        assert!(!summary.complete);
+        assert!(summary.redriven.is_empty());
+        let claimed = keys.iter().filter(|k| w.rec(k).claim_token.is_some()).count();
+        assert_eq!(claimed, 1, "nothing after the throttled send is claimed");
+        assert_eq!(w.attempts().len(), 2, "the throttled re-drive, then the drift repair");
+        assert_eq!(summary.outbox_republished, 1);
+        assert_eq!((summary.drift_checked, summary.drift_repaired), (1, 1));
+        assert!(summary.evidence);
+    }
+
+    #[tokio::test]
+    async fn max_consecutive_errors_in_a_row_stop_the_redrive_phase() {
+        let w = World::new();
+        let keys: Vec<EventKey> =
+            (0..7).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
+        w.other_phases();
+        w.script_sends((0..MAX_CONSECUTIVE_ERRORS).map(|_| Some(Fail::Down)));
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.errors, counts(&[("redrive", u64::from(MAX_CONSECUTIVE_ERRORS))]));
+        assert!(!summary.complete);
+        let claimed = keys.iter().filter(|k| w.rec(k).claim_token.is_some()).count();
+        assert_eq!(claimed, MAX_CONSECUTIVE_ERRORS as usize, "the rest is left for the next run");
+        assert_eq!(summary.outbox_republished, 1);
+        assert_eq!((summary.drift_checked, summary.drift_repaired), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn failures_not_in_a_row_do_not_stop_the_phase() {
+        let w = World::new();
+        for i in 0..10 {
+            w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i);
+        }
+        let down = Some(Fail::Down);
+        w.script_sends([down, down, down, down, None, down, down, down, down, None]);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.attempts().len(), 10);
+        assert_eq!(summary.errors, counts(&[("redrive", 8)]));
+        assert_eq!(summary.redriven, counts(&[("not_picked_up", 2)]));
+        assert!(summary.complete, "{summary:?}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_claim_is_counted_and_the_record_is_not_sent() {
+        let w = World::new();
+        // Alone in its shard, so its page holds nothing else.
+        let failing = w.record(&ids_in_shard(0, 1)[0], Status::Received, None, NOW - 1);
+        let other = w.record(&ids_in_shard(1, 1)[0], Status::Received, None, NOW - 1);
+        w.fail("claim_due", Some(failing.as_str()), ALWAYS, Fail::Down);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.sent(), [s(&other)]);
+        assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+        let r = w.rec(&failing);
+        assert_eq!((r.due_at, r.enqueued_at), (Some(NOW - 1), None), "still due");
+        assert!(summary.complete);
+    }
+
+    #[tokio::test]
+    #[ignore = "suspected bug: a failed claim/dispatch leaves the item in range, so each further page of the \
+                same shard in the same run tries it again and counts it again"]
+    async fn a_failed_claim_is_tried_and_counted_once_per_run() {
+        let w = World::new();
+        let ids = ids_in_shard(0, 2);
+        let failing = w.record(&ids[0], Status::Received, None, NOW - 2);
+        w.record(&ids[1], Status::Received, None, NOW - 1);
+        w.fail("claim_due", Some(failing.as_str()), ALWAYS, Fail::Down);
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+    }
+
+    #[tokio::test]
+    async fn a_failed_note_is_counted_and_the_record_is_sent_again_later() {
+        let w = World::new();
+        let k = w.record("evt_1", Status::Received, None, NOW - 1);
+        w.fail("note_enqueued", None, 1, Fail::Down);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.sent(), [s(&k)]);
+        assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+        assert_eq!(summary.redriven, counts(&[("never_sent", 1)]), "it was sent");
+        assert_eq!(w.rec(&k).enqueued_at, None);
+        let next = w.run(NOW + BACKOFF).await;
+        assert_eq!(w.sent(), [s(&k), s(&k)]);
+        assert_eq!(next.redriven, counts(&[("never_sent", 1)]));
+        assert_eq!(w.rec(&k).enqueued_at, Some(NOW + BACKOFF));
+    }
+
+    #[tokio::test]
+    async fn a_failing_due_query_counts_an_error_for_its_phase_and_the_run_goes_on() {
+        for (op, phase) in [("due_records", "redrive"), ("out_due", "outbox"), ("due_drift", "drift")] {
+            let w = World::new();
+            w.record("evt_1", Status::Retryable, Some(1), NOW - 1);
+            w.other_phases();
+            if op == "out_due" {
+                w.outbox.state.lock().unwrap().faults.add(op, None, ALWAYS, Fail::Down);
+            } else {
+                w.fail(op, None, ALWAYS, Fail::Down);
+            }
+            let summary = w.run(NOW).await;
+            assert_eq!(summary.errors, counts(&[(phase, 1)]), "{op}");
+            assert!(!summary.complete, "{op}");
+            assert_eq!(summary.redriven.values().sum::<u64>(), u64::from(phase != "redrive"), "{op}");
+            assert_eq!(summary.outbox_republished, u64::from(phase != "outbox"), "{op}");
+            assert_eq!(summary.drift_checked, u64::from(phase != "drift"), "{op}");
+            assert!(summary.evidence, "{op}");
+        }
+    }
+
+    // ------------------------------------------------------------------ budget
+
+    #[tokio::test]
+    async fn max_items_bounds_the_actions_and_the_following_runs_continue() {
+        let w = World::with(ReconcilerSettings { max_items: 2, ..settings() });
+        let keys: Vec<EventKey> =
+            (0..5).map(|i| w.record(&format!("evt_{i}"), Status::Received, None, NOW - 1 - i)).collect();
+        let first = w.run(NOW).await;
+        assert_eq!((w.sent().len(), first.complete), (2, false));
+        let second = w.run(NOW).await;
+        assert_eq!((w.sent().len(), second.complete), (4, false));
+        let third = w.run(NOW).await;
+        assert_eq!((w.sent().len(), third.complete), (5, true));
+        let mut sent = w.sent();
+        sent.sort();
+        assert_eq!(sent, keys.iter().map(s).collect::<Vec<_>>(), "each once, none lost");
+        assert!(first.errors.is_empty() && second.errors.is_empty() && third.errors.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_budget_is_shared_by_the_phases() {
+        let w = World::with(ReconcilerSettings { max_items: 3, ..settings() });
+        w.record("evt_1", Status::Received, None, NOW - 2);
+        w.record("evt_2", Status::Received, None, NOW - 1);
+        w.outbox_item("out_1", NOW - GRACE - 2, vec![]);
+        w.outbox_item("out_2", NOW - GRACE - 1, vec![]);
+        w.entitlement("sub_1", "active", 1);
+        w.answer("sub_1", Answer::Is("active", 1));
+        let first = w.run(NOW).await;
+        assert_eq!(first.redriven.values().sum::<u64>(), 2);
+        assert_eq!((first.outbox_republished, first.drift_checked, first.complete), (1, 0, false));
+        let second = w.run(NOW).await;
+        assert!(second.redriven.is_empty());
+        assert_eq!((second.outbox_republished, second.drift_checked, second.complete), (1, 1, true));
+    }
+
+    #[tokio::test]
+    async fn a_passed_deadline_acts_on_nothing_but_evidence_is_gathered() {
+        let w = World::new();
+        w.record("evt_1", Status::Received, None, NOW - 1);
+        w.record("evt_dead", Status::Dead, None, NOW - 1);
+        w.other_phases();
+        let summary = w.reconciler().run(NOW, Instant::now()).await;
+        assert!(w.log.entries().is_empty(), "{:?}", w.log.entries());
+        assert!(!summary.complete && summary.errors.is_empty(), "{summary:?}");
+        assert!(summary.evidence && summary.dead_letters == 1, "{summary:?}");
+    }
+
+    // ------------------------------------------------------------------ outbox
+
+    #[tokio::test]
+    async fn due_outbox_items_are_dispatched_and_their_outcomes_counted() {
+        let w = World::new();
+        let old = NOW - GRACE - 10;
+        w.outbox_item("out_published", old, vec![]);
+        w.outbox_item("out_retrying", old, vec![retrying()]);
+        w.outbox_item("out_dead", old, vec![Step::Out(Dispatched::Dead { attempts: 9, error: "gone".into() })]);
+        w.outbox_item("out_skipped", old, vec![Step::Out(Dispatched::Skipped), Step::Out(Dispatched::Skipped)]);
+        w.outbox_item("out_young", NOW - GRACE + 1, vec![]);
+        let summary = w.run(NOW).await;
+        let dispatched: HashSet<String> = w.dispatched().into_iter().collect();
+        let expected = ["out_published", "out_retrying", "out_dead", "out_skipped"].map(str::to_owned);
+        assert_eq!(dispatched, HashSet::from(expected), "younger than the grace: left to its processor");
+        assert_eq!(summary.outbox_republished, 1);
+        assert_eq!((summary.outbox_failed, summary.outbox_dead_lettered), (2, 1));
+        assert_eq!(summary.errors, counts(&[("outbox", 2)]), "each failed publish is an item failure");
+        assert_eq!(summary.outbox_dead, 1, "evidence: the dead item");
+        assert!(summary.complete, "{summary:?}");
+    }
+
+    #[tokio::test]
+    async fn skipped_outbox_items_spend_no_budget() {
+        let w = World::with(ReconcilerSettings { max_items: 1, ..settings() });
+        let in_shard = |shard| (0..).map(|i| format!("out_{i}")).find(|id| shard_of(id, SHARDS) == shard);
+        let (skipped, published) = (in_shard(0).expect("id"), in_shard(1).expect("id"));
+        w.outbox_item(&skipped, NOW - GRACE - 2, vec![Step::Out(Dispatched::Skipped)]);
+        w.outbox_item(&published, NOW - GRACE - 1, vec![]);
+        let summary = w.run(NOW).await;
+        assert_eq!(w.dispatched(), [skipped, published]);
+        assert_eq!((summary.outbox_republished, summary.outbox_failed), (1, 0));
+        assert!(summary.errors.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_dispatch_is_counted_and_the_item_stays_due() {
+        let w = World::new();
+        w.outbox_item("out_1", NOW - GRACE - 1, vec![Step::Fail(Fail::Down)]);
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.errors, counts(&[("outbox", 1)]));
+        assert_eq!((summary.outbox_republished, summary.outbox_failed), (0, 0), "nothing was published");
+        assert!(summary.complete, "{summary:?}");
+        let next = w.run(NOW).await;
+        assert_eq!(next.outbox_republished, 1, "still due: the next run publishes it");
+        assert_eq!(w.dispatched(), ["out_1", "out_1"]);
+    }
+
+    #[tokio::test]
+    async fn failed_publishes_in_a_row_stop_the_outbox_phase() {
+        let w = World::new();
+        for i in 0..7 {
+            w.outbox_item(&format!("out_{i}"), NOW - GRACE - 1 - i, vec![retrying()]);
+        }
+        w.entitlement("sub_1", "active", 1);
+        w.answer("sub_1", Answer::Is("active", 1));
+        let summary = w.run(NOW).await;
+        assert_eq!(w.dispatched().len(), MAX_CONSECUTIVE_ERRORS as usize);
+        assert_eq!(summary.outbox_failed, u64::from(MAX_CONSECUTIVE_ERRORS));
+        assert_eq!(summary.errors, counts(&[("outbox", u64::from(MAX_CONSECUTIVE_ERRORS))]));
+        assert!(!summary.complete);
+        assert_eq!(summary.drift_checked, 1, "the drift phase still runs");
+    }
+
+    #[tokio::test]
+    async fn without_a_dispatcher_the_outbox_phase_is_skipped() {
+        let w = World::new();
+        w.outbox_item("out_1", NOW - GRACE - 1, vec![]);
+        w.outbox.state.lock().unwrap().dead = 4;
+        let recon: Reconciler<MemQueue, MemLedger, MemDispatch> =
+            Reconciler::new(w.ledger.clone(), w.queue.clone(), None, None, w.settings);
+        let summary = recon.run(NOW, far()).await;
+        assert!(w.dispatched().is_empty());
+        assert_eq!((summary.outbox_republished, summary.outbox_dead), (0, 0));
+        assert!(summary.complete && summary.evidence, "{summary:?}");
+    }
+
+    // ------------------------------------------------------------------- drift
+
+    #[tokio::test]
+    async fn drift_creates_one_reconciliation_record_and_sends_it() {
+        let w = World::new();
+        let pk = w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Is("active", 7));
+        let summary = w.run(NOW).await;
+        let k = repair_key("evt_local_sub_1", "sub_1", "active", 7);
+        assert_eq!(
+            w.log.entries(),
+            [
+                format!("claim_due {pk}"),
+                "fetch sub_1".into(),
+                format!("claim {k}"),
+                format!("store_payload {k}"),
+                format!("send {k}"),
+                format!("mark_enqueued {k}"),
+            ]
+        );
+        assert_eq!(w.records(), 1);
+        let r = w.rec(&k);
+        assert_eq!((r.status, r.payload_stored, r.enqueued_at), (Status::Received, true, Some(NOW)));
+        assert_eq!((r.shard, r.due_at), (k.shard(SHARDS), Some(NOW + REDRIVE_GRACE_MS)));
+        let body = w.ledger.lock().payloads.get(&(s(&k), r.payload_hash.clone())).cloned().expect("payload");
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let event_id = k.as_str().rsplit('#').next().unwrap();
+        assert_eq!(body["id"], event_id);
+        assert_eq!(body["type"], "customer.subscription.reconciled");
+        assert_eq!(body["data"]["object"]["id"], "sub_1");
+        assert_eq!(body["data"]["object"]["customer"], "cus_1");
+        assert_eq!(r.payload_hash, payload_hash(&serde_json::to_vec(&body).unwrap()));
+        assert_eq!(w.ent(&pk).due_at_ms, NOW, "checked now: next look after another interval");
+        assert_eq!((summary.drift_checked, summary.drift_found, summary.drift_repaired), (1, 1, 1));
+        assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
+    }
+
+    #[tokio::test]
+    async fn checking_the_same_drift_again_meets_its_own_record_and_does_not_send_twice() {
+        // A short interval, so the second check comes before the repair is due for a re-drive.
+        let w = World::with(ReconcilerSettings { drift_interval_ms: 10_000, ..settings() });
+        w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Is("active", 7));
+        w.run(NOW).await;
+        assert_eq!(w.run(NOW + 10_000).await.drift_checked, 0, "checked at `now`: not again within the interval");
+        let again = w.run(NOW + 10_001).await;
+        assert_eq!(again.drift_checked, 1);
+        let k = repair_key("evt_local_sub_1", "sub_1", "active", 7);
+        assert_eq!(w.sent(), [s(&k)], "one repair, sent once");
+        assert_eq!(w.records(), 1);
+        assert_eq!(w.log.count(&format!("mark_enqueued {k}")), 1);
+        assert!(again.errors.is_empty(), "{again:?}");
+    }
+
+    #[tokio::test]
+    #[ignore = "suspected bug: Summary::drift_repaired counts a drift whose repair an earlier run already \
+                submitted (no claim, no send this run); the drift_repaired metric does not"]
+    async fn drift_repaired_counts_only_repairs_submitted_by_this_run() {
+        let w = World::with(ReconcilerSettings { drift_interval_ms: 10_000, ..settings() });
+        w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Is("active", 7));
+        w.run(NOW).await;
+        let again = w.run(NOW + 10_001).await;
+        assert_eq!(w.sent().len(), 1);
+        assert_eq!((again.drift_found, again.drift_repaired), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_check_whose_send_failed_sends_the_repair_on_its_retry() {
+        // A backoff shorter than the re-drive grace, so the drift check (not the re-drive) sends it.
+        let w = World::with(ReconcilerSettings { redrive_backoff_ms: 30_000, ..settings() });
+        let pk = w.entitlement("sub_1", "past_due", 3);
+        w.answer("sub_1", Answer::Is("active", 3));
+        let k = repair_key("evt_local_sub_1", "sub_1", "active", 3);
+        w.fail_send(k.as_str(), 1, Fail::Down);
+        let first = w.run(NOW).await;
+        assert_eq!(first.errors, counts(&[("drift", 1)]));
+        let r = w.rec(&k);
+        assert_eq!((r.payload_stored, r.enqueued_at), (true, None));
+        assert_eq!(w.ent(&pk).due_at_ms, NOW - INTERVAL + 30_000);
+        let retry = w.run(NOW + 30_001).await;
+        assert_eq!(retry.drift_checked, 1);
+        assert!(retry.redriven.is_empty(), "the repair itself is not due yet");
+        assert_eq!(w.sent(), [s(&k)]);
+        assert_eq!((w.records(), w.rec(&k).enqueued_at), (1, Some(NOW + 30_001)));
+        assert!(retry.errors.is_empty(), "{retry:?}");
+    }
+
+    #[tokio::test]
+    async fn a_check_that_died_before_storing_the_payload_stores_and_sends_it_on_its_retry() {
+        let w = World::with(ReconcilerSettings { redrive_backoff_ms: 30_000, ..settings() });
+        w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Gone);
+        let k = repair_key("evt_local_sub_1", "sub_1", "deleted", 0);
+        w.fail("store_payload", Some(k.as_str()), 1, Fail::Down);
+        let first = w.run(NOW).await;
+        assert_eq!(first.errors, counts(&[("drift", 1)]));
+        assert!(w.sent().is_empty());
+        assert!(!w.rec(&k).payload_stored);
+        w.run(NOW + 30_001).await;
+        assert!(w.rec(&k).payload_stored);
+        assert_eq!(w.sent(), [s(&k)]);
+        assert_eq!(w.records(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_new_drift_instance_gets_its_own_repair() {
+        let w = World::with(ReconcilerSettings { drift_interval_ms: 10_000, ..settings() });
+        w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Is("active", 7));
+        w.run(NOW).await;
+        w.answer("sub_1", Answer::Is("canceled", 0));
+        w.run(NOW + 10_001).await;
+        let first = repair_key("evt_local_sub_1", "sub_1", "active", 7);
+        let second = repair_key("evt_local_sub_1", "sub_1", "canceled", 0);
+        assert_ne!(first, second);
+        assert_eq!(w.sent(), [s(&first), s(&second)]);
+    }
+
+    #[tokio::test]
+    async fn equal_state_needs_no_repair() {
+        let w = World::new();
+        let pk = w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Is("active", 5));
+        let summary = w.run(NOW).await;
+        assert_eq!(w.log.entries(), [format!("claim_due {pk}"), "fetch sub_1".to_owned()]);
+        assert_eq!(w.records(), 0);
+        assert_eq!((summary.drift_checked, summary.drift_found, summary.drift_repaired), (1, 0, 0));
+        assert_eq!(w.ent(&pk).due_at_ms, NOW);
+    }
+
+    #[tokio::test]
+    async fn an_entitlement_without_subscription_or_endpoint_is_not_fetched() {
+        let w = World::new();
+        let pk = w.entitlement("sub_1", "active", 5);
+        w.ledger.lock().ents.get_mut(&pk).expect("ent").item.endpoint.clear();
+        let summary = w.run(NOW).await;
+        assert!(w.log.ops("fetch").is_empty());
+        assert_eq!((summary.drift_checked, summary.drift_found, w.records()), (1, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_provider_error_is_counted_and_the_check_retried_after_the_backoff() {
+        let w = World::new();
+        let pk = w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Down);
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.errors, counts(&[("drift", 1)]));
+        assert_eq!((summary.drift_checked, summary.drift_found), (1, 0));
+        assert!(summary.complete, "one failure does not stop the phase");
+        assert_eq!(w.ent(&pk).due_at_ms, NOW - INTERVAL + BACKOFF);
+        assert_eq!(w.log.ops("reschedule"), [pk.as_str()]);
+        assert_eq!(w.records(), 0);
+
+        w.answer("sub_1", Answer::Is("active", 5));
+        assert_eq!(w.run(NOW + BACKOFF).await.drift_checked, 0, "not before the backoff");
+        let retried = w.run(NOW + BACKOFF + 1).await;
+        assert_eq!(retried.drift_checked, 1);
+        assert!(retried.errors.is_empty());
+        assert_eq!(w.log.ops("fetch").len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_drift_check_claimed_by_a_concurrent_run_is_not_made() {
+        let w = World::new();
+        let pk = w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Is("active", 7));
+        w.race(&pk, NOW);
+        let summary = w.run(NOW).await;
+        assert!(w.log.ops("fetch").is_empty());
+        assert_eq!((summary.drift_checked, w.records()), (0, 0));
+        assert!(summary.errors.is_empty());
+    }
+
+    // ---------------------------------------------------------------- evidence
+
+    #[tokio::test]
+    async fn evidence_comes_from_the_port_counts() {
+        let w = World::new();
+        assert_eq!(w.run(NOW).await.oldest_unprocessed_age_ms, None, "nothing open");
+        for i in 0..2 {
+            w.record(&format!("evt_dead_{i}"), Status::Dead, None, NOW);
+        }
+        w.record("evt_parked", Status::Parked, None, NOW);
+        w.record("evt_done", Status::Processed, None, NOW - 999_000);
+        let open = w.record("evt_open", Status::Received, Some(1), NOW + BACKOFF);
+        w.ledger.lock().records.get_mut(open.as_str()).expect("open").received_at = NOW - 5_000;
+        w.outbox.state.lock().unwrap().dead = 3;
+        let summary = w.run(NOW).await;
+        assert!(summary.evidence);
+        assert_eq!((summary.dead_letters, summary.parked, summary.outbox_dead), (2, 1, 3));
+        assert_eq!(summary.oldest_unprocessed_age_ms, Some(5_000));
+        assert_eq!(w.run(NOW - 6_000).await.oldest_unprocessed_age_ms, Some(0), "never negative");
+    }
+
+    /// Records the gauges set while it is the local recorder.
+    #[derive(Clone, Default)]
+    struct Gauges(Arc<Mutex<BTreeMap<String, f64>>>);
+
+    struct GaugeHandle(String, Gauges);
+
+    impl metrics::GaugeFn for GaugeHandle {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, value: f64) {
+            (self.1).0.lock().unwrap().insert(self.0.clone(), value);
+        }
+    }
+
+    impl metrics::Recorder for Gauges {
+        fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+        fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+        fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+        fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::from_arc(Arc::new(GaugeHandle(key.name().to_owned(), self.clone())))
+        }
+        fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    const EVIDENCE_GAUGES: [&str; 4] = ["dead_letters", "parked", "outbox_dead", "oldest_unprocessed_age"];
+
+    #[tokio::test]
+    async fn evidence_gauges_are_emitted_when_measured() {
+        let w = World::new();
+        w.record("evt_dead", Status::Dead, None, NOW);
+        let gauges = Gauges::default();
+        let _local = metrics::set_default_local_recorder(&gauges);
+        let summary = w.run(NOW).await;
+        assert!(summary.evidence);
+        let set = gauges.0.lock().unwrap().clone();
+        for g in EVIDENCE_GAUGES {
+            assert!(set.contains_key(g), "{g}: {set:?}");
+        }
+        assert_eq!(set.get("dead_letters"), Some(&1.0));
+        assert_eq!(set.get("reconciler_errors"), Some(&0.0));
+    }
+
+    #[tokio::test]
+    async fn a_failed_evidence_query_clears_evidence_and_its_gauges_are_not_emitted() {
+        for op in ["count", "oldest_open", "count_dead"] {
+            let w = World::new();
+            w.record("evt_dead", Status::Dead, None, NOW);
+            w.record("evt_1", Status::Received, None, NOW - 1);
+            if op == "count_dead" {
+                w.outbox.state.lock().unwrap().faults.add(op, None, ALWAYS, Fail::Down);
+            } else {
+                w.fail(op, None, ALWAYS, Fail::Down);
+            }
+            let gauges = Gauges::default();
+            let _local = metrics::set_default_local_recorder(&gauges);
+            let summary = w.run(NOW).await;
+            assert!(!summary.evidence, "{op}");
+            assert_eq!(summary.errors, counts(&[("evidence", 1)]), "{op}");
+            assert!(summary.complete, "{op}: the actions were all done");
+            assert_eq!(summary.redriven, counts(&[("never_sent", 1)]), "{op}");
+            let set = gauges.0.lock().unwrap().clone();
+            for g in EVIDENCE_GAUGES {
+                assert!(!set.contains_key(g), "{op}: {g} emitted: {set:?}");
+            }
+            assert_eq!(set.get("reconciler_errors"), Some(&1.0), "{op}");
+        }
+    }
+
+    #[tokio::test]
+    #[ignore = "suspected bug: counts measured before the failing evidence query stay in the summary \
+                (logged as the run's summary) next to evidence = false, and the rest read as zero"]
+    async fn a_failed_evidence_query_reports_no_partial_counts() {
+        let w = World::new();
+        w.record("evt_dead", Status::Dead, None, NOW);
+        w.fail("oldest_open", None, ALWAYS, Fail::Down);
+        let summary = w.run(NOW).await;
+        assert!(!summary.evidence);
+        assert_eq!((summary.dead_letters, summary.parked, summary.outbox_dead), (0, 0, 0));
+    }
+}
