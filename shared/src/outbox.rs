@@ -196,8 +196,8 @@ mod tests {
     use std::sync::{Arc, Mutex, MutexGuard};
 
     use super::*;
-    use crate::backoff::Backoff;
     use crate::adapters::dynamodb::conditions::outbox_status::{DEAD, PENDING, SENDING, SENT};
+    use crate::backoff::Backoff;
     use crate::message::OutboxItem;
 
     const NOW: i64 = 1_700_000_000_000;
