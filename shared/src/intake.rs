@@ -1,6 +1,11 @@
 //! The intake use case: verify the raw bytes, claim the identity, store the
 //! payload, enqueue the key, and answer by retry intent (design §5).
 //!
+//! A new event costs two sequential round trips: the claim (the record and
+//! its payload item in one transaction) and the send (the key with the
+//! payload). A duplicate whose payload is durable costs one: the failed
+//! claim returns the record, which says so.
+//!
 //! | situation                                   | answer                 |
 //! |---------------------------------------------|------------------------|
 //! | not POST                                    | 405                    |
@@ -222,20 +227,26 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             shard: key.shard(self.settings.index_shards),
             send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
         };
-        let claim = match self.ledger.claim(&event).await {
+        // Round trip 1: the record and its payload, in one transaction.
+        let claim = match self.ledger.claim(&event, req.body).await {
             Ok(c) => c,
             Err(e) => {
-                // The put may have committed with every acknowledgement lost:
-                // give back the send lease it may hold, so the provider's
-                // retry can send at once instead of meeting a dead holder.
+                // The claim may have committed with every acknowledgement
+                // lost: give back the send lease it may hold, so the
+                // provider's retry can send at once instead of meeting a dead
+                // holder.
                 self.release(&key, &event.send).await;
                 return self.unavailable("claim", &key, e);
             }
         };
         match claim {
-            Claim::New => match self.hand_over(&key, Some((&hash, req.body)), expires_at, &event.send, now_ms).await {
+            // Round trip 2: the key, with the payload, on the queue.
+            Claim::New => match self.queue.send_with_payload(&key, req.body).await {
                 Ok(()) => Outcome::Accepted,
-                Err((stage, e)) => self.unavailable(stage, &key, e),
+                Err(e) => {
+                    self.release(&key, &event.send).await;
+                    self.unavailable("enqueue", &key, e)
+                }
             },
             Claim::Existing(existing) => self.duplicate(&event, existing, req.body).await,
         }
@@ -246,17 +257,21 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     /// answered only once the payload is durable and the key is on the queue
     /// or certain to be re-driven (every non-terminal record is in the
     /// reconciler's index), whoever's claim it is.
+    ///
+    /// The common case, a record whose payload is durable and that is
+    /// finished or still held by its sender, costs nothing beyond the failed
+    /// claim: no write (duplicates are counted in the `duplicate` metric).
     async fn duplicate(&self, event: &NewEvent, existing: ExistingRecord, body: &[u8]) -> Outcome {
         let key = &event.key;
+        let now_ms = event.received_at_ms;
         let same_bytes = existing.payload_hash == event.payload_hash;
         let same_content = same_bytes || existing.content_hash.as_deref() == Some(event.content_hash.as_str());
         let conflict = !same_content;
-        // The duplicate is counted once: by the conflict flag when the first
-        // payload is kept, by the duplicate counter otherwise.
         let mut flag = conflict;
         if !existing.payload_stored {
-            // The first delivery died (or is still working) before its payload
-            // was durable: make good the payload with ours.
+            // A record of the previous release whose first delivery died (or
+            // is still working) before its payload was durable: make good the
+            // payload with ours.
             let stored = if same_bytes {
                 self.ledger.store_payload(key, &event.payload_hash, body, event.expires_at).await.map(|()| true)
             } else {
@@ -273,23 +288,25 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             }
         }
         if flag {
-            self.flag_conflict(key, &event.payload_hash, event.received_at_ms).await;
-        } else {
-            self.count_duplicate(key).await;
+            self.flag_conflict(key, &event.payload_hash, now_ms).await;
         }
-        // A record that was never handed to the queue is handed over now. A
-        // live send lease means another delivery is doing it right now (or
-        // died doing it: the reconciler re-drives the record, whose payload
-        // is durable by now).
-        if existing.status == Status::Received && existing.enqueued_at_ms.is_none() {
-            match self.ledger.take_send_lease(key, &event.send, event.received_at_ms).await {
+        // A record not known to be on the queue whose sender let go of it
+        // (its send failed, or it died) is handed over now. A live send lease
+        // means another delivery is doing it right now; if it dies, the
+        // reconciler re-drives the record, whose payload is durable.
+        let lease_free = existing.send_lease_until_ms.is_none_or(|until| until < now_ms);
+        if existing.status == Status::Received && existing.enqueued_at_ms.is_none() && lease_free {
+            match self.ledger.take_send_lease(key, &event.send, now_ms).await {
                 Ok(true) => {}
                 Ok(false) => return Outcome::Duplicate { resent: false, conflict },
                 Err(e) => return self.unavailable("send_lease", key, e),
             }
-            return match self.hand_over(key, None, event.expires_at, &event.send, event.received_at_ms).await {
+            return match self.queue.send(key).await {
                 Ok(()) => Outcome::Duplicate { resent: true, conflict },
-                Err((stage, e)) => self.unavailable(stage, key, e),
+                Err(e) => {
+                    self.release(key, &event.send).await;
+                    self.unavailable("enqueue", key, e)
+                }
             };
         }
         Outcome::Duplicate { resent: false, conflict }
@@ -309,50 +326,6 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     async fn release(&self, key: &EventKey, lease: &SendLease) {
         if let Err(e) = self.ledger.release_send_lease(key, lease).await {
             tracing::warn!(error = %e, key = %key, "could not release send lease; it lapses by itself");
-        }
-    }
-
-    /// Stores the payload (when given) and sends the key, holding the send
-    /// lease; on failure the lease is released so the sender's retry can send.
-    async fn hand_over(
-        &self,
-        key: &EventKey,
-        payload: Option<(&str, &[u8])>,
-        expires_at: i64,
-        lease: &SendLease,
-        now_ms: i64,
-    ) -> Result<(), (&'static str, PortError)> {
-        let result = async {
-            if let Some((hash, body)) = payload {
-                self.ledger.store_payload(key, hash, body, expires_at).await.map_err(|e| ("store_payload", e))?;
-            }
-            self.queue.send(key).await.map_err(|e| ("enqueue", e))
-        }
-        .await;
-        match result {
-            Ok(()) => {
-                self.note_enqueued(key, now_ms).await;
-                Ok(())
-            }
-            Err(failure) => {
-                self.release(key, lease).await;
-                Err(failure)
-            }
-        }
-    }
-
-    /// Evidence only: a failure to count is logged, never answered with 503.
-    async fn count_duplicate(&self, key: &EventKey) {
-        if let Err(e) = self.ledger.note_duplicate(key).await {
-            tracing::warn!(error = %e, key = %key, "could not count a duplicate");
-        }
-    }
-
-    /// The message is on the queue; failing to note it only means the
-    /// reconciler may send it again later, which the processor tolerates.
-    async fn note_enqueued(&self, key: &EventKey, now_ms: i64) {
-        if let Err(e) = self.ledger.mark_enqueued(key, now_ms).await {
-            tracing::warn!(error = %e, key = %key, "enqueued but could not note it");
         }
     }
 }

@@ -86,8 +86,13 @@ pub struct ExistingRecord {
     pub payload_hash: String,
     /// `None` on records written before content hashes existed.
     pub content_hash: Option<String>,
-    /// When the intake last handed the key to the queue; `None`: never sent.
+    /// When the intake last handed the key to the queue; `None`: not known
+    /// to be sent (the intake does not note its sends).
     pub enqueued_at_ms: Option<i64>,
+    /// When the record was created.
+    pub received_at_ms: i64,
+    /// Until when a delivery holds the right to send it (`None`: released).
+    pub send_lease_until_ms: Option<i64>,
     /// Whether the payload item has been written for this record.
     pub payload_stored: bool,
 }

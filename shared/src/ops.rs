@@ -49,7 +49,12 @@ pub struct Stats {
     pub open_by_type: BTreeMap<String, u64>,
     pub by_provider: BTreeMap<String, u64>,
     pub oldest_unprocessed_age_ms: Option<i64>,
+    /// Records plus the duplicates counted on them.
     pub deliveries: u64,
+    /// Duplicates counted on records: those with a conflicting payload (and
+    /// every duplicate of records written by releases before the two-round-
+    /// trip intake). Plain duplicates cost no write: they are counted in the
+    /// intake's `duplicate` metric.
     pub duplicates: u64,
     pub duplicate_rate: f64,
 }

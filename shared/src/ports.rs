@@ -28,9 +28,11 @@ use crate::projection::sequence::Position;
 
 /// The durable event ledger (DynamoDB in production).
 pub trait Ledger: Send + Sync {
-    /// One conditional write: creates the record unless the key exists; on
-    /// conflict returns the existing record (no read before the write).
-    fn claim(&self, event: &NewEvent) -> impl Future<Output = Result<Claim, PortError>> + Send;
+    /// One round trip: creates the record and its payload item together
+    /// (atomically) unless the key exists; on conflict returns the existing
+    /// record (no read before the write). A record created by `claim` has its
+    /// payload durable (`payload_stored`).
+    fn claim(&self, event: &NewEvent, body: &[u8]) -> impl Future<Output = Result<Claim, PortError>> + Send;
     /// Stores the raw payload in its own item, which status updates never rewrite.
     fn store_payload(
         &self,
@@ -84,7 +86,15 @@ pub trait Ledger: Send + Sync {
 
 /// The work queue between intake and processor (SQS in production).
 pub trait WorkQueue: Send + Sync {
+    /// Sends the key alone (the processor reads the payload item).
     fn send(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Sends the key with the payload, so the processor need not read it
+    /// (it checks it against the record's hash). A queue that cannot carry
+    /// this payload sends the key alone.
+    fn send_with_payload(&self, key: &EventKey, payload: &[u8]) -> impl Future<Output = Result<(), PortError>> + Send {
+        let _ = payload;
+        self.send(key)
+    }
 }
 
 /// The processor's transitions on the ledger record, each one conditional

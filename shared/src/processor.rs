@@ -22,7 +22,7 @@ use crate::adapters::sqs::SqsQueue;
 use crate::backoff::random_jitter;
 use crate::config::ProcessorSettings;
 use crate::event::decode;
-use crate::identity::EventKey;
+use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, WorkRecord};
 use crate::outbox::Dispatcher;
 use crate::ports::{Dispatch, WorkLedger, WorkQueue};
@@ -177,8 +177,20 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         &self.settings
     }
 
-    /// Processes one event key (one queue message).
+    /// Processes one event key (one queue message without a payload).
     pub async fn process(&self, key: &EventKey, now_ms: i64) -> Result<Report, PortError> {
+        self.process_message(key, None, now_ms).await
+    }
+
+    /// Processes one queue message. A payload the message carries is used
+    /// when it is the record's (its hash matches); otherwise the payload item
+    /// is read.
+    pub async fn process_message(
+        &self,
+        key: &EventKey,
+        carried: Option<&[u8]>,
+        now_ms: i64,
+    ) -> Result<Report, PortError> {
         let started = Instant::now();
         let token = uuid::Uuid::new_v4().to_string();
         let leased = self.ledger.lease(key, &token, now_ms, self.settings.lease_ms).await?;
@@ -188,7 +200,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             LeaseResult::Busy { until_ms } => (Report::later(Outcome::Busy, until_ms - now_ms), None),
             LeaseResult::NotDue { at_ms } => (Report::later(Outcome::NotDue, at_ms - now_ms), None),
             LeaseResult::Leased(record) => {
-                let report = self.work(&record, &token, now_ms).await?;
+                let report = self.work(&record, carried, &token, now_ms).await?;
                 (report, Some(record))
             }
         };
@@ -213,7 +225,13 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         Ok(report)
     }
 
-    async fn work(&self, record: &WorkRecord, token: &str, now_ms: i64) -> Result<Report, PortError> {
+    async fn work(
+        &self,
+        record: &WorkRecord,
+        carried: Option<&[u8]>,
+        token: &str,
+        now_ms: i64,
+    ) -> Result<Report, PortError> {
         let key = &record.key;
         // Leases lost to crashes and faults that escaped as errors left no
         // failure behind; the time bound still ends them.
@@ -222,7 +240,12 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             let message = format!("no outcome {} s into its window (lease {})", elapsed / 1000, record.attempts);
             return self.dead(record, token, "transient_exhausted", &message, now_ms).await;
         }
-        let payload = match self.ledger.payload(key, &record.payload_hash).await? {
+        let carried = carried.filter(|p| payload_hash(p) == record.payload_hash).map(<[u8]>::to_vec);
+        let stored = match carried {
+            Some(p) => Some(p),
+            None => self.ledger.payload(key, &record.payload_hash).await?,
+        };
+        let payload = match stored {
             Some(p) => p,
             None => {
                 return self

@@ -488,8 +488,9 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         // or a run that died before storing or sending. "Already exists"
         // never means "done": a missing payload is stored and a record never
         // sent is sent (a duplicate on the queue is absorbed by the lease).
-        let (store, send) = match self.ledger.claim(&event).await? {
-            Claim::New => (true, true),
+        let (store, send) = match self.ledger.claim(&event, &body).await? {
+            // The claim wrote the payload with the record.
+            Claim::New => (false, true),
             Claim::Existing(old) => (
                 !old.payload_stored && old.payload_hash == hash && !old.status.is_terminal(),
                 old.status == Status::Received && old.enqueued_at_ms.is_none(),
@@ -499,7 +500,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             self.ledger.store_payload(&key, &hash, &body, expires_at).await?;
         }
         if send {
-            self.queue.send(&key).await?;
+            self.queue.send_with_payload(&key, &body).await?;
             self.ledger.mark_enqueued(&key, now_ms).await?;
             metrics::counter!("drift_repaired", "projection" => "entitlements").increment(1);
             return Ok(Drift::Repaired);
@@ -798,7 +799,7 @@ mod tests {
     }
 
     impl Ledger for MemLedger {
-        async fn claim(&self, event: &NewEvent) -> Result<Claim, PortError> {
+        async fn claim(&self, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
             let mut s = self.lock();
             s.faults.trip("claim", event.key.as_str(), "dynamodb")?;
             if let Some(r) = s.records.get(event.key.as_str()) {
@@ -811,12 +812,16 @@ mod tests {
                     payload_hash: r.payload_hash.clone(),
                     content_hash: r.content_hash.clone(),
                     enqueued_at_ms: r.enqueued_at,
+                    received_at_ms: r.received_at,
+                    send_lease_until_ms: r.send_lease_until,
                     payload_stored: r.payload_stored,
                 }));
             }
             let mut rec = Rec::new(Status::Received, event.shard, event.received_at_ms);
             rec.payload_hash = event.payload_hash.clone();
-            rec.payload_stored = false;
+            // The record and its payload item commit together.
+            rec.payload_stored = true;
+            s.payloads.insert((event.key.as_str().to_owned(), event.payload_hash.clone()), body.to_vec());
             rec.content_hash = Some(event.content_hash.clone());
             rec.send_token = Some(event.send.token.clone());
             rec.send_lease_until = Some(event.send.until_ms);
@@ -1735,7 +1740,6 @@ mod tests {
                 format!("claim_due {pk}"),
                 "fetch sub_1".into(),
                 format!("claim {k}"),
-                format!("store_payload {k}"),
                 format!("send {k}"),
                 format!("mark_enqueued {k}"),
             ]
@@ -1807,16 +1811,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_check_that_died_before_storing_the_payload_stores_and_sends_it_on_its_retry() {
+    async fn a_check_whose_claim_failed_claims_and_sends_on_its_retry() {
+        // The claim writes the record and its payload together: a failed
+        // claim leaves neither, and the retry makes both.
         let w = World::with(ReconcilerSettings { redrive_backoff_ms: 30_000, ..settings() });
         w.entitlement("sub_1", "active", 5);
         w.answer("sub_1", Answer::Gone);
         let k = repair_key("evt_local_sub_1", "sub_1", "deleted", 0);
-        w.fail("store_payload", Some(k.as_str()), 1, Fail::Down);
+        w.fail("claim", Some(k.as_str()), 1, Fail::Down);
         let first = w.run(NOW).await;
         assert_eq!(first.errors, counts(&[("drift", 1)]));
         assert!(w.sent().is_empty());
-        assert!(!w.rec(&k).payload_stored);
+        assert_eq!(w.records(), 0);
         w.run(NOW + 30_001).await;
         assert!(w.rec(&k).payload_stored);
         assert_eq!(w.sent(), [s(&k)]);

@@ -61,7 +61,8 @@ async fn new_event_gives_one_record_one_payload_and_one_message() {
     assert_eq!(support::s(m, "tenant"), "tenant-a");
     assert_eq!(support::s(m, "event_type"), "customer.subscription.updated");
     assert_eq!(support::s(m, "payload_hash"), hookledger::identity::payload_hash(&body));
-    assert!(m.contains_key("enqueued_at"), "record notes that it was sent");
+    assert!(!m.contains_key("enqueued_at"), "the send is not noted (a round trip the answer does not wait for)");
+    assert_eq!(m["payload_stored"].as_bool().ok(), Some(&true), "the payload came with the record");
     assert!(m.contains_key("expires_at") && m.contains_key("due_shard"));
     assert!(!m.contains_key("body"), "the ledger record does not carry the payload");
 
@@ -154,15 +155,15 @@ async fn sqs_failure_after_the_claim_answers_503_and_the_retry_sends_the_message
     assert_eq!((answer.status, answer.retry_after), (503, Some(5)));
     let metas = stack.meta_items().await;
     assert_eq!(metas.len(), 1, "the claim is durable");
-    assert!(!metas[0].contains_key("enqueued_at"), "and known to be unsent");
+    assert!(!metas[0].contains_key("enqueued_at"), "and not noted as sent");
+    assert!(!metas[0].contains_key("send_lease_until"), "its send lease given back");
     assert!(stack.drain_queue().await.is_empty());
 
     // The provider retries once SQS is back: the existing, never-sent record is sent.
     let healthy = stack.intake().await;
     assert_eq!(post(&healthy, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
     assert_eq!(stack.drain_queue().await.len(), 1);
-    assert!(stack.meta_items().await[0].contains_key("enqueued_at"));
-    // Further retries send nothing more.
+    // Further retries send nothing more while that send's lease lives.
     assert_eq!(post(&healthy, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
     assert!(stack.drain_queue().await.is_empty());
 }
@@ -316,8 +317,7 @@ pub mod sns {
 #[tokio::test]
 async fn crash_between_claim_and_send_is_recovered_by_the_next_delivery_once_the_lease_lapses() {
     use hookledger::identity::{EventKey, payload_hash};
-    use hookledger::ledger::{Claim, NewEvent, SendLease};
-    use hookledger::ports::Ledger;
+    use hookledger::ledger::{NewEvent, SendLease};
 
     let stack = Stack::new().await;
     let body = stripe_event("evt_crashed", "invoice.paid");
@@ -339,7 +339,9 @@ async fn crash_between_claim_and_send_is_recovered_by_the_next_delivery_once_the
         shard: 0,
         send: SendLease { token: "dead-lambda".into(), until_ms: now_ms - 45_000 },
     };
-    assert_eq!(stack.ledger().claim(&crashed).await.unwrap(), Claim::New);
+    // (A record of the previous release: its intake wrote the payload in a
+    // second request.)
+    stack.ledger().claim_record_only(&crashed).await.unwrap();
 
     let intake = stack.intake().await;
     assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
@@ -371,7 +373,7 @@ async fn a_live_send_lease_held_by_another_delivery_is_respected() {
         shard: 0,
         send: SendLease { token: "first-delivery".into(), until_ms: now_ms + 60_000 },
     };
-    stack.ledger().claim(&inflight).await.unwrap();
+    stack.ledger().claim(&inflight, &body).await.unwrap();
     let intake = stack.intake().await;
     assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
     assert!(stack.drain_queue().await.is_empty(), "the first delivery is still sending it");

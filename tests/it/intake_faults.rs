@@ -21,9 +21,9 @@ async fn mapped_world() -> World {
     w
 }
 
-/// The claim is the PutItem that writes the send token.
+/// The claim is the TransactWriteItems that writes the record (with its send token) and its payload.
 fn claim_rule(fault: Fault) -> Rule {
-    Rule::new(fault).on("dynamodb", "PutItem").containing("send_token").nth(0)
+    Rule::new(fault).on("dynamodb", "TransactWriteItems").containing("send_token").nth(0)
 }
 
 async fn payload_items(w: &World) -> usize {

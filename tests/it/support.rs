@@ -15,7 +15,7 @@ use hookledger::config::ProcessorSettings;
 use hookledger::config::{self, Endpoint, SecretResolver, Settings};
 use hookledger::identity::EventKey;
 use hookledger::intake::Intake;
-use hookledger::ledger::{Claim, NewEvent, SendLease};
+use hookledger::ledger::{NewEvent, SendLease};
 use hookledger::outbox::Dispatcher;
 use hookledger::ports::Ledger;
 use hookledger::processor::Processor;
@@ -184,9 +184,7 @@ impl Stack {
             send: SendLease { token: "test".into(), until_ms: now_ms },
         };
         let ledger = self.ledger();
-        if ledger.claim(&event).await.unwrap() == Claim::New {
-            ledger.store_payload(&key, &hash, body, now_s() + 86_400).await.unwrap();
-        }
+        ledger.claim(&event, body).await.unwrap();
         key
     }
 

@@ -77,13 +77,13 @@ pub fn last_receive(receive_count: Option<&str>) -> bool {
 
 /// One record's fate: `Ok(())` delete it, `Err(())` leave it on the queue.
 async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&str>, last: bool) -> Result<(), ()> {
-    let key =
-        body.and_then(|b| serde_json::from_str::<WorkMessage>(b).ok()).and_then(|m| EventKey::from_stored(&m.key));
-    let Some(key) = key else {
+    let message = body.and_then(|b| serde_json::from_str::<WorkMessage>(b).ok());
+    let Some((key, message)) = message.and_then(|m| EventKey::from_stored(&m.key).map(|k| (k, m))) else {
         tracing::error!(message_id, "malformed work message; leaving it for the dead-letter queue");
         return Err(());
     };
-    match app.processor.process(&key, now_ms()).await {
+    let carried = message.payload();
+    match app.processor.process_message(&key, carried.as_deref(), now_ms()).await {
         Ok(report) => match report.retry_after_ms {
             None => Ok(()),
             Some(delay_ms) if last => {

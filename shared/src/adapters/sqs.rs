@@ -7,16 +7,51 @@ use crate::identity::EventKey;
 use crate::ledger::PortError;
 use crate::ports::WorkQueue;
 
-/// The queue message body. Only the key travels; the ledger holds the rest.
+/// The queue message body: the key, and the payload when it fits, so the
+/// processor need not read the payload item (it checks the payload against
+/// the record's hash; the payload item stays the durable copy). Messages
+/// without a payload (re-drives, replays, wake-ups, large bodies, and those
+/// of earlier releases) are read the same way.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct WorkMessage {
     pub v: u32,
     pub key: String,
+    /// The payload, when it is UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The payload in base64, when it is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_b64: Option<String>,
 }
+
+/// The largest message the work queue is sent (SQS refuses more than
+/// 256 KiB by default); a payload that would not fit travels by reference.
+pub const MAX_MESSAGE_BYTES: usize = 240 * 1024;
 
 impl WorkMessage {
     pub fn new(key: &EventKey) -> Self {
-        Self { v: 1, key: key.as_str().to_owned() }
+        Self { v: 1, key: key.as_str().to_owned(), body: None, body_b64: None }
+    }
+
+    /// The message carrying `payload` (UTF-8 as is, anything else in base64).
+    pub fn with_payload(key: &EventKey, payload: &[u8]) -> Self {
+        use base64::Engine;
+        let mut m = Self::new(key);
+        match std::str::from_utf8(payload) {
+            Ok(text) => m.body = Some(text.to_owned()),
+            Err(_) => m.body_b64 = Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+        }
+        m
+    }
+
+    /// The payload the message carries, if any.
+    pub fn payload(&self) -> Option<Vec<u8>> {
+        use base64::Engine;
+        match (&self.body, &self.body_b64) {
+            (Some(text), _) => Some(text.as_bytes().to_vec()),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD.decode(b64).ok(),
+            (None, None) => None,
+        }
     }
 }
 
@@ -32,10 +67,16 @@ impl SqsQueue {
     }
 }
 
-impl WorkQueue for SqsQueue {
-    async fn send(&self, key: &EventKey) -> Result<(), PortError> {
-        let body = serde_json::to_string(&WorkMessage::new(key))
-            .map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() })?;
+impl SqsQueue {
+    async fn send_message(&self, message: &WorkMessage) -> Result<(), PortError> {
+        let encode = |m: &WorkMessage| {
+            serde_json::to_string(m).map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() })
+        };
+        let mut body = encode(message)?;
+        if body.len() > MAX_MESSAGE_BYTES {
+            // Too large to carry: the processor reads the payload item.
+            body = encode(&WorkMessage { v: message.v, key: message.key.clone(), body: None, body_b64: None })?;
+        }
         self.client.send_message().queue_url(&self.queue_url).message_body(body).send().await.map_err(|e| {
             use aws_sdk_sqs::error::ProvideErrorMetadata;
             let throttled = e
@@ -49,6 +90,16 @@ impl WorkQueue for SqsQueue {
             }
         })?;
         Ok(())
+    }
+}
+
+impl WorkQueue for SqsQueue {
+    async fn send(&self, key: &EventKey) -> Result<(), PortError> {
+        self.send_message(&WorkMessage::new(key)).await
+    }
+
+    async fn send_with_payload(&self, key: &EventKey, payload: &[u8]) -> Result<(), PortError> {
+        self.send_message(&WorkMessage::with_payload(key, payload)).await
     }
 }
 

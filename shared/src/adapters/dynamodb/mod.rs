@@ -148,9 +148,7 @@ impl DynamoLedger {
 
     /// Writes the payload item (idempotent: same key, same bytes).
     async fn put_payload(&self, key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Result<(), PortError> {
-        let mut item = Self::key(key, &payload_sk(hash));
-        item.insert(attr::BODY.into(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(body)));
-        item.insert(attr::EXPIRES_AT.into(), n(expires_at));
+        let item = payload_item(key, hash, body, expires_at);
         self.client
             .put_item()
             .table_name(&self.table)
@@ -193,11 +191,22 @@ pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<Exis
         payload_hash: get_s(item, attr::PAYLOAD_HASH).ok_or_else(|| corrupt(attr::PAYLOAD_HASH))?.to_owned(),
         content_hash: get_s(item, attr::CONTENT_HASH).map(str::to_owned),
         enqueued_at_ms: get_n(item, attr::ENQUEUED_AT),
+        received_at_ms: get_n(item, attr::RECEIVED_AT).unwrap_or(0),
+        send_lease_until_ms: get_n(item, attr::SEND_LEASE_UNTIL),
         payload_stored: item.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
     })
 }
 
-/// The new ledger record, as written by the claim.
+/// The payload item of `key` (`sk = payload#<hash>`), written once.
+pub fn payload_item(key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Item {
+    let mut item = DynamoLedger::key(key, &payload_sk(hash));
+    item.insert(attr::BODY.into(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(body)));
+    item.insert(attr::EXPIRES_AT.into(), n(expires_at));
+    item
+}
+
+/// The new ledger record, as written by the claim (with its payload item
+/// in the same transaction: `payload_stored` is true from the start).
 pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     let mut item = DynamoLedger::key(&event.key, META_SK);
     item.insert(attr::PROVIDER.into(), s(&event.provider));
@@ -210,7 +219,7 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::STATUS.into(), s(Status::Received.as_str()));
     item.insert(attr::PAYLOAD_HASH.into(), s(&event.payload_hash));
     item.insert(attr::CONTENT_HASH.into(), s(&event.content_hash));
-    item.insert(attr::PAYLOAD_STORED.into(), AttributeValue::Bool(false));
+    item.insert(attr::PAYLOAD_STORED.into(), AttributeValue::Bool(true));
     item.insert(attr::RECEIVED_AT.into(), n(event.received_at_ms));
     item.insert(attr::ATTEMPTS.into(), n(0));
     item.insert(attr::CONFLICTS.into(), n(0));
