@@ -81,7 +81,8 @@ impl Delivery {
             let sig = stripe::sign(&Secret::new(STRIPE_SECRET), now_s, &self.body);
             h.insert(stripe::SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap_or_else(|_| unreachable!()));
         } else {
-            let sig = standard::sign(&Secret::new(SVIX_SECRET), &self.event_id, now_s, &self.body);
+            let key = standard::decode_secret(&Secret::new(SVIX_SECRET)).unwrap_or_else(|e| panic!("{e}"));
+            let sig = standard::sign(&key, &self.event_id, now_s, &self.body);
             h.insert("webhook-id", HeaderValue::from_str(&self.event_id).unwrap_or_else(|_| unreachable!()));
             h.insert("webhook-timestamp", HeaderValue::from(now_s));
             h.insert("webhook-signature", HeaderValue::from_str(&sig).unwrap_or_else(|_| unreachable!()));
