@@ -79,7 +79,12 @@ impl Index {
                     ),
                     _ => Projection::All,
                 };
-                Index { name: g["IndexName"].as_str().unwrap_or_default().to_owned(), hash: key("HASH"), range: key("RANGE"), projection }
+                Index {
+                    name: g["IndexName"].as_str().unwrap_or_default().to_owned(),
+                    hash: key("HASH"),
+                    range: key("RANGE"),
+                    projection,
+                }
             })
             .collect()
     }
@@ -196,7 +201,10 @@ fn read_units(bytes: usize) -> f64 {
 /// A value in DynamoDB's JSON (`{"S": "…"}`) as the SDK's type.
 fn from_json(v: &serde_json::Value) -> AttributeValue {
     use base64::Engine;
-    let (kind, inner) = v.as_object().and_then(|o| o.iter().next()).map_or(("NULL", &serde_json::Value::Null), |(k, v)| (k.as_str(), v));
+    let (kind, inner) = v
+        .as_object()
+        .and_then(|o| o.iter().next())
+        .map_or(("NULL", &serde_json::Value::Null), |(k, v)| (k.as_str(), v));
     match kind {
         "S" => AttributeValue::S(inner.as_str().unwrap_or_default().to_owned()),
         "N" => AttributeValue::N(inner.as_str().unwrap_or("0").to_owned()),
@@ -206,7 +214,9 @@ fn from_json(v: &serde_json::Value) -> AttributeValue {
         "BOOL" => AttributeValue::Bool(inner.as_bool().unwrap_or(false)),
         "L" => AttributeValue::L(inner.as_array().into_iter().flatten().map(from_json).collect()),
         "M" => AttributeValue::M(item_from_json(inner)),
-        "SS" => AttributeValue::Ss(inner.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()),
+        "SS" => AttributeValue::Ss(
+            inner.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect(),
+        ),
         _ => AttributeValue::Null(true),
     }
 }
@@ -240,7 +250,9 @@ fn touched(operation: &str, body: &serde_json::Value) -> Vec<Touched> {
                     let item = item_from_json(&p["Item"]);
                     Some(Touched { key: key_of(&item), put: Some(item) })
                 } else {
-                    t.get("Update").or_else(|| t.get("Delete")).map(|u| Touched { key: item_from_json(&u["Key"]), put: None })
+                    t.get("Update")
+                        .or_else(|| t.get("Delete"))
+                        .map(|u| Touched { key: item_from_json(&u["Key"]), put: None })
                 }
             })
             .collect(),
@@ -321,7 +333,9 @@ impl Capacity {
                 (Some(b), None) => write_units(item_size(&b)),
                 (None, Some(a)) => write_units(item_size(&a)),
                 (Some(b), Some(a)) if b == a => 0.0,
-                (Some(b), Some(a)) if b.get(&index.hash) != a.get(&index.hash) || b.get(&index.range) != a.get(&index.range) => {
+                (Some(b), Some(a))
+                    if b.get(&index.hash) != a.get(&index.hash) || b.get(&index.range) != a.get(&index.range) =>
+                {
                     write_units(item_size(&b)) + write_units(item_size(&a))
                 }
                 (Some(b), Some(a)) => write_units(item_size(&b).max(item_size(&a))),
@@ -354,7 +368,13 @@ fn operation_of(request: &HttpRequest) -> (&'static str, String) {
     let body = request.body().bytes().unwrap_or_default();
     if let Some(target) = request.headers().get("x-amz-target") {
         let (service, op) = target.split_once('.').unwrap_or(("", target));
-        let service = if service.starts_with("DynamoDB") { "dynamodb" } else if service.starts_with("AmazonSQS") { "sqs" } else { "other" };
+        let service = if service.starts_with("DynamoDB") {
+            "dynamodb"
+        } else if service.starts_with("AmazonSQS") {
+            "sqs"
+        } else {
+            "other"
+        };
         return (service, op.to_owned());
     }
     let text = String::from_utf8_lossy(body);
@@ -443,7 +463,8 @@ impl HttpConnector for CapacityConnector {
                 model.add(|t| t.rcu += reads);
             }
             let mut rebuilt = HttpResponse::new(
-                aws_smithy_runtime_api::http::StatusCode::try_from(status).unwrap_or_else(|_| unreachable!("status came from a response")),
+                aws_smithy_runtime_api::http::StatusCode::try_from(status)
+                    .unwrap_or_else(|_| unreachable!("status came from a response")),
                 SdkBody::from(bytes),
             );
             for (k, v) in headers {
@@ -474,7 +495,12 @@ mod tests {
 
     #[test]
     fn sparse_indexes_see_only_items_with_their_keys() {
-        let index = Index { name: "due".into(), hash: "due_shard".into(), range: "due_at".into(), projection: Projection::KeysOnly };
+        let index = Index {
+            name: "due".into(),
+            hash: "due_shard".into(),
+            range: "due_at".into(),
+            projection: Projection::KeysOnly,
+        };
         let mut item: Item = HashMap::from([
             ("pk".to_owned(), AttributeValue::S("k".into())),
             ("sk".to_owned(), AttributeValue::S("meta".into())),

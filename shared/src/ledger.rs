@@ -145,6 +145,8 @@ pub struct WorkRecord {
     pub completed_token: Option<String>,
     /// The token of the invocation that last moved the record out of PROCESSING.
     pub transition_token: Option<String>,
+    /// The payload, when the record carries it (small payloads).
+    pub payload: Option<Vec<u8>>,
 }
 
 impl WorkRecord {

@@ -240,8 +240,14 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             let message = format!("no outcome {} s into its window (lease {})", elapsed / 1000, record.attempts);
             return self.dead(record, token, "transient_exhausted", &message, now_ms).await;
         }
-        let carried = carried.filter(|p| payload_hash(p) == record.payload_hash).map(<[u8]>::to_vec);
-        let stored = match carried {
+        // The record's own copy (small payloads), the message's, or the
+        // payload item, whichever is the record's payload first.
+        let ours = |p: &[u8]| payload_hash(p) == record.payload_hash;
+        let known = match record.payload.as_deref().filter(|p| ours(p)) {
+            Some(p) => Some(p.to_vec()),
+            None => carried.filter(|p| ours(p)).map(<[u8]>::to_vec),
+        };
+        let stored = match known {
             Some(p) => Some(p),
             None => self.ledger.payload(key, &record.payload_hash).await?,
         };
@@ -1039,6 +1045,7 @@ mod tests {
             next_attempt_at_ms: None,
             completed_token: None,
             transition_token: None,
+            payload: None,
         }
     }
 

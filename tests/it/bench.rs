@@ -117,7 +117,8 @@ async fn replay(requests: &[hookledger_it::capacity::Recorded]) -> f64 {
         let url = url::Url::parse(&r.uri).unwrap();
         let addr = format!("{}:{}", url.host_str().unwrap(), url.port_or_known_default().unwrap());
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let mut head = format!("POST {} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n", url.path(), url.host_str().unwrap());
+        let mut head =
+            format!("POST {} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n", url.path(), url.host_str().unwrap());
         for (k, v) in &r.headers {
             if !matches!(k.as_str(), "content-length" | "host" | "connection") {
                 head.push_str(&format!("{k}: {v}\r\n"));
@@ -181,21 +182,43 @@ async fn pipeline() {
             let now_s = now.duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
             let headers = e.headers(now_s);
             capacity.scope(&format!("intake_new/{contract}"));
-            let req = IntakeRequest { endpoint: e.endpoint, method: &Method::POST, headers: &headers, body: &e.body, now, request_id: "bench" };
+            let req = IntakeRequest {
+                endpoint: e.endpoint,
+                method: &Method::POST,
+                headers: &headers,
+                body: &e.body,
+                now,
+                request_id: "bench",
+            };
             let answer = intake.handle(req).await;
             assert_eq!(answer.status, 202, "{contract}: {answer:?}");
             // The processor function's receive is the harness's, not measured.
-            let out = stack.sqs.receive_message().queue_url(&stack.queue_url).max_number_of_messages(1).send().await.unwrap();
+            let out =
+                stack.sqs.receive_message().queue_url(&stack.queue_url).max_number_of_messages(1).send().await.unwrap();
             let m = out.messages.unwrap_or_default().pop().expect("a message");
             let message: WorkMessage = serde_json::from_str(m.body().unwrap()).unwrap();
             let key = EventKey::from_stored(&message.key).unwrap();
             capacity.scope(&format!("processor/{contract}"));
             let report = processor.process_message(&key, message.payload().as_deref(), now_ms()).await.unwrap();
             assert_eq!(report.outcome, hookledger::processor::Outcome::Applied, "{contract}: {report:?}");
-            stack.sqs.delete_message().queue_url(&stack.queue_url).receipt_handle(m.receipt_handle().unwrap()).send().await.unwrap();
+            stack
+                .sqs
+                .delete_message()
+                .queue_url(&stack.queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
             // The provider's retry of the same event.
             capacity.scope(&format!("intake_duplicate/{contract}"));
-            let req = IntakeRequest { endpoint: e.endpoint, method: &Method::POST, headers: &headers, body: &e.body, now, request_id: "bench" };
+            let req = IntakeRequest {
+                endpoint: e.endpoint,
+                method: &Method::POST,
+                headers: &headers,
+                body: &e.body,
+                now,
+                request_id: "bench",
+            };
             assert_eq!(intake.handle(req).await.status, 200);
         }
         code_seconds += started.elapsed().as_secs_f64();
@@ -213,7 +236,9 @@ async fn pipeline() {
             .recorded(scope)
             .into_iter()
             .map(|mut r| {
-                let text = String::from_utf8_lossy(&r.body).replace(&stack.table, &fresh.table).replace(&stack.queue_url, &fresh.queue_url);
+                let text = String::from_utf8_lossy(&r.body)
+                    .replace(&stack.table, &fresh.table)
+                    .replace(&stack.queue_url, &fresh.queue_url);
                 r.body = text.into_bytes();
                 r
             })

@@ -21,13 +21,14 @@ async fn mapped_world() -> World {
     w
 }
 
-/// The claim is the TransactWriteItems that writes the record (with its send token) and its payload.
+/// The claim of a small payload: the PutItem that writes the record (with its send token and the payload).
 fn claim_rule(fault: Fault) -> Rule {
-    Rule::new(fault).on("dynamodb", "TransactWriteItems").containing("send_token").nth(0)
+    Rule::new(fault).on("dynamodb", "PutItem").containing("send_token").nth(0)
 }
 
+/// Stored payload copies (in a record, or in a payload item).
 async fn payload_items(w: &World) -> usize {
-    w.stack.items().await.iter().filter(|i| s(i, "sk").starts_with("payload#")).count()
+    crate::support::payload_copies(&w.stack.items().await).len()
 }
 
 async fn status(w: &World, key: &EventKey) -> String {

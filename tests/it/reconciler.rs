@@ -522,7 +522,7 @@ async fn a_lost_ack_on_the_outbox_mark_is_recognised_as_sent() {
 async fn a_lost_ack_on_the_drift_repair_claim_still_stores_and_sends_the_repair() {
     let stack = Stack::new().await;
     let (_fake, source) = drifting_entitlement(&stack, "sub_la", "cus_la").await;
-    let lose = faults::LoseAck::new("TransactWriteItems", "recon:sub_la:", 1);
+    let lose = faults::LoseAck::new("PutItem", "recon:sub_la:", 1);
     let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
     let r = reconciler_with(&stack, lose.client(&stack.aws), sqs_queue(&stack), Some(source.clone()), settings);
     let summary = run_json(&r, now_ms() + 1).await;

@@ -408,3 +408,14 @@ pub async fn retry(
     let exit = hookledger::ledger::Exit::Retry { next_at_ms, code, message, failure: false };
     ledger.leave(key, token, &exit, next_at_ms).await.unwrap()
 }
+
+/// The stored copies of every payload in `items`: (record key, decoded body),
+/// one per record that carries its payload and one per payload item.
+pub fn payload_copies(items: &[HashMap<String, AttributeValue>]) -> Vec<(String, Vec<u8>)> {
+    use hookledger::adapters::dynamodb::payload::body;
+    items
+        .iter()
+        .filter(|i| s(i, "sk") == "meta" || s(i, "sk").starts_with("payload#"))
+        .filter_map(|i| body(i).map(|b| (s(i, "pk"), b)))
+        .collect()
+}

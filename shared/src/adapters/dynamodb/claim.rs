@@ -2,17 +2,34 @@
 //! payload, the send lease, and the duplicate evidence. The expressions are
 //! in `conditions`.
 
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
 
 use super::conditions::{self as cond, Update};
-use super::{DynamoLedger, META_SK, Written, attr, existing_from_item, get_s, new_record_item, payload_item};
+use super::{DynamoLedger, META_SK, Written, attr, existing_from_item, get_s, new_record_item, payload, payload_item};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{Claim, NewEvent, PortError, SendLease};
 use crate::ports::Ledger;
 
 impl DynamoLedger {
+    /// The claim met a record (`met`, or read when the endpoint did not
+    /// return it): ours, after a lost acknowledgement, or another delivery's.
+    async fn claimed_by(&self, event: &NewEvent, met: Option<super::Item>) -> Result<Claim, PortError> {
+        let item = match met {
+            Some(item) => item,
+            None => self.read_meta(&event.key).await?.ok_or_else(|| PortError::Unavailable {
+                service: "dynamodb",
+                message: "claim conflicted and no record is there yet".into(),
+            })?,
+        };
+        if get_s(&item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
+            return Ok(Claim::New);
+        }
+        Ok(Claim::Existing(existing_from_item(&item)?))
+    }
+
     /// Creates a record as the previous release's claim did: alone, its
     /// payload item written by a second request (`payload_stored` false
     /// until then). Such records are in flight when a new release starts;
@@ -43,18 +60,43 @@ impl DynamoLedger {
 impl Ledger for DynamoLedger {
     async fn claim(&self, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
         // Timeline guarded: two deliveries (or our own SDK retry after a lost
-        // response) race to create the record; exactly one transaction
-        // passes `conditions::CLAIM`, the other gets the winner's record
-        // back. The record and its payload item commit together, so a record
-        // says its payload is durable. A transaction that committed and lost
-        // its acknowledgement is retried by the SDK with the same
-        // `ClientRequestToken` (the send token): DynamoDB answers it as a
-        // success; an endpoint that ignores the token fails it against its
-        // own record, whose send token says so, and the claim is ours
-        // (`Claim::New`), never a duplicate.
+        // response) race to create the record; exactly one write passes
+        // `conditions::CLAIM`, the other gets the winner's record back. The
+        // payload is durable with the record: a small one travels in the
+        // record (one put), a larger one in its own item written in the same
+        // transaction. A put that committed and lost its acknowledgement is
+        // retried by the SDK and fails against its own record, whose send
+        // token says so: the claim is ours (`Claim::New`), never a duplicate.
+        // A transaction is retried with the same `ClientRequestToken` (the
+        // send token), which DynamoDB answers as the success it was; an
+        // endpoint that ignores the token fails it against our record as
+        // above.
+        let mut record = new_record_item(event);
+        let stored = payload::encode(body);
+        let inline = payload::item_size(&record) + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES;
+        if inline {
+            payload::put(&mut record, stored);
+            let result = self
+                .client()
+                .put_item()
+                .table_name(self.table())
+                .set_item(Some(record))
+                .condition_expression(cond::CLAIM)
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .send()
+                .await;
+            let met = match result {
+                Ok(_) => return Ok(Claim::New),
+                Err(err) => match err.as_service_error() {
+                    Some(PutItemError::ConditionalCheckFailedException(e)) => e.item().cloned(),
+                    _ => return Err(port_error("dynamodb", &err)),
+                },
+            };
+            return self.claimed_by(event, met).await;
+        }
         let meta = Put::builder()
             .table_name(self.table())
-            .set_item(Some(new_record_item(event)))
+            .set_item(Some(record))
             .condition_expression(cond::CLAIM)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
@@ -89,19 +131,7 @@ impl Ledger for DynamoLedger {
             }
             _ => return Err(port_error("dynamodb", &err)),
         };
-        let item = match met {
-            Some(item) => item,
-            // Endpoints without the item in the cancellation reason, and the
-            // conflict: read it.
-            None => self.read_meta(&event.key).await?.ok_or_else(|| PortError::Unavailable {
-                service: "dynamodb",
-                message: "claim conflicted and no record is there yet".into(),
-            })?,
-        };
-        if get_s(&item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
-            return Ok(Claim::New);
-        }
-        Ok(Claim::Existing(existing_from_item(&item)?))
+        self.claimed_by(event, met).await
     }
 
     async fn store_payload(

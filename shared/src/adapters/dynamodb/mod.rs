@@ -19,6 +19,7 @@ pub mod conditions;
 pub mod due;
 pub mod operator;
 pub mod outbox;
+pub mod payload;
 pub mod schema;
 pub mod work;
 
@@ -200,7 +201,7 @@ pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<Exis
 /// The payload item of `key` (`sk = payload#<hash>`), written once.
 pub fn payload_item(key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Item {
     let mut item = DynamoLedger::key(key, &payload_sk(hash));
-    item.insert(attr::BODY.into(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(body)));
+    payload::put(&mut item, payload::encode(body));
     item.insert(attr::EXPIRES_AT.into(), n(expires_at));
     item
 }

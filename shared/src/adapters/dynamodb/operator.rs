@@ -114,9 +114,9 @@ impl OperatorLedger for DynamoLedger {
         history.sort_by_key(|i| sk(i));
         let payload = if with_payload {
             let hash = get_s(record, attr::PAYLOAD_HASH).unwrap_or_default();
-            all.iter()
-                .find(|i| sk(i) == payload_sk(hash))
-                .and_then(|i| i.get(attr::BODY).and_then(|b| b.as_b().ok()).map(|b| b.as_ref().to_vec()))
+            // In the record itself, or in its own item.
+            super::payload::body(record)
+                .or_else(|| all.iter().find(|i| sk(i) == payload_sk(hash)).and_then(super::payload::body))
         } else {
             None
         };

@@ -66,6 +66,7 @@ pub fn work_record(item: &Item) -> Option<WorkRecord> {
         next_attempt_at_ms: gn("next_attempt_at"),
         completed_token: gs("completed_token"),
         transition_token: gs(TRANSITION_TOKEN),
+        payload: super::payload::body(item),
     })
 }
 
@@ -104,7 +105,7 @@ impl WorkLedger for DynamoLedger {
 
     async fn payload(&self, key: &EventKey, hash: &str) -> Result<Option<Vec<u8>>, PortError> {
         let item = self.read_item(key.as_str(), &payload_sk(hash)).await?;
-        Ok(item.and_then(|i| i.get(attr::BODY).and_then(|b| b.as_b().ok()).map(|b| b.as_ref().to_vec())))
+        Ok(item.as_ref().and_then(super::payload::body))
     }
 
     async fn commit(

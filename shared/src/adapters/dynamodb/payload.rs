@@ -1,0 +1,104 @@
+//! How a payload is stored: compressed (deflate) when that makes it smaller,
+//! in the record itself when the record stays within [`INLINE_ITEM_BYTES`],
+//! else in its own item (`sk = payload#<hash>`). DynamoDB bills a write by
+//! the started KB of the whole item, so a small record carrying a small
+//! compressed payload costs less than two items written in a transaction;
+//! a large payload in the record would make every status update pay for it.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::attr;
+
+/// Attribute naming the payload's encoding (`deflate`; absent: raw bytes).
+pub const ENCODING: &str = "enc";
+const DEFLATE: &str = "deflate";
+
+/// A record carries its payload when record and payload fit in this many
+/// bytes (two write units).
+pub const INLINE_ITEM_BYTES: usize = 2048;
+
+/// The stored form of a body: its bytes and encoding.
+pub struct Stored {
+    pub bytes: Vec<u8>,
+    pub encoding: Option<&'static str>,
+}
+
+/// Compresses `body` when that saves space.
+pub fn encode(body: &[u8]) -> Stored {
+    let mut z = flate2::write::DeflateEncoder::new(Vec::with_capacity(body.len() / 2), flate2::Compression::new(6));
+    let compressed = z.write_all(body).and_then(|()| z.finish()).ok();
+    match compressed {
+        Some(c) if c.len() < body.len() => Stored { bytes: c, encoding: Some(DEFLATE) },
+        _ => Stored { bytes: body.to_vec(), encoding: None },
+    }
+}
+
+/// Puts the stored body (and its encoding) on an item.
+pub fn put(item: &mut HashMap<String, AttributeValue>, stored: Stored) {
+    item.insert(attr::BODY.into(), AttributeValue::B(Blob::new(stored.bytes)));
+    if let Some(enc) = stored.encoding {
+        item.insert(ENCODING.into(), AttributeValue::S(enc.into()));
+    }
+}
+
+/// The body an item carries, decoded (`None`: no body, or an encoding this
+/// release does not know, or corrupt data).
+pub fn body(item: &HashMap<String, AttributeValue>) -> Option<Vec<u8>> {
+    let bytes = item.get(attr::BODY)?.as_b().ok()?.as_ref();
+    match item.get(ENCODING).and_then(|v| v.as_s().ok()).map(String::as_str) {
+        None => Some(bytes.to_vec()),
+        Some(DEFLATE) => {
+            let mut out = Vec::with_capacity(bytes.len() * 3);
+            flate2::read::DeflateDecoder::new(bytes).read_to_end(&mut out).ok()?;
+            Some(out)
+        }
+        Some(_) => None,
+    }
+}
+
+/// An item's size by DynamoDB's rules (names and values; numbers about 1
+/// byte per 2 digits plus 1).
+pub fn item_size(item: &HashMap<String, AttributeValue>) -> usize {
+    fn value(v: &AttributeValue) -> usize {
+        match v {
+            AttributeValue::S(s) => s.len(),
+            AttributeValue::N(n) => n.len().div_ceil(2) + 1,
+            AttributeValue::B(b) => b.as_ref().len(),
+            AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+            AttributeValue::L(l) => 3 + l.iter().map(|e| 1 + value(e)).sum::<usize>(),
+            AttributeValue::M(m) => 3 + m.iter().map(|(k, e)| 1 + k.len() + value(e)).sum::<usize>(),
+            _ => 0,
+        }
+    }
+    item.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_round_trip_compressed_or_raw() {
+        let json = br#"{"type":"seats.snapshot","data":{"assignments":[{"role":"member"},{"role":"member"},{"role":"member"}]}}"#;
+        for raw in [&json[..], b"", &[0xff, 0x00, 0x80][..]] {
+            let mut item = HashMap::new();
+            put(&mut item, encode(raw));
+            assert_eq!(body(&item).as_deref(), Some(raw), "{raw:?}");
+        }
+        assert_eq!(encode(json).encoding, Some("deflate"), "repetitive JSON compresses");
+        assert_eq!(encode(&[1, 2, 3]).encoding, None, "kept raw when compression does not help");
+    }
+
+    #[test]
+    fn unknown_encodings_and_corrupt_data_are_not_a_body() {
+        let mut item = HashMap::from([(attr::BODY.to_owned(), AttributeValue::B(Blob::new(vec![1, 2, 3])))]);
+        item.insert(ENCODING.into(), AttributeValue::S("zstd".into()));
+        assert_eq!(body(&item), None);
+        item.insert(ENCODING.into(), AttributeValue::S(DEFLATE.into()));
+        assert_eq!(body(&item), None);
+    }
+}
