@@ -54,8 +54,11 @@ def main():
     defs = sorted((a["AttributeName"], a["AttributeType"]) for a in table["AttributeDefinitions"])
     if defs != sorted((a["AttributeName"], a["AttributeType"]) for a in want["AttributeDefinitions"]):
         fail(f"table attribute definitions differ from the code: {defs}")
-    have_idx = {g["IndexName"]: (norm_keys(g["KeySchema"]), g["Projection"]["ProjectionType"]) for g in table["GlobalSecondaryIndexes"]}
-    want_idx = {g["IndexName"]: (norm_keys(g["KeySchema"]), g["Projection"]["ProjectionType"]) for g in want["GlobalSecondaryIndexes"]}
+    def proj(g):
+        p = g["Projection"]
+        return (p["ProjectionType"], tuple(sorted(p.get("NonKeyAttributes", []))))
+    have_idx = {g["IndexName"]: (norm_keys(g["KeySchema"]), proj(g)) for g in table["GlobalSecondaryIndexes"]}
+    want_idx = {g["IndexName"]: (norm_keys(g["KeySchema"]), proj(g)) for g in want["GlobalSecondaryIndexes"]}
     if have_idx != want_idx:
         fail(f"table indexes differ from the code: {have_idx} vs {want_idx}")
     if table["TimeToLiveSpecification"] != want["TimeToLiveSpecification"]:

@@ -62,6 +62,7 @@ pub fn list(out: &mut (dyn Write + Send), items: &[Row]) -> io::Result<()> {
 pub fn stats(out: &mut (dyn Write + Send), s: &Stats) -> io::Result<()> {
     let rows: Vec<Vec<String>> = s.by_status.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
     columns(out, &["STATUS", "COUNT"], &rows)?;
+    writeln!(out, "(PROCESSED records are in no index and not counted; `hookledger show KEY` reads one)")?;
     writeln!(out)?;
     let rows: Vec<Vec<String>> = s.by_provider.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
     columns(out, &["PROVIDER", "RECORDS"], &rows)?;

@@ -293,23 +293,36 @@ pub enum Transitioned {
 pub struct DueRecord {
     pub key: EventKey,
     pub status: Status,
-    /// Whether any delivery or re-drive has handed it to the queue.
+    /// Whether any delivery or re-drive has noted handing it to the queue.
     pub enqueued: bool,
     /// The `due_at` read: a claim moves it only from this value.
     pub due_at_ms: i64,
+    pub received_at_ms: i64,
+    /// The lease's end, for a record in PROCESSING.
+    pub lease_expires_at_ms: Option<i64>,
 }
 
 impl DueRecord {
-    /// Why the reconciler re-drives it; `None`: not its to re-drive.
-    pub fn redrive_reason(&self) -> Option<&'static str> {
+    /// Why the reconciler re-drives it at `now_ms`; `None`: not its to
+    /// re-drive (a live lease is only looked at again when it ends).
+    pub fn redrive_reason(&self, now_ms: i64) -> Option<&'static str> {
         match self.status {
             Status::Received if !self.enqueued => Some("never_sent"),
             Status::Received => Some("not_picked_up"),
+            Status::Processing if self.lease_expires_at_ms.is_some_and(|end| end >= now_ms) => None,
             Status::Processing => Some("lease_expired"),
             Status::Retryable => Some("retry_due"),
             _ => None,
         }
     }
+}
+
+/// What needs an operator, counted from the attention index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attention {
+    pub dead_letters: u64,
+    pub parked: u64,
+    pub outbox_dead: u64,
 }
 
 /// An entitlement due for a drift check against the provider.

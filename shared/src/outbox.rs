@@ -184,10 +184,6 @@ impl<S: OutboxStore, P: Publisher> Dispatch for Dispatcher<S, P> {
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
         self.store.due(shard, up_to, limit).await
     }
-
-    async fn count_dead(&self, shards: u32) -> Result<u64, PortError> {
-        self.store.count_dead(shards).await
-    }
 }
 
 #[cfg(test)]
@@ -400,10 +396,6 @@ mod tests {
             due.sort();
             Ok(due.into_iter().take(limit.clamp(1, 100)).map(|(_, id)| id.clone()).collect())
         }
-
-        async fn count_dead(&self, shards: u32) -> Result<u64, PortError> {
-            Ok(self.table().items.values().filter(|i| i.status == DEAD && i.shard < shards).count() as u64)
-        }
     }
 
     /// One publish call as the publisher saw it.
@@ -589,7 +581,6 @@ mod tests {
         }
         let item = store.get("outbox#k");
         assert_eq!((item.status, item.due_at, item.dead_at, item.shard), (DEAD, None, Some(now), 5));
-        assert_eq!(Dispatch::count_dead(&d, 8).await.unwrap(), 1);
         assert_eq!(d.dispatch("outbox#k", now + 100 * DISPATCH_LEASE_MS).await.unwrap(), Dispatched::Skipped);
         assert_eq!(publisher.calls().len(), 3);
     }

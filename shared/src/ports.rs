@@ -19,8 +19,8 @@ use std::future::Future;
 
 use crate::identity::EventKey;
 use crate::ledger::{
-    Claim, CommitResult, DriftItem, DueItem, DueRecord, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row,
-    SendLease, Status, Transitioned,
+    Attention, Claim, CommitResult, DriftItem, DueItem, DueRecord, Exit, LeaseResult, NewEvent, OperatorAction,
+    PortError, Row, SendLease, Status, Transitioned,
 };
 use crate::message::{Dispatched, Held, OutboxClaim};
 use crate::projection::Op;
@@ -168,8 +168,6 @@ pub trait Dispatch: Send + Sync {
     fn dispatch(&self, id: &str, now_ms: i64) -> impl Future<Output = Result<Dispatched, PortError>> + Send;
     /// Outbox items of `shard` due at `up_to` or earlier, oldest first.
     fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
-    /// Outbox items whose attempts are exhausted (all shards).
-    fn count_dead(&self, shards: u32) -> impl Future<Output = Result<u64, PortError>> + Send;
 }
 
 /// The outbox items' transitions, each conditional on the dispatcher's token.
@@ -210,8 +208,6 @@ pub trait OutboxStore: Send + Sync {
     ) -> impl Future<Output = Result<Held, PortError>> + Send;
     /// Items of `shard` due at `up_to` or earlier, oldest first.
     fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
-    /// Items in DEAD (all shards).
-    fn count_dead(&self, shards: u32) -> impl Future<Output = Result<u64, PortError>> + Send;
 }
 
 /// Where outbox items go (SNS in production). `Err`: the publish failed (the
@@ -259,10 +255,9 @@ pub trait DueLedger: Ledger {
     /// Notes that a re-driven record was handed to the queue (keeps an
     /// earlier note).
     fn note_enqueued(&self, key: &EventKey, now_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
-    /// Records in `status` (all shards).
-    fn count(&self, status: Status) -> impl Future<Output = Result<u64, PortError>> + Send;
-    /// The receive time of the oldest record not yet finished.
-    fn oldest_open(&self) -> impl Future<Output = Result<Option<i64>, PortError>> + Send;
+    /// DEAD and PARKED records and DEAD outbox items (all shards; one query
+    /// per shard).
+    fn attention(&self) -> impl Future<Output = Result<Attention, PortError>> + Send;
 }
 
 /// Which records an operator lists.

@@ -937,10 +937,6 @@ mod tests {
         async fn due(&self, _shard: u32, _up_to: i64, _limit: usize) -> Result<Vec<String>, PortError> {
             Ok(Vec::new())
         }
-
-        async fn count_dead(&self, _shards: u32) -> Result<u64, PortError> {
-            Ok(0)
-        }
     }
 
     // ------------------------------------------------------ scripted projections

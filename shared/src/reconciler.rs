@@ -178,7 +178,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         self.phase_result("outbox", outbox, &mut summary);
         let drift = self.drift(now_ms, deadline, &mut budget, &mut summary).await;
         self.phase_result("drift", drift, &mut summary);
-        match self.evidence(now_ms, &mut summary).await {
+        match self.evidence(&mut summary).await {
             Ok(()) => summary.evidence = true,
             Err(e) => {
                 *summary.errors.entry("evidence".into()).or_default() += 1;
@@ -234,11 +234,30 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     if self.out_of_time(deadline, *budget, summary) {
                         return Ok(());
                     }
-                    let Some(reason) = record.redrive_reason() else { continue };
                     let key = &record.key;
                     if failures.failed_before(key.as_str()) {
                         continue;
                     }
+                    if !record.status.is_terminal() {
+                        let age = (now_ms - record.received_at_ms).max(0);
+                        summary.oldest_unprocessed_age_ms =
+                            Some(summary.oldest_unprocessed_age_ms.map_or(age, |a| a.max(age)));
+                    }
+                    let Some(reason) = record.redrive_reason(now_ms) else {
+                        // A live lease: look again when it ends (the lease
+                        // does not move the record in the index).
+                        if let (Status::Processing, Some(end)) = (record.status, record.lease_expires_at_ms) {
+                            match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, end + 1).await {
+                                Ok(_) => acted += 1,
+                                Err(e) => {
+                                    if failures.item("redrive", key.as_str(), &e, summary) {
+                                        return Ok(());
+                                    }
+                                }
+                            }
+                        }
+                        continue;
+                    };
                     // Claimed, the record stays due at its next look: if the
                     // send below fails or this invocation dies, a later run
                     // sends it again.
@@ -511,19 +530,14 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
 
     /// Dead letters, parked records, dead outbox items and the oldest
     /// unprocessed age, from the status index.
-    /// All or nothing: a failed query leaves no partial counts in the summary.
-    async fn evidence(&self, now_ms: i64, summary: &mut Summary) -> Result<(), PortError> {
-        let dead_letters = self.ledger.count(Status::Dead).await?;
-        let parked = self.ledger.count(Status::Parked).await?;
-        let outbox_dead = match &self.dispatcher {
-            Some(d) => d.count_dead(self.ledger.shards()).await?,
-            None => 0,
-        };
-        let oldest = self.ledger.oldest_open().await?;
-        summary.dead_letters = dead_letters;
-        summary.parked = parked;
-        summary.outbox_dead = outbox_dead;
-        summary.oldest_unprocessed_age_ms = oldest.map(|o| (now_ms - o).max(0));
+    /// All or nothing: a failed query leaves no partial counts in the
+    /// summary. (The oldest unprocessed age is measured by the re-drive
+    /// phase: the oldest record it found overdue.)
+    async fn evidence(&self, summary: &mut Summary) -> Result<(), PortError> {
+        let attention = self.ledger.attention().await?;
+        summary.dead_letters = attention.dead_letters;
+        summary.parked = attention.parked;
+        summary.outbox_dead = attention.outbox_dead;
         Ok(())
     }
 
@@ -571,7 +585,7 @@ mod tests {
 
     use super::*;
     use crate::identity::shard_of;
-    use crate::ledger::{DueRecord, ExistingRecord};
+    use crate::ledger::{Attention, DueRecord, ExistingRecord};
     use crate::policy::REDRIVE_GRACE_MS;
     use crate::ports::Ledger;
     use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture};
@@ -711,6 +725,8 @@ mod tests {
         redrives: u32,
         duplicates: u32,
         conflicts: u32,
+        /// A PROCESSING record's lease end (`None`: lapsed long ago).
+        lease_expires_at: Option<i64>,
     }
 
     impl Rec {
@@ -730,6 +746,7 @@ mod tests {
                 redrives: 0,
                 duplicates: 0,
                 conflicts: 0,
+                lease_expires_at: None,
             }
         }
     }
@@ -789,6 +806,8 @@ mod tests {
     #[derive(Clone)]
     struct MemLedger {
         store: Arc<Mutex<Store>>,
+        /// The outbox items live in the same table: the attention count sees them.
+        outbox: Arc<Mutex<Outbox>>,
         log: Log,
     }
 
@@ -940,6 +959,8 @@ mod tests {
                             status: r.status,
                             enqueued: r.enqueued_at.is_some(),
                             due_at_ms: at,
+                            received_at_ms: r.received_at,
+                            lease_expires_at_ms: r.lease_expires_at,
                         },
                     )),
                     _ => None,
@@ -1013,17 +1034,12 @@ mod tests {
             Ok(())
         }
 
-        async fn count(&self, status: Status) -> Result<u64, PortError> {
+        async fn attention(&self) -> Result<Attention, PortError> {
             let mut s = self.lock();
-            s.faults.trip("count", status.as_str(), "dynamodb")?;
-            Ok(s.records.values().filter(|r| r.status == status).count() as u64)
-        }
-
-        async fn oldest_open(&self) -> Result<Option<i64>, PortError> {
-            let mut s = self.lock();
-            s.faults.trip("oldest_open", "", "dynamodb")?;
-            let open = [Status::Received, Status::Retryable, Status::Processing];
-            Ok(s.records.values().filter(|r| open.contains(&r.status)).map(|r| r.received_at).min())
+            s.faults.trip("attention", "", "dynamodb")?;
+            let count = |st: Status| s.records.values().filter(|r| r.status == st).count() as u64;
+            let (dead_letters, parked) = (count(Status::Dead), count(Status::Parked));
+            Ok(Attention { dead_letters, parked, outbox_dead: self.outbox.lock().unwrap().dead })
         }
     }
 
@@ -1124,12 +1140,6 @@ mod tests {
                 .collect();
             Ok(page(due, limit))
         }
-
-        async fn count_dead(&self, _shards: u32) -> Result<u64, PortError> {
-            let mut o = self.state.lock().unwrap();
-            o.faults.trip("count_dead", "", "dynamodb")?;
-            Ok(o.dead)
-        }
     }
 
     // ----------------------------------------------------------- the provider
@@ -1182,10 +1192,11 @@ mod tests {
     impl World {
         fn new() -> Self {
             let log = Log::default();
+            let outbox: Arc<Mutex<Outbox>> = Arc::default();
             Self {
-                ledger: MemLedger { store: Arc::default(), log: log.clone() },
+                ledger: MemLedger { store: Arc::default(), outbox: outbox.clone(), log: log.clone() },
                 queue: MemQueue { state: Arc::default(), log: log.clone() },
-                outbox: MemDispatch { state: Arc::default(), log: log.clone() },
+                outbox: MemDispatch { state: outbox, log: log.clone() },
                 source: Arc::new(MemSource { answers: Mutex::default(), log: log.clone() }),
                 log,
                 settings: settings(),
@@ -1721,7 +1732,7 @@ mod tests {
             Reconciler::new(w.ledger.clone(), w.queue.clone(), None, None, w.settings);
         let summary = recon.run(NOW, far()).await;
         assert!(w.dispatched().is_empty());
-        assert_eq!((summary.outbox_republished, summary.outbox_dead), (0, 0));
+        assert_eq!((summary.outbox_republished, summary.outbox_dead), (0, 4), "the evidence reads the table");
         assert!(summary.complete && summary.evidence, "{summary:?}");
     }
 
@@ -1909,14 +1920,20 @@ mod tests {
         }
         w.record("evt_parked", Status::Parked, None, NOW);
         w.record("evt_done", Status::Processed, None, NOW - 999_000);
-        let open = w.record("evt_open", Status::Received, Some(1), NOW + BACKOFF);
+        // The oldest record found overdue (not-yet-due ones are younger than
+        // the grace, or waiting for their retry or lease).
+        let open = w.record("evt_open", Status::Received, Some(1), NOW - 1);
         w.ledger.lock().records.get_mut(open.as_str()).expect("open").received_at = NOW - 5_000;
+        w.record("evt_later", Status::Retryable, Some(1), NOW + BACKOFF);
         w.outbox.state.lock().unwrap().dead = 3;
         let summary = w.run(NOW).await;
         assert!(summary.evidence);
         assert_eq!((summary.dead_letters, summary.parked, summary.outbox_dead), (2, 1, 3));
         assert_eq!(summary.oldest_unprocessed_age_ms, Some(5_000));
-        assert_eq!(w.run(NOW - 6_000).await.oldest_unprocessed_age_ms, Some(0), "never negative");
+        let skewed = World::new();
+        let ahead = skewed.record("evt_ahead", Status::Received, Some(1), NOW - 1);
+        skewed.ledger.lock().records.get_mut(ahead.as_str()).expect("ahead").received_at = NOW + 1_000;
+        assert_eq!(skewed.run(NOW).await.oldest_unprocessed_age_ms, Some(0), "never negative");
     }
 
     /// Records the gauges set while it is the local recorder.
@@ -1968,15 +1985,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_evidence_query_clears_evidence_and_its_gauges_are_not_emitted() {
-        for op in ["count", "oldest_open", "count_dead"] {
+        for op in ["attention"] {
             let w = World::new();
             w.record("evt_dead", Status::Dead, None, NOW);
             w.record("evt_1", Status::Received, None, NOW - 1);
-            if op == "count_dead" {
-                w.outbox.state.lock().unwrap().faults.add(op, None, ALWAYS, Fail::Down);
-            } else {
-                w.fail(op, None, ALWAYS, Fail::Down);
-            }
+            w.fail(op, None, ALWAYS, Fail::Down);
             let gauges = Gauges::default();
             let _local = metrics::set_default_local_recorder(&gauges);
             let summary = w.run(NOW).await;
@@ -1996,7 +2009,7 @@ mod tests {
     async fn a_failed_evidence_query_reports_no_partial_counts() {
         let w = World::new();
         w.record("evt_dead", Status::Dead, None, NOW);
-        w.fail("oldest_open", None, ALWAYS, Fail::Down);
+        w.fail("attention", None, ALWAYS, Fail::Down);
         let summary = w.run(NOW).await;
         assert!(!summary.evidence);
         assert_eq!((summary.dead_letters, summary.parked, summary.outbox_dead), (0, 0, 0));

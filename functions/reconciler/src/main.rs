@@ -1,5 +1,7 @@
 //! Reconciler Lambda: EventBridge schedule → one bounded reconciliation run.
 //! `main` only initialises.
+// The run's future nests deeply (phases, batch reads, retries).
+#![recursion_limit = "256"]
 
 use lambda_runtime::{Error, service_fn};
 use reconciler::handler;

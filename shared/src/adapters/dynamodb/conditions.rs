@@ -32,14 +32,17 @@
 //!   PENDING due | SENDING lapsed ── outbox_claim (outbox.rs) ──▶ SENDING(token)
 //!   SENDING(token) ── outbox_sent     (outbox.rs) ──▶ SENT
 //!   SENDING(token) ── outbox_back_off (outbox.rs) ──▶ PENDING(due later)
-//!   SENDING(token) ── outbox_dead     (outbox.rs) ──▶ DEAD (OUTBOX_DEAD# partition)
+//!   SENDING(token) ── outbox_dead     (outbox.rs) ──▶ DEAD (attention index)
 //! ```
 //!
-//! Index bookkeeping ([`Update::to`]): every status change sets `#st` and the
-//! record's `status` index partition (`st_shard`); a terminal status leaves
+//! Index bookkeeping ([`Update::to`]): every status change sets `#st`; DEAD
+//! and PARKED enter the sparse `attention` index (`attn_shard`, `attn_at` =
+//! `received_at`), every other status leaves it; a terminal status leaves
 //! the sparse `due` index (`due_shard`, `due_at`, `next_attempt_at` removed);
 //! a non-terminal one names its next look (`due_at`, and `due_shard` when it
-//! comes back into the index); RETRYABLE's `next_attempt_at` is its `due_at`.
+//! comes back into the index), except the lease, which keeps it;
+//! RETRYABLE's `next_attempt_at` is its `due_at`. PROCESSED records are in no
+//! index.
 //!
 //! Every write lets its own retry recognise itself: the SDK retries a
 //! request whose acknowledgement was lost, and the retry fails its condition
@@ -49,7 +52,7 @@
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::schema::{attr, due_shard, status_shard};
+use super::schema::{attention_shard, attr, due_shard, needs_attention};
 use crate::ledger::{Exit, OperatorAction, SendLease, Status};
 
 /// Longest error message kept on a record.
@@ -97,6 +100,10 @@ pub enum Due {
     At(i64),
     /// Comes back into the index (it had left it), next look at this time.
     Reenter(i64),
+    /// Stays in the index as it is (the lease: a record whose lease is
+    /// still live when its due time comes is only rescheduled by the
+    /// reconciler; not moving it saves two index writes per event).
+    Keep,
     /// Leaves the index (terminal statuses).
     Leave,
 }
@@ -133,15 +140,18 @@ impl Update {
 
     /// The index bookkeeping of a status change, written once (see the module docs).
     pub fn to(mut self, to: Status, shard: u32, due: Due) -> Self {
-        self = self
-            .status()
-            .set("#st = :bk_to")
-            .set("st_shard = :bk_st")
-            .value(":bk_to", s(to.as_str()))
-            .value(":bk_st", s(status_shard(to, shard)));
+        self = self.status().set("#st = :bk_to").value(":bk_to", s(to.as_str()));
+        // DEAD and PARKED are in the attention index, sorted by receipt;
+        // everything else is not.
+        self = if needs_attention(to) {
+            self.set("attn_shard = :bk_attn").set("attn_at = received_at").value(":bk_attn", s(attention_shard(shard)))
+        } else {
+            self.remove("attn_shard").remove("attn_at")
+        };
         debug_assert_eq!(to.is_terminal(), due == Due::Leave, "terminal statuses leave the due index");
         match due {
             Due::Leave => self.remove("due_shard").remove("due_at").remove("next_attempt_at"),
+            Due::Keep => self,
             Due::At(at) | Due::Reenter(at) => {
                 self = self.set("due_at = :bk_due").value(":bk_due", n(at));
                 if let Due::Reenter(_) = due {
@@ -297,7 +307,9 @@ pub fn flag_conflict(other_hash: &str, at_ms: i64) -> Update {
 /// crashed one's commit fails the fence. Our own lease whose acknowledgement
 /// was lost fails the condition on the SDK's retry: the returned record
 /// names us as `lease_owner`, so it is ours (no attempt burned, not "busy").
-/// The lease's expiry is the record's next look in the `due` index.
+/// The lease does not move the record in the `due` index (an index write
+/// saved): when its due time comes and the lease is still live, the
+/// reconciler moves it to the lease's end instead of re-driving it.
 pub fn lease(token: &str, now_ms: i64, lease_ms: i64, shard: u32) -> Update {
     let expires = now_ms + lease_ms;
     Update::when(
@@ -305,7 +317,7 @@ pub fn lease(token: &str, now_ms: i64, lease_ms: i64, shard: u32) -> Update {
          OR (#st = :retryable AND next_attempt_at <= :now) \
          OR (#st = :processing AND lease_expires_at < :now))",
     )
-    .to(Status::Processing, shard, Due::At(expires))
+    .to(Status::Processing, shard, Due::Keep)
     .set("lease_owner = :tok")
     .set("lease_expires_at = :exp")
     .set("last_attempt_at = :now")
@@ -576,20 +588,20 @@ pub fn outbox_back_off(token: &str, next_at_ms: i64, error: &str, now_ms: i64) -
 
 /// As [`outbox_back_off`], but the attempts are exhausted: out of the due
 /// index, into the `OUTBOX_DEAD#…` status partition.
-pub fn outbox_dead(token: &str, dead_partition: &str, error: &str, now_ms: i64) -> Update {
+pub fn outbox_dead(token: &str, attention_partition: &str, error: &str, now_ms: i64) -> Update {
     dispatch_fenced(token)
         .set("#st = :dead")
         .set("last_error = :err")
         .set("last_failed_at = :now")
         .set("dead_at = :now")
-        .set("st_shard = :st")
-        .set("st_at = :now")
+        .set("attn_shard = :st")
+        .set("attn_at = :now")
         .remove("due_shard")
         .remove("due_at")
         .value(":dead", s(DEAD))
         .value(":err", s(error))
         .value(":now", n(now_ms))
-        .value(":st", s(dead_partition))
+        .value(":st", s(attention_partition))
 }
 
 #[cfg(test)]
@@ -599,25 +611,39 @@ mod tests {
     #[test]
     fn terminal_statuses_leave_the_due_index_and_retryable_names_its_next_attempt() {
         let dead = leave("t", &Exit::Dead { reason: "r", message: "m" }, 5, 3).expression();
-        assert!(dead.contains("#st = :bk_to") && dead.contains("st_shard = :bk_st"), "{dead}");
+        assert!(
+            dead.contains("#st = :bk_to") && dead.contains("attn_shard = :bk_attn, attn_at = received_at"),
+            "{dead}"
+        );
         assert!(dead.contains("REMOVE lease_owner, lease_expires_at, due_shard, due_at, next_attempt_at"), "{dead}");
         let retry =
             leave("t", &Exit::Retry { next_at_ms: 9, code: "c", message: "m", failure: true }, 5, 3).expression();
         assert!(retry.contains("due_at = :bk_due") && retry.contains("next_attempt_at = :bk_due"), "{retry}");
         assert!(!retry.contains("due_shard"), "stays in its partition: {retry}");
         let woken = wake("gap", 5, 3).expression();
-        assert!(woken.contains("due_shard = :bk_ds") && woken.contains("REMOVE window_start"), "{woken}");
+        assert!(woken.contains("due_shard = :bk_ds") && woken.contains("attn_at, window_start"), "{woken}");
         let resolved = operator(OperatorAction::Resolve, "op", "why", "tok", 5, 3).expression();
-        assert!(resolved.contains("REMOVE due_shard, due_at, next_attempt_at"), "{resolved}");
+        assert!(resolved.contains("due_shard, due_at, next_attempt_at"), "{resolved}");
     }
 
     #[test]
-    fn the_lease_keeps_the_record_due_at_its_expiry() {
-        let u = lease("tok", 1_000, 30_000, 0);
-        let e = u.expression();
-        assert!(e.contains("due_at = :bk_due") && !e.contains("next_attempt_at ="), "{e}");
-        assert!(u.values.contains(&(":bk_due".into(), n(31_000))));
-        assert!(u.values.contains(&(":bk_st".into(), s("PROCESSING#000"))));
+    fn the_lease_does_not_move_the_record_in_any_index() {
+        let e = lease("tok", 1_000, 30_000, 0).expression();
+        assert!(!e.contains("due_at") && !e.contains("due_shard") && !e.contains("next_attempt_at ="), "{e}");
+        assert!(e.contains("REMOVE attn_shard, attn_at"), "not in the attention index: {e}");
+    }
+
+    #[test]
+    fn dead_and_parked_records_enter_the_attention_index_and_leave_it_when_replayed() {
+        let parked = leave("t", &Exit::Park { reason: "r", subject: None }, 5, 7);
+        assert!(parked.values.contains(&(":bk_attn".into(), s("attn#007"))));
+        let replayed = operator(OperatorAction::Replay, "op", "why", "tok", 5, 7).expression();
+        assert!(replayed.contains("REMOVE") && replayed.contains("attn_shard, attn_at"), "{replayed}");
+        let processed = complete("t", "applied", None, 5, 7).expression();
+        assert!(
+            processed.contains("attn_shard, attn_at") && processed.contains("due_shard, due_at"),
+            "in no index: {processed}"
+        );
     }
 
     #[test]
@@ -648,7 +674,7 @@ mod tests {
             outbox_claim("t", 1, 2),
             outbox_sent("t", 1),
             outbox_back_off("t", 1, "e", 1),
-            outbox_dead("t", "OUTBOX_DEAD#000", "e", 1),
+            outbox_dead("t", "attn#000", "e", 1),
         ];
         for u in updates {
             let text = format!("{} {}", u.expression(), u.condition);

@@ -7,7 +7,9 @@
 //!
 //! Non-terminal records carry `due_shard`/`due_at`, the keys of the sparse,
 //! sharded `due` index the reconciler queries (never a scan); every record
-//! carries `st_shard`/`st_at`, the keys of the `status` index operators read.
+//! DEAD and PARKED records (and DEAD outbox items) carry `attn_shard`/`attn_at`,
+//! the keys of the sparse `attention` index operators and the evidence read.
+//! PROCESSED records are in no index.
 //!
 //! Split by actor, each implementing its use case's port: `claim` (intake),
 //! `work` (processor), `due` (reconciler), `operator` (operations), `outbox`
@@ -31,8 +33,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditi
 
 use self::conditions::Update;
 pub use self::schema::{
-    DUE_INDEX, META_SK, STATUS_INDEX, TTL_ATTRIBUTE, attr, create_table, due_shard, payload_sk, status_shard,
-    table_definition,
+    ATTENTION_INDEX, DUE_INDEX, META_SK, TTL_ATTRIBUTE, attention_shard, attr, create_table, due_shard,
+    needs_attention, payload_sk, table_definition,
 };
 use super::port_error;
 use crate::identity::EventKey;
@@ -70,11 +72,6 @@ impl DynamoLedger {
 
     pub fn shards(&self) -> u32 {
         self.shards
-    }
-
-    /// The status-index partition of `key` in `status`.
-    pub fn status_shard(&self, status: Status, key: &EventKey) -> String {
-        status_shard(status, key.shard(self.shards))
     }
 
     pub fn client(&self) -> &Client {
@@ -228,8 +225,6 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::SEND_TOKEN.into(), s(&event.send.token));
     item.insert(attr::SEND_LEASE_UNTIL.into(), n(event.send.until_ms));
     item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
-    item.insert(attr::ST_SHARD.into(), s(status_shard(Status::Received, event.shard)));
-    item.insert(attr::ST_AT.into(), n(event.received_at_ms));
     item.insert(attr::DUE_AT.into(), n(event.received_at_ms + REDRIVE_GRACE_MS));
     item
 }

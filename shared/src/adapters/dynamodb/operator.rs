@@ -1,13 +1,18 @@
-//! The operator's reads and transitions ([`OperatorLedger`]): the `status`
-//! index (never a scan), one record with its history, and the audited
-//! replay / park / resolve (expressions in `conditions`).
+//! The operator's reads and transitions ([`OperatorLedger`]): DEAD and
+//! PARKED records from the `attention` index, open records from the `due`
+//! index (keys, then a batch read), never a scan; one record with its
+//! history; and the audited replay / park / resolve (expressions in
+//! `conditions`). PROCESSED records are in no index: `show` reads one by key.
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::conditions as cond;
-use super::{DynamoLedger, Item, META_SK, STATUS_INDEX, Written, attr, get_n, get_s, payload_sk, status_shard};
+use super::{
+    ATTENTION_INDEX, DUE_INDEX, DynamoLedger, Item, META_SK, Written, attention_shard, attr, due_shard, get_n, get_s,
+    payload_sk,
+};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
@@ -33,6 +38,111 @@ fn value_json(v: &AttributeValue) -> serde_json::Value {
     }
 }
 
+/// The row of an item: its attributes as JSON, and `st_at`, the receive
+/// time rows are sorted and paged by.
+fn row(item: &Item) -> Row {
+    let mut r = item_json(item);
+    r.insert("st_at".into(), get_n(item, attr::RECEIVED_AT).unwrap_or(0).into());
+    r
+}
+
+/// Whether an item passes the filter's equality filters, receive-time range
+/// and cursor.
+fn passes(item: &Item, filter: &RowFilter<'_>) -> bool {
+    let at = get_n(item, attr::RECEIVED_AT).unwrap_or(0);
+    [("endpoint", filter.endpoint), ("event_type", filter.event_type), ("subject", filter.subject)]
+        .into_iter()
+        .all(|(name, want)| want.is_none_or(|w| get_s(item, name) == Some(w)))
+        && (filter.since_ms..=filter.until_ms).contains(&at)
+        && filter.is_after(at, get_s(item, attr::PK).unwrap_or(""))
+}
+
+impl DynamoLedger {
+    async fn attention_rows(
+        &self,
+        status: Status,
+        shard: u32,
+        filter: &RowFilter<'_>,
+        want: usize,
+    ) -> Result<Vec<Row>, PortError> {
+        let mut out = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client()
+                .query()
+                .table_name(self.table())
+                .index_name(ATTENTION_INDEX)
+                .key_condition_expression("attn_shard = :p AND attn_at BETWEEN :lo AND :hi")
+                .filter_expression("sk = :meta AND #st = :st")
+                .expression_attribute_names("#st", attr::STATUS)
+                .expression_attribute_values(":p", AttributeValue::S(attention_shard(shard)))
+                .expression_attribute_values(":lo", AttributeValue::N(filter.since_ms.to_string()))
+                .expression_attribute_values(":hi", AttributeValue::N(filter.until_ms.to_string()))
+                .expression_attribute_values(":meta", AttributeValue::S(META_SK.to_owned()))
+                .expression_attribute_values(":st", AttributeValue::S(status.as_str().to_owned()))
+                .scan_index_forward(false)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| port_error("dynamodb", &e))?;
+            out.extend(page.items.unwrap_or_default().iter().filter(|i| passes(i, filter)).map(row));
+            match page.last_evaluated_key {
+                Some(k) if out.len() < want => start = Some(k),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Every open record of the shard in `status`, newest first.
+    async fn open_rows(&self, status: Status, shard: u32, filter: &RowFilter<'_>) -> Result<Vec<Row>, PortError> {
+        let mut keys = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client()
+                .query()
+                .table_name(self.table())
+                .index_name(DUE_INDEX)
+                .key_condition_expression("due_shard = :p")
+                .expression_attribute_values(":p", AttributeValue::S(due_shard(shard)))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| port_error("dynamodb", &e))?;
+            keys.extend(
+                page.items
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|k| k.into_iter().filter(|(n, _)| n == attr::PK || n == attr::SK).collect::<Item>()),
+            );
+            match page.last_evaluated_key {
+                Some(k) => start = Some(k),
+                None => break,
+            }
+        }
+        let mut items: Vec<Item> = self
+            .batch_read(keys)
+            .await?
+            .into_iter()
+            .filter(|i| get_s(i, attr::STATUS) == Some(status.as_str()) && passes(i, filter))
+            .collect();
+        let sort_key =
+            |i: &Item| (get_n(i, attr::RECEIVED_AT).unwrap_or(0), get_s(i, attr::PK).unwrap_or_default().to_owned());
+        items.sort_by_key(|i| std::cmp::Reverse(sort_key(i)));
+        Ok(items
+            .iter()
+            .map(|i| {
+                let mut r = row(i);
+                if !filter.fields.is_empty() {
+                    r.retain(|k, _| filter.fields.contains(&k.as_str()) || k == "st_at" || k == attr::PK);
+                }
+                r
+            })
+            .collect())
+    }
+}
+
 impl OperatorLedger for DynamoLedger {
     fn shards(&self) -> u32 {
         DynamoLedger::shards(self)
@@ -45,54 +155,25 @@ impl OperatorLedger for DynamoLedger {
         filter: &RowFilter<'_>,
         want: usize,
     ) -> Result<Vec<Row>, PortError> {
-        let mut out = Vec::new();
-        let mut start = None;
-        loop {
-            let mut q = self
-                .client()
-                .query()
-                .table_name(self.table())
-                .index_name(STATUS_INDEX)
-                .key_condition_expression("st_shard = :p AND st_at BETWEEN :lo AND :hi")
-                .expression_attribute_values(":p", AttributeValue::S(status_shard(status, shard)))
-                .expression_attribute_values(":lo", AttributeValue::N(filter.since_ms.to_string()))
-                .expression_attribute_values(":hi", AttributeValue::N(filter.until_ms.to_string()))
-                .scan_index_forward(false)
-                .set_exclusive_start_key(start.take());
-            let mut filters = Vec::new();
-            for (name, placeholder, value) in [
-                ("endpoint", ":e", filter.endpoint),
-                ("event_type", ":t", filter.event_type),
-                ("subject", ":s", filter.subject),
-            ] {
-                if let Some(v) = value {
-                    filters.push(format!("{name} = {placeholder}"));
-                    q = q.expression_attribute_values(placeholder, AttributeValue::S(v.to_owned()));
-                }
-            }
-            if !filters.is_empty() {
-                q = q.filter_expression(filters.join(" AND "));
-            }
-            if !filter.fields.is_empty() {
-                q = q.projection_expression(filter.fields.join(", "));
-            }
-            let page = q.send().await.map_err(|e| port_error("dynamodb", &e))?;
-            out.extend(
-                page.items
-                    .unwrap_or_default()
-                    .iter()
-                    .filter(|i| filter.is_after(get_n(i, attr::ST_AT).unwrap_or(0), get_s(i, attr::PK).unwrap_or("")))
-                    .map(item_json),
-            );
-            match page.last_evaluated_key {
-                Some(k) if out.len() < want => start = Some(k),
-                _ => return Ok(out),
-            }
-        }
+        let rows = match status {
+            // DEAD and PARKED: the attention index, newest first.
+            Status::Dead | Status::Parked => self.attention_rows(status, shard, filter, want).await?,
+            // Open records: every one is in the due index (keys only); read
+            // them in batches.
+            Status::Received | Status::Processing | Status::Retryable => self.open_rows(status, shard, filter).await?,
+            // Finished records are in no index: `show KEY` reads one.
+            Status::Processed => Vec::new(),
+        };
+        Ok(rows)
     }
 
     async fn count(&self, status: Status) -> Result<u64, PortError> {
-        crate::ports::DueLedger::count(self, status).await
+        let everything = RowFilter { until_ms: i64::MAX, ..RowFilter::default() };
+        let mut total = 0;
+        for shard in 0..self.shards() {
+            total += self.rows(status, shard, &everything, usize::MAX).await?.len() as u64;
+        }
+        Ok(total)
     }
 
     async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Option<Shown>, PortError> {

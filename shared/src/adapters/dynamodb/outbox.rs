@@ -4,10 +4,10 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, Select, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 
 use super::conditions::{self as cond, outbox_status};
-use super::{DUE_INDEX, Item, STATUS_INDEX, Written};
+use super::{DUE_INDEX, Item, Written};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::PortError;
@@ -38,14 +38,11 @@ pub mod attr {
     pub const DISPATCH_UNTIL: &str = "dispatch_until";
 }
 
-/// Status-index partition prefix of outbox items whose attempts are
-/// exhausted: `OUTBOX_DEAD#007`. Apart from the ledger's `DEAD#…`, so
-/// dead letters, `list --status dead` and replay see only ledger records.
-pub const OUTBOX_DEAD_PREFIX: &str = "OUTBOX_DEAD";
-
-/// The status-index partition of dead outbox items in `shard`.
+/// The attention-index partition of dead outbox items in `shard` (with the
+/// ledger's DEAD and PARKED records; `sk = outbox` tells them apart, so dead
+/// letters, `list --status dead` and replay see only ledger records).
 pub fn dead_partition(shard: u32) -> String {
-    due_shard_named(OUTBOX_DEAD_PREFIX, shard)
+    super::attention_shard(shard)
 }
 
 /// The outbox item for `msg` produced by the event `key`.
@@ -181,33 +178,5 @@ impl OutboxStore for DynamoOutbox {
             .await
             .map_err(|e| port_error("dynamodb", &e))?;
         Ok(out.items.unwrap_or_default().iter().map(|i| text(i, attr::PK)).filter(|pk| !pk.is_empty()).collect())
-    }
-
-    async fn count_dead(&self, shards: u32) -> Result<u64, PortError> {
-        let mut total = 0;
-        for shard in 0..shards {
-            let mut start = None;
-            loop {
-                let page = self
-                    .ledger
-                    .client()
-                    .query()
-                    .table_name(self.ledger.table())
-                    .index_name(STATUS_INDEX)
-                    .key_condition_expression("st_shard = :p")
-                    .expression_attribute_values(":p", AttributeValue::S(dead_partition(shard)))
-                    .select(Select::Count)
-                    .set_exclusive_start_key(start.take())
-                    .send()
-                    .await
-                    .map_err(|e| port_error("dynamodb", &e))?;
-                total += page.count.max(0) as u64;
-                match page.last_evaluated_key {
-                    Some(k) => start = Some(k),
-                    None => break,
-                }
-            }
-        }
-        Ok(total)
     }
 }

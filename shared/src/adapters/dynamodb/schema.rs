@@ -14,7 +14,10 @@ use crate::policy::due_shard_named;
 
 pub const META_SK: &str = "meta";
 pub const DUE_INDEX: &str = "due";
-pub const STATUS_INDEX: &str = "status";
+/// The sparse index of what needs an operator: DEAD and PARKED records,
+/// DEAD outbox items. Replaces the `status` index of earlier releases (see
+/// the README's upgrade steps).
+pub const ATTENTION_INDEX: &str = "attention";
 pub const TTL_ATTRIBUTE: &str = "expires_at";
 
 /// Attribute names of the ledger record.
@@ -38,8 +41,8 @@ pub mod attr {
     pub const LAST_CONFLICT_AT: &str = "last_conflict_at";
     pub const SEND_TOKEN: &str = "send_token";
     pub const SEND_LEASE_UNTIL: &str = "send_lease_until";
-    pub const ST_SHARD: &str = "st_shard";
-    pub const ST_AT: &str = "st_at";
+    pub const ATTN_SHARD: &str = "attn_shard";
+    pub const ATTN_AT: &str = "attn_at";
     pub const DUPLICATES: &str = "duplicates";
     pub const SUBJECT: &str = "subject";
     pub const DUE_SHARD: &str = "due_shard";
@@ -56,22 +59,41 @@ pub fn due_shard(shard: u32) -> String {
     due_shard_named("due", shard)
 }
 
-/// Status-index partition: `DEAD#007`. Every ledger record is in it (sorted
-/// by receive time), so operators list and count by status without a scan.
-pub fn status_shard(status: Status, shard: u32) -> String {
-    format!("{}#{shard:03}", status.as_str())
+/// Attention-index partition: `attn#007`. DEAD and PARKED records (sorted
+/// by receive time) and DEAD outbox items (by the time they died) are in
+/// it, so operators list and count them without a scan; every other item
+/// stays out.
+pub fn attention_shard(shard: u32) -> String {
+    due_shard_named("attn", shard)
 }
+
+/// Whether records in `status` are in the attention index.
+pub fn needs_attention(status: Status) -> bool {
+    matches!(status, Status::Dead | Status::Parked)
+}
+
+/// What the attention index projects besides its keys: what `list` shows
+/// and filters on, and what `stats` counts.
+pub const ATTENTION_ATTRIBUTES: [&str; 13] = [
+    attr::STATUS,
+    attr::PROVIDER,
+    attr::ENDPOINT,
+    attr::EVENT_TYPE,
+    attr::SUBJECT,
+    attr::ATTEMPTS,
+    attr::RECEIVED_AT,
+    attr::DUPLICATES,
+    attr::CONFLICTS,
+    "dead_reason",
+    "park_reason",
+    "error_code",
+    "outcome",
+];
 
 /// The table definition in CloudFormation's shape: what `create_table`
 /// creates, and what `infra/check_template.py` compares with the SAM template.
 pub fn table_definition() -> serde_json::Value {
-    let gsi = |name: &str, hash: &str, range: &str| {
-        serde_json::json!({
-            "IndexName": name,
-            "KeySchema": [{"AttributeName": hash, "KeyType": "HASH"}, {"AttributeName": range, "KeyType": "RANGE"}],
-            "Projection": {"ProjectionType": "ALL"},
-        })
-    };
+    let key_schema = |hash: &str, range: &str| serde_json::json!([{"AttributeName": hash, "KeyType": "HASH"}, {"AttributeName": range, "KeyType": "RANGE"}]);
     serde_json::json!({
         "BillingMode": "PAY_PER_REQUEST",
         "KeySchema": [{"AttributeName": attr::PK, "KeyType": "HASH"}, {"AttributeName": attr::SK, "KeyType": "RANGE"}],
@@ -80,16 +102,41 @@ pub fn table_definition() -> serde_json::Value {
             {"AttributeName": attr::SK, "AttributeType": "S"},
             {"AttributeName": attr::DUE_SHARD, "AttributeType": "S"},
             {"AttributeName": attr::DUE_AT, "AttributeType": "N"},
-            {"AttributeName": attr::ST_SHARD, "AttributeType": "S"},
-            {"AttributeName": attr::ST_AT, "AttributeType": "N"},
+            {"AttributeName": attr::ATTN_SHARD, "AttributeType": "S"},
+            {"AttributeName": attr::ATTN_AT, "AttributeType": "N"},
         ],
-        "GlobalSecondaryIndexes": [gsi(DUE_INDEX, attr::DUE_SHARD, attr::DUE_AT), gsi(STATUS_INDEX, attr::ST_SHARD, attr::ST_AT)],
+        "GlobalSecondaryIndexes": [
+            {
+                // The reconciler reads what is due, then claims it; the claim
+                // returns the item. Keys only: no index write when a record
+                // changes anything but its next look.
+                "IndexName": DUE_INDEX,
+                "KeySchema": key_schema(attr::DUE_SHARD, attr::DUE_AT),
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+            {
+                "IndexName": ATTENTION_INDEX,
+                "KeySchema": key_schema(attr::ATTN_SHARD, attr::ATTN_AT),
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ATTENTION_ATTRIBUTES},
+            },
+        ],
         "TimeToLiveSpecification": {"AttributeName": TTL_ATTRIBUTE, "Enabled": true},
     })
 }
 
-/// Creates the table from [`table_definition`]: keys, the sparse `due`
-/// index, the `status` index, on-demand billing, TTL (idempotent).
+fn projection(p: &serde_json::Value) -> Projection {
+    let kind = match p["ProjectionType"].as_str() {
+        Some("KEYS_ONLY") => ProjectionType::KeysOnly,
+        Some("INCLUDE") => ProjectionType::Include,
+        _ => ProjectionType::All,
+    };
+    let names =
+        p["NonKeyAttributes"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect());
+    Projection::builder().projection_type(kind).set_non_key_attributes(names).build()
+}
+
+/// Creates the table from [`table_definition`]: keys, the sparse `due` and
+/// `attention` indexes, on-demand billing, TTL (idempotent).
 pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
     let d = table_definition();
     let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
@@ -128,7 +175,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), String> {
             GlobalSecondaryIndex::builder()
                 .index_name(text(&g["IndexName"]))
                 .set_key_schema(Some(keys(&g["KeySchema"])?))
-                .projection(Projection::builder().projection_type(ProjectionType::All).build())
+                .projection(projection(&g["Projection"]))
                 .build()
                 .map_err(|e| e.to_string())?,
         );
@@ -168,10 +215,10 @@ mod tests {
             .iter()
             .map(|a| a["AttributeName"].as_str().unwrap())
             .collect();
-        assert_eq!(names, [attr::PK, attr::SK, attr::DUE_SHARD, attr::DUE_AT, attr::ST_SHARD, attr::ST_AT]);
+        assert_eq!(names, [attr::PK, attr::SK, attr::DUE_SHARD, attr::DUE_AT, attr::ATTN_SHARD, attr::ATTN_AT]);
         let indexes: Vec<&str> =
             d["GlobalSecondaryIndexes"].as_array().unwrap().iter().map(|i| i["IndexName"].as_str().unwrap()).collect();
-        assert_eq!(indexes, [DUE_INDEX, STATUS_INDEX]);
+        assert_eq!(indexes, [DUE_INDEX, ATTENTION_INDEX]);
         assert_eq!(d["TimeToLiveSpecification"]["AttributeName"], attr::EXPIRES_AT);
     }
 }
