@@ -1357,6 +1357,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_live_lease_is_looked_at_again_when_it_ends_not_redriven() {
+        // The lease does not move a record in the due index: a worker may
+        // still hold it when its due time comes.
+        let w = World::new();
+        let k = w.record("evt_1", Status::Processing, Some(NOW - 100_000), NOW - 1);
+        w.ledger.lock().records.get_mut(k.as_str()).expect("record").lease_expires_at = Some(NOW + 20_000);
+        let summary = w.run(NOW).await;
+        assert!(w.sent().is_empty(), "not re-driven while leased");
+        assert_eq!(w.rec(&k).due_at, Some(NOW + 20_001), "due again just after the lease's end");
+        assert_eq!((summary.stuck_leases, summary.redriven.len()), (0, 0));
+        // The worker died: once the lease has ended, it is re-driven.
+        w.run(NOW + 20_001).await;
+        assert_eq!(w.sent(), [s(&k)]);
+    }
+
+    #[tokio::test]
     async fn due_retry_is_redriven() {
         let w = World::new();
         let k = w.record("evt_1", Status::Retryable, Some(NOW - 100_000), NOW - 1);
