@@ -30,6 +30,8 @@ pub const MAX_MAX_BODY_BYTES: usize = 380 * 1024;
 
 /// Default time bounds of the processor (see `processor` for what they bound).
 pub const DEFAULT_GAP_BOUND_MS: i64 = 3_600_000;
+/// How often an entitlement is compared with the provider, by default.
+pub const DEFAULT_DRIFT_INTERVAL_MS: i64 = 3_600_000;
 pub const DEFAULT_TRANSIENT_BOUND_MS: i64 = 6 * 3_600_000;
 
 /// How a failed publish is retried.
@@ -102,7 +104,7 @@ impl Default for ReconcilerSettings {
         Self {
             max_items: 500,
             redrive_backoff_ms: 300_000,
-            drift_interval_ms: 3_600_000,
+            drift_interval_ms: DEFAULT_DRIFT_INTERVAL_MS,
             outbox_grace_ms: 60_000,
             retention_days: DEFAULT_RETENTION_DAYS,
         }

@@ -317,6 +317,22 @@ impl DueRecord {
     }
 }
 
+/// An item of the `due` index due now: one partition per shard holds the
+/// ledger records, the outbox items and the entitlements, so one query per
+/// shard finds all the reconciler may act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Due {
+    Record(DueRecord),
+    /// An outbox item pending (due since its creation) or claimed by a
+    /// dispatcher that died (due when the claim lapsed).
+    Outbox {
+        id: String,
+        due_at_ms: i64,
+    },
+    /// An entitlement due for its next drift check.
+    Drift(DriftItem),
+}
+
 /// What needs an operator, counted from the attention index.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Attention {

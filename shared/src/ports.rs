@@ -19,8 +19,8 @@ use std::future::Future;
 
 use crate::identity::EventKey;
 use crate::ledger::{
-    Attention, Claim, CommitResult, DriftItem, DueItem, DueRecord, Exit, LeaseResult, NewEvent, OperatorAction,
-    PortError, Row, SendLease, Status, Transitioned,
+    Attention, Claim, CommitResult, Due, DueItem, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row,
+    SendLease, Status, Transitioned,
 };
 use crate::message::{Dispatched, Held, OutboxClaim};
 use crate::projection::Op;
@@ -226,20 +226,9 @@ pub trait Publisher: Send + Sync {
 /// evidence counts. Drift repairs create records through [`Ledger`].
 pub trait DueLedger: Ledger {
     fn shards(&self) -> u32;
-    /// Ledger records of `shard` due at `up_to` or earlier, oldest first.
-    fn due_records(
-        &self,
-        shard: u32,
-        up_to: i64,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DueRecord>, PortError>> + Send;
-    /// Entitlements of `shard` last checked at `up_to` or earlier.
-    fn due_drift(
-        &self,
-        shard: u32,
-        up_to: i64,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DriftItem>, PortError>> + Send;
+    /// The items of `shard` due at `up_to` or earlier (records, outbox
+    /// items, entitlements), oldest first, at most `limit`: one query.
+    fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<Due>, PortError>> + Send;
     /// Moves a due item's next look from `seen` to `next` with a fresh claim
     /// token. `Ok(Some(token))`: this run owns it (our own retried claim
     /// included); `Ok(None)`: another run moved it first.

@@ -35,7 +35,7 @@ use std::time::Instant;
 use crate::adapters::dynamodb::DynamoLedger;
 use crate::config::ReconcilerSettings;
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, DriftItem, DueItem, NewEvent, PortError, SendLease, Status};
+use crate::ledger::{Claim, DriftItem, Due, DueItem, DueRecord, NewEvent, PortError, SendLease, Status};
 use crate::message::Dispatched;
 use crate::outbox::Dispatcher;
 use crate::policy::SEND_LEASE_MS;
@@ -110,10 +110,21 @@ enum Drift {
     Repaired,
 }
 
+/// The three phases' failure records in one run.
+#[derive(Default)]
+struct Phases {
+    redrive: Failures,
+    outbox: Failures,
+    drift: Failures,
+}
+
 /// A phase's record of failures in a row.
 #[derive(Default)]
 struct Failures {
     in_a_row: u32,
+    /// The phase stopped (throttled, or too many failures in a row): its
+    /// items are left for the next run.
+    stopped: bool,
     /// Items that failed in this run: a further page of the same shard
     /// meets them again (they stay due) and they are not tried twice.
     failed: std::collections::HashSet<String>,
@@ -132,7 +143,8 @@ impl Failures {
         tracing::warn!(phase, item, error = %e, "reconciler item failed; it stays due for a later run");
         self.in_a_row += 1;
         let stop = matches!(e, PortError::Throttled { .. }) || self.in_a_row >= MAX_CONSECUTIVE_ERRORS;
-        if stop {
+        if stop && !self.stopped {
+            self.stopped = true;
             summary.complete = false;
             tracing::warn!(phase, failures_in_a_row = self.in_a_row, "phase stopped; the next run continues");
         }
@@ -172,12 +184,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         let mut summary = Summary { complete: true, ..Default::default() };
         let mut budget = self.settings.max_items;
         let started = Instant::now();
-        let redrive = self.redrive(now_ms, deadline, &mut budget, &mut summary).await;
-        self.phase_result("redrive", redrive, &mut summary);
-        let outbox = self.outbox(now_ms, deadline, &mut budget, &mut summary).await;
-        self.phase_result("outbox", outbox, &mut summary);
-        let drift = self.drift(now_ms, deadline, &mut budget, &mut summary).await;
-        self.phase_result("drift", drift, &mut summary);
+        self.sweep(now_ms, deadline, &mut budget, &mut summary).await;
         match self.evidence(&mut summary).await {
             Ok(()) => summary.evidence = true,
             Err(e) => {
@@ -189,16 +196,6 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         summary
     }
 
-    /// A phase that could not go on (its index query failed): counted, and
-    /// the run continues with the next phase.
-    fn phase_result(&self, phase: &'static str, result: Result<(), PortError>, summary: &mut Summary) {
-        if let Err(e) = result {
-            summary.complete = false;
-            *summary.errors.entry(phase.to_owned()).or_default() += 1;
-            tracing::warn!(phase, error = %e, "reconciler phase stopped; the next run continues");
-        }
-    }
-
     fn out_of_time(&self, deadline: Instant, budget: usize, summary: &mut Summary) -> bool {
         if budget == 0 || Instant::now() >= deadline {
             summary.complete = false;
@@ -207,14 +204,11 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         false
     }
 
-    async fn redrive(
-        &self,
-        now_ms: i64,
-        deadline: Instant,
-        budget: &mut usize,
-        summary: &mut Summary,
-    ) -> Result<(), PortError> {
-        let mut failures = Failures::default();
+    /// One pass over the `due` index, shard by shard: each page holds the
+    /// ledger records, outbox items and entitlements due now, and each goes
+    /// to its phase. `Err`: a shard's query failed (the other shards go on).
+    async fn sweep(&self, now_ms: i64, deadline: Instant, budget: &mut usize, summary: &mut Summary) {
+        let mut phases = Phases::default();
         // Start at a shard that moves with time, so a run cut short by its
         // budget does not always favour the first shards.
         let shards = self.ledger.shards();
@@ -223,225 +217,208 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             let shard = (first + i) % shards;
             loop {
                 if self.out_of_time(deadline, *budget, summary) {
-                    return Ok(());
+                    return;
                 }
-                let page = self.ledger.due_records(shard, now_ms, *budget).await?;
+                let page = match self.ledger.due(shard, now_ms, *budget).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        // Counted once per shard; the other shards go on.
+                        summary.complete = false;
+                        *summary.errors.entry("due".to_owned()).or_default() += 1;
+                        tracing::warn!(shard, error = %e, "due query failed; the next run continues");
+                        break;
+                    }
+                };
                 if page.is_empty() {
                     break;
                 }
                 let mut acted = 0;
-                for record in page {
+                for due in page {
                     if self.out_of_time(deadline, *budget, summary) {
-                        return Ok(());
+                        return;
                     }
-                    let key = &record.key;
-                    if failures.failed_before(key.as_str()) {
-                        continue;
-                    }
-                    if !record.status.is_terminal() {
-                        let age = (now_ms - record.received_at_ms).max(0);
-                        summary.oldest_unprocessed_age_ms =
-                            Some(summary.oldest_unprocessed_age_ms.map_or(age, |a| a.max(age)));
-                    }
-                    let Some(reason) = record.redrive_reason(now_ms) else {
-                        // A live lease: look again when it ends (the lease
-                        // does not move the record in the index).
-                        if let (Status::Processing, Some(end)) = (record.status, record.lease_expires_at_ms) {
-                            match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, end + 1).await {
-                                Ok(_) => acted += 1,
-                                Err(e) => {
-                                    if failures.item("redrive", key.as_str(), &e, summary) {
-                                        return Ok(());
-                                    }
-                                }
+                    let did = match due {
+                        Due::Record(record) => self.redrive_one(&record, now_ms, budget, summary, &mut phases).await,
+                        Due::Outbox { id, due_at_ms } => {
+                            // Younger than the grace: left to its processor.
+                            if due_at_ms > now_ms - self.settings.outbox_grace_ms {
+                                false
+                            } else {
+                                self.outbox_one(&id, now_ms, budget, summary, &mut phases).await
                             }
                         }
-                        continue;
+                        Due::Drift(item) => self.drift_one(&item, now_ms, budget, summary, &mut phases).await,
                     };
-                    // Claimed, the record stays due at its next look: if the
-                    // send below fails or this invocation dies, a later run
-                    // sends it again.
-                    let next = now_ms + self.settings.redrive_backoff_ms;
-                    match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, next).await {
-                        Ok(Some(_)) => {}
-                        Ok(None) => continue,
-                        Err(e) => {
-                            if failures.item("redrive", key.as_str(), &e, summary) {
-                                return Ok(());
-                            }
-                            continue;
-                        }
+                    if did {
+                        acted += 1;
                     }
-                    *budget -= 1;
-                    acted += 1;
-                    if let Err(e) = self.queue.send(key).await {
-                        if failures.item("redrive", key.as_str(), &e, summary) {
-                            return Ok(());
-                        }
-                        continue;
-                    }
-                    failures.ok();
-                    if reason == "never_sent" {
-                        // Only now is it sent. Best effort: without the note
-                        // the record is sent again after the backoff.
-                        if let Err(e) = self.ledger.note_enqueued(key, now_ms).await {
-                            if failures.item("redrive", key.as_str(), &e, summary) {
-                                *summary.redriven.entry(reason.to_owned()).or_default() += 1;
-                                return Ok(());
-                            }
-                        }
-                    }
-                    if reason == "lease_expired" {
-                        summary.stuck_leases += 1;
-                    }
-                    *summary.redriven.entry(reason.to_owned()).or_default() += 1;
-                    tracing::info!(key = %key, reason, "re-driven");
                 }
                 if acted == 0 {
-                    // Everything on this page was taken by a concurrent run; move on.
+                    // Nothing this page could act on (taken by a concurrent
+                    // run, not ours to act on, or its phase stopped): move on.
                     break;
                 }
             }
         }
-        Ok(())
     }
 
-    async fn outbox(
+    /// Re-drives one due record; `true` when it moved out of this run's range.
+    async fn redrive_one(
         &self,
+        record: &DueRecord,
         now_ms: i64,
-        deadline: Instant,
         budget: &mut usize,
         summary: &mut Summary,
-    ) -> Result<(), PortError> {
-        let Some(d) = &self.dispatcher else { return Ok(()) };
-        let mut failures = Failures::default();
-        for shard in 0..self.ledger.shards() {
-            loop {
-                if self.out_of_time(deadline, *budget, summary) {
-                    return Ok(());
-                }
-                let page = d.due(shard, now_ms - self.settings.outbox_grace_ms, *budget).await?;
-                if page.is_empty() {
-                    break;
-                }
-                let mut acted = 0;
-                for id in page {
-                    if self.out_of_time(deadline, *budget, summary) {
-                        return Ok(());
+        phases: &mut Phases,
+    ) -> bool {
+        let failures = &mut phases.redrive;
+        let key = &record.key;
+        if failures.stopped || failures.failed_before(key.as_str()) {
+            return false;
+        }
+        if !record.status.is_terminal() {
+            let age = (now_ms - record.received_at_ms).max(0);
+            summary.oldest_unprocessed_age_ms = Some(summary.oldest_unprocessed_age_ms.map_or(age, |a| a.max(age)));
+        }
+        let Some(reason) = record.redrive_reason(now_ms) else {
+            // A live lease: look again when it ends (the lease does not move
+            // the record in the index).
+            if let (Status::Processing, Some(end)) = (record.status, record.lease_expires_at_ms) {
+                return match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, end + 1).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        failures.item("redrive", key.as_str(), &e, summary);
+                        false
                     }
-                    if failures.failed_before(&id) {
-                        continue;
-                    }
-                    // Each outcome but `Skipped` moves the item out of this
-                    // page's range (sent, due later, or dead).
-                    let outcome = match d.dispatch(&id, now_ms).await {
-                        Ok(outcome) => outcome,
-                        Err(e) => {
-                            if failures.item("outbox", &id, &e, summary) {
-                                return Ok(());
-                            }
-                            continue;
-                        }
-                    };
-                    match outcome {
-                        Dispatched::Skipped => continue,
-                        Dispatched::Published => {
-                            failures.ok();
-                            summary.outbox_republished += 1;
-                        }
-                        Dispatched::Retrying { ref error, .. } | Dispatched::Dead { ref error, .. } => {
-                            summary.outbox_failed += 1;
-                            if matches!(outcome, Dispatched::Dead { .. }) {
-                                summary.outbox_dead_lettered += 1;
-                            }
-                            let e = PortError::Unavailable { service: "sns", message: error.clone() };
-                            if failures.item("outbox", &id, &e, summary) {
-                                return Ok(());
-                            }
-                        }
-                    }
-                    *budget -= 1;
-                    acted += 1;
-                }
-                if acted == 0 {
-                    break;
-                }
+                };
+            }
+            return false;
+        };
+        // Claimed, the record stays due at its next look: if the send below
+        // fails or this invocation dies, a later run sends it again.
+        let next = now_ms + self.settings.redrive_backoff_ms;
+        match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, next).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return false,
+            Err(e) => {
+                failures.item("redrive", key.as_str(), &e, summary);
+                return false;
             }
         }
-        Ok(())
+        *budget -= 1;
+        if let Err(e) = self.queue.send(key).await {
+            failures.item("redrive", key.as_str(), &e, summary);
+            return true;
+        }
+        failures.ok();
+        if reason == "never_sent" {
+            // Only now is it sent. Best effort: without the note the record
+            // is sent again after the backoff.
+            if let Err(e) = self.ledger.note_enqueued(key, now_ms).await {
+                failures.item("redrive", key.as_str(), &e, summary);
+            }
+        }
+        if reason == "lease_expired" {
+            summary.stuck_leases += 1;
+        }
+        *summary.redriven.entry(reason.to_owned()).or_default() += 1;
+        tracing::info!(key = %key, reason, "re-driven");
+        true
     }
 
-    async fn drift(
+    /// Dispatches one outbox item left pending (or claimed by a dispatcher
+    /// that died); `true` when it moved out of this run's range.
+    async fn outbox_one(
         &self,
+        id: &str,
         now_ms: i64,
-        deadline: Instant,
         budget: &mut usize,
         summary: &mut Summary,
-    ) -> Result<(), PortError> {
-        let Some(source) = &self.subscriptions else { return Ok(()) };
-        let mut failures = Failures::default();
-        for shard in 0..self.ledger.shards() {
-            loop {
-                if self.out_of_time(deadline, *budget, summary) {
-                    return Ok(());
+        phases: &mut Phases,
+    ) -> bool {
+        let Some(d) = &self.dispatcher else { return false };
+        let failures = &mut phases.outbox;
+        if failures.stopped || failures.failed_before(id) {
+            return false;
+        }
+        // Each outcome but `Skipped` moves the item out of this page's range
+        // (sent, due later, or dead).
+        let outcome = match d.dispatch(id, now_ms).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                failures.item("outbox", id, &e, summary);
+                return false;
+            }
+        };
+        match outcome {
+            Dispatched::Skipped => return false,
+            Dispatched::Published => {
+                failures.ok();
+                summary.outbox_republished += 1;
+            }
+            Dispatched::Retrying { ref error, .. } | Dispatched::Dead { ref error, .. } => {
+                summary.outbox_failed += 1;
+                if matches!(outcome, Dispatched::Dead { .. }) {
+                    summary.outbox_dead_lettered += 1;
                 }
-                // Strictly older than the interval: an item checked in this run
-                // (due_at = now) is not checked again by it.
-                let page = self.ledger.due_drift(shard, now_ms - self.settings.drift_interval_ms - 1, *budget).await?;
-                if page.is_empty() {
-                    break;
+                let e = PortError::Unavailable { service: "sns", message: error.clone() };
+                failures.item("outbox", id, &e, summary);
+            }
+        }
+        *budget -= 1;
+        true
+    }
+
+    /// Checks one entitlement against the provider; `true` when it moved out
+    /// of this run's range.
+    async fn drift_one(
+        &self,
+        item: &DriftItem,
+        now_ms: i64,
+        budget: &mut usize,
+        summary: &mut Summary,
+        phases: &mut Phases,
+    ) -> bool {
+        let Some(source) = &self.subscriptions else { return false };
+        let failures = &mut phases.drift;
+        let pk = item.pk.as_str();
+        if failures.stopped || failures.failed_before(pk) {
+            return false;
+        }
+        // Checked now: next look after another interval (and never again in
+        // this run, whose range ends at `now_ms`).
+        let next = now_ms + self.settings.drift_interval_ms.max(1);
+        let token = match self.ledger.claim_due(DueItem::Drift(pk), item.due_at_ms, next).await {
+            Ok(Some(token)) => token,
+            Ok(None) => return false,
+            Err(e) => {
+                failures.item("drift", pk, &e, summary);
+                return false;
+            }
+        };
+        *budget -= 1;
+        summary.drift_checked += 1;
+        match self.check_entitlement(item, source.as_ref(), now_ms).await {
+            Ok(drift) => {
+                failures.ok();
+                if drift != Drift::None {
+                    summary.drift_found += 1;
                 }
-                let mut acted = 0;
-                for item in page {
-                    if self.out_of_time(deadline, *budget, summary) {
-                        return Ok(());
-                    }
-                    let pk = item.pk.as_str();
-                    // Checked now: next look after another interval.
-                    let token = match self.ledger.claim_due(DueItem::Drift(pk), item.due_at_ms, now_ms).await {
-                        Ok(Some(token)) => token,
-                        Ok(None) => continue,
-                        Err(e) => {
-                            if failures.item("drift", pk, &e, summary) {
-                                return Ok(());
-                            }
-                            continue;
-                        }
-                    };
-                    *budget -= 1;
-                    acted += 1;
-                    summary.drift_checked += 1;
-                    match self.check_entitlement(&item, source.as_ref(), now_ms).await {
-                        Ok(drift) => {
-                            failures.ok();
-                            if drift != Drift::None {
-                                summary.drift_found += 1;
-                            }
-                            if drift == Drift::Repaired {
-                                summary.drift_repaired += 1;
-                            }
-                        }
-                        Err(e) => {
-                            let stop = failures.item("drift", pk, &e, summary);
-                            // Look again after the re-drive backoff rather than a
-                            // whole interval (still out of this run's range).
-                            let retry = now_ms - self.settings.drift_interval_ms + self.settings.redrive_backoff_ms;
-                            if let Err(e) = self.ledger.reschedule(DueItem::Drift(pk), &token, retry.min(now_ms)).await
-                            {
-                                tracing::warn!(item = %pk, error = %e, "drift check not rescheduled; next look after the interval");
-                            }
-                            if stop {
-                                return Ok(());
-                            }
-                        }
-                    }
+                if drift == Drift::Repaired {
+                    summary.drift_repaired += 1;
                 }
-                if acted == 0 {
-                    break;
+            }
+            Err(e) => {
+                failures.item("drift", pk, &e, summary);
+                // Look again after the re-drive backoff rather than a whole
+                // interval (out of this run's range).
+                let retry = now_ms + self.settings.redrive_backoff_ms;
+                if let Err(e) = self.ledger.reschedule(DueItem::Drift(pk), &token, retry).await {
+                    tracing::warn!(item = %pk, error = %e, "drift check not rescheduled; next look after the interval");
                 }
             }
         }
-        Ok(())
+        true
     }
 
     /// Compares one entitlement with Stripe; on drift, submits a
@@ -944,40 +921,42 @@ mod tests {
             SHARDS
         }
 
-        async fn due_records(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<DueRecord>, PortError> {
+        /// One partition per shard: records, outbox items and entitlements.
+        async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<Due>, PortError> {
             let mut s = self.lock();
-            s.faults.trip("due_records", "", "dynamodb")?;
-            let due = s
+            s.faults.trip("due", "", "dynamodb")?;
+            let mut due: Vec<(i64, String, Due)> = s
                 .records
                 .iter()
                 .filter_map(|(pk, r)| match r.due_at {
                     Some(at) if r.shard == shard && at <= up_to => Some((
                         at,
                         pk.clone(),
-                        DueRecord {
+                        Due::Record(DueRecord {
                             key: EventKey::from_stored(pk)?,
                             status: r.status,
                             enqueued: r.enqueued_at.is_some(),
                             due_at_ms: at,
                             received_at_ms: r.received_at,
                             lease_expires_at_ms: r.lease_expires_at,
-                        },
+                        }),
                     )),
                     _ => None,
                 })
                 .collect();
-            Ok(page(due, limit))
-        }
-
-        async fn due_drift(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<DriftItem>, PortError> {
-            let mut s = self.lock();
-            s.faults.trip("due_drift", "", "dynamodb")?;
-            let due = s
-                .ents
-                .iter()
-                .filter(|(_, e)| e.shard == shard && e.item.due_at_ms <= up_to)
-                .map(|(pk, e)| (e.item.due_at_ms, pk.clone(), e.item.clone()))
-                .collect();
+            due.extend(
+                s.ents
+                    .iter()
+                    .filter(|(_, e)| e.shard == shard && e.item.due_at_ms <= up_to)
+                    .map(|(pk, e)| (e.item.due_at_ms, pk.clone(), Due::Drift(e.item.clone()))),
+            );
+            let o = self.outbox.lock().unwrap();
+            due.extend(o.items.iter().filter_map(|(id, i)| match i.due_at {
+                Some(at) if i.shard == shard && at <= up_to => {
+                    Some((at, id.clone(), Due::Outbox { id: id.clone(), due_at_ms: at }))
+                }
+                _ => None,
+            }));
             Ok(page(due, limit))
         }
 
@@ -1607,24 +1586,36 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failing_due_query_counts_an_error_for_its_phase_and_the_run_goes_on() {
-        for (op, phase) in [("due_records", "redrive"), ("out_due", "outbox"), ("due_drift", "drift")] {
-            let w = World::new();
-            w.record("evt_1", Status::Retryable, Some(1), NOW - 1);
-            w.other_phases();
-            if op == "out_due" {
-                w.outbox.state.lock().unwrap().faults.add(op, None, ALWAYS, Fail::Down);
-            } else {
-                w.fail(op, None, ALWAYS, Fail::Down);
-            }
-            let summary = w.run(NOW).await;
-            assert_eq!(summary.errors, counts(&[(phase, 1)]), "{op}");
-            assert!(!summary.complete, "{op}");
-            assert_eq!(summary.redriven.values().sum::<u64>(), u64::from(phase != "redrive"), "{op}");
-            assert_eq!(summary.outbox_republished, u64::from(phase != "outbox"), "{op}");
-            assert_eq!(summary.drift_checked, u64::from(phase != "drift"), "{op}");
-            assert!(summary.evidence, "{op}");
-        }
+    async fn a_failing_due_query_is_counted_per_shard_and_the_run_goes_on() {
+        let w = World::new();
+        w.record("evt_1", Status::Retryable, Some(1), NOW - 1);
+        w.other_phases();
+        // Every shard's query fails once: nothing is acted on, each failure
+        // is counted, the evidence is still gathered.
+        w.fail("due", None, SHARDS, Fail::Down);
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.errors, counts(&[("due", u64::from(SHARDS))]));
+        assert!(!summary.complete);
+        assert_eq!((summary.redriven.len(), summary.outbox_republished, summary.drift_checked), (0, 0, 0));
+        assert!(summary.evidence);
+        // The next run, the index answering again, does it all.
+        let next = w.run(NOW).await;
+        assert_eq!(next.redriven.values().sum::<u64>(), 1);
+        assert_eq!((next.outbox_republished, next.drift_checked), (1, 1));
+        assert!(next.complete && next.errors.is_empty(), "{next:?}");
+    }
+
+    #[tokio::test]
+    async fn one_shards_failing_query_does_not_stop_the_others() {
+        let w = World::new();
+        let k = w.record("evt_1", Status::Retryable, Some(1), NOW - 1);
+        // The first shard the run visits fails; the record's shard is another.
+        let first = ((NOW / 60_000) as u64 % u64::from(SHARDS)) as u32;
+        assert_ne!(k.shard(SHARDS), first, "pick another id for this test");
+        w.fail("due", None, 1, Fail::Down);
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.errors, counts(&[("due", 1)]));
+        assert_eq!(w.sent(), [s(&k)]);
     }
 
     // ------------------------------------------------------------------ budget
@@ -1701,7 +1692,9 @@ mod tests {
     async fn skipped_outbox_items_spend_no_budget() {
         let w = World::with(ReconcilerSettings { max_items: 1, ..settings() });
         let in_shard = |shard| (0..).map(|i| format!("out_{i}")).find(|id| shard_of(id, SHARDS) == shard);
-        let (skipped, published) = (in_shard(0).expect("id"), in_shard(1).expect("id"));
+        // The run starts at a shard that moves with time.
+        let first = ((NOW / 60_000) as u64 % u64::from(SHARDS)) as u32;
+        let (skipped, published) = (in_shard(first).expect("id"), in_shard((first + 1) % SHARDS).expect("id"));
         w.outbox_item(&skipped, NOW - GRACE - 2, vec![Step::Out(Dispatched::Skipped)]);
         w.outbox_item(&published, NOW - GRACE - 1, vec![]);
         let summary = w.run(NOW).await;
@@ -1783,7 +1776,7 @@ mod tests {
         assert_eq!(body["data"]["object"]["id"], "sub_1");
         assert_eq!(body["data"]["object"]["customer"], "cus_1");
         assert_eq!(r.payload_hash, payload_hash(&serde_json::to_vec(&body).unwrap()));
-        assert_eq!(w.ent(&pk).due_at_ms, NOW, "checked now: next look after another interval");
+        assert_eq!(w.ent(&pk).due_at_ms, NOW + INTERVAL, "checked now: next look after another interval");
         assert_eq!((summary.drift_checked, summary.drift_found, summary.drift_repaired), (1, 1, 1));
         assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
     }
@@ -1795,8 +1788,8 @@ mod tests {
         w.entitlement("sub_1", "active", 5);
         w.answer("sub_1", Answer::Is("active", 7));
         w.run(NOW).await;
-        assert_eq!(w.run(NOW + 10_000).await.drift_checked, 0, "checked at `now`: not again within the interval");
-        let again = w.run(NOW + 10_001).await;
+        assert_eq!(w.run(NOW + 9_999).await.drift_checked, 0, "checked at `now`: not again within the interval");
+        let again = w.run(NOW + 10_000).await;
         assert_eq!(again.drift_checked, 1);
         let k = repair_key("evt_local_sub_1", "sub_1", "active", 7);
         assert_eq!(w.sent(), [s(&k)], "one repair, sent once");
@@ -1828,7 +1821,7 @@ mod tests {
         assert_eq!(first.errors, counts(&[("drift", 1)]));
         let r = w.rec(&k);
         assert_eq!((r.payload_stored, r.enqueued_at), (true, None));
-        assert_eq!(w.ent(&pk).due_at_ms, NOW - INTERVAL + 30_000);
+        assert_eq!(w.ent(&pk).due_at_ms, NOW + 30_000, "looked at again after the re-drive backoff");
         let retry = w.run(NOW + 30_001).await;
         assert_eq!(retry.drift_checked, 1);
         assert!(retry.redriven.is_empty(), "the repair itself is not due yet");
@@ -1871,6 +1864,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_entitlement_is_checked_once_per_run_even_with_a_zero_interval() {
+        let w = World::with(ReconcilerSettings { drift_interval_ms: 0, ..settings() });
+        w.entitlement("sub_1", "active", 5);
+        w.answer("sub_1", Answer::Is("active", 5));
+        assert_eq!(w.run(NOW).await.drift_checked, 1);
+        assert_eq!(w.run(NOW + 1).await.drift_checked, 1, "due again at the next run");
+    }
+
+    #[tokio::test]
     async fn equal_state_needs_no_repair() {
         let w = World::new();
         let pk = w.entitlement("sub_1", "active", 5);
@@ -1879,7 +1881,7 @@ mod tests {
         assert_eq!(w.log.entries(), [format!("claim_due {pk}"), "fetch sub_1".to_owned()]);
         assert_eq!(w.records(), 0);
         assert_eq!((summary.drift_checked, summary.drift_found, summary.drift_repaired), (1, 0, 0));
-        assert_eq!(w.ent(&pk).due_at_ms, NOW);
+        assert_eq!(w.ent(&pk).due_at_ms, NOW + INTERVAL);
     }
 
     #[tokio::test]
@@ -1901,13 +1903,13 @@ mod tests {
         assert_eq!(summary.errors, counts(&[("drift", 1)]));
         assert_eq!((summary.drift_checked, summary.drift_found), (1, 0));
         assert!(summary.complete, "one failure does not stop the phase");
-        assert_eq!(w.ent(&pk).due_at_ms, NOW - INTERVAL + BACKOFF);
+        assert_eq!(w.ent(&pk).due_at_ms, NOW + BACKOFF);
         assert_eq!(w.log.ops("reschedule"), [pk.as_str()]);
         assert_eq!(w.records(), 0);
 
         w.answer("sub_1", Answer::Is("active", 5));
-        assert_eq!(w.run(NOW + BACKOFF).await.drift_checked, 0, "not before the backoff");
-        let retried = w.run(NOW + BACKOFF + 1).await;
+        assert_eq!(w.run(NOW + BACKOFF - 1).await.drift_checked, 0, "not before the backoff");
+        let retried = w.run(NOW + BACKOFF).await;
         assert_eq!(retried.drift_checked, 1);
         assert!(retried.errors.is_empty());
         assert_eq!(w.log.ops("fetch").len(), 2);

@@ -37,6 +37,8 @@ fn later() -> Instant {
 
 /// Past the intake's 60 s grace for RECEIVED records.
 const AFTER_GRACE: i64 = 61_000;
+/// An entitlement's first drift check is due this long after its fetch.
+const DRIFT_DUE: i64 = hookledger::config::DEFAULT_DRIFT_INTERVAL_MS + 1;
 
 #[tokio::test]
 async fn a_never_sent_claim_is_processed_after_one_reconciler_run() {
@@ -166,7 +168,7 @@ async fn drift_is_detected_against_the_fake_provider_and_repaired_through_the_pi
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
     let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
     let r = stack.reconciler(settings, Some(source.clone()));
-    let clean = r.run(now_ms() + 1, later()).await;
+    let clean = r.run(now_ms() + DRIFT_DUE, later()).await;
     assert_eq!((clean.drift_checked, clean.drift_found), (1, 0));
 
     // Behind the system's back: the local projection is edited, and the provider moves on too.
@@ -184,7 +186,7 @@ async fn drift_is_detected_against_the_fake_provider_and_repaired_through_the_pi
         .unwrap();
     fake.set("sub_d", "cus_d", "past_due", 5);
 
-    let found = r.run(now_ms() + 2, later()).await;
+    let found = r.run(now_ms() + DRIFT_DUE + 1, later()).await;
     assert_eq!((found.drift_checked, found.drift_found, found.drift_repaired), (1, 1, 1), "{found:?}");
     let repair: Vec<String> =
         stack.meta_items().await.iter().map(|m| s(m, "pk")).filter(|pk| pk.contains("#recon:sub_d:")).collect();
@@ -193,7 +195,7 @@ async fn drift_is_detected_against_the_fake_provider_and_repaired_through_the_pi
     let ent = stack.state(&pk).await.unwrap();
     assert_eq!((s(&ent, "status").as_str(), n(&ent, "seats")), ("past_due", 5));
 
-    let second = r.run(now_ms() + 3, later()).await;
+    let second = r.run(now_ms() + DRIFT_DUE + 2, later()).await;
     assert_eq!((second.drift_checked, second.drift_found), (1, 0), "{second:?}");
     assert!(fake.requests.load(Ordering::SeqCst) >= 4);
 }
@@ -408,7 +410,8 @@ async fn a_failing_outbox_publish_does_not_abort_the_run_and_every_phase_reports
     let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
     let r = reconciler_with(&stack, stack.ddb.clone(), sqs_queue(&stack), Some(source), settings);
 
-    let at = now + AFTER_GRACE;
+    // Past the grace and the entitlement's first drift check.
+    let at = now + DRIFT_DUE;
     let summary = run_json(&r, at).await;
     assert_eq!(summary["redriven"]["never_sent"], 1, "{summary}");
     assert_eq!(summary["errors"]["outbox"], 1, "the failure is counted: {summary}");
@@ -533,7 +536,7 @@ async fn a_lost_ack_on_the_drift_repair_claim_still_stores_and_sends_the_repair(
     let lose = faults::LoseAck::new("PutItem", "recon:sub_la:", 1);
     let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
     let r = reconciler_with(&stack, lose.client(&stack.aws), sqs_queue(&stack), Some(source.clone()), settings);
-    let summary = run_json(&r, now_ms() + 1).await;
+    let summary = run_json(&r, now_ms() + DRIFT_DUE).await;
     assert_eq!(lose.lost.load(Ordering::SeqCst), 1, "the fault fired");
     assert_eq!(summary["drift_found"], 1, "{summary}");
     let repair = stack.meta_items().await.into_iter().find(|m| s(m, "pk").contains("#recon:sub_la:")).unwrap();

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{str_field, subjects};
+use crate::config::DEFAULT_DRIFT_INTERVAL_MS;
 use crate::identity::shard_of;
 use crate::message::OutboxMessage;
 use crate::policy::due_shard_named;
@@ -21,8 +22,9 @@ pub struct Entitlements {
     pub notify_topic: Option<String>,
 }
 
-/// Index partition prefix of entitlements due for a drift check.
-pub const DRIFT_SHARD_PREFIX: &str = "ent";
+/// Due-index partition prefix of entitlements in releases before the shared
+/// `due#NNN` partitions (read by `hookledger migrate`).
+pub const LEGACY_DRIFT_SHARD_PREFIX: &str = "ent";
 
 pub fn entitlement_pk(tenant: &str, subscription: &str) -> String {
     format!("proj#entitlement#{tenant}#{subscription}")
@@ -62,7 +64,9 @@ impl Projection for Entitlements {
                 None => ("deleted".to_owned(), 0),
             };
             // The reconciler compares this item with Stripe once it is due
-            // (`ent#` shards of the `due` index; due_at is the fetch time).
+            // (the `due` index's `due#NNN` partitions; `due_at` is the next
+            // check: the fetch time plus the default drift interval, then the
+            // reconciler's own interval after each check).
             let attrs = HashMap::from([
                 ("account".to_owned(), s(&account)),
                 ("subscription".to_owned(), s(sub_id)),
@@ -72,8 +76,8 @@ impl Projection for Entitlements {
                 ("event_id".to_owned(), s(&ev.event_id)),
                 ("endpoint".to_owned(), s(&ev.endpoint)),
                 ("tenant".to_owned(), s(&ev.tenant)),
-                ("due_shard".to_owned(), s(due_shard_named(DRIFT_SHARD_PREFIX, shard_of(sub_id, cx.shards)))),
-                ("due_at".to_owned(), n(fetched.version)),
+                ("due_shard".to_owned(), s(due_shard_named("due", shard_of(sub_id, cx.shards)))),
+                ("due_at".to_owned(), n(fetched.version + DEFAULT_DRIFT_INTERVAL_MS)),
             ]);
             let pk = entitlement_pk(&ev.tenant, sub_id);
             let mut op = replace_if_newer(&cx.table, &pk, Version { generation: 0, revision: fetched.version }, attrs);

@@ -1,7 +1,8 @@
 //! The reconciler's reads and writes ([`DueLedger`]): the sparse `due`
-//! index (ledger records `due#…`, entitlements `ent#…`; keys only, so the
-//! items due are then read in one batch), claims on its items, and the
-//! evidence from the `attention` index. The expressions are in `conditions`.
+//! index (one partition per shard, `due#NNN`, for ledger records, outbox
+//! items and entitlements; keys only, so the records and entitlements due are
+//! then read in one batch), claims on its items, and the evidence from the
+//! `attention` index. The expressions are in `conditions`.
 
 use std::collections::HashMap;
 
@@ -12,10 +13,8 @@ use super::{
     ATTENTION_INDEX, DUE_INDEX, DynamoLedger, Item, META_SK, Written, attention_shard, attr, due_shard, get_n, get_s,
 };
 use crate::adapters::port_error;
-use crate::app::entitlement::DRIFT_SHARD_PREFIX;
 use crate::identity::EventKey;
-use crate::ledger::{Attention, DriftItem, DueItem, DueRecord, PortError, Status};
-use crate::policy::due_shard_named;
+use crate::ledger::{Attention, DriftItem, Due, DueItem, DueRecord, PortError, Status};
 use crate::ports::DueLedger;
 use crate::projection::STATE_SK;
 
@@ -65,41 +64,6 @@ impl DynamoLedger {
         }
         Ok(found)
     }
-
-    /// The items due in `partition`, read in full, with the `due_at` the
-    /// index showed (a claim moves it only from that value), oldest first.
-    async fn due_items(&self, partition: &str, up_to: i64, limit: usize) -> Result<Vec<(i64, Item)>, PortError> {
-        let keys = self.due_keys(partition, up_to, limit).await?;
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let seen: HashMap<(String, String), i64> = keys
-            .iter()
-            .filter_map(|k| {
-                Some(((get_s(k, attr::PK)?.to_owned(), get_s(k, attr::SK)?.to_owned()), get_n(k, attr::DUE_AT)?))
-            })
-            .collect();
-        let only_keys = keys
-            .iter()
-            .map(|k| {
-                k.iter()
-                    .filter(|(n, _)| *n == attr::PK || *n == attr::SK)
-                    .map(|(n, v)| (n.clone(), v.clone()))
-                    .collect()
-            })
-            .collect();
-        let mut items: Vec<(i64, Item)> = self
-            .batch_read(only_keys)
-            .await?
-            .into_iter()
-            .filter_map(|i| {
-                let at = *seen.get(&(get_s(&i, attr::PK)?.to_owned(), get_s(&i, attr::SK)?.to_owned()))?;
-                Some((at, i))
-            })
-            .collect();
-        items.sort_by_key(|(at, _)| *at);
-        Ok(items)
-    }
 }
 
 fn item_of(item: DueItem<'_>) -> (&str, &'static str) {
@@ -114,42 +78,67 @@ impl DueLedger for DynamoLedger {
         DynamoLedger::shards(self)
     }
 
-    async fn due_records(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<DueRecord>, PortError> {
-        let items = self.due_items(&due_shard(shard), up_to, limit).await?;
-        Ok(items
-            .iter()
-            .filter_map(|(seen, i)| {
-                Some(DueRecord {
-                    key: EventKey::from_stored(get_s(i, attr::PK)?)?,
-                    status: get_s(i, attr::STATUS).and_then(Status::parse)?,
-                    enqueued: i.contains_key(attr::ENQUEUED_AT),
-                    due_at_ms: *seen,
-                    received_at_ms: get_n(i, attr::RECEIVED_AT).unwrap_or(*seen),
-                    lease_expires_at_ms: get_n(i, "lease_expires_at"),
-                })
-            })
-            .collect())
-    }
-
-    async fn due_drift(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<DriftItem>, PortError> {
-        let items = self.due_items(&due_shard_named(DRIFT_SHARD_PREFIX, shard), up_to, limit).await?;
+    async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<Due>, PortError> {
+        let keys = self.due_keys(&due_shard(shard), up_to, limit).await?;
+        // Outbox items are claimed by id (the claim returns them); records
+        // and entitlements are read in one batch.
+        let mut out = Vec::new();
+        let mut seen: HashMap<(String, String), i64> = HashMap::new();
+        let mut to_read = Vec::new();
+        for k in &keys {
+            let (Some(pk), Some(sk), Some(at)) = (get_s(k, attr::PK), get_s(k, attr::SK), get_n(k, attr::DUE_AT))
+            else {
+                continue;
+            };
+            if sk == super::outbox::OUTBOX_SK {
+                out.push(Due::Outbox { id: pk.to_owned(), due_at_ms: at });
+                continue;
+            }
+            seen.insert((pk.to_owned(), sk.to_owned()), at);
+            to_read.push(HashMap::from([
+                (attr::PK.to_owned(), AttributeValue::S(pk.to_owned())),
+                (attr::SK.to_owned(), AttributeValue::S(sk.to_owned())),
+            ]));
+        }
         let field = |i: &Item, k: &str| get_s(i, k).unwrap_or_default().to_owned();
-        Ok(items
-            .iter()
-            .filter_map(|(seen, i)| {
-                Some(DriftItem {
-                    pk: get_s(i, attr::PK)?.to_owned(),
-                    due_at_ms: *seen,
-                    subscription: field(i, "subscription"),
-                    customer: field(i, "customer"),
-                    endpoint: field(i, "endpoint"),
-                    tenant: field(i, "tenant"),
-                    event_id: field(i, "event_id"),
-                    status: get_s(i, "status").map(str::to_owned),
-                    seats: get_n(i, "seats"),
-                })
-            })
-            .collect())
+        for i in self.batch_read(to_read).await? {
+            let (Some(pk), Some(sk)) = (get_s(&i, attr::PK), get_s(&i, attr::SK)) else { continue };
+            let Some(&at) = seen.get(&(pk.to_owned(), sk.to_owned())) else { continue };
+            if sk == META_SK {
+                let (Some(key), Some(status)) =
+                    (EventKey::from_stored(pk), get_s(&i, attr::STATUS).and_then(Status::parse))
+                else {
+                    continue;
+                };
+                out.push(Due::Record(DueRecord {
+                    key,
+                    status,
+                    enqueued: i.contains_key(attr::ENQUEUED_AT),
+                    due_at_ms: at,
+                    received_at_ms: get_n(&i, attr::RECEIVED_AT).unwrap_or(at),
+                    lease_expires_at_ms: get_n(&i, "lease_expires_at"),
+                }));
+            } else if sk == STATE_SK {
+                out.push(Due::Drift(DriftItem {
+                    pk: pk.to_owned(),
+                    due_at_ms: at,
+                    subscription: field(&i, "subscription"),
+                    customer: field(&i, "customer"),
+                    endpoint: field(&i, "endpoint"),
+                    tenant: field(&i, "tenant"),
+                    event_id: field(&i, "event_id"),
+                    status: get_s(&i, "status").map(str::to_owned),
+                    seats: get_n(&i, "seats"),
+                }));
+            }
+        }
+        let due_at = |d: &Due| match d {
+            Due::Record(r) => r.due_at_ms,
+            Due::Outbox { due_at_ms, .. } => *due_at_ms,
+            Due::Drift(e) => e.due_at_ms,
+        };
+        out.sort_by_key(due_at);
+        Ok(out)
     }
 
     async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {

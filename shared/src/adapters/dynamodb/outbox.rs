@@ -7,17 +7,16 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 
 use super::conditions::{self as cond, outbox_status};
-use super::{DUE_INDEX, Item, Written};
-use crate::adapters::port_error;
+use super::{Item, Written};
 use crate::identity::EventKey;
 use crate::ledger::PortError;
 use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, idempotency_key};
-use crate::policy::due_shard_named;
 use crate::ports::OutboxStore;
 
 pub const OUTBOX_SK: &str = "outbox";
-/// Due-index partition prefix of outbox items: `out#007`.
-pub const OUTBOX_SHARD_PREFIX: &str = "out";
+/// Due-index partition prefix of outbox items in releases before the
+/// shared `due#NNN` partitions (read by `hookledger migrate`).
+pub const LEGACY_OUTBOX_SHARD_PREFIX: &str = "out";
 
 /// Attribute names of the outbox item.
 pub mod attr {
@@ -67,7 +66,7 @@ pub fn outbox_put(
         (attr::GROUP_ID.to_owned(), AttributeValue::S(msg.group.clone())),
         (attr::BODY.to_owned(), AttributeValue::S(msg.body.to_string())),
         (attr::CREATED_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
-        (attr::DUE_SHARD.to_owned(), AttributeValue::S(due_shard_named(OUTBOX_SHARD_PREFIX, shard))),
+        (attr::DUE_SHARD.to_owned(), AttributeValue::S(super::due_shard(shard))),
         (attr::DUE_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
     ]);
     let put = Put::builder()
@@ -163,20 +162,13 @@ impl OutboxStore for DynamoOutbox {
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
-        let out = self
-            .ledger
-            .client()
-            .query()
-            .table_name(self.ledger.table())
-            .index_name(DUE_INDEX)
-            .key_condition_expression("due_shard = :s AND due_at <= :t")
-            .expression_attribute_values(":s", AttributeValue::S(due_shard_named(OUTBOX_SHARD_PREFIX, shard)))
-            .expression_attribute_values(":t", AttributeValue::N(up_to.to_string()))
-            .projection_expression("pk")
-            .limit(limit.clamp(1, 100) as i32)
-            .send()
-            .await
-            .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(out.items.unwrap_or_default().iter().map(|i| text(i, attr::PK)).filter(|pk| !pk.is_empty()).collect())
+        // The shard's partition holds records and entitlements too.
+        let keys = self.ledger.due_keys(&super::due_shard(shard), up_to, limit).await?;
+        Ok(keys
+            .iter()
+            .filter(|k| text(k, attr::SK) == OUTBOX_SK)
+            .map(|k| text(k, attr::PK))
+            .filter(|pk| !pk.is_empty())
+            .collect())
     }
 }
