@@ -192,6 +192,29 @@ pub trait SecretResolver: Send + Sync {
     fn resolve<'a>(&'a self, reference: &'a str) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>>;
 }
 
+/// Resolves `env:` references alone (any other is an error): the resolver of
+/// a function whose configuration has no `ssm:` reference, so that it creates
+/// no SSM client (see [`uses_ssm`]).
+pub struct EnvSecrets;
+
+impl SecretResolver for EnvSecrets {
+    fn resolve<'a>(&'a self, reference: &'a str) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>> {
+        Box::pin(async move {
+            match reference.strip_prefix("env:") {
+                Some(name) => {
+                    std::env::var(name).map(Secret::new).map_err(|_| format!("environment variable {name} is not set"))
+                }
+                None => Err("only env: references are resolved here".to_owned()),
+            }
+        })
+    }
+}
+
+/// Whether any endpoint's secret is an `ssm:` reference.
+pub fn uses_ssm(specs: &BTreeMap<String, EndpointSpec>) -> bool {
+    specs.values().flat_map(|s| &s.secrets).any(|r| !r.starts_with("env:"))
+}
+
 /// A configured endpoint, its verifier ready to use.
 pub struct Endpoint {
     pub name: String,
@@ -554,6 +577,23 @@ mod tests {
         assert_eq!(built["stripe-eu"].tenant, "acme");
         assert_eq!(built["gh"].tenant, "gh");
         assert!(matches!(built["ses"].verifier, EndpointVerifier::Sns(_)));
+    }
+
+    #[test]
+    fn env_only_configurations_need_no_ssm_client() {
+        let env_only = parse_endpoints(
+            r#"{"gh": {"provider": "github", "secrets": ["env:A", "env:B"]},
+            "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses"]}}"#,
+        )
+        .unwrap();
+        assert!(!uses_ssm(&env_only));
+        let mixed = parse_endpoints(r#"{"gh": {"provider": "github", "secrets": ["env:A", "ssm:/hl/gh"]}}"#).unwrap();
+        assert!(uses_ssm(&mixed));
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let path = rt.block_on(EnvSecrets.resolve("env:PATH")).unwrap();
+        assert!(!path.is_empty());
+        assert!(rt.block_on(EnvSecrets.resolve("env:HOOKLEDGER_TEST_SURELY_UNSET_VAR")).is_err());
+        assert!(rt.block_on(EnvSecrets.resolve("ssm:/hl/gh")).is_err());
     }
 
     #[test]

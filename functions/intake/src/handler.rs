@@ -7,7 +7,7 @@ use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::https::ReqwestGetter;
 use hookledger::adapters::secrets::AwsSecretResolver;
 use hookledger::adapters::sqs::SqsQueue;
-use hookledger::config::{self, ConfigError};
+use hookledger::config::{self, ConfigError, SecretResolver};
 use hookledger::intake::{Intake, IntakeRequest};
 use hookledger::verify::sns::CertificateCache;
 use lambda_http::request::RequestContext;
@@ -18,14 +18,20 @@ pub type App = Intake<DynamoLedger, SqsQueue>;
 
 /// Builds the intake from the environment: settings, endpoints with their
 /// resolved secrets, and the AWS clients (endpoints from `AWS_ENDPOINT_URL*`).
+/// An SSM client only when a secret is an `ssm:` reference; the SNS
+/// certificate getter builds its HTTPS client on its first fetch.
 pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let settings = config::settings_from(|k| std::env::var(k).ok())?;
     let raw = std::env::var("HOOKLEDGER_ENDPOINTS").map_err(|_| ConfigError::Missing("HOOKLEDGER_ENDPOINTS"))?;
     let specs = config::parse_endpoints(&raw)?;
     let getter = ReqwestGetter::new().map_err(|reason| ConfigError::Invalid { name: "https client".into(), reason })?;
     let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
-    let secrets = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
-    let endpoints = config::build_endpoints(specs, &secrets, certificates).await?;
+    let secrets: Box<dyn SecretResolver> = if config::uses_ssm(&specs) {
+        Box::new(AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws)))
+    } else {
+        Box::new(config::EnvSecrets)
+    };
+    let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates).await?;
     let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(aws), settings.table_name.clone())
         .with_shards(settings.index_shards);
     let queue = SqsQueue::new(aws_sdk_sqs::Client::new(aws), settings.queue_url.clone());

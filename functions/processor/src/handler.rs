@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use hookledger::adapters::dynamodb::DynamoLedger;
-use hookledger::adapters::secrets::AwsSecretResolver;
+use hookledger::adapters::https::lazy_subscription_source;
 use hookledger::adapters::sqs::{MAX_RECEIVE_COUNT, SqsQueue, WorkMessage};
 use hookledger::app::reference_registry;
 use hookledger::config::{self, ConfigError};
@@ -42,8 +42,8 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let queue_url = env("HOOKLEDGER_QUEUE_URL").ok_or(ConfigError::Missing("HOOKLEDGER_QUEUE_URL"))?;
     let settings = config::processor_settings_from(env)?;
     let notify_topic = env("HOOKLEDGER_NOTIFY_TOPIC_ARN");
-    let resolver = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
-    let source = hookledger::adapters::stripe::source_from_env(env, &resolver).await?;
+    // The Stripe key is read, and its client built, by the first subscription fetch.
+    let source = lazy_subscription_source(env, aws)?;
     let ddb = aws_sdk_dynamodb::Client::new(aws);
     let sqs = aws_sdk_sqs::Client::new(aws);
     let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());

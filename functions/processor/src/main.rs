@@ -11,7 +11,9 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let metrics = hookledger::telemetry::init_metrics("processor")?;
 
-    let aws = aws_config::load_from_env().await;
+    // The SDK's defaults; its HTTPS client loads the root certificates on the
+    // first AWS request, not in every SDK client's constructor.
+    let aws = aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await;
     let app =
         Arc::new(handler::from_env(&aws).await.inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?);
 

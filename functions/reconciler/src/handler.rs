@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hookledger::adapters::dynamodb::DynamoLedger;
-use hookledger::adapters::secrets::AwsSecretResolver;
+use hookledger::adapters::https::lazy_subscription_source;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::config::ReconcilerSettings;
 use hookledger::config::{self, ConfigError};
@@ -38,8 +38,8 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let queue_url = env("HOOKLEDGER_QUEUE_URL").ok_or(ConfigError::Missing("HOOKLEDGER_QUEUE_URL"))?;
     let shards = config::processor_settings_from(env)?.index_shards;
     let settings = settings_from(env)?;
-    let resolver = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
-    let source = hookledger::adapters::stripe::source_from_env(env, &resolver).await?;
+    // The Stripe key is read, and its client built, by the first drift check.
+    let source = lazy_subscription_source(env, aws)?;
     let ddb = aws_sdk_dynamodb::Client::new(aws);
     let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());
     let ledger = DynamoLedger::new(ddb, table).with_shards(shards);
