@@ -13,7 +13,7 @@
 //!
 //! The function binaries are taken from the directory of this program (the
 //! release target directory) or `INIT_BENCH_BIN_DIR`; Python from the
-//! project's `.venv` (`scripts/bootstrap` installs the pinned Powertools,
+//! project's `.venv` (`scripts/bench-init` installs the pinned Powertools,
 //! awslambdaric, boto3). `INIT_BENCH_ONLY=intake,powertools` measures only
 //! those; `INIT_BENCH_WRAP="strace -f -tt -o /tmp/trace"` runs each function
 //! under a tool (a profiler: the function then exits by itself).
@@ -167,7 +167,7 @@ fn subjects(root: &Path, bin_dir: &Path, aws: SocketAddr) -> Result<Vec<Subject>
     };
     let python = root.join(".venv/bin/python");
     if !python.is_file() {
-        return Err(format!("{} not found: run scripts/bootstrap", python.display()).into());
+        return Err(format!("{} not found: run scripts/bench-init", python.display()).into());
     }
     let aws_url = format!("http://{aws}");
     // What Lambda sets for every function (less the runtime API address, set per run).
