@@ -93,6 +93,9 @@ enum Command {
         #[arg(long)]
         account: String,
     },
+    /// Bring the items an earlier release wrote to today's indexes (the
+    /// README's upgrade steps); safe to run again, and while the functions work.
+    Migrate,
     /// Run one reconciliation now (what the scheduled function does).
     Reconcile {
         #[arg(long, default_value_t = 500)]
@@ -365,6 +368,10 @@ where
             .await
             .map_err(CliError::Failed)?;
             writeln!(out, "mapped {provider} subject {subject} (tenant {tenant}) to account {account}")?;
+        }
+        Command::Migrate => {
+            let done = ctx.ledger()?.migrate().await?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&done).unwrap_or_default())?;
         }
         Command::Reconcile { max_items, drift_interval_secs } => {
             let settings = hookledger::config::ReconcilerSettings {

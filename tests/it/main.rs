@@ -17,3 +17,4 @@ mod race;
 mod reconciler;
 mod sqs_handler;
 mod support;
+mod upgrade;

@@ -23,6 +23,7 @@
 //!   RECEIVED | RETRYABLE | DEAD ── operator Park (operator.rs) ──▶ PARKED
 //!   DEAD | PARKED ── operator Resolve (operator.rs) ──▶ PROCESSED (resolved)
 //!   any due item ── claim_due, reschedule (due.rs) ──▶ same status, next look moved
+//!   items of an earlier release ── migrate_attention, migrate_due_partition (migrate.rs) ──▶ today's indexes
 //! ```
 //!
 //! The outbox item (`sk = "outbox"`):
@@ -604,6 +605,37 @@ pub fn outbox_dead(token: &str, attention_partition: &str, error: &str, now_ms: 
         .value(":st", s(attention_partition))
 }
 
+// ------------------------------------------------------------ upgrade (migrate.rs)
+
+/// A DEAD or PARKED record (or a DEAD outbox item) of an earlier release
+/// enters the attention index. Timeline guarded: the item may have moved on
+/// since the scan read it (replayed, resolved): only an item still in the
+/// status read, and not in the index yet, is touched; a retry of this
+/// update finds it there and changes nothing.
+pub fn migrate_attention(status: &str, partition: &str, at: i64) -> Update {
+    Update::when("#st = :st AND attribute_not_exists(attn_shard)")
+        .status()
+        .set("attn_shard = :p")
+        .set("attn_at = :at")
+        .value(":st", s(status))
+        .value(":p", s(partition))
+        .value(":at", n(at))
+}
+
+/// An outbox item or entitlement of an earlier release moves from its own
+/// partition (`out#NNN`, `ent#NNN`) to its shard's `due#NNN`, due at `at`.
+/// Timeline guarded: only while it is still in the partition the scan read
+/// (a dispatcher or a reconciler of the earlier release may have moved it);
+/// a retry finds it moved and changes nothing.
+pub fn migrate_due_partition(from: &str, to: &str, at: i64) -> Update {
+    Update::when("due_shard = :from")
+        .set("due_shard = :to")
+        .set("due_at = :at")
+        .value(":from", s(from))
+        .value(":to", s(to))
+        .value(":at", n(at))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -675,6 +707,8 @@ mod tests {
             outbox_sent("t", 1),
             outbox_back_off("t", 1, "e", 1),
             outbox_dead("t", "attn#000", "e", 1),
+            migrate_attention("DEAD", "attn#001", 5),
+            migrate_due_partition("out#001", "due#001", 5),
         ];
         for u in updates {
             let text = format!("{} {}", u.expression(), u.condition);

@@ -19,6 +19,7 @@
 pub mod claim;
 pub mod conditions;
 pub mod due;
+pub mod migrate;
 pub mod operator;
 pub mod outbox;
 pub mod payload;

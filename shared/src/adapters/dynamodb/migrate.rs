@@ -1,0 +1,111 @@
+//! Upgrading the items of an earlier release to today's indexes, once, by
+//! `hookledger migrate` (see the README's upgrade steps). A migration reads
+//! the whole table (a `Scan`, paged; the only scan in Hookledger) and
+//! rewrites what it finds, each item with one conditional update (in
+//! `conditions`), so it can be run again, and run while the functions work:
+//!
+//! - DEAD and PARKED records, and DEAD outbox items, enter the sparse
+//!   `attention` index (they were in the `status` index);
+//! - outbox items and entitlements move from their own partitions
+//!   (`out#NNN`, `ent#NNN`) to their shard's `due#NNN` (an entitlement's
+//!   `due_at` becomes its next check: the last one plus the default drift
+//!   interval).
+//!
+//! Records in flight need nothing: the processor reads records written
+//! without a payload in them, payload items without an encoding, and queue
+//! messages without a payload, as earlier releases wrote them.
+
+use super::conditions as cond;
+use super::outbox::{LEGACY_OUTBOX_SHARD_PREFIX, OUTBOX_SK};
+use super::{DynamoLedger, META_SK, attention_shard, attr, due_shard, get_n, get_s};
+use crate::adapters::port_error;
+use crate::app::entitlement::LEGACY_DRIFT_SHARD_PREFIX;
+use crate::config::DEFAULT_DRIFT_INTERVAL_MS;
+use crate::identity::EventKey;
+use crate::ledger::PortError;
+use crate::projection::STATE_SK;
+
+/// What a migration changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Migrated {
+    /// Items read.
+    pub scanned: u64,
+    /// DEAD or PARKED records (and DEAD outbox items) put in the attention index.
+    pub attention: u64,
+    /// Outbox items moved to `due#NNN`.
+    pub outbox_moved: u64,
+    /// Entitlements moved to `due#NNN`.
+    pub entitlements_moved: u64,
+}
+
+/// The shard number of an index partition name (`out#007` → 7).
+fn shard_number(partition: &str) -> Option<u32> {
+    partition.rsplit('#').next()?.parse().ok()
+}
+
+impl DynamoLedger {
+    /// Brings every item of an earlier release to today's indexes.
+    pub async fn migrate(&self) -> Result<Migrated, PortError> {
+        let mut done = Migrated::default();
+        let mut start = None;
+        loop {
+            let page = self
+                .client()
+                .scan()
+                .table_name(self.table())
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| port_error("dynamodb", &e))?;
+            for item in page.items.unwrap_or_default() {
+                done.scanned += 1;
+                let (Some(pk), Some(sk)) = (get_s(&item, attr::PK), get_s(&item, attr::SK)) else { continue };
+                let status = get_s(&item, attr::STATUS).unwrap_or_default();
+                let in_attention = item.contains_key(attr::ATTN_SHARD);
+                let update = match sk {
+                    META_SK if matches!(status, "DEAD" | "PARKED") && !in_attention => {
+                        let Some(key) = EventKey::from_stored(pk) else { continue };
+                        let at = get_n(&item, attr::RECEIVED_AT).unwrap_or(0);
+                        Some((cond::migrate_attention(status, &attention_shard(key.shard(self.shards())), at), 0))
+                    }
+                    OUTBOX_SK if status == "DEAD" && !in_attention => {
+                        let shard = get_s(&item, "event_key")
+                            .and_then(EventKey::from_stored)
+                            .map_or(0, |k| k.shard(self.shards()));
+                        let at = get_n(&item, "dead_at").unwrap_or(0);
+                        Some((cond::migrate_attention(status, &attention_shard(shard), at), 0))
+                    }
+                    OUTBOX_SK | STATE_SK => {
+                        let (Some(from), Some(at)) = (get_s(&item, attr::DUE_SHARD), get_n(&item, attr::DUE_AT)) else {
+                            continue;
+                        };
+                        let legacy =
+                            if sk == OUTBOX_SK { LEGACY_OUTBOX_SHARD_PREFIX } else { LEGACY_DRIFT_SHARD_PREFIX };
+                        if !from.starts_with(&format!("{legacy}#")) {
+                            continue;
+                        }
+                        let Some(shard) = shard_number(from) else { continue };
+                        let next = if sk == STATE_SK { at + DEFAULT_DRIFT_INTERVAL_MS } else { at };
+                        Some((
+                            cond::migrate_due_partition(from, &due_shard(shard), next),
+                            if sk == OUTBOX_SK { 1 } else { 2 },
+                        ))
+                    }
+                    _ => None,
+                };
+                let Some((update, kind)) = update else { continue };
+                if self.conditional_ok(pk, sk, update).await? {
+                    match kind {
+                        0 => done.attention += 1,
+                        1 => done.outbox_moved += 1,
+                        _ => done.entitlements_moved += 1,
+                    }
+                }
+            }
+            match page.last_evaluated_key {
+                Some(k) => start = Some(k),
+                None => return Ok(done),
+            }
+        }
+    }
+}
