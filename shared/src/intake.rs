@@ -24,7 +24,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use http::{HeaderMap, Method};
 
 use crate::config::{Endpoint, EndpointVerifier, Settings};
-use crate::identity::{EventKey, content_hash, payload_hash};
+use crate::identity::{self, EventKey, delivery_hashes};
 use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, SendLease, Status};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, WorkQueue};
@@ -248,7 +248,11 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let key = &event.key;
         let now_ms = event.received_at_ms;
         let same_bytes = existing.payload_hash == event.payload_hash;
-        let same_content = same_bytes || existing.content_hash.as_deref() == Some(event.content_hash.as_str());
+        let same_content = same_bytes
+            || existing
+                .content_hash
+                .as_deref()
+                .is_some_and(|stored| identity::same_content(stored, &event.content_hash, &event.provider, body));
         let conflict = !same_content;
         let mut flag = conflict;
         if !existing.payload_stored {
@@ -329,6 +333,7 @@ pub fn new_event(
     let now_ms = unix_ms(now);
     let expires_at = now_ms / 1000 + i64::from(settings.retention_days) * 86_400;
     let shard = key.shard(settings.index_shards);
+    let (payload_hash, content_hash) = delivery_hashes(body, &verified.content);
     NewEvent {
         key,
         provider: provider.to_owned(),
@@ -336,8 +341,8 @@ pub fn new_event(
         tenant: endpoint.tenant.clone(),
         event_id: verified.event_id.clone(),
         event_type: verified.event_type.clone(),
-        payload_hash: payload_hash(body),
-        content_hash: content_hash(provider, body),
+        payload_hash,
+        content_hash,
         received_at_ms: now_ms,
         expires_at,
         shard,
