@@ -5,6 +5,12 @@
 //! `ROUNDS` rounds of the mean time per call. SNS is measured with the
 //! certificate cached (the warm-container case) and with parsing the
 //! certificate every call (cold start).
+//!
+//! The `*_verify_identify_ns` figures are the whole per-request path the
+//! intake runs for a valid delivery before its first AWS call: the verifier
+//! (signature, timestamp, event identity and type) and
+//! [`hookledger::intake::new_event`] (ledger key, payload and content hashes,
+//! index shard, send lease), one active secret.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,10 +19,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hookledger::config::{Endpoint, EndpointVerifier, ProviderKind, Settings, settings_from};
+use hookledger::intake::new_event;
 use hookledger::secret::Secret;
+use hookledger::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet, SnsMessage, SnsVerifier, signing};
-use hookledger::verify::{github, standard, stripe};
-use http::{HeaderMap, HeaderValue};
+use hookledger::verify::{Verified, VerifyError, github, standard, stripe};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 const ROUNDS: usize = 7;
 
@@ -40,6 +49,24 @@ fn median_ns(mut f: impl FnMut()) -> f64 {
     rounds[ROUNDS / 2]
 }
 
+/// Verification followed by what the intake computes before its first AWS call.
+fn verify_identify(
+    endpoint: &Endpoint,
+    settings: &Settings,
+    body: &[u8],
+    verify: impl Fn() -> Result<Verified, VerifyError>,
+) -> f64 {
+    let now = std::time::SystemTime::now();
+    median_ns(|| {
+        let verified = verify().unwrap();
+        std::hint::black_box(new_event(endpoint, settings, &verified, body, now));
+    })
+}
+
+fn endpoint(provider: ProviderKind, verifier: EndpointVerifier) -> Endpoint {
+    Endpoint { name: "bench".into(), tenant: "bench".into(), provider, verifier }
+}
+
 struct Pem(Vec<u8>);
 
 impl HttpsGet for Pem {
@@ -57,6 +84,12 @@ fn main() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() as i64;
     let mut out = serde_json::Map::new();
     out.insert("body_bytes".into(), body.len().into());
+    let settings = settings_from(|name| match name {
+        "HOOKLEDGER_TABLE" => Some("bench".into()),
+        "HOOKLEDGER_QUEUE_URL" => Some("https://sqs.invalid/bench".into()),
+        _ => None,
+    })
+    .unwrap();
 
     let sv = stripe::StripeVerifier::new(vec![Secret::new("whsec_bench")], 300);
     let mut h = HeaderMap::new();
@@ -65,6 +98,11 @@ fn main() {
         HeaderValue::from_str(&stripe::sign(&Secret::new("whsec_bench"), now, &body)).unwrap(),
     );
     out.insert("stripe_valid_ns".into(), median_ns(|| assert!(sv.verify(&body, &h, now).is_ok())).into());
+    let ep = endpoint(ProviderKind::Stripe, EndpointVerifier::Stripe(sv.clone()));
+    out.insert(
+        "stripe_verify_identify_ns".into(),
+        verify_identify(&ep, &settings, &body, || sv.verify(&body, &h, now)).into(),
+    );
     let mut forged = HeaderMap::new();
     forged.insert(
         stripe::SIGNATURE_HEADER,
@@ -76,7 +114,13 @@ fn main() {
     let mut h = HeaderMap::new();
     h.insert(github::SIGNATURE_HEADER, HeaderValue::from_str(&github::sign(&Secret::new("gh"), &body)).unwrap());
     h.insert(github::DELIVERY_HEADER, HeaderValue::from_static("72d3162e-cc78-11e3-81ab-4c9367dc0958"));
+    h.insert(github::EVENT_HEADER, HeaderValue::from_static("customer.subscription.updated"));
     out.insert("github_valid_ns".into(), median_ns(|| assert!(gv.verify(&body, &h).is_ok())).into());
+    let ep = endpoint(ProviderKind::Github, EndpointVerifier::Github(gv.clone()));
+    out.insert(
+        "github_verify_identify_ns".into(),
+        verify_identify(&ep, &settings, &body, || gv.verify(&body, &h)).into(),
+    );
 
     let key = Secret::new(b"standard-webhooks-key".to_vec());
     let wv = standard::StandardWebhooksVerifier::new(vec![key.clone()], 300);
@@ -85,6 +129,37 @@ fn main() {
     h.insert("webhook-timestamp", HeaderValue::from_str(&now.to_string()).unwrap());
     h.insert("webhook-signature", HeaderValue::from_str(&standard::sign(&key, "msg_bench", now, &body)).unwrap());
     out.insert("standard_webhooks_valid_ns".into(), median_ns(|| assert!(wv.verify(&body, &h, now).is_ok())).into());
+    let ep = endpoint(ProviderKind::StandardWebhooks, EndpointVerifier::StandardWebhooks(wv.clone()));
+    out.insert(
+        "standard_webhooks_verify_identify_ns".into(),
+        verify_identify(&ep, &settings, &body, || wv.verify(&body, &h, now)).into(),
+    );
+
+    // Generic HMAC with a signed timestamp and the identity read from the body.
+    let config = GenericHmacConfig {
+        signature_header: HeaderName::from_static("x-bench-signature"),
+        prefix: "sha256=".into(),
+        encoding: Encoding::Hex,
+        timestamp_header: Some(HeaderName::from_static("x-bench-timestamp")),
+        tolerance_secs: 300,
+        signed_content: SignedContent::parse("{timestamp}.{body}").unwrap(),
+        id: Source::JsonPointer("/id".into()),
+        event_type: Some(Source::JsonPointer("/type".into())),
+    };
+    let secret = Secret::new("hmac-bench");
+    let mut h = HeaderMap::new();
+    h.insert(
+        "x-bench-signature",
+        HeaderValue::from_str(&hookledger::verify::generic::sign(&config, &secret, now, &body)).unwrap(),
+    );
+    h.insert("x-bench-timestamp", HeaderValue::from_str(&now.to_string()).unwrap());
+    let hv = GenericHmacVerifier::new(config, vec![secret]);
+    out.insert("hmac_valid_ns".into(), median_ns(|| assert!(hv.verify(&body, &h, now).is_ok())).into());
+    let ep = endpoint(ProviderKind::Hmac, EndpointVerifier::Hmac(hv.clone()));
+    out.insert(
+        "hmac_verify_identify_ns".into(),
+        verify_identify(&ep, &settings, &body, || hv.verify(&body, &h, now)).into(),
+    );
 
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/test-sns");
     let pem = std::fs::read(format!("{dir}/SimpleNotificationService-0000test0000.pem")).expect("test cert");

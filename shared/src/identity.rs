@@ -53,23 +53,19 @@ pub fn shard_of(id: &str, shards: u32) -> u32 {
 
 /// Lowercase hex SHA-256 of the raw body.
 pub fn payload_hash(body: &[u8]) -> String {
-    hex::encode(Sha256::digest(body))
+    hex_digest("", &Sha256::digest(body))
 }
 
-/// Hash of what a delivery says, as opposed to its exact bytes. Providers'
-/// retries of one fact may differ in fields that describe the delivery
-/// rather than the fact: Stripe re-renders `pending_webhooks` (the count of
-/// endpoints still owed this event) on every attempt. Such fields are left
-/// out; every other provider's content hash is its payload hash.
-pub fn content_hash(provider: &str, body: &[u8]) -> String {
-    if provider == "stripe" {
-        if let Ok(serde_json::Value::Object(mut event)) = serde_json::from_slice::<serde_json::Value>(body) {
-            event.remove("pending_webhooks");
-            let canonical = serde_json::Value::Object(event).to_string();
-            return format!("c:{}", hex::encode(Sha256::digest(canonical.as_bytes())));
-        }
+/// `prefix` followed by the lowercase hex of `digest`, in one allocation.
+pub(crate) fn hex_digest(prefix: &str, digest: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(prefix.len() + 2 * digest.len());
+    out.push_str(prefix);
+    for &b in digest {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
     }
-    payload_hash(body)
+    out
 }
 
 #[cfg(test)]
@@ -106,18 +102,5 @@ mod tests {
     #[test]
     fn payload_hash_is_sha256_hex() {
         assert_eq!(payload_hash(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-    }
-
-    #[test]
-    fn stripe_retries_that_differ_only_in_pending_webhooks_have_one_content_hash() {
-        let first = br#"{"id":"evt_1","object":"event","pending_webhooks":2,"data":{"object":{"id":"pi_1"}}}"#;
-        let retry = br#"{"id":"evt_1","object":"event","pending_webhooks":1,"data":{"object":{"id":"pi_1"}}}"#;
-        let changed = br#"{"id":"evt_1","object":"event","pending_webhooks":1,"data":{"object":{"id":"pi_2"}}}"#;
-        assert_ne!(payload_hash(first), payload_hash(retry));
-        assert_eq!(content_hash("stripe", first), content_hash("stripe", retry));
-        assert_ne!(content_hash("stripe", first), content_hash("stripe", changed));
-        // Other providers: the bytes are the content.
-        assert_eq!(content_hash("github", first), payload_hash(first));
-        assert_ne!(content_hash("github", first), content_hash("github", retry));
     }
 }

@@ -60,7 +60,7 @@ pub struct NewEvent {
     pub payload_hash: String,
     /// Hash of the provider fact's content: equal for two deliveries whose
     /// bytes differ only where a provider's retries may change them (see
-    /// [`crate::identity::content_hash`]).
+    /// [`crate::verify::hashes::content_hash`]).
     pub content_hash: String,
     pub received_at_ms: i64,
     /// TTL (epoch seconds) after which the identity may be forgotten.

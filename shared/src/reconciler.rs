@@ -472,7 +472,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             event_id,
             event_type: Some("customer.subscription.reconciled".into()),
             payload_hash: hash.clone(),
-            content_hash: crate::identity::content_hash("stripe", &body),
+            content_hash: crate::verify::hashes::content_hash("stripe", &body),
             received_at_ms: now_ms,
             expires_at,
             shard: key.shard(self.ledger.shards()),

@@ -10,11 +10,12 @@ use hookledger::adapters::dynamodb::new_record_item;
 use hookledger::adapters::dynamodb::outbox::outbox_put;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::config::{DEFAULT_DRIFT_INTERVAL_MS, ReconcilerSettings};
-use hookledger::identity::{EventKey, content_hash, payload_hash};
+use hookledger::identity::{EventKey, payload_hash};
 use hookledger::ledger::{NewEvent, SendLease};
 use hookledger::message::OutboxMessage;
 use hookledger::ports::WorkQueue;
 use hookledger::processor::Outcome;
+use hookledger::verify::hashes::content_hash;
 
 use crate::processor::pi_succeeded;
 use crate::support::{Stack, fast_settings, n, now_s, s};

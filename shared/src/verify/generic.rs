@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use super::headers::parse_unix_secs;
 use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json_string_at,
-    mac_bytes, mac_matches,
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json, mac_bytes,
+    mac_matches,
 };
 use crate::secret::Secret;
 
@@ -28,6 +28,15 @@ pub enum Encoding {
 pub enum Source {
     Header(String),
     JsonPointer(String),
+}
+
+impl Source {
+    fn json_pointer(&self) -> Option<&str> {
+        match self {
+            Self::JsonPointer(p) => Some(p),
+            Self::Header(_) => None,
+        }
+    }
 }
 
 /// The byte string that is signed, as literal pieces around the body.
@@ -173,22 +182,28 @@ impl GenericHmacVerifier {
             check_timestamp(ts, now, c.tolerance_secs)?;
         }
 
-        // Authenticated: read identity and type.
-        let json = || serde_json::from_slice::<serde_json::Value>(body).ok();
-        let read = |source: &Source| -> Option<String> {
+        // Authenticated: read identity and type. Only the values the
+        // pointers name are parsed; the rest of the body is checked and
+        // skipped, in one pass for both.
+        let [id_at, type_at] =
+            json::pointers(body, [c.id.json_pointer(), c.event_type.as_ref().and_then(Source::json_pointer)]);
+        let read = |source: &Source, at: Option<std::ops::Range<usize>>| -> Option<String> {
             match source {
                 Source::Header(name) => headers.get(name.as_str())?.to_str().ok().map(|s| s.trim().to_owned()),
-                Source::JsonPointer(p) => {
-                    let v = json()?;
-                    match v.pointer(p)? {
+                Source::JsonPointer(_) => {
+                    let at = at?;
+                    if let Some(text) = json::string_at(body, &at) {
+                        return Some(text.into_owned());
+                    }
+                    match serde_json::from_slice::<serde_json::Value>(body.get(at)?).ok()? {
                         serde_json::Value::Number(n) => Some(n.to_string()),
-                        _ => json_string_at(&v, p).map(str::to_owned),
+                        _ => None,
                     }
                 }
             }
         };
-        let id = read(&c.id).ok_or(VerifyError::MalformedPayload("event id not found where configured"))?;
-        let event_type = c.event_type.as_ref().and_then(read);
+        let id = read(&c.id, id_at).ok_or(VerifyError::MalformedPayload("event id not found where configured"))?;
+        let event_type = c.event_type.as_ref().and_then(|source| read(source, type_at));
         Ok(Verified::record(checked_event_id(&id)?, event_type))
     }
 }
@@ -307,5 +322,56 @@ mod tests {
         assert!(SignedContent::parse("{body}{body}").is_err());
         assert!(SignedContent::parse("{nonce}.{body}").is_err());
         assert!(SignedContent::parse("{timestamp}.{body}").unwrap().uses_timestamp());
+    }
+
+    #[test]
+    fn identity_from_pointers_matches_a_full_parse() {
+        let body = br#"{"eventId":1e3,"type":"t","data":{"object":{"id":"obj_\u0031","n":-0,"big":18446744073709551616}},
+            "list":[{"id":"first"},{"id":"second"}],"a/b":"slash","m~n":"tilde","dup":"one","dup":"two","obj":{},"nul":null}"#;
+        let now = 1_700_000_000;
+        let cases: &[(&str, Option<&str>)] = &[
+            ("/eventId", Some("1000.0")),
+            ("/data/object/id", Some("obj_1")),
+            ("/data/object/n", Some("-0.0")),
+            ("/data/object/big", Some("1.8446744073709552e+19")),
+            ("/list/1/id", Some("second")),
+            ("/list/01/id", None),
+            ("/a~1b", Some("slash")),
+            ("/m~0n", Some("tilde")),
+            ("/dup", Some("two")),
+            ("/obj", None),
+            ("/nul", None),
+            ("/missing", None),
+            ("eventId", None),
+        ];
+        for (pointer, expected) in cases {
+            let mut c = quiltt_like();
+            c.id = Source::JsonPointer((*pointer).into());
+            c.event_type = Some(Source::JsonPointer((*pointer).into()));
+            let sig = sign(&c, &Secret::new("s"), now, body);
+            let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]);
+            let got = v.verify(body, &h(&[("quiltt-signature", sig), ("quiltt-timestamp", now.to_string())]), now);
+            // Before: a full parse, then Value::pointer.
+            let parsed: serde_json::Value = serde_json::from_slice(body).unwrap();
+            let old = match parsed.pointer(pointer) {
+                Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                _ => None,
+            };
+            assert_eq!(old.as_deref(), *expected, "{pointer}");
+            match expected {
+                Some(id) => {
+                    let got = got.unwrap();
+                    assert_eq!((got.event_id.as_str(), got.event_type.as_deref()), (*id, Some(*id)), "{pointer}");
+                }
+                None => assert!(matches!(got, Err(VerifyError::MalformedPayload(_))), "{pointer}: {got:?}"),
+            }
+        }
+        // A body that is not JSON has no identity in it, whatever the pointer.
+        let c = quiltt_like();
+        let sig = sign(&c, &Secret::new("s"), now, b"{\"eventId\":\"x\"");
+        let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]);
+        let hdrs = h(&[("quiltt-signature", sig), ("quiltt-timestamp", now.to_string())]);
+        assert!(matches!(v.verify(b"{\"eventId\":\"x\"", &hdrs, now), Err(VerifyError::MalformedPayload(_))));
     }
 }

@@ -7,10 +7,15 @@
 
 pub mod generic;
 pub mod github;
+pub mod hashes;
 mod headers;
+pub(crate) mod json;
 pub mod sns;
 pub mod standard;
 pub mod stripe;
+
+use std::borrow::Cow;
+use std::ops::Range;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -36,12 +41,28 @@ pub struct Verified {
     /// The provider's event type, when the protocol names one.
     pub event_type: Option<String>,
     pub action: Action,
+    /// Which bytes of the verified body say what the fact is (see
+    /// [`hashes::delivery_hashes`]), found while reading the identity.
+    pub content: Content,
 }
 
 impl Verified {
     pub fn record(event_id: String, event_type: Option<String>) -> Self {
-        Self { event_id, event_type, action: Action::Record }
+        Self { event_id, event_type, action: Action::Record, content: Content::Bytes }
     }
+}
+
+/// Which bytes of a verified body make up the fact it delivers, as opposed to
+/// the delivery. Byte ranges refer to the body the verifier was given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Content {
+    /// Every byte: the content hash is the payload hash.
+    #[default]
+    Bytes,
+    /// A Stripe event (a JSON object): every byte but the values of its
+    /// top-level `pending_webhooks` members, which Stripe re-renders on each
+    /// attempt.
+    StripeEvent { pending_webhooks: Vec<Range<usize>> },
 }
 
 /// Why a delivery was not accepted by its verifier.
@@ -138,9 +159,36 @@ pub(crate) fn checked_event_id(id: &str) -> Result<String, VerifyError> {
     Ok(id.to_owned())
 }
 
-/// Reads `{"id": ..., "type": ...}`-style fields from a verified JSON body.
-pub(crate) fn json_string_at<'a>(value: &'a serde_json::Value, pointer: &str) -> Option<&'a str> {
-    value.pointer(pointer).and_then(serde_json::Value::as_str)
+/// The top-level members of a JSON event that the intake reads, found in one
+/// pass: `id` and `type` when they are strings (the last of duplicates, as a
+/// parser into a map keeps) and where the values of `pending_webhooks` are.
+#[derive(Debug)]
+pub(crate) struct EventFields<'a> {
+    pub object: bool,
+    pub id: Option<Cow<'a, str>>,
+    pub event_type: Option<Cow<'a, str>>,
+    pub pending_webhooks: Vec<Range<usize>>,
+}
+
+/// Reads [`EventFields`]; `Err` when the body is not JSON.
+pub(crate) fn event_fields(body: &[u8]) -> Result<EventFields<'_>, json::NotJson> {
+    let (mut id, mut event_type, mut pending_webhooks) = (None, None, Vec::new());
+    let kind = json::scan(body, |entry| {
+        if let json::Key::Name(name) = &entry.key {
+            match name.as_ref() {
+                "id" => id = Some(entry.value),
+                "type" => event_type = Some(entry.value),
+                "pending_webhooks" => pending_webhooks.push(entry.value),
+                _ => {}
+            }
+        }
+    })?;
+    Ok(EventFields {
+        object: kind == json::Kind::Object,
+        id: id.and_then(|r| json::string_at(body, &r)),
+        event_type: event_type.and_then(|r| json::string_at(body, &r)),
+        pending_webhooks,
+    })
 }
 
 #[cfg(test)]

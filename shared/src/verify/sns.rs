@@ -37,7 +37,7 @@ use serde::Deserialize;
 use url::Url;
 
 use super::headers::header_values;
-use super::{Action, Verified, VerifyError, checked_event_id};
+use super::{Action, Content, Verified, VerifyError, checked_event_id};
 
 pub const MESSAGE_TYPE_HEADER: &str = "x-amz-sns-message-type";
 /// Certificates larger than this are not SNS signing certificates.
@@ -695,10 +695,14 @@ impl SnsVerifier {
                 event_id,
                 event_type: Some(msg.kind.clone()),
                 action: Action::ConfirmSubscription { subscribe_url },
+                content: Content::Bytes,
             },
-            None if msg.kind == "UnsubscribeConfirmation" => {
-                Verified { event_id, event_type: Some(msg.kind.clone()), action: Action::Unsubscribed }
-            }
+            None if msg.kind == "UnsubscribeConfirmation" => Verified {
+                event_id,
+                event_type: Some(msg.kind.clone()),
+                action: Action::Unsubscribed,
+                content: Content::Bytes,
+            },
             None => Verified::record(event_id, Some(notification_type(&msg.message))),
         })
     }

@@ -4,13 +4,15 @@
 //! keyed with the base64-decoded secret (`whsec_` prefix optional). The body
 //! is signed as raw bytes, so non-UTF-8 bodies verify too.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use http::HeaderMap;
 
 use super::headers::{first_of, header_values, parse_unix_secs};
 use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json_string_at,
+    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields, hmac_sha256,
     mac_bytes, mac_matches,
 };
 use crate::secret::Secret;
@@ -61,9 +63,7 @@ impl StandardWebhooksVerifier {
         }
         check_timestamp(timestamp, now, self.tolerance_secs)?;
         // The type is a payload convention, not part of the protocol: optional.
-        let event_type = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| json_string_at(&v, "/type").map(str::to_owned));
+        let event_type = event_fields(body).ok().and_then(|f| f.event_type).map(Cow::into_owned);
         Ok(Verified::record(checked_event_id(id)?, event_type))
     }
 }
@@ -113,6 +113,7 @@ pub fn sign(key: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verify::Content;
     use http::HeaderValue;
     use serde_json::Value;
 
@@ -240,5 +241,31 @@ mod tests {
         assert_eq!(padded, unpadded);
         assert!(decode_secret(&Secret::new("whsec_!!!")).is_err());
         assert!(decode_secret(&Secret::new("whsec_")).is_err());
+    }
+
+    #[test]
+    fn the_type_is_read_like_a_full_parse_and_never_fails_the_delivery() {
+        let key = Secret::new(b"0123456789abcdef".to_vec());
+        let v = StandardWebhooksVerifier::new(vec![key.clone()], DEFAULT_TOLERANCE_SECS);
+        let now = 1_700_000_000;
+        let deep = format!(r#"{{"type":"deep","data":{}0{}}}"#, "[".repeat(200), "]".repeat(200));
+        let cases: Vec<(Vec<u8>, Option<&str>)> = vec![
+            (br#"{"type":"a","type":"b"}"#.to_vec(), Some("b")),
+            (br#"{"typ\u0065":"invoice.\u0070aid"}"#.to_vec(), Some("invoice.paid")),
+            (br#"{"type":3}"#.to_vec(), None),
+            (br#"{"data":{"type":"nested"}}"#.to_vec(), None),
+            (br#"[{"type":"in an array"}]"#.to_vec(), None),
+            (br#"{"type":"a",}"#.to_vec(), None),
+            (deep.into_bytes(), None),
+            (b"{\"type\":\"\xff\"}".to_vec(), None),
+            (b"plain text".to_vec(), None),
+        ];
+        for (body, expected) in cases {
+            let sig = sign(&key, "msg_1", now, &body);
+            let got = v.verify(&body, &headers("webhook", "msg_1", &now.to_string(), &sig), now).unwrap();
+            assert_eq!(got.event_type.as_deref(), expected, "{}", String::from_utf8_lossy(&body));
+            assert_eq!(got.event_id, "msg_1");
+            assert_eq!(got.content, Content::Bytes);
+        }
     }
 }

@@ -1,12 +1,14 @@
 //! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]`, HMAC-SHA256
 //! over `"{t}.{raw body}"`, keyed with the endpoint secret's UTF-8 bytes.
 
+use std::borrow::Cow;
+
 use http::HeaderMap;
 
 use super::headers::{list_items, parse_unix_secs};
 use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json_string_at,
-    mac_bytes, mac_matches,
+    Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields,
+    hmac_sha256, mac_bytes, mac_matches,
 };
 use crate::secret::Secret;
 
@@ -38,12 +40,20 @@ impl StripeVerifier {
         check_timestamp(timestamp, now, self.tolerance_secs)?;
 
         // Authenticated from here on: read the event identity.
-        let event: serde_json::Value =
-            serde_json::from_slice(body).map_err(|_| VerifyError::MalformedPayload("body is not JSON"))?;
-        let id = json_string_at(&event, "/id").ok_or(VerifyError::MalformedPayload("event has no id"))?;
-        let event_type = json_string_at(&event, "/type").map(str::to_owned);
-        Ok(Verified::record(checked_event_id(id)?, event_type))
+        // One pass checks the JSON and finds the identity and the fields
+        // that describe the delivery rather than the event.
+        let fields = event_fields(body).map_err(|_| VerifyError::MalformedPayload("body is not JSON"))?;
+        let id = fields.id.ok_or(VerifyError::MalformedPayload("event has no id"))?;
+        let mut verified = Verified::record(checked_event_id(&id)?, fields.event_type.map(Cow::into_owned));
+        verified.content = Content::StripeEvent { pending_webhooks: fields.pending_webhooks };
+        Ok(verified)
     }
+}
+
+/// What a Stripe event's content hash covers; `None` when the body is not a JSON object.
+pub(crate) fn content(body: &[u8]) -> Option<Content> {
+    let fields = event_fields(body).ok().filter(|f| f.object)?;
+    Some(Content::StripeEvent { pending_webhooks: fields.pending_webhooks })
 }
 
 /// Extracts the single `t` and up to [`MAX_SIGNATURE_CANDIDATES`] decoded `v1` values.
@@ -89,6 +99,7 @@ pub fn sign(secret: &Secret, timestamp: i64, body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verify::MAX_EVENT_ID_LEN;
     use http::HeaderValue;
     use serde_json::Value;
 
@@ -199,5 +210,68 @@ mod tests {
             let h = headers(&sign(&Secret::new("s"), now, body));
             assert!(matches!(verifier(&["s"]).verify(body, &h, now), Err(VerifyError::MalformedPayload(_))));
         }
+    }
+
+    /// What the verifier answered for a signed body before it stopped
+    /// building a `serde_json::Value`.
+    fn identity_by_full_parse(body: &[u8]) -> Result<(String, Option<String>), VerifyError> {
+        let event: Value =
+            serde_json::from_slice(body).map_err(|_| VerifyError::MalformedPayload("body is not JSON"))?;
+        let id =
+            event.pointer("/id").and_then(Value::as_str).ok_or(VerifyError::MalformedPayload("event has no id"))?;
+        let event_type = event.pointer("/type").and_then(Value::as_str).map(str::to_owned);
+        Ok((checked_event_id(id)?, event_type))
+    }
+
+    #[test]
+    fn signed_adversarial_bodies_get_the_same_answer_as_a_full_parse() {
+        let long_id = format!(r#"{{"id":"{}"}}"#, "e".repeat(MAX_EVENT_ID_LEN + 1));
+        let max_id = format!(r#"{{"id":"{}"}}"#, "e".repeat(MAX_EVENT_ID_LEN));
+        let deep = |n: usize| format!(r#"{{"id":"evt_deep","data":{}0{}}}"#, "[".repeat(n), "]".repeat(n));
+        let bodies: Vec<Vec<u8>> = [
+            r#"{"id":"evt_1","id":"evt_2","type":"a","type":"b"}"#,
+            r#"{"id":"evt\u005f1","type":"customer.\u0063reated"}"#,
+            r#"{"id":"evt\n1"}"#,
+            r#"{"id":""}"#,
+            r#"{"id":12}"#,
+            r#"{"id":"evt_1","type":7}"#,
+            r#"{"data":{"id":"evt_nested"}}"#,
+            r#"[{"id":"evt_1"}]"#,
+            r#"{"id":"evt_1",}"#,
+            r#"{"id":"evt_1"}x"#,
+            r#"{"id":"evt_1","x":"\udc00"}"#,
+            r#"{"id":"evt_1","x":-1e400}"#,
+            r#"{"id":"evt_1","pending_webhooks":1,"pending_webhooks":2,"data":{"pending_webhooks":3}}"#,
+            "\u{feff}{\"id\":\"evt_1\"}",
+            &long_id,
+            &max_id,
+            &deep(125),
+            &deep(126),
+            &deep(127),
+            &deep(100_000),
+        ]
+        .iter()
+        .map(|b| b.as_bytes().to_vec())
+        .chain([b"{\"id\":\"evt_\xff\"}".to_vec(), b"{\"id\":\"evt_1\",\"x\":\"\xe2\x82\"}".to_vec()])
+        .collect();
+        let now = 1_700_000_000;
+        for body in &bodies {
+            let h = headers(&sign(&Secret::new("s"), now, body));
+            let got = verifier(&["s"]).verify(body, &h, now).map(|v| (v.event_id, v.event_type));
+            assert_eq!(got, identity_by_full_parse(body), "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn the_verified_event_says_where_pending_webhooks_is() {
+        let body = br#"{"id":"evt_1", "pending_webhooks": 12,"data":{"pending_webhooks":3},"pending_webhooks":null}"#;
+        let now = 1_700_000_000;
+        let got = verifier(&["s"]).verify(body, &headers(&sign(&Secret::new("s"), now, body)), now).unwrap();
+        let Content::StripeEvent { pending_webhooks } = &got.content else { panic!("{:?}", got.content) };
+        let values: Vec<&[u8]> = pending_webhooks.iter().map(|r| &body[r.clone()]).collect();
+        assert_eq!(values, vec![&b"12"[..], b"null"]);
+        assert_eq!(content(body), Some(got.content));
+        assert_eq!(content(b"[1]"), None);
+        assert_eq!(content(b"{"), None);
     }
 }
