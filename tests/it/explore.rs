@@ -671,6 +671,10 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             // The first delivery claimed the record and died: no payload, no
             // message, a lapsed send lease; it was never acknowledged.
             let mut d = payment("evt_orphan", 500);
+            // As Stripe sends it: with the count of endpoints still owed it.
+            let mut first: serde_json::Value = serde_json::from_slice(&d.body).unwrap_or_else(|e| panic!("{e}"));
+            first["pending_webhooks"] = serde_json::json!(2);
+            d.body = first.to_string().into_bytes();
             let key = d.key();
             let event = NewEvent {
                 key: key.clone(),
