@@ -24,7 +24,7 @@ import sys
 
 from cfnlint.decode import decode
 
-DATA_SERVICES = ("dynamodb:", "sqs:", "sns:", "ssm:", "secretsmanager:", "kms:")
+DATA_SERVICES = ("dynamodb:", "sqs:", "sns:", "ssm:", "secretsmanager:", "kms:", "s3:")
 
 
 def fail(msg):

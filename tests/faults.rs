@@ -410,6 +410,16 @@ fn describe(request: &HttpRequest) -> CallInfo {
     } else if let Some(action) = body.split('&').find_map(|kv| kv.strip_prefix("Action=")) {
         let service = if request.uri().contains("sns") || body.contains("TopicArn") { "sns" } else { "query" };
         (service, action.to_owned())
+    } else if header("x-amz-content-sha256").len() > 0 || request.uri().contains("/payloads/") {
+        // S3's REST calls: the operation by method.
+        let op = match request.method() {
+            "PUT" => "PutObject",
+            "GET" => "GetObject",
+            "HEAD" => "HeadObject",
+            "DELETE" => "DeleteObject",
+            other => other,
+        };
+        ("s3", op.to_owned())
     } else {
         ("other", target)
     };
@@ -568,6 +578,17 @@ pub fn sqs_client(config: &aws_config::SdkConfig) -> aws_sdk_sqs::Client {
         )))
         .build();
     aws_sdk_sqs::Client::from_conf(conf)
+}
+
+/// An S3 client with a retry quota of its own.
+pub fn s3_client(config: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::config::Builder::from(config)
+        .retry_partition(aws_smithy_runtime::client::retries::RetryPartition::new(format!(
+            "s3-{}",
+            uuid::Uuid::new_v4().simple()
+        )))
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
 }
 
 /// An SNS client with a retry quota of its own.

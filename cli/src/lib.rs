@@ -42,6 +42,10 @@ struct Global {
     /// Work queue URL (replay and reconcile send to it).
     #[arg(long, global = true, env = "HOOKLEDGER_QUEUE_URL")]
     queue_url: Option<String>,
+    /// Where payloads too large for a DynamoDB item are (the functions'
+    /// HOOKLEDGER_PAYLOAD_BUCKET); `show --payload` reads them there.
+    #[arg(long, global = true, env = "HOOKLEDGER_PAYLOAD_BUCKET")]
+    payload_bucket: Option<String>,
     /// Index shards; must match the functions' HOOKLEDGER_INDEX_SHARDS.
     #[arg(long, global = true, env = "HOOKLEDGER_INDEX_SHARDS", default_value_t = 16)]
     shards: u32,
@@ -234,7 +238,14 @@ impl Ctx {
     }
 
     fn ledger(&self) -> Result<DynamoLedger, CliError> {
-        Ok(DynamoLedger::new(aws_sdk_dynamodb::Client::new(&self.aws), self.table()?).with_shards(self.global.shards))
+        let ledger =
+            DynamoLedger::new(aws_sdk_dynamodb::Client::new(&self.aws), self.table()?).with_shards(self.global.shards);
+        Ok(match &self.global.payload_bucket {
+            Some(bucket) => {
+                ledger.with_payload_bucket(hookledger::adapters::s3::S3Payloads::from_config(&self.aws, bucket.clone()))
+            }
+            None => ledger,
+        })
     }
 
     fn queue(&self) -> Result<SqsQueue, CliError> {
@@ -284,7 +295,12 @@ where
                 .map_err(|e| CliError::Failed(e.to_string()))?
                 .topic_arn
                 .unwrap_or_default();
+            let bucket = format!("{queue}-payloads");
+            hookledger::adapters::s3::create_bucket(&aws_sdk_s3::Client::new(&ctx.aws), &bucket)
+                .await
+                .map_err(CliError::Failed)?;
             writeln!(out, "HOOKLEDGER_QUEUE_URL={}", queues.work_url)?;
+            writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
             writeln!(out, "HOOKLEDGER_DLQ_URL={}", queues.dead_letter_url)?;
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
         }

@@ -2,7 +2,8 @@
 //!
 //! Environment variables (see README "Configuration reference"):
 //! `HOOKLEDGER_TABLE`, `HOOKLEDGER_QUEUE_URL`, `HOOKLEDGER_ENDPOINTS` (JSON),
-//! `HOOKLEDGER_MAX_BODY_BYTES`, `HOOKLEDGER_RETENTION_DAYS`, `HOOKLEDGER_INDEX_SHARDS`.
+//! `HOOKLEDGER_MAX_BODY_BYTES`, `HOOKLEDGER_RETENTION_DAYS`, `HOOKLEDGER_INDEX_SHARDS`,
+//! `HOOKLEDGER_PAYLOAD_BUCKET`.
 //! Secrets are never inline: each is a reference, `env:NAME` or `ssm:/path`
 //! (an SSM SecureString, or a Secrets Manager secret through
 //! `ssm:/aws/reference/secretsmanager/<name>`).
@@ -25,8 +26,12 @@ use crate::verify::standard::{self, StandardWebhooksVerifier};
 use crate::verify::stripe::{self, StripeVerifier};
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
-/// DynamoDB items are at most 400 KB; keep room for the key and attributes.
+/// Without a payload bucket, a payload lives in a DynamoDB item (at most
+/// 400 KB; room for the key and attributes).
 pub const MAX_MAX_BODY_BYTES: usize = 380 * 1024;
+/// With a payload bucket (`HOOKLEDGER_PAYLOAD_BUCKET`): Lambda's request
+/// limit, the default and the most a body may be.
+pub const MAX_BODY_BYTES_WITH_BUCKET: usize = 6 * 1024 * 1024;
 
 /// Default time bounds of the processor (see `processor` for what they bound).
 pub const DEFAULT_GAP_BOUND_MS: i64 = 3_600_000;
@@ -239,6 +244,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     pub retention_days: u32,
     pub index_shards: u32,
+    /// Where payloads too large for a DynamoDB item go (S3).
+    pub payload_bucket: Option<String>,
 }
 
 /// An integer setting: `default` when unset, else it must parse and lie in `min..=max`.
@@ -265,17 +272,24 @@ pub fn env_number(
 pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
     let required = |name: &'static str| get(name).filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name));
     let number = |name: &'static str, default: i64, min: i64, max: i64| env_number(&get, name, default, min, max);
+    let payload_bucket = get("HOOKLEDGER_PAYLOAD_BUCKET").filter(|v| !v.trim().is_empty());
     Ok(Settings {
         table_name: required("HOOKLEDGER_TABLE")?,
         queue_url: required("HOOKLEDGER_QUEUE_URL")?,
-        max_body_bytes: number(
-            "HOOKLEDGER_MAX_BODY_BYTES",
-            DEFAULT_MAX_BODY_BYTES as i64,
-            1024,
-            MAX_MAX_BODY_BYTES as i64,
-        )? as usize,
+        max_body_bytes: match &payload_bucket {
+            None => {
+                number("HOOKLEDGER_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES as i64, 1024, MAX_MAX_BODY_BYTES as i64)?
+            }
+            Some(_) => number(
+                "HOOKLEDGER_MAX_BODY_BYTES",
+                MAX_BODY_BYTES_WITH_BUCKET as i64,
+                1024,
+                MAX_BODY_BYTES_WITH_BUCKET as i64,
+            )?,
+        } as usize,
         retention_days: number("HOOKLEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS.into(), 4, 3650)? as u32,
         index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
+        payload_bucket,
     })
 }
 

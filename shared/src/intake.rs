@@ -214,6 +214,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         // Round trip 1: the record and its payload, in one transaction.
         let claim = match self.ledger.claim(&event, req.body).await {
             Ok(c) => c,
+            // Larger, stored, than the ledger takes (no payload bucket).
+            Err(PortError::TooLarge { limit, .. }) => return Outcome::TooLarge { limit },
             Err(e) => {
                 // The claim may have committed with every acknowledgement
                 // lost: give back the send lease it may hold, so the

@@ -106,14 +106,18 @@ pub enum Claim {
     Existing(ExistingRecord),
 }
 
-/// A storage or queue fault. Every variant is retryable from the sender's
-/// point of view (the intake answers 503).
+/// A storage or queue fault. Every variant but `TooLarge` is retryable from
+/// the sender's point of view (the intake answers 503; 413 for `TooLarge`).
 #[derive(Debug, thiserror::Error)]
 pub enum PortError {
     #[error("throttled by {service}")]
     Throttled { service: &'static str },
     #[error("{service} unavailable: {message}")]
     Unavailable { service: &'static str, message: String },
+    /// The payload, stored, is larger than the ledger takes (no payload
+    /// bucket is configured for larger ones): retrying cannot help.
+    #[error("payload of {size} bytes stored exceeds {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
 }
 
 /// `error_code` of a record deferred on a sequence gap, and `park_reason` of

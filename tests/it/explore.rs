@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::s3::S3Payloads;
 use hookledger::adapters::sqs::{SqsQueue, WorkMessage};
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::backoff::Backoff;
@@ -124,6 +125,8 @@ pub struct World {
     pub intake: Intake<DynamoLedger, SqsQueue>,
     pub processor: Processor,
     pub reconciler: Reconciler<SqsQueue>,
+    /// The payload bucket, through the harness's clean client.
+    payloads: S3Payloads,
     pub dispatcher: Dispatcher,
     pub ops: Ops<SqsQueue>,
     pub fake: Arc<FakeStripe>,
@@ -162,9 +165,17 @@ impl World {
         let api =
             StripeApi::new(base.clone(), Secret::new("sk_test_fake")).unwrap_or_else(|e| panic!("stripe api: {e}"));
         let source: Arc<dyn hookledger::projection::fetch::SubscriptionSource> = Arc::new(api);
-        let ledger = DynamoLedger::new(ddb.clone(), &stack.table).with_shards(SHARDS);
+        // Payloads too large for an item go to S3.
+        let bucket = format!("explore-{}", &stack.table[3..]);
+        hookledger::adapters::s3::create_bucket(&aws_sdk_s3::Client::new(&stack.aws), &bucket)
+            .await
+            .unwrap_or_else(|e| panic!("bucket: {e}"));
+        let payloads = S3Payloads::new(faults::s3_client(&cfg), bucket.clone());
+        let ledger = DynamoLedger::new(ddb.clone(), &stack.table).with_shards(SHARDS).with_payload_bucket(payloads);
         let mut settings = stack.settings();
         settings.index_shards = SHARDS;
+        settings.max_body_bytes = hookledger::config::MAX_BODY_BYTES_WITH_BUCKET;
+        settings.payload_bucket = Some(bucket.clone());
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
         let intake = Intake::new(stack.endpoints().await, settings, ledger.clone(), queue.clone());
         let dispatcher = Dispatcher::new(ddb.clone(), sns.clone(), stack.table.clone());
@@ -184,6 +195,7 @@ impl World {
         let ops = Ops::new(ledger, queue);
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
         Self {
+            payloads: S3Payloads::from_config(&stack.aws, bucket),
             stack,
             plan,
             intake,
@@ -249,8 +261,12 @@ impl World {
         // In the record itself (small payloads), or in its own item.
         let inline = hookledger::adapters::dynamodb::payload::body(&meta)
             .is_some_and(|b| hookledger::identity::payload_hash(&b) == hash);
-        let payload =
-            if inline { Some(meta.clone()) } else { self.item(key.as_str(), &format!("payload#{hash}")).await };
+        let in_s3 = s(&meta, "payload_in") == "s3" && self.payloads.get(key, &hash).await.ok().flatten().is_some();
+        let payload = if inline || in_s3 {
+            Some(meta.clone())
+        } else {
+            self.item(key.as_str(), &format!("payload#{hash}")).await
+        };
         if !stored || payload.is_none() {
             self.violation("wrong_2xx", format!("{key}: answered 2xx while the payload was not durable"));
         }
@@ -527,6 +543,8 @@ pub enum Flow {
     /// A new event whose payload is too large to travel in its record: the
     /// record and the payload item are written in one transaction.
     IntakeNewLarge,
+    /// A new event too large for an item: its payload goes to S3 first.
+    IntakeNewHuge,
     IntakeDuplicate,
     IntakeNeverSentDuplicate,
     /// A Stripe retry whose bytes differ (`pending_webhooks`) from those of a
@@ -552,9 +570,10 @@ pub enum Flow {
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 22] = [
+pub const FLOWS: [Flow; 23] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
+    Flow::IntakeNewHuge,
     Flow::IntakeDuplicate,
     Flow::IntakeNeverSentDuplicate,
     Flow::IntakeChangedRetryOfUnstored,
@@ -651,11 +670,13 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             let d = payment("evt_new", 500);
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
-        Flow::IntakeNewLarge => {
-            let mut d = payment("evt_large", 500);
+        Flow::IntakeNewLarge | Flow::IntakeNewHuge => {
+            let mut d = payment(if flow == Flow::IntakeNewHuge { "evt_huge" } else { "evt_large" }, 500);
             let mut v: serde_json::Value = serde_json::from_slice(&d.body).unwrap_or_else(|e| panic!("{e}"));
-            // Incompressible enough that record and payload exceed an inline record.
-            let note: String = (0..48).map(|i: u32| payload_hash(&i.to_be_bytes())).collect();
+            // Incompressible enough that record and payload exceed an inline
+            // record (large: 3 KB) or an item (huge: 1 MB).
+            let blocks = if flow == Flow::IntakeNewHuge { 16_000 } else { 48 };
+            let note: String = (0..blocks).map(|i: u32| payload_hash(&i.to_be_bytes())).collect();
             v["data"]["object"]["metadata"] = serde_json::json!({ "note": note });
             d.body = v.to_string().into_bytes();
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
@@ -792,6 +813,7 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
     match flow {
         Flow::IntakeNew
         | Flow::IntakeNewLarge
+        | Flow::IntakeNewHuge
         | Flow::IntakeDuplicate
         | Flow::IntakeNeverSentDuplicate
         | Flow::IntakeChangedRetryOfUnstored
@@ -866,6 +888,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
     match flow {
         Flow::IntakeNew
         | Flow::IntakeNewLarge
+        | Flow::IntakeNewHuge
         | Flow::IntakeDuplicate
         | Flow::IntakeNeverSentDuplicate
         | Flow::IntakeChangedRetryOfUnstored
@@ -1058,9 +1081,10 @@ async fn explore_and_assert(flows: &[Flow], honour_tokens: bool) {
     assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
 }
 
-const INTAKE_FLOWS: [Flow; 6] = [
+const INTAKE_FLOWS: [Flow; 7] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
+    Flow::IntakeNewHuge,
     Flow::IntakeDuplicate,
     Flow::IntakeNeverSentDuplicate,
     Flow::IntakeChangedRetryOfUnstored,

@@ -27,7 +27,7 @@ fn stripe_headers(body: &[u8], secret: &str) -> HeaderMap {
     h
 }
 
-async fn post(
+pub async fn post(
     intake: &hookledger::intake::Intake<impl hookledger::ports::Ledger, impl hookledger::ports::WorkQueue>,
     endpoint: &str,
     headers: &HeaderMap,

@@ -10,6 +10,7 @@ mod fake_provider;
 mod handler;
 mod intake;
 mod intake_faults;
+mod large;
 mod ops_faults;
 mod processor;
 mod queues;

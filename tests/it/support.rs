@@ -118,6 +118,7 @@ impl Stack {
             max_body_bytes: 16 * 1024,
             retention_days: 30,
             index_shards: 16,
+            payload_bucket: None,
         }
     }
 

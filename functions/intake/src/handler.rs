@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::https::ReqwestGetter;
+use hookledger::adapters::s3::S3Payloads;
 use hookledger::adapters::secrets::AwsSecretResolver;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::config::{self, ConfigError, SecretResolver};
@@ -32,8 +33,11 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
         Box::new(config::EnvSecrets)
     };
     let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates).await?;
-    let ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(aws), settings.table_name.clone())
+    let mut ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(aws), settings.table_name.clone())
         .with_shards(settings.index_shards);
+    if let Some(bucket) = &settings.payload_bucket {
+        ledger = ledger.with_payload_bucket(S3Payloads::from_config(aws, bucket.clone()));
+    }
     let queue = SqsQueue::new(aws_sdk_sqs::Client::new(aws), settings.queue_url.clone());
     Ok(Intake::new(endpoints, settings, ledger, queue))
 }

@@ -18,6 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::https::lazy_subscription_source;
+use hookledger::adapters::s3::S3Payloads;
 use hookledger::adapters::sqs::{MAX_RECEIVE_COUNT, SqsQueue, WorkMessage};
 use hookledger::app::reference_registry;
 use hookledger::config::{self, ConfigError};
@@ -47,13 +48,12 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let ddb = aws_sdk_dynamodb::Client::new(aws);
     let sqs = aws_sdk_sqs::Client::new(aws);
     let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());
-    let processor = Processor::new(
-        DynamoLedger::new(ddb, table),
-        reference_registry(source, notify_topic),
-        Some(dispatcher),
-        settings,
-    )
-    .with_queue(SqsQueue::new(sqs.clone(), &queue_url));
+    let mut ledger = DynamoLedger::new(ddb, table);
+    if let Some(bucket) = env("HOOKLEDGER_PAYLOAD_BUCKET") {
+        ledger = ledger.with_payload_bucket(S3Payloads::from_config(aws, bucket));
+    }
+    let processor = Processor::new(ledger, reference_registry(source, notify_topic), Some(dispatcher), settings)
+        .with_queue(SqsQueue::new(sqs.clone(), &queue_url));
     Ok(App { processor, sqs, queue_url })
 }
 

@@ -3,6 +3,7 @@
 
 pub mod dynamodb;
 pub mod https;
+pub mod s3;
 pub mod secrets;
 pub mod sns;
 pub mod sqs;

@@ -13,7 +13,32 @@ use crate::identity::EventKey;
 use crate::ledger::{Claim, NewEvent, PortError, SendLease};
 use crate::ports::Ledger;
 
+/// Where a record's payload is when it is neither in the record nor in a
+/// payload item (`s3`).
+pub const PAYLOAD_IN: &str = "payload_in";
+
 impl DynamoLedger {
+    /// The claim as one conditional put of the record.
+    async fn put_claim(&self, event: &NewEvent, record: super::Item) -> Result<Claim, PortError> {
+        let result = self
+            .client()
+            .put_item()
+            .table_name(self.table())
+            .set_item(Some(record))
+            .condition_expression(cond::CLAIM)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        let met = match result {
+            Ok(_) => return Ok(Claim::New),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(e)) => e.item().cloned(),
+                _ => return Err(port_error("dynamodb", &err)),
+            },
+        };
+        self.claimed_by(event, met).await
+    }
+
     /// The claim met a record (`met`, or read when the endpoint did not
     /// return it): ours, after a lost acknowledgement, or another delivery's.
     async fn claimed_by(&self, event: &NewEvent, met: Option<super::Item>) -> Result<Claim, PortError> {
@@ -64,7 +89,8 @@ impl Ledger for DynamoLedger {
         // `conditions::CLAIM`, the other gets the winner's record back. The
         // payload is durable with the record: a small one travels in the
         // record (one put), a larger one in its own item written in the same
-        // transaction. A put that committed and lost its acknowledgement is
+        // transaction, one too large for an item in S3 before the record
+        // that refers to it (one put). A put that committed and lost its acknowledgement is
         // retried by the SDK and fails against its own record, whose send
         // token says so: the claim is ours (`Claim::New`), never a duplicate.
         // A transaction is retried with the same `ClientRequestToken` (the
@@ -76,23 +102,17 @@ impl Ledger for DynamoLedger {
         let inline = payload::item_size(&record) + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES;
         if inline {
             payload::put(&mut record, stored);
-            let result = self
-                .client()
-                .put_item()
-                .table_name(self.table())
-                .set_item(Some(record))
-                .condition_expression(cond::CLAIM)
-                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-                .send()
-                .await;
-            let met = match result {
-                Ok(_) => return Ok(Claim::New),
-                Err(err) => match err.as_service_error() {
-                    Some(PutItemError::ConditionalCheckFailedException(e)) => e.item().cloned(),
-                    _ => return Err(port_error("dynamodb", &err)),
-                },
+            return self.put_claim(event, record).await;
+        }
+        if stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES {
+            // Too large for an item: in S3 first, then the record that
+            // refers to it (one round trip more, for large bodies only).
+            let Some(s3) = &self.payloads else {
+                return Err(PortError::TooLarge { size: stored.bytes.len(), limit: payload::ITEM_PAYLOAD_BYTES });
             };
-            return self.claimed_by(event, met).await;
+            s3.put(&event.key, &event.payload_hash, &stored).await?;
+            record.insert(PAYLOAD_IN.into(), aws_sdk_dynamodb::types::AttributeValue::S("s3".into()));
+            return self.put_claim(event, record).await;
         }
         let meta = Put::builder()
             .table_name(self.table())

@@ -58,11 +58,27 @@ pub struct DynamoLedger {
     client: Client,
     table: String,
     shards: u32,
+    /// Where payloads too large for an item go (none: they are refused).
+    payloads: Option<crate::adapters::s3::S3Payloads>,
 }
 
 impl DynamoLedger {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into(), shards: DEFAULT_INDEX_SHARDS }
+        Self { client, table: table.into(), shards: DEFAULT_INDEX_SHARDS, payloads: None }
+    }
+
+    /// Stores payloads too large for an item in this bucket.
+    pub fn with_payload_bucket(mut self, payloads: crate::adapters::s3::S3Payloads) -> Self {
+        self.payloads = Some(payloads);
+        self
+    }
+
+    /// A payload stored outside the table, if there is one.
+    pub(super) async fn external_payload(&self, key: &EventKey, hash: &str) -> Result<Option<Vec<u8>>, PortError> {
+        match &self.payloads {
+            Some(s3) => s3.get(key, hash).await,
+            None => Ok(None),
+        }
     }
 
     /// Sets the number of index shards (must match the intake's `HOOKLEDGER_INDEX_SHARDS`).

@@ -196,8 +196,12 @@ impl OperatorLedger for DynamoLedger {
         let payload = if with_payload {
             let hash = get_s(record, attr::PAYLOAD_HASH).unwrap_or_default();
             // In the record itself, or in its own item.
-            super::payload::body(record)
+            match super::payload::body(record)
                 .or_else(|| all.iter().find(|i| sk(i) == payload_sk(hash)).and_then(super::payload::body))
+            {
+                Some(body) => Some(body),
+                None => self.external_payload(key, hash).await?,
+            }
         } else {
             None
         };

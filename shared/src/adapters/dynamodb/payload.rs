@@ -21,6 +21,11 @@ const DEFLATE: &str = "deflate";
 /// bytes (two write units).
 pub const INLINE_ITEM_BYTES: usize = 2048;
 
+/// The largest stored payload a payload item holds (DynamoDB items stop at
+/// 400 KB; room for the key and attributes). Larger ones go to S3 when a
+/// payload bucket is configured, and are refused (413) otherwise.
+pub const ITEM_PAYLOAD_BYTES: usize = 380 * 1024;
+
 /// The stored form of a body: its bytes and encoding.
 pub struct Stored {
     pub bytes: Vec<u8>,
@@ -49,7 +54,13 @@ pub fn put(item: &mut HashMap<String, AttributeValue>, stored: Stored) {
 /// release does not know, or corrupt data).
 pub fn body(item: &HashMap<String, AttributeValue>) -> Option<Vec<u8>> {
     let bytes = item.get(attr::BODY)?.as_b().ok()?.as_ref();
-    match item.get(ENCODING).and_then(|v| v.as_s().ok()).map(String::as_str) {
+    decode(bytes, item.get(ENCODING).and_then(|v| v.as_s().ok()).map(String::as_str))
+}
+
+/// Stored bytes in `encoding`, decoded (`None`: an encoding this release
+/// does not know, or corrupt data).
+pub fn decode(bytes: &[u8], encoding: Option<&str>) -> Option<Vec<u8>> {
+    match encoding {
         None => Some(bytes.to_vec()),
         Some(DEFLATE) => {
             let mut out = Vec::with_capacity(bytes.len() * 3);

@@ -105,7 +105,11 @@ impl WorkLedger for DynamoLedger {
 
     async fn payload(&self, key: &EventKey, hash: &str) -> Result<Option<Vec<u8>>, PortError> {
         let item = self.read_item(key.as_str(), &payload_sk(hash)).await?;
-        Ok(item.as_ref().and_then(super::payload::body))
+        match item.as_ref().and_then(super::payload::body) {
+            Some(body) => Ok(Some(body)),
+            // Too large for an item: in S3.
+            None => self.external_payload(key, hash).await,
+        }
     }
 
     async fn commit(
