@@ -410,7 +410,7 @@ fn describe(request: &HttpRequest) -> CallInfo {
     } else if let Some(action) = body.split('&').find_map(|kv| kv.strip_prefix("Action=")) {
         let service = if request.uri().contains("sns") || body.contains("TopicArn") { "sns" } else { "query" };
         (service, action.to_owned())
-    } else if header("x-amz-content-sha256").len() > 0 || request.uri().contains("/payloads/") {
+    } else if !header("x-amz-content-sha256").is_empty() || request.uri().contains("/payloads/") {
         // S3's REST calls: the operation by method.
         let op = match request.method() {
             "PUT" => "PutObject",
