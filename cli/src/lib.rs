@@ -300,9 +300,9 @@ where
                 .await
                 .map_err(CliError::Failed)?;
             writeln!(out, "HOOKLEDGER_QUEUE_URL={}", queues.work_url)?;
-            writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
             writeln!(out, "HOOKLEDGER_DLQ_URL={}", queues.dead_letter_url)?;
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
+            writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
         }
         Command::Schema => {
             let v = serde_json::json!({
