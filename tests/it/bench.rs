@@ -42,22 +42,25 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-/// A seats snapshot of about 4 KiB (34 assignments with provider ids and
+/// A seats snapshot of at least 4 KiB (assignments with provider ids and
 /// addresses, which compress about 3 to 1, as real ones do).
 fn seats_4k(account: &str, revision: i64) -> Vec<u8> {
     use hookledger::identity::payload_hash;
-    let assignments: Vec<_> = (0..34u32)
-        .map(|i| {
-            let h = payload_hash(format!("{account}/{i}").as_bytes());
-            let role = ["member", "admin", "billing"][i as usize % 3];
-            json!({"user": format!("usr_{}", &h[..24]), "email": format!("{}@example.com", &h[24..34]),
-                "role": role, "since": 1_700_000_000 + i64::from(i) * 7_919})
-        })
-        .collect();
-    json!({"type": "seats.snapshot", "data": {"account": account, "generation": 1, "revision": revision,
-        "seats": 34, "assignments": assignments}})
-    .to_string()
-    .into_bytes()
+    let body = |n: u32| {
+        let assignments: Vec<_> = (0..n)
+            .map(|i| {
+                let h = payload_hash(format!("{account}/{i}").as_bytes());
+                let role = ["member", "admin", "billing"][i as usize % 3];
+                json!({"user": format!("usr_{}", &h[..24]), "email": format!("{}@example.com", &h[24..34]),
+                    "role": role, "since": 1_700_000_000 + i64::from(i) * 7_919})
+            })
+            .collect();
+        json!({"type": "seats.snapshot", "data": {"account": account, "generation": 1, "revision": revision,
+            "seats": n, "assignments": assignments}})
+        .to_string()
+        .into_bytes()
+    };
+    (30..).map(body).find(|b| b.len() >= 4096).unwrap_or_default()
 }
 
 struct Event {
