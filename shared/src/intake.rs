@@ -410,6 +410,229 @@ mod tests {
         }
     }
 
+    /// Every code a rejection may answer with: the verifier's reasons and
+    /// `unavailable`. Clients and dashboards key on these; they never change.
+    const STABLE_CODES: [&str; 11] = [
+        "missing_header",
+        "malformed_header",
+        "signature_mismatch",
+        "stale_timestamp",
+        "future_timestamp",
+        "malformed_envelope",
+        "certificate_url",
+        "certificate_invalid",
+        "unavailable",
+        "topic_not_allowed",
+        "malformed_payload",
+    ];
+
+    /// The answer to a rejection: a 4xx with the error's stable code, or a
+    /// 503 (retry) only when the SNS certificate could not be fetched.
+    fn assert_rejection_answer(e: VerifyError) {
+        let (shown, reason) = (format!("{e:?}"), e.reason());
+        let unavailable = e == VerifyError::CertificateUnavailable;
+        let a = Outcome::Rejected(e).answer();
+        assert!(!a.code.is_empty(), "{shown}");
+        assert!(STABLE_CODES.contains(&a.code), "{shown}: unstable code {}", a.code);
+        if unavailable {
+            assert_eq!((a.status, a.code, a.retry_after), (503, "unavailable", Some(RETRY_AFTER_SECS)));
+        } else {
+            assert!((400..500).contains(&a.status), "{shown} answered {}", a.status);
+            assert_eq!(a.code, reason, "{shown}");
+            assert_eq!(a.retry_after, None, "{shown}");
+        }
+        let body: serde_json::Value = serde_json::from_str(&a.body_json()).expect("the answer body is JSON");
+        assert_eq!(body["code"], a.code);
+    }
+
+    mod proptests {
+        use std::sync::Arc;
+
+        use http::{HeaderName, HeaderValue};
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::secret::Secret;
+        use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+        use crate::verify::github::GithubVerifier;
+        use crate::verify::sns::{CertificateCache, FetchError, HttpsGet, SnsVerifier};
+        use crate::verify::standard::StandardWebhooksVerifier;
+        use crate::verify::stripe::StripeVerifier;
+
+        const DETAILS: [&str; 4] = ["", "x", "configured signature header", "stripe-signature"];
+
+        /// Every variant of the verifier's error, with assorted details.
+        fn any_verify_error() -> impl Strategy<Value = VerifyError> {
+            let d = || prop::sample::select(&DETAILS[..]);
+            prop_oneof![
+                d().prop_map(VerifyError::MissingHeader),
+                d().prop_map(VerifyError::MalformedHeader),
+                Just(()).prop_map(|()| VerifyError::SignatureMismatch),
+                Just(()).prop_map(|()| VerifyError::StaleTimestamp),
+                Just(()).prop_map(|()| VerifyError::FutureTimestamp),
+                d().prop_map(VerifyError::MalformedEnvelope),
+                d().prop_map(VerifyError::CertificateUrl),
+                d().prop_map(VerifyError::CertificateInvalid),
+                Just(()).prop_map(|()| VerifyError::CertificateUnavailable),
+                Just(()).prop_map(|()| VerifyError::TopicNotAllowed),
+                d().prop_map(VerifyError::MalformedPayload),
+            ]
+        }
+
+        /// A compile-time reminder: a new variant must be added to
+        /// `any_verify_error` above.
+        #[allow(dead_code)]
+        fn every_variant_is_generated(e: &VerifyError) {
+            match e {
+                VerifyError::MissingHeader(_)
+                | VerifyError::MalformedHeader(_)
+                | VerifyError::SignatureMismatch
+                | VerifyError::StaleTimestamp
+                | VerifyError::FutureTimestamp
+                | VerifyError::MalformedEnvelope(_)
+                | VerifyError::CertificateUrl(_)
+                | VerifyError::CertificateInvalid(_)
+                | VerifyError::CertificateUnavailable
+                | VerifyError::TopicNotAllowed
+                | VerifyError::MalformedPayload(_) => {}
+            }
+        }
+
+        /// No network: every certificate fetch fails at once.
+        struct NoNetwork;
+
+        impl HttpsGet for NoNetwork {
+            fn get<'a>(
+                &'a self,
+                _url: &'a url::Url,
+            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>>
+            {
+                Box::pin(async { Err(FetchError::Failed("no network in tests".into())) })
+            }
+        }
+
+        const HEADER_NAMES: [&str; 16] = [
+            "stripe-signature",
+            "x-hub-signature-256",
+            "x-github-delivery",
+            "x-github-event",
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
+            "svix-id",
+            "svix-timestamp",
+            "svix-signature",
+            "x-sig",
+            "x-ts",
+            "x-id",
+            "x-amz-sns-message-type",
+            "content-type",
+            "x-other",
+        ];
+
+        /// Header values as senders write them, plus noise.
+        fn header_value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "t=[0-9]{1,12}(,v1=[0-9a-f]{0,64}){0,3}",
+                "sha256=[0-9a-fA-F]{0,64}",
+                "(v1,[A-Za-z0-9+/=]{0,44} ?){0,3}",
+                "[0-9]{0,13}",
+                "[ -~]{0,40}",
+                "[a-zA-Z0-9_,= -]{0,20}",
+            ]
+        }
+
+        /// Headers with repeated names kept as separate values or joined
+        /// into one comma-separated value, as API Gateway does.
+        fn headers() -> impl Strategy<Value = HeaderMap> {
+            (
+                prop::collection::vec(
+                    (prop::sample::select(&HEADER_NAMES[..]), prop::collection::vec(header_value(), 1..4)),
+                    0..6,
+                ),
+                any::<bool>(),
+            )
+                .prop_map(|(entries, join)| {
+                    let mut h = HeaderMap::new();
+                    for (name, values) in entries {
+                        let name = HeaderName::from_static(name);
+                        let values = if join { vec![values.join(",")] } else { values };
+                        for v in values {
+                            if let Ok(v) = HeaderValue::from_str(&v) {
+                                h.append(name.clone(), v);
+                            }
+                        }
+                    }
+                    h
+                })
+        }
+
+        fn body() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..200),
+                r#"\{("(id|type|eventId|pending_webhooks|Type|MessageId)":("[a-z_0-9]{0,8}"|[0-9]{1,3}|null|\{\}|\[\]),?){0,4}\}?"#
+                    .prop_map(String::into_bytes),
+            ]
+        }
+
+        fn generic(encoding: Encoding, timestamp: bool, id: Source) -> GenericHmacVerifier {
+            let config = GenericHmacConfig {
+                signature_header: HeaderName::from_static("x-sig"),
+                prefix: if encoding == Encoding::Hex { "sha256=".into() } else { String::new() },
+                encoding,
+                timestamp_header: timestamp.then(|| HeaderName::from_static("x-ts")),
+                tolerance_secs: 300,
+                signed_content: SignedContent::parse(if timestamp { "{timestamp}.{body}" } else { "{body}" })
+                    .expect("valid template"),
+                id,
+                event_type: Some(Source::JsonPointer("/type".into())),
+            };
+            GenericHmacVerifier::new(config, vec![Secret::new("s")])
+        }
+
+        fn block_on<F: std::future::Future>(f: F) -> F::Output {
+            tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime").block_on(f)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn every_rejection_answers_a_4xx_with_a_stable_code(e in any_verify_error()) {
+                assert_rejection_answer(e);
+            }
+
+            /// Whatever a stranger sends, every verifier either accepts or
+            /// rejects with an error that answers a 4xx (no certificate is
+            /// reachable here, so SNS may also answer 503).
+            #[test]
+            fn every_verifier_rejection_of_random_requests_answers_a_4xx(
+                body in body(),
+                headers in headers(),
+                now in prop_oneof![Just(1_700_000_000i64), any::<i64>()],
+            ) {
+                let secrets = || vec![Secret::new("s")];
+                let sns = SnsVerifier::new(
+                    vec!["arn:aws:sns:us-east-1:123456789012:t".into()],
+                    Arc::new(CertificateCache::new(Arc::new(NoNetwork))),
+                );
+                let results = [
+                    StripeVerifier::new(secrets(), 300).verify(&body, &headers, now),
+                    GithubVerifier::new(secrets()).verify(&body, &headers),
+                    StandardWebhooksVerifier::new(secrets(), 300).verify(&body, &headers, now),
+                    generic(Encoding::Hex, true, Source::Header("x-id".into())).verify(&body, &headers, now),
+                    generic(Encoding::Base64, false, Source::JsonPointer("/eventId".into())).verify(&body, &headers, now),
+                    block_on(sns.verify(&body, &headers, now)),
+                ];
+                for result in results {
+                    if let Err(e) = result {
+                        assert_rejection_answer(e);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn unavailable_answers_leak_nothing_internal() {
         let a = Outcome::Unavailable { stage: "claim" }.answer();
