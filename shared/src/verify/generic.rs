@@ -65,7 +65,9 @@ impl SignedContent {
                 pieces.push(Piece::Timestamp);
                 rest = r;
             } else {
-                let next = rest[1..].find('{').map_or(rest.len(), |i| i + 1);
+                // Past the first character (which may be more than one byte).
+                let first = rest.chars().next().map_or(1, char::len_utf8);
+                let next = rest[first..].find('{').map_or(rest.len(), |i| i + first);
                 pieces.push(Piece::Literal(rest[..next].to_owned()));
                 rest = &rest[next..];
             }
@@ -373,5 +375,87 @@ mod tests {
         let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]);
         let hdrs = h(&[("quiltt-signature", sig), ("quiltt-timestamp", now.to_string())]);
         assert!(matches!(v.verify(b"{\"eventId\":\"x\"", &hdrs, now), Err(VerifyError::MalformedPayload(_))));
+    }
+
+    /// Regression (found by `templates_never_panic`, minimal input `"€"`): a
+    /// template starting with a multi-byte character panicked slicing at byte 1.
+    #[test]
+    fn template_starting_with_a_multibyte_character_is_parsed_not_a_panic() {
+        assert!(SignedContent::parse("é{body}").is_ok());
+        assert!(SignedContent::parse("é").is_err());
+    }
+
+    mod proptests {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn configs() -> Vec<GenericHmacConfig> {
+            let mut hex = shopify_like();
+            hex.encoding = Encoding::Hex;
+            hex.prefix = "sha256=".into();
+            let mut v1 = quiltt_like();
+            v1.signed_content = SignedContent::parse("v1:{timestamp}.{body}").unwrap();
+            vec![quiltt_like(), shopify_like(), hex, v1]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn templates_never_panic(template in "(\\{body\\}|\\{timestamp\\}|[{}a-zé€😀.:]){0,8}") {
+                let _ = SignedContent::parse(&template);
+            }
+
+            /// Each configuration: a signed body verifies; one byte changed
+            /// in the body or the MAC is rejected; random headers are typed errors.
+            #[test]
+            fn signed_bodies_round_trip_and_mutations_are_rejected(
+                which in 0usize..4,
+                id in "[a-zA-Z0-9_]{1,40}",
+                extra in prop::collection::vec(any::<u8>(), 0..64),
+                ts in 0i64..4_000_000_000,
+                at in any::<prop::sample::Index>(),
+                flip in 1u8..=255,
+                noise in "[ -~]{0,60}",
+            ) {
+                let c = configs().swap_remove(which);
+                let body = format!(r#"{{"eventId":"{id}","type":"t","x":"{}"}}"#, hex::encode(&extra)).into_bytes();
+                let sig = sign(&c, &Secret::new("k"), ts, &body);
+                let mut hdrs = vec![(c.signature_header.as_str().to_owned(), sig.clone()), ("x-shopify-webhook-id".to_owned(), id.clone())];
+                if let Some(t) = &c.timestamp_header {
+                    hdrs.push((t.as_str().to_owned(), ts.to_string()));
+                }
+                let map = |pairs: &[(String, String)]| {
+                    let mut m = HeaderMap::new();
+                    for (k, v) in pairs {
+                        m.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+                    }
+                    m
+                };
+                let v = GenericHmacVerifier::new(c.clone(), vec![Secret::new("k")]);
+                prop_assert_eq!(v.verify(&body, &map(&hdrs), ts).unwrap().event_id, id);
+
+                let mut tampered = body.clone();
+                tampered[at.index(body.len())] ^= flip;
+                prop_assert_eq!(v.verify(&tampered, &map(&hdrs), ts), Err(VerifyError::SignatureMismatch));
+
+                let raw = sig.strip_prefix(c.prefix.as_str()).unwrap();
+                let mut mac = match c.encoding { Encoding::Hex => hex::decode(raw).unwrap(), Encoding::Base64 => STANDARD.decode(raw).unwrap() };
+                let i = at.index(mac.len());
+                mac[i] ^= flip;
+                let forged = format!("{}{}", c.prefix, match c.encoding { Encoding::Hex => hex::encode(&mac), Encoding::Base64 => STANDARD.encode(&mac) });
+                hdrs[0].1 = forged;
+                prop_assert_eq!(v.verify(&body, &map(&hdrs), ts), Err(VerifyError::SignatureMismatch));
+
+                // A noise value (joined to the real one, as API Gateway joins repeats) never panics.
+                if HeaderValue::from_str(&noise).is_ok() {
+                    hdrs[0].1 = format!("{noise},{sig}");
+                    if let Err(e) = v.verify(&body, &map(&hdrs), ts) {
+                        prop_assert!(!e.reason().is_empty());
+                    }
+                }
+            }
+        }
     }
 }
