@@ -73,4 +73,38 @@ mod tests {
         assert!(decode("standard_webhooks", None, br#"{"no":"type"}"#).is_err());
         assert!(decode("sns", None, br#"{"Type":"Notification"}"#).is_err());
     }
+
+    mod proptests {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn payload() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..200),
+                r#"\{("(type|Message|id)":("[ -~]{0,10}"|[0-9]{1,3}|null|\{\}),?){0,3}\}"#.prop_map(String::into_bytes),
+                "payload=[ -~]{0,40}".prop_map(String::into_bytes),
+                any::<String>()
+                    .prop_map(|m| serde_json::json!({"Type": "Notification", "Message": m}).to_string().into_bytes()),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Any stored payload, for any provider: a type and a body, or
+            /// the typed (permanent) decode error; never a panic.
+            #[test]
+            fn decoding_never_panics_and_errors_are_typed(
+                provider in prop::sample::select(&["sns", "github", "stripe", "standard_webhooks", "hmac", "other"][..]),
+                stored_type in prop::option::of("[a-z.]{0,10}"),
+                payload in payload(),
+            ) {
+                match decode(provider, stored_type.as_deref(), &payload) {
+                    Ok((ty, _)) => if let Some(t) = &stored_type { prop_assert_eq!(&ty, t) },
+                    Err(DecodeError(why)) => prop_assert!(!why.is_empty()),
+                }
+            }
+        }
+    }
 }

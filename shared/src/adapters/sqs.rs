@@ -151,3 +151,45 @@ pub async fn create_work_queues(client: &Client, name: &str) -> Result<WorkQueue
     let work_url = out.queue_url.ok_or("CreateQueue returned no URL")?;
     Ok(WorkQueues { work_url, dead_letter_url })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The payload a message carries is the bytes it was made with,
+        /// UTF-8 or not, also after a JSON round trip.
+        #[test]
+        fn payloads_round_trip_through_json(
+            payload in prop_oneof![prop::collection::vec(any::<u8>(), 0..300), any::<String>().prop_map(String::into_bytes)],
+            id in "[^\\x00]{1,20}",
+        ) {
+            let key = EventKey::new("stripe", "e", &id);
+            let m = WorkMessage::with_payload(&key, &payload);
+            prop_assert_eq!(m.payload(), Some(payload.clone()));
+            let json = serde_json::to_string(&m).unwrap();
+            let back: WorkMessage = serde_json::from_str(&json).unwrap();
+            prop_assert_eq!(&back, &m);
+            prop_assert_eq!(back.payload(), Some(payload));
+            prop_assert_eq!(EventKey::from_stored(&back.key), Some(key));
+        }
+
+        /// Garbage never panics; what parses yields a payload or none.
+        #[test]
+        fn garbage_never_panics(
+            text in prop_oneof![
+                any::<String>(),
+                r#"\{"v":[0-9]{1,3},"key":"[a-z#]{0,12}"(,"body(_b64)?":("[ -~]{0,12}"|null|1))?\}"#,
+            ],
+        ) {
+            if let Ok(m) = serde_json::from_str::<WorkMessage>(&text) {
+                let _ = m.payload();
+                let _ = EventKey::from_stored(&m.key);
+            }
+        }
+    }
+}

@@ -112,4 +112,48 @@ mod tests {
         item.insert(ENCODING.into(), AttributeValue::S(DEFLATE.into()));
         assert_eq!(body(&item), None);
     }
+
+    mod proptests {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn stored_bodies_round_trip(
+                raw in prop_oneof![
+                    prop::collection::vec(any::<u8>(), 0..2048),
+                    "(\\{\"a\":[0-9]{1,3}\\},?){0,60}".prop_map(String::into_bytes),
+                ],
+            ) {
+                let stored = encode(&raw);
+                let decoded = decode(&stored.bytes, stored.encoding);
+                prop_assert_eq!(decoded.as_deref(), Some(&raw[..]));
+                let mut item = HashMap::new();
+                put(&mut item, encode(&raw));
+                prop_assert_eq!(body(&item), Some(raw));
+            }
+
+            /// Corrupt stored bytes, under any encoding name, never panic.
+            #[test]
+            fn corrupt_stored_bytes_never_panic(
+                bytes in prop::collection::vec(any::<u8>(), 0..512),
+                encoding in prop_oneof![Just(None), Just(Some("deflate".to_owned())), any::<String>().prop_map(Some)],
+                truncate in any::<prop::sample::Index>(),
+            ) {
+                let _ = decode(&bytes, encoding.as_deref());
+                // A real compressed body, cut short.
+                let long = [b'a'; 600];
+                let stored = encode(&long);
+                let _ = decode(&stored.bytes[..truncate.index(stored.bytes.len())], stored.encoding);
+                let mut item = HashMap::from([(attr::BODY.to_owned(), AttributeValue::B(Blob::new(bytes)))]);
+                if let Some(e) = encoding {
+                    item.insert(ENCODING.into(), AttributeValue::S(e));
+                }
+                let _ = body(&item);
+            }
+        }
+    }
 }
