@@ -142,6 +142,12 @@ pub struct World {
     /// Keys taken into the ledger by the harness (seeded) or by the reconciler.
     pub taken: Vec<EventKey>,
     pub violations: Vec<(&'static str, String)>,
+    /// What the intake was sent (signature header values; delivered and
+    /// seeded payloads) and answered (status, body): the log-capture test
+    /// looks for them in logs, metrics and error bodies.
+    pub sent_signatures: Vec<String>,
+    pub sent_bodies: Vec<Vec<u8>>,
+    pub answers: Vec<(u16, String)>,
 }
 
 pub fn processor_settings() -> ProcessorSettings {
@@ -214,6 +220,15 @@ impl World {
             acknowledged: Vec::new(),
             taken: Vec::new(),
             violations: Vec::new(),
+            sent_signatures: Vec::new(),
+            sent_bodies: Vec::new(),
+            answers: Vec::new(),
+        }
+    }
+
+    fn record_sent(&mut self, body: &[u8]) {
+        if !self.sent_bodies.iter().any(|b| b == body) {
+            self.sent_bodies.push(body.to_vec());
         }
     }
 
@@ -225,6 +240,12 @@ impl World {
     /// provider's next attempt. Returns the status (`None`: crashed).
     pub async fn deliver(&mut self, delivery: Delivery, attempts_before: usize) -> Option<u16> {
         let headers = delivery.headers(self.now / 1000);
+        for name in [stripe::SIGNATURE_HEADER, "webhook-signature"] {
+            if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                self.sent_signatures.push(v.to_owned());
+            }
+        }
+        self.record_sent(&delivery.body);
         let now = UNIX_EPOCH + Duration::from_millis(self.now as u64);
         self.plan.scope("intake");
         let req = IntakeRequest {
@@ -235,7 +256,11 @@ impl World {
             now,
             request_id: "explore",
         };
-        let answer = self.plan.run(self.intake.handle(req)).await.ok().map(|a| a.status);
+        let answer = self.plan.run(self.intake.handle(req)).await.ok();
+        if let Some(a) = &answer {
+            self.answers.push((a.status, a.body_json()));
+        }
+        let answer = answer.map(|a| a.status);
         match answer {
             Some(status) if (200..300).contains(&status) => {
                 self.check_durable(&delivery.key()).await;
@@ -300,6 +325,7 @@ impl World {
     /// clean clients.
     pub async fn seed(&mut self, provider: &str, endpoint: &str, event_id: &str, body: &[u8], send: bool) -> EventKey {
         let key = EventKey::new(provider, endpoint, event_id);
+        self.record_sent(body);
         let ledger = self.stack.ledger().with_shards(SHARDS);
         let event = NewEvent {
             key: key.clone(),

@@ -11,6 +11,7 @@ mod handler;
 mod intake;
 mod intake_faults;
 mod large;
+mod logs;
 mod ops_faults;
 mod processor;
 mod queues;
