@@ -164,11 +164,21 @@ struct CallInfo {
     attempt: u32,
 }
 
+/// An operation's index, the rules that hit it, and its chaos draw.
+type OpFaults = (usize, Vec<usize>, Option<(Fault, Attempts)>);
+
 #[derive(Default)]
 struct State {
     rules: Vec<(Rule, usize)>,
-    /// invocation id -> (op index, faults decided for this op per rule index)
-    ops: HashMap<String, (usize, Vec<usize>)>,
+    /// invocation id -> (op index, faults decided for this op per rule index,
+    /// the chaos fault decided for it)
+    ops: HashMap<String, OpFaults>,
+    /// Seeded chaos: each invocation's nth operation draws its fault from a
+    /// hash of (seed, invocation, n), so the draw does not depend on how
+    /// concurrent invocations interleave.
+    chaos: Option<Chaos>,
+    /// Operations started per invocation (for the chaos draw).
+    per_invocation: HashMap<u64, usize>,
     next_op: usize,
     trace: Vec<Call>,
     scope: String,
@@ -205,6 +215,37 @@ tokio::task_local! {
     static INVOCATION: u64;
 }
 
+/// Seeded random faults at every call: `rates` are per-operation
+/// probabilities, tried in order against one uniform draw.
+#[derive(Debug, Clone)]
+pub struct Chaos {
+    pub seed: u64,
+    pub rates: Vec<(Fault, Attempts, f64)>,
+}
+
+/// SplitMix64: a well-mixed hash of one word.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl Chaos {
+    fn draw(&self, invocation: u64, n: usize) -> Option<(Fault, Attempts)> {
+        let h = mix(mix(self.seed ^ invocation.wrapping_mul(0x100_0000_01B3)) ^ n as u64);
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let mut acc = 0.0;
+        for (fault, attempts, p) in &self.rates {
+            acc += p;
+            if u < acc {
+                return Some((*fault, *attempts));
+            }
+        }
+        None
+    }
+}
+
 /// The invocation was dropped at a crash fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crashed;
@@ -225,7 +266,24 @@ impl FaultPlan {
     }
 
     pub fn disarm(&self) {
-        self.lock().rules.clear();
+        let mut st = self.lock();
+        st.rules.clear();
+        st.chaos = None;
+    }
+
+    /// Seeded random faults on every call of an invocation run by
+    /// [`FaultPlan::run`] (calls outside one are left alone).
+    pub fn chaos(&self, chaos: Chaos) {
+        self.lock().chaos = Some(chaos);
+    }
+
+    /// Calls with a fault injected, in order: `(scope, service, operation, fault)`.
+    pub fn faulted(&self) -> Vec<(String, &'static str, String, &'static str)> {
+        self.lock()
+            .trace
+            .iter()
+            .filter_map(|c| c.fault.map(|f| (c.scope.clone(), c.service, c.operation.clone(), f)))
+            .collect()
     }
 
     /// Emulates real DynamoDB's idempotent `TransactWriteItems` (same token,
@@ -322,7 +380,7 @@ impl FaultPlan {
     }
 
     /// Decides the fault for one attempt and records it.
-    fn decide(&self, call: &CallInfo) -> Option<Fault> {
+    fn decide(&self, call: &CallInfo, invocation: u64) -> Option<Fault> {
         let mut st = self.lock();
         let st = &mut *st;
         let first_attempt_of_op = !st.ops.contains_key(&call.invocation);
@@ -343,14 +401,27 @@ impl FaultPlan {
                     hits.push(i);
                 }
             }
-            st.ops.insert(call.invocation.clone(), (index, hits));
+            let chaos = match (&st.chaos, invocation) {
+                (Some(chaos), id) if id != 0 => {
+                    let n = st.per_invocation.entry(id).or_insert(0);
+                    *n += 1;
+                    chaos.draw(id, *n - 1)
+                }
+                _ => None,
+            };
+            st.ops.insert(call.invocation.clone(), (index, hits, chaos));
         }
-        let (op_index, hits) = st.ops[&call.invocation].clone();
-        let fault = hits.iter().map(|i| &st.rules[*i].0).find_map(|r| match r.attempts {
-            Attempts::Every => Some(r.fault),
-            Attempts::First if call.attempt <= 1 => Some(r.fault),
+        let (op_index, hits, chaos) = st.ops[&call.invocation].clone();
+        let by_attempt = |fault: Fault, attempts: Attempts| match attempts {
+            Attempts::Every => Some(fault),
+            Attempts::First if call.attempt <= 1 => Some(fault),
             Attempts::First => None,
-        });
+        };
+        let fault = hits
+            .iter()
+            .map(|i| &st.rules[*i].0)
+            .find_map(|r| by_attempt(r.fault, r.attempts))
+            .or_else(|| chaos.and_then(|(f, a)| by_attempt(f, a)));
         if let Some(f) = fault {
             *st.injected.entry(f.label()).or_insert(0) += 1;
         }
@@ -477,11 +548,11 @@ fn throttling(service: &'static str) -> HttpResponse {
 impl HttpConnector for FaultConnector {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
         let call = describe(&request);
-        let fault = self.plan.decide(&call);
+        let invocation = INVOCATION.try_with(|id| *id).unwrap_or(0);
+        let fault = self.plan.decide(&call, invocation);
         let inner = self.inner.clone();
         let plan = self.plan.clone();
         let token = transaction_token(&call);
-        let invocation = INVOCATION.try_with(|id| *id).unwrap_or(0);
         HttpConnectorFuture::new(async move {
             if let Some(tok) = &token {
                 let st = plan.lock();
@@ -620,12 +691,12 @@ mod tests {
     fn nth_counts_operations_not_attempts() {
         let plan = FaultPlan::new(1);
         plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "PutItem").nth(1));
-        assert_eq!(plan.decide(&call("PutItem", "a", 1)), None);
-        assert_eq!(plan.decide(&call("PutItem", "a", 2)), None, "a retry is the same operation");
-        assert_eq!(plan.decide(&call("GetItem", "b", 1)), None, "other operations do not count");
-        assert_eq!(plan.decide(&call("PutItem", "c", 1)), Some(Fault::LoseAck));
-        assert_eq!(plan.decide(&call("PutItem", "c", 2)), None, "first attempt only");
-        assert_eq!(plan.decide(&call("PutItem", "d", 1)), None);
+        assert_eq!(plan.decide(&call("PutItem", "a", 1), 0), None);
+        assert_eq!(plan.decide(&call("PutItem", "a", 2), 0), None, "a retry is the same operation");
+        assert_eq!(plan.decide(&call("GetItem", "b", 1), 0), None, "other operations do not count");
+        assert_eq!(plan.decide(&call("PutItem", "c", 1), 0), Some(Fault::LoseAck));
+        assert_eq!(plan.decide(&call("PutItem", "c", 2), 0), None, "first attempt only");
+        assert_eq!(plan.decide(&call("PutItem", "d", 1), 0), None);
         let ops: Vec<usize> = plan.trace().iter().map(|c| c.op_index).collect();
         assert_eq!(ops, [0, 0, 1, 2, 2, 3]);
     }
@@ -635,9 +706,9 @@ mod tests {
         let plan = FaultPlan::new(1);
         plan.arm(Rule::at_call(Fault::Throttle, 0).every_attempt());
         for attempt in 1..=3 {
-            assert_eq!(plan.decide(&call("UpdateItem", "x", attempt)), Some(Fault::Throttle));
+            assert_eq!(plan.decide(&call("UpdateItem", "x", attempt), 0), Some(Fault::Throttle));
         }
-        assert_eq!(plan.decide(&call("UpdateItem", "y", 1)), None);
+        assert_eq!(plan.decide(&call("UpdateItem", "y", 1), 0), None);
         assert_eq!(plan.injected().get("throttle"), Some(&3));
     }
 
@@ -646,7 +717,7 @@ mod tests {
         let pattern = |seed| {
             let plan = FaultPlan::new(seed);
             plan.arm(Rule::new(Fault::ServerError).with_probability(0.5));
-            (0..64).map(|i| plan.decide(&call("Query", &i.to_string(), 1)).is_some()).collect::<Vec<_>>()
+            (0..64).map(|i| plan.decide(&call("Query", &i.to_string(), 1), 0).is_some()).collect::<Vec<_>>()
         };
         assert_eq!(pattern(42), pattern(42));
         assert_ne!(pattern(42), pattern(43));
@@ -658,8 +729,34 @@ mod tests {
     fn body_filters_select_the_call() {
         let plan = FaultPlan::new(1);
         plan.arm(Rule::new(Fault::CrashAfter).containing("\"op\":\"PutItem\""));
-        assert_eq!(plan.decide(&call("GetItem", "a", 1)), None);
-        assert_eq!(plan.decide(&call("PutItem", "b", 1)), Some(Fault::CrashAfter));
+        assert_eq!(plan.decide(&call("GetItem", "a", 1), 0), None);
+        assert_eq!(plan.decide(&call("PutItem", "b", 1), 0), Some(Fault::CrashAfter));
+    }
+
+    #[test]
+    fn chaos_draws_by_invocation_and_position_not_by_arrival_order() {
+        let rates = vec![(Fault::LoseAck, Attempts::First, 0.3), (Fault::Throttle, Attempts::Every, 0.2)];
+        let draws = |order: &[(u64, usize)]| {
+            let plan = FaultPlan::new(1);
+            plan.chaos(Chaos { seed: 9, rates: rates.clone() });
+            let mut out = std::collections::BTreeMap::new();
+            for (inv, op) in order {
+                out.insert((*inv, *op), plan.decide(&call("PutItem", &format!("{inv}-{op}"), 1), *inv));
+            }
+            out
+        };
+        let a = draws(&[(1, 0), (1, 1), (2, 0), (1, 2), (2, 1), (2, 2)]);
+        let b = draws(&[(2, 0), (1, 0), (2, 1), (2, 2), (1, 1), (1, 2)]);
+        assert_eq!(a, b, "interleaving does not change the draws");
+        let plan = FaultPlan::new(1);
+        plan.chaos(Chaos { seed: 9, rates: rates.clone() });
+        let hits = (0..400u64).filter(|i| plan.decide(&call("Query", &i.to_string(), 1), 1 + i % 7).is_some()).count();
+        assert!((150..=250).contains(&hits), "about half: {hits}");
+        let outside = FaultPlan::new(1);
+        outside.chaos(Chaos { seed: 9, rates: vec![(Fault::LoseAck, Attempts::First, 1.0)] });
+        assert_eq!(outside.decide(&call("Query", "z", 1), 0), None, "calls outside an invocation are left alone");
+        outside.disarm();
+        assert_eq!(outside.decide(&call("Query", "y", 1), 3), None, "disarm ends chaos");
     }
 }
 

@@ -47,14 +47,14 @@ use crate::support::{STRIPE_SECRET, SVIX_SECRET, Stack, n, s};
 
 /// Stripe's retry schedule after a failed delivery (virtual ms after the
 /// previous attempt), shortened to its first steps: enough to converge.
-const STRIPE_RETRIES_MS: [i64; 8] =
+pub const STRIPE_RETRIES_MS: [i64; 8] =
     [60_000, 300_000, 1_800_000, 3_600_000, 7_200_000, 14_400_000, 28_800_000, 57_600_000];
 /// Standard Webhooks / Svix schedule (5 s, 5 min, 30 min, 2 h, 5 h, 10 h).
-const SVIX_RETRIES_MS: [i64; 6] = [5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000];
-const RECONCILER_EVERY_MS: i64 = 300_000;
-const QUEUE_VISIBILITY_MS: i64 = 120_000;
-const MAX_RECEIVES: u32 = 10;
-const HORIZON_MS: i64 = 3 * 86_400_000;
+pub const SVIX_RETRIES_MS: [i64; 6] = [5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000];
+pub const RECONCILER_EVERY_MS: i64 = 300_000;
+pub const QUEUE_VISIBILITY_MS: i64 = 120_000;
+pub const MAX_RECEIVES: u32 = 10;
+pub const HORIZON_MS: i64 = 3 * 86_400_000;
 const MAX_STEPS: usize = 400;
 /// Index shards of the explored deployment (a valid `HOOKLEDGER_INDEX_SHARDS`):
 /// few, so a reconciler run is a few dozen calls and every one is explored.
@@ -226,13 +226,13 @@ impl World {
         }
     }
 
-    fn record_sent(&mut self, body: &[u8]) {
+    pub fn record_sent(&mut self, body: &[u8]) {
         if !self.sent_bodies.iter().any(|b| b == body) {
             self.sent_bodies.push(body.to_vec());
         }
     }
 
-    fn violation(&mut self, kind: &'static str, what: String) {
+    pub fn violation(&mut self, kind: &'static str, what: String) {
         self.violations.push((kind, what));
     }
 
@@ -277,7 +277,7 @@ impl World {
 
     /// A 2xx promises: the payload is durable, and the key is on the queue
     /// or certain to be re-driven (a non-terminal record is in the due index).
-    async fn check_durable(&mut self, key: &EventKey) {
+    pub async fn check_durable(&mut self, key: &EventKey) {
         let Some(meta) = self.meta(key).await else {
             return self.violation("wrong_2xx", format!("{key}: answered 2xx without a record"));
         };
@@ -683,7 +683,7 @@ impl World {
         self.fake_base.clone()
     }
 
-    fn topic(&self) -> String {
+    pub fn topic(&self) -> String {
         self.topic_arn.clone()
     }
 }

@@ -4,6 +4,7 @@
 //! `AWS_ENDPOINT_URL`. One binary, so it builds once.
 
 mod bench;
+mod chaos;
 mod cli;
 mod explore;
 mod fake_provider;

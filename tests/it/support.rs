@@ -27,6 +27,7 @@ use url::Url;
 pub const STRIPE_SECRET: &str = "whsec_it_stripe";
 pub const GITHUB_SECRET: &str = "it-github";
 pub const SVIX_SECRET: &str = "whsec_aXQtc3ZpeC1rZXktZm9yLXRlc3Rz";
+pub const HMAC_SECRET: &str = "it-quiltt";
 pub const SNS_TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:ses-events";
 
 pub const ENDPOINTS: &str = r#"{
@@ -34,7 +35,11 @@ pub const ENDPOINTS: &str = r#"{
     "stripe-b": {"provider": "stripe", "tenant": "tenant-b", "secrets": ["env:STRIPE"]},
     "gh": {"provider": "github", "secrets": ["env:GITHUB"]},
     "svix": {"provider": "standard_webhooks", "secrets": ["env:SVIX"]},
-    "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses-events"]}
+    "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses-events"]},
+    "quiltt": {"provider": "hmac", "secrets": ["env:HMAC"], "hmac": {
+        "signature_header": "Quiltt-Signature", "prefix": "", "encoding": "base64",
+        "timestamp_header": "Quiltt-Timestamp", "signed_content": "{timestamp}{body}",
+        "id": {"json_pointer": "/eventId"}, "type": {"json_pointer": "/type"}}}
 }"#;
 
 pub fn testdata(rel: &str) -> String {
@@ -50,6 +55,7 @@ impl SecretResolver for TestSecrets {
                 "env:STRIPE" => Ok(Secret::new(STRIPE_SECRET)),
                 "env:GITHUB" => Ok(Secret::new(GITHUB_SECRET)),
                 "env:SVIX" => Ok(Secret::new(SVIX_SECRET)),
+                "env:HMAC" => Ok(Secret::new(HMAC_SECRET)),
                 other => Err(format!("unknown {other}")),
             }
         })
