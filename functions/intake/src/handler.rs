@@ -1,7 +1,11 @@
 //! Translates API Gateway (HTTP API, payload v2) requests into intake
 //! requests and intake answers into HTTP responses. Nothing more.
 
+use std::borrow::Cow;
 use std::time::SystemTime;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::https::ReqwestGetter;
@@ -11,8 +15,10 @@ use hookledger::adapters::sqs::SqsQueue;
 use hookledger::config::{self, ConfigError, SecretResolver};
 use hookledger::intake::{Intake, IntakeRequest};
 use hookledger::verify::sns::CertificateCache;
+use lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpResponse;
 use lambda_http::request::RequestContext;
-use lambda_http::{Body, Request, RequestExt, Response};
+use lambda_http::{Body, LambdaEvent, Request, RequestExt, Response};
+use serde_json::value::RawValue;
 use std::sync::Arc;
 
 pub type App = Intake<DynamoLedger, SqsQueue>;
@@ -85,4 +91,61 @@ where
         resp = resp.header("retry-after", secs.to_string());
     }
     Ok(resp.body(Body::Text(answer.body_json()))?)
+}
+
+#[derive(serde::Deserialize)]
+struct Encoding<'a> {
+    #[serde(rename = "isBase64Encoded", default)]
+    base64: bool,
+    #[serde(borrow, default)]
+    body: Option<Cow<'a, str>>,
+}
+
+/// Whether an API Gateway event says its body is base64 and the body is not.
+pub fn body_not_base64(event: &str) -> bool {
+    serde_json::from_str::<Encoding<'_>>(event)
+        .is_ok_and(|e| e.base64 && e.body.is_some_and(|b| STANDARD.decode(b.as_bytes()).is_err()))
+}
+
+/// The function's service over the raw API Gateway event. lambda_http's own
+/// conversion panics on a body that claims base64 and is not (the sender
+/// would see a 500 and retry it for days), so that is answered here first,
+/// 400 `body_not_base64`; every other event becomes a request for
+/// [`handle`], and its answer an HTTP API (payload v2) response.
+pub async fn serve<L, Q>(
+    intake: &Intake<L, Q>,
+    event: LambdaEvent<Box<RawValue>>,
+) -> Result<ApiGatewayV2httpResponse, lambda_http::Error>
+where
+    L: hookledger::ports::Ledger,
+    Q: hookledger::ports::WorkQueue,
+{
+    let LambdaEvent { payload, context } = event;
+    if body_not_base64(payload.get()) {
+        tracing::warn!(code = "body_not_base64", "refused: the event says its body is base64 and it is not");
+        let answer = Response::builder().status(400).header("content-type", "application/json").body(Body::Text(
+            serde_json::json!({
+                "code": "body_not_base64",
+                "detail": "the request is marked base64-encoded and its body is not valid base64"
+            })
+            .to_string(),
+        ))?;
+        return Ok(http_api_response(answer));
+    }
+    let req = lambda_http::request::from_str(payload.get())?.with_lambda_context(context);
+    Ok(http_api_response(handle(intake, req).await?))
+}
+
+/// An HTTP API (payload v2) response for API Gateway.
+pub fn http_api_response(resp: Response<Body>) -> ApiGatewayV2httpResponse {
+    let (parts, body) = resp.into_parts();
+    let mut out = ApiGatewayV2httpResponse::default();
+    out.status_code = i64::from(parts.status.as_u16());
+    out.is_base64_encoded = matches!(body, Body::Binary(_));
+    out.headers = parts.headers;
+    out.body = match body {
+        Body::Empty => None,
+        other => Some(other),
+    };
+    out
 }

@@ -1,6 +1,8 @@
 //! Intake Lambda: API Gateway HTTP API → verify, claim, enqueue, answer.
 //! `main` only initialises; the handler lives in `handler.rs`.
 
+#![recursion_limit = "256"]
+
 use intake::handler;
 use lambda_http::{Error, service_fn};
 
@@ -16,8 +18,9 @@ async fn main() -> Result<(), Error> {
     let app = handler::from_env(&aws).await.inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?;
     let app = &app;
 
-    lambda_http::run(service_fn(move |req| async move {
-        let resp = handler::handle(app, req).await;
+    // The raw event first: see `handler::serve`.
+    lambda_http::lambda_runtime::run(service_fn(move |event| async move {
+        let resp = handler::serve(app, event).await;
         hookledger::telemetry::flush(metrics);
         resp
     }))
