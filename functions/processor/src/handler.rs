@@ -152,6 +152,92 @@ pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aws_lambda_events::event::sqs::SqsMessage;
+    use proptest::prelude::*;
+
+    /// An app whose AWS endpoint refuses connections: a record that parses
+    /// fails on its ledger read, one that does not never reaches it.
+    fn offline_app() -> Arc<App> {
+        let aws = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .endpoint_url("http://127.0.0.1:9")
+            .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
+                aws_sdk_dynamodb::config::Credentials::new("k", "s", None, None, "test"),
+            ))
+            .retry_config(aws_config::retry::RetryConfig::disabled())
+            .build();
+        let ddb = aws_sdk_dynamodb::Client::new(&aws);
+        let sqs = aws_sdk_sqs::Client::new(&aws);
+        let processor = Processor::new(
+            DynamoLedger::new(ddb, "t"),
+            reference_registry(None, None),
+            None,
+            hookledger::config::ProcessorSettings::default(),
+        );
+        Arc::new(App { processor, sqs, queue_url: "http://127.0.0.1:9/q".into() })
+    }
+
+    fn record(id: Option<String>, body: Option<String>, count: Option<String>) -> SqsMessage {
+        let mut m = SqsMessage::default();
+        m.message_id = id;
+        m.receipt_handle = Some("r".into());
+        m.body = body;
+        if let Some(c) = count {
+            m.attributes.insert("ApproximateReceiveCount".into(), c);
+        }
+        m
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Random batches (bodies: garbage, JSON, work messages with odd
+        /// keys, repeats; receive counts: numbers and garbage): no panic;
+        /// every record that is not a readable work message is reported
+        /// failed (it stays for the dead-letter queue) and only records of
+        /// the batch are; a record without a message id fails the batch.
+        #[test]
+        fn random_sqs_batches_fail_record_by_record_never_panic(
+            records in prop::collection::vec((
+                prop::option::weighted(0.95, "[a-z0-9-]{1,12}"),
+                prop::option::weighted(0.95, prop_oneof![
+                    "\\PC{0,60}",
+                    "\\{\"v\": ?1, ?\"key\": ?\"[ -~]{0,30}\"\\}",
+                    "evt#[a-z]{1,6}#[a-z]{1,6}#[a-z0-9]{1,8}".prop_map(|k| serde_json::json!({"v": 1, "key": k, "body": "{}"}).to_string()),
+                    "[ -~]{0,20}".prop_map(|k| serde_json::json!({"v": 1, "key": k, "body_b64": "!!"}).to_string()),
+                ]),
+                prop::option::of(prop_oneof!["[0-9]{1,3}", "[ -~]{0,5}"]),
+            ), 0..8)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let ids: Vec<Option<String>> = records.iter().map(|r| r.0.clone()).collect();
+            let malformed: Vec<String> = records
+                .iter()
+                .filter(|(_, body, _)| {
+                    body.as_deref()
+                        .and_then(|b| serde_json::from_str::<WorkMessage>(b).ok())
+                        .and_then(|m| EventKey::from_stored(&m.key))
+                        .is_none()
+                })
+                .filter_map(|(id, _, _)| id.clone())
+                .collect();
+            let mut event = SqsEvent::default();
+            event.records = records.into_iter().map(|(id, body, count)| record(id, body, count)).collect();
+            let out = rt.block_on(handle(offline_app(), LambdaEvent::new(event, lambda_runtime::Context::default())));
+            if ids.iter().any(|id| id.as_deref().is_none_or(str::is_empty)) {
+                prop_assert!(out.is_err());
+            } else {
+                let failed: Vec<String> = out.unwrap().batch_item_failures.into_iter().map(|f| f.item_identifier).collect();
+                for id in &failed {
+                    prop_assert!(ids.iter().any(|i| i.as_deref() == Some(id.as_str())), "{id} is not in the batch");
+                }
+                for id in &malformed {
+                    prop_assert!(failed.contains(id), "malformed {id} not reported");
+                }
+            }
+        }
+    }
 
     #[test]
     fn visibility_delay_is_rounded_up_never_early() {
