@@ -125,4 +125,67 @@ mod tests {
         h.remove(DELIVERY_HEADER);
         assert_eq!(v.verify(body, &h), Err(VerifyError::MissingHeader(DELIVERY_HEADER)));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// A signed body verifies with its signature alone or joined with
+            /// another; one changed byte of the body or the MAC is rejected;
+            /// the delivery id is the identity and the event header the type.
+            #[test]
+            fn signed_bodies_round_trip_and_mutations_are_rejected(
+                secret in "[ -~]{1,40}",
+                body in prop::collection::vec(any::<u8>(), 0..200),
+                delivery in "[a-f0-9-]{1,36}",
+                event in "[a-z_]{1,20}",
+                joined in any::<bool>(),
+                at in any::<prop::sample::Index>(),
+                flip in 1u8..=255,
+            ) {
+                let secret = Secret::new(secret);
+                let v = GithubVerifier::new(vec![secret.clone()]);
+                let sig = sign(&secret, &body);
+                let value = if joined { format!("{},{sig}", sign(&Secret::new("retired secret"), &body)) } else { sig.clone() };
+                let mut h = HeaderMap::new();
+                h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&value).unwrap());
+                h.insert(DELIVERY_HEADER, HeaderValue::from_str(&delivery).unwrap());
+                h.insert(EVENT_HEADER, HeaderValue::from_str(&event).unwrap());
+                let got = v.verify(&body, &h).unwrap();
+                prop_assert_eq!((got.event_id, got.event_type), (delivery.clone(), Some(event.clone())));
+
+                if !body.is_empty() {
+                    let mut tampered = body.clone();
+                    tampered[at.index(body.len())] ^= flip;
+                    prop_assert_eq!(v.verify(&tampered, &h), Err(VerifyError::SignatureMismatch));
+                }
+                let mut mac = hex::decode(sig.trim_start_matches("sha256=")).unwrap();
+                let i = at.index(mac.len());
+                mac[i] ^= flip;
+                h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&format!("sha256={}", hex::encode(mac))).unwrap());
+                prop_assert_eq!(v.verify(&body, &h), Err(VerifyError::SignatureMismatch));
+            }
+
+            /// Random header values never panic; every rejection is typed.
+            #[test]
+            fn random_headers_never_panic(
+                sig in "[ -~]{0,160}",
+                delivery in "[ -~]{0,60}",
+                body in prop::collection::vec(any::<u8>(), 0..100),
+            ) {
+                let mut h = HeaderMap::new();
+                for (name, value) in [(SIGNATURE_HEADER, &sig), (DELIVERY_HEADER, &delivery)] {
+                    if let Ok(value) = HeaderValue::from_str(value) {
+                        h.insert(name, value);
+                    }
+                }
+                if let Err(e) = GithubVerifier::new(vec![Secret::new("s")]).verify(&body, &h) {
+                    prop_assert!(!e.reason().is_empty());
+                }
+            }
+        }
+    }
 }

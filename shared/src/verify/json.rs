@@ -913,4 +913,91 @@ mod tests {
             assert_eq!(fields_by_scan(doc.as_bytes()), fields_by_full_parse(doc.as_bytes()), "{depth}");
         }
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::Value;
+
+        /// Any JSON value, with names drawn from a small set so that
+        /// duplicates and pointer hits are common.
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+                "\\PC{0,12}".prop_map(Value::String),
+                prop::sample::select(vec!["id", "type", "a\"b", "é", "~0/"]).prop_map(|s| Value::String(s.into())),
+            ];
+            leaf.prop_recursive(4, 48, 6, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    prop::collection::vec(
+                        (prop::sample::select(vec!["id", "type", "data", "0", "a/b", "m~n", "é"]), inner),
+                        0..6
+                    )
+                    .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())),
+                ]
+            })
+        }
+
+        /// The document as text: compact, pretty, or with a duplicated
+        /// member spliced in (a parser keeps the last).
+        fn render(v: &Value, how: u8) -> Vec<u8> {
+            match how {
+                0 => serde_json::to_vec(v).unwrap(),
+                1 => serde_json::to_vec_pretty(v).unwrap(),
+                _ => {
+                    let text = serde_json::to_string(v).unwrap();
+                    match text.strip_prefix('{') {
+                        Some(rest) if rest != "}" => format!("{{\"id\":\"first\" , {rest}").into_bytes(),
+                        _ => text.into_bytes(),
+                    }
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1024))]
+
+            /// On any document, and on it with one byte changed or cut short:
+            /// `scan` accepts exactly what serde_json accepts, and `pointers`
+            /// with `string_at` finds exactly what `Value::pointer` finds.
+            #[test]
+            fn the_reader_agrees_with_serde_json(
+                v in value(),
+                how in 0u8..3,
+                mutate in prop::option::weighted(0.3, (any::<prop::sample::Index>(), any::<u8>())),
+                cut in prop::option::weighted(0.1, any::<prop::sample::Index>()),
+            ) {
+                let mut doc = render(&v, how);
+                if let Some((at, byte)) = mutate {
+                    if !doc.is_empty() {
+                        let i = at.index(doc.len());
+                        doc[i] = byte;
+                    }
+                }
+                if let Some(at) = cut {
+                    doc.truncate(at.index(doc.len() + 1));
+                }
+                let parsed = serde_json::from_slice::<Value>(&doc);
+                prop_assert_eq!(scan(&doc, |_| {}).is_ok(), parsed.is_ok());
+                let ptrs = ["/id", "/type", "/data/id", "/0", "/data/0/type", "/a~1b", "/m~0n", ""];
+                let found = pointers(&doc, ptrs.map(Some));
+                for (p, at) in ptrs.iter().zip(found) {
+                    let expected = parsed.as_ref().ok().and_then(|v| v.pointer(p));
+                    match (expected, at) {
+                        (None, None) => {}
+                        (Some(e), Some(range)) => {
+                            let got: Value = serde_json::from_slice(&doc[range.clone()]).unwrap();
+                            prop_assert_eq!(&got, e, "{}", p);
+                            prop_assert_eq!(string_at(&doc, &range).map(|s| s.into_owned()), e.as_str().map(str::to_owned));
+                        }
+                        (e, got) => prop_assert!(false, "{p}: serde_json {e:?}, reader {got:?}"),
+                    }
+                }
+            }
+        }
+    }
 }

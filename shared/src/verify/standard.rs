@@ -268,4 +268,88 @@ mod tests {
             assert_eq!(got.content, Content::Bytes);
         }
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// A signed message verifies, with its signature alone or among
+            /// others (space-separated in one header, or headers joined by
+            /// API Gateway's comma); one changed byte of the body, the id or
+            /// the MAC, or a timestamp outside the tolerance, is rejected.
+            #[test]
+            fn signed_messages_round_trip_and_mutations_are_rejected(
+                key in prop::collection::vec(any::<u8>(), 16..40),
+                id in "[a-zA-Z0-9_-]{1,40}",
+                body in prop::collection::vec(any::<u8>(), 0..200),
+                ts in 1_000_000_000i64..4_000_000_000,
+                shape in 0u8..3,
+                at in any::<prop::sample::Index>(),
+                flip in 1u8..=255,
+                skew in 301i64..100_000,
+            ) {
+                let key = Secret::new(key);
+                let v = StandardWebhooksVerifier::new(vec![key.clone()], DEFAULT_TOLERANCE_SECS);
+                let sig = sign(&key, &id, ts, &body);
+                let other = sign(&Secret::new(b"another key of 16+".to_vec()), &id, ts, &body);
+                let value = match shape {
+                    0 => sig.clone(),
+                    1 => format!("{other} {sig}"),
+                    _ => format!("{other},{sig}"),
+                };
+                let got = v.verify(&body, &headers("webhook", &id, &ts.to_string(), &value), ts).unwrap();
+                prop_assert_eq!(got.event_id, id.clone());
+
+                if !body.is_empty() {
+                    let mut tampered = body.clone();
+                    tampered[at.index(body.len())] ^= flip;
+                    prop_assert_eq!(
+                        v.verify(&tampered, &headers("webhook", &id, &ts.to_string(), &value), ts),
+                        Err(VerifyError::SignatureMismatch)
+                    );
+                }
+                let other_id = format!("{id}x");
+                prop_assert_eq!(
+                    v.verify(&body, &headers("webhook", &other_id, &ts.to_string(), &value), ts),
+                    Err(VerifyError::SignatureMismatch)
+                );
+                let mut mac = STANDARD.decode(sig.trim_start_matches("v1,")).unwrap();
+                let i = at.index(mac.len());
+                mac[i] ^= flip;
+                let forged = format!("v1,{}", STANDARD.encode(mac));
+                prop_assert_eq!(
+                    v.verify(&body, &headers("webhook", &id, &ts.to_string(), &forged), ts),
+                    Err(VerifyError::SignatureMismatch)
+                );
+                for (now, refused) in [(ts + skew, VerifyError::StaleTimestamp), (ts - skew, VerifyError::FutureTimestamp)] {
+                    prop_assert_eq!(v.verify(&body, &headers("webhook", &id, &ts.to_string(), &sig), now), Err(refused));
+                }
+            }
+
+            /// Random header values never panic; every rejection is typed.
+            #[test]
+            fn random_headers_never_panic(
+                id in "[ -~]{0,60}",
+                ts in "[ -~]{0,14}",
+                sig in "[ -~]{0,200}",
+                body in prop::collection::vec(any::<u8>(), 0..100),
+                now in any::<i64>(),
+            ) {
+                let v = StandardWebhooksVerifier::new(vec![Secret::new(b"0123456789abcdef".to_vec())], DEFAULT_TOLERANCE_SECS);
+                let mut h = HeaderMap::new();
+                for (name, value) in [("webhook-id", &id), ("webhook-timestamp", &ts), ("webhook-signature", &sig)] {
+                    if let Ok(value) = HeaderValue::from_str(value) {
+                        h.insert(name, value);
+                    }
+                }
+                if let Err(e) = v.verify(&body, &h, now) {
+                    prop_assert!(!e.reason().is_empty());
+                    prop_assert_ne!(e, VerifyError::CertificateUnavailable);
+                }
+            }
+        }
+    }
 }
