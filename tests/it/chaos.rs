@@ -374,7 +374,7 @@ async fn join_all<T>(mut futures: Vec<Boxed<'_, T>>) -> Vec<T> {
 }
 
 enum Done {
-    Delivered { pending: Pending, status: Option<u16> },
+    Delivered { pending: Pending, answer: Option<(u16, String)> },
     Processed { receipt: Option<String>, result: Result<Result<Report, PortError>, Crashed> },
     Reconciled,
     Operated { step: OperatorStep, result: Result<Vec<Result<(), OpsError>>, Crashed> },
@@ -663,9 +663,8 @@ impl<'w> Run<'w> {
             futures.push(Box::pin(async move {
                 let req =
                     IntakeRequest { endpoint, method: &Method::POST, headers: h, body, now: at, request_id: "chaos" };
-                let answer = w.plan.run(w.intake.handle(req)).await.ok();
-                let status = answer.map(|a| a.status);
-                Done::Delivered { pending: p, status }
+                let answer = w.plan.run(w.intake.handle(req)).await.ok().map(|a| (a.status, a.body_json()));
+                Done::Delivered { pending: p, answer }
             }));
         }
         for (receipt, key, payload, clock) in messages {
@@ -707,8 +706,10 @@ impl<'w> Run<'w> {
 
         for d in done {
             match d {
-                Done::Delivered { pending, status } => {
+                Done::Delivered { pending, answer } => {
                     let key = self.sc.events[pending.event].key();
+                    let status = answer.as_ref().map(|a| a.0);
+                    self.w.answers.extend(answer);
                     match status {
                         Some(st) if (200..300).contains(&st) => {
                             self.report.answered_2xx += 1;
@@ -930,6 +931,14 @@ impl<'w> Run<'w> {
 
 /// Runs one seed from a fresh world.
 pub async fn run_seed(seed: u64) -> (SeedReport, Vec<String>) {
+    let (report, faulted, w) = run_seed_world(seed).await;
+    tear_down(&w).await;
+    (report, faulted)
+}
+
+/// Runs one seed; returns its report, the faults it injected in order, and
+/// the world (what was sent and answered, for the log-capture test).
+pub async fn run_seed_world(seed: u64) -> (SeedReport, Vec<String>, World) {
     let started = Instant::now();
     let mut w = World::new(seed).await;
     crate::explore::map_customer(&w, "cus_m", "acct_m").await;
@@ -960,8 +969,7 @@ pub async fn run_seed(seed: u64) -> (SeedReport, Vec<String>) {
         report.violations.push(format!("{kind}: {what}"));
     }
     report.wall_ms = started.elapsed().as_millis();
-    tear_down(&w).await;
-    (report, faulted)
+    (report, faulted, w)
 }
 
 /// Deletes the seed's table, queues and topic, so that a long run does not

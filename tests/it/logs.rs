@@ -1,4 +1,4 @@
-//! Log capture over the fault exploration's flows: no secret, no signature
+//! Log capture over the fault exploration's flows and a few chaos seeds: no secret, no signature
 //! and no raw payload reaches a log line, a metric document or an HTTP error
 //! body (telemetry: "neither ever carries a secret or a payload").
 //!
@@ -23,10 +23,12 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 
 use crate::explore::{FLOWS, World, kinds, run_flow};
-use crate::support::{GITHUB_SECRET, STRIPE_SECRET, SVIX_SECRET};
+use crate::support::{GITHUB_SECRET, HMAC_SECRET, STRIPE_SECRET, SVIX_SECRET};
 
 /// The Stripe API key the fake provider accepts (the explored world's).
 const STRIPE_API_KEY: &str = "sk_test_fake";
+/// Chaos seeds run under capture, besides the flows.
+const CHAOS_SEEDS: std::ops::RangeInclusive<u64> = 1..=3;
 /// Faulted runs per flow, besides its clean run.
 const FAULTED_PER_FLOW: usize = 2;
 /// Bytes of a payload that, found anywhere, count as the payload leaking.
@@ -218,6 +220,7 @@ pub fn secret_needles() -> Vec<Needle> {
         ("STRIPE_SECRET", STRIPE_SECRET),
         ("SVIX_SECRET", SVIX_SECRET),
         ("GITHUB_SECRET", GITHUB_SECRET),
+        ("HMAC_SECRET", HMAC_SECRET),
         ("Stripe API key", STRIPE_API_KEY),
     ] {
         needle(&mut out, name, secret);
@@ -418,13 +421,20 @@ async fn no_secret_signature_or_payload_in_logs_metrics_or_error_bodies() {
             sent.absorb(w);
         }
     }
+    let mut chaos_events = 0;
+    for seed in CHAOS_SEEDS {
+        let (report, _, w) = crate::chaos::run_seed_world(seed).await;
+        assert!(report.violations.is_empty(), "chaos seed {seed}: {:?}", report.violations);
+        chaos_events += report.events;
+        sent.absorb(w);
+    }
     probes(&mut sent).await;
 
     let captured = capture.captured(&sent.answers);
     let needles = sent.needles();
     let found = findings(&needles, &captured);
     println!(
-        "{} flows clean, {} faulted runs ({}); captured {} log lines, {} metric documents, {} answers ({} errors); \
+        "{} flows clean, {} faulted runs ({}), chaos seeds {CHAOS_SEEDS:?} ({chaos_events} events); captured {} log lines, {} metric documents, {} answers ({} errors); \
          {} needles ({} signatures, {} payloads); {:.1} s",
         FLOWS.len(),
         faulted.len(),
