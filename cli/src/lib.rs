@@ -7,9 +7,12 @@
 //! - `replay`, `park`, `resolve`: audited, conditional operator transitions.
 //! - `map-subject`: map a provider subject (a Stripe customer) to an account.
 //! - `reconcile`: run one reconciliation now.
+//! - `backfill`: recover an endpoint's events the intake never recorded from
+//!   the provider's API (Stripe's events list).
 //!
 //! Human-readable tables by default, `--json` for scripts.
 
+mod backfill;
 mod bridge;
 mod demo;
 mod send;
@@ -100,6 +103,9 @@ enum Command {
     /// Bring the items an earlier release wrote to today's indexes (the
     /// README's upgrade steps); safe to run again, and while the functions work.
     Migrate,
+    /// Recover a window of an endpoint's events from the provider's API (the
+    /// same identity and claim as its webhooks; resumes an interrupted run).
+    Backfill(backfill::BackfillArgs),
     /// Run one reconciliation now (what the scheduled function does).
     Reconcile {
         #[arg(long, default_value_t = 500)]
@@ -384,6 +390,14 @@ where
             .await
             .map_err(CliError::Failed)?;
             writeln!(out, "mapped {provider} subject {subject} (tenant {tenant}) to account {account}")?;
+        }
+        Command::Backfill(args) => {
+            let summary = backfill::run(args, &ctx.aws, ctx.ledger()?, ctx.queue()?, json, out)
+                .await
+                .map_err(CliError::Failed)?;
+            if summary.failed > 0 {
+                return Err(CliError::Failed(format!("{} events could not be recorded; run it again", summary.failed)));
+            }
         }
         Command::Migrate => {
             let done = ctx.ledger()?.migrate().await?;

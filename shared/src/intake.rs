@@ -256,7 +256,9 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 .content_hash
                 .as_deref()
                 .is_some_and(|stored| hashes::same_content(stored, &event.content_hash, &event.provider, body));
-        let conflict = !same_content;
+        // A body fetched by a backfill is rendered anew by the provider's
+        // API: its bytes never match the webhook's, and that is no conflict.
+        let conflict = !same_content && existing.via.compares_bytes_with(event.via);
         let mut flag = conflict;
         if !existing.payload_stored {
             // A record of the previous release whose first delivery died (or
@@ -350,6 +352,7 @@ pub fn new_event(
         expires_at,
         shard,
         send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
+        via: crate::ledger::Via::Webhook,
     }
 }
 

@@ -48,6 +48,52 @@ impl Status {
     }
 }
 
+/// How an event reached the ledger (`via` on the record).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Via {
+    /// Delivered by the provider to the intake.
+    #[default]
+    Webhook,
+    /// Fetched from the provider's API by a backfill (authenticated by the
+    /// API's TLS and key, not by a webhook signature).
+    Backfill,
+    /// A redelivery the backfill asked the provider for; it arrives through
+    /// the intake, signed, with the original identity.
+    Redelivery,
+    /// Made by the reconciler's drift repair (a `recon:` event).
+    Reconciliation,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Webhook => "webhook",
+            Self::Backfill => "backfill",
+            Self::Redelivery => "redelivery",
+            Self::Reconciliation => "reconciliation",
+        }
+    }
+
+    /// `None` (a record written before provenance was recorded) reads as a webhook.
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            Some("backfill") => Self::Backfill,
+            Some("redelivery") => Self::Redelivery,
+            Some("reconciliation") => Self::Reconciliation,
+            _ => Self::Webhook,
+        }
+    }
+
+    /// Whether two arrivals of one identity may differ in their bytes
+    /// without that being a conflict: a body fetched from a provider's API
+    /// is rendered anew (Stripe at the event's API version and with today's
+    /// `pending_webhooks`; GitHub as parsed JSON), so it never equals the
+    /// webhook's bytes. Only two signed deliveries are compared.
+    pub fn compares_bytes_with(self, other: Self) -> bool {
+        self != Self::Backfill && other != Self::Backfill
+    }
+}
+
 /// A verified delivery about to be claimed.
 #[derive(Debug, Clone)]
 pub struct NewEvent {
@@ -70,6 +116,8 @@ pub struct NewEvent {
     /// The send lease the creating delivery holds while it hands the key to
     /// the queue, so concurrent duplicates do not all send it again.
     pub send: SendLease,
+    /// Provenance.
+    pub via: Via,
 }
 
 /// Who may hand a record to the queue right now, and until when.
@@ -95,6 +143,8 @@ pub struct ExistingRecord {
     pub send_lease_until_ms: Option<i64>,
     /// Whether the payload item has been written for this record.
     pub payload_stored: bool,
+    /// How the record's first arrival came.
+    pub via: Via,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,12 +13,14 @@
 //!    reference projections) and `seed001`;
 //! 3. adapters: `adapters` (DynamoDB ledger, work records and outbox items,
 //!    SQS, Secrets/SSM, HTTPS, Stripe) and `telemetry` (the metrics collector);
-//! 4. use cases: `intake`, `ops`, `outbox` (the dispatcher); then `processor`
-//!    and `reconciler`, which use the dispatcher;
+//! 4. use cases: `intake`, `backfill` (recovery from providers' event
+//!    lists), `ops`, `outbox` (the dispatcher); then `processor` and
+//!    `reconciler`, which use the dispatcher;
 //! 5. the functions and the CLI (other crates).
 
 pub mod adapters;
 pub mod app;
+pub mod backfill;
 pub mod backoff;
 pub mod config;
 pub mod event;
@@ -58,7 +60,7 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 20] = [
+    const ORDER: [&str; 21] = [
         "secret",
         "identity",
         "event",
@@ -75,6 +77,7 @@ mod layers {
         "adapters",
         "telemetry",
         "intake",
+        "backfill",
         "ops",
         "outbox",
         "processor",

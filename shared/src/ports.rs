@@ -11,6 +11,7 @@
 //! | dispatcher | [`OutboxStore`], [`Publisher`] |
 //! | reconciler | [`DueLedger`] (with [`Ledger`]), [`WorkQueue`], [`Dispatch`] |
 //! | operations | [`OperatorLedger`], [`WorkQueue`] |
+//! | backfill | [`BackfillLedger`], [`BackfillSource`], [`WorkQueue`] |
 //!
 //! The ports sit right above `projection`: the processor's commit carries
 //! projection ops, and gap waiters are stream positions.
@@ -310,6 +311,107 @@ pub trait OperatorLedger: Send + Sync {
         key: &EventKey,
         kind: &str,
         detail: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+/// What a backfill asks a provider's API for: events created in
+/// `[since_s, until_s)` (epoch seconds), of these types (empty: all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub since_s: i64,
+    pub until_s: i64,
+    pub types: Vec<String>,
+}
+
+impl Window {
+    /// A stable name for this window of this endpoint (the cursor item's key).
+    pub fn run_id(&self, endpoint: &str) -> String {
+        let mut types = self.types.clone();
+        types.sort();
+        format!("{endpoint}#{}#{}#{}", self.since_s, self.until_s, types.join(","))
+    }
+}
+
+/// One event as the provider's API returns it: the bytes as sent (the
+/// payload stored), its identity (the webhook's event id) and type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceEvent {
+    pub event_id: String,
+    pub event_type: Option<String>,
+    pub created_s: i64,
+    pub body: Vec<u8>,
+}
+
+/// A page of the provider's list, newest first; `next`: the opaque cursor of
+/// the following page (`None`: the window is exhausted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourcePage {
+    pub events: Vec<SourceEvent>,
+    pub next: Option<String>,
+}
+
+/// Why a page could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceError {
+    /// 429 or a secondary rate limit: wait `retry_after_s` when the provider
+    /// says, else back off; `should_retry: false` when it says not to retry.
+    RateLimited { retry_after_s: Option<u64>, should_retry: bool },
+    /// Network, timeout, 5xx: try again later.
+    Unavailable(String),
+    /// The request is wrong (bad key, unknown account, bad cursor): do not retry.
+    Rejected(String),
+}
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::RateLimited { retry_after_s, should_retry } => {
+                write!(f, "rate limited (retry after {retry_after_s:?} s, should retry: {should_retry})")
+            }
+            Self::Unavailable(m) => write!(f, "provider unavailable: {m}"),
+            Self::Rejected(m) => write!(f, "provider refused the request: {m}"),
+        }
+    }
+}
+
+/// A provider's list of the events it sent (Stripe's events, GitHub's hook
+/// deliveries): the backfill's source.
+pub trait BackfillSource: Send + Sync {
+    /// The page after `cursor` (the first page when `None`).
+    fn page(
+        &self,
+        window: &Window,
+        cursor: Option<&str>,
+    ) -> impl Future<Output = Result<SourcePage, SourceError>> + Send;
+}
+
+/// Where a backfill run stands: the cursor of the next page to read, and
+/// whether the window is done.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackfillProgress {
+    pub cursor: Option<String>,
+    pub done: bool,
+    /// Counts so far (the run resumes them).
+    pub seen: u64,
+    pub recovered: u64,
+}
+
+/// What the backfill needs from the ledger: the same claim as a webhook
+/// delivery, whether a key is recorded (for a dry run), and its progress.
+pub trait BackfillLedger: Send + Sync {
+    fn claim(&self, event: &NewEvent, body: &[u8]) -> impl Future<Output = Result<Claim, PortError>> + Send;
+    fn release_send_lease(
+        &self,
+        key: &EventKey,
+        lease: &SendLease,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    fn recorded(&self, key: &EventKey) -> impl Future<Output = Result<bool, PortError>> + Send;
+    fn progress(&self, run: &str) -> impl Future<Output = Result<Option<BackfillProgress>, PortError>> + Send;
+    fn save_progress(
+        &self,
+        run: &str,
+        progress: &BackfillProgress,
         now_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 }

@@ -477,6 +477,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             expires_at,
             shard: key.shard(self.ledger.shards()),
             send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
+            via: crate::ledger::Via::Reconciliation,
         };
         // The repair's identity is fixed by the drift instance, so any
         // earlier attempt at this repair claimed the same record: our own
@@ -811,6 +812,7 @@ mod tests {
                     received_at_ms: r.received_at,
                     send_lease_until_ms: r.send_lease_until,
                     payload_stored: r.payload_stored,
+                    via: crate::ledger::Via::Webhook,
                 }));
             }
             let mut rec = Rec::new(Status::Received, event.shard, event.received_at_ms);

@@ -340,6 +340,7 @@ impl World {
             expires_at: self.now / 1000 + 30 * 86_400,
             shard: key.shard(SHARDS),
             send: SendLease { token: "seed".into(), until_ms: self.now },
+            via: hookledger::ledger::Via::Webhook,
         };
         assert_eq!(ledger.claim(&event, body).await.unwrap_or_else(|e| panic!("seed claim: {e}")), Claim::New);
         if send {
@@ -679,7 +680,7 @@ impl World {
         Arc::new(StripeApi::new(self.fake_base(), Secret::new("sk_test_fake")).unwrap_or_else(|e| panic!("{e}")))
     }
 
-    fn fake_base(&self) -> String {
+    pub fn fake_base(&self) -> String {
         self.fake_base.clone()
     }
 
@@ -736,6 +737,7 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
                 expires_at: w.now / 1000 + 86_400,
                 shard: key.shard(SHARDS),
                 send: SendLease { token: "dead-lambda".into(), until_ms: w.now - 15_000 },
+                via: hookledger::ledger::Via::Webhook,
             };
             // A record of the previous release, whose intake wrote the
             // payload in a second request and died before it.

@@ -1,6 +1,8 @@
 //! A fake Stripe API on a local port: `GET /v1/subscriptions/{id}` answers
-//! from an in-memory map. Tests change its state, make it fail, and count
-//! requests. It speaks plain HTTP/1.1, one request per connection.
+//! from an in-memory map, `GET /v1/events` lists its events newest first
+//! (`limit`, `created[gte]`, `created[lt]`, `types[]`, `starting_after`, as
+//! Stripe does). Tests change its state, make it fail or rate-limit, and
+//! count requests. It speaks plain HTTP/1.1, one request per connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,6 +14,17 @@ use tokio::net::TcpListener;
 #[derive(Default)]
 pub struct FakeStripe {
     pub subscriptions: Mutex<HashMap<String, serde_json::Value>>,
+    /// Events, newest first.
+    pub events: Mutex<Vec<serde_json::Value>>,
+    /// The largest page it returns (Stripe's: 100).
+    pub page_cap: AtomicUsize,
+    /// Scripted answers to the next event-list requests: 429 with these
+    /// headers (`Retry-After`, `Stripe-Should-Retry`).
+    pub rate_limits: Mutex<Vec<Vec<(&'static str, String)>>>,
+    /// The `Stripe-Account` header of each event-list request.
+    pub accounts: Mutex<Vec<Option<String>>>,
+    /// An API key accepted besides `sk_test_fake`.
+    pub other_key: Mutex<Option<String>>,
     pub fail: AtomicBool,
     pub requests: AtomicUsize,
 }
@@ -40,9 +53,10 @@ impl FakeStripe {
                         }
                     }
                     let head = String::from_utf8_lossy(&buf[..len]).into_owned();
-                    let (status, body) = s.answer(&head);
+                    let (status, body, extra) = s.answer(&head);
+                    let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
                     let resp = format!(
-                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n{body}",
                         body.len()
                     );
                     let _ = sock.write_all(resp.as_bytes()).await;
@@ -53,22 +67,66 @@ impl FakeStripe {
         (state, base)
     }
 
-    fn answer(&self, head: &str) -> (&'static str, String) {
+    fn answer(&self, head: &str) -> (&'static str, String, Vec<(&'static str, String)>) {
         self.requests.fetch_add(1, Ordering::SeqCst);
         if self.fail.load(Ordering::SeqCst) {
-            return ("503 Service Unavailable", r#"{"error":{"message":"down"}}"#.into());
+            return ("503 Service Unavailable", r#"{"error":{"message":"down"}}"#.into(), vec![]);
         }
-        if !head.to_ascii_lowercase().contains("authorization: bearer sk_test_fake") {
-            return ("401 Unauthorized", r#"{"error":{"message":"bad key"}}"#.into());
+        let bearer = |key: &str| {
+            head.to_ascii_lowercase().contains(&format!("authorization: bearer {}", key.to_ascii_lowercase()))
+        };
+        let other = self.other_key.lock().unwrap().clone();
+        if !bearer("sk_test_fake") && !other.as_deref().is_some_and(bearer) {
+            return ("401 Unauthorized", r#"{"error":{"message":"bad key"}}"#.into(), vec![]);
         }
-        let path = head.split_whitespace().nth(1).unwrap_or("");
-        let Some(id) = path.strip_prefix("/v1/subscriptions/") else {
-            return ("404 Not Found", "{}".into());
+        let target = head.split_whitespace().nth(1).unwrap_or("");
+        let url = url::Url::parse(&format!("http://fake{target}")).unwrap();
+        if url.path() == "/v1/events" {
+            let account = head
+                .lines()
+                .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("stripe-account")))
+                .map(|(_, v)| v.trim().to_owned());
+            self.accounts.lock().unwrap().push(account);
+            let limited = {
+                let mut r = self.rate_limits.lock().unwrap();
+                if r.is_empty() { None } else { Some(r.remove(0)) }
+            };
+            if let Some(headers) = limited {
+                return ("429 Too Many Requests", r#"{"error":{"type":"rate_limit_error"}}"#.into(), headers);
+            }
+            return ("200 OK", self.list_events(&url), vec![]);
+        }
+        let Some(id) = url.path().strip_prefix("/v1/subscriptions/") else {
+            return ("404 Not Found", "{}".into(), vec![]);
         };
         match self.subscriptions.lock().unwrap().get(id) {
-            Some(v) => ("200 OK", v.to_string()),
-            None => ("404 Not Found", r#"{"error":{"code":"resource_missing"}}"#.into()),
+            Some(v) => ("200 OK", v.to_string(), vec![]),
+            None => ("404 Not Found", r#"{"error":{"code":"resource_missing"}}"#.into(), vec![]),
         }
+    }
+
+    fn list_events(&self, url: &url::Url) -> String {
+        let q: Vec<(String, String)> = url.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+        let one = |name: &str| q.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let num = |name: &str| one(name).and_then(|v| v.parse::<i64>().ok());
+        let types: Vec<String> = q.iter().filter(|(k, _)| k == "types[]").map(|(_, v)| v.clone()).collect();
+        let cap = match self.page_cap.load(Ordering::SeqCst) {
+            0 => 100,
+            n => n,
+        };
+        let limit = num("limit").map_or(10, |l| l as usize).min(cap);
+        let events = self.events.lock().unwrap();
+        let matching: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| num("created[gte]").is_none_or(|t| e["created"].as_i64().unwrap() >= t))
+            .filter(|e| num("created[lt]").is_none_or(|t| e["created"].as_i64().unwrap() < t))
+            .filter(|e| types.is_empty() || types.iter().any(|t| e["type"].as_str() == Some(t.as_str())))
+            .collect();
+        let start = one("starting_after")
+            .map_or(0, |c| matching.iter().position(|e| e["id"] == c.as_str()).map_or(matching.len(), |i| i + 1));
+        let page: Vec<&serde_json::Value> = matching.iter().skip(start).take(limit).copied().collect();
+        let has_more = start + page.len() < matching.len();
+        serde_json::json!({"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}).to_string()
     }
 
     pub fn set(&self, id: &str, customer: &str, status: &str, seats: i64) {

@@ -189,6 +189,7 @@ impl Stack {
             expires_at: now_s() + 86_400,
             shard: key.shard(16),
             send: SendLease { token: "test".into(), until_ms: now_ms },
+            via: hookledger::ledger::Via::Webhook,
         };
         let ledger = self.ledger();
         ledger.claim(&event, body).await.unwrap();

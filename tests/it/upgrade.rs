@@ -35,6 +35,7 @@ fn event(key: &EventKey, body: &[u8], received_at_ms: i64) -> NewEvent {
         expires_at: now_s() + 86_400,
         shard: key.shard(16),
         send: SendLease { token: "earlier-release".into(), until_ms: received_at_ms },
+        via: hookledger::ledger::Via::Webhook,
     }
 }
 

@@ -1,10 +1,13 @@
-//! The Stripe API as a [`SubscriptionSource`]: `GET /v1/subscriptions/{id}`.
+//! The Stripe API as a [`SubscriptionSource`] (`GET /v1/subscriptions/{id}`)
+//! and as a [`BackfillSource`] (`GET /v1/events`, the events of the last 30
+//! days, newest first, each with the same `id` as its webhook).
 //! The base URL is configurable so tests and the local stack point it at a
 //! fake provider server. The fetched version is the fetch time (ms): Stripe
 //! subscriptions carry no revision, and a later read reflects later state.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
 use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture, SubscriptionSource};
 use crate::secret::Secret;
 
@@ -90,6 +93,103 @@ impl SubscriptionSource for StripeApi {
     }
 }
 
+/// Stripe's event list as a backfill source. `account`: the connected
+/// account (`Stripe-Account` header) whose events an endpoint receives.
+pub struct StripeEvents {
+    api: StripeApi,
+    account: Option<String>,
+}
+
+impl StripeEvents {
+    pub fn new(base_url: impl Into<String>, api_key: Secret, account: Option<String>) -> Result<Self, String> {
+        Ok(Self { api: StripeApi::new(base_url, api_key)?, account })
+    }
+}
+
+/// Events per page (Stripe's maximum).
+const EVENTS_PER_PAGE: &str = "100";
+
+#[derive(serde::Deserialize)]
+struct EventList<'a> {
+    #[serde(borrow)]
+    data: Vec<&'a serde_json::value::RawValue>,
+    has_more: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct EventHead {
+    id: String,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    created: i64,
+}
+
+/// A 429's advice: `Retry-After` (seconds) and `Stripe-Should-Retry`.
+fn rate_limited(headers: &reqwest::header::HeaderMap) -> SourceError {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    SourceError::RateLimited {
+        retry_after_s: header("retry-after").and_then(|v| v.parse().ok()),
+        should_retry: header("stripe-should-retry") != Some("false"),
+    }
+}
+
+/// One page of `GET /v1/events` as returned: each event's bytes as sent.
+pub fn parse_event_page(bytes: &[u8]) -> Result<SourcePage, SourceError> {
+    let list: EventList<'_> =
+        serde_json::from_slice(bytes).map_err(|_| SourceError::Rejected("event list is not a Stripe list".into()))?;
+    let mut events = Vec::with_capacity(list.data.len());
+    for raw in list.data {
+        let head: EventHead = serde_json::from_str(raw.get())
+            .map_err(|_| SourceError::Rejected("an event has no id or created time".into()))?;
+        events.push(SourceEvent {
+            event_id: head.id,
+            event_type: head.kind,
+            created_s: head.created,
+            body: raw.get().as_bytes().to_vec(),
+        });
+    }
+    let next = match (list.has_more, events.last()) {
+        (false, _) => None,
+        (true, Some(last)) => Some(last.event_id.clone()),
+        (true, None) => return Err(SourceError::Rejected("has_more on an empty page".into())),
+    };
+    Ok(SourcePage { events, next })
+}
+
+impl BackfillSource for StripeEvents {
+    async fn page(&self, window: &Window, cursor: Option<&str>) -> Result<SourcePage, SourceError> {
+        let mut query: Vec<(&str, String)> = vec![
+            ("limit", EVENTS_PER_PAGE.to_owned()),
+            ("created[gte]", window.since_s.to_string()),
+            ("created[lt]", window.until_s.to_string()),
+        ];
+        query.extend(window.types.iter().map(|t| ("types[]", t.clone())));
+        if let Some(c) = cursor {
+            query.push(("starting_after", c.to_owned()));
+        }
+        let key = String::from_utf8_lossy(self.api.api_key.expose()).into_owned();
+        let url = url::Url::parse_with_params(&format!("{}/v1/events", self.api.base_url), &query)
+            .map_err(|e| SourceError::Rejected(format!("Stripe API base: {e}")))?;
+        let mut req = self.api.client.get(url).bearer_auth(key);
+        if let Some(account) = &self.account {
+            req = req.header("Stripe-Account", account);
+        }
+        let resp = req.send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let status = resp.status();
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Err(rate_limited(resp.headers()));
+        }
+        if status.is_server_error() {
+            return Err(SourceError::Unavailable(format!("HTTP {status}")));
+        }
+        if !status.is_success() {
+            return Err(SourceError::Rejected(format!("HTTP {status}")));
+        }
+        let bytes = resp.bytes().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        parse_event_page(&bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +202,30 @@ mod tests {
         .unwrap();
         let sub = parse_subscription(&ev["data"]["object"]).unwrap();
         assert_eq!((sub.id.as_str(), sub.status.as_str(), sub.seats), ("sub_000000000000000000000000", "active", 1));
+    }
+
+    #[test]
+    fn an_event_page_keeps_each_events_bytes_and_names_the_next_cursor() {
+        let page =
+            br#"{"object":"list","data":[{"id":"evt_2","type":"invoice.paid","created":20,"data":{"object":{"x":1}}},
+            {"id": "evt_1", "created": 10, "type": "charge.refunded"}],"has_more":true,"url":"/v1/events"}"#;
+        let p = parse_event_page(page).unwrap();
+        assert_eq!(p.next.as_deref(), Some("evt_1"));
+        assert_eq!((p.events[0].event_id.as_str(), p.events[0].created_s), ("evt_2", 20));
+        assert_eq!(p.events[1].body, br#"{"id": "evt_1", "created": 10, "type": "charge.refunded"}"#.to_vec());
+        let last = parse_event_page(br#"{"data":[],"has_more":false}"#).unwrap();
+        assert_eq!(last, SourcePage::default());
+        assert!(parse_event_page(br#"{"data":[],"has_more":true}"#).is_err());
+        assert!(parse_event_page(br#"{"data":[{"type":"x"}],"has_more":false}"#).is_err());
+        assert!(parse_event_page(b"<html>").is_err());
+    }
+
+    #[test]
+    fn a_429_carries_stripes_advice() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(rate_limited(&h), SourceError::RateLimited { retry_after_s: None, should_retry: true });
+        h.insert("retry-after", "3".parse().unwrap());
+        h.insert("stripe-should-retry", "false".parse().unwrap());
+        assert_eq!(rate_limited(&h), SourceError::RateLimited { retry_after_s: Some(3), should_retry: false });
     }
 }

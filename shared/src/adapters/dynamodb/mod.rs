@@ -16,6 +16,7 @@
 //! (the outbox items). Every condition expression they send is in
 //! `conditions`, which draws the state machine.
 
+pub mod backfill;
 pub mod claim;
 pub mod conditions;
 pub mod due;
@@ -209,6 +210,7 @@ pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<Exis
         received_at_ms: get_n(item, attr::RECEIVED_AT).unwrap_or(0),
         send_lease_until_ms: get_n(item, attr::SEND_LEASE_UNTIL),
         payload_stored: item.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
+        via: crate::ledger::Via::parse(get_s(item, attr::VIA)),
     })
 }
 
@@ -241,6 +243,7 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::EXPIRES_AT.into(), n(event.expires_at));
     item.insert(attr::SEND_TOKEN.into(), s(&event.send.token));
     item.insert(attr::SEND_LEASE_UNTIL.into(), n(event.send.until_ms));
+    item.insert(attr::VIA.into(), s(event.via.as_str()));
     item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
     item.insert(attr::DUE_AT.into(), n(event.received_at_ms + REDRIVE_GRACE_MS));
     item

@@ -40,6 +40,7 @@ pub mod attr {
     pub const LAST_CONFLICT_HASH: &str = "last_conflict_hash";
     pub const LAST_CONFLICT_AT: &str = "last_conflict_at";
     pub const SEND_TOKEN: &str = "send_token";
+    pub const VIA: &str = "via";
     pub const SEND_LEASE_UNTIL: &str = "send_lease_until";
     pub const ATTN_SHARD: &str = "attn_shard";
     pub const ATTN_AT: &str = "attn_at";

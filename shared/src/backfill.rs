@@ -1,0 +1,496 @@
+//! Backfill: recover what a provider sent and the intake never recorded, from
+//! the provider's own list of events, through the same identity and claim as
+//! a webhook delivery.
+//!
+//! A fetched event becomes a `NewEvent` with `via = backfill` for the same
+//! key as its webhook (`provider#endpoint#event id`): one conditional write
+//! either records it (then it is queued with its payload, like an accepted
+//! delivery) or meets the record the webhook made (already recorded: nothing
+//! written, nothing applied again). The body is the provider API's rendering,
+//! so its bytes never match the webhook's: the intake does not call that a
+//! conflict when the webhook comes late (`Via::compares_bytes_with`).
+//!
+//! A run covers one window and reads it page by page, newest first, by the
+//! provider's opaque cursor. After each page is recorded, the cursor of the
+//! next one is saved (`backfill#<endpoint>#<window>`), so a run that was
+//! interrupted — by its time bound, a rate limit, a crash — resumes where it
+//! stopped; a page is saved only once every event on it is in the ledger, so
+//! a failure never skips an event (re-reading a page costs one failed
+//! conditional write per event already recorded). Rate limits are honoured:
+//! `Retry-After` when the provider sends it, else exponential backoff, and
+//! never a retry the provider says not to make.
+
+use std::time::{Duration, Instant};
+
+use crate::backoff::Backoff;
+use crate::identity::{EventKey, payload_hash};
+use crate::ledger::{Claim, NewEvent, SendLease, Via};
+use crate::policy::SEND_LEASE_MS;
+use crate::ports::{BackfillLedger, BackfillProgress, BackfillSource, SourceError, SourceEvent, Window, WorkQueue};
+
+/// The endpoint whose events are recovered: the identity's provider and
+/// endpoint, and what its records carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub provider: String,
+    pub endpoint: String,
+    pub tenant: String,
+    pub retention_days: u32,
+    pub index_shards: u32,
+}
+
+/// Bounds of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackfillSettings {
+    /// Pages read per run at most.
+    pub max_pages: u32,
+    /// Rate-limit waits per run at most.
+    pub max_waits: u32,
+    /// Backoff after a rate limit without `Retry-After`.
+    pub backoff: Backoff,
+}
+
+impl Default for BackfillSettings {
+    fn default() -> Self {
+        Self { max_pages: 50, max_waits: 5, backoff: Backoff { base_ms: 1_000, max_ms: 30_000 } }
+    }
+}
+
+/// What a run did. In a dry run, `recovered` counts what a real run would
+/// record, and nothing is written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub seen: u64,
+    pub already_recorded: u64,
+    pub recovered: u64,
+    pub failed: u64,
+    pub pages: u64,
+    pub rate_limit_waits: u64,
+    /// Recovered records whose first send failed: they are durable and the
+    /// reconciler sends them after the grace period.
+    pub send_deferred: u64,
+    /// The window was read to its end.
+    pub complete: bool,
+    /// Why the run stopped before the end of the window.
+    pub stopped: Option<String>,
+}
+
+pub struct Backfill<L, Q, S> {
+    ledger: L,
+    queue: Q,
+    source: S,
+    settings: BackfillSettings,
+}
+
+impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
+    pub fn new(ledger: L, queue: Q, source: S, settings: BackfillSettings) -> Self {
+        Self { ledger, queue, source, settings }
+    }
+
+    /// Reads `window` from where an earlier run of it stopped, records what
+    /// is missing, and saves its progress page by page. `on_page` sees the
+    /// running summary after each page (a progress bar).
+    pub async fn run(
+        &self,
+        target: &Target,
+        window: &Window,
+        dry_run: bool,
+        now_ms: i64,
+        deadline: Instant,
+        mut on_page: impl FnMut(&Summary),
+    ) -> Summary {
+        let run = window.run_id(&target.endpoint);
+        let mut summary = Summary::default();
+        let mut progress = if dry_run {
+            BackfillProgress::default()
+        } else {
+            match self.ledger.progress(&run).await {
+                Ok(p) => p.unwrap_or_default(),
+                Err(e) => return stop(summary, format!("progress unreadable: {e}")),
+            }
+        };
+        if progress.done {
+            summary.complete = true;
+            return summary;
+        }
+        let mut waits = 0;
+        loop {
+            if summary.pages >= u64::from(self.settings.max_pages) {
+                return stop(
+                    summary,
+                    format!("page bound ({}) reached; the next run resumes", self.settings.max_pages),
+                );
+            }
+            if Instant::now() >= deadline {
+                return stop(summary, "time bound reached; the next run resumes".into());
+            }
+            let page = match self.source.page(window, progress.cursor.as_deref()).await {
+                Ok(page) => page,
+                Err(SourceError::RateLimited { should_retry: false, .. }) => {
+                    return stop(summary, "rate limited, and the provider says not to retry".into());
+                }
+                Err(SourceError::RateLimited { retry_after_s, .. }) => {
+                    let wait_ms = match retry_after_s {
+                        Some(s) => i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX),
+                        None => self.settings.backoff.delay_ms(waits + 1, crate::backoff::random_jitter()),
+                    };
+                    let wait = Duration::from_millis(u64::try_from(wait_ms.max(0)).unwrap_or(u64::MAX));
+                    if waits >= self.settings.max_waits || Instant::now() + wait >= deadline {
+                        return stop(summary, "rate limited; the next run resumes".into());
+                    }
+                    waits += 1;
+                    summary.rate_limit_waits += 1;
+                    tracing::info!(endpoint = %target.endpoint, wait_ms, "backfill rate limited; waiting");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                Err(e) => return stop(summary, e.to_string()),
+            };
+            summary.pages += 1;
+            for ev in &page.events {
+                if !in_window(ev, window) {
+                    continue;
+                }
+                summary.seen += 1;
+                let event = new_event(target, ev, now_ms);
+                if dry_run {
+                    match self.ledger.recorded(&event.key).await {
+                        Ok(true) => summary.already_recorded += 1,
+                        Ok(false) => summary.recovered += 1,
+                        Err(e) => {
+                            summary.failed += 1;
+                            return stop(summary, format!("ledger unavailable: {e}"));
+                        }
+                    }
+                    continue;
+                }
+                match self.ledger.claim(&event, &ev.body).await {
+                    Ok(Claim::Existing(_)) => summary.already_recorded += 1,
+                    Ok(Claim::New) => {
+                        summary.recovered += 1;
+                        if let Err(e) = self.queue.send_with_payload(&event.key, &ev.body).await {
+                            // Durable: the reconciler sends it after the grace period.
+                            summary.send_deferred += 1;
+                            tracing::warn!(key = %event.key, error = %e, "backfilled event not queued; the reconciler sends it");
+                            if let Err(e) = self.ledger.release_send_lease(&event.key, &event.send).await {
+                                tracing::warn!(key = %event.key, error = %e, "send lease not released; it lapses");
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // The page's cursor is not saved: the next run reads it again.
+                        summary.failed += 1;
+                        return stop(summary, format!("ledger unavailable: {e}"));
+                    }
+                }
+            }
+            progress.seen += page.events.len() as u64;
+            progress.cursor = page.next.clone();
+            progress.done = page.next.is_none();
+            progress.recovered = summary.recovered;
+            if !dry_run {
+                if let Err(e) = self.ledger.save_progress(&run, &progress, now_ms).await {
+                    // The page is recorded; without its cursor the next run reads it again.
+                    on_page(&summary);
+                    return stop(summary, format!("progress not saved: {e}"));
+                }
+            }
+            on_page(&summary);
+            if progress.done {
+                summary.complete = true;
+                return summary;
+            }
+        }
+    }
+}
+
+fn stop(mut summary: Summary, why: String) -> Summary {
+    tracing::warn!(reason = %why, "backfill stopped before the end of its window");
+    summary.stopped = Some(why);
+    summary
+}
+
+fn in_window(ev: &SourceEvent, window: &Window) -> bool {
+    (window.since_s..window.until_s).contains(&ev.created_s)
+        && (window.types.is_empty() || ev.event_type.as_ref().is_some_and(|t| window.types.contains(t)))
+}
+
+/// The record a fetched event claims: the webhook's identity, `via = backfill`.
+pub fn new_event(target: &Target, ev: &SourceEvent, now_ms: i64) -> NewEvent {
+    let key = EventKey::new(&target.provider, &target.endpoint, &ev.event_id);
+    NewEvent {
+        shard: key.shard(target.index_shards),
+        key,
+        provider: target.provider.clone(),
+        endpoint: target.endpoint.clone(),
+        tenant: target.tenant.clone(),
+        event_id: ev.event_id.clone(),
+        event_type: ev.event_type.clone(),
+        payload_hash: payload_hash(&ev.body),
+        content_hash: crate::verify::hashes::content_hash(&target.provider, &ev.body),
+        received_at_ms: now_ms,
+        expires_at: now_ms / 1000 + i64::from(target.retention_days) * 86_400,
+        send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
+        via: Via::Backfill,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap, HashSet};
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::ledger::{ExistingRecord, PortError, Status};
+    use crate::ports::SourcePage;
+
+    /// The provider's list: events newest first, pages of `per_page`, a
+    /// cursor that is the last id of the page; scripted failures per call.
+    struct List {
+        events: Vec<SourceEvent>,
+        per_page: usize,
+        script: Mutex<Vec<Option<SourceError>>>,
+        calls: Mutex<u32>,
+    }
+
+    impl List {
+        fn new(n: usize, per_page: usize) -> Self {
+            let events = (0..n)
+                .rev()
+                .map(|i| SourceEvent {
+                    event_id: format!("evt_{i:03}"),
+                    event_type: Some(if i % 3 == 0 { "charge.refunded" } else { "invoice.paid" }.into()),
+                    created_s: 1_000 + i as i64,
+                    body: format!(r#"{{"id":"evt_{i:03}","object":"event"}}"#).into_bytes(),
+                })
+                .collect();
+            Self { events, per_page, script: Mutex::new(Vec::new()), calls: Mutex::new(0) }
+        }
+
+        fn fail_next(&self, errors: Vec<Option<SourceError>>) {
+            *self.script.lock().unwrap() = errors;
+        }
+    }
+
+    impl BackfillSource for List {
+        async fn page(&self, window: &Window, cursor: Option<&str>) -> Result<SourcePage, SourceError> {
+            *self.calls.lock().unwrap() += 1;
+            let scripted = {
+                let mut s = self.script.lock().unwrap();
+                if s.is_empty() { None } else { s.remove(0) }
+            };
+            if let Some(e) = scripted {
+                return Err(e);
+            }
+            let matching: Vec<&SourceEvent> =
+                self.events.iter().filter(|e| (window.since_s..window.until_s).contains(&e.created_s)).collect();
+            let start = cursor.map_or(0, |c| matching.iter().position(|e| e.event_id == c).map_or(0, |i| i + 1));
+            let page: Vec<SourceEvent> =
+                matching.iter().skip(start).take(self.per_page).map(|e| (*e).clone()).collect();
+            let next = (start + page.len() < matching.len()).then(|| page.last().unwrap().event_id.clone());
+            Ok(SourcePage { events: page, next })
+        }
+    }
+
+    #[derive(Default)]
+    struct Ledger {
+        records: Mutex<BTreeMap<String, Via>>,
+        claims: Mutex<HashMap<String, u32>>,
+        progress: Mutex<HashMap<String, BackfillProgress>>,
+        fail_claim: Mutex<HashSet<String>>,
+        writes: Mutex<u32>,
+    }
+
+    impl BackfillLedger for Ledger {
+        async fn claim(&self, event: &NewEvent, _body: &[u8]) -> Result<Claim, PortError> {
+            if self.fail_claim.lock().unwrap().remove(event.key.as_str()) {
+                return Err(PortError::Unavailable { service: "dynamodb", message: "throttled".into() });
+            }
+            *self.claims.lock().unwrap().entry(event.key.as_str().to_owned()).or_default() += 1;
+            let mut r = self.records.lock().unwrap();
+            if r.contains_key(event.key.as_str()) {
+                return Ok(Claim::Existing(ExistingRecord {
+                    status: Status::Processed,
+                    payload_hash: String::new(),
+                    content_hash: None,
+                    enqueued_at_ms: None,
+                    received_at_ms: 0,
+                    send_lease_until_ms: None,
+                    payload_stored: true,
+                    via: Via::Webhook,
+                }));
+            }
+            *self.writes.lock().unwrap() += 1;
+            r.insert(event.key.as_str().to_owned(), event.via);
+            Ok(Claim::New)
+        }
+        async fn release_send_lease(&self, _: &EventKey, _: &SendLease) -> Result<(), PortError> {
+            Ok(())
+        }
+        async fn recorded(&self, key: &EventKey) -> Result<bool, PortError> {
+            Ok(self.records.lock().unwrap().contains_key(key.as_str()))
+        }
+        async fn progress(&self, run: &str) -> Result<Option<BackfillProgress>, PortError> {
+            Ok(self.progress.lock().unwrap().get(run).cloned())
+        }
+        async fn save_progress(&self, run: &str, p: &BackfillProgress, _: i64) -> Result<(), PortError> {
+            *self.writes.lock().unwrap() += 1;
+            self.progress.lock().unwrap().insert(run.to_owned(), p.clone());
+            Ok(())
+        }
+    }
+
+    #[derive(Default)]
+    struct Queue(Mutex<Vec<String>>);
+
+    impl WorkQueue for Queue {
+        async fn send(&self, key: &EventKey) -> Result<(), PortError> {
+            self.0.lock().unwrap().push(key.as_str().to_owned());
+            Ok(())
+        }
+    }
+
+    fn target() -> Target {
+        Target {
+            provider: "stripe".into(),
+            endpoint: "stripe-a".into(),
+            tenant: "t".into(),
+            retention_days: 30,
+            index_shards: 16,
+        }
+    }
+
+    fn window() -> Window {
+        Window { since_s: 1_000, until_s: 2_000, types: vec![] }
+    }
+
+    fn settings() -> BackfillSettings {
+        BackfillSettings { max_pages: 50, max_waits: 3, backoff: Backoff { base_ms: 1, max_ms: 4 } }
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(30)
+    }
+
+    fn backfill(n: usize, per_page: usize, s: BackfillSettings) -> Backfill<Ledger, Queue, List> {
+        Backfill::new(Ledger::default(), Queue::default(), List::new(n, per_page), s)
+    }
+
+    fn webhook(b: &Backfill<Ledger, Queue, List>, ids: &[&str]) {
+        for id in ids {
+            b.ledger.records.lock().unwrap().insert(format!("evt#stripe#stripe-a#{id}"), Via::Webhook);
+        }
+    }
+
+    #[tokio::test]
+    async fn missing_events_are_recovered_once_and_recorded_ones_are_not_touched() {
+        let b = backfill(25, 10, settings());
+        webhook(&b, &["evt_003", "evt_017", "evt_024"]);
+        let mut pages = Vec::new();
+        let s = b.run(&target(), &window(), false, 5_000, later(), |s| pages.push(s.seen)).await;
+        assert_eq!((s.seen, s.already_recorded, s.recovered, s.failed), (25, 3, 22, 0));
+        assert!(s.complete && s.stopped.is_none(), "{s:?}");
+        assert_eq!(pages, [10, 20, 25], "progress after each page");
+        assert_eq!(b.queue.0.lock().unwrap().len(), 22, "each recovered event queued once");
+        let records = b.ledger.records.lock().unwrap().clone();
+        assert_eq!(records.values().filter(|v| **v == Via::Backfill).count(), 22);
+        assert_eq!(records["evt#stripe#stripe-a#evt_003"], Via::Webhook, "the webhook's record is kept");
+        // The window is done: a second run reads nothing.
+        let calls = *b.source.calls.lock().unwrap();
+        let again = b.run(&target(), &window(), false, 6_000, later(), |_| {}).await;
+        assert!(again.complete && again.seen == 0);
+        assert_eq!(*b.source.calls.lock().unwrap(), calls);
+        // Another window over the same events: everything already recorded, nothing written.
+        let writes = *b.ledger.writes.lock().unwrap();
+        let other = Window { since_s: 1_000, until_s: 1_024, types: vec![] };
+        let s = b.run(&target(), &other, false, 7_000, later(), |_| {}).await;
+        assert_eq!((s.seen, s.already_recorded, s.recovered), (24, 24, 0));
+        assert_eq!(*b.ledger.writes.lock().unwrap(), writes + 3, "only the progress of its 3 pages");
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_run_resumes_from_its_cursor_and_skips_nothing() {
+        let b = backfill(25, 10, BackfillSettings { max_pages: 1, ..settings() });
+        let first = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((first.recovered, first.complete), (10, false));
+        assert!(first.stopped.as_deref().is_some_and(|w| w.contains("page bound")));
+        let second = b.run(&target(), &window(), false, 6_000, later(), |_| {}).await;
+        let third = b.run(&target(), &window(), false, 7_000, later(), |_| {}).await;
+        assert_eq!((second.recovered, third.recovered, third.complete), (10, 5, true));
+        let claims = b.ledger.claims.lock().unwrap().clone();
+        assert_eq!(claims.len(), 25);
+        assert!(claims.values().all(|n| *n == 1), "no page read twice: {claims:?}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_claim_leaves_the_page_to_the_next_run() {
+        let b = backfill(25, 10, settings());
+        b.ledger.fail_claim.lock().unwrap().insert("evt#stripe#stripe-a#evt_012".into());
+        let first = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((first.recovered, first.failed, first.complete), (10 + 2, 1, false), "{first:?}");
+        let second = b.run(&target(), &window(), false, 6_000, later(), |_| {}).await;
+        assert!(second.complete);
+        // The second page was read again: its first two events are already recorded.
+        assert_eq!((second.already_recorded, second.recovered), (2, 13));
+        assert_eq!(b.ledger.records.lock().unwrap().len(), 25, "nothing skipped");
+    }
+
+    #[tokio::test]
+    async fn rate_limits_are_waited_out_or_end_the_run_when_the_provider_says_so() {
+        let b = backfill(5, 10, settings());
+        let limited = |after| Some(SourceError::RateLimited { retry_after_s: after, should_retry: true });
+        b.source.fail_next(vec![limited(Some(0)), limited(None), limited(None)]);
+        let s = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((s.rate_limit_waits, s.recovered, s.complete), (3, 5, true), "{s:?}");
+
+        let b = backfill(5, 10, settings());
+        b.source.fail_next(vec![Some(SourceError::RateLimited { retry_after_s: None, should_retry: false })]);
+        let s = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((s.rate_limit_waits, s.recovered, s.complete), (0, 0, false));
+        assert!(s.stopped.unwrap().contains("not to retry"));
+
+        // More waits than the run allows, or a wait past its deadline: stop, resume later.
+        let b = backfill(5, 10, settings());
+        b.source.fail_next(vec![limited(None); 4]);
+        let s = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((s.rate_limit_waits, s.complete), (3, false));
+        let b = backfill(5, 10, settings());
+        b.source.fail_next(vec![limited(Some(3_600))]);
+        let s = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((s.rate_limit_waits, s.complete), (0, false));
+        let resumed = b.run(&target(), &window(), false, 6_000, later(), |_| {}).await;
+        assert_eq!((resumed.recovered, resumed.complete), (5, true));
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_writes_nothing_and_counts_what_the_real_run_recovers() {
+        let b = backfill(25, 10, settings());
+        webhook(&b, &["evt_001", "evt_010"]);
+        let dry = b.run(&target(), &window(), true, 5_000, later(), |_| {}).await;
+        assert_eq!(*b.ledger.writes.lock().unwrap(), 0);
+        assert!(b.queue.0.lock().unwrap().is_empty());
+        let real = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((dry.seen, dry.already_recorded, dry.recovered), (real.seen, real.already_recorded, real.recovered));
+        assert_eq!(real.recovered, 23);
+    }
+
+    #[tokio::test]
+    async fn only_the_window_and_the_asked_types_are_recovered() {
+        let b = backfill(25, 10, settings());
+        let w = Window { since_s: 1_005, until_s: 1_015, types: vec!["charge.refunded".into()] };
+        let s = b.run(&target(), &w, false, 5_000, later(), |_| {}).await;
+        // 1005..1015 holds evt_005..evt_014; of those, 006, 009 and 012 are refunds.
+        assert_eq!((s.seen, s.recovered), (3, 3));
+        assert_eq!(w.run_id("stripe-a"), "stripe-a#1005#1015#charge.refunded");
+    }
+
+    #[test]
+    fn a_backfilled_event_has_the_webhooks_identity_and_its_provenance() {
+        let ev = SourceEvent { event_id: "evt_1".into(), event_type: None, created_s: 1, body: b"{}".to_vec() };
+        let e = new_event(&target(), &ev, 1_000);
+        assert_eq!((e.key.as_str(), e.via), ("evt#stripe#stripe-a#evt_1", Via::Backfill));
+        assert!(!Via::Backfill.compares_bytes_with(Via::Webhook));
+        assert!(!Via::Webhook.compares_bytes_with(Via::Backfill));
+        assert!(Via::Webhook.compares_bytes_with(Via::Redelivery));
+    }
+}

@@ -1,0 +1,264 @@
+//! Backfill from the Stripe events API (a fake Stripe server) into the ledger
+//! on the emulator, through the same identity and claim as the webhooks.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::sqs::SqsQueue;
+use hookledger::adapters::stripe::StripeEvents;
+use hookledger::app::account_ledger::balance_pk;
+use hookledger::backfill::{Backfill, BackfillSettings, Summary, Target};
+use hookledger::backoff::Backoff;
+use hookledger::ports::Window;
+use hookledger::secret::Secret;
+use serde_json::{Value, json};
+
+use crate::explore::{Delivery, SHARDS, World, drain_processor, map_customer};
+use crate::processor::pi_succeeded;
+use crate::support::{n, s as text};
+
+/// A payment event as Stripe's API renders it (`pending_webhooks` as of now).
+fn api_event(i: usize, created: i64) -> Value {
+    let mut v: Value = serde_json::from_slice(&pi_succeeded(
+        &format!("evt_bf_{i}"),
+        &format!("pi_{i}"),
+        Some("cus_x"),
+        100 * (i as i64 + 1),
+    ))
+    .unwrap();
+    v["created"] = json!(created);
+    v["pending_webhooks"] = json!(0);
+    v
+}
+
+/// The same event as its webhook carried it: other bytes (another member
+/// order, `pending_webhooks` then 1).
+fn webhook_of(v: &Value) -> Delivery {
+    let mut w = v.clone();
+    w["pending_webhooks"] = json!(1);
+    let body = serde_json::to_vec_pretty(&w).unwrap();
+    Delivery { endpoint: "stripe-a", event_id: v["id"].as_str().unwrap().to_owned(), body }
+}
+
+struct Setup {
+    w: World,
+    events: Vec<Value>,
+    window: Window,
+}
+
+/// A world with `count` payment events at Stripe (newest first), created
+/// over the last minutes.
+async fn setup(count: usize) -> Setup {
+    let w = World::new(11).await;
+    map_customer(&w, "cus_x", "acct_x").await;
+    let now_s = w.now / 1000;
+    let events: Vec<Value> = (0..count).rev().map(|i| api_event(i, now_s - 600 + i as i64 * 10)).collect();
+    *w.fake.events.lock().unwrap() = events.clone();
+    let window = Window { since_s: now_s - 3_600, until_s: now_s, types: vec![] };
+    Setup { w, events, window }
+}
+
+fn backfill(w: &World, account: Option<&str>, max_pages: u32) -> Backfill<DynamoLedger, SqsQueue, StripeEvents> {
+    let source = StripeEvents::new(w.fake_base(), Secret::new("sk_test_fake"), account.map(str::to_owned)).unwrap();
+    Backfill::new(
+        w.stack.ledger().with_shards(SHARDS),
+        SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
+        source,
+        BackfillSettings { max_pages, max_waits: 3, backoff: Backoff { base_ms: 20, max_ms: 100 } },
+    )
+}
+
+fn target() -> Target {
+    Target {
+        provider: "stripe".into(),
+        endpoint: "stripe-a".into(),
+        tenant: "tenant-a".into(),
+        retention_days: 30,
+        index_shards: SHARDS,
+    }
+}
+
+async fn run(b: &Backfill<DynamoLedger, SqsQueue, StripeEvents>, w: &World, window: &Window, dry: bool) -> Summary {
+    b.run(&target(), window, dry, w.now, Instant::now() + Duration::from_secs(20), |_| {}).await
+}
+
+async fn balance(w: &World) -> (i64, i64) {
+    w.state(&balance_pk("tenant-a", "acct_x")).await.map_or((0, 0), |b| (n(&b, "balance"), n(&b, "entries")))
+}
+
+#[tokio::test]
+async fn missed_events_are_recovered_exactly_once_and_delivered_ones_not_applied_again() {
+    let Setup { mut w, events, window } = setup(6).await;
+    // The intake saw two of them.
+    for v in &events[..2] {
+        assert_eq!(w.deliver(webhook_of(v), 0).await, Some(202));
+    }
+    drain_processor(&mut w).await;
+    let want: i64 = events.iter().map(|v| v["data"]["object"]["amount"].as_i64().unwrap()).sum();
+
+    let b = backfill(&w, None, 10);
+    let s = run(&b, &w, &window, false).await;
+    assert_eq!((s.seen, s.already_recorded, s.recovered, s.failed, s.complete), (6, 2, 4, 0, true), "{s:?}");
+    drain_processor(&mut w).await;
+    assert_eq!(balance(&w).await, (want, 6), "every payment applied once");
+
+    // The same window again: done. A wider one: everything already recorded.
+    assert_eq!(run(&b, &w, &window, false).await.seen, 0);
+    let wider = Window { since_s: window.since_s - 60, ..window.clone() };
+    let s = run(&b, &w, &wider, false).await;
+    assert_eq!((s.seen, s.already_recorded, s.recovered), (6, 6, 0));
+    drain_processor(&mut w).await;
+    assert_eq!(balance(&w).await, (want, 6), "nothing applied again");
+    let records = w.stack.meta_items().await;
+    assert_eq!(records.iter().filter(|r| text(r, "via") == "backfill").count(), 4);
+    assert_eq!(records.iter().filter(|r| text(r, "via") == "webhook").count(), 2);
+}
+
+#[tokio::test]
+async fn a_backfilled_event_and_its_late_webhook_are_one_record_without_a_conflict() {
+    let Setup { mut w, events, window } = setup(1).await;
+    let s = run(&backfill(&w, None, 10), &w, &window, false).await;
+    assert_eq!(s.recovered, 1);
+    // The webhook arrives late, with other bytes: a duplicate, not a conflict.
+    assert_eq!(w.deliver(webhook_of(&events[0]), 0).await, Some(200));
+    let records = w.stack.meta_items().await;
+    assert_eq!(records.len(), 1);
+    assert_eq!((text(&records[0], "via"), n(&records[0], "conflicts")), ("backfill".to_owned(), 0));
+    drain_processor(&mut w).await;
+    assert_eq!(balance(&w).await, (100, 1));
+    // Two signed webhooks with different content are still a conflict.
+    let first = pi_succeeded("evt_other", "pi_o", Some("cus_x"), 7);
+    let changed = pi_succeeded("evt_other", "pi_o", Some("cus_x"), 8);
+    for (body, status) in [(first, 202), (changed, 200)] {
+        let d = Delivery { endpoint: "stripe-a", event_id: "evt_other".into(), body };
+        assert_eq!(w.deliver(d, 0).await, Some(status));
+    }
+    let flagged = w.stack.meta_items().await.into_iter().find(|r| text(r, "event_id") == "evt_other").unwrap();
+    assert_eq!(n(&flagged, "conflicts"), 1);
+}
+
+#[tokio::test]
+async fn an_interrupted_run_resumes_from_its_cursor() {
+    let Setup { w, window, .. } = setup(7).await;
+    w.fake.page_cap.store(3, Ordering::SeqCst);
+    let b = backfill(&w, None, 1);
+    let first = run(&b, &w, &window, false).await;
+    assert_eq!((first.recovered, first.complete), (3, false));
+    let before = w.fake.requests.load(Ordering::SeqCst);
+    let second = run(&b, &w, &window, false).await;
+    let third = run(&b, &w, &window, false).await;
+    assert_eq!((second.recovered, second.already_recorded), (3, 0), "resumed after the first page");
+    assert_eq!((third.recovered, third.complete), (1, true));
+    assert_eq!(w.fake.requests.load(Ordering::SeqCst) - before, 2, "one page per run");
+    assert_eq!(w.stack.meta_items().await.len(), 7);
+}
+
+#[tokio::test]
+async fn a_429_is_honoured_with_and_without_retry_after_and_a_no_retry_ends_the_run() {
+    let Setup { w, window, .. } = setup(2).await;
+    *w.fake.rate_limits.lock().unwrap() = vec![vec![("Retry-After", "1".into())], vec![]];
+    let started = Instant::now();
+    let s = run(&backfill(&w, Some("acct_connected"), 10), &w, &window, false).await;
+    assert_eq!((s.rate_limit_waits, s.recovered, s.complete), (2, 2, true), "{s:?}");
+    assert!(started.elapsed() >= Duration::from_secs(1), "Retry-After: 1 was waited out");
+    let accounts = w.fake.accounts.lock().unwrap().clone();
+    assert!(accounts.iter().all(|a| a.as_deref() == Some("acct_connected")), "{accounts:?}");
+
+    let Setup { w, window, .. } = setup(2).await;
+    *w.fake.rate_limits.lock().unwrap() = vec![vec![("Stripe-Should-Retry", "false".into())]];
+    let s = run(&backfill(&w, None, 10), &w, &window, false).await;
+    assert_eq!((s.rate_limit_waits, s.recovered, s.complete), (0, 0, false));
+    // The next run resumes and recovers them.
+    let s = run(&backfill(&w, None, 10), &w, &window, false).await;
+    assert_eq!((s.recovered, s.complete), (2, true));
+}
+
+#[tokio::test]
+async fn the_dry_run_reports_what_the_real_run_recovers_and_writes_nothing() {
+    let Setup { mut w, events, window } = setup(5).await;
+    assert_eq!(w.deliver(webhook_of(&events[3]), 0).await, Some(202));
+    let items = w.stack.items().await.len();
+    let b = backfill(&w, None, 10);
+    let dry = run(&b, &w, &window, true).await;
+    assert_eq!(w.stack.items().await.len(), items, "a dry run writes nothing");
+    let real = run(&b, &w, &window, false).await;
+    assert_eq!((dry.seen, dry.already_recorded, dry.recovered), (real.seen, real.already_recorded, real.recovered));
+    assert_eq!(real.recovered, 4);
+}
+
+/// `hookledger backfill`: the dry run's report, then the run's, match; the
+/// second run of the window finds it complete.
+#[tokio::test]
+async fn the_cli_backfills_a_window_and_its_dry_run_says_the_same() {
+    let Setup { mut w, events, window } = setup(4).await;
+    assert_eq!(w.deliver(webhook_of(&events[0]), 0).await, Some(202));
+    // The key is read by reference from the environment, never from the
+    // command line; PATH is set in every test process, so the fake accepts
+    // its value as the key.
+    *w.fake.other_key.lock().unwrap() = Some(std::env::var("PATH").unwrap());
+    let cli = |dry: bool| {
+        let mut args = vec![
+            "hookledger".to_owned(),
+            "--table".into(),
+            w.stack.table.clone(),
+            "--queue-url".into(),
+            w.stack.queue_url.clone(),
+            "--shards".into(),
+            SHARDS.to_string(),
+            "backfill".into(),
+            "--endpoint".into(),
+            "stripe-a".into(),
+            "--since".into(),
+            window.since_s.to_string(),
+            "--until".into(),
+            window.until_s.to_string(),
+            "--api-key".into(),
+            "env:PATH".into(),
+            "--api-base".into(),
+            w.fake_base(),
+            "--endpoints".into(),
+            crate::support::ENDPOINTS.into(),
+        ];
+        if dry {
+            args.push("--dry-run".into());
+        }
+        args
+    };
+    let mut out = Vec::new();
+    hookledger_cli::run(cli(true), &mut out).await.unwrap();
+    let dry = String::from_utf8(out).unwrap();
+    let mut out = Vec::new();
+    hookledger_cli::run(cli(false), &mut out).await.unwrap();
+    let real = String::from_utf8(out).unwrap();
+    assert!(
+        dry.contains("(dry run: nothing written)") && dry.contains("seen 4, already recorded 1, would recover 3"),
+        "{dry}"
+    );
+    assert!(real.contains("seen 4, already recorded 1, recovered 3") && real.contains("window complete"), "{real}");
+    drain_processor(&mut w).await;
+    assert_eq!(balance(&w).await.1, 4);
+    let mut out = Vec::new();
+    let err = hookledger_cli::run(
+        [
+            "hookledger",
+            "--table",
+            &w.stack.table,
+            "--queue-url",
+            &w.stack.queue_url,
+            "backfill",
+            "--endpoint",
+            "gh",
+            "--since",
+            "1",
+            "--api-key",
+            "env:PATH",
+            "--endpoints",
+            crate::support::ENDPOINTS,
+        ],
+        &mut out,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("only Stripe endpoints"), "{err}");
+}
