@@ -1,18 +1,21 @@
 //! `hookledger backfill`: recover a window of an endpoint's events from the
-//! provider's API (Stripe's events list), through the same identity and
-//! claim as its webhooks. Resumes an interrupted run of the same window;
-//! `--dry-run` reports what a run would recover and writes nothing.
+//! provider's API (Stripe's events list, a GitHub hook's deliveries),
+//! through the same identity and claim as its webhooks. Resumes an
+//! interrupted run of the same window; `--dry-run` reports what a run would
+//! recover and writes nothing; for GitHub, `--redeliver` asks GitHub to
+//! deliver the missing ones again instead of importing their payloads.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::github::GithubDeliveries;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::adapters::stripe::StripeEvents;
-use hookledger::backfill::{Backfill, BackfillSettings, Summary, Target};
+use hookledger::backfill::{Backfill, BackfillSettings, Mode, Summary, Target};
 use hookledger::config::{self, ProviderKind, SecretResolver};
-use hookledger::ports::Window;
+use hookledger::ports::{BackfillSource, Window};
 
 #[derive(Args)]
 pub struct BackfillArgs {
@@ -34,11 +37,23 @@ pub struct BackfillArgs {
     /// Stripe Connect: the connected account whose events the endpoint receives.
     #[arg(long)]
     account: Option<String>,
-    /// The provider API key, as a secret reference (env:NAME or ssm:/path).
+    /// Stripe: the API key, as a secret reference (env:NAME or ssm:/path).
     #[arg(long, env = "HOOKLEDGER_STRIPE_API_KEY")]
-    api_key: String,
+    api_key: Option<String>,
     #[arg(long, env = "HOOKLEDGER_STRIPE_API_BASE", default_value = "https://api.stripe.com")]
     api_base: String,
+    /// GitHub: the hook (repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook).
+    #[arg(long)]
+    github_hook: Option<String>,
+    /// GitHub: a token that may read the hook's deliveries, as a secret reference.
+    #[arg(long, env = "HOOKLEDGER_GITHUB_TOKEN")]
+    github_token: Option<String>,
+    #[arg(long, env = "HOOKLEDGER_GITHUB_API_BASE", default_value = "https://api.github.com")]
+    github_api_base: String,
+    /// GitHub: ask GitHub to redeliver what is missing (original bytes,
+    /// through the intake) instead of importing the kept payloads.
+    #[arg(long)]
+    redeliver: bool,
     /// The endpoints' configuration (as the intake reads it).
     #[arg(long, env = "HOOKLEDGER_ENDPOINTS")]
     endpoints: String,
@@ -71,52 +86,82 @@ pub async fn run(
     let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
     let spec =
         specs.get(&args.endpoint).ok_or_else(|| format!("no endpoint {:?} in HOOKLEDGER_ENDPOINTS", args.endpoint))?;
-    if spec.provider != ProviderKind::Stripe {
-        return Err(format!(
-            "endpoint {:?} is {}: only Stripe endpoints can be backfilled here",
-            args.endpoint,
-            spec.provider.as_str()
-        ));
-    }
     let until = args.until.unwrap_or_else(|| super::now_ms() / 1000);
     if args.since >= until {
         return Err(format!("--since ({}) must be before --until ({until})", args.since));
     }
-    let key = if args.api_key.starts_with("ssm:") {
-        hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws))
-            .resolve(&args.api_key)
-            .await
-    } else {
-        config::EnvSecrets.resolve(&args.api_key).await
-    }
-    .map_err(|e| format!("API key: {e}"))?;
-    let source = StripeEvents::new(args.api_base.clone(), key, args.account.clone())?;
+    let mode = if args.redeliver { Mode::Redeliver } else { Mode::Import };
     let target = Target {
         provider: spec.provider.as_str().to_owned(),
         endpoint: args.endpoint.clone(),
         tenant: spec.tenant.clone().unwrap_or_else(|| args.endpoint.clone()),
         retention_days: args.retention_days,
         index_shards: ledger.shards(),
+        mode,
     };
     let window = Window { since_s: args.since, until_s: until, types: args.types.clone() };
     let settings = BackfillSettings { max_pages: args.max_pages, ..BackfillSettings::default() };
-    let backfill = Backfill::new(ledger, queue, source, settings);
+    let summary = match spec.provider {
+        ProviderKind::Stripe => {
+            if args.redeliver {
+                return Err("Stripe cannot redeliver: run without --redeliver".into());
+            }
+            let reference = args.api_key.as_deref().ok_or("Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
+            let key = resolve(aws, reference).await?;
+            let source = StripeEvents::new(args.api_base.clone(), key, args.account.clone())?;
+            execute(Backfill::new(ledger, queue, source, settings), &target, &window, &args, json).await
+        }
+        ProviderKind::Github => {
+            let hook = args.github_hook.as_deref().ok_or("GitHub needs --github-hook")?;
+            let reference =
+                args.github_token.as_deref().ok_or("GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
+            let token = resolve(aws, reference).await?;
+            let source = GithubDeliveries::new(args.github_api_base.clone(), hook, token)?;
+            execute(Backfill::new(ledger, queue, source, settings), &target, &window, &args, json).await
+        }
+        other => {
+            return Err(format!(
+                "endpoint {:?} is {}: it keeps no list to backfill from (Stripe and GitHub do; for SNS, replay the subscription's dead-letter queue)",
+                args.endpoint,
+                other.as_str()
+            ));
+        }
+    };
+    report(&summary, &args, until, json, out)?;
+    Ok(summary)
+}
 
-    let bar = if std::io::stderr().is_terminal() && !json {
+/// Resolves a secret reference (env:NAME, or ssm:/path through SSM).
+async fn resolve(aws: &aws_config::SdkConfig, reference: &str) -> Result<hookledger::secret::Secret, String> {
+    if reference.starts_with("ssm:") {
+        hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws)).resolve(reference).await
+    } else {
+        config::EnvSecrets.resolve(reference).await
+    }
+    .map_err(|e| format!("secret {reference}: {e}"))
+}
+
+/// Runs the backfill with a progress spinner on a terminal.
+async fn execute<S: BackfillSource>(
+    backfill: Backfill<DynamoLedger, SqsQueue, S>,
+    target: &Target,
+    window: &Window,
+    args: &BackfillArgs,
+    json: bool,
+) -> Summary {
+    let bar = (std::io::stderr().is_terminal() && !json).then(|| {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.enable_steady_tick(Duration::from_millis(120));
-        Some(bar)
-    } else {
-        indicatif::ProgressBar::hidden().into()
-    };
+        bar
+    });
     let verb = if args.dry_run { "would recover" } else { "recovered" };
     let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
     let summary = backfill
-        .run(&target, &window, args.dry_run, super::now_ms(), deadline, |s| {
+        .run(target, window, args.dry_run, super::now_ms(), deadline, |s| {
             if let Some(bar) = &bar {
                 bar.set_message(format!(
-                    "page {}: seen {}, already recorded {}, {verb} {}, failed {}",
-                    s.pages, s.seen, s.already_recorded, s.recovered, s.failed
+                    "page {}: seen {}, already recorded {}, {verb} {}, redeliveries asked {}, failed {}",
+                    s.pages, s.seen, s.already_recorded, s.recovered, s.redeliveries_requested, s.failed
                 ));
             }
         })
@@ -124,28 +169,39 @@ pub async fn run(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    summary
+}
+
+fn report(
+    summary: &Summary,
+    args: &BackfillArgs,
+    until: i64,
+    json: bool,
+    out: &mut (dyn Write + Send),
+) -> Result<(), String> {
+    let verb = if args.dry_run { "would recover" } else { "recovered" };
     if json {
         let v = serde_json::json!({ "endpoint": args.endpoint, "since": args.since, "until": until, "dry_run": args.dry_run, "summary": summary });
         writeln!(out, "{v}").map_err(|e| e.to_string())?;
-    } else {
-        let how = if args.dry_run { " (dry run: nothing written)" } else { "" };
-        writeln!(out, "backfill {} [{}, {}){how}", args.endpoint, args.since, until).map_err(|e| e.to_string())?;
-        writeln!(
-            out,
-            "seen {}, already recorded {}, {verb} {}, failed {}, pages {}, rate-limit waits {}",
-            summary.seen,
-            summary.already_recorded,
-            summary.recovered,
-            summary.failed,
-            summary.pages,
-            summary.rate_limit_waits
-        )
-        .map_err(|e| e.to_string())?;
-        match &summary.stopped {
-            Some(why) => writeln!(out, "stopped before the end of the window: {why}"),
-            None => writeln!(out, "window complete"),
-        }
-        .map_err(|e| e.to_string())?;
+        return Ok(());
     }
-    Ok(summary)
+    let how = if args.dry_run { " (dry run: nothing written)" } else { "" };
+    writeln!(out, "backfill {} [{}, {}){how}", args.endpoint, args.since, until).map_err(|e| e.to_string())?;
+    writeln!(
+        out,
+        "seen {}, already recorded {}, {verb} {}, redeliveries asked {}, failed {}, pages {}, rate-limit waits {}",
+        summary.seen,
+        summary.already_recorded,
+        summary.recovered,
+        summary.redeliveries_requested,
+        summary.failed,
+        summary.pages,
+        summary.rate_limit_waits
+    )
+    .map_err(|e| e.to_string())?;
+    match &summary.stopped {
+        Some(why) => writeln!(out, "stopped before the end of the window: {why}"),
+        None => writeln!(out, "window complete"),
+    }
+    .map_err(|e| e.to_string())
 }

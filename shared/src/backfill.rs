@@ -37,6 +37,18 @@ pub struct Target {
     pub tenant: String,
     pub retention_days: u32,
     pub index_shards: u32,
+    pub mode: Mode,
+}
+
+/// How a missing event is recovered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Record the body the provider's API returns (`via = backfill`).
+    #[default]
+    Import,
+    /// Ask the provider to deliver it again: it comes back through the
+    /// intake, signed, with the original bytes (GitHub).
+    Redeliver,
 }
 
 /// Bounds of one run.
@@ -69,6 +81,8 @@ pub struct Summary {
     /// Recovered records whose first send failed: they are durable and the
     /// reconciler sends them after the grace period.
     pub send_deferred: u64,
+    /// Redeliveries asked for (`Mode::Redeliver`); they arrive through the intake.
+    pub redeliveries_requested: u64,
     /// The window was read to its end.
     pub complete: bool,
     /// Why the run stopped before the end of the window.
@@ -114,6 +128,9 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             return summary;
         }
         let mut waits = 0;
+        // Identities met in this run (a list may name one more than once:
+        // GitHub lists each redelivery).
+        let mut seen = std::collections::HashSet::new();
         loop {
             if summary.pages >= u64::from(self.settings.max_pages) {
                 return stop(
@@ -124,64 +141,24 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             if Instant::now() >= deadline {
                 return stop(summary, "time bound reached; the next run resumes".into());
             }
-            let page = match self.source.page(window, progress.cursor.as_deref()).await {
+            let cursor = progress.cursor.clone();
+            let page = match self
+                .limited(deadline, &mut waits, &mut summary, || self.source.page(window, cursor.as_deref()))
+                .await
+            {
                 Ok(page) => page,
-                Err(SourceError::RateLimited { should_retry: false, .. }) => {
-                    return stop(summary, "rate limited, and the provider says not to retry".into());
-                }
-                Err(SourceError::RateLimited { retry_after_s, .. }) => {
-                    let wait_ms = match retry_after_s {
-                        Some(s) => i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX),
-                        None => self.settings.backoff.delay_ms(waits + 1, crate::backoff::random_jitter()),
-                    };
-                    let wait = Duration::from_millis(u64::try_from(wait_ms.max(0)).unwrap_or(u64::MAX));
-                    if waits >= self.settings.max_waits || Instant::now() + wait >= deadline {
-                        return stop(summary, "rate limited; the next run resumes".into());
-                    }
-                    waits += 1;
-                    summary.rate_limit_waits += 1;
-                    tracing::info!(endpoint = %target.endpoint, wait_ms, "backfill rate limited; waiting");
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
-                Err(e) => return stop(summary, e.to_string()),
+                Err(why) => return stop(summary, why),
             };
             summary.pages += 1;
             for ev in &page.events {
-                if !in_window(ev, window) {
+                if !in_window(ev, window) || !seen.insert(ev.event_id.clone()) {
                     continue;
                 }
                 summary.seen += 1;
-                let event = new_event(target, ev, now_ms);
-                if dry_run {
-                    match self.ledger.recorded(&event.key).await {
-                        Ok(true) => summary.already_recorded += 1,
-                        Ok(false) => summary.recovered += 1,
-                        Err(e) => {
-                            summary.failed += 1;
-                            return stop(summary, format!("ledger unavailable: {e}"));
-                        }
-                    }
-                    continue;
-                }
-                match self.ledger.claim(&event, &ev.body).await {
-                    Ok(Claim::Existing(_)) => summary.already_recorded += 1,
-                    Ok(Claim::New) => {
-                        summary.recovered += 1;
-                        if let Err(e) = self.queue.send_with_payload(&event.key, &ev.body).await {
-                            // Durable: the reconciler sends it after the grace period.
-                            summary.send_deferred += 1;
-                            tracing::warn!(key = %event.key, error = %e, "backfilled event not queued; the reconciler sends it");
-                            if let Err(e) = self.ledger.release_send_lease(&event.key, &event.send).await {
-                                tracing::warn!(key = %event.key, error = %e, "send lease not released; it lapses");
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        // The page's cursor is not saved: the next run reads it again.
-                        summary.failed += 1;
-                        return stop(summary, format!("ledger unavailable: {e}"));
-                    }
+                if let Err(why) = self.recover(target, ev, dry_run, now_ms, deadline, &mut waits, &mut summary).await {
+                    // The page's cursor is not saved: the next run reads it again.
+                    summary.failed += 1;
+                    return stop(summary, why);
                 }
             }
             progress.seen += page.events.len() as u64;
@@ -204,6 +181,108 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
     }
 }
 
+impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
+    /// One listed event: already recorded, or recorded now (imported), or
+    /// asked for again (redelivered). `Err`: stop the run here.
+    #[allow(clippy::too_many_arguments)]
+    async fn recover(
+        &self,
+        target: &Target,
+        ev: &SourceEvent,
+        dry_run: bool,
+        now_ms: i64,
+        deadline: Instant,
+        waits: &mut u32,
+        summary: &mut Summary,
+    ) -> Result<(), String> {
+        let key = EventKey::new(&target.provider, &target.endpoint, &ev.event_id);
+        // Without the body at hand (or to ask for a redelivery), look first:
+        // a recorded event costs one read, not a fetch.
+        let look_first = dry_run || ev.body.is_none() || target.mode == Mode::Redeliver;
+        if look_first {
+            let recorded = self.ledger.recorded(&key).await.map_err(|e| format!("ledger unavailable: {e}"))?;
+            if recorded {
+                summary.already_recorded += 1;
+                return Ok(());
+            }
+            if dry_run {
+                summary.recovered += 1;
+                return Ok(());
+            }
+        }
+        if target.mode == Mode::Redeliver {
+            let handle = ev.handle.clone().unwrap_or_else(|| ev.event_id.clone());
+            self.limited(deadline, waits, summary, || self.source.redeliver(ev)).await?;
+            self.ledger
+                .note_redelivery(&key, &handle, now_ms)
+                .await
+                .map_err(|e| format!("redelivery asked for, not noted: {e}"))?;
+            summary.redeliveries_requested += 1;
+            return Ok(());
+        }
+        let body = match &ev.body {
+            Some(body) => body.clone(),
+            None => self.limited(deadline, waits, summary, || self.source.body(ev)).await?,
+        };
+        let event = new_event(target, ev, &body, now_ms);
+        match self.ledger.claim(&event, &body).await {
+            Ok(Claim::Existing(_)) => summary.already_recorded += 1,
+            Ok(Claim::New) => {
+                summary.recovered += 1;
+                if let Err(e) = self.queue.send_with_payload(&event.key, &body).await {
+                    // Durable: the reconciler sends it after the grace period.
+                    summary.send_deferred += 1;
+                    tracing::warn!(key = %event.key, error = %e, "backfilled event not queued; the reconciler sends it");
+                    if let Err(e) = self.ledger.release_send_lease(&event.key, &event.send).await {
+                        tracing::warn!(key = %event.key, error = %e, "send lease not released; it lapses");
+                    }
+                }
+            }
+            Err(e) => return Err(format!("ledger unavailable: {e}")),
+        }
+        Ok(())
+    }
+
+    /// Calls the provider, waiting out rate limits as it asks (`Retry-After`)
+    /// or with backoff, within the run's bounds; never retries what the
+    /// provider says not to. `Err`: why the run stops.
+    async fn limited<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        waits: &mut u32,
+        summary: &mut Summary,
+        mut call: F,
+    ) -> Result<T, String>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, SourceError>>,
+    {
+        loop {
+            match call().await {
+                Ok(v) => return Ok(v),
+                Err(SourceError::RateLimited { should_retry: false, .. }) => {
+                    return Err("rate limited, and the provider says not to retry".into());
+                }
+                Err(SourceError::RateLimited { retry_after_s, .. }) => {
+                    let wait_ms = match retry_after_s {
+                        Some(s) => i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX),
+                        None => self.settings.backoff.delay_ms(*waits + 1, crate::backoff::random_jitter()),
+                    };
+                    let wait = Duration::from_millis(u64::try_from(wait_ms.max(0)).unwrap_or(u64::MAX));
+                    if *waits >= self.settings.max_waits || Instant::now() + wait >= deadline {
+                        return Err("rate limited; the next run resumes".into());
+                    }
+                    *waits += 1;
+                    summary.rate_limit_waits += 1;
+                    tracing::info!(wait_ms, "backfill rate limited; waiting");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+}
+
 fn stop(mut summary: Summary, why: String) -> Summary {
     tracing::warn!(reason = %why, "backfill stopped before the end of its window");
     summary.stopped = Some(why);
@@ -216,7 +295,7 @@ fn in_window(ev: &SourceEvent, window: &Window) -> bool {
 }
 
 /// The record a fetched event claims: the webhook's identity, `via = backfill`.
-pub fn new_event(target: &Target, ev: &SourceEvent, now_ms: i64) -> NewEvent {
+pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64) -> NewEvent {
     let key = EventKey::new(&target.provider, &target.endpoint, &ev.event_id);
     NewEvent {
         shard: key.shard(target.index_shards),
@@ -226,8 +305,8 @@ pub fn new_event(target: &Target, ev: &SourceEvent, now_ms: i64) -> NewEvent {
         tenant: target.tenant.clone(),
         event_id: ev.event_id.clone(),
         event_type: ev.event_type.clone(),
-        payload_hash: payload_hash(&ev.body),
-        content_hash: crate::verify::hashes::content_hash(&target.provider, &ev.body),
+        payload_hash: payload_hash(body),
+        content_hash: crate::verify::hashes::content_hash(&target.provider, body),
         received_at_ms: now_ms,
         expires_at: now_ms / 1000 + i64::from(target.retention_days) * 86_400,
         send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
@@ -251,6 +330,8 @@ mod tests {
         per_page: usize,
         script: Mutex<Vec<Option<SourceError>>>,
         calls: Mutex<u32>,
+        fetched: Mutex<Vec<String>>,
+        redelivered: Mutex<Vec<String>>,
     }
 
     impl List {
@@ -261,10 +342,18 @@ mod tests {
                     event_id: format!("evt_{i:03}"),
                     event_type: Some(if i % 3 == 0 { "charge.refunded" } else { "invoice.paid" }.into()),
                     created_s: 1_000 + i as i64,
-                    body: format!(r#"{{"id":"evt_{i:03}","object":"event"}}"#).into_bytes(),
+                    body: Some(format!(r#"{{"id":"evt_{i:03}","object":"event"}}"#).into_bytes()),
+                    handle: Some(format!("d{i}")),
                 })
                 .collect();
-            Self { events, per_page, script: Mutex::new(Vec::new()), calls: Mutex::new(0) }
+            Self {
+                events,
+                per_page,
+                script: Mutex::new(Vec::new()),
+                calls: Mutex::new(0),
+                fetched: Mutex::new(Vec::new()),
+                redelivered: Mutex::new(Vec::new()),
+            }
         }
 
         fn fail_next(&self, errors: Vec<Option<SourceError>>) {
@@ -290,6 +379,16 @@ mod tests {
             let next = (start + page.len() < matching.len()).then(|| page.last().unwrap().event_id.clone());
             Ok(SourcePage { events: page, next })
         }
+
+        async fn body(&self, event: &SourceEvent) -> Result<Vec<u8>, SourceError> {
+            self.fetched.lock().unwrap().push(event.event_id.clone());
+            Ok(format!(r#"{{"fetched":"{}"}}"#, event.event_id).into_bytes())
+        }
+
+        async fn redeliver(&self, event: &SourceEvent) -> Result<(), SourceError> {
+            self.redelivered.lock().unwrap().push(event.handle.clone().unwrap());
+            Ok(())
+        }
     }
 
     #[derive(Default)]
@@ -299,6 +398,7 @@ mod tests {
         progress: Mutex<HashMap<String, BackfillProgress>>,
         fail_claim: Mutex<HashSet<String>>,
         writes: Mutex<u32>,
+        redeliveries: Mutex<Vec<(String, String)>>,
     }
 
     impl BackfillLedger for Ledger {
@@ -330,6 +430,10 @@ mod tests {
         async fn recorded(&self, key: &EventKey) -> Result<bool, PortError> {
             Ok(self.records.lock().unwrap().contains_key(key.as_str()))
         }
+        async fn note_redelivery(&self, key: &EventKey, handle: &str, _: i64) -> Result<(), PortError> {
+            self.redeliveries.lock().unwrap().push((key.as_str().to_owned(), handle.to_owned()));
+            Ok(())
+        }
         async fn progress(&self, run: &str) -> Result<Option<BackfillProgress>, PortError> {
             Ok(self.progress.lock().unwrap().get(run).cloned())
         }
@@ -357,6 +461,7 @@ mod tests {
             tenant: "t".into(),
             retention_days: 30,
             index_shards: 16,
+            mode: Mode::Import,
         }
     }
 
@@ -484,10 +589,45 @@ mod tests {
         assert_eq!(w.run_id("stripe-a"), "stripe-a#1005#1015#charge.refunded");
     }
 
+    /// A list without bodies (GitHub's deliveries): recorded events cost a
+    /// read, only the missing ones are fetched; a redelivered identity is met once.
+    #[tokio::test]
+    async fn bodies_are_fetched_only_for_what_is_missing_and_repeated_identities_count_once() {
+        let b = backfill(6, 10, settings());
+        let mut events = b.source.events.clone();
+        for e in &mut events {
+            e.body = None;
+        }
+        // A redelivery of evt_004 in the list.
+        events.insert(1, events[1].clone());
+        let b = Backfill::new(Ledger::default(), Queue::default(), List { events, ..List::new(0, 10) }, settings());
+        webhook(&b, &["evt_002"]);
+        let s = b.run(&target(), &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((s.seen, s.already_recorded, s.recovered), (6, 1, 5), "{s:?}");
+        let mut fetched = b.source.fetched.lock().unwrap().clone();
+        fetched.sort();
+        assert_eq!(fetched, ["evt_000", "evt_001", "evt_003", "evt_004", "evt_005"]);
+    }
+
+    /// Redelivery mode asks the provider again for what is missing, notes
+    /// the request under the event's key, and records nothing itself.
+    #[tokio::test]
+    async fn redelivery_mode_asks_for_the_missing_events_and_notes_it() {
+        let b = backfill(4, 10, settings());
+        webhook(&b, &["evt_001"]);
+        let t = Target { mode: Mode::Redeliver, ..target() };
+        let s = b.run(&t, &window(), false, 5_000, later(), |_| {}).await;
+        assert_eq!((s.seen, s.already_recorded, s.redeliveries_requested, s.recovered), (4, 1, 3, 0));
+        assert_eq!(*b.source.redelivered.lock().unwrap(), ["d3", "d2", "d0"]);
+        let notes = b.ledger.redeliveries.lock().unwrap().clone();
+        assert_eq!(notes[0], ("evt#stripe#stripe-a#evt_003".to_owned(), "d3".to_owned()));
+        assert_eq!(b.ledger.records.lock().unwrap().len(), 1, "the redelivery records it, through the intake");
+    }
+
     #[test]
     fn a_backfilled_event_has_the_webhooks_identity_and_its_provenance() {
-        let ev = SourceEvent { event_id: "evt_1".into(), event_type: None, created_s: 1, body: b"{}".to_vec() };
-        let e = new_event(&target(), &ev, 1_000);
+        let ev = SourceEvent { event_id: "evt_1".into(), event_type: None, created_s: 1, body: None, handle: None };
+        let e = new_event(&target(), &ev, b"{}", 1_000);
         assert_eq!((e.key.as_str(), e.via), ("evt#stripe#stripe-a#evt_1", Via::Backfill));
         assert!(!Via::Backfill.compares_bytes_with(Via::Webhook));
         assert!(!Via::Webhook.compares_bytes_with(Via::Backfill));

@@ -333,14 +333,19 @@ impl Window {
     }
 }
 
-/// One event as the provider's API returns it: the bytes as sent (the
-/// payload stored), its identity (the webhook's event id) and type.
+/// One event as the provider's API lists it: its identity (the webhook's
+/// event id), type and time, and the bytes the API returned for it (the
+/// payload stored) — `None` when the list does not carry them (GitHub lists
+/// deliveries without payloads: [`BackfillSource::body`] fetches one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceEvent {
     pub event_id: String,
     pub event_type: Option<String>,
     pub created_s: i64,
-    pub body: Vec<u8>,
+    pub body: Option<Vec<u8>>,
+    /// The provider's handle for this delivery (GitHub's delivery id), to
+    /// fetch its body or ask for it again.
+    pub handle: Option<String>,
 }
 
 /// A page of the provider's list, newest first; `next`: the opaque cursor of
@@ -384,6 +389,23 @@ pub trait BackfillSource: Send + Sync {
         window: &Window,
         cursor: Option<&str>,
     ) -> impl Future<Output = Result<SourcePage, SourceError>> + Send;
+
+    /// The body of an event the list carried without it.
+    fn body(&self, event: &SourceEvent) -> impl Future<Output = Result<Vec<u8>, SourceError>> + Send {
+        let body = event.body.clone();
+        async move {
+            body.ok_or_else(|| {
+                SourceError::Rejected("the list carries no body and there is no way to fetch one".into())
+            })
+        }
+    }
+
+    /// Asks the provider to deliver the event to the endpoint again (it then
+    /// arrives through the intake, signed, with its identity).
+    fn redeliver(&self, event: &SourceEvent) -> impl Future<Output = Result<(), SourceError>> + Send {
+        let _ = event;
+        async { Err(SourceError::Rejected("this provider cannot redeliver".into())) }
+    }
 }
 
 /// Where a backfill run stands: the cursor of the next page to read, and
@@ -407,6 +429,14 @@ pub trait BackfillLedger: Send + Sync {
         lease: &SendLease,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
     fn recorded(&self, key: &EventKey) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Marks, under the event's key, that a redelivery was asked for (the
+    /// record's history shows it once the delivery arrives).
+    fn note_redelivery(
+        &self,
+        key: &EventKey,
+        handle: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
     fn progress(&self, run: &str) -> impl Future<Output = Result<Option<BackfillProgress>, PortError>> + Send;
     fn save_progress(
         &self,

@@ -76,6 +76,7 @@ fn target() -> Target {
         tenant: "tenant-a".into(),
         retention_days: 30,
         index_shards: SHARDS,
+        mode: hookledger::backfill::Mode::Import,
     }
 }
 
@@ -238,27 +239,165 @@ async fn the_cli_backfills_a_window_and_its_dry_run_says_the_same() {
     assert!(real.contains("seen 4, already recorded 1, recovered 3") && real.contains("window complete"), "{real}");
     drain_processor(&mut w).await;
     assert_eq!(balance(&w).await.1, 4);
-    let mut out = Vec::new();
-    let err = hookledger_cli::run(
-        [
-            "hookledger",
-            "--table",
-            &w.stack.table,
-            "--queue-url",
-            &w.stack.queue_url,
-            "backfill",
+    for (endpoint, extra, why) in [
+        ("svix", None, "keeps no list"),
+        ("stripe-a", Some("--redeliver"), "Stripe cannot redeliver"),
+        ("gh", None, "GitHub needs --github-hook"),
+    ] {
+        let mut args = vec!["hookledger", "--table", &w.stack.table, "--queue-url", &w.stack.queue_url, "backfill"];
+        args.extend([
             "--endpoint",
-            "gh",
+            endpoint,
             "--since",
             "1",
             "--api-key",
             "env:PATH",
             "--endpoints",
             crate::support::ENDPOINTS,
-        ],
-        &mut out,
-    )
-    .await
-    .unwrap_err();
-    assert!(err.to_string().contains("only Stripe endpoints"), "{err}");
+        ]);
+        args.extend(extra);
+        let err = hookledger_cli::run(args, &mut Vec::new()).await.unwrap_err();
+        assert!(err.to_string().contains(why), "{endpoint}: {err}");
+    }
+}
+
+mod github {
+    use super::*;
+    use crate::fake_provider::{FakeGithub, GITHUB_HOOK, GITHUB_TOKEN};
+    use crate::support::GITHUB_SECRET;
+    use hookledger::adapters::github::GithubDeliveries;
+    use hookledger::backfill::Mode;
+    use hookledger::intake::IntakeRequest;
+    use hookledger::verify::github as gh;
+    use hookledger_it::faults::{Fault, Rule};
+    use http::{HeaderMap, HeaderValue, Method};
+
+    fn push(n: usize) -> Value {
+        json!({"ref": "refs/heads/main", "after": format!("{n:040x}"), "repository": {"full_name": "octo/app"}})
+    }
+
+    fn guid(n: usize) -> String {
+        format!("0b989ba4-242f-11e5-81e1-{n:012x}")
+    }
+
+    /// Delivers a push as GitHub signs it; returns the intake's status.
+    async fn deliver(w: &mut World, n: usize, body: &[u8]) -> u16 {
+        let mut h = HeaderMap::new();
+        h.insert(gh::SIGNATURE_HEADER, HeaderValue::from_str(&gh::sign(&Secret::new(GITHUB_SECRET), body)).unwrap());
+        h.insert(gh::DELIVERY_HEADER, HeaderValue::from_str(&guid(n)).unwrap());
+        h.insert(gh::EVENT_HEADER, HeaderValue::from_static("push"));
+        let req = IntakeRequest {
+            endpoint: "gh",
+            method: &Method::POST,
+            headers: &h,
+            body,
+            now: std::time::UNIX_EPOCH + Duration::from_millis(w.now as u64),
+            request_id: "it",
+        };
+        w.intake.handle(req).await.status
+    }
+
+    /// GitHub's record of a delivery (newest first in the fake's list).
+    fn listed(n: usize, at_s: i64, status: u16) -> Value {
+        json!({"id": 100 + n, "guid": guid(n), "delivered_at": hookledger::verify::sns::signing::timestamp(at_s),
+            "redelivery": false, "status_code": status, "event": "push", "action": null, "payload": push(n)})
+    }
+
+    async fn setup() -> (World, std::sync::Arc<FakeGithub>, String, Window) {
+        let w = World::new(13).await;
+        let (fake, base) = FakeGithub::start().await;
+        let now_s = w.now / 1000;
+        let window = Window { since_s: now_s - 3 * 86_400, until_s: now_s + 1, types: vec![] };
+        (w, fake, base, window)
+    }
+
+    fn backfill(w: &World, base: &str) -> Backfill<DynamoLedger, SqsQueue, GithubDeliveries> {
+        Backfill::new(
+            w.stack.ledger().with_shards(SHARDS),
+            SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
+            GithubDeliveries::new(base, GITHUB_HOOK, Secret::new(GITHUB_TOKEN)).unwrap(),
+            BackfillSettings { max_pages: 10, max_waits: 3, backoff: Backoff { base_ms: 20, max_ms: 100 } },
+        )
+    }
+
+    fn target(mode: Mode) -> Target {
+        Target {
+            provider: "github".into(),
+            endpoint: "gh".into(),
+            tenant: "gh".into(),
+            retention_days: 30,
+            index_shards: SHARDS,
+            mode,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delivery_the_intake_answered_503_is_recovered_by_the_next_backfill() {
+        let (mut w, fake, base, window) = setup().await;
+        let now_s = w.now / 1000;
+        // Delivery 1 is recorded; delivery 2 meets a DynamoDB outage: 503,
+        // and GitHub never retries by itself.
+        assert_eq!(deliver(&mut w, 1, &serde_json::to_vec(&push(1)).unwrap()).await, 202);
+        w.plan.arm(Rule::new(Fault::Throttle).on("dynamodb", "PutItem").every_attempt());
+        assert_eq!(deliver(&mut w, 2, &serde_json::to_vec(&push(2)).unwrap()).await, 503);
+        w.plan.disarm();
+        *fake.deliveries.lock().unwrap() = vec![listed(2, now_s - 60, 503), listed(1, now_s - 120, 202)];
+        fake.per_page.store(1, Ordering::SeqCst);
+
+        let b = backfill(&w, &base);
+        let s =
+            b.run(&target(Mode::Import), &window, false, w.now, Instant::now() + Duration::from_secs(20), |_| {}).await;
+        assert_eq!((s.seen, s.already_recorded, s.recovered, s.pages, s.complete), (2, 1, 1, 2, true), "{s:?}");
+        drain_processor(&mut w).await;
+        let records = w.stack.meta_items().await;
+        let recovered = records.iter().find(|r| text(r, "event_id") == guid(2)).unwrap();
+        assert_eq!(
+            (text(recovered, "via"), text(recovered, "status"), text(recovered, "event_type")),
+            ("backfill".to_owned(), "PROCESSED".to_owned(), "push".to_owned())
+        );
+        // One payload fetch: only the missing delivery's.
+        assert_eq!(fake.requests.load(Ordering::SeqCst), 3, "2 list pages + 1 payload");
+    }
+
+    #[tokio::test]
+    async fn redelivery_mode_asks_github_and_the_redelivery_comes_through_the_intake() {
+        let (mut w, fake, base, window) = setup().await;
+        let now_s = w.now / 1000;
+        *fake.deliveries.lock().unwrap() = vec![listed(3, now_s - 60, 502)];
+        let b = backfill(&w, &base);
+        let s = b
+            .run(&target(Mode::Redeliver), &window, false, w.now, Instant::now() + Duration::from_secs(20), |_| {})
+            .await;
+        assert_eq!((s.redeliveries_requested, s.recovered), (1, 0), "{s:?}");
+        assert_eq!(*fake.redelivered.lock().unwrap(), [103]);
+        // GitHub redelivers the original bytes, signed, with the same guid.
+        assert_eq!(deliver(&mut w, 3, &serde_json::to_vec(&push(3)).unwrap()).await, 202);
+        let key = hookledger::identity::EventKey::new("github", "gh", &guid(3));
+        let items: Vec<_> = w.stack.items().await.into_iter().filter(|i| text(i, "pk") == key.as_str()).collect();
+        assert!(items.iter().any(|i| text(i, "sk").starts_with("hist#") && text(i, "kind") == "redelivery_requested"));
+        assert_eq!(text(items.iter().find(|i| text(i, "sk") == "meta").unwrap(), "via"), "webhook");
+        // Asked again later: it is recorded now, nothing is asked.
+        let again = Window { since_s: window.since_s + 1, ..window };
+        let s = b
+            .run(&target(Mode::Redeliver), &again, false, w.now, Instant::now() + Duration::from_secs(20), |_| {})
+            .await;
+        assert_eq!((s.already_recorded, s.redeliveries_requested), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn githubs_rate_limits_are_waited_out() {
+        let (w, fake, base, window) = setup().await;
+        let now_s = w.now / 1000;
+        *fake.deliveries.lock().unwrap() = vec![listed(4, now_s - 60, 500)];
+        let reset =
+            (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 1).to_string();
+        *fake.limits.lock().unwrap() = vec![
+            ("403 Forbidden", vec![("X-RateLimit-Remaining", "0".into()), ("X-RateLimit-Reset", reset)]),
+            ("429 Too Many Requests", vec![("Retry-After", "0".into())]),
+        ];
+        let s = backfill(&w, &base)
+            .run(&target(Mode::Import), &window, false, w.now, Instant::now() + Duration::from_secs(20), |_| {})
+            .await;
+        assert_eq!((s.rate_limit_waits, s.recovered, s.complete), (2, 1, true), "{s:?}");
+    }
 }

@@ -11,6 +11,46 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+type Answer = (&'static str, String, Vec<(&'static str, String)>);
+/// A scripted refusal: status line and headers.
+pub type Limit = (&'static str, Vec<(&'static str, String)>);
+
+/// Serves `answer(request head)` on a local port, one request per
+/// connection; returns the base URL.
+async fn serve(answer: Arc<dyn Fn(&str) -> Answer + Send + Sync>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else { return };
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut len = 0;
+                while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf[len..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => len += n,
+                    }
+                    if len == buf.len() {
+                        return;
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf[..len]).into_owned();
+                let (status, body, extra) = answer(&head);
+                let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(resp.as_bytes()).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    base
+}
+
 #[derive(Default)]
 pub struct FakeStripe {
     pub subscriptions: Mutex<HashMap<String, serde_json::Value>>,
@@ -33,41 +73,12 @@ impl FakeStripe {
     /// Starts the server; returns its state and base URL.
     pub async fn start() -> (Arc<Self>, String) {
         let state = Arc::new(Self::default());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
         let s = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut sock, _)) = listener.accept().await else { return };
-                let s = s.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 8192];
-                    let mut len = 0;
-                    while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                        match sock.read(&mut buf[len..]).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => len += n,
-                        }
-                        if len == buf.len() {
-                            return;
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&buf[..len]).into_owned();
-                    let (status, body, extra) = s.answer(&head);
-                    let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-                    let resp = format!(
-                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = sock.write_all(resp.as_bytes()).await;
-                    let _ = sock.shutdown().await;
-                });
-            }
-        });
+        let base = serve(Arc::new(move |head: &str| s.answer(head))).await;
         (state, base)
     }
 
-    fn answer(&self, head: &str) -> (&'static str, String, Vec<(&'static str, String)>) {
+    fn answer(&self, head: &str) -> Answer {
         self.requests.fetch_add(1, Ordering::SeqCst);
         if self.fail.load(Ordering::SeqCst) {
             return ("503 Service Unavailable", r#"{"error":{"message":"down"}}"#.into(), vec![]);
@@ -132,5 +143,98 @@ impl FakeStripe {
     pub fn set(&self, id: &str, customer: &str, status: &str, seats: i64) {
         let v = serde_json::json!({"id": id, "object": "subscription", "customer": customer, "status": status, "quantity": seats});
         self.subscriptions.lock().unwrap().insert(id.to_owned(), v);
+    }
+}
+
+/// A fake GitHub API for one hook (`/repos/octo/app/hooks/7`): its deliveries
+/// newest first with `Link` cursor pagination, each delivery's kept payload,
+/// and redelivery requests. Rate limits can be scripted.
+#[derive(Default)]
+pub struct FakeGithub {
+    /// `{id, guid, delivered_at, event, status_code, payload}`, newest first.
+    pub deliveries: Mutex<Vec<serde_json::Value>>,
+    pub per_page: AtomicUsize,
+    /// Scripted answers to the next requests: (status, headers).
+    pub limits: Mutex<Vec<Limit>>,
+    /// Delivery ids whose redelivery was asked for.
+    pub redelivered: Mutex<Vec<u64>>,
+    pub requests: AtomicUsize,
+}
+
+pub const GITHUB_HOOK: &str = "repos/octo/app/hooks/7";
+pub const GITHUB_TOKEN: &str = "ghp_fake";
+
+impl FakeGithub {
+    pub async fn start() -> (Arc<Self>, String) {
+        let state = Arc::new(Self::default());
+        let s = state.clone();
+        let base = serve(Arc::new(move |head: &str| s.answer(head))).await;
+        (state, base)
+    }
+
+    fn answer(&self, head: &str) -> Answer {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        if !head.to_ascii_lowercase().contains(&format!("authorization: bearer {GITHUB_TOKEN}")) {
+            return ("401 Unauthorized", r#"{"message":"Bad credentials"}"#.into(), vec![]);
+        }
+        let limited = {
+            let mut l = self.limits.lock().unwrap();
+            if l.is_empty() { None } else { Some(l.remove(0)) }
+        };
+        if let Some((status, headers)) = limited {
+            return (status, r#"{"message":"API rate limit exceeded"}"#.into(), headers);
+        }
+        let mut words = head.split_whitespace();
+        let method = words.next().unwrap_or("");
+        let url = url::Url::parse(&format!("http://fake{}", words.next().unwrap_or(""))).unwrap();
+        let prefix = format!("/{GITHUB_HOOK}/deliveries");
+        let Some(rest) = url.path().strip_prefix(&prefix) else { return ("404 Not Found", "{}".into(), vec![]) };
+        let deliveries = self.deliveries.lock().unwrap();
+        match (method, rest.trim_start_matches('/').split('/').collect::<Vec<_>>().as_slice()) {
+            ("GET", [""]) => {
+                let per_page = match self.per_page.load(Ordering::SeqCst) {
+                    0 => 100,
+                    n => n,
+                };
+                let start: usize = url
+                    .query_pairs()
+                    .find(|(k, _)| k == "cursor")
+                    .and_then(|(_, v)| v.strip_prefix("c").and_then(|n| n.parse().ok()))
+                    .unwrap_or(0);
+                let page: Vec<serde_json::Value> = deliveries
+                    .iter()
+                    .skip(start)
+                    .take(per_page)
+                    .map(|d| {
+                        let mut d = d.clone();
+                        d.as_object_mut().unwrap().remove("payload");
+                        d
+                    })
+                    .collect();
+                let mut headers = vec![];
+                if start + page.len() < deliveries.len() {
+                    let next = format!("http://fake{prefix}?per_page={per_page}&cursor=c{}", start + page.len());
+                    headers.push(("Link", format!("<{next}>; rel=\"next\"")));
+                }
+                ("200 OK", serde_json::Value::Array(page).to_string(), headers)
+            }
+            ("GET", [id]) => match deliveries.iter().find(|d| id.parse::<u64>().is_ok_and(|n| d["id"] == n)) {
+                Some(d) => {
+                    let full = serde_json::json!({"id": d["id"], "guid": d["guid"], "event": d["event"],
+                        "request": {"headers": {"X-GitHub-Event": d["event"]}, "payload": d["payload"]},
+                        "response": {"payload": "ok"}});
+                    ("200 OK", full.to_string(), vec![])
+                }
+                None => ("404 Not Found", "{}".into(), vec![]),
+            },
+            ("POST", [id, "attempts"]) => match id.parse::<u64>() {
+                Ok(n) if deliveries.iter().any(|d| d["id"] == n) => {
+                    self.redelivered.lock().unwrap().push(n);
+                    ("202 Accepted", "{}".into(), vec![])
+                }
+                _ => ("404 Not Found", "{}".into(), vec![]),
+            },
+            _ => ("404 Not Found", "{}".into(), vec![]),
+        }
     }
 }

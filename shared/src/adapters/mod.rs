@@ -2,6 +2,7 @@
 //! standard `AWS_ENDPOINT_URL*` variables point them at any endpoint.
 
 pub mod dynamodb;
+pub mod github;
 pub mod https;
 pub mod s3;
 pub mod secrets;

@@ -145,7 +145,8 @@ pub fn parse_event_page(bytes: &[u8]) -> Result<SourcePage, SourceError> {
             event_id: head.id,
             event_type: head.kind,
             created_s: head.created,
-            body: raw.get().as_bytes().to_vec(),
+            body: Some(raw.get().as_bytes().to_vec()),
+            handle: None,
         });
     }
     let next = match (list.has_more, events.last()) {
@@ -212,7 +213,10 @@ mod tests {
         let p = parse_event_page(page).unwrap();
         assert_eq!(p.next.as_deref(), Some("evt_1"));
         assert_eq!((p.events[0].event_id.as_str(), p.events[0].created_s), ("evt_2", 20));
-        assert_eq!(p.events[1].body, br#"{"id": "evt_1", "created": 10, "type": "charge.refunded"}"#.to_vec());
+        assert_eq!(
+            p.events[1].body.as_deref(),
+            Some(&br#"{"id": "evt_1", "created": 10, "type": "charge.refunded"}"#[..])
+        );
         let last = parse_event_page(br#"{"data":[],"has_more":false}"#).unwrap();
         assert_eq!(last, SourcePage::default());
         assert!(parse_event_page(br#"{"data":[],"has_more":true}"#).is_err());

@@ -36,6 +36,27 @@ impl BackfillLedger for DynamoLedger {
         Ok(self.read_meta(key).await?.is_some())
     }
 
+    async fn note_redelivery(&self, key: &EventKey, handle: &str, now_ms: i64) -> Result<(), PortError> {
+        // A history entry under the event's key, named by the delivery and
+        // the time it was asked for: the SDK's retry of this write rewrites
+        // the same item.
+        let mut item: HashMap<String, AttributeValue> = HashMap::new();
+        item.insert("pk".into(), s(key.as_str()));
+        item.insert("sk".into(), s(format!("hist#{now_ms:013}#redeliver#{handle}")));
+        item.insert("kind".into(), s("redelivery_requested"));
+        item.insert("detail".into(), s(format!("backfill asked the provider to redeliver delivery {handle}")));
+        item.insert("at".into(), n(now_ms));
+        item.insert(super::attr::EXPIRES_AT.into(), n(now_ms / 1000 + i64::from(DEFAULT_RETENTION_DAYS) * 86_400));
+        self.client()
+            .put_item()
+            .table_name(self.table())
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| crate::adapters::port_error("dynamodb", &e))?;
+        Ok(())
+    }
+
     async fn progress(&self, run: &str) -> Result<Option<BackfillProgress>, PortError> {
         let Some(item) = self.read_item(&progress_pk(run), PROGRESS_SK).await? else { return Ok(None) };
         Ok(Some(BackfillProgress {

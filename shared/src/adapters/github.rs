@@ -1,0 +1,232 @@
+//! GitHub's webhook deliveries as a [`BackfillSource`]: a hook's recent
+//! deliveries (`GET /{hook}/deliveries`, newest first, cursor pagination in
+//! the `Link` header; GitHub keeps them 3 days), each delivery's payload
+//! (`GET /{hook}/deliveries/{id}`, as parsed JSON) and a redelivery
+//! (`POST /{hook}/deliveries/{id}/attempts`). `{hook}` is a repository hook
+//! (`repos/{owner}/{repo}/hooks/{id}`), an organisation hook
+//! (`orgs/{org}/hooks/{id}`) or a GitHub App's hook (`app/hook`). The
+//! identity is the delivery's `guid`, the `X-GitHub-Delivery` header of its
+//! webhook. Rate limits: `Retry-After` (secondary limits), else
+//! `X-RateLimit-Remaining: 0` until `X-RateLimit-Reset`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
+use crate::secret::Secret;
+
+pub struct GithubDeliveries {
+    client: reqwest::Client,
+    api_base: String,
+    hook: String,
+    token: Secret,
+}
+
+/// Whether `hook` names a hook GitHub lists deliveries for.
+pub fn valid_hook(hook: &str) -> bool {
+    let parts: Vec<&str> = hook.split('/').collect();
+    let name = |p: &str| {
+        !p.is_empty() && p != "." && p != ".." && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    let id = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    match parts.as_slice() {
+        ["repos", owner, repo, "hooks", hook_id] => name(owner) && name(repo) && id(hook_id),
+        ["orgs", org, "hooks", hook_id] => name(org) && id(hook_id),
+        ["app", "hook"] => true,
+        _ => false,
+    }
+}
+
+impl GithubDeliveries {
+    pub fn new(api_base: impl Into<String>, hook: &str, token: Secret) -> Result<Self, String> {
+        if !valid_hook(hook) {
+            return Err(format!(
+                "{hook:?} is not a hook path (repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook)"
+            ));
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent("hookledger-backfill")
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self { client, api_base: api_base.into().trim_end_matches('/').to_owned(), hook: hook.to_owned(), token })
+    }
+
+    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, url)
+            .bearer_auth(String::from_utf8_lossy(self.token.expose()))
+            .header("Accept", "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", "2022-11-28")
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, SourceError> {
+        let resp = req.send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let now_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Err(classify(status.as_u16(), resp.headers(), now_s))
+    }
+
+    fn delivery_url(&self, event: &SourceEvent) -> Result<String, SourceError> {
+        let id = event.handle.as_deref().filter(|h| h.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty());
+        let id = id.ok_or_else(|| SourceError::Rejected("a delivery without a numeric id".into()))?;
+        Ok(format!("{}/{}/deliveries/{id}", self.api_base, self.hook))
+    }
+}
+
+/// A non-2xx answer: a rate limit (with the wait GitHub asks for), a
+/// server fault, or a refusal.
+pub fn classify(status: u16, headers: &reqwest::header::HeaderMap, now_s: u64) -> SourceError {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let retry_after = header("retry-after").and_then(|v| v.parse::<u64>().ok());
+    let exhausted = header("x-ratelimit-remaining") == Some("0");
+    let reset_in =
+        header("x-ratelimit-reset").and_then(|v| v.parse::<u64>().ok()).map(|reset| reset.saturating_sub(now_s));
+    match status {
+        403 | 429 if retry_after.is_some() => {
+            SourceError::RateLimited { retry_after_s: retry_after, should_retry: true }
+        }
+        403 | 429 if exhausted => SourceError::RateLimited { retry_after_s: reset_in, should_retry: true },
+        429 => SourceError::RateLimited { retry_after_s: None, should_retry: true },
+        500..=599 => SourceError::Unavailable(format!("HTTP {status}")),
+        _ => SourceError::Rejected(format!("HTTP {status}")),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Delivery {
+    id: u64,
+    guid: String,
+    delivered_at: String,
+    event: Option<String>,
+}
+
+/// The `cursor` of the `rel="next"` link, if any.
+pub fn next_cursor(link: Option<&str>) -> Option<String> {
+    link?.split(',').find(|part| part.contains("rel=\"next\"")).and_then(|part| {
+        let url = part.trim().trim_start_matches('<').split('>').next()?;
+        url::Url::parse(url).ok()?.query_pairs().find(|(k, _)| k == "cursor").map(|(_, v)| v.into_owned())
+    })
+}
+
+/// One page of deliveries; the list ends at the first delivery older than
+/// the window (the list is newest first).
+pub fn parse_deliveries(bytes: &[u8], link: Option<&str>, window: &Window) -> Result<SourcePage, SourceError> {
+    let list: Vec<Delivery> =
+        serde_json::from_slice(bytes).map_err(|_| SourceError::Rejected("not a list of deliveries".into()))?;
+    let mut events = Vec::with_capacity(list.len());
+    let mut older = false;
+    for d in list {
+        let created_s = crate::verify::sns::parse_timestamp(&d.delivered_at)
+            .ok_or_else(|| SourceError::Rejected(format!("delivery {} has no valid delivered_at", d.id)))?;
+        older |= created_s < window.since_s;
+        events.push(SourceEvent {
+            event_id: d.guid,
+            event_type: d.event,
+            created_s,
+            body: None,
+            handle: Some(d.id.to_string()),
+        });
+    }
+    let next = if older { None } else { next_cursor(link) };
+    Ok(SourcePage { events, next })
+}
+
+impl BackfillSource for GithubDeliveries {
+    async fn page(&self, window: &Window, cursor: Option<&str>) -> Result<SourcePage, SourceError> {
+        let mut query = vec![("per_page", "100".to_owned())];
+        if let Some(c) = cursor {
+            query.push(("cursor", c.to_owned()));
+        }
+        let url = url::Url::parse_with_params(&format!("{}/{}/deliveries", self.api_base, self.hook), &query)
+            .map_err(|e| SourceError::Rejected(format!("GitHub API base: {e}")))?;
+        let resp = self.send(self.request(reqwest::Method::GET, url.as_str())).await?;
+        let link = resp.headers().get("link").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let bytes = resp.bytes().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        parse_deliveries(&bytes, link.as_deref(), window)
+    }
+
+    /// The payload GitHub kept, as parsed JSON re-serialised (not the
+    /// original bytes: a redelivery gives those).
+    async fn body(&self, event: &SourceEvent) -> Result<Vec<u8>, SourceError> {
+        let url = self.delivery_url(event)?;
+        let resp = self.send(self.request(reqwest::Method::GET, &url)).await?;
+        let bytes = resp.bytes().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|_| SourceError::Rejected("delivery is not JSON".into()))?;
+        match v.pointer("/request/payload") {
+            Some(p) if !p.is_null() => {
+                serde_json::to_vec(p).map_err(|_| SourceError::Rejected("payload not serialisable".into()))
+            }
+            _ => Err(SourceError::Rejected(format!("delivery {} kept no payload", event.event_id))),
+        }
+    }
+
+    async fn redeliver(&self, event: &SourceEvent) -> Result<(), SourceError> {
+        let url = format!("{}/attempts", self.delivery_url(event)?);
+        self.send(self.request(reqwest::Method::POST, &url)).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_paths_are_checked() {
+        for ok in ["repos/octo/hello-world/hooks/12", "orgs/octo/hooks/9", "app/hook"] {
+            assert!(valid_hook(ok), "{ok}");
+        }
+        for bad in
+            ["repos/octo/hooks/1", "repos/a/b/hooks/x", "repos/../b/hooks/1", "app/hook/x", "", "orgs/a b/hooks/1"]
+        {
+            assert!(!valid_hook(bad), "{bad}");
+        }
+        assert!(GithubDeliveries::new("https://api.github.com", "repos/x", Secret::new("t")).is_err());
+    }
+
+    #[test]
+    fn the_next_cursor_comes_from_the_link_header() {
+        let link = r#"<https://api.github.com/repos/o/r/hooks/1/deliveries?per_page=2&cursor=v1_123>; rel="next", <https://api.github.com/repos/o/r/hooks/1/deliveries?per_page=2>; rel="first""#;
+        assert_eq!(next_cursor(Some(link)).as_deref(), Some("v1_123"));
+        assert_eq!(next_cursor(Some(r#"<https://x/y?per_page=2>; rel="first""#)), None);
+        assert_eq!(next_cursor(None), None);
+    }
+
+    #[test]
+    fn deliveries_parse_and_the_list_ends_below_the_window() {
+        let page = br#"[{"id": 22, "guid": "0b989ba4-242f-11e5-81e1-c7b6966d2516", "delivered_at": "2026-11-30T10:00:00Z", "redelivery": false, "status_code": 503, "event": "push"},
+            {"id": 21, "guid": "aa", "delivered_at": "2026-11-30T09:00:00Z", "event": "issues"}]"#;
+        let link = r#"<https://x/d?cursor=c2>; rel="next""#;
+        let w = |since| Window { since_s: since, until_s: i64::MAX, types: vec![] };
+        let p = parse_deliveries(page, Some(link), &w(0)).unwrap();
+        assert_eq!(p.next.as_deref(), Some("c2"));
+        assert_eq!(
+            (p.events[0].event_id.as_str(), p.events[0].handle.as_deref()),
+            ("0b989ba4-242f-11e5-81e1-c7b6966d2516", Some("22"))
+        );
+        assert_eq!(p.events[1].event_type.as_deref(), Some("issues"));
+        assert!(p.events.iter().all(|e| e.body.is_none()));
+        let at_10 = crate::verify::sns::parse_timestamp("2026-11-30T09:30:00Z").unwrap();
+        assert_eq!(parse_deliveries(page, Some(link), &w(at_10)).unwrap().next, None, "older than the window: the end");
+        assert!(parse_deliveries(br#"[{"id":1,"guid":"g","delivered_at":"yesterday"}]"#, None, &w(0)).is_err());
+    }
+
+    #[test]
+    fn rate_limits_are_read_from_githubs_headers() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("x-ratelimit-remaining", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset", "1060".parse().unwrap());
+        assert_eq!(classify(403, &h, 1_000), SourceError::RateLimited { retry_after_s: Some(60), should_retry: true });
+        h.insert("retry-after", "7".parse().unwrap());
+        assert_eq!(classify(403, &h, 1_000), SourceError::RateLimited { retry_after_s: Some(7), should_retry: true });
+        let none = reqwest::header::HeaderMap::new();
+        assert_eq!(classify(429, &none, 0), SourceError::RateLimited { retry_after_s: None, should_retry: true });
+        assert!(matches!(classify(403, &none, 0), SourceError::Rejected(_)), "a plain 403 is a refusal");
+        assert!(matches!(classify(502, &none, 0), SourceError::Unavailable(_)));
+    }
+}
