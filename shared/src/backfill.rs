@@ -26,7 +26,9 @@ use crate::backoff::Backoff;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, NewEvent, SendLease, Via};
 use crate::policy::SEND_LEASE_MS;
-use crate::ports::{BackfillLedger, BackfillProgress, BackfillSource, SourceError, SourceEvent, Window, WorkQueue};
+use crate::ports::{
+    BackfillLedger, BackfillProgress, BackfillSource, ScheduleState, SourceError, SourceEvent, Window, WorkQueue,
+};
 
 /// The endpoint whose events are recovered: the identity's provider and
 /// endpoint, and what its records carry.
@@ -41,7 +43,8 @@ pub struct Target {
 }
 
 /// How a missing event is recovered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Record the body the provider's API returns (`via = backfill`).
     #[default]
@@ -49,6 +52,115 @@ pub enum Mode {
     /// Ask the provider to deliver it again: it comes back through the
     /// intake, signed, with the original bytes (GitHub).
     Redeliver,
+}
+
+/// An endpoint's scheduled backfill (the reconciler runs it; times in
+/// seconds). One entry of `HOOKLEDGER_BACKFILL`, keyed by endpoint name.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    /// `stripe` (the events list) or `github` (the hook's deliveries).
+    pub provider: String,
+    /// The endpoint's tenant (as in `HOOKLEDGER_ENDPOINTS`; default: its name).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// GitHub: the hook (`repos/OWNER/REPO/hooks/ID`, `orgs/ORG/hooks/ID`, `app/hook`).
+    #[serde(default)]
+    pub hook: Option<String>,
+    /// Stripe Connect: the connected account (`Stripe-Account`).
+    #[serde(default)]
+    pub account: Option<String>,
+    /// Events younger than this are left to their webhooks and retries.
+    #[serde(default = "default_lag")]
+    pub lag_secs: i64,
+    /// Each window starts this long before the previous one ended (clock
+    /// skew, events listed late); re-read events cost a failed claim each.
+    #[serde(default = "default_overlap")]
+    pub overlap_secs: i64,
+    /// Where the first window starts (Stripe keeps 30 days, GitHub 3).
+    #[serde(default = "default_lookback")]
+    pub lookback_secs: i64,
+    /// The longest window one run takes on.
+    #[serde(default = "default_max_window")]
+    pub max_window_secs: i64,
+    /// Only these event types (empty: all).
+    #[serde(default)]
+    pub types: Vec<String>,
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+fn default_lag() -> i64 {
+    600
+}
+fn default_overlap() -> i64 {
+    3_600
+}
+fn default_lookback() -> i64 {
+    86_400
+}
+fn default_max_window() -> i64 {
+    21_600
+}
+
+/// Parses `HOOKLEDGER_BACKFILL`: endpoint name → [`Schedule`].
+pub fn parse_schedules(json: &str) -> Result<std::collections::BTreeMap<String, Schedule>, String> {
+    let schedules: std::collections::BTreeMap<String, Schedule> =
+        serde_json::from_str(json).map_err(|e| format!("HOOKLEDGER_BACKFILL: {e}"))?;
+    for (endpoint, s) in &schedules {
+        let bad = |why: &str| Err(format!("HOOKLEDGER_BACKFILL: {endpoint}: {why}"));
+        match (s.provider.as_str(), &s.hook) {
+            ("stripe", None) if s.mode == Mode::Redeliver => return bad("Stripe cannot redeliver"),
+            ("stripe", None) => {}
+            ("stripe", Some(_)) => return bad("\"hook\" is for GitHub"),
+            ("github", Some(hook)) if crate::adapters::github::valid_hook(hook) => {}
+            ("github", _) => {
+                return bad("GitHub needs \"hook\": repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook");
+            }
+            (other, _) => return bad(&format!("provider {other:?} keeps no list to backfill from (stripe, github)")),
+        }
+        let positive = s.lag_secs >= 0 && s.overlap_secs >= 0 && s.lookback_secs > 0 && s.max_window_secs > 0;
+        if !positive {
+            return bad("lag and overlap must be ≥ 0, lookback and max window > 0");
+        }
+    }
+    Ok(schedules)
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Self {
+            provider: "stripe".into(),
+            tenant: None,
+            hook: None,
+            account: None,
+            lag_secs: default_lag(),
+            overlap_secs: default_overlap(),
+            lookback_secs: default_lookback(),
+            max_window_secs: default_max_window(),
+            types: Vec::new(),
+            mode: Mode::Import,
+        }
+    }
+}
+
+/// The window a scheduled run reads: the one in progress, else the next
+/// one after the high-water mark (less the overlap), at most
+/// `max_window_secs` long and ending `lag_secs` before now. `None`: nothing
+/// is due yet.
+pub fn next_window(state: &ScheduleState, schedule: &Schedule, now_s: i64) -> Option<Window> {
+    let types = schedule.types.clone();
+    if let Some((since_s, until_s)) = state.current {
+        return Some(Window { since_s, until_s, types });
+    }
+    let since_s = match state.high_water {
+        Some(hw) => hw - schedule.overlap_secs,
+        None => now_s - schedule.lookback_secs,
+    };
+    let until_s = (since_s + schedule.max_window_secs).min(now_s - schedule.lag_secs);
+    // A window no longer than the overlap would only re-read what was read.
+    let fresh = state.high_water.map_or(until_s > since_s, |hw| until_s > hw);
+    fresh.then_some(Window { since_s, until_s, types })
 }
 
 /// Bounds of one run.
@@ -182,6 +294,39 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
 }
 
 impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
+    /// One scheduled run for `target`: reads the window due (resuming the
+    /// one in progress) and, when it is complete, moves the high-water mark
+    /// to its end. `None`: nothing was due.
+    pub async fn scheduled(
+        &self,
+        target: &Target,
+        schedule: &Schedule,
+        now_ms: i64,
+        deadline: Instant,
+    ) -> Result<Option<(Window, Summary)>, String> {
+        let endpoint = &target.endpoint;
+        let mut state = self
+            .ledger
+            .schedule_state(endpoint)
+            .await
+            .map_err(|e| format!("schedule unreadable: {e}"))?
+            .unwrap_or_default();
+        let Some(window) = next_window(&state, schedule, now_ms / 1000) else { return Ok(None) };
+        if state.current != Some((window.since_s, window.until_s)) {
+            // Fixed before reading, so a run that dies resumes this window's cursor.
+            state.current = Some((window.since_s, window.until_s));
+            self.ledger.save_schedule_state(endpoint, &state, now_ms).await.map_err(|e| format!("schedule: {e}"))?;
+        }
+        let target = Target { mode: schedule.mode, ..target.clone() };
+        let summary = self.run(&target, &window, false, now_ms, deadline, |_| {}).await;
+        if summary.complete {
+            state.high_water = Some(window.until_s);
+            state.current = None;
+            self.ledger.save_schedule_state(endpoint, &state, now_ms).await.map_err(|e| format!("schedule: {e}"))?;
+        }
+        Ok(Some((window, summary)))
+    }
+
     /// One listed event: already recorded, or recorded now (imported), or
     /// asked for again (redelivered). `Err`: stop the run here.
     #[allow(clippy::too_many_arguments)]
@@ -281,6 +426,21 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             }
         }
     }
+}
+
+/// The metrics a scheduled backfill emits (labelled by endpoint).
+pub const METRICS: &[&str] =
+    &["backfill_recovered", "backfill_already_recorded", "backfill_redeliveries", "backfill_failed"];
+
+/// Counts one run's outcome and logs its summary.
+pub fn emit(endpoint: &str, window: &Window, summary: &Summary) {
+    let label = endpoint.to_owned();
+    metrics::counter!("backfill_recovered", "endpoint" => label.clone()).increment(summary.recovered);
+    metrics::counter!("backfill_already_recorded", "endpoint" => label.clone()).increment(summary.already_recorded);
+    metrics::counter!("backfill_redeliveries", "endpoint" => label.clone()).increment(summary.redeliveries_requested);
+    metrics::counter!("backfill_failed", "endpoint" => label).increment(summary.failed);
+    let text = serde_json::to_string(summary).unwrap_or_default();
+    tracing::info!(endpoint, since = window.since_s, until = window.until_s, summary = %text, "backfill run");
 }
 
 fn stop(mut summary: Summary, why: String) -> Summary {
@@ -399,6 +559,7 @@ mod tests {
         fail_claim: Mutex<HashSet<String>>,
         writes: Mutex<u32>,
         redeliveries: Mutex<Vec<(String, String)>>,
+        schedules: Mutex<HashMap<String, ScheduleState>>,
     }
 
     impl BackfillLedger for Ledger {
@@ -440,6 +601,13 @@ mod tests {
         async fn save_progress(&self, run: &str, p: &BackfillProgress, _: i64) -> Result<(), PortError> {
             *self.writes.lock().unwrap() += 1;
             self.progress.lock().unwrap().insert(run.to_owned(), p.clone());
+            Ok(())
+        }
+        async fn schedule_state(&self, endpoint: &str) -> Result<Option<ScheduleState>, PortError> {
+            Ok(self.schedules.lock().unwrap().get(endpoint).cloned())
+        }
+        async fn save_schedule_state(&self, endpoint: &str, st: &ScheduleState, _: i64) -> Result<(), PortError> {
+            self.schedules.lock().unwrap().insert(endpoint.to_owned(), st.clone());
             Ok(())
         }
     }
@@ -622,6 +790,67 @@ mod tests {
         let notes = b.ledger.redeliveries.lock().unwrap().clone();
         assert_eq!(notes[0], ("evt#stripe#stripe-a#evt_003".to_owned(), "d3".to_owned()));
         assert_eq!(b.ledger.records.lock().unwrap().len(), 1, "the redelivery records it, through the intake");
+    }
+
+    #[test]
+    fn scheduled_windows_follow_the_high_water_mark_with_overlap_lag_and_a_bound() {
+        let sc = Schedule {
+            lag_secs: 100,
+            overlap_secs: 50,
+            lookback_secs: 1_000,
+            max_window_secs: 400,
+            ..Schedule::default()
+        };
+        let w = |st: &ScheduleState, now| next_window(st, &sc, now).map(|w| (w.since_s, w.until_s));
+        let first = ScheduleState::default();
+        assert_eq!(w(&first, 10_000), Some((9_000, 9_400)), "from the lookback, bounded");
+        let hw = ScheduleState { high_water: Some(9_400), current: None };
+        assert_eq!(w(&hw, 10_000), Some((9_350, 9_750)), "after the mark, less the overlap");
+        let caught_up = ScheduleState { high_water: Some(9_880), current: None };
+        assert_eq!(w(&caught_up, 10_000), Some((9_830, 9_900)), "ends lag before now");
+        let done = ScheduleState { high_water: Some(9_900), current: None };
+        assert_eq!(w(&done, 10_000), None, "nothing new yet");
+        let busy = ScheduleState { high_water: Some(9_400), current: Some((9_350, 9_750)) };
+        assert_eq!(w(&busy, 50_000), Some((9_350, 9_750)), "the window in progress is kept");
+        let parsed = parse_schedules(r#"{"gh": {"provider": "github", "hook": "repos/o/r/hooks/1", "lag_secs": 60, "mode": "redeliver"}, "stripe-a": {"provider": "stripe"}}"#).unwrap();
+        assert_eq!((parsed["gh"].lag_secs, parsed["gh"].overlap_secs, parsed["gh"].mode), (60, 3_600, Mode::Redeliver));
+        assert_eq!(parsed["stripe-a"].mode, Mode::Import);
+        for (bad, why) in [
+            (r#"{"a": {"provider": "stripe", "lagsecs": 60}}"#, "unknown field"),
+            (r#"{"a": {"provider": "stripe", "mode": "redeliver"}}"#, "cannot redeliver"),
+            (r#"{"a": {"provider": "github"}}"#, "needs \"hook\""),
+            (r#"{"a": {"provider": "github", "hook": "repos/x"}}"#, "needs \"hook\""),
+            (r#"{"a": {"provider": "sns"}}"#, "keeps no list"),
+            (r#"{"a": {"provider": "stripe", "max_window_secs": 0}}"#, "max window"),
+        ] {
+            let err = parse_schedules(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn scheduled_runs_advance_the_mark_only_when_a_window_is_complete() {
+        let b = backfill(25, 10, BackfillSettings { max_pages: 2, ..settings() });
+        // Events created 1000..1025; now 1200 s, lag 100, lookback 300: window [900, 1100).
+        let sc = Schedule {
+            lag_secs: 100,
+            overlap_secs: 10,
+            lookback_secs: 300,
+            max_window_secs: 1_000,
+            ..Schedule::default()
+        };
+        let (w1, s1) = b.scheduled(&target(), &sc, 1_200_000, later()).await.unwrap().unwrap();
+        assert_eq!(((w1.since_s, w1.until_s), s1.recovered, s1.complete), ((900, 1_100), 20, false));
+        let st = b.ledger.schedules.lock().unwrap()["stripe-a"].clone();
+        assert_eq!(st, ScheduleState { high_water: None, current: Some((900, 1_100)) });
+        // Later, the same window is resumed, not a new one.
+        let (w2, s2) = b.scheduled(&target(), &sc, 1_500_000, later()).await.unwrap().unwrap();
+        assert_eq!(((w2.since_s, w2.until_s), s2.recovered, s2.complete), ((900, 1_100), 5, true));
+        let st = b.ledger.schedules.lock().unwrap()["stripe-a"].clone();
+        assert_eq!(st, ScheduleState { high_water: Some(1_100), current: None });
+        // The next window starts at the mark less the overlap.
+        let (w3, s3) = b.scheduled(&target(), &sc, 1_500_000, later()).await.unwrap().unwrap();
+        assert_eq!(((w3.since_s, w3.until_s), s3.seen), ((1_090, 1_400), 0));
     }
 
     #[test]

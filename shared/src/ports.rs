@@ -419,6 +419,15 @@ pub struct BackfillProgress {
     pub recovered: u64,
 }
 
+/// Where an endpoint's scheduled backfill stands: everything created before
+/// `high_water` (epoch seconds) has been read; `current` is the window being
+/// read now (kept until it completes, so its cursor stays valid).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScheduleState {
+    pub high_water: Option<i64>,
+    pub current: Option<(i64, i64)>,
+}
+
 /// What the backfill needs from the ledger: the same claim as a webhook
 /// delivery, whether a key is recorded (for a dry run), and its progress.
 pub trait BackfillLedger: Send + Sync {
@@ -438,6 +447,14 @@ pub trait BackfillLedger: Send + Sync {
         now_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
     fn progress(&self, run: &str) -> impl Future<Output = Result<Option<BackfillProgress>, PortError>> + Send;
+    /// A scheduled backfill's state for one endpoint.
+    fn schedule_state(&self, endpoint: &str) -> impl Future<Output = Result<Option<ScheduleState>, PortError>> + Send;
+    fn save_schedule_state(
+        &self,
+        endpoint: &str,
+        state: &ScheduleState,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
     fn save_progress(
         &self,
         run: &str,

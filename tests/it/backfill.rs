@@ -401,3 +401,48 @@ mod github {
         assert_eq!((s.rate_limit_waits, s.recovered, s.complete), (2, 1, true), "{s:?}");
     }
 }
+
+/// The reconciler function's scheduled backfill: the due window is read,
+/// the high-water mark moves to its end, and the next run re-reads only the
+/// overlap (everything already recorded).
+#[tokio::test]
+async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
+    let Setup { mut w, events, .. } = setup(3).await;
+    assert_eq!(w.deliver(webhook_of(&events[1]), 0).await, Some(202));
+    *w.fake.other_key.lock().unwrap() = Some(std::env::var("PATH").unwrap());
+    let base = w.fake_base();
+    let env = move |k: &str| match k {
+        "HOOKLEDGER_BACKFILL" => Some(
+            r#"{"stripe-a": {"provider": "stripe", "tenant": "tenant-a", "lag_secs": 0, "lookback_secs": 3600}}"#
+                .to_owned(),
+        ),
+        "HOOKLEDGER_STRIPE_API_KEY" => Some("env:PATH".to_owned()),
+        "HOOKLEDGER_STRIPE_API_BASE" => Some(base.clone()),
+        _ => None,
+    };
+    let ledger = w.stack.ledger().with_shards(SHARDS);
+    let queue = SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url);
+    let backfills = reconciler::backfills::Backfills::from_env(env, &w.stack.aws, ledger, queue, 30).unwrap();
+    let now_ms = w.now + 1_000;
+    let ran = backfills.run(now_ms, Instant::now() + Duration::from_secs(20)).await;
+    let s = ran[0].summary.clone().unwrap();
+    assert_eq!((s.seen, s.already_recorded, s.recovered, s.complete), (3, 1, 2, true), "{ran:?}");
+    let state = w.stack.items().await.into_iter().find(|i| text(i, "pk") == "backfill#stripe-a").unwrap();
+    assert_eq!(n(&state, "high_water"), now_ms / 1000);
+    drain_processor(&mut w).await;
+    assert_eq!(balance(&w).await.1, 3);
+    let again = backfills.run(now_ms + 60_000, Instant::now() + Duration::from_secs(20)).await;
+    let s = again[0].summary.clone().unwrap();
+    assert_eq!((s.seen, s.already_recorded, s.recovered), (3, 3, 0), "the overlap is re-read, nothing recovered twice");
+    // A schedule whose secret is not configured is refused at init.
+    let missing = reconciler::backfills::Backfills::from_env(
+        |k: &str| {
+            (k == "HOOKLEDGER_BACKFILL").then(|| r#"{"gh": {"provider": "github", "hook": "app/hook"}}"#.to_owned())
+        },
+        &w.stack.aws,
+        w.stack.ledger(),
+        SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
+        30,
+    );
+    assert!(missing.err().unwrap().to_string().contains("HOOKLEDGER_GITHUB_TOKEN"));
+}

@@ -1,6 +1,7 @@
 //! Runs one bounded reconciliation per scheduled invocation (EventBridge),
+//! then the scheduled backfills (`HOOKLEDGER_BACKFILL`) in the time left,
 //! stopping a safety margin before the Lambda's deadline, and returns the
-//! run summary.
+//! run summaries.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,7 +14,20 @@ use hookledger::outbox::Dispatcher;
 use hookledger::reconciler::{Reconciler, Summary};
 use lambda_runtime::{Error, LambdaEvent};
 
-pub type App = Reconciler<SqsQueue>;
+pub use crate::backfills::Backfills;
+
+pub struct App {
+    pub reconciler: Reconciler<SqsQueue>,
+    pub backfills: Backfills,
+}
+
+/// What one invocation did.
+#[derive(Debug, serde::Serialize)]
+pub struct Output {
+    #[serde(flatten)]
+    pub reconciliation: Summary,
+    pub backfills: Vec<crate::backfills::Ran>,
+}
 
 /// Time kept free at the end of an invocation.
 pub const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
@@ -44,7 +58,8 @@ pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
     let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());
     let ledger = DynamoLedger::new(ddb, table).with_shards(shards);
     let queue = SqsQueue::new(aws_sdk_sqs::Client::new(aws), queue_url);
-    Ok(Reconciler::new(ledger, queue, Some(dispatcher), source, settings))
+    let backfills = Backfills::from_env(env, aws, ledger.clone(), queue.clone(), settings.retention_days)?;
+    Ok(App { reconciler: Reconciler::new(ledger, queue, Some(dispatcher), source, settings), backfills })
 }
 
 /// Budget when the invocation carries no usable deadline (some emulators
@@ -66,7 +81,7 @@ pub fn budget(remaining: Duration) -> Duration {
 /// Runs one reconciliation. The run isolates its failures (counted in the
 /// summary and the `reconciler_errors` metric), so the invocation succeeds
 /// and the schedule does not retry it; the next scheduled run continues.
-pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Summary, Error> {
+pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Output, Error> {
     let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
     let deadline = Instant::now() + budget(remaining);
     tracing::info!(
@@ -75,7 +90,9 @@ pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<
         "reconciler invoked"
     );
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
-    Ok(app.run(now_ms, deadline).await)
+    let reconciliation = app.reconciler.run(now_ms, deadline).await;
+    let backfills = app.backfills.run(now_ms, deadline).await;
+    Ok(Output { reconciliation, backfills })
 }
 
 #[cfg(test)]

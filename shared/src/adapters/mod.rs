@@ -7,6 +7,7 @@ pub mod https;
 pub mod s3;
 pub mod secrets;
 pub mod sns;
+pub mod sources;
 pub mod sqs;
 pub mod stripe;
 
