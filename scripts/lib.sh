@@ -36,6 +36,14 @@ start_moto() { # port, log file; sets moto_pid
   wait_for_port "$port" 30 "moto" || { cat "$log" >&2; return 1; }
 }
 
+start_fake_providers() { # port, log file; sets fake_pid
+  local port=$1 log=$2
+  "$venv/bin/python" "$root/infra/local/fake_providers.py" --port "$port" >"$log" 2>&1 &
+  fake_pid=$!
+  echo "$fake_pid" >"$state/fake.pid"
+  wait_for_port "$port" 30 "fake provider APIs" || { cat "$log" >&2; return 1; }
+}
+
 stop_pid() { # pid
   local pid=$1 i
   [ -n "$pid" ] || return 0

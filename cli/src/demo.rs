@@ -2,7 +2,10 @@
 //! real providers would — duplicates, out-of-order revisions (3, 1, 2, 2, 1),
 //! a concurrent burst, out-of-order deltas, a malformed one, a bad signature —
 //! waits for the processor, then prints the HTTP answers and the resulting
-//! states, and checks them.
+//! states, and checks them. With a Stripe API (the local stack's fake one,
+//! `HOOKLEDGER_STRIPE_API_BASE`), it also shows a subscription fetched for
+//! the entitlement projection, drift repaired by the reconciler, and a
+//! payment that never reached the endpoint recovered by a backfill.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -43,6 +46,7 @@ pub async fn run(
     args: DemoArgs,
     aws: &aws_config::SdkConfig,
     table: &str,
+    wiring: Option<(hookledger::adapters::dynamodb::DynamoLedger, hookledger::adapters::sqs::SqsQueue)>,
     json_out: bool,
     out: &mut (dyn std::io::Write + Send),
 ) -> Result<(), String> {
@@ -187,6 +191,21 @@ pub async fn run(
         "inventory_on_hand": inventory.as_ref().map(|i| number(i, "on_hand")),
         "records": keys.iter().map(|k| (k.clone(), records.get(k).map(|r| format!("{} {}", text(r, "status"), text(r, "outcome"))).unwrap_or_else(|| "missing".into()))).collect::<HashMap<_, _>>(),
     });
+    let mut problems = Vec::new();
+    let providers = match (std::env::var("HOOKLEDGER_STRIPE_API_BASE").ok(), wiring) {
+        (Some(base), Some((ledger, queue))) => {
+            let stripe = specs.get("stripe-demo").ok_or("endpoint stripe-demo is not configured")?;
+            let secret = resolver.resolve(stripe.secrets.first().ok_or("stripe-demo needs a secret")?).await?;
+            let ctx = Providers { base, aws, ddb: &ddb, table, ledger, queue, run: &run, now, wait: args.wait_secs };
+            let sign_post = |event_id: String, event_type: &'static str, body: serde_json::Value| {
+                let d = sign(stripe, &secret, &event_id, event_type, body.to_string().into_bytes(), now);
+                let post = &post;
+                async move { post(d?, "stripe-demo").await }
+            };
+            ctx.show(&customer, sign_post, &mut problems).await?
+        }
+        _ => json!({"skipped": "no provider API (HOOKLEDGER_STRIPE_API_BASE)"}),
+    };
     let expected_answers: &[(&str, &[u16])] = &[
         ("duplicate payment (x3)", &[202, 200, 200]),
         ("seat snapshots, revisions 3,1,2,2,1", &[202, 202, 202, 200, 200]),
@@ -194,7 +213,6 @@ pub async fn run(
         ("malformed (signed, no id)", &[400]),
         ("bad signature", &[401]),
     ];
-    let mut problems = Vec::new();
     for (scenario, want) in expected_answers {
         let got = answers.iter().find(|(s, _)| s == scenario).map(|(_, v)| v.as_slice()).unwrap_or(&[]);
         if got != *want {
@@ -225,7 +243,7 @@ pub async fn run(
     }
 
     if json_out {
-        let v = json!({"run": run, "answers": answers.iter().map(|(s, a)| json!({"scenario": s, "answers": a})).collect::<Vec<_>>(), "final": finals, "problems": problems});
+        let v = json!({"run": run, "answers": answers.iter().map(|(s, a)| json!({"scenario": s, "answers": a})).collect::<Vec<_>>(), "final": finals, "providers": providers, "problems": problems});
         writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| e.to_string())?;
     } else {
         let rows: Vec<Vec<String>> = answers
@@ -246,6 +264,22 @@ pub async fn run(
             keys.iter().map(|k| vec![k.clone(), finals["records"][k].as_str().unwrap_or("").to_owned()]).collect();
         rows.sort();
         columns(out, &["RECORD", "STATUS OUTCOME"], &rows).map_err(|e| e.to_string())?;
+        if providers.get("skipped").is_none() {
+            writeln!(out).map_err(|e| e.to_string())?;
+            let rows = vec![
+                vec!["entitled seats, fetched from Stripe (5)".into(), providers["entitled_seats"].to_string()],
+                vec![
+                    "after Stripe changed it silently: drift repaired (8)".into(),
+                    providers["seats_after_drift"].to_string(),
+                ],
+                vec![
+                    "payment Stripe sent while the endpoint was down: backfill recovered".into(),
+                    providers["backfill"]["recovered"].to_string(),
+                ],
+                vec!["its ledger balance (700)".into(), providers["missed_balance"].to_string()],
+            ];
+            columns(out, &["PROVIDER API", "VALUE"], &rows).map_err(|e| e.to_string())?;
+        }
     }
     if problems.is_empty() { Ok(()) } else { Err(format!("demo expectations not met: {}", problems.join("; "))) }
 }
@@ -287,4 +321,153 @@ fn text(item: &HashMap<String, AttributeValue>, k: &str) -> String {
 
 fn number(item: &HashMap<String, AttributeValue>, k: &str) -> Option<i64> {
     item.get(k).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok())
+}
+
+/// The demo's provider-API part, against the local stack's fake Stripe.
+struct Providers<'a> {
+    base: String,
+    aws: &'a aws_config::SdkConfig,
+    ddb: &'a aws_sdk_dynamodb::Client,
+    table: &'a str,
+    ledger: hookledger::adapters::dynamodb::DynamoLedger,
+    queue: hookledger::adapters::sqs::SqsQueue,
+    run: &'a str,
+    now: i64,
+    wait: u64,
+}
+
+impl Providers<'_> {
+    async fn admin(&self, what: &str, body: serde_json::Value) -> Result<(), String> {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/_admin/stripe/{what}", self.base.trim_end_matches('/')))
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| format!("fake Stripe: {e}"))?;
+        if resp.status().is_success() { Ok(()) } else { Err(format!("fake Stripe: HTTP {}", resp.status())) }
+    }
+
+    /// Waits until `pk`'s state item satisfies `ok` (or the wait ends); returns it.
+    async fn state_until(
+        &self,
+        pk: &str,
+        ok: impl Fn(&HashMap<String, AttributeValue>) -> bool,
+    ) -> Result<Option<HashMap<String, AttributeValue>>, String> {
+        let deadline = Instant::now() + Duration::from_secs(self.wait);
+        loop {
+            let item = get(self.ddb, self.table, pk, "state").await?;
+            if item.as_ref().is_some_and(&ok) || Instant::now() >= deadline {
+                return Ok(item);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn show<F, Fut>(
+        &self,
+        customer: &str,
+        sign_post: F,
+        problems: &mut Vec<String>,
+    ) -> Result<serde_json::Value, String>
+    where
+        F: Fn(String, &'static str, serde_json::Value) -> Fut,
+        Fut: std::future::Future<Output = Result<u16, String>>,
+    {
+        use hookledger::app::entitlement::entitlement_pk;
+        let run = self.run;
+        // 1. A subscription event: the entitlement projection fetches the
+        //    subscription from Stripe (the webhook's copy may be stale).
+        let sub = format!("sub_{run}");
+        let subscription = |quantity: i64| json!({"id": sub, "object": "subscription", "customer": customer, "status": "active", "quantity": quantity});
+        self.admin("subscriptions", subscription(5)).await?;
+        let event = json!({"id": format!("evt_{run}_sub"), "object": "event", "type": "customer.subscription.updated", "created": self.now,
+            "data": {"object": subscription(1)}});
+        let status = sign_post(format!("evt_{run}_sub"), "customer.subscription.updated", event).await?;
+        let pk = entitlement_pk("demo", &sub);
+        let seats = |i: &HashMap<String, AttributeValue>| number(i, "seats");
+        let entitled = self.state_until(&pk, |i| seats(i) == Some(5)).await?.as_ref().and_then(seats);
+        // 2. Stripe changes it and no webhook says so: the reconciler's drift
+        //    check finds and repairs it. An entitlement is next checked an
+        //    hour after it was read, so the demo runs that check with the
+        //    reconciler's clock an hour ahead (what the scheduled run will do then).
+        self.admin("subscriptions", subscription(8)).await?;
+        let settings = hookledger::config::ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
+        let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(self.aws));
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let source = hookledger::adapters::stripe::source_from_env(env, &resolver).await.map_err(|e| e.to_string())?;
+        let reconciler = hookledger::reconciler::Reconciler::new(
+            self.ledger.clone(),
+            self.queue.clone(),
+            None::<hookledger::outbox::Dispatcher>,
+            source,
+            settings,
+        );
+        let now_ms = crate::now_ms();
+        let check_at = now_ms + 1_000 + hookledger::config::DEFAULT_DRIFT_INTERVAL_MS;
+        let summary = reconciler.run(check_at, Instant::now() + Duration::from_secs(30)).await;
+        let after_drift = self.state_until(&pk, |i| seats(i) == Some(8)).await?.as_ref().and_then(seats);
+        // 3. A payment Stripe sent while the endpoint was down (it never
+        //    reached the intake): a backfill of the last minutes recovers it.
+        let (missed_customer, missed_account) = (format!("cus_{run}_m"), format!("acct_{run}_m"));
+        hookledger::app::subjects::map_subject(
+            self.ddb,
+            self.table,
+            "stripe",
+            "demo",
+            &missed_customer,
+            &missed_account,
+        )
+        .await?;
+        self.admin("events", json!({"id": format!("evt_{run}_missed"), "object": "event", "type": "payment_intent.succeeded",
+            "created": self.now, "pending_webhooks": 0,
+            "data": {"object": {"id": format!("pi_{run}_m"), "object": "payment_intent", "customer": missed_customer, "amount": 700, "amount_received": 700}}})).await?;
+        let key =
+            resolver.resolve(&env("HOOKLEDGER_STRIPE_API_KEY").ok_or("HOOKLEDGER_STRIPE_API_KEY is not set")?).await?;
+        let backfill = hookledger::backfill::Backfill::new(
+            self.ledger.clone(),
+            self.queue.clone(),
+            hookledger::adapters::stripe::StripeEvents::new(self.base.clone(), key, None)?,
+            hookledger::backfill::BackfillSettings::default(),
+        );
+        let target = hookledger::backfill::Target {
+            provider: "stripe".into(),
+            endpoint: "stripe-demo".into(),
+            tenant: "demo".into(),
+            retention_days: 30,
+            index_shards: self.ledger.shards(),
+            mode: hookledger::backfill::Mode::Import,
+        };
+        let window = hookledger::ports::Window {
+            since_s: self.now - 60,
+            until_s: self.now + 1,
+            types: vec!["payment_intent.succeeded".into()],
+        };
+        let recovered =
+            backfill.run(&target, &window, false, now_ms, Instant::now() + Duration::from_secs(30), |_| {}).await;
+        let balance =
+            self.state_until(&balance_pk("demo", &missed_account), |i| number(i, "balance") == Some(700)).await?;
+        let result = json!({
+            "subscription_webhook": status,
+            "entitled_seats": entitled,
+            "drift_found": summary.drift_found,
+            "drift_repaired": summary.drift_repaired,
+            "seats_after_drift": after_drift,
+            "backfill": recovered,
+            "missed_balance": balance.as_ref().and_then(|b| number(b, "balance")),
+            "missed_entries": balance.as_ref().and_then(|b| number(b, "entries")),
+        });
+        for (what, got, want) in [
+            ("subscription webhook", Some(i64::from(status)), 202),
+            ("entitled seats (fetched from Stripe)", entitled, 5),
+            ("seats after drift repair", after_drift, 8),
+            ("backfill recovered", Some(recovered.recovered as i64), 1),
+            ("missed payment balance", result["missed_balance"].as_i64(), 700),
+            ("missed payment ledger entries", result["missed_entries"].as_i64(), 1),
+        ] {
+            if got != Some(want) {
+                problems.push(format!("{what}: {got:?}, expected {want}"));
+            }
+        }
+        Ok(result)
+    }
 }

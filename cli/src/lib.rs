@@ -329,7 +329,10 @@ where
                 .ok_or_else(|| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))?;
             bridge::run(args, &ctx.aws, &queue_url, out).await.map_err(CliError::Failed)?
         }
-        Command::Demo(args) => demo::run(args, &ctx.aws, &ctx.table()?, json, out).await.map_err(CliError::Failed)?,
+        Command::Demo(args) => {
+            let wiring = ctx.queue().ok().map(|q| ctx.ledger().map(|l| (l, q))).transpose()?;
+            demo::run(args, &ctx.aws, &ctx.table()?, wiring, json, out).await.map_err(CliError::Failed)?
+        }
         Command::Send(args) => send::run(args, &ctx.aws, out).await.map_err(CliError::Failed)?,
         Command::Stats => {
             let stats = ctx.ops_read_only()?.stats(now_ms()).await?;
