@@ -8,13 +8,15 @@
 //! - `map-subject`: map a provider subject (a Stripe customer) to an account.
 //! - `reconcile`: run one reconciliation now.
 //! - `backfill`: recover an endpoint's events the intake never recorded from
-//!   the provider's API (Stripe's events list).
+//!   the provider's API (Stripe's events list, a GitHub hook's deliveries).
+//! - `replay-sns`: send an SNS subscription's dead-letter queue through the intake.
 //!
 //! Human-readable tables by default, `--json` for scripts.
 
 mod backfill;
 mod bridge;
 mod demo;
+pub mod replay_sns;
 mod send;
 mod table;
 
@@ -106,6 +108,9 @@ enum Command {
     /// Recover a window of an endpoint's events from the provider's API (the
     /// same identity and claim as its webhooks; resumes an interrupted run).
     Backfill(backfill::BackfillArgs),
+    /// Send what SNS could not deliver (the subscription's dead-letter queue)
+    /// through the intake's verification and claim.
+    ReplaySns(replay_sns::ReplaySnsArgs),
     /// Run one reconciliation now (what the scheduled function does).
     Reconcile {
         #[arg(long, default_value_t = 500)]
@@ -400,6 +405,28 @@ where
                 .map_err(CliError::Failed)?;
             if summary.failed > 0 {
                 return Err(CliError::Failed(format!("{} events could not be recorded; run it again", summary.failed)));
+            }
+        }
+        Command::ReplaySns(args) => {
+            let queue_url = ctx
+                .global
+                .queue_url
+                .clone()
+                .ok_or_else(|| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))?;
+            let table = ctx.table()?;
+            let (shards, bucket) = (ctx.global.shards.to_string(), ctx.global.payload_bucket.clone());
+            let env = move |k: &str| match k {
+                "HOOKLEDGER_TABLE" => Some(table.clone()),
+                "HOOKLEDGER_QUEUE_URL" => Some(queue_url.clone()),
+                "HOOKLEDGER_INDEX_SHARDS" => Some(shards.clone()),
+                "HOOKLEDGER_PAYLOAD_BUCKET" => bucket.clone(),
+                other => std::env::var(other).ok(),
+            };
+            let s = replay_sns::run(args, &ctx.aws, ctx.ledger()?, ctx.queue()?, env, json, out)
+                .await
+                .map_err(CliError::Failed)?;
+            if s.failed > 0 {
+                return Err(CliError::Failed(format!("{} messages could not be taken now; run it again", s.failed)));
             }
         }
         Command::Migrate => {

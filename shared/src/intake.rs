@@ -132,9 +132,46 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     }
 
     pub async fn handle(&self, req: IntakeRequest<'_>) -> Answer {
+        self.handle_verified_at(req, None).await
+    }
+
+    /// An SNS message from the subscription's dead-letter queue, through the
+    /// intake's path: verified — certificate, signature, topic — as of the
+    /// moment SNS sent it (its `Timestamp`), then claimed like any delivery
+    /// (a message that did arrive is a duplicate). The freshness window
+    /// guards the public endpoint against replayed captures; a dead-letter
+    /// queue is read with AWS credentials, and its messages are older than
+    /// that window by nature. `None`: not an SNS endpoint, or no timestamp.
+    pub async fn replay_sns_dead_letter(&self, endpoint: &str, envelope: &[u8], now: SystemTime) -> Option<Answer> {
+        if !matches!(self.endpoints.get(endpoint).map(|e| &e.verifier), Some(EndpointVerifier::Sns(_))) {
+            return None;
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            #[serde(rename = "Type")]
+            kind: String,
+            #[serde(rename = "Timestamp")]
+            timestamp: String,
+        }
+        let e: Envelope = serde_json::from_slice(envelope).ok()?;
+        let sent_s = crate::verify::sns::parse_timestamp(&e.timestamp)?;
+        let mut headers = HeaderMap::new();
+        headers.insert(crate::verify::sns::MESSAGE_TYPE_HEADER, http::HeaderValue::from_str(&e.kind).ok()?);
+        let req = IntakeRequest {
+            endpoint,
+            method: &Method::POST,
+            headers: &headers,
+            body: envelope,
+            now,
+            request_id: "sns-dead-letter",
+        };
+        Some(self.handle_verified_at(req, Some(sent_s + 1)).await)
+    }
+
+    async fn handle_verified_at(&self, req: IntakeRequest<'_>, verify_at_s: Option<i64>) -> Answer {
         let started = Instant::now();
         let endpoint = self.endpoints.get(req.endpoint);
-        let (outcome, verified) = self.run(endpoint, &req).await;
+        let (outcome, verified) = self.run(endpoint, &req, verify_at_s).await;
         let answer = outcome.answer();
 
         let provider = endpoint.map_or("unknown", |e| e.provider.as_str());
@@ -171,7 +208,12 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         answer
     }
 
-    async fn run(&self, endpoint: Option<&Endpoint>, req: &IntakeRequest<'_>) -> (Outcome, Option<Verified>) {
+    async fn run(
+        &self,
+        endpoint: Option<&Endpoint>,
+        req: &IntakeRequest<'_>,
+        verify_at_s: Option<i64>,
+    ) -> (Outcome, Option<Verified>) {
         if req.method != Method::POST {
             return (Outcome::MethodNotAllowed, None);
         }
@@ -179,7 +221,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         if req.body.len() > self.settings.max_body_bytes {
             return (Outcome::TooLarge { limit: self.settings.max_body_bytes }, None);
         }
-        let now_s = unix_ms(req.now) / 1000;
+        let now_s = verify_at_s.unwrap_or(unix_ms(req.now) / 1000);
         let verified = match &endpoint.verifier {
             EndpointVerifier::Stripe(v) => v.verify(req.body, req.headers, now_s),
             EndpointVerifier::Github(v) => v.verify(req.body, req.headers),

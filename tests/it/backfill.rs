@@ -446,3 +446,76 @@ async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
     );
     assert!(missing.err().unwrap().to_string().contains("HOOKLEDGER_GITHUB_TOKEN"));
 }
+
+/// SNS keeps nothing to list; what it could not deliver lands in the
+/// subscription's dead-letter queue, and `replay-sns` sends it through the
+/// intake's verification, as of when SNS sent it.
+mod sns_dead_letters {
+    use super::*;
+    use crate::support::{Stack, now_s};
+
+    fn message(status: &str, mail: &str) -> String {
+        json!({"eventType": status, "mail": {"messageId": mail}}).to_string()
+    }
+
+    #[tokio::test]
+    async fn the_dead_letter_queue_is_replayed_through_the_intake_and_only_taken_messages_leave_it() {
+        let stack = Stack::new().await;
+        let intake = stack.intake().await;
+        let dlq =
+            hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("{}-sns-dlq", &stack.table)).await.unwrap();
+        let five_hours_ago = now_s() - 5 * 3_600;
+        let lost = crate::chaos::sns_envelope("sns-lost", &message("Delivery", "m-1"), five_hours_ago);
+        // The normal path refuses a message this old (replay protection).
+        let mut h = http::HeaderMap::new();
+        h.insert("x-amz-sns-message-type", http::HeaderValue::from_static("Notification"));
+        let req = |body| hookledger::intake::IntakeRequest {
+            endpoint: "ses",
+            method: &http::Method::POST,
+            headers: &h,
+            body,
+            now: std::time::SystemTime::now(),
+            request_id: "it",
+        };
+        assert_eq!(intake.handle(req(&lost)).await.status, 401);
+        // One SNS gave up on, one that arrived after all, one forged, one not SNS at all.
+        let arrived = crate::chaos::sns_envelope("sns-arrived", &message("Bounce", "m-2"), now_s() - 60);
+        assert_eq!(intake.handle(req(&arrived)).await.status, 202);
+        let mut forged: Value = serde_json::from_slice(&crate::chaos::sns_envelope(
+            "sns-forged",
+            &message("Delivery", "m-3"),
+            five_hours_ago,
+        ))
+        .unwrap();
+        forged["Message"] = json!(message("Complaint", "m-3"));
+        for body in
+            [lost.clone(), arrived.clone(), serde_json::to_vec(&forged).unwrap(), b"not an SNS message".to_vec()]
+        {
+            stack
+                .sqs
+                .send_message()
+                .queue_url(&dlq)
+                .message_body(String::from_utf8(body).unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+        let s = hookledger_cli::replay_sns::replay(&intake, &stack.sqs, &dlq, "ses", 100).await.unwrap();
+        assert_eq!((s.read, s.recorded, s.duplicates, s.refused, s.failed), (4, 1, 1, 2, 0), "{s:?}");
+        let ids: Vec<String> = stack.meta_items().await.iter().map(|r| text(r, "event_id")).collect();
+        assert!(ids.contains(&"sns-lost".to_owned()) && !ids.contains(&"sns-forged".to_owned()), "{ids:?}");
+        // The refused ones stay in the queue for a person to look at.
+        let left = stack
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&dlq)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .unwrap();
+        let in_flight = left.attributes.unwrap_or_default().values().next().cloned().unwrap_or_default();
+        assert_eq!(in_flight, "2", "the two refused messages are still in the queue");
+        // Not an SNS endpoint: refused before reading anything.
+        assert!(intake.replay_sns_dead_letter("stripe-a", &lost, std::time::SystemTime::now()).await.is_none());
+    }
+}

@@ -162,7 +162,7 @@ struct Scenario {
     double_reconciler_chance: f64,
 }
 
-fn sns_envelope(message_id: &str, message: &str, now_s: i64) -> Vec<u8> {
+pub fn sns_envelope(message_id: &str, message: &str, now_s: i64) -> Vec<u8> {
     let mut msg = SnsMessage {
         kind: "Notification".to_owned(),
         message_id: message_id.to_owned(),
