@@ -189,6 +189,8 @@ struct State {
     honour_tokens: bool,
     committed_tokens: HashSet<String>,
     injected: HashMap<&'static str, u64>,
+    /// Response body bytes per `service:operation` (Content-Length).
+    response_bytes: std::collections::BTreeMap<String, u64>,
 }
 
 /// The shared, mutable plan behind every [`FaultClient`] built from it.
@@ -303,6 +305,7 @@ impl FaultPlan {
         st.ops.clear();
         st.next_op = 0;
         st.trace.clear();
+        st.response_bytes.clear();
     }
 
     pub fn trace(&self) -> Vec<Call> {
@@ -327,6 +330,12 @@ impl FaultPlan {
             *out.entry(format!("{}:{}", c.service, c.operation)).or_insert(0) += 1;
         }
         out
+    }
+
+    /// Response bytes read per `service:operation` since the last
+    /// [`FaultPlan::reset_counts`] (what the emulator sent back).
+    pub fn response_bytes(&self) -> std::collections::BTreeMap<String, u64> {
+        self.lock().response_bytes.clone()
     }
 
     /// Faults injected so far, by kind.
@@ -479,7 +488,13 @@ fn describe(request: &HttpRequest) -> CallInfo {
     } else if let Some(op) = target.strip_prefix("AmazonSQS.") {
         ("sqs", op.to_owned())
     } else if let Some(action) = body.split('&').find_map(|kv| kv.strip_prefix("Action=")) {
-        let service = if request.uri().contains("sns") || body.contains("TopicArn") { "sns" } else { "query" };
+        let service = if request.uri().contains("sns") || body.contains("TopicArn") {
+            "sns"
+        } else if body.contains("Version=2010-08-01") {
+            "cloudwatch"
+        } else {
+            "query"
+        };
         (service, action.to_owned())
     } else if !header("x-amz-content-sha256").is_empty() || request.uri().contains("/payloads/") {
         // S3's REST calls: the operation by method.
@@ -583,6 +598,15 @@ impl HttpConnector for FaultConnector {
                 _ => {}
             }
             let result = inner.call(request).await;
+            if let Ok(r) = &result {
+                let len = r
+                    .headers()
+                    .get("content-length")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .or_else(|| r.body().bytes().map(|b| b.len() as u64))
+                    .unwrap_or(0);
+                *plan.lock().response_bytes.entry(format!("{}:{}", call.service, call.operation)).or_insert(0) += len;
+            }
             if let (Some(tok), Ok(r)) = (&token, &result) {
                 if r.status().is_success() {
                     plan.lock().committed_tokens.insert(tok.clone());

@@ -25,6 +25,48 @@ pub struct BridgeArgs {
     /// Stop after this many seconds (0: run until stopped).
     #[arg(long, default_value_t = 0)]
     run_for_secs: u64,
+    /// The functions' output (`cargo lambda watch`'s log): its EMF lines are
+    /// sent to CloudWatch as PutMetricData, as CloudWatch Logs does in AWS.
+    #[arg(long)]
+    emf_log: Option<std::path::PathBuf>,
+}
+
+/// Follows `path` from its end and forwards every EMF line in it, once a
+/// second, until the process stops. A line is read whole (up to its newline).
+async fn forward_emf(path: std::path::PathBuf, metrics: hookledger::adapters::cloudwatch::CloudWatchMetrics) {
+    use std::io::{BufRead, Seek};
+    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let (mut sent, mut failed) = (0usize, 0usize);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(mut file) = std::fs::File::open(&path) else { continue };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < offset {
+            offset = 0; // truncated or replaced
+        }
+        if file.seek(std::io::SeekFrom::Start(offset)).is_err() {
+            continue;
+        }
+        let mut reader = std::io::BufReader::new(file);
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            if !line.ends_with('\n') {
+                break; // the rest of it is not written yet
+            }
+            offset += line.len() as u64;
+            // cargo lambda watch prefixes nothing, but tolerate a prefix.
+            if let Some(start) = line.find("{\"_aws\"") {
+                match metrics.put_emf(&line[start..]).await {
+                    Ok(n) => sent += n,
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("bridge: EMF forward failed ({sent} sent, {failed} failed): {e}");
+                    }
+                }
+            }
+            line.clear();
+        }
+    }
 }
 
 async fn invoke(
@@ -70,6 +112,10 @@ pub async fn run(
         .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
         .unwrap_or_default();
     let region = aws.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
+    if let Some(path) = args.emf_log.clone() {
+        let ns = std::env::var("HOOKLEDGER_METRICS_NAMESPACE").ok();
+        tokio::spawn(forward_emf(path, hookledger::adapters::cloudwatch::CloudWatchMetrics::from_config(aws, ns)));
+    }
     let started = Instant::now();
     let mut last_reconcile: Option<Instant> = None;
     writeln!(out, "bridge: {queue_url} -> processor; reconciler every {}s", args.reconcile_every_secs)

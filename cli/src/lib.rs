@@ -3,7 +3,9 @@
 //!
 //! - `setup`: create the ledger table and the work queue (idempotent).
 //! - `send`: sign a delivery for a configured endpoint as its provider would, and POST it.
-//! - `stats`, `list`, `show`: what the ledger holds (status index; no scans).
+//! - `stats`, `failures`: bounded figures from the functions' metrics and the
+//!   ledger's sparse indexes (never a scan, never PROCESSED records).
+//! - `list`, `show`: what the ledger holds (sparse indexes; no scans).
 //! - `replay`, `park`, `resolve`: audited, conditional operator transitions.
 //! - `map-subject`: map a provider subject (a Stripe customer) to an account.
 //! - `reconcile`: run one reconciliation now.
@@ -25,10 +27,13 @@ use std::io::Write;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
+use hookledger::adapters::cloudwatch::CloudWatchMetrics;
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::sqs::SqsQueue;
+use hookledger::insight::Insight;
 use hookledger::ledger::Status;
 use hookledger::ops::{ListFilter, Ops, OpsError, parse_key};
+use hookledger::ports::MetricWindow;
 
 #[derive(Parser)]
 #[command(name = "hookledger", version, about = "Hookledger developer and operator tool")]
@@ -75,8 +80,12 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Sign a delivery for a configured endpoint and send it.
     Send(send::SendArgs),
-    /// Counts by status, provider and type; oldest unprocessed age; duplicate rate.
-    Stats,
+    /// Throughput, outcomes, latency and the duplicate rate from the functions'
+    /// metrics; what is open, dead or parked now. Costs O(shards), never O(records).
+    Stats(WindowArgs),
+    /// Top failing types, subjects failing repeatedly, reasons, stuck leases,
+    /// the oldest unprocessed event, the duplicate-rate trend and drift repairs.
+    Failures(FailuresArgs),
     /// List records, newest first.
     List(ListArgs),
     /// One record with its history (payload only with --payload).
@@ -143,6 +152,42 @@ struct ListArgs {
     /// From the previous page's "next" line.
     #[arg(long, value_parser = parse_cursor)]
     cursor: Option<(i64, String)>,
+}
+
+#[derive(Args)]
+struct WindowArgs {
+    /// How far back the metrics go: an age like 30m, 6h, 2d.
+    #[arg(long, default_value = "24h", value_parser = parse_age)]
+    since: i64,
+    /// Seconds per period (a multiple of 60; default: the window in 24 periods).
+    #[arg(long)]
+    period: Option<i64>,
+    /// Metrics namespace (the functions' HOOKLEDGER_METRICS_NAMESPACE).
+    #[arg(long, env = "HOOKLEDGER_METRICS_NAMESPACE", default_value = "Hookledger")]
+    namespace: String,
+    /// Rows read at most per shard from each sparse set.
+    #[arg(long, default_value_t = hookledger::insight::DEFAULT_CAP_PER_SHARD)]
+    cap: usize,
+}
+
+impl WindowArgs {
+    fn window(&self, now: i64) -> Result<MetricWindow, CliError> {
+        let span_s = (self.since / 1000).max(60);
+        let period_s = self.period.unwrap_or(((span_s / 24).max(60) / 60) * 60);
+        if period_s < 60 || period_s % 60 != 0 {
+            return Err(CliError::Failed(format!("--period {period_s}: a multiple of 60 seconds")));
+        }
+        Ok(MetricWindow { since_ms: now - span_s * 1000, until_ms: now, period_s })
+    }
+}
+
+#[derive(Args)]
+struct FailuresArgs {
+    #[command(flatten)]
+    window: WindowArgs,
+    /// Entries per list.
+    #[arg(long, default_value_t = hookledger::insight::DEFAULT_TOP)]
+    top: usize,
 }
 
 #[derive(Args)]
@@ -219,6 +264,19 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+/// An age like 30m, 6h, 2d, in milliseconds.
+fn parse_age(s: &str) -> Result<i64, String> {
+    let (num, unit) = s.split_at(s.len().saturating_sub(1));
+    let n: i64 = num.parse().ok().filter(|n| *n > 0).ok_or_else(|| format!("{s:?} is not an age like 30m, 6h, 2d"))?;
+    let ms = match unit {
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{s:?}: unknown unit (m, h, d)")),
+    };
+    Ok(n * ms)
+}
+
 fn parse_time(s: &str) -> Result<i64, String> {
     if let Ok(ms) = s.parse::<i64>() {
         return Ok(ms);
@@ -270,6 +328,11 @@ impl Ctx {
 
     fn ops(&self) -> Result<Ops<SqsQueue>, CliError> {
         Ok(Ops::new(self.ledger()?, self.queue()?))
+    }
+
+    fn insight(&self, w: &WindowArgs) -> Result<Insight<DynamoLedger, CloudWatchMetrics>, CliError> {
+        let metrics = CloudWatchMetrics::new(aws_sdk_cloudwatch::Client::new(&self.aws), w.namespace.clone());
+        Ok(Insight::new(self.ledger()?, metrics).with_limits(w.cap, hookledger::insight::DEFAULT_TOP))
     }
 
     fn ops_read_only(&self) -> Result<Ops<SqsQueue>, CliError> {
@@ -339,12 +402,23 @@ where
             demo::run(args, &ctx.aws, &ctx.table()?, wiring, json, out).await.map_err(CliError::Failed)?
         }
         Command::Send(args) => send::run(args, &ctx.aws, out).await.map_err(CliError::Failed)?,
-        Command::Stats => {
-            let stats = ctx.ops_read_only()?.stats(now_ms()).await?;
+        Command::Stats(w) => {
+            let now = now_ms();
+            let stats = ctx.insight(&w)?.stats(&w.window(now)?, now).await?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&stats).unwrap_or_default())?;
             } else {
                 table::stats(out, &stats)?;
+            }
+        }
+        Command::Failures(a) => {
+            let now = now_ms();
+            let insight = ctx.insight(&a.window)?.with_limits(a.window.cap, a.top);
+            let failures = insight.failures(&a.window.window(now)?, now).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&failures).unwrap_or_default())?;
+            } else {
+                table::failures(out, &failures)?;
             }
         }
         Command::List(a) => {

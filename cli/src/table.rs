@@ -2,8 +2,8 @@
 
 use std::io::{self, Write};
 
+use hookledger::insight::{Count, Failures, Standing, Stats};
 use hookledger::ledger::Row;
-use hookledger::ops::Stats;
 
 fn get(item: &Row, k: &str) -> String {
     match item.get(k) {
@@ -17,20 +17,18 @@ fn time(ms: &str) -> String {
     ms.parse::<i64>().map(|ms| format!("{}.{:03}", ms / 1000, ms % 1000)).unwrap_or_else(|_| ms.to_owned())
 }
 
-/// Writes rows as aligned columns.
+/// Writes rows as aligned columns (comfy-table, no borders: easy to read
+/// and to grep).
 pub fn columns(out: &mut (dyn Write + Send), header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(header.iter().copied());
     for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
+        t.add_row(r.iter().map(String::as_str));
     }
-    let line = |cells: Vec<String>| {
-        cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect::<Vec<_>>().join("  ")
-    };
-    writeln!(out, "{}", line(header.iter().map(|h| (*h).to_owned()).collect()).trim_end())?;
-    for r in rows {
-        writeln!(out, "{}", line(r.clone()).trim_end())?;
+    for line in t.lines() {
+        writeln!(out, "{}", line.trim_end())?;
     }
     Ok(())
 }
@@ -59,30 +57,106 @@ pub fn list(out: &mut (dyn Write + Send), items: &[Row]) -> io::Result<()> {
     writeln!(out, "{} record(s)", items.len())
 }
 
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1} ms"))
+}
+
+fn age(v: Option<i64>) -> String {
+    v.map_or("none".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0))
+}
+
+fn counts(out: &mut (dyn Write + Send), title: &str, items: &[Count]) -> io::Result<()> {
+    if items.is_empty() {
+        return writeln!(out, "{title}: none");
+    }
+    let rows: Vec<Vec<String>> = items.iter().map(|c| vec![c.key.clone(), c.count.to_string()]).collect();
+    columns(out, &[title, "COUNT"], &rows)
+}
+
+fn standing(out: &mut (dyn Write + Send), now: &Standing) -> io::Result<()> {
+    let rows: Vec<Vec<String>> = now.by_status.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
+    columns(out, &["STATUS", "NOW"], &rows)?;
+    writeln!(out, "(PROCESSED records are in no index and never counted here: see the metrics above)")?;
+    if now.truncated {
+        writeln!(out, "(some shard held more rows than the cap: these counts are lower bounds)")?;
+    }
+    writeln!(out, "oldest unprocessed: {}; stuck leases: {}", age(now.oldest_unprocessed_age_ms), now.stuck_leases)
+}
+
 pub fn stats(out: &mut (dyn Write + Send), s: &Stats) -> io::Result<()> {
-    let rows: Vec<Vec<String>> = s.by_status.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
-    columns(out, &["STATUS", "COUNT"], &rows)?;
-    writeln!(out, "(PROCESSED records are in no index and not counted; `hookledger show KEY` reads one)")?;
-    writeln!(out)?;
-    let rows: Vec<Vec<String>> = s.by_provider.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
-    columns(out, &["PROVIDER", "RECORDS"], &rows)?;
-    if !s.open_by_type.is_empty() {
-        writeln!(out)?;
-        let rows: Vec<Vec<String>> = s.open_by_type.iter().map(|(k, v)| vec![k.clone(), v.to_string()]).collect();
-        columns(out, &["NOT PROCESSED (PROVIDER TYPE)", "COUNT"], &rows)?;
-    }
-    writeln!(out)?;
-    match s.oldest_unprocessed_age_ms {
-        Some(ms) => writeln!(out, "oldest unprocessed: {:.1} s", ms as f64 / 1000.0)?,
-        None => writeln!(out, "oldest unprocessed: none")?,
-    }
+    writeln!(out, "last {} (metrics, {} s periods)", span(s.until_ms - s.since_ms), s.period_s)?;
+    let mut rows = vec![
+        vec!["received".to_owned(), s.received.to_string()],
+        vec!["duplicates".into(), s.duplicates.to_string()],
+        vec!["payload conflicts".into(), s.payload_conflicts.to_string()],
+        vec!["rejected".into(), s.rejected.to_string()],
+        vec!["unavailable (503)".into(), s.unavailable.to_string()],
+    ];
+    rows.extend(s.processed.iter().map(|(k, v)| vec![format!("processed: {k}"), v.to_string()]));
+    rows.extend([
+        vec!["retried".into(), s.retried.to_string()],
+        vec!["dead-lettered".into(), s.dead_lettered.to_string()],
+        vec!["parked".into(), s.parked.to_string()],
+        vec!["drift found / repaired".into(), format!("{} / {}", s.drift_found, s.drift_repaired)],
+    ]);
+    columns(out, &["FIGURE", "VALUE"], &rows)?;
+    writeln!(out, "duplicate rate: {:.1}%", s.duplicate_rate * 100.0)?;
+    writeln!(out, "processing: mean {}, max {}", ms(s.processing.mean_ms), ms(s.processing.max_ms))?;
     writeln!(
         out,
-        "deliveries: {}, duplicates: {}, duplicate rate: {:.1}%",
-        s.deliveries,
-        s.duplicates,
-        s.duplicate_rate * 100.0
-    )
+        "receipt to completion: mean {}, max {}",
+        ms(s.receipt_to_completion.mean_ms),
+        ms(s.receipt_to_completion.max_ms)
+    )?;
+    writeln!(out)?;
+    standing(out, &s.now)
+}
+
+fn span(ms: i64) -> String {
+    match ms / 1000 {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+pub fn failures(out: &mut (dyn Write + Send), f: &Failures) -> io::Result<()> {
+    counts(out, "FAILING (PROVIDER TYPE)", &f.top_types)?;
+    writeln!(out)?;
+    counts(out, "REPEATED (PROVIDER SUBJECT)", &f.repeated_subjects)?;
+    writeln!(out)?;
+    counts(out, "REASON", &f.reasons)?;
+    writeln!(out)?;
+    if f.stuck_leases.is_empty() {
+        writeln!(out, "stuck leases: none")?;
+    } else {
+        let rows: Vec<Vec<String>> = f
+            .stuck_leases
+            .iter()
+            .map(|l| vec![l.key.clone(), age(Some(l.lease_expired_ms_ago)), l.attempts.to_string()])
+            .collect();
+        columns(out, &["STUCK LEASE", "EXPIRED AGO", "ATTEMPTS"], &rows)?;
+    }
+    match &f.oldest_unprocessed {
+        Some(o) => writeln!(out, "oldest unprocessed: {} ({}, {})", o.key, o.status, age(Some(o.age_ms)))?,
+        None => writeln!(out, "oldest unprocessed: none")?,
+    }
+    writeln!(out)?;
+    let rows: Vec<Vec<String>> = f
+        .duplicate_rate
+        .iter()
+        .map(|p| vec![time(&p.at_ms.to_string()), p.deliveries.to_string(), format!("{:.1}%", p.rate * 100.0)])
+        .collect();
+    columns(out, &["PERIOD", "DELIVERIES", "DUPLICATE RATE"], &rows)?;
+    writeln!(out)?;
+    let rows: Vec<Vec<String>> =
+        f.drift.iter().map(|p| vec![time(&p.at_ms.to_string()), p.found.to_string(), p.repaired.to_string()]).collect();
+    columns(out, &["PERIOD", "DRIFT FOUND", "REPAIRED"], &rows)?;
+    if f.now.truncated {
+        writeln!(out, "(some shard held more rows than the cap: these lists are drawn from the first rows)")?;
+    }
+    Ok(())
 }
 
 pub fn show(

@@ -14,7 +14,8 @@
 //! 3. adapters: `adapters` (DynamoDB ledger, work records and outbox items,
 //!    SQS, Secrets/SSM, HTTPS, Stripe) and `telemetry` (the metrics collector);
 //! 4. use cases: `intake`, `backfill` (recovery from providers' event
-//!    lists), `ops`, `outbox` (the dispatcher); then `processor` and
+//!    lists), `insight` (the operator's bounded figures), `ops`, `outbox`
+//!    (the dispatcher); then `processor` and
 //!    `reconciler`, which use the dispatcher;
 //! 5. the functions and the CLI (other crates).
 
@@ -25,6 +26,7 @@ pub mod backoff;
 pub mod config;
 pub mod event;
 pub mod identity;
+pub mod insight;
 pub mod intake;
 pub mod ledger;
 pub mod message;
@@ -60,7 +62,7 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 21] = [
+    const ORDER: [&str; 22] = [
         "secret",
         "identity",
         "event",
@@ -78,6 +80,7 @@ mod layers {
         "telemetry",
         "intake",
         "backfill",
+        "insight",
         "ops",
         "outbox",
         "processor",

@@ -4,8 +4,6 @@
 //! (the [`OperatorLedger`] port; [`OperatorAction`] says which), plus an
 //! audit entry in the record's history.
 
-use std::collections::BTreeMap;
-
 use crate::adapters::dynamodb::DynamoLedger;
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
@@ -46,23 +44,6 @@ pub struct ListFilter {
     pub limit: usize,
     /// Continue after this (receive time, key), from the previous page.
     pub cursor: Option<(i64, String)>,
-}
-
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Stats {
-    pub by_status: BTreeMap<String, u64>,
-    /// (provider, event type) → count, for records not PROCESSED.
-    pub open_by_type: BTreeMap<String, u64>,
-    pub by_provider: BTreeMap<String, u64>,
-    pub oldest_unprocessed_age_ms: Option<i64>,
-    /// Records plus the duplicates counted on them.
-    pub deliveries: u64,
-    /// Duplicates counted on records: those with a conflicting payload (and
-    /// every duplicate of records written by releases before the two-round-
-    /// trip intake). Plain duplicates cost no write: they are counted in the
-    /// intake's `duplicate` metric.
-    pub duplicates: u64,
-    pub duplicate_rate: f64,
 }
 
 pub struct Ops<Q, L = DynamoLedger> {
@@ -127,40 +108,6 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
         all.truncate(filter.limit);
         let cursor = if more { all.last().map(|r| (row_at(r), pk(r))) } else { None };
         Ok((all, cursor))
-    }
-
-    pub async fn stats(&self, now_ms: i64) -> Result<Stats, PortError> {
-        let mut stats = Stats::default();
-        let everything = ListFilter { limit: usize::MAX, ..Default::default() };
-        let fields = ["provider", "event_type", "duplicates", "st_at"];
-        for status in INDEXED_STATUSES {
-            let mut count = 0u64;
-            for shard in 0..self.ledger.shards() {
-                let rows = self.partition(status, shard, &everything, usize::MAX, &fields).await?;
-                for r in &rows {
-                    let provider = row_str(r, "provider").unwrap_or_default().to_owned();
-                    let ty = row_str(r, "event_type").unwrap_or("-");
-                    let dups = r.get("duplicates").and_then(serde_json::Value::as_u64).unwrap_or(0);
-                    *stats.by_provider.entry(provider.clone()).or_default() += 1;
-                    if status != Status::Processed {
-                        *stats.open_by_type.entry(format!("{provider} {ty}")).or_default() += 1;
-                    }
-                    if matches!(status, Status::Received | Status::Retryable | Status::Processing) {
-                        let at = r.get("st_at").and_then(serde_json::Value::as_i64).unwrap_or(now_ms);
-                        let age = now_ms - at;
-                        stats.oldest_unprocessed_age_ms =
-                            Some(stats.oldest_unprocessed_age_ms.map_or(age, |a| a.max(age)));
-                    }
-                    stats.duplicates += dups;
-                    stats.deliveries += 1 + dups;
-                }
-                count += rows.len() as u64;
-            }
-            stats.by_status.insert(status.as_str().to_owned(), count);
-        }
-        stats.duplicate_rate =
-            if stats.deliveries == 0 { 0.0 } else { stats.duplicates as f64 / stats.deliveries as f64 };
-        Ok(stats)
     }
 
     /// Counts one status.
@@ -781,52 +728,69 @@ mod tests {
         }
     }
 
+    /// No metrics: the figures below come from the ledger's sparse sets.
+    struct NoMetrics;
+
+    impl crate::ports::MetricsReader for NoMetrics {
+        async fn read(
+            &self,
+            _: &[&str],
+            _: &crate::ports::MetricWindow,
+        ) -> Result<Vec<crate::ports::MetricSeries>, PortError> {
+            Ok(Vec::new())
+        }
+    }
+
+    const WINDOW: crate::ports::MetricWindow =
+        crate::ports::MetricWindow { since_ms: NOW - 86_400_000, until_ms: NOW, period_s: 3600 };
+
     #[tokio::test]
-    async fn stats_count_by_status_and_provider_open_types_duplicates_and_the_oldest_unprocessed() {
+    async fn insight_counts_the_sparse_sets_and_never_the_finished_records() {
         let (ledger, _queue, ops) = ops();
         let gh = |id: &str| EventKey::new("github", "app-1", id);
         let none = Value::Null;
         for (k, status, age, extra) in [
             (key("p1"), Status::Processed, 900_000, json!({"duplicates": 1})),
             (key("p2"), Status::Processed, 800_000, json!({"event_type": "customer.created"})),
-            (key("d1"), Status::Dead, 700_000, json!({"duplicates": 2})),
-            (key("k1"), Status::Parked, 600_000, json!({"event_type": none})),
+            (key("d1"), Status::Dead, 700_000, json!({"duplicates": 2, "subject": "cus_9"})),
+            (key("k1"), Status::Parked, 600_000, json!({"event_type": none, "subject": "cus_9"})),
             (gh("r1"), Status::Received, 5_000, json!({"event_type": "push"})),
             (gh("r2"), Status::Retryable, 9_000, json!({"event_type": "push", "duplicates": 4})),
-            (key("w1"), Status::Processing, 7_000, json!({"event_type": "customer.updated"})),
+            (
+                key("w1"),
+                Status::Processing,
+                7_000,
+                json!({"event_type": "customer.updated", "lease_expires_at": NOW - 1}),
+            ),
         ] {
             ledger.add(&k, status, NOW - age, extra);
         }
-
-        let stats = ops.stats(NOW).await.unwrap();
-
+        let insight = crate::insight::Insight::new(ledger.clone(), NoMetrics);
+        let stats = insight.stats(&WINDOW, NOW).await.unwrap();
         let counts = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
             pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
         };
         assert_eq!(
-            stats.by_status,
+            stats.now.by_status,
             counts(&[("RECEIVED", 1), ("PROCESSING", 1), ("RETRYABLE", 1), ("DEAD", 1), ("PARKED", 1)]),
             "finished records are in no index"
         );
-        assert_eq!(stats.by_provider, counts(&[("stripe", 3), ("github", 2)]));
-        assert_eq!(
-            stats.open_by_type,
-            counts(&[("stripe invoice.paid", 1), ("stripe -", 1), ("github push", 2), ("stripe customer.updated", 1)])
-        );
         // Only RECEIVED, RETRYABLE and PROCESSING are waiting to be processed.
-        assert_eq!(stats.oldest_unprocessed_age_ms, Some(9_000));
-        assert_eq!((stats.duplicates, stats.deliveries), (6, 11));
-        assert!((stats.duplicate_rate - 6.0 / 11.0).abs() < 1e-12, "{}", stats.duplicate_rate);
+        assert_eq!(stats.now.oldest_unprocessed_age_ms, Some(9_000));
+        assert_eq!(stats.now.stuck_leases, 1);
+        let failures = insight.failures(&WINDOW, NOW).await.unwrap();
+        assert_eq!(failures.top_types.iter().map(|c| c.count).sum::<u64>(), 3, "DEAD, PARKED, RETRYABLE");
+        assert_eq!(failures.repeated_subjects.len(), 1);
         assert_eq!(ops.count(Status::Processed).await.unwrap(), 0, "not counted: in no index");
         assert_eq!(ops.count(Status::Received).await.unwrap(), 1);
     }
 
     #[tokio::test]
-    async fn stats_of_an_empty_ledger_are_zero() {
-        let (_ledger, _queue, ops) = ops();
-        let stats = ops.stats(NOW).await.unwrap();
-        assert_eq!(stats.by_status.len(), 5);
-        assert!(stats.by_status.values().all(|n| *n == 0));
-        assert_eq!((stats.deliveries, stats.duplicate_rate, stats.oldest_unprocessed_age_ms), (0, 0.0, None));
+    async fn insight_over_an_empty_ledger_is_zero() {
+        let (ledger, _queue, _ops) = ops();
+        let stats = crate::insight::Insight::new(ledger, NoMetrics).stats(&WINDOW, NOW).await.unwrap();
+        assert_eq!(stats.now.by_status.len(), 5);
+        assert!(stats.now.by_status.values().all(|n| *n == 0));
+        assert_eq!((stats.duplicate_rate, stats.now.oldest_unprocessed_age_ms), (0.0, None));
     }
 }

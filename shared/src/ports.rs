@@ -12,6 +12,7 @@
 //! | reconciler | [`DueLedger`] (with [`Ledger`]), [`WorkQueue`], [`Dispatch`] |
 //! | operations | [`OperatorLedger`], [`WorkQueue`] |
 //! | backfill | [`BackfillLedger`], [`BackfillSource`], [`WorkQueue`] |
+//! | insight (`stats`, `failures`) | [`OperatorLedger`], [`MetricsReader`] |
 //!
 //! The ports sit right above `projection`: the processor's commit carries
 //! projection ops, and gap waiters are stream positions.
@@ -292,6 +293,18 @@ pub trait OperatorLedger: Send + Sync {
         filter: &RowFilter<'_>,
         want: usize,
     ) -> impl Future<Output = Result<Vec<Row>, PortError>> + Send;
+    /// Every open record of one shard (RECEIVED, PROCESSING, RETRYABLE),
+    /// whole, in one pass where the store allows it.
+    fn open_rows(&self, shard: u32) -> impl Future<Output = Result<Vec<Row>, PortError>> + Send {
+        async move {
+            let all = RowFilter { until_ms: i64::MAX, ..RowFilter::default() };
+            let mut out = Vec::new();
+            for status in [Status::Received, Status::Processing, Status::Retryable] {
+                out.extend(self.rows(status, shard, &all, usize::MAX).await?);
+            }
+            Ok(out)
+        }
+    }
     /// Records in `status` (all shards).
     fn count(&self, status: Status) -> impl Future<Output = Result<u64, PortError>> + Send;
     /// The record, its history (oldest first) and, if asked, its payload.
@@ -313,6 +326,45 @@ pub trait OperatorLedger: Send + Sync {
         detail: &str,
         now_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+/// A time range of the functions' metrics, cut into periods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricWindow {
+    pub since_ms: i64,
+    pub until_ms: i64,
+    pub period_s: i64,
+}
+
+/// One period of one metric series: the sum, the number of samples and the
+/// largest sample recorded in it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MetricPoint {
+    pub at_ms: i64,
+    pub sum: f64,
+    pub count: f64,
+    pub max: f64,
+}
+
+/// One metric under one set of dimensions (`provider`, `endpoint`, ...).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MetricSeries {
+    pub name: String,
+    pub dimensions: Vec<(String, String)>,
+    pub points: Vec<MetricPoint>,
+}
+
+/// The functions' metrics (CloudWatch in production): what the operator's
+/// figures for throughput, latency and the duplicate rate come from, so
+/// that no count is ever kept in, or read from, the ledger.
+pub trait MetricsReader: Send + Sync {
+    /// Every series of these metrics in the window. Its cost depends on the
+    /// number of series (providers, endpoints, outcomes), never on traffic.
+    fn read(
+        &self,
+        names: &[&str],
+        window: &MetricWindow,
+    ) -> impl Future<Output = Result<Vec<MetricSeries>, PortError>> + Send;
 }
 
 /// What a backfill asks a provider's API for: events created in

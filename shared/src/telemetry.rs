@@ -35,3 +35,70 @@ pub fn describe() {
         "age of the oldest unprocessed record"
     );
 }
+
+/// An error a function hands back to the Lambda runtime, with a stable
+/// `errorType` (`Hookledger.<Kind>`) instead of the Rust type name the
+/// runtime would derive (`&alloc::boxed::Box<dyn core::error::Error …>`).
+/// The message says what went wrong and never carries a payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct FunctionError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// What kind of failure ended an invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The event is not what the trigger sends (an SQS record without a
+    /// message id, an API Gateway event that does not parse).
+    BadEvent,
+    /// A worker task of the invocation panicked or was cancelled.
+    WorkerFailed,
+    /// A response could not be built.
+    Response,
+}
+
+impl FailureKind {
+    pub fn error_type(self) -> &'static str {
+        match self {
+            Self::BadEvent => "Hookledger.BadEvent",
+            Self::WorkerFailed => "Hookledger.WorkerFailed",
+            Self::Response => "Hookledger.Response",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.error_type())
+    }
+}
+
+impl FunctionError {
+    pub fn new(kind: FailureKind, message: impl std::fmt::Display) -> Self {
+        Self { kind, message: message.to_string() }
+    }
+}
+
+impl From<FunctionError> for lambda_runtime::Diagnostic {
+    fn from(e: FunctionError) -> Self {
+        Self { error_type: e.kind.error_type().to_owned(), error_message: e.message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_function_error_reports_its_kind_as_the_error_type() {
+        let d: lambda_runtime::Diagnostic =
+            FunctionError::new(FailureKind::BadEvent, "SQS record without messageId").into();
+        assert_eq!(d.error_type, "Hookledger.BadEvent");
+        assert_eq!(d.error_message, "SQS record without messageId");
+        for kind in [FailureKind::BadEvent, FailureKind::WorkerFailed, FailureKind::Response] {
+            assert!(kind.error_type().starts_with("Hookledger.") && !kind.error_type().contains(' '));
+        }
+    }
+}

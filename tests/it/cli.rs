@@ -82,8 +82,28 @@ async fn exhausted_attempts_are_visible_in_list_and_stats() {
     let (r, out) = stack.cli(&["stats", "--json"]).await;
     r.unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!((v["by_status"]["DEAD"].as_u64(), v["by_status"]["RECEIVED"].as_u64()), (Some(1), Some(0)));
-    assert_eq!(v["open_by_type"]["stripe customer.subscription.updated"].as_u64(), Some(1));
+    assert_eq!(
+        (v["now"]["by_status"]["DEAD"].as_u64(), v["now"]["by_status"]["RECEIVED"].as_u64()),
+        (Some(1), Some(0))
+    );
+
+    let (r, out) = stack.cli(&["failures", "--json"]).await;
+    r.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let types: Vec<(&str, u64)> = v["top_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["key"].as_str().unwrap(), c["count"].as_u64().unwrap()))
+        .collect();
+    assert!(types.contains(&("stripe customer.subscription.updated", 1)), "{out}");
+    let (r, out) = stack.cli(&["failures"]).await;
+    r.unwrap();
+    assert!(out.contains("FAILING (PROVIDER TYPE)") && out.contains("attempts_exhausted"), "{out}");
+    let (r, _) = stack.cli(&["stats", "--since", "3w"]).await;
+    assert!(r.unwrap_err().to_string().contains("unknown unit"));
+    let (r, _) = stack.cli(&["stats", "--period", "90"]).await;
+    assert!(r.unwrap_err().to_string().contains("multiple of 60"));
 }
 
 #[tokio::test]

@@ -182,6 +182,20 @@ async fn the_raw_event_path_accepts_a_delivery_and_refuses_a_body_that_is_not_th
     assert_eq!(stack.meta_items().await.len(), 1, "nothing recorded for the refused event");
 }
 
+/// An event that is not from API Gateway fails the invocation with a named
+/// `errorType`, and its message quotes nothing of the event.
+#[tokio::test]
+async fn an_event_that_is_not_from_api_gateway_fails_as_hookledger_bad_event() {
+    let stack = Stack::new().await;
+    let intake = stack.intake().await;
+    let raw = serde_json::value::RawValue::from_string(r#""whsec_planted""#.to_owned()).unwrap();
+    let err = intake::handler::serve(&intake, LambdaEvent::new(raw, Context::default())).await.unwrap_err();
+    let d: lambda_runtime::Diagnostic = err.into();
+    assert_eq!(d.error_type, "Hookledger.BadEvent", "{}", d.error_message);
+    assert!(!d.error_message.contains("whsec_planted"), "{}", d.error_message);
+    assert!(stack.meta_items().await.is_empty());
+}
+
 /// Random API Gateway events (headers joined or split, bodies, base64 flags
 /// true or false with valid or invalid base64, endpoints, methods) through
 /// the function's raw-event service: no panic, and every refusal is a 4xx

@@ -10,6 +10,7 @@ mod cli;
 mod explore;
 mod fake_provider;
 mod handler;
+mod insight;
 mod intake;
 mod intake_faults;
 mod large;

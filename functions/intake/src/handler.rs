@@ -14,6 +14,7 @@ use hookledger::adapters::secrets::AwsSecretResolver;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::config::{self, ConfigError, SecretResolver};
 use hookledger::intake::{Intake, IntakeRequest};
+use hookledger::telemetry::{FailureKind, FunctionError};
 use hookledger::verify::sns::CertificateCache;
 use lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpResponse;
 use lambda_http::request::RequestContext;
@@ -69,7 +70,7 @@ fn request_id(req: &Request) -> String {
     }
 }
 
-pub async fn handle<L, Q>(intake: &Intake<L, Q>, req: Request) -> Result<Response<Body>, lambda_http::Error>
+pub async fn handle<L, Q>(intake: &Intake<L, Q>, req: Request) -> Result<Response<Body>, FunctionError>
 where
     L: hookledger::ports::Ledger,
     Q: hookledger::ports::WorkQueue,
@@ -90,7 +91,7 @@ where
     if let Some(secs) = answer.retry_after {
         resp = resp.header("retry-after", secs.to_string());
     }
-    Ok(resp.body(Body::Text(answer.body_json()))?)
+    resp.body(Body::Text(answer.body_json())).map_err(|e| FunctionError::new(FailureKind::Response, e))
 }
 
 #[derive(serde::Deserialize)]
@@ -115,7 +116,7 @@ pub fn body_not_base64(event: &str) -> bool {
 pub async fn serve<L, Q>(
     intake: &Intake<L, Q>,
     event: LambdaEvent<Box<RawValue>>,
-) -> Result<ApiGatewayV2httpResponse, lambda_http::Error>
+) -> Result<ApiGatewayV2httpResponse, FunctionError>
 where
     L: hookledger::ports::Ledger,
     Q: hookledger::ports::WorkQueue,
@@ -123,16 +124,28 @@ where
     let LambdaEvent { payload, context } = event;
     if body_not_base64(payload.get()) {
         tracing::warn!(code = "body_not_base64", "refused: the event says its body is base64 and it is not");
-        let answer = Response::builder().status(400).header("content-type", "application/json").body(Body::Text(
-            serde_json::json!({
-                "code": "body_not_base64",
-                "detail": "the request is marked base64-encoded and its body is not valid base64"
-            })
-            .to_string(),
-        ))?;
+        let answer = Response::builder()
+            .status(400)
+            .header("content-type", "application/json")
+            .body(Body::Text(
+                serde_json::json!({
+                    "code": "body_not_base64",
+                    "detail": "the request is marked base64-encoded and its body is not valid base64"
+                })
+                .to_string(),
+            ))
+            .map_err(|e| FunctionError::new(FailureKind::Response, e))?;
         return Ok(http_api_response(answer));
     }
-    let req = lambda_http::request::from_str(payload.get())?.with_lambda_context(context);
+    let req = lambda_http::request::from_str(payload.get())
+        // serde's message may quote the event; only its position is kept.
+        .map_err(|e| {
+            FunctionError::new(
+                FailureKind::BadEvent,
+                format!("not an API Gateway event (line {}, column {})", e.line(), e.column()),
+            )
+        })?
+        .with_lambda_context(context);
     Ok(http_api_response(handle(intake, req).await?))
 }
 

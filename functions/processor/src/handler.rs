@@ -25,7 +25,8 @@ use hookledger::config::{self, ConfigError};
 use hookledger::identity::EventKey;
 use hookledger::outbox::Dispatcher;
 use hookledger::processor::Processor;
-use lambda_runtime::{Error, LambdaEvent};
+use hookledger::telemetry::{FailureKind, FunctionError};
+use lambda_runtime::LambdaEvent;
 
 /// SQS caps a message's visibility at 12 hours.
 const MAX_VISIBILITY_SECS: i64 = 43_200;
@@ -118,11 +119,14 @@ async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&s
 /// (message id, receipt handle, body, last receive) of one record.
 type Received = (String, Option<String>, Option<String>, bool);
 
-pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, Error> {
+pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, FunctionError> {
     // Without a message id a failure cannot be reported: the batch is broken.
     let mut groups: BTreeMap<String, Vec<Received>> = BTreeMap::new();
     for record in event.payload.records {
-        let id = record.message_id.filter(|m| !m.is_empty()).ok_or("SQS record without messageId")?;
+        let id = record
+            .message_id
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| FunctionError::new(FailureKind::BadEvent, "SQS record without messageId"))?;
         let group = record.body.clone().unwrap_or_default();
         let last = last_receive(record.attributes.get("ApproximateReceiveCount").map(String::as_str));
         groups.entry(group).or_default().push((id, record.receipt_handle, record.body, last));
@@ -142,7 +146,7 @@ pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBa
     }
     let mut response = SqsBatchResponse::default();
     while let Some(done) = tasks.join_next().await {
-        for id in done? {
+        for id in done.map_err(|e| FunctionError::new(FailureKind::WorkerFailed, e))? {
             response.add_failure(id);
         }
     }
@@ -226,7 +230,8 @@ mod tests {
             event.records = records.into_iter().map(|(id, body, count)| record(id, body, count)).collect();
             let out = rt.block_on(handle(offline_app(), LambdaEvent::new(event, lambda_runtime::Context::default())));
             if ids.iter().any(|id| id.as_deref().is_none_or(str::is_empty)) {
-                prop_assert!(out.is_err());
+                let d: lambda_runtime::Diagnostic = out.unwrap_err().into();
+                prop_assert_eq!(d.error_type, "Hookledger.BadEvent");
             } else {
                 let failed: Vec<String> = out.unwrap().batch_item_failures.into_iter().map(|f| f.item_identifier).collect();
                 for id in &failed {

@@ -12,7 +12,8 @@ use hookledger::config::ReconcilerSettings;
 use hookledger::config::{self, ConfigError};
 use hookledger::outbox::Dispatcher;
 use hookledger::reconciler::{Reconciler, Summary};
-use lambda_runtime::{Error, LambdaEvent};
+use hookledger::telemetry::FunctionError;
+use lambda_runtime::LambdaEvent;
 
 pub use crate::backfills::Backfills;
 
@@ -81,7 +82,7 @@ pub fn budget(remaining: Duration) -> Duration {
 /// Runs one reconciliation. The run isolates its failures (counted in the
 /// summary and the `reconciler_errors` metric), so the invocation succeeds
 /// and the schedule does not retry it; the next scheduled run continues.
-pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Output, Error> {
+pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Output, FunctionError> {
     let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
     let deadline = Instant::now() + budget(remaining);
     tracing::info!(

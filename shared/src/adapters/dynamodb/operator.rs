@@ -94,8 +94,8 @@ impl DynamoLedger {
         }
     }
 
-    /// Every open record of the shard in `status`, newest first.
-    async fn open_rows(&self, status: Status, shard: u32, filter: &RowFilter<'_>) -> Result<Vec<Row>, PortError> {
+    /// Every open record of the shard in one of `statuses`, newest first.
+    async fn due_rows(&self, statuses: &[Status], shard: u32, filter: &RowFilter<'_>) -> Result<Vec<Row>, PortError> {
         let mut keys = Vec::new();
         let mut start = None;
         loop {
@@ -125,7 +125,7 @@ impl DynamoLedger {
             .batch_read(keys)
             .await?
             .into_iter()
-            .filter(|i| get_s(i, attr::STATUS) == Some(status.as_str()) && passes(i, filter))
+            .filter(|i| statuses.iter().any(|s| get_s(i, attr::STATUS) == Some(s.as_str())) && passes(i, filter))
             .collect();
         let sort_key =
             |i: &Item| (get_n(i, attr::RECEIVED_AT).unwrap_or(0), get_s(i, attr::PK).unwrap_or_default().to_owned());
@@ -160,11 +160,18 @@ impl OperatorLedger for DynamoLedger {
             Status::Dead | Status::Parked => self.attention_rows(status, shard, filter, want).await?,
             // Open records: every one is in the due index (keys only); read
             // them in batches.
-            Status::Received | Status::Processing | Status::Retryable => self.open_rows(status, shard, filter).await?,
+            Status::Received | Status::Processing | Status::Retryable => {
+                self.due_rows(&[status], shard, filter).await?
+            }
             // Finished records are in no index: `show KEY` reads one.
             Status::Processed => Vec::new(),
         };
         Ok(rows)
+    }
+
+    async fn open_rows(&self, shard: u32) -> Result<Vec<Row>, PortError> {
+        let everything = RowFilter { until_ms: i64::MAX, ..RowFilter::default() };
+        self.due_rows(&[Status::Received, Status::Processing, Status::Retryable], shard, &everything).await
     }
 
     async fn count(&self, status: Status) -> Result<u64, PortError> {
