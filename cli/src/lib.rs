@@ -17,6 +17,7 @@
 
 mod backfill;
 mod bridge;
+pub mod console;
 mod demo;
 pub mod replay_sns;
 mod send;
@@ -120,6 +121,9 @@ enum Command {
     /// Send what SNS could not deliver (the subscription's dead-letter queue)
     /// through the intake's verification and claim.
     ReplaySns(replay_sns::ReplaySnsArgs),
+    /// A local web console: overview with plots, search, timelines, audited
+    /// (bulk) replay, park and resolve. Binds to 127.0.0.1 by default.
+    Console(ConsoleArgs),
     /// Run one reconciliation now (what the scheduled function does).
     Reconcile {
         #[arg(long, default_value_t = 500)]
@@ -179,6 +183,22 @@ impl WindowArgs {
         }
         Ok(MetricWindow { since_ms: now - span_s * 1000, until_ms: now, period_s })
     }
+}
+
+#[derive(Args)]
+struct ConsoleArgs {
+    /// Where to listen. Anything but a loopback address needs --allow-remote.
+    #[arg(long, default_value = "127.0.0.1:8088")]
+    bind: std::net::SocketAddr,
+    /// Allow a non-loopback --bind (the console acts with your AWS credentials).
+    #[arg(long)]
+    allow_remote: bool,
+    /// Who is acting (kept with every action's reason).
+    #[arg(long, env = "USER", default_value = "operator")]
+    operator: String,
+    /// Metrics namespace (the functions' HOOKLEDGER_METRICS_NAMESPACE).
+    #[arg(long, env = "HOOKLEDGER_METRICS_NAMESPACE", default_value = "Hookledger")]
+    namespace: String,
 }
 
 #[derive(Args)]
@@ -507,6 +527,22 @@ where
             let done = ctx.ledger()?.migrate().await?;
             writeln!(out, "{}", serde_json::to_string_pretty(&done).unwrap_or_default())?;
         }
+        Command::Console(a) => {
+            if !console::is_loopback(&a.bind) && !a.allow_remote {
+                return Err(CliError::Failed(format!(
+                    "refusing to listen on {}: the console acts with your AWS credentials; use a loopback address, \
+                     or pass --allow-remote behind your own access control",
+                    a.bind
+                )));
+            }
+            let listener = tokio::net::TcpListener::bind(a.bind).await?;
+            let metrics = CloudWatchMetrics::new(aws_sdk_cloudwatch::Client::new(&ctx.aws), a.namespace.clone());
+            let endpoints = endpoint_names(std::env::var("HOOKLEDGER_ENDPOINTS").ok().as_deref());
+            let c = console::Console::new(ctx.ledger()?, ctx.queue()?, metrics, endpoints, a.operator.clone());
+            writeln!(out, "console on http://{} (operator {}); Ctrl-C stops it", listener.local_addr()?, a.operator)?;
+            out.flush()?;
+            c.serve(listener).await?;
+        }
         Command::Reconcile { max_items, drift_interval_secs } => {
             let settings = hookledger::config::ReconcilerSettings {
                 max_items,
@@ -535,6 +571,14 @@ where
         }
     }
     Ok(())
+}
+
+/// (endpoint name, provider) of every endpoint in `HOOKLEDGER_ENDPOINTS`
+/// (for the console's search by event id); none when unset or invalid.
+pub fn endpoint_names(raw: Option<&str>) -> Vec<(String, String)> {
+    raw.and_then(|r| hookledger::config::parse_endpoints(r).ok())
+        .map(|specs| specs.into_iter().map(|(name, spec)| (name, spec.provider.as_str().to_owned())).collect())
+        .unwrap_or_default()
 }
 
 #[derive(Clone, Copy)]

@@ -21,7 +21,7 @@ fn now_ms() -> i64 {
 }
 
 /// A stack with one PROCESSED, one PARKED and one DEAD (attempts exhausted) record.
-async fn populated() -> (Stack, Arc<FakeStripe>, Arc<dyn SubscriptionSource>) {
+pub(crate) async fn populated() -> (Stack, Arc<FakeStripe>, Arc<dyn SubscriptionSource>) {
     let stack = Stack::new().await;
     stack.map_customer("cus_ok", "acct_ok").await;
     let (fake, base) = FakeStripe::start().await;

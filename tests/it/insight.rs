@@ -75,7 +75,7 @@ async fn processed_copies(stack: &Stack, item: &HashMap<String, AttributeValue>,
 }
 
 /// The functions' EMF, as the intake and the processor print it.
-fn emf(function: &str, at_ms: i64, dims: &[(&str, &str)], values: &[(&str, serde_json::Value)]) -> String {
+pub(crate) fn emf(function: &str, at_ms: i64, dims: &[(&str, &str)], values: &[(&str, serde_json::Value)]) -> String {
     let mut doc = serde_json::json!({"_aws": {"Timestamp": at_ms, "CloudWatchMetrics": [{
         "Namespace": "NS",
         "Dimensions": [std::iter::once("function").chain(dims.iter().map(|d| d.0)).collect::<Vec<_>>()],

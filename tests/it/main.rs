@@ -5,8 +5,10 @@
 
 mod backfill;
 mod bench;
+mod browser;
 mod chaos;
 mod cli;
+mod console;
 mod explore;
 mod fake_provider;
 mod handler;
