@@ -20,6 +20,7 @@ Asserts, each with a clear message:
 """
 
 import json
+import os
 import sys
 
 from cfnlint.decode import decode
@@ -90,8 +91,11 @@ def main():
         if r["Type"] != "AWS::Serverless::Function":
             continue
         props = r["Properties"]
-        if r.get("Metadata", {}).get("BuildMethod") != "rust-cargolambda":
-            fail(f"{name} is not built with rust-cargolambda")
+        if r.get("Metadata", {}).get("BuildMethod") != "makefile":
+            fail(f"{name} is not built by the project's Makefile")
+        makefile = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Makefile")).read()
+        if f"build-{name}:" not in makefile:
+            fail(f"the Makefile has no build-{name} target")
         if props.get("Runtime", template["Globals"]["Function"]["Runtime"]) != "provided.al2023":
             fail(f"{name} does not run on provided.al2023")
         for policy in props.get("Policies", []):

@@ -1,6 +1,7 @@
 //! AWS implementations of the ports. Clients come from `aws_config`, so the
 //! standard `AWS_ENDPOINT_URL*` variables point them at any endpoint.
 
+#[cfg(feature = "cloudwatch")]
 pub mod cloudwatch;
 pub mod dynamodb;
 pub mod github;

@@ -1,0 +1,32 @@
+# `sam build --build-in-source` (BuildMethod: makefile) calls one target per
+# function. The first runs ONE cargo-lambda build of all three functions (one
+# dependency graph, features unified, every crate compiled once); the other
+# two find it done. Each target then copies its function's bootstrap.
+#
+#   HOOKLEDGER_BUILD_PROFILE   release (default) or debug
+#   HOOKLEDGER_LAMBDA_ARCH     x86_64 (default) or arm64 (needs that Rust target)
+HOOKLEDGER_BUILD_PROFILE ?= release
+HOOKLEDGER_LAMBDA_ARCH ?= x86_64
+LAMBDA_DIR := $(CURDIR)/.local/lambda/$(HOOKLEDGER_LAMBDA_ARCH)-$(HOOKLEDGER_BUILD_PROFILE)
+
+BUILD_FLAGS := --locked -p intake -p processor -p reconciler --lambda-dir $(LAMBDA_DIR)
+ifeq ($(HOOKLEDGER_BUILD_PROFILE),release)
+BUILD_FLAGS += --release
+endif
+ifeq ($(HOOKLEDGER_LAMBDA_ARCH),arm64)
+BUILD_FLAGS += --arm64
+endif
+
+.PHONY: functions build-IntakeFunction build-ProcessorFunction build-ReconcilerFunction
+
+functions:
+	cargo lambda build $(BUILD_FLAGS)
+
+build-IntakeFunction: functions
+	cp $(LAMBDA_DIR)/intake/bootstrap $(ARTIFACTS_DIR)/bootstrap
+
+build-ProcessorFunction: functions
+	cp $(LAMBDA_DIR)/processor/bootstrap $(ARTIFACTS_DIR)/bootstrap
+
+build-ReconcilerFunction: functions
+	cp $(LAMBDA_DIR)/reconciler/bootstrap $(ARTIFACTS_DIR)/bootstrap
