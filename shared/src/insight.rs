@@ -203,6 +203,13 @@ impl<L: OperatorLedger, M: MetricsReader> Insight<L, M> {
         Ok(stats_from(&series, &sparse, window, now_ms))
     }
 
+    /// Both, from one read of each source (the console's overview).
+    pub async fn overview(&self, window: &MetricWindow, now_ms: i64) -> Result<(Stats, Failures), PortError> {
+        let series = self.metrics.read(&METRIC_NAMES, window).await?;
+        let sparse = self.sparse().await?;
+        Ok((stats_from(&series, &sparse, window, now_ms), failures_from(&series, &sparse, window, now_ms, self.top)))
+    }
+
     pub async fn failures(&self, window: &MetricWindow, now_ms: i64) -> Result<Failures, PortError> {
         let series = self.metrics.read(&["received", "duplicate", "drift_found", "drift_repaired"], window).await?;
         let sparse = self.sparse().await?;

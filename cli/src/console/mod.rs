@@ -174,11 +174,9 @@ async fn overview(State(app): State<Shared>, Query(q): Query<Params>) -> Respons
     let period_s = ((since / 1000 / 24).max(60) / 60) * 60;
     let window = MetricWindow { since_ms: now - since, until_ms: now, period_s };
     let insight = &app.console.insight;
-    let (stats, failures) = match (insight.stats(&window, now).await, insight.failures(&window, now).await) {
-        (Ok(s), Ok(f)) => (s, f),
-        (Err(e), _) | (_, Err(e)) => {
-            return error_page(&app, StatusCode::BAD_GATEWAY, &format!("reading the figures: {e}"));
-        }
+    let (stats, failures) = match insight.overview(&window, now).await {
+        Ok(both) => both,
+        Err(e) => return error_page(&app, StatusCode::BAD_GATEWAY, &format!("reading the figures: {e}")),
     };
     let by = |s: &str| stats.now.by_status.get(s).copied().unwrap_or(0);
     let open = by("RECEIVED") + by("PROCESSING") + by("RETRYABLE");
