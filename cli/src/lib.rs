@@ -369,7 +369,8 @@ where
     T: Into<OsString> + Clone,
 {
     let cli = Cli::try_parse_from(args)?;
-    let aws = aws_config::load_from_env().await;
+    hookledger::adapters::https::install_tls();
+    let aws = aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await;
     let ctx = Ctx { aws, global: cli.global };
     let json = ctx.global.json;
     match cli.command {

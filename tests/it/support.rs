@@ -88,7 +88,8 @@ pub async fn aws() -> aws_config::SdkConfig {
         std::env::var("AWS_ENDPOINT_URL").is_ok(),
         "AWS_ENDPOINT_URL is not set: run the integration tests through scripts/test, which starts the emulator"
     );
-    aws_config::load_from_env().await
+    hookledger::adapters::https::install_tls();
+    aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await
 }
 
 pub fn now_s() -> i64 {
