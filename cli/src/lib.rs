@@ -369,7 +369,7 @@ where
     T: Into<OsString> + Clone,
 {
     let cli = Cli::try_parse_from(args)?;
-    hookledger::adapters::https::install_tls();
+    hookledger::adapters::tls::install_tls();
     let aws = aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await;
     let ctx = Ctx { aws, global: cli.global };
     let json = ctx.global.json;

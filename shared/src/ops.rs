@@ -1,5 +1,6 @@
-//! Operator actions over the ledger: stats, list, show, replay, park,
-//! resolve. Reads go through the `status` index (never a table scan); every
+//! Operator actions over the ledger: list, show, replay, park, resolve (the
+//! figures are `insight`'s). Reads go through the sparse `attention` and
+//! `due` indexes (never a table scan); every
 //! change is one conditional update that names the statuses it may leave
 //! (the [`OperatorLedger`] port; [`OperatorAction`] says which), plus an
 //! audit entry in the record's history.

@@ -47,7 +47,7 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect("start chromedriver");
-        let http = hookledger::adapters::https::client_builder().timeout(Duration::from_secs(60)).build().unwrap();
+        let http = hookledger::adapters::tls::client_builder().timeout(Duration::from_secs(60)).build().unwrap();
         let base = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {

@@ -113,7 +113,7 @@ async fn in_a_browser_the_operator_finds_an_event_opens_its_timeline_and_replays
 }
 
 fn http() -> reqwest::Client {
-    hookledger::adapters::https::client_builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
+    hookledger::adapters::tls::client_builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
 }
 
 fn token_of(page: &str) -> String {

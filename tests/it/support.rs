@@ -88,7 +88,7 @@ pub async fn aws() -> aws_config::SdkConfig {
         std::env::var("AWS_ENDPOINT_URL").is_ok(),
         "AWS_ENDPOINT_URL is not set: run the integration tests through scripts/test, which starts the emulator"
     );
-    hookledger::adapters::https::install_tls();
+    hookledger::adapters::tls::install_tls();
     aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await
 }
 

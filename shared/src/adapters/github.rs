@@ -43,7 +43,7 @@ impl GithubDeliveries {
                 "{hook:?} is not a hook path (repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook)"
             ));
         }
-        let client = crate::adapters::https::client_builder()
+        let client = crate::adapters::tls::client_builder()
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::none())

@@ -33,22 +33,6 @@ use crate::verify::sns::{FetchError, HttpsGet, MAX_CERTIFICATE_BYTES};
 
 /// The SNS getter. Its client is built on the first fetch (only SNS
 /// deliveries ever fetch), and a failure to build it fails that fetch.
-/// Makes ring the process's TLS crypto provider (once; harmless when one is
-/// installed already). Every HTTPS client of the library is built after it:
-/// reqwest is compiled without a provider of its own.
-pub fn install_tls() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
-/// A reqwest client builder, with the TLS provider installed.
-pub fn client_builder() -> reqwest::ClientBuilder {
-    install_tls();
-    reqwest::Client::builder()
-}
-
 pub struct ReqwestGetter {
     client: OnceLock<Result<reqwest::Client, String>>,
 }
@@ -61,7 +45,7 @@ impl ReqwestGetter {
 
     fn client(&self) -> Result<&reqwest::Client, FetchError> {
         let built = self.client.get_or_init(|| {
-            client_builder()
+            crate::adapters::tls::client_builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .https_only(true)
                 .connect_timeout(Duration::from_secs(2))

@@ -12,6 +12,7 @@ pub mod sns;
 pub mod sources;
 pub mod sqs;
 pub mod stripe;
+pub mod tls;
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 

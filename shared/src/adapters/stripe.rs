@@ -37,7 +37,7 @@ pub struct StripeApi {
 
 impl StripeApi {
     pub fn new(base_url: impl Into<String>, api_key: Secret) -> Result<Self, String> {
-        let client = crate::adapters::https::client_builder()
+        let client = crate::adapters::tls::client_builder()
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(5))
             .redirect(reqwest::redirect::Policy::none())
