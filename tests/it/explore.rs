@@ -592,12 +592,15 @@ pub enum Flow {
     ReconcilerRedrive,
     ReconcilerOutboxSweep,
     ReconcilerDriftRepair,
+    /// A run with nothing to do (the customer mapping only): its queries
+    /// per shard are the floor of every run.
+    ReconcilerIdle,
     OperatorReplay,
     OperatorPark,
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 23] = [
+pub const FLOWS: [Flow; 24] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -618,6 +621,7 @@ pub const FLOWS: [Flow; 23] = [
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,
     Flow::ReconcilerDriftRepair,
+    Flow::ReconcilerIdle,
     Flow::OperatorReplay,
     Flow::OperatorPark,
     Flow::OperatorResolve,
@@ -817,6 +821,7 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             w.now += ReconcilerSettings::default().drift_interval_ms + 1_000;
             none(key)
         }
+        Flow::ReconcilerIdle => none(EventKey::new("stripe", "stripe-a", "evt_none")),
         Flow::OperatorReplay | Flow::OperatorResolve => {
             // DEAD after a permanent failure, repaired outside Hookledger.
             let key = w
@@ -874,7 +879,7 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
             w.plan.scope("dispatcher");
             let _ = w.plan.run(w.dispatcher.dispatch(&pk, w.now)).await;
         }
-        Flow::ReconcilerRedrive | Flow::ReconcilerOutboxSweep | Flow::ReconcilerDriftRepair => {
+        Flow::ReconcilerRedrive | Flow::ReconcilerOutboxSweep | Flow::ReconcilerDriftRepair | Flow::ReconcilerIdle => {
             w.reconcile().await;
         }
         Flow::OperatorReplay => {
@@ -983,7 +988,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
                 w.expect_count("entries after replay", applied, 1);
             }
         }
-        Flow::ProcessorDead | Flow::ProcessorPark | Flow::OperatorPark | Flow::OperatorResolve => {
+        Flow::ProcessorDead | Flow::ProcessorPark | Flow::OperatorPark | Flow::OperatorResolve | Flow::ReconcilerIdle => {
             let none = w.state(&bal("t1", "acct_x")).await.is_none();
             if !none {
                 w.violation("doubled", "a mutation where none was due".into());
@@ -1121,11 +1126,12 @@ const INTAKE_FLOWS: [Flow; 7] = [
 const CONTRACT_FLOWS: [Flow; 5] =
     [Flow::ApplyEntitlement, Flow::ApplySeats, Flow::ApplyEmailStatus, Flow::ApplyLedger, Flow::ApplyInventory];
 const OUTCOME_FLOWS: [Flow; 4] = [Flow::ProcessorRetry, Flow::ProcessorDead, Flow::ProcessorPark, Flow::ProcessorGap];
-const BACKGROUND_FLOWS: [Flow; 7] = [
+const BACKGROUND_FLOWS: [Flow; 8] = [
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,
     Flow::ReconcilerDriftRepair,
+    Flow::ReconcilerIdle,
     Flow::OperatorReplay,
     Flow::OperatorPark,
     Flow::OperatorResolve,
@@ -1176,11 +1182,8 @@ async fn explore_one_flow() {
 }
 
 /// The AWS requests each flow's invocation makes without faults, from the
-/// fault plan's trace: `cargo test -p hookledger-it --test it
-/// explore::request_counts -- --ignored --nocapture` (emulator running).
-#[tokio::test]
-#[ignore = "a measurement: prints each flow's AWS requests as JSON"]
-async fn request_counts() {
+/// fault plan's trace, by operation.
+async fn request_counts() -> serde_json::Value {
     let mut out = serde_json::Map::new();
     for flow in FLOWS {
         let (ops, _) = run_flow(flow, None, false).await;
@@ -1190,5 +1193,45 @@ async fn request_counts() {
         }
         out.insert(format!("{flow:?}"), serde_json::json!({ "requests": ops.len(), "by_operation": counts }));
     }
-    println!("{}", serde_json::Value::Object(out));
+    serde_json::Value::Object(out)
+}
+
+/// `tests/golden/request-counts.json` is every explored flow's requests as
+/// the code makes them today: a change that adds or removes a request shows
+/// up as this test's failure and the file's diff. To accept a change,
+/// rewrite the file: `HOOKLEDGER_BLESS=1 cargo test -p hookledger-it --test it
+/// explore::request_counts_are_the_golden_ones` (emulator running).
+#[tokio::test]
+async fn request_counts_are_the_golden_ones() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/request-counts.json");
+    let got = request_counts().await;
+    if std::env::var("HOOKLEDGER_BLESS").is_ok_and(|v| v == "1") {
+        let text = serde_json::to_string_pretty(&got).unwrap_or_default();
+        std::fs::write(&path, text + "\n").unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        return;
+    }
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut diffs = Vec::new();
+    for flow in FLOWS {
+        let name = format!("{flow:?}");
+        if got[&name] != want[&name] {
+            diffs.push(format!("{name}: golden {} != now {}", want[&name], got[&name]));
+        }
+    }
+    assert!(diffs.is_empty(), "request counts changed (bless with HOOKLEDGER_BLESS=1 if intended):\n{}", diffs.join("\n"));
+    assert_eq!(want.as_object().map(|o| o.len()), Some(FLOWS.len()), "the golden file names flows that no longer exist");
+}
+
+/// An idle reconciler run: at most 4 queries per shard (records, outbox,
+/// re-checks, attention) and nothing else but reads of what they found.
+#[tokio::test]
+async fn an_idle_reconciler_run_makes_at_most_four_queries_per_shard() {
+    let (ops, _) = run_flow(Flow::ReconcilerIdle, None, false).await;
+    let queries = ops.iter().filter(|(_, service, op)| *service == "dynamodb" && op == "Query").count();
+    let others: Vec<_> = ops.iter().filter(|(_, service, op)| !(*service == "dynamodb" && op == "Query")).collect();
+    assert!(queries <= 4 * SHARDS as usize, "{queries} queries over {SHARDS} shards: {ops:?}");
+    assert!(others.is_empty(), "an idle run only queries: {others:?}");
 }
