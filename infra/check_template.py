@@ -12,6 +12,16 @@ Asserts, each with a clear message:
   size <= 10 and a maximum concurrency;
 - every function policy is least-privilege: no wildcard actions, no "*"
   resources for data services (DynamoDB, SQS, SNS, SSM, Secrets Manager);
+- every function with a secret reference in its environment may read
+  secrets the ways the README offers: SSM parameters under
+  SecretsParameterPath, and Secrets Manager secrets through
+  parameter/aws/reference/secretsmanager/<path>/* (ssm:GetParameter) with
+  secretsmanager:GetSecretValue on secret:<path>/*;
+- every SNS topic an alarm notifies is encrypted with a key of this template
+  (never alias/aws/*: CloudWatch cannot publish to such a topic) with
+  rotation on, administered by the account, and whose policy lets
+  cloudwatch.amazonaws.com kms:Decrypt and kms:GenerateDataKey* under an
+  aws:SourceAccount condition;
 - no secret value appears in the template;
 - every alarm says how it treats missing data; alarms on the project's own
   metrics never read missing data as healthy (no `notBreaching`), name only
@@ -19,6 +29,7 @@ Asserts, each with a clear message:
   treats missing data as breaching.
 """
 
+import fnmatch
 import json
 import os
 import sys
@@ -35,6 +46,112 @@ def fail(msg):
 
 def norm_keys(ks):
     return [(k["AttributeName"], k["KeyType"]) for k in ks]
+
+
+def as_list(v):
+    return v if isinstance(v, list) else [v]
+
+
+# Environment variables that hold secret references (env:/ssm:) by the code's
+# contract; any variable fed by a secret-reference parameter counts too.
+SECRET_VARS = ("HOOKLEDGER_ENDPOINTS", "HOOKLEDGER_STRIPE_API_KEY", "HOOKLEDGER_GITHUB_TOKEN")
+ALARM_ACTIONS = ("AlarmActions", "OKActions", "InsufficientDataActions")
+ALARM_KMS_ACTIONS = ("kms:Decrypt", "kms:GenerateDataKey*")
+
+
+def referenced(value):
+    """Names a value refers to: Ref, Fn::GetAtt and ${...} in Fn::Sub, anywhere inside."""
+    out = set()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "Ref" and isinstance(v, str):
+                out.add(v)
+            elif k == "Fn::GetAtt":
+                out.add((v.split(".")[0] if isinstance(v, str) else v[0]))
+            elif k == "Fn::Sub":
+                text = v if isinstance(v, str) else v[0]
+                out |= {n.split(".")[0] for n in _sub_names(text)}
+                if isinstance(v, list) and len(v) > 1:
+                    out |= referenced(v[1])
+            else:
+                out |= referenced(v)
+    elif isinstance(value, list):
+        for v in value:
+            out |= referenced(v)
+    return out
+
+
+def _sub_names(text):
+    names, i = [], 0
+    while True:
+        i = text.find("${", i)
+        if i < 0:
+            return names
+        j = text.find("}", i)
+        if j < 0:
+            return names
+        if text[i + 2:i + 3] != "!":
+            names.append(text[i + 2:j])
+        i = j + 1
+
+
+def sub_text(value):
+    """A resource ARN as written: a plain string or the text of an Fn::Sub."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Sub" in value:
+        v = value["Fn::Sub"]
+        return v if isinstance(v, str) else v[0]
+    return None
+
+
+def literal_strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from literal_strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from literal_strings(v)
+
+
+def is_account_id(value):
+    if isinstance(value, str):
+        return value.isdigit() and len(value) == 12
+    return value in ({"Ref": "AWS::AccountId"}, {"Fn::Sub": "${AWS::AccountId}"})
+
+
+def covers(granted, wanted):
+    return any(fnmatch.fnmatchcase(wanted.lower(), g.lower()) for g in granted)
+
+
+def cloudwatch_may_use(statement):
+    """The statement lets CloudWatch (this account's alarms only) encrypt for the topic."""
+    if statement.get("Effect") != "Allow":
+        return False
+    principal = statement.get("Principal", {})
+    services = as_list(principal.get("Service", [])) if isinstance(principal, dict) else []
+    if "cloudwatch.amazonaws.com" not in services:
+        return False
+    if not all(covers(as_list(statement.get("Action", [])), a) for a in ALARM_KMS_ACTIONS):
+        return False
+    for op, conds in statement.get("Condition", {}).items():
+        if op != "StringEquals":
+            continue
+        for key, value in conds.items():
+            if key.lower() == "aws:sourceaccount" and all(is_account_id(v) for v in as_list(value)):
+                return True
+    return False
+
+
+def account_administers(statement):
+    if statement.get("Effect") != "Allow":
+        return False
+    principal = statement.get("Principal", {})
+    roots = as_list(principal.get("AWS", [])) if isinstance(principal, dict) else []
+    root = "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"
+    return any(sub_text(r) == root for r in roots) and covers(as_list(statement.get("Action", [])), "kms:*")
 
 
 def main():
@@ -140,6 +257,89 @@ def main():
     if not heartbeat:
         fail("no heartbeat alarm: reconciler_runs, LessThanThreshold, TreatMissingData breaching")
     checks += 1
+
+    # Secrets the way the README says: a function that reads a secret reference
+    # may read it as an SSM parameter or as a Secrets Manager secret through SSM.
+    params = template.get("Parameters", {})
+    secret_params = {
+        p for p, d in params.items()
+        if p.endswith("Ref") or "ssm:/" in str(d.get("Description", "")) or "secret reference" in str(d.get("Description", "")).lower()
+    }
+    global_env = template.get("Globals", {}).get("Function", {}).get("Environment", {}).get("Variables", {})
+    plain = ":ssm:${AWS::Region}:${AWS::AccountId}:parameter/${SecretsParameterPath}/*"
+    through_ssm = ":ssm:${AWS::Region}:${AWS::AccountId}:parameter/aws/reference/secretsmanager/${SecretsParameterPath}/*"
+    secret = ":secretsmanager:${AWS::Region}:${AWS::AccountId}:secret:${SecretsParameterPath}/*"
+    for name, r in res.items():
+        if r["Type"] != "AWS::Serverless::Function":
+            continue
+        props = r["Properties"]
+        env = dict(global_env)
+        env.update(props.get("Environment", {}).get("Variables", {}))
+        holders = sorted(
+            var for var, value in env.items()
+            if var in SECRET_VARS
+            or referenced(value) & secret_params
+            or any(s.startswith(("ssm:", "env:")) or '"ssm:/' in s for s in literal_strings(value))
+        )
+        if not holders:
+            continue
+        granted = {}
+        for policy in props.get("Policies", []):
+            for st in policy.get("Statement", []):
+                if st.get("Effect") != "Allow":
+                    continue
+                for a in as_list(st["Action"]):
+                    granted.setdefault(a, set()).update(t for t in map(sub_text, as_list(st["Resource"])) if t)
+        def may(action, suffix):
+            return any(t.startswith("arn:${AWS::Partition}") and t.endswith(suffix) for t in granted.get(action, ()))
+        for action, suffix, what in (
+            ("ssm:GetParameter", plain, "SSM parameters under SecretsParameterPath (parameter/${SecretsParameterPath}/*)"),
+            ("ssm:GetParameter", through_ssm, "Secrets Manager references through SSM (parameter/aws/reference/secretsmanager/${SecretsParameterPath}/*)"),
+            ("secretsmanager:GetSecretValue", secret, "the secrets behind them (secretsmanager:GetSecretValue on secret:${SecretsParameterPath}/*)"),
+        ):
+            if not may(action, suffix):
+                fail(f"{name} holds secret references ({', '.join(holders)}) but may not read {what}: {action}")
+            checks += 1
+
+    # Alarms reach someone: CloudWatch must be able to encrypt for every topic
+    # an alarm notifies, which the AWS managed key (alias/aws/sns) never allows.
+    alarm_topics = {}
+    for name, r in res.items():
+        if r["Type"] not in ("AWS::CloudWatch::Alarm", "AWS::CloudWatch::CompositeAlarm"):
+            continue
+        for field in ALARM_ACTIONS:
+            for target in referenced(r["Properties"].get(field, [])):
+                if res.get(target, {}).get("Type") == "AWS::SNS::Topic":
+                    alarm_topics.setdefault(target, name)
+    for topic, alarm in sorted(alarm_topics.items()):
+        key_id = (res[topic].get("Properties") or {}).get("KmsMasterKeyId")
+        if key_id is None:
+            fail(f"{topic} (notified by {alarm}) is not encrypted; give it a key of this template that CloudWatch may use")
+        if isinstance(key_id, str):
+            if key_id.startswith("alias/aws/"):
+                fail(f"{topic} (notified by {alarm}) is encrypted with the AWS managed key {key_id}: CloudWatch cannot publish to it")
+            fail(f"{topic} (notified by {alarm}) uses key {key_id!r}, not a key of this template whose policy the check can read")
+        refs = referenced(key_id)
+        key = next(iter(refs)) if len(refs) == 1 else None
+        if key in res and res[key]["Type"] == "AWS::KMS::Alias":
+            target = referenced(res[key]["Properties"].get("TargetKeyId"))
+            key = next(iter(target)) if len(target) == 1 else None
+        if key not in res or res[key]["Type"] != "AWS::KMS::Key":
+            fail(f"{topic} (notified by {alarm}): KmsMasterKeyId {key_id} is not a Ref/GetAtt of an AWS::KMS::Key in the template")
+        kprops = res[key]["Properties"]
+        statements = as_list(kprops.get("KeyPolicy", {}).get("Statement", []))
+        if not any(cloudwatch_may_use(st) for st in statements):
+            fail(
+                f"{topic} (notified by {alarm}): the policy of {key} has no statement allowing Service "
+                f"cloudwatch.amazonaws.com {' and '.join(ALARM_KMS_ACTIONS)} with an aws:SourceAccount condition"
+            )
+        if not any(account_administers(st) for st in statements):
+            fail(f"{key}: its policy does not let the account root (arn:${{AWS::Partition}}:iam::${{AWS::AccountId}}:root) administer it (kms:*)")
+        if kprops.get("EnableKeyRotation") is not True:
+            fail(f"{key}: key rotation is off (EnableKeyRotation: true)")
+        checks += 1
+    if not alarm_topics:
+        fail("no alarm notifies an SNS topic of the template")
 
     text = open(template_path).read()
     for marker in ("whsec_", "sk_live_", "sk_test_"):

@@ -13,7 +13,7 @@ use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::github::GithubDeliveries;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::adapters::stripe::StripeEvents;
-use hookledger::backfill::{Backfill, BackfillSettings, Mode, Summary, Target};
+use hookledger::backfill::{Backfill, BackfillSettings, Mode, ParkedBackfill, Released, Summary, Target};
 use hookledger::config::{self, ProviderKind, SecretResolver};
 use hookledger::ports::{BackfillSource, Window};
 
@@ -65,6 +65,9 @@ pub struct BackfillArgs {
     /// Stop after this many seconds (the next run resumes).
     #[arg(long, default_value_t = 600)]
     max_seconds: u64,
+    /// The largest body taken; a larger one is parked `too_large`.
+    #[arg(long, env = "HOOKLEDGER_MAX_BACKFILL_BODY_BYTES", default_value_t = hookledger::backfill::DEFAULT_MAX_BODY_BYTES, value_parser = parse_body_bytes)]
+    max_backfill_body_bytes: usize,
 }
 
 /// Unix seconds, or an age before now (`30m`, `6h`, `2d`).
@@ -100,7 +103,11 @@ pub async fn run(
         mode,
     };
     let window = Window { since_s: args.since, until_s: until, types: args.types.clone() };
-    let settings = BackfillSettings { max_pages: args.max_pages, ..BackfillSettings::default() };
+    let settings = BackfillSettings {
+        max_pages: args.max_pages,
+        max_body_bytes: args.max_backfill_body_bytes,
+        ..BackfillSettings::default()
+    };
     let summary = match spec.provider {
         ProviderKind::Stripe => {
             if args.redeliver {
@@ -108,7 +115,8 @@ pub async fn run(
             }
             let reference = args.api_key.as_deref().ok_or("Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
             let key = resolve(aws, reference).await?;
-            let source = StripeEvents::new(args.api_base.clone(), key, args.account.clone())?;
+            let source = StripeEvents::new(args.api_base.clone(), key, args.account.clone())?
+                .with_max_body_bytes(args.max_backfill_body_bytes);
             execute(Backfill::new(ledger, queue, source, settings), &target, &window, &args, json).await
         }
         ProviderKind::Github => {
@@ -116,7 +124,8 @@ pub async fn run(
             let reference =
                 args.github_token.as_deref().ok_or("GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
             let token = resolve(aws, reference).await?;
-            let source = GithubDeliveries::new(args.github_api_base.clone(), hook, token)?;
+            let source = GithubDeliveries::new(args.github_api_base.clone(), hook, token)?
+                .with_max_body_bytes(args.max_backfill_body_bytes);
             execute(Backfill::new(ledger, queue, source, settings), &target, &window, &args, json).await
         }
         other => {
@@ -160,8 +169,8 @@ async fn execute<S: BackfillSource>(
         .run(target, window, args.dry_run, super::now_ms(), deadline, |s| {
             if let Some(bar) = &bar {
                 bar.set_message(format!(
-                    "page {}: seen {}, already recorded {}, {verb} {}, redeliveries asked {}, failed {}",
-                    s.pages, s.seen, s.already_recorded, s.recovered, s.redeliveries_requested, s.failed
+                    "page {}: seen {}, already recorded {}, {verb} {}, redeliveries asked {}, parked {}, failed {}",
+                    s.pages, s.seen, s.already_recorded, s.recovered, s.redeliveries_requested, s.parked, s.failed
                 ));
             }
         })
@@ -189,19 +198,134 @@ fn report(
     writeln!(out, "backfill {} [{}, {}){how}", args.endpoint, args.since, until).map_err(|e| e.to_string())?;
     writeln!(
         out,
-        "seen {}, already recorded {}, {verb} {}, redeliveries asked {}, failed {}, pages {}, rate-limit waits {}",
+        "seen {}, already recorded {}, {verb} {}, redeliveries asked {}, parked {}, failed {}, pages {}, rate-limit waits {}",
         summary.seen,
         summary.already_recorded,
         summary.recovered,
         summary.redeliveries_requested,
+        summary.parked,
         summary.failed,
         summary.pages,
         summary.rate_limit_waits
     )
     .map_err(|e| e.to_string())?;
+    if summary.parked > 0 {
+        writeln!(
+            out,
+            "parked {}: the provider cannot serve them (hookledger list --status parked; replay them once it can)",
+            summary.parked
+        )
+        .map_err(|e| e.to_string())?;
+    }
     match &summary.stopped {
         Some(why) => writeln!(out, "stopped before the end of the window: {why}"),
         None => writeln!(out, "window complete"),
     }
     .map_err(|e| e.to_string())
+}
+
+/// Where `hookledger replay` fetches a record a backfill parked without its
+/// payload again (the provider's API and key; the hook or the connected
+/// account are the ones recorded on the record).
+#[derive(Args)]
+pub struct SourceArgs {
+    /// Stripe: the API key, as a secret reference (env:NAME or ssm:/path).
+    #[arg(long, env = "HOOKLEDGER_STRIPE_API_KEY")]
+    api_key: Option<String>,
+    #[arg(long, env = "HOOKLEDGER_STRIPE_API_BASE", default_value = "https://api.stripe.com")]
+    api_base: String,
+    /// GitHub: a token that may read the hook's deliveries, as a secret reference.
+    #[arg(long, env = "HOOKLEDGER_GITHUB_TOKEN")]
+    github_token: Option<String>,
+    #[arg(long, env = "HOOKLEDGER_GITHUB_API_BASE", default_value = "https://api.github.com")]
+    github_api_base: String,
+    #[arg(long, env = "HOOKLEDGER_RETENTION_DAYS", default_value_t = 30)]
+    retention_days: u32,
+    /// The largest body taken (a larger one stays parked `too_large`).
+    #[arg(long, env = "HOOKLEDGER_MAX_BACKFILL_BODY_BYTES", default_value_t = hookledger::backfill::DEFAULT_MAX_BODY_BYTES, value_parser = parse_body_bytes)]
+    max_backfill_body_bytes: usize,
+}
+
+fn parse_body_bytes(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("{s:?} is not a number of bytes"))?;
+    let max = hookledger::backfill::MAX_MAX_BODY_BYTES;
+    if !(1024..=max).contains(&n) {
+        return Err(format!("{n} is not between 1024 and {max}"));
+    }
+    Ok(n)
+}
+
+/// `hookledger replay` of a record a backfill parked without its payload
+/// (`row`, as `show` reads it): asks its provider for that one event again
+/// and, if it serves it now, stores the payload and releases the record
+/// (RECEIVED, queued, the replay audited). `Ok`: how it went; `Err`: why it
+/// stays parked (or could not be asked).
+pub async fn replay_from_source(
+    aws: &aws_config::SdkConfig,
+    ledger: DynamoLedger,
+    queue: SqsQueue,
+    row: &hookledger::ledger::Row,
+    operator: &str,
+    reason: &str,
+    args: &SourceArgs,
+) -> Result<String, String> {
+    let parked = ParkedBackfill::from_row(row).ok_or_else(|| {
+        let status = row.get("status").and_then(|v| v.as_str()).unwrap_or("unknown");
+        format!("nothing to fetch: the record is {status}, no longer parked without its payload")
+    })?;
+    let target = Target {
+        provider: parked.provider.clone(),
+        endpoint: parked.endpoint.clone(),
+        tenant: parked.tenant.clone(),
+        retention_days: args.retention_days,
+        index_shards: ledger.shards(),
+        mode: Mode::Import,
+    };
+    let settings = BackfillSettings { max_body_bytes: args.max_backfill_body_bytes, ..BackfillSettings::default() };
+    let released = match parked.provider.as_str() {
+        "github" => {
+            let hook = parked.origin.as_deref().ok_or("the record names no GitHub hook to ask")?;
+            let reference = args
+                .github_token
+                .as_deref()
+                .ok_or("fetching it from GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
+            let token = resolve(aws, reference).await?;
+            let source = GithubDeliveries::new(args.github_api_base.clone(), hook, token)?
+                .with_max_body_bytes(args.max_backfill_body_bytes);
+            release(Backfill::new(ledger, queue, source, settings), &target, &parked, operator, reason).await?
+        }
+        "stripe" => {
+            let reference = args
+                .api_key
+                .as_deref()
+                .ok_or("fetching it from Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
+            let key = resolve(aws, reference).await?;
+            let source = StripeEvents::new(args.api_base.clone(), key, parked.origin.clone())?
+                .with_max_body_bytes(args.max_backfill_body_bytes);
+            release(Backfill::new(ledger, queue, source, settings), &target, &parked, operator, reason).await?
+        }
+        other => return Err(format!("{other} keeps nothing to fetch it from")),
+    };
+    match released {
+        Released::Released { queued: true } => Ok(format!("fetched again from {}, stored and queued", parked.provider)),
+        Released::Released { queued: false } => {
+            Ok(format!("fetched again from {} and stored; not queued now, the reconciler sends it", parked.provider))
+        }
+        Released::StillUnfetchable { cause, detail } => Err(format!(
+            "cannot replay {}: {} still cannot serve it ({cause}: {detail}); it stays parked",
+            parked.key, parked.provider
+        )),
+        Released::NotAwaiting => Ok("released meanwhile (by a delivery of it) or settled: nothing to do".into()),
+    }
+}
+
+async fn release<S: BackfillSource>(
+    backfill: Backfill<DynamoLedger, SqsQueue, S>,
+    target: &Target,
+    parked: &ParkedBackfill,
+    operator: &str,
+    reason: &str,
+) -> Result<Released, String> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    backfill.release(target, parked, operator, reason, super::now_ms(), deadline).await
 }

@@ -96,7 +96,9 @@ enum Command {
         payload: bool,
     },
     /// Give DEAD or PARKED records a controlled new attempt (same identity, audited).
-    Replay(ActionArgs),
+    /// A record a backfill parked without its payload is fetched from its
+    /// provider again (the provider flags are for that case).
+    Replay(ReplayArgs),
     /// Stop work on RECEIVED, RETRYABLE or DEAD records until replayed.
     Park(ActionArgs),
     /// Mark DEAD or PARKED records as settled outside Hookledger.
@@ -222,6 +224,14 @@ struct ActionArgs {
     /// Why (kept in the audit entry).
     #[arg(long)]
     reason: String,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    action: ActionArgs,
+    #[command(flatten)]
+    source: backfill::SourceArgs,
 }
 
 #[derive(Args)]
@@ -406,7 +416,8 @@ where
                     "VisibilityTimeout": hookledger::adapters::sqs::WORK_QUEUE_VISIBILITY_SECS,
                     "maxReceiveCount": hookledger::adapters::sqs::MAX_RECEIVE_COUNT,
                 },
-                "metrics": { "reconciler": hookledger::reconciler::METRICS },
+                // The reconciler function's metrics, its scheduled backfills' gauges included.
+                "metrics": { "reconciler": ([hookledger::reconciler::METRICS, hookledger::backfill::ALARMED_METRICS].concat()) },
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
         }
@@ -478,9 +489,9 @@ where
                 table::show(out, &record, &history, body.as_deref(), payload)?;
             }
         }
-        Command::Replay(a) => act(&ctx, out, a, Action::Replay).await?,
-        Command::Park(a) => act(&ctx, out, a, Action::Park).await?,
-        Command::Resolve(a) => act(&ctx, out, a, Action::Resolve).await?,
+        Command::Replay(a) => act(&ctx, out, a.action, Action::Replay, Some(&a.source)).await?,
+        Command::Park(a) => act(&ctx, out, a, Action::Park, None).await?,
+        Command::Resolve(a) => act(&ctx, out, a, Action::Resolve, None).await?,
         Command::MapSubject { provider, tenant, subject, account } => {
             hookledger::app::subjects::map_subject(
                 &aws_sdk_dynamodb::Client::new(&ctx.aws),
@@ -545,12 +556,15 @@ where
             c.serve(listener).await?;
         }
         Command::Reconcile { max_items, drift_interval_secs } => {
+            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+            let processor =
+                hookledger::config::processor_settings_from(env).map_err(|e| CliError::Failed(e.to_string()))?;
             let settings = hookledger::config::ReconcilerSettings {
                 max_items,
                 drift_interval_ms: drift_interval_secs * 1000,
                 ..Default::default()
-            };
-            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+            }
+            .with_lookahead_for(&processor);
             let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(&ctx.aws));
             let source = hookledger::adapters::stripe::source_from_env(env, &resolver)
                 .await
@@ -599,7 +613,13 @@ impl Action {
     }
 }
 
-async fn act(ctx: &Ctx, out: &mut (dyn Write + Send), a: ActionArgs, action: Action) -> Result<(), CliError> {
+async fn act(
+    ctx: &Ctx,
+    out: &mut (dyn Write + Send),
+    a: ActionArgs,
+    action: Action,
+    source: Option<&backfill::SourceArgs>,
+) -> Result<(), CliError> {
     if a.reason.trim().is_empty() {
         return Err(CliError::Failed("--reason must say why (it is kept in the audit entry)".into()));
     }
@@ -640,25 +660,43 @@ async fn act(ctx: &Ctx, out: &mut (dyn Write + Send), a: ActionArgs, action: Act
     let (mut done, mut failed) = (0, Vec::new());
     for (i, raw) in keys.iter().enumerate() {
         let result = match parse_key(raw) {
-            Err(e) => Err(e),
+            Err(e) => Err(e.to_string()),
             Ok(key) => match action {
-                Action::Replay => ops.replay(&key, &a.operator, &a.reason, now_ms()).await,
-                Action::Park => ops.park(&key, &a.operator, &a.reason, now_ms()).await,
-                Action::Resolve => ops.resolve(&key, &a.operator, &a.reason, now_ms()).await,
+                Action::Replay => match ops.replay(&key, &a.operator, &a.reason, now_ms()).await {
+                    // A backfill parked it without its payload: fetch it from its provider again.
+                    Err(e) if e.needs_its_source() => match (source, ops.show(&key, false).await) {
+                        (Some(source), Ok((row, _, _))) => {
+                            let (ledger, queue) = (ctx.ledger()?, ctx.queue()?);
+                            backfill::replay_from_source(&ctx.aws, ledger, queue, &row, &a.operator, &a.reason, source)
+                                .await
+                                .map(Some)
+                        }
+                        (_, Err(e)) => Err(e.to_string()),
+                        (None, _) => Err(e.to_string()),
+                    },
+                    r => r.map(|()| None).map_err(|e| e.to_string()),
+                },
+                Action::Park => {
+                    ops.park(&key, &a.operator, &a.reason, now_ms()).await.map(|()| None).map_err(|e| e.to_string())
+                }
+                Action::Resolve => {
+                    ops.resolve(&key, &a.operator, &a.reason, now_ms()).await.map(|()| None).map_err(|e| e.to_string())
+                }
             },
         };
         match result {
-            Ok(()) => {
+            Ok(how) => {
                 done += 1;
                 if !ctx.global.json {
-                    writeln!(out, "[{}/{total}] {} {raw}", i + 1, action.verb())?;
+                    let how = how.map(|h| format!(" ({h})")).unwrap_or_default();
+                    writeln!(out, "[{}/{total}] {} {raw}{how}", i + 1, action.verb())?;
                 }
             }
             Err(e) => {
                 if !ctx.global.json {
                     writeln!(out, "[{}/{total}] failed: {e}", i + 1)?;
                 }
-                failed.push(e.to_string());
+                failed.push(e);
             }
         }
     }

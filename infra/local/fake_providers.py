@@ -1,14 +1,18 @@
 """Fake Stripe and GitHub APIs for the local stack (loopback only).
 
 Stripe: GET /v1/subscriptions/{id}; GET /v1/events (newest first; limit,
-created[gte], created[lt], types[], starting_after, as Stripe pages it).
+created[gte], created[lt], types[], starting_after, as Stripe pages it);
+GET /v1/events/{id} (one event, what a replay of a parked event asks for).
 GitHub, one hook per path: GET /repos/{owner}/{repo}/hooks/{id}/deliveries
 (newest first, Link cursors), GET .../deliveries/{id} (with the kept
-payload), POST .../deliveries/{id}/attempts (a redelivery request, recorded).
+payload; `null` for a delivery seeded without one, as GitHub serves some),
+POST .../deliveries/{id}/attempts (a redelivery request, recorded).
 
 Both check a bearer key (DEV_STRIPE_API_KEY, DEV_GITHUB_TOKEN from the
 environment). The demo seeds state through POST /_admin/stripe/subscriptions,
-/_admin/stripe/events and /_admin/github/deliveries (JSON bodies).
+/_admin/stripe/events and /_admin/github/deliveries (JSON bodies; a delivery
+posted again with the same id replaces the first, so a payload can be
+served later: a backfill parks the delivery, a replay then fetches it).
 """
 
 import argparse
@@ -62,7 +66,12 @@ class Handler(BaseHTTPRequestHandler):
                 return self.answer(200, ev)
             if url.path == "/_admin/github/deliveries":
                 d = self.body()
-                DELIVERIES.setdefault(d.pop("hook"), []).insert(0, d)
+                listed = DELIVERIES.setdefault(d.pop("hook"), [])
+                same = next((i for i, old in enumerate(listed) if old["id"] == d["id"]), None)
+                if same is None:
+                    listed.insert(0, d)
+                else:
+                    listed[same] = d
                 return self.answer(200, d)
             m = DELIVERIES_PATH.match(url.path)
             if m and m.group(3):
@@ -84,6 +93,9 @@ class Handler(BaseHTTPRequestHandler):
                     return self.answer(200, sub) if sub else self.answer(404, {"error": {"code": "resource_missing"}})
                 if url.path == "/v1/events":
                     return self.answer(200, self.events(q))
+                if url.path.startswith("/v1/events/"):
+                    ev = next((e for e in EVENTS if e["id"] == url.path.rsplit("/", 1)[1]), None)
+                    return self.answer(200, ev) if ev else self.answer(404, {"error": {"code": "resource_missing"}})
             m = DELIVERIES_PATH.match(url.path)
             if m:
                 if not self.authorised("DEV_GITHUB_TOKEN"):

@@ -102,6 +102,19 @@ pub struct ReconcilerSettings {
     /// Outbox items younger than this are left to their processor.
     pub outbox_grace_ms: i64,
     pub retention_days: u32,
+    /// How far ahead of now an open record can be due (the longest it can be
+    /// scheduled ahead: the larger of the re-drive backoff, the processor's
+    /// retry-backoff cap and its lease): the records read for the oldest
+    /// open record's age reach this far.
+    pub lookahead_ms: i64,
+}
+
+impl ReconcilerSettings {
+    /// The look-ahead for a processor with `processor`'s lease and retry cap.
+    pub fn with_lookahead_for(self, processor: &ProcessorSettings) -> Self {
+        let lookahead_ms = self.redrive_backoff_ms.max(processor.backoff.max_ms).max(processor.lease_ms);
+        Self { lookahead_ms, ..self }
+    }
 }
 
 impl Default for ReconcilerSettings {
@@ -112,6 +125,7 @@ impl Default for ReconcilerSettings {
             drift_interval_ms: DEFAULT_DRIFT_INTERVAL_MS,
             outbox_grace_ms: 60_000,
             retention_days: DEFAULT_RETENTION_DAYS,
+            lookahead_ms: 300_000,
         }
     }
 }

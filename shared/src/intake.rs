@@ -16,6 +16,7 @@
 //! | signed but malformed                        | 400 (nothing stored)   |
 //! | new event, claimed, stored and enqueued     | 202                    |
 //! | duplicate (re-enqueued if never sent)       | 200                    |
+//! | an identity a backfill parked without its payload: released with ours | 202 |
 //! | storage, queue or certificate fault         | 503 + Retry-After      |
 
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ use http::{HeaderMap, Method};
 
 use crate::config::{Endpoint, EndpointVerifier, Settings};
 use crate::identity::EventKey;
-use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, SendLease, Status};
+use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, WorkQueue};
 use crate::verify::hashes::{self, delivery_hashes};
@@ -276,7 +277,42 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                     self.unavailable("enqueue", key, e)
                 }
             },
+            // A backfill parked it because its provider would not serve it:
+            // this delivery supplies the payload.
+            Claim::Existing(existing) if existing.awaits_payload() => self.release_parked(&event, req.body).await,
             Claim::Existing(existing) => self.duplicate(&event, existing, req.body).await,
+        }
+    }
+
+    /// A delivery of an identity a backfill parked without its payload
+    /// (PARKED `backfill_unrecoverable:…`): its body becomes the record's
+    /// payload and the record is released — RECEIVED, in the reconciler's
+    /// index, our send lease — in one conditional write after the payload is
+    /// stored (in the record when small), then the key is queued with the
+    /// payload: answered as an accepted event. After the failed claim this
+    /// costs the release (and a payload item or S3 object when the body does
+    /// not fit in the record) and the send. If another delivery or a replay
+    /// released it first, or an operator settled it, this is a duplicate.
+    async fn release_parked(&self, event: &NewEvent, body: &[u8]) -> Outcome {
+        let key = &event.key;
+        match self.ledger.release_parked(event, body, "webhook").await {
+            Ok(Release::Released) => {}
+            // Its releaser holds the send lease; the reconciler re-drives it if that one dies.
+            Ok(Release::NotAwaiting) => return Outcome::Duplicate { resent: false, conflict: false },
+            Err(PortError::TooLarge { limit, .. }) => return Outcome::TooLarge { limit },
+            Err(e) => {
+                // The release may have committed with its acknowledgement lost.
+                self.release(key, &event.send).await;
+                return self.unavailable("release", key, e);
+            }
+        }
+        tracing::info!(key = %key, "delivery released a record a backfill parked without its payload");
+        match self.queue.send_with_payload(key, body).await {
+            Ok(()) => Outcome::Accepted,
+            Err(e) => {
+                self.release(key, &event.send).await;
+                self.unavailable("enqueue", key, e)
+            }
         }
     }
 

@@ -147,6 +147,33 @@ pub struct ExistingRecord {
     pub via: Via,
 }
 
+impl ExistingRecord {
+    /// A record a backfill parked because its source could not serve the
+    /// event (PARKED `backfill_unrecoverable:<cause>`, no payload): a
+    /// delivery of it supplies the payload and releases it.
+    pub fn awaits_payload(&self) -> bool {
+        self.status == Status::Parked && !self.payload_stored && self.via == Via::Backfill
+    }
+}
+
+/// The `park_reason` prefix of an event a backfill could not have from its
+/// source (`backfill_unrecoverable:<cause>`).
+pub const BACKFILL_UNRECOVERABLE: &str = "backfill_unrecoverable:";
+
+/// The `payload_hash` of a record parked without a payload (no body hashes
+/// to it).
+pub const NO_PAYLOAD_HASH: &str = "none";
+
+/// What releasing a record parked without its payload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The payload is stored and the record RECEIVED, its send lease ours.
+    Released,
+    /// It no longer awaits a payload (released by another delivery, or
+    /// settled by an operator): nothing written.
+    NotAwaiting,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// This call created the record.
@@ -371,9 +398,11 @@ impl DueRecord {
     }
 }
 
-/// An item of the `due` index due now: one partition per shard holds the
-/// ledger records, the outbox items and the entitlements, so one query per
-/// shard finds all the reconciler may act on.
+/// An item of the `due` index due now. Each kind has its own partition per
+/// shard (records `due#NNN`, outbox items `out#NNN`, re-checks `chk#NNN`),
+/// so one kind's backlog never hides another's; a `due#NNN` partition of a
+/// table not yet migrated may still hold outbox items and entitlements
+/// (`hookledger migrate` moves them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Due {
     Record(DueRecord),
@@ -385,6 +414,66 @@ pub enum Due {
     },
     /// An entitlement due for its next drift check.
     Drift(DriftItem),
+}
+
+impl Due {
+    pub fn due_at_ms(&self) -> i64 {
+        match self {
+            Due::Record(r) => r.due_at_ms,
+            Due::Outbox { due_at_ms, .. } => *due_at_ms,
+            Due::Drift(e) => e.due_at_ms,
+        }
+    }
+}
+
+/// A partition of the `due` index, one per reconciler phase, in the order a
+/// run sweeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DuePartition {
+    /// Ledger records (`due#NNN`).
+    Records,
+    /// Outbox items (`out#NNN`).
+    Outbox,
+    /// Re-checks against the provider: entitlements (`chk#NNN`).
+    Checks,
+}
+
+impl DuePartition {
+    pub const ALL: [DuePartition; 3] = [DuePartition::Records, DuePartition::Outbox, DuePartition::Checks];
+
+    /// The partition-name prefix (`due`, `out`, `chk`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            DuePartition::Records => "due",
+            DuePartition::Outbox => "out",
+            DuePartition::Checks => "chk",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DuePartition::Records => "records",
+            DuePartition::Outbox => "outbox",
+            DuePartition::Checks => "checks",
+        }
+    }
+}
+
+/// Where a page of the `due` index ended: the last item read (its next
+/// look and keys). Opaque to the reconciler, which hands it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueCursor {
+    pub due_at_ms: i64,
+    pub pk: String,
+    pub sk: String,
+}
+
+/// One page of a `due` partition, oldest first; `next`: more items within
+/// the range follow.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DuePage {
+    pub items: Vec<Due>,
+    pub next: Option<DueCursor>,
 }
 
 /// What needs an operator, counted from the attention index.

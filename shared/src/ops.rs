@@ -33,6 +33,20 @@ pub enum OpsError {
     Storage(#[from] PortError),
 }
 
+/// Why a replay of a record a backfill parked without its payload is refused.
+pub const NEEDS_ITS_SOURCE: &str = "a backfill parked it without its payload (its provider would not serve it); \
+     `hookledger replay` fetches it from the provider again, and a webhook delivery of it releases it";
+
+impl OpsError {
+    /// A replay refused because a backfill parked the record without its
+    /// payload (the condition on the replay refuses it): `hookledger replay`
+    /// fetches it from its source instead (`backfill::Backfill::release`).
+    pub fn needs_its_source(&self) -> bool {
+        matches!(self, Self::IllegalTransition { action, from, .. }
+            if *action == OperatorAction::Replay.name() && *from == Status::Parked.as_str())
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     /// Empty: every status.
@@ -133,6 +147,15 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
         match self.ledger.transition(key, action, operator, reason, now_ms).await? {
             Transitioned::Done => {}
             Transitioned::Missing => return Err(OpsError::UnknownEvent(key.to_string())),
+            // PARKED may be replayed, unless a backfill parked it without its payload.
+            Transitioned::Refused(Status::Parked) if action == OperatorAction::Replay => {
+                return Err(OpsError::IllegalTransition {
+                    action: action.name(),
+                    key: key.to_string(),
+                    from: Status::Parked.as_str(),
+                    allowed: NEEDS_ITS_SOURCE,
+                });
+            }
             Transitioned::Refused(from) => {
                 return Err(OpsError::IllegalTransition {
                     action: action.name(),
@@ -148,7 +171,9 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
 
     /// DEAD or PARKED → RETRYABLE, due now, attempts and failures reset, a
     /// new time window (set by the next lease), same identity; audited; the
-    /// key is queued at once.
+    /// key is queued at once. A record a backfill parked without its payload
+    /// is refused ([`OpsError::needs_its_source`]): `hookledger replay`
+    /// fetches it from its provider again (`backfill::Backfill::release`).
     pub async fn replay(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
         self.transition(key, OperatorAction::Replay, operator, reason, now_ms).await?;
         self.queue.send(key).await?;
@@ -340,6 +365,14 @@ mod tests {
             if !action.from().contains(&from) {
                 return Ok(Transitioned::Refused(from));
             }
+            // As `conditions::operator`: no replay of a record awaiting its payload.
+            let unfetched = r
+                .get("park_reason")
+                .and_then(Value::as_str)
+                .is_some_and(|p| p.starts_with(crate::ledger::BACKFILL_UNRECOVERABLE));
+            if action == OperatorAction::Replay && unfetched {
+                return Ok(Transitioned::Refused(from));
+            }
             let to = action.to();
             r.insert("status".into(), to.as_str().into());
             r.insert("st_shard".into(), status_shard(to, key.shard(SHARDS)).into());
@@ -456,6 +489,25 @@ mod tests {
         assert_eq!(history[0]["detail"], "by alice: the API key is fixed");
         assert_eq!(history[0]["at"], NOW);
         assert_eq!(ledger.history(&parked)[0]["detail"], "by alice: gap filled by hand");
+    }
+
+    /// Issue 18.3: a record a backfill parked without its payload would only
+    /// fail if made RETRYABLE: the replay is refused (console, ops) with what
+    /// to do instead, nothing is queued or audited, and it can still be resolved.
+    #[tokio::test]
+    async fn a_record_a_backfill_parked_without_its_payload_is_not_replayed_without_it() {
+        let (ledger, queue, ops) = ops();
+        let k = key("evt_unfetched");
+        let reason = "backfill_unrecoverable:no_payload";
+        ledger.add(&k, Status::Parked, NOW - 1_000, json!({"park_reason": reason, "payload_stored": false}));
+        let err = ops.replay(&k, "alice", "try it", NOW).await.unwrap_err();
+        assert!(matches!(err, OpsError::IllegalTransition { from: "PARKED", .. }), "{err}");
+        assert!(err.needs_its_source(), "{err}");
+        assert!(err.to_string().contains("hookledger replay"), "{err}");
+        assert_eq!((status_of(&ledger, &k), queue.sent().len()), ("PARKED".to_owned(), 0));
+        assert!(ledger.history_is_empty());
+        ops.resolve(&k, "alice", "sent by hand", NOW).await.unwrap();
+        assert_eq!(status_of(&ledger, &k), "PROCESSED");
     }
 
     #[tokio::test]

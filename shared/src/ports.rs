@@ -20,9 +20,10 @@
 use std::future::Future;
 
 use crate::identity::EventKey;
+use crate::ledger::Release;
 use crate::ledger::{
-    Attention, Claim, CommitResult, Due, DueItem, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row,
-    SendLease, Status, Transitioned,
+    Attention, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition, Exit, LeaseResult, NewEvent,
+    OperatorAction, PortError, Row, SendLease, Status, Transitioned,
 };
 use crate::message::{Dispatched, Held, OutboxClaim};
 use crate::projection::Op;
@@ -84,6 +85,29 @@ pub trait Ledger: Send + Sync {
         other_hash: &str,
         at_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// A record a backfill parked without its payload
+    /// ([`ExistingRecord::awaits_payload`](crate::ledger::ExistingRecord::awaits_payload))
+    /// gets `body` as its payload (stored first: in the record, its own
+    /// item or S3, as the claim would store it) and is released in one
+    /// conditional write: RECEIVED, back in the `due` index, the send lease
+    /// `event.send`'s, `via` = `event.via`, `released_by` = `by`.
+    /// `Release::NotAwaiting`: it was released or settled meanwhile (our
+    /// own retried write, meeting its own lease, is `Released`). A store
+    /// that never holds such records need not implement it.
+    fn release_parked(
+        &self,
+        event: &NewEvent,
+        body: &[u8],
+        by: &str,
+    ) -> impl Future<Output = Result<Release, PortError>> + Send {
+        let _ = (event, body, by);
+        async {
+            Err(PortError::Unavailable {
+                service: "ledger",
+                message: "this ledger cannot release parked records".into(),
+            })
+        }
+    }
 }
 
 /// The work queue between intake and processor (SQS in production).
@@ -228,9 +252,19 @@ pub trait Publisher: Send + Sync {
 /// evidence counts. Drift repairs create records through [`Ledger`].
 pub trait DueLedger: Ledger {
     fn shards(&self) -> u32;
-    /// The items of `shard` due at `up_to` or earlier (records, outbox
-    /// items, entitlements), oldest first, at most `limit`: one query.
-    fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<Due>, PortError>> + Send;
+    /// The items of one partition of `shard` due at `up_to` or earlier,
+    /// oldest first, after `after` (a page's `next`), at most `limit`
+    /// (≤ 100): one query, and one batch read of the records and
+    /// entitlements it found. A records partition of a table not yet
+    /// migrated may also yield outbox items and entitlements.
+    fn due(
+        &self,
+        partition: DuePartition,
+        shard: u32,
+        up_to: i64,
+        limit: usize,
+        after: Option<&DueCursor>,
+    ) -> impl Future<Output = Result<DuePage, PortError>> + Send;
     /// Moves a due item's next look from `seen` to `next` with a fresh claim
     /// token. `Ok(Some(token))`: this run owns it (our own retried claim
     /// included); `Ok(None)`: another run moved it first.
@@ -418,6 +452,53 @@ pub enum SourceError {
     Unavailable(String),
     /// The request is wrong (bad key, unknown account, bad cursor): do not retry.
     Rejected(String),
+    /// This one event cannot be had from the source, and asking again will
+    /// not change that (a per-event failure: the rest of the list is fine).
+    /// `detail` says why, never with the payload.
+    Unfetchable { cause: Unfetchable, detail: String },
+}
+
+/// The largest body a backfill takes by default
+/// (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`): 25 MiB.
+pub const DEFAULT_MAX_BACKFILL_BODY_BYTES: usize = 25 * 1024 * 1024;
+/// The most `HOOKLEDGER_MAX_BACKFILL_BODY_BYTES` may be (the body is held in
+/// memory, with its compressed copy).
+pub const MAX_MAX_BACKFILL_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Why one listed event cannot be had from its source. The backfill records
+/// it under its identity, PARKED `backfill_unrecoverable:<cause>` without a
+/// payload, and moves on; a replay or a webhook delivery of it releases it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfetchable {
+    /// Listed, but no payload is served for it (GitHub keeps none for some
+    /// deliveries).
+    NoPayload,
+    /// What is served for it is not JSON.
+    NotJson,
+    /// The source answers this 4xx for the event (not 401/403/429: those
+    /// are about the key or the rate, and stop the run instead).
+    Status(u16),
+    /// Larger than a backfill takes (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`),
+    /// or than the ledger stores without a payload bucket.
+    TooLarge,
+}
+
+impl Unfetchable {
+    /// The cause as the park reason names it: `no_payload`, `not_json`,
+    /// `http_<status>`, `too_large`.
+    pub fn cause(self) -> String {
+        match self {
+            Self::NoPayload => "no_payload".into(),
+            Self::NotJson => "not_json".into(),
+            Self::Status(code) => format!("http_{code}"),
+            Self::TooLarge => "too_large".into(),
+        }
+    }
+
+    /// The park reason of an event parked for this cause.
+    pub fn park_reason(self) -> String {
+        format!("{}{}", crate::ledger::BACKFILL_UNRECOVERABLE, self.cause())
+    }
 }
 
 impl std::fmt::Display for SourceError {
@@ -428,6 +509,9 @@ impl std::fmt::Display for SourceError {
             }
             Self::Unavailable(m) => write!(f, "provider unavailable: {m}"),
             Self::Rejected(m) => write!(f, "provider refused the request: {m}"),
+            Self::Unfetchable { cause, detail } => {
+                write!(f, "the provider cannot serve this event ({}): {detail}", cause.cause())
+            }
         }
     }
 }
@@ -458,6 +542,29 @@ pub trait BackfillSource: Send + Sync {
         let _ = event;
         async { Err(SourceError::Rejected("this provider cannot redeliver".into())) }
     }
+
+    /// Where this source reads, beyond the endpoint's provider: GitHub's
+    /// hook path, Stripe's connected account. Kept on an event parked as
+    /// unfetchable, so a replay asks the same place again.
+    fn origin(&self) -> Option<String> {
+        None
+    }
+}
+
+/// An event a backfill could not have from its source, as it is parked
+/// (PARKED `reason`, `payload_stored` false, no payload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnfetchedEvent<'a> {
+    /// `backfill_unrecoverable:<cause>` ([`Unfetchable::park_reason`]).
+    pub reason: &'a str,
+    /// Why, for the operator (never a payload).
+    pub detail: &'a str,
+    /// The source's handle of the event (GitHub's delivery id).
+    pub handle: Option<&'a str>,
+    /// [`BackfillSource::origin`].
+    pub origin: Option<&'a str>,
+    /// When the source says the event was created (epoch seconds).
+    pub created_s: i64,
 }
 
 /// Where a backfill run stands: the cursor of the next page to read, and
@@ -511,6 +618,32 @@ pub trait BackfillLedger: Send + Sync {
         &self,
         run: &str,
         progress: &BackfillProgress,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Records an event its source cannot serve under its identity, PARKED
+    /// without a payload: one conditional put that creates the record only
+    /// if the key is new (as the claim does). `Claim::New`: parked now (our
+    /// own retried put, meeting the record it made, included);
+    /// `Claim::Existing`: the identity is recorded already.
+    fn park(
+        &self,
+        event: &NewEvent,
+        unfetched: &UnfetchedEvent<'_>,
+    ) -> impl Future<Output = Result<Claim, PortError>> + Send;
+    /// Gives a record parked without its payload the payload fetched now and
+    /// releases it: [`Ledger::release_parked`].
+    fn release(
+        &self,
+        event: &NewEvent,
+        body: &[u8],
+        by: &str,
+    ) -> impl Future<Output = Result<Release, PortError>> + Send;
+    /// Appends an audit entry to the record's history.
+    fn note(
+        &self,
+        key: &EventKey,
+        kind: &str,
+        detail: &str,
         now_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 }

@@ -1,16 +1,26 @@
 //! The reconciler: finds what the webhooks alone cannot finish, through the
 //! sparse, sharded `due` index (never a scan), and hands it back to the same
-//! pipeline.
+//! pipeline. Each phase sweeps its own partition of every shard:
 //!
-//! - `due#…`: RECEIVED records never sent or not picked up (due 60 s after
-//!   receipt), PROCESSING records whose lease expired (due at expiry),
-//!   RETRYABLE records whose retry is due → re-driven to SQS.
-//! - `out#…`: outbox items still pending, or claimed by a dispatcher that
-//!   died → published (same idempotency key); a failed publish backs off and,
-//!   its attempts exhausted, goes DEAD (see [`crate::outbox`]).
-//! - `ent#…`: entitlements whose last provider check is older than the drift
-//!   interval → compared with Stripe; drift is repaired by a reconciliation
-//!   event (`recon:<subscription>:<drift instance>`) through the processor.
+//! 1. records, `due#…`: RECEIVED records never sent or not picked up (due
+//!    60 s after receipt), PROCESSING records whose lease expired (due at
+//!    expiry), RETRYABLE records whose retry is due → re-driven to SQS. Its
+//!    pages reach [`ReconcilerSettings::lookahead_ms`] past now, so the
+//!    oldest open record's age is measured from the same reads;
+//! 2. outbox, `out#…`: outbox items still pending, or claimed by a
+//!    dispatcher that died → published (same idempotency key); a failed
+//!    publish backs off and, its attempts exhausted, goes DEAD (see
+//!    [`crate::outbox`]);
+//! 3. re-checks, `chk#…`: entitlements whose last provider check is older
+//!    than the drift interval → compared with Stripe; drift is repaired by a
+//!    reconciliation event (`recon:<subscription>:<drift instance>`) through
+//!    the processor.
+//!
+//! Each phase has a guaranteed share of the run's item budget ([`shares`]:
+//! 60 / 30 / 10 %); what a phase leaves unused passes on to the phases that
+//! ran out of theirs, records first. A phase that stops (throttled,
+//! failures in a row) ends only its own sweep, so a re-check backlog or a
+//! provider outage never keeps a 2xx'd record from being re-driven.
 //!
 //! Each item is claimed before it is acted on with a conditional update of
 //! its `due_at` (from the value read to the next look) that also writes a
@@ -35,7 +45,9 @@ use std::time::Instant;
 use crate::adapters::dynamodb::DynamoLedger;
 use crate::config::ReconcilerSettings;
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, DriftItem, Due, DueItem, DueRecord, NewEvent, PortError, SendLease, Status};
+use crate::ledger::{
+    Claim, DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, NewEvent, PortError, SendLease, Status,
+};
 use crate::message::Dispatched;
 use crate::outbox::Dispatcher;
 use crate::policy::SEND_LEASE_MS;
@@ -60,6 +72,7 @@ pub const METRICS: &[&str] = &[
     "stuck_leases",
     "drift_found_last_run",
     "oldest_unprocessed_age",
+    "reconciler_incomplete",
     "reconcile_duration",
 ];
 
@@ -81,7 +94,13 @@ pub struct Summary {
     pub outbox_dead: u64,
     /// Expired leases seen (each also counted in `redriven.lease_expired`).
     pub stuck_leases: u64,
+    /// The oldest open record's age: max(now − received) over the open
+    /// records due up to the look-ahead; a lower bound when
+    /// `incomplete_shards` > 0.
     pub oldest_unprocessed_age_ms: Option<i64>,
+    /// Shards holding more open records in the look-ahead than the run read
+    /// (the `reconciler_incomplete` metric).
+    pub incomplete_shards: u64,
     /// Failures by phase (redrive, outbox, drift, evidence); each item's is
     /// logged, and the item stays due for a later run.
     pub errors: BTreeMap<String, u64>,
@@ -108,6 +127,74 @@ enum Drift {
     Found,
     /// Drift, and this run submitted its repair.
     Repaired,
+}
+
+/// The shares of a run's item budget: records 60 %, outbox items 30 %,
+/// re-checks 10 % (each at least one item when the budget allows), in the
+/// order of [`DuePartition::ALL`].
+pub fn shares(max_items: usize) -> [usize; 3] {
+    let checks = if max_items >= 3 { (max_items / 10).max(1) } else { 0 };
+    let outbox = if max_items >= 2 { (max_items * 3 / 10).max(1) } else { 0 };
+    [max_items - outbox - checks, outbox, checks]
+}
+
+/// How a phase (or its sweep of one shard) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PhaseEnd {
+    /// Everything due was reached.
+    Done,
+    /// Its share ran out with items still due.
+    Budget,
+    /// Throttled, or too many failures in a row: the next run continues.
+    Stopped,
+    /// The run's deadline passed.
+    OutOfTime,
+}
+
+/// What one run keeps across its phases.
+struct Run {
+    phases: Phases,
+    gauge: Gauge,
+}
+
+impl Run {
+    fn new(_shards: u32) -> Self {
+        Self { phases: Phases::default(), gauge: Gauge::default() }
+    }
+
+    fn failures(&self, partition: DuePartition) -> &Failures {
+        match partition {
+            DuePartition::Records => &self.phases.redrive,
+            DuePartition::Outbox => &self.phases.outbox,
+            DuePartition::Checks => &self.phases.drift,
+        }
+    }
+}
+
+/// The oldest open record: max(now − `received_at`) over the open records
+/// the records phase read (its pages reach `lookahead_ms` past now, so a
+/// record waiting for its retry or lease is seen as well as one due).
+#[derive(Default)]
+struct Gauge {
+    oldest_ms: Option<i64>,
+    /// Whether any records page was read (else the gauge is not measured).
+    measured: bool,
+    /// Shards whose records partition was read to the end of the range; in
+    /// the others more open records follow, and the age is a lower bound.
+    complete: std::collections::HashSet<u32>,
+}
+
+impl Gauge {
+    fn observe(&mut self, record: &DueRecord, now_ms: i64) {
+        if matches!(record.status, Status::Received | Status::Processing | Status::Retryable) {
+            let age = (now_ms - record.received_at_ms).max(0);
+            self.oldest_ms = Some(self.oldest_ms.map_or(age, |a| a.max(age)));
+        }
+    }
+
+    fn incomplete(&self, shards: u32) -> u64 {
+        u64::from(shards).saturating_sub(self.complete.len() as u64)
+    }
 }
 
 /// The three phases' failure records in one run.
@@ -180,11 +267,46 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     /// One bounded run. `deadline`: stop acting after this instant (the
     /// Lambda's remaining time minus a margin). Never fails: every failure is
     /// counted in the summary's `errors`, and the metrics are emitted.
+    ///
+    /// The phases run in order — records, outbox, re-checks — each over
+    /// every shard of its own partition, with its share of the item budget
+    /// ([`shares`]); what the phases leave unused then goes to those that
+    /// ran out of theirs, in the same order.
     pub async fn run(&self, now_ms: i64, deadline: Instant) -> Summary {
         let mut summary = Summary { complete: true, ..Default::default() };
-        let mut budget = self.settings.max_items;
         let started = Instant::now();
-        self.sweep(now_ms, deadline, &mut budget, &mut summary).await;
+        let mut run = Run::new(self.ledger.shards());
+        let mut left = 0;
+        let mut cut = [false; 3];
+        let order = DuePartition::ALL;
+        let mut timed_out = false;
+        for (i, (&partition, share)) in order.iter().zip(shares(self.settings.max_items)).enumerate() {
+            let mut allowance = share;
+            let end = self.phase(partition, now_ms, deadline, &mut allowance, &mut summary, &mut run).await;
+            left += allowance;
+            cut[i] = end == PhaseEnd::Budget;
+            if end == PhaseEnd::OutOfTime {
+                timed_out = true;
+                break;
+            }
+        }
+        // What the phases left unused goes to those cut short by their
+        // share, records first.
+        for (i, &partition) in order.iter().enumerate() {
+            if timed_out || left == 0 || !cut[i] {
+                continue;
+            }
+            let mut allowance = left;
+            let end = self.phase(partition, now_ms, deadline, &mut allowance, &mut summary, &mut run).await;
+            left = allowance;
+            cut[i] = end == PhaseEnd::Budget;
+            timed_out = end == PhaseEnd::OutOfTime;
+        }
+        if timed_out || cut.iter().any(|c| *c) {
+            summary.complete = false;
+        }
+        summary.oldest_unprocessed_age_ms = run.gauge.oldest_ms;
+        summary.incomplete_shards = run.gauge.incomplete(self.ledger.shards());
         match self.evidence(&mut summary).await {
             Ok(()) => summary.evidence = true,
             Err(e) => {
@@ -192,72 +314,135 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 tracing::error!(error = %e, "reconciler evidence not gathered");
             }
         }
-        self.emit(&summary, started);
+        self.emit(&summary, run.gauge.measured, started);
         summary
     }
 
-    fn out_of_time(&self, deadline: Instant, budget: usize, summary: &mut Summary) -> bool {
-        if budget == 0 || Instant::now() >= deadline {
-            summary.complete = false;
-            return true;
-        }
-        false
-    }
-
-    /// One pass over the `due` index, shard by shard: each page holds the
-    /// ledger records, outbox items and entitlements due now, and each goes
-    /// to its phase. `Err`: a shard's query failed (the other shards go on).
-    async fn sweep(&self, now_ms: i64, deadline: Instant, budget: &mut usize, summary: &mut Summary) {
-        let mut phases = Phases::default();
-        // Start at a shard that moves with time, so a run cut short by its
-        // budget does not always favour the first shards.
+    /// One phase over every shard of its partition, starting at a shard
+    /// that moves with time (a run cut short does not always favour the
+    /// first shards). Spends `allowance` on the items it acts on.
+    async fn phase(
+        &self,
+        partition: DuePartition,
+        now_ms: i64,
+        deadline: Instant,
+        allowance: &mut usize,
+        summary: &mut Summary,
+        run: &mut Run,
+    ) -> PhaseEnd {
         let shards = self.ledger.shards();
         let first = ((now_ms / 60_000) as u64 % u64::from(shards)) as u32;
+        let mut end = PhaseEnd::Done;
         for i in 0..shards {
             let shard = (first + i) % shards;
-            loop {
-                if self.out_of_time(deadline, *budget, summary) {
-                    return;
+            match self.shard(partition, shard, now_ms, deadline, allowance, summary, run).await {
+                PhaseEnd::Done => {}
+                PhaseEnd::Budget => end = PhaseEnd::Budget,
+                // The records phase reads every shard for the oldest age
+                // even when its share is spent; the others stop.
+                stop @ (PhaseEnd::Stopped | PhaseEnd::OutOfTime) => return stop,
+            }
+            if end == PhaseEnd::Budget && partition != DuePartition::Records {
+                return end;
+            }
+        }
+        end
+    }
+
+    /// One phase in one shard, page by page.
+    #[allow(clippy::too_many_arguments)]
+    async fn shard(
+        &self,
+        partition: DuePartition,
+        shard: u32,
+        now_ms: i64,
+        deadline: Instant,
+        allowance: &mut usize,
+        summary: &mut Summary,
+        run: &mut Run,
+    ) -> PhaseEnd {
+        // Records are read ahead of now, for the oldest open record's age;
+        // outbox items younger than the grace are left to their processor.
+        let (up_to, limit) = match partition {
+            DuePartition::Records => (now_ms.saturating_add(self.settings.lookahead_ms.max(0)), 100),
+            DuePartition::Outbox => (now_ms - self.settings.outbox_grace_ms, (*allowance).clamp(1, 100)),
+            DuePartition::Checks => (now_ms, (*allowance).clamp(1, 100)),
+        };
+        let mut after: Option<DueCursor> = None;
+        let mut end = PhaseEnd::Done;
+        loop {
+            if Instant::now() >= deadline {
+                return PhaseEnd::OutOfTime;
+            }
+            if run.failures(partition).stopped {
+                return PhaseEnd::Stopped;
+            }
+            if partition != DuePartition::Records && *allowance == 0 {
+                return PhaseEnd::Budget;
+            }
+            let page = match self.ledger.due(partition, shard, up_to, limit, after.as_ref()).await {
+                Ok(page) => page,
+                Err(e) => {
+                    // Counted once per shard and phase; the other shards go on.
+                    summary.complete = false;
+                    *summary.errors.entry("due".to_owned()).or_default() += 1;
+                    tracing::warn!(shard, partition = partition.name(), error = %e, "due query failed; the next run continues");
+                    return end;
                 }
-                let page = match self.ledger.due(shard, now_ms, *budget).await {
-                    Ok(page) => page,
-                    Err(e) => {
-                        // Counted once per shard; the other shards go on.
-                        summary.complete = false;
-                        *summary.errors.entry("due".to_owned()).or_default() += 1;
-                        tracing::warn!(shard, error = %e, "due query failed; the next run continues");
-                        break;
-                    }
-                };
-                if page.is_empty() {
-                    break;
+            };
+            if partition == DuePartition::Records {
+                run.gauge.measured = true;
+            }
+            let mut due_beyond = false;
+            for due in &page.items {
+                if Instant::now() >= deadline {
+                    return PhaseEnd::OutOfTime;
                 }
-                let mut acted = 0;
-                for due in page {
-                    if self.out_of_time(deadline, *budget, summary) {
-                        return;
+                if due.due_at_ms() > now_ms {
+                    // Read ahead for the gauge only: not due yet.
+                    due_beyond = true;
+                    if let Due::Record(record) = due {
+                        run.gauge.observe(record, now_ms);
                     }
-                    let did = match due {
-                        Due::Record(record) => self.redrive_one(&record, now_ms, budget, summary, &mut phases).await,
-                        Due::Outbox { id, due_at_ms } => {
-                            // Younger than the grace: left to its processor.
-                            if due_at_ms > now_ms - self.settings.outbox_grace_ms {
-                                false
-                            } else {
-                                self.outbox_one(&id, now_ms, budget, summary, &mut phases).await
-                            }
+                    continue;
+                }
+                if let Due::Record(record) = due {
+                    run.gauge.observe(record, now_ms);
+                }
+                if *allowance == 0 {
+                    end = PhaseEnd::Budget;
+                    continue;
+                }
+                match due {
+                    Due::Record(record) => {
+                        self.redrive_one(record, now_ms, allowance, summary, &mut run.phases).await;
+                    }
+                    // Outbox items and entitlements in the records partition
+                    // (a table not yet migrated) are acted on by their phase.
+                    Due::Outbox { id, due_at_ms } => {
+                        if *due_at_ms <= now_ms - self.settings.outbox_grace_ms {
+                            self.outbox_one(id, now_ms, allowance, summary, &mut run.phases).await;
                         }
-                        Due::Drift(item) => self.drift_one(&item, now_ms, budget, summary, &mut phases).await,
-                    };
-                    if did {
-                        acted += 1;
+                    }
+                    Due::Drift(item) => {
+                        self.drift_one(item, now_ms, allowance, summary, &mut run.phases).await;
                     }
                 }
-                if acted == 0 {
-                    // Nothing this page could act on (taken by a concurrent
-                    // run, not ours to act on, or its phase stopped): move on.
-                    break;
+                if partition != DuePartition::Records && run.failures(partition).stopped {
+                    return PhaseEnd::Stopped;
                 }
+            }
+            match page.next {
+                None => {
+                    if partition == DuePartition::Records {
+                        run.gauge.complete.insert(shard);
+                    }
+                    return end;
+                }
+                // What follows is due later, or this phase's share is spent.
+                Some(_) if due_beyond || end == PhaseEnd::Budget => return end,
+                Some(_) if partition == DuePartition::Records && run.phases.redrive.stopped => return end,
+                Some(next) => after = Some(next),
             }
         }
     }
@@ -276,16 +461,12 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         if failures.stopped || failures.failed_before(key.as_str()) {
             return false;
         }
-        if !record.status.is_terminal() {
-            let age = (now_ms - record.received_at_ms).max(0);
-            summary.oldest_unprocessed_age_ms = Some(summary.oldest_unprocessed_age_ms.map_or(age, |a| a.max(age)));
-        }
         let Some(reason) = record.redrive_reason(now_ms) else {
             // A live lease: look again when it ends (the lease does not move
-            // the record in the index).
+            // the record in the index). Refused: another run moved it first.
             if let (Status::Processing, Some(end)) = (record.status, record.lease_expires_at_ms) {
                 return match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, end + 1).await {
-                    Ok(_) => true,
+                    Ok(moved) => moved.is_some(),
                     Err(e) => {
                         failures.item("redrive", key.as_str(), &e, summary);
                         false
@@ -506,11 +687,10 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         Ok(Drift::Found)
     }
 
-    /// Dead letters, parked records, dead outbox items and the oldest
-    /// unprocessed age, from the status index.
-    /// All or nothing: a failed query leaves no partial counts in the
-    /// summary. (The oldest unprocessed age is measured by the re-drive
-    /// phase: the oldest record it found overdue.)
+    /// Dead letters, parked records and dead outbox items, from the
+    /// attention index. All or nothing: a failed query leaves no partial
+    /// counts in the summary. (The oldest unprocessed age is measured by the
+    /// records phase, from the pages it read.)
     async fn evidence(&self, summary: &mut Summary) -> Result<(), PortError> {
         let attention = self.ledger.attention().await?;
         summary.dead_letters = attention.dead_letters;
@@ -525,7 +705,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     /// measured: a failed measurement must not report zero dead letters (a
     /// warm container's collector repeats the last measured value; the
     /// failure itself is in `reconciler_errors`).
-    fn emit(&self, s: &Summary, started: Instant) {
+    fn emit(&self, s: &Summary, measured: bool, started: Instant) {
         metrics::counter!("reconciler_runs").increment(1);
         metrics::gauge!("reconciler_errors").set(s.error_count() as f64);
         for (reason, n) in &s.redriven {
@@ -538,7 +718,10 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             metrics::gauge!("dead_letters").set(s.dead_letters as f64);
             metrics::gauge!("parked").set(s.parked as f64);
             metrics::gauge!("outbox_dead").set(s.outbox_dead as f64);
+        }
+        if measured {
             metrics::gauge!("oldest_unprocessed_age").set(s.oldest_unprocessed_age_ms.unwrap_or(0) as f64);
+            metrics::gauge!("reconciler_incomplete").set(s.incomplete_shards as f64);
         }
         metrics::histogram!("reconcile_duration").record(started.elapsed().as_secs_f64() * 1000.0);
         let summary = serde_json::to_string(s).unwrap_or_default();
@@ -563,7 +746,7 @@ mod tests {
 
     use super::*;
     use crate::identity::shard_of;
-    use crate::ledger::{Attention, DueRecord, ExistingRecord};
+    use crate::ledger::{Attention, DuePage, DueRecord, ExistingRecord};
     use crate::policy::REDRIVE_GRACE_MS;
     use crate::ports::Ledger;
     use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture};
@@ -582,6 +765,7 @@ mod tests {
             drift_interval_ms: INTERVAL,
             outbox_grace_ms: GRACE,
             retention_days: 30,
+            lookahead_ms: BACKOFF,
         }
     }
 
@@ -746,6 +930,10 @@ mod tests {
         /// Items another run claims just before ours (its next look).
         races: HashMap<String, i64>,
         tokens: u64,
+        /// Every `due` query: (partition, shard).
+        queries: Vec<(DuePartition, u32)>,
+        /// Index lag: the `due_at` the index still shows for a record.
+        stale: HashMap<String, i64>,
     }
 
     impl Store {
@@ -923,43 +1111,62 @@ mod tests {
             SHARDS
         }
 
-        /// One partition per shard: records, outbox items and entitlements.
-        async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<Due>, PortError> {
+        /// One partition per shard and kind: records, outbox items,
+        /// entitlements; paged by `(due_at, pk)` as the index pages.
+        async fn due(
+            &self,
+            partition: DuePartition,
+            shard: u32,
+            up_to: i64,
+            limit: usize,
+            after: Option<&DueCursor>,
+        ) -> Result<DuePage, PortError> {
             let mut s = self.lock();
-            s.faults.trip("due", "", "dynamodb")?;
-            let mut due: Vec<(i64, String, Due)> = s
-                .records
-                .iter()
-                .filter_map(|(pk, r)| match r.due_at {
-                    Some(at) if r.shard == shard && at <= up_to => Some((
-                        at,
-                        pk.clone(),
-                        Due::Record(DueRecord {
-                            key: EventKey::from_stored(pk)?,
-                            status: r.status,
-                            enqueued: r.enqueued_at.is_some(),
-                            due_at_ms: at,
-                            received_at_ms: r.received_at,
-                            lease_expires_at_ms: r.lease_expires_at,
-                        }),
-                    )),
-                    _ => None,
-                })
-                .collect();
-            due.extend(
-                s.ents
-                    .iter()
-                    .filter(|(_, e)| e.shard == shard && e.item.due_at_ms <= up_to)
-                    .map(|(pk, e)| (e.item.due_at_ms, pk.clone(), Due::Drift(e.item.clone()))),
-            );
-            let o = self.outbox.lock().unwrap();
-            due.extend(o.items.iter().filter_map(|(id, i)| match i.due_at {
-                Some(at) if i.shard == shard && at <= up_to => {
-                    Some((at, id.clone(), Due::Outbox { id: id.clone(), due_at_ms: at }))
+            s.faults.trip("due", partition.name(), "dynamodb")?;
+            s.queries.push((partition, shard));
+            let mut due: Vec<(i64, String, Due)> = Vec::new();
+            match partition {
+                DuePartition::Records => {
+                    due.extend(s.records.iter().filter_map(|(pk, r)| match s.stale.get(pk).copied().or(r.due_at) {
+                        Some(at) if r.shard == shard && at <= up_to => Some((
+                            at,
+                            pk.clone(),
+                            Due::Record(DueRecord {
+                                key: EventKey::from_stored(pk)?,
+                                status: r.status,
+                                enqueued: r.enqueued_at.is_some(),
+                                due_at_ms: at,
+                                received_at_ms: r.received_at,
+                                lease_expires_at_ms: r.lease_expires_at,
+                            }),
+                        )),
+                        _ => None,
+                    }))
                 }
-                _ => None,
-            }));
-            Ok(page(due, limit))
+                DuePartition::Checks => due.extend(
+                    s.ents
+                        .iter()
+                        .filter(|(_, e)| e.shard == shard && e.item.due_at_ms <= up_to)
+                        .map(|(pk, e)| (e.item.due_at_ms, pk.clone(), Due::Drift(e.item.clone()))),
+                ),
+                DuePartition::Outbox => {
+                    let o = self.outbox.lock().unwrap();
+                    due.extend(o.items.iter().filter_map(|(id, i)| match i.due_at {
+                        Some(at) if i.shard == shard && at <= up_to => {
+                            Some((at, id.clone(), Due::Outbox { id: id.clone(), due_at_ms: at }))
+                        }
+                        _ => None,
+                    }));
+                }
+            }
+            due.retain(|(at, pk, _)| after.is_none_or(|c| (*at, pk.as_str()) > (c.due_at_ms, c.pk.as_str())));
+            due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            let limit = limit.clamp(1, 100);
+            let next = (due.len() > limit).then(|| {
+                let (at, pk, _) = &due[limit - 1];
+                DueCursor { due_at_ms: *at, pk: pk.clone(), sk: String::new() }
+            });
+            Ok(DuePage { items: due.into_iter().take(limit).map(|(_, _, d)| d).collect(), next })
         }
 
         async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {
@@ -1354,6 +1561,132 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refused_claim_on_a_live_lease_is_not_acted_on_and_the_shard_is_read_once() {
+        // The index lags: it still shows the leased record due at its old
+        // time after another run moved it to the lease's end. Our claim is
+        // refused; the run neither counts it nor reads the page again.
+        let w = World::new();
+        let k = w.record("evt_1", Status::Processing, Some(NOW - 100_000), NOW - 1);
+        {
+            let mut st = w.ledger.lock();
+            let r = st.records.get_mut(k.as_str()).expect("record");
+            r.lease_expires_at = Some(NOW + 20_000);
+            r.due_at = Some(NOW + 20_001);
+            st.stale.insert(k.as_str().to_owned(), NOW - 1);
+        }
+        let other = w.record(&ids_in_shard(k.shard(SHARDS), 2)[1], Status::Received, None, NOW - 1);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let summary = w.reconciler().run(NOW, deadline).await;
+        assert!(Instant::now() < deadline, "the run ended by itself");
+        assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
+        assert_eq!(w.sent(), [s(&other)]);
+        let records_queries = w.ledger.lock().queries.iter().filter(|(p, _)| *p == DuePartition::Records).count();
+        assert_eq!(records_queries, SHARDS as usize, "one page per shard");
+    }
+
+    #[tokio::test]
+    async fn a_drift_backlog_never_keeps_a_record_from_being_redriven() {
+        // 4 shards, budget 10, 40 overdue entitlements per shard due before a
+        // never-sent record in each shard; the provider answering, then
+        // failing: every record is re-driven in the first run.
+        for provider_down in [false, true] {
+            let w = World::with(ReconcilerSettings { max_items: 10, ..settings() });
+            for shard in 0..SHARDS {
+                let subs: Vec<String> = (0..)
+                    .map(|i| format!("sub_{shard}_{i}"))
+                    .filter(|sub| shard_of(sub, SHARDS) == shard)
+                    .take(40)
+                    .collect();
+                for sub in subs {
+                    let pk = w.entitlement(&sub, "active", 1);
+                    w.answer(&sub, if provider_down { Answer::Down } else { Answer::Is("active", 1) });
+                    w.ledger.lock().ents.get_mut(&pk).expect("entitlement").item.due_at_ms = NOW - 3_600_000;
+                }
+            }
+            let keys: Vec<EventKey> = (0..SHARDS)
+                .map(|shard| w.record(&ids_in_shard(shard, 1)[0], Status::Received, None, NOW - 1_000))
+                .collect();
+            let first = w.run(NOW).await;
+            let mut sent = w.sent();
+            sent.sort();
+            let mut want: Vec<String> = keys.iter().map(s).collect();
+            want.sort();
+            assert_eq!(sent, want, "provider down: {provider_down}: {first:?}");
+            assert_eq!(first.redriven, counts(&[("never_sent", 4)]));
+            assert!(first.drift_checked >= 1, "the re-checks act too: {first:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_backlog_leaves_the_outbox_and_the_rechecks_their_shares() {
+        let w = World::with(ReconcilerSettings { max_items: 10, ..settings() });
+        for shard in 0..SHARDS {
+            for id in ids_in_shard(shard, 100) {
+                w.record(&id, Status::Received, None, NOW - 1_000);
+            }
+        }
+        for i in 0..12 {
+            w.outbox_item(&format!("out_{i}"), NOW - GRACE - 1, vec![]);
+            let sub = format!("sub_{i}");
+            w.entitlement(&sub, "active", 1);
+            w.answer(&sub, Answer::Is("active", 1));
+        }
+        for run in 0..3 {
+            let summary = w.run(NOW + run).await;
+            assert_eq!(summary.redriven.values().sum::<u64>(), 6, "run {run}: {summary:?}");
+            assert_eq!((summary.outbox_republished, summary.drift_checked), (3, 1), "run {run}: {summary:?}");
+            assert!(!summary.complete);
+        }
+    }
+
+    // ---------------------------------------------------- the oldest open record
+
+    #[tokio::test]
+    async fn the_oldest_open_record_is_measured_when_its_retry_is_not_yet_due() {
+        // A RETRYABLE record received 2 h ago whose retry is due just after
+        // now, then just before, and so on; a younger record due before it
+        // in the same shard: every run reports at least 2 h.
+        let w = World::new();
+        let old = key(&ids_in_shard(1, 2)[0]);
+        let young = w.record(&ids_in_shard(1, 2)[1], Status::Retryable, Some(1), NOW - 10_000);
+        w.ledger.lock().records.get_mut(young.as_str()).expect("young").received_at = NOW - 60_000;
+        let mut rec = Rec::new(Status::Retryable, 1, NOW - 7_200_000);
+        rec.enqueued_at = Some(1);
+        w.ledger.lock().records.insert(old.as_str().to_owned(), rec);
+        for run in 0..6_i64 {
+            let now = NOW + run * 1_000;
+            let due = if run % 2 == 0 { now + 500 } else { now - 500 };
+            w.ledger.lock().records.get_mut(old.as_str()).expect("old").due_at = Some(due);
+            let summary = w.run(now).await;
+            let age = summary.oldest_unprocessed_age_ms.unwrap_or(0);
+            assert!(age >= 7_200_000, "run {run}: {age} ms: {summary:?}");
+            assert_eq!(summary.incomplete_shards, 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_shard_with_more_open_records_than_a_page_is_a_lower_bound_and_says_so() {
+        let w = World::with(ReconcilerSettings { max_items: 10, ..settings() });
+        for id in ids_in_shard(2, 150) {
+            w.record(&id, Status::Retryable, Some(1), NOW + 1_000);
+        }
+        let gauges = Gauges::default();
+        let _local = metrics::set_default_local_recorder(&gauges);
+        let summary = w.run(NOW).await;
+        assert_eq!(summary.incomplete_shards, 1, "{summary:?}");
+        let set = gauges.0.lock().unwrap().clone();
+        assert_eq!(set.get("reconciler_incomplete"), Some(&1.0));
+        assert!(set.contains_key("oldest_unprocessed_age"));
+        let idle = World::new();
+        let gauges = Gauges::default();
+        let _local = metrics::set_default_local_recorder(&gauges);
+        let summary = idle.run(NOW).await;
+        assert_eq!((summary.incomplete_shards, summary.oldest_unprocessed_age_ms), (0, None));
+        let set = gauges.0.lock().unwrap().clone();
+        assert_eq!((set.get("reconciler_incomplete"), set.get("oldest_unprocessed_age")), (Some(&0.0), Some(&0.0)));
+    }
+
+    #[tokio::test]
     async fn due_retry_is_redriven() {
         let w = World::new();
         let k = w.record("evt_1", Status::Retryable, Some(NOW - 100_000), NOW - 1);
@@ -1588,15 +1921,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failing_due_query_is_counted_per_shard_and_the_run_goes_on() {
+    async fn a_failing_due_query_is_counted_per_shard_and_phase_and_the_run_goes_on() {
         let w = World::new();
         w.record("evt_1", Status::Retryable, Some(1), NOW - 1);
         w.other_phases();
-        // Every shard's query fails once: nothing is acted on, each failure
-        // is counted, the evidence is still gathered.
-        w.fail("due", None, SHARDS, Fail::Down);
+        // Every shard's query of every phase fails once: nothing is acted
+        // on, each failure is counted, the evidence is still gathered.
+        w.fail("due", None, 3 * SHARDS, Fail::Down);
         let summary = w.run(NOW).await;
-        assert_eq!(summary.errors, counts(&[("due", u64::from(SHARDS))]));
+        assert_eq!(summary.errors, counts(&[("due", u64::from(3 * SHARDS))]));
         assert!(!summary.complete);
         assert_eq!((summary.redriven.len(), summary.outbox_republished, summary.drift_checked), (0, 0, 0));
         assert!(summary.evidence);
@@ -1640,7 +1973,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_budget_is_shared_by_the_phases() {
+    async fn every_phase_gets_its_share_of_the_budget() {
         let w = World::with(ReconcilerSettings { max_items: 3, ..settings() });
         w.record("evt_1", Status::Received, None, NOW - 2);
         w.record("evt_2", Status::Received, None, NOW - 1);
@@ -1648,12 +1981,45 @@ mod tests {
         w.outbox_item("out_2", NOW - GRACE - 1, vec![]);
         w.entitlement("sub_1", "active", 1);
         w.answer("sub_1", Answer::Is("active", 1));
+        // One item each: the records' backlog does not take the others' share.
         let first = w.run(NOW).await;
-        assert_eq!(first.redriven.values().sum::<u64>(), 2);
-        assert_eq!((first.outbox_republished, first.drift_checked, first.complete), (1, 0, false));
+        assert_eq!(first.redriven.values().sum::<u64>(), 1);
+        assert_eq!((first.outbox_republished, first.drift_checked, first.complete), (1, 1, false));
         let second = w.run(NOW).await;
-        assert!(second.redriven.is_empty());
-        assert_eq!((second.outbox_republished, second.drift_checked, second.complete), (1, 1, true));
+        assert_eq!(second.redriven.values().sum::<u64>(), 1);
+        assert_eq!((second.outbox_republished, second.drift_checked, second.complete), (1, 0, true));
+    }
+
+    #[test]
+    fn the_shares_are_60_30_10_percent_and_add_up() {
+        assert_eq!(shares(10), [6, 3, 1]);
+        assert_eq!(shares(500), [300, 150, 50]);
+        assert_eq!(shares(3), [1, 1, 1]);
+        assert_eq!(shares(2), [1, 1, 0]);
+        assert_eq!(shares(1), [1, 0, 0]);
+        for n in 1..200 {
+            assert_eq!(shares(n).iter().sum::<usize>(), n, "{n}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_share_left_unused_passes_on_and_what_is_left_goes_back() {
+        // No records: the records' share goes to the outbox and re-checks.
+        let w = World::with(ReconcilerSettings { max_items: 10, ..settings() });
+        for i in 0..12 {
+            w.outbox_item(&format!("out_{i}"), NOW - GRACE - 1 - i, vec![]);
+        }
+        let first = w.run(NOW).await;
+        assert_eq!((first.outbox_republished, first.complete), (10, false), "{first:?}");
+        // Records with no other work: they get what the others leave.
+        let w = World::with(ReconcilerSettings { max_items: 10, ..settings() });
+        for i in 0..12 {
+            w.record(&format!("evt_{i}"), Status::Received, None, NOW - 1 - i);
+        }
+        let first = w.run(NOW).await;
+        assert_eq!((first.redriven.values().sum::<u64>(), first.complete), (10, false), "{first:?}");
+        let second = w.run(NOW).await;
+        assert_eq!((second.redriven.values().sum::<u64>(), second.complete), (2, true), "{second:?}");
     }
 
     #[tokio::test]
@@ -1985,7 +2351,7 @@ mod tests {
         }
     }
 
-    const EVIDENCE_GAUGES: [&str; 4] = ["dead_letters", "parked", "outbox_dead", "oldest_unprocessed_age"];
+    const EVIDENCE_GAUGES: [&str; 3] = ["dead_letters", "parked", "outbox_dead"];
 
     #[tokio::test]
     async fn evidence_gauges_are_emitted_when_measured() {

@@ -65,7 +65,12 @@ fn backfill(w: &World, account: Option<&str>, max_pages: u32) -> Backfill<Dynamo
         w.stack.ledger().with_shards(SHARDS),
         SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
         source,
-        BackfillSettings { max_pages, max_waits: 3, backoff: Backoff { base_ms: 20, max_ms: 100 } },
+        BackfillSettings {
+            max_pages,
+            max_waits: 3,
+            backoff: Backoff { base_ms: 20, max_ms: 100 },
+            ..BackfillSettings::default()
+        },
     )
 }
 
@@ -316,7 +321,12 @@ mod github {
             w.stack.ledger().with_shards(SHARDS),
             SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
             GithubDeliveries::new(base, GITHUB_HOOK, Secret::new(GITHUB_TOKEN)).unwrap(),
-            BackfillSettings { max_pages: 10, max_waits: 3, backoff: Backoff { base_ms: 20, max_ms: 100 } },
+            BackfillSettings {
+                max_pages: 10,
+                max_waits: 3,
+                backoff: Backoff { base_ms: 20, max_ms: 100 },
+                ..BackfillSettings::default()
+            },
         )
     }
 
@@ -400,6 +410,278 @@ mod github {
             .await;
         assert_eq!((s.rate_limit_waits, s.recovered, s.complete), (2, 1, true), "{s:?}");
     }
+
+    /// A delivery GitHub lists but serves no payload for.
+    fn unserved(n: usize, at_s: i64) -> Value {
+        let mut d = listed(n, at_s, 503);
+        d["payload"] = Value::Null;
+        d
+    }
+
+    /// Serves the payload of delivery `n` from now on.
+    fn serve(fake: &FakeGithub, n: usize) {
+        let mut deliveries = fake.deliveries.lock().unwrap();
+        let d = deliveries.iter_mut().find(|d| d["guid"] == guid(n)).unwrap();
+        d["payload"] = push(n);
+    }
+
+    async fn run_import(w: &World, base: &str, window: &Window) -> Summary {
+        backfill(w, base)
+            .run(&target(Mode::Import), window, false, w.now, Instant::now() + Duration::from_secs(20), |_| {})
+            .await
+    }
+
+    type Item = std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>;
+
+    fn stored(meta: &Item) -> bool {
+        meta.get("payload_stored").and_then(|v| v.as_bool().ok()).copied().unwrap_or(false)
+    }
+
+    /// Issue 18.3: a delivery whose payload GitHub does not serve no longer
+    /// stalls the window: it is parked under its identity (visible in `list`
+    /// and `failures`), the window completes. A plain replay is refused;
+    /// `hookledger replay` fetches it again — still nothing: it stays parked;
+    /// served now: the record gets its payload, becomes RECEIVED, is queued
+    /// and processed.
+    #[tokio::test]
+    async fn a_delivery_github_serves_no_payload_for_is_parked_and_replay_fetches_and_releases_it() {
+        let (mut w, fake, base, window) = setup().await;
+        let now_s = w.now / 1000;
+        *fake.deliveries.lock().unwrap() = vec![unserved(5, now_s - 60), listed(6, now_s - 120, 503)];
+        let s = run_import(&w, &base, &window).await;
+        assert_eq!((s.seen, s.recovered, s.parked, s.failed, s.complete), (2, 1, 1, 0, true), "{s:?}");
+        let key = hookledger::identity::EventKey::new("github", "gh", &guid(5));
+
+        // Visible: `list --status parked`, `show`, `failures`.
+        let filter = hookledger::ops::ListFilter {
+            statuses: vec![hookledger::ledger::Status::Parked],
+            limit: 10,
+            ..Default::default()
+        };
+        let (rows, _) = w.ops.list(&filter).await.unwrap();
+        let row = rows.iter().find(|r| r["pk"] == key.as_str()).unwrap_or_else(|| panic!("not listed: {rows:?}"));
+        assert_eq!(row["park_reason"], "backfill_unrecoverable:no_payload");
+        let (record, _, _) = w.ops.show(&key, false).await.unwrap();
+        assert_eq!((record["payload_stored"].as_bool(), record["via"].as_str()), (Some(false), Some("backfill")));
+        assert_eq!(
+            (record["backfill_origin"].as_str(), record["backfill_handle"].as_str()),
+            (Some(GITHUB_HOOK), Some("105"))
+        );
+        let insight = hookledger::insight::Insight::new(
+            w.stack.ledger().with_shards(SHARDS),
+            hookledger::adapters::cloudwatch::CloudWatchMetrics::new(
+                aws_sdk_cloudwatch::Client::new(&w.stack.aws),
+                "hookledger-it-backfill",
+            ),
+        );
+        let metric_window =
+            hookledger::ports::MetricWindow { since_ms: w.now - 3_600_000, until_ms: w.now + 60_000, period_s: 300 };
+        let failures = insight.failures(&metric_window, w.now).await.unwrap();
+        assert!(
+            failures.reasons.iter().any(|c| c.key == "backfill_unrecoverable:no_payload" && c.count == 1),
+            "{:?}",
+            failures.reasons
+        );
+
+        // A replay that cannot fetch it (ops, the console) is refused, and says what to do.
+        let err = w.ops.replay(&key, "alice", "try", w.now).await.unwrap_err();
+        assert!(err.needs_its_source() && err.to_string().contains("hookledger replay"), "{err}");
+
+        *fake.other_token.lock().unwrap() = Some(std::env::var("PATH").unwrap());
+        let (table, queue_url) = (w.stack.table.clone(), w.stack.queue_url.clone());
+        let cli = |reason: &str| {
+            vec![
+                "hookledger".to_owned(),
+                "--table".into(),
+                table.clone(),
+                "--queue-url".into(),
+                queue_url.clone(),
+                "--shards".into(),
+                SHARDS.to_string(),
+                "replay".into(),
+                key.as_str().to_owned(),
+                "--reason".into(),
+                reason.into(),
+                "--operator".into(),
+                "alice".into(),
+                "--github-token".into(),
+                "env:PATH".into(),
+                "--github-api-base".into(),
+                base.clone(),
+            ]
+        };
+        // GitHub still serves nothing: it stays parked, and the operator is told why.
+        let err = hookledger_cli::run(cli("served yet?"), &mut Vec::new()).await.unwrap_err();
+        assert!(err.to_string().contains("no_payload"), "{err}");
+        assert_eq!(text(&w.meta(&key).await.unwrap(), "status"), "PARKED");
+
+        serve(&fake, 5);
+        let mut out = Vec::new();
+        hookledger_cli::run(cli("GitHub serves it now"), &mut out).await.unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains("replayed"), "{out}");
+        let meta = w.meta(&key).await.unwrap();
+        assert_eq!(
+            (text(&meta, "status"), stored(&meta), text(&meta, "via"), text(&meta, "released_by")),
+            ("RECEIVED".to_owned(), true, "backfill".to_owned(), "operator alice".to_owned())
+        );
+        assert!(
+            !meta.contains_key("park_reason") && !meta.contains_key("attn_shard") && meta.contains_key("due_shard")
+        );
+        w.check_durable(&key).await;
+        assert!(w.violations.is_empty(), "{:?}", w.violations);
+        let (_, history, payload) = w.ops.show(&key, true).await.unwrap();
+        assert_eq!(payload.as_deref(), Some(serde_json::to_vec(&push(5)).unwrap().as_slice()));
+        assert!(history.iter().any(|h| h["kind"] == "replay"), "{history:?}");
+        // It was sent: the processor takes it from the queue.
+        drain_processor(&mut w).await;
+        assert_eq!(text(&w.meta(&key).await.unwrap(), "status"), "PROCESSED");
+        // Replayed again: nothing awaits its payload any more.
+        let err = hookledger_cli::run(cli("again"), &mut Vec::new()).await.unwrap_err();
+        assert!(err.to_string().contains("PROCESSED"), "{err}");
+    }
+
+    /// Issue 18.3: a webhook delivery of an identity a backfill parked
+    /// without its payload supplies the payload and releases the record:
+    /// 202, RECEIVED with the payload stored, queued and processed; the
+    /// intake's requests in this case are the failed claim, the release and
+    /// the send. A later redelivery is a plain duplicate.
+    #[tokio::test]
+    async fn a_webhook_delivery_releases_a_record_a_backfill_parked_without_its_payload() {
+        let (mut w, fake, base, window) = setup().await;
+        let now_s = w.now / 1000;
+        *fake.deliveries.lock().unwrap() = vec![unserved(7, now_s - 60)];
+        // The backfill on clients that count: the window's progress, a look (is it
+        // recorded?), the parked claim (one put), the next progress.
+        let cfg = hookledger_it::faults::sdk_config(&w.plan).await;
+        let counted =
+            DynamoLedger::new(hookledger_it::faults::dynamodb_client(&cfg), &w.stack.table).with_shards(SHARDS);
+        let b = Backfill::new(
+            counted,
+            SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
+            GithubDeliveries::new(&base, GITHUB_HOOK, Secret::new(GITHUB_TOKEN)).unwrap(),
+            BackfillSettings::default(),
+        );
+        w.plan.reset_counts();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        assert_eq!(b.run(&target(Mode::Import), &window, false, w.now, deadline, |_| {}).await.parked, 1);
+        let requests: Vec<String> = w.plan.operations().iter().map(|(_, svc, op)| format!("{svc}:{op}")).collect();
+        let want = ["dynamodb:GetItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:PutItem"];
+        assert_eq!(requests, want, "progress, look, park, progress");
+        let key = hookledger::identity::EventKey::new("github", "gh", &guid(7));
+
+        w.plan.reset_counts();
+        let body = serde_json::to_vec(&push(7)).unwrap();
+        assert_eq!(deliver(&mut w, 7, &body).await, 202);
+        let requests: Vec<String> = w.plan.operations().iter().map(|(_, svc, op)| format!("{svc}:{op}")).collect();
+        assert_eq!(requests, ["dynamodb:PutItem", "dynamodb:UpdateItem", "sqs:SendMessage"], "claim, release, send");
+        let meta = w.meta(&key).await.unwrap();
+        assert_eq!(
+            (text(&meta, "status"), stored(&meta), text(&meta, "via"), text(&meta, "released_by")),
+            ("RECEIVED".to_owned(), true, "webhook".to_owned(), "webhook".to_owned())
+        );
+        let inline = hookledger::adapters::dynamodb::payload::body(&meta);
+        assert_eq!(inline.as_deref(), Some(body.as_slice()), "in the record");
+        w.check_durable(&key).await;
+        assert!(w.violations.is_empty(), "{:?}", w.violations);
+        drain_processor(&mut w).await;
+        assert_eq!(text(&w.meta(&key).await.unwrap(), "status"), "PROCESSED");
+        assert_eq!(deliver(&mut w, 7, &body).await, 200, "a redelivery is a duplicate");
+    }
+
+    /// Each write recognises its own retry: the parked claim whose
+    /// acknowledgement is lost meets its own PARKED record (parked, not
+    /// "already recorded"), and so does the release the intake makes.
+    #[tokio::test]
+    async fn a_lost_acknowledgement_of_the_park_or_the_release_is_recognised_as_ours() {
+        let (mut w, fake, base, window) = setup().await;
+        let now_s = w.now / 1000;
+        *fake.deliveries.lock().unwrap() = vec![unserved(9, now_s - 60)];
+        let cfg = hookledger_it::faults::sdk_config(&w.plan).await;
+        let faulty =
+            DynamoLedger::new(hookledger_it::faults::dynamodb_client(&cfg), &w.stack.table).with_shards(SHARDS);
+        let b = Backfill::new(
+            faulty,
+            SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
+            GithubDeliveries::new(&base, GITHUB_HOOK, Secret::new(GITHUB_TOKEN)).unwrap(),
+            BackfillSettings::default(),
+        );
+        w.plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "PutItem").containing("backfill_unrecoverable"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let s = b.run(&target(Mode::Import), &window, false, w.now, deadline, |_| {}).await;
+        w.plan.disarm();
+        assert_eq!((s.parked, s.already_recorded, s.complete), (1, 0, true), "{s:?}");
+        assert_eq!(w.plan.injected().values().sum::<u64>(), 1, "the fault hit");
+
+        w.plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "UpdateItem").containing("released_by"));
+        let body = serde_json::to_vec(&push(9)).unwrap();
+        assert_eq!(deliver(&mut w, 9, &body).await, 202);
+        w.plan.disarm();
+        assert_eq!(w.plan.injected().values().sum::<u64>(), 2, "the fault hit the release");
+        let key = hookledger::identity::EventKey::new("github", "gh", &guid(9));
+        assert_eq!(text(&w.meta(&key).await.unwrap(), "status"), "RECEIVED");
+        drain_processor(&mut w).await;
+        assert_eq!(text(&w.meta(&key).await.unwrap(), "status"), "PROCESSED");
+    }
+}
+
+/// Issue 18.3: the reconciler's scheduled backfill stores a body too large
+/// for an item in the payload bucket (`HOOKLEDGER_PAYLOAD_BUCKET`), as the
+/// intake does, and parks one over `HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`
+/// (`too_large`) while the window completes; the run's gauges count it.
+#[tokio::test]
+async fn a_large_backfilled_body_goes_to_s3_and_one_over_the_bound_is_parked() {
+    use crate::fake_provider::{FakeGithub, GITHUB_HOOK};
+    let mut w = World::new(17).await;
+    let (fake, base) = FakeGithub::start().await;
+    *fake.other_token.lock().unwrap() = Some(std::env::var("PATH").unwrap());
+    let now_s = w.now / 1000;
+    // Hex compresses to about half: ~1 MB of it is larger, stored, than an item takes.
+    let hex = |len: usize, seed: &str| {
+        let mut out = String::with_capacity(len + 64);
+        let mut h = hookledger::identity::payload_hash(seed.as_bytes());
+        while out.len() < len {
+            h = hookledger::identity::payload_hash(h.as_bytes());
+            out.push_str(&h);
+        }
+        out
+    };
+    let delivery = |n: u64, blob: String| {
+        json!({"id": n, "guid": format!("00000000-0000-0000-0000-{n:012}"), "event": "push", "status_code": 503,
+            "delivered_at": hookledger::verify::sns::signing::timestamp(now_s - 60),
+            "payload": {"ref": "refs/heads/main", "after": format!("{n:040x}"), "blob": blob}})
+    };
+    *fake.deliveries.lock().unwrap() = vec![delivery(1, hex(1_000_000, "large")), delivery(2, hex(2_000_000, "huge"))];
+    // The world's processor reads large payloads from its bucket.
+    let bucket = format!("explore-{}", &w.stack.table[3..]);
+    let in_env = bucket.clone();
+    let env = move |k: &str| match k {
+        "HOOKLEDGER_BACKFILL" => Some(format!(
+            r#"{{"gh": {{"provider": "github", "hook": "{GITHUB_HOOK}", "lag_secs": 0, "lookback_secs": 3600}}}}"#
+        )),
+        "HOOKLEDGER_GITHUB_TOKEN" => Some("env:PATH".to_owned()),
+        "HOOKLEDGER_GITHUB_API_BASE" => Some(base.clone()),
+        "HOOKLEDGER_PAYLOAD_BUCKET" => Some(in_env.clone()),
+        "HOOKLEDGER_MAX_BACKFILL_BODY_BYTES" => Some("1500000".to_owned()),
+        _ => None,
+    };
+    let ledger = w.stack.ledger().with_shards(SHARDS);
+    let queue = SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url);
+    let backfills = reconciler::backfills::Backfills::from_env(env, &w.stack.aws, ledger, queue, 30).unwrap();
+    let ran = backfills.run(w.now + 1_000, Instant::now() + Duration::from_secs(30)).await;
+    let s = ran[0].summary.clone().unwrap_or_else(|| panic!("{ran:?}"));
+    assert_eq!((s.recovered, s.parked, s.failed, s.complete), (1, 1, 0, true), "{s:?}");
+    assert_eq!(reconciler::backfills::gauges(&ran), (1, 0), "backfill_failed_last_run, backfill_overdue_windows");
+    let large = hookledger::identity::EventKey::new("github", "gh", "00000000-0000-0000-0000-000000000001");
+    let meta = w.meta(&large).await.unwrap();
+    assert_eq!(text(&meta, "payload_in"), "s3");
+    let s3 = hookledger::adapters::s3::S3Payloads::from_config(&w.stack.aws, bucket);
+    let stored = s3.get(&large, &text(&meta, "payload_hash")).await.unwrap().expect("in the bucket");
+    assert!(stored.len() > 1_000_000);
+    let huge = hookledger::identity::EventKey::new("github", "gh", "00000000-0000-0000-0000-000000000002");
+    assert_eq!(text(&w.meta(&huge).await.unwrap(), "park_reason"), "backfill_unrecoverable:too_large");
+    drain_processor(&mut w).await;
+    assert_eq!(text(&w.meta(&large).await.unwrap(), "status"), "PROCESSED");
 }
 
 /// The reconciler function's scheduled backfill: the due window is read,

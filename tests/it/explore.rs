@@ -125,6 +125,9 @@ pub struct World {
     pub intake: Intake<DynamoLedger, SqsQueue>,
     pub processor: Processor,
     pub reconciler: Reconciler<SqsQueue>,
+    /// The ledger and the queue of the code under test (faulty clients).
+    pub ledger: DynamoLedger,
+    pub queue: SqsQueue,
     /// The payload bucket, through the harness's clean client.
     payloads: S3Payloads,
     pub dispatcher: Dispatcher,
@@ -198,7 +201,7 @@ impl World {
             Some(source),
             ReconcilerSettings::default(),
         );
-        let ops = Ops::new(ledger, queue);
+        let ops = Ops::new(ledger.clone(), queue.clone());
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
         Self {
             payloads: S3Payloads::from_config(&stack.aws, bucket),
@@ -207,6 +210,8 @@ impl World {
             intake,
             processor,
             reconciler,
+            ledger,
+            queue,
             dispatcher,
             ops,
             fake,
@@ -988,7 +993,11 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
                 w.expect_count("entries after replay", applied, 1);
             }
         }
-        Flow::ProcessorDead | Flow::ProcessorPark | Flow::OperatorPark | Flow::OperatorResolve | Flow::ReconcilerIdle => {
+        Flow::ProcessorDead
+        | Flow::ProcessorPark
+        | Flow::OperatorPark
+        | Flow::OperatorResolve
+        | Flow::ReconcilerIdle => {
             let none = w.state(&bal("t1", "acct_x")).await.is_none();
             if !none {
                 w.violation("doubled", "a mutation where none was due".into());
@@ -1210,10 +1219,9 @@ async fn request_counts_are_the_golden_ones() {
         std::fs::write(&path, text + "\n").unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         return;
     }
-    let want: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut diffs = Vec::new();
     for flow in FLOWS {
         let name = format!("{flow:?}");
@@ -1221,8 +1229,16 @@ async fn request_counts_are_the_golden_ones() {
             diffs.push(format!("{name}: golden {} != now {}", want[&name], got[&name]));
         }
     }
-    assert!(diffs.is_empty(), "request counts changed (bless with HOOKLEDGER_BLESS=1 if intended):\n{}", diffs.join("\n"));
-    assert_eq!(want.as_object().map(|o| o.len()), Some(FLOWS.len()), "the golden file names flows that no longer exist");
+    assert!(
+        diffs.is_empty(),
+        "request counts changed (bless with HOOKLEDGER_BLESS=1 if intended):\n{}",
+        diffs.join("\n")
+    );
+    assert_eq!(
+        want.as_object().map(|o| o.len()),
+        Some(FLOWS.len()),
+        "the golden file names flows that no longer exist"
+    );
 }
 
 /// An idle reconciler run: at most 4 queries per shard (records, outbox,

@@ -1,7 +1,7 @@
 //! A fake Stripe API on a local port: `GET /v1/subscriptions/{id}` answers
 //! from an in-memory map, `GET /v1/events` lists its events newest first
 //! (`limit`, `created[gte]`, `created[lt]`, `types[]`, `starting_after`, as
-//! Stripe does). Tests change its state, make it fail or rate-limit, and
+//! Stripe does), `GET /v1/events/{id}` answers one. Tests change its state, make it fail or rate-limit, and
 //! count requests. It speaks plain HTTP/1.1, one request per connection.
 
 use std::collections::HashMap;
@@ -107,6 +107,13 @@ impl FakeStripe {
             }
             return ("200 OK", self.list_events(&url), vec![]);
         }
+        if let Some(id) = url.path().strip_prefix("/v1/events/") {
+            let events = self.events.lock().unwrap();
+            return match events.iter().find(|e| e["id"] == id) {
+                Some(e) => ("200 OK", e.to_string(), vec![]),
+                None => ("404 Not Found", r#"{"error":{"code":"resource_missing"}}"#.into(), vec![]),
+            };
+        }
         let Some(id) = url.path().strip_prefix("/v1/subscriptions/") else {
             return ("404 Not Found", "{}".into(), vec![]);
         };
@@ -147,8 +154,10 @@ impl FakeStripe {
 }
 
 /// A fake GitHub API for one hook (`/repos/octo/app/hooks/7`): its deliveries
-/// newest first with `Link` cursor pagination, each delivery's kept payload,
-/// and redelivery requests. Rate limits can be scripted.
+/// newest first with `Link` cursor pagination, each delivery's kept payload
+/// (`null` when the delivery has none: GitHub keeps none for some), and
+/// redelivery requests. Rate limits, and the answer for one delivery, can
+/// be scripted.
 #[derive(Default)]
 pub struct FakeGithub {
     /// `{id, guid, delivered_at, event, status_code, payload}`, newest first.
@@ -156,8 +165,12 @@ pub struct FakeGithub {
     pub per_page: AtomicUsize,
     /// Scripted answers to the next requests: (status, headers).
     pub limits: Mutex<Vec<Limit>>,
+    /// What `GET …/deliveries/{id}` answers for these ids instead: (status, body).
+    pub delivery_answers: Mutex<HashMap<u64, (&'static str, String)>>,
     /// Delivery ids whose redelivery was asked for.
     pub redelivered: Mutex<Vec<u64>>,
+    /// A token accepted besides `ghp_fake`.
+    pub other_token: Mutex<Option<String>>,
     pub requests: AtomicUsize,
 }
 
@@ -174,7 +187,11 @@ impl FakeGithub {
 
     fn answer(&self, head: &str) -> Answer {
         self.requests.fetch_add(1, Ordering::SeqCst);
-        if !head.to_ascii_lowercase().contains(&format!("authorization: bearer {GITHUB_TOKEN}")) {
+        let bearer = |token: &str| {
+            head.to_ascii_lowercase().contains(&format!("authorization: bearer {}", token.to_ascii_lowercase()))
+        };
+        let other = self.other_token.lock().unwrap().clone();
+        if !bearer(GITHUB_TOKEN) && !other.as_deref().is_some_and(bearer) {
             return ("401 Unauthorized", r#"{"message":"Bad credentials"}"#.into(), vec![]);
         }
         let limited = {
@@ -217,6 +234,12 @@ impl FakeGithub {
                     headers.push(("Link", format!("<{next}>; rel=\"next\"")));
                 }
                 ("200 OK", serde_json::Value::Array(page).to_string(), headers)
+            }
+            ("GET", [id])
+                if id.parse::<u64>().is_ok_and(|n| self.delivery_answers.lock().unwrap().contains_key(&n)) =>
+            {
+                let (status, body) = self.delivery_answers.lock().unwrap()[&id.parse::<u64>().unwrap()].clone();
+                (status, body, vec![])
             }
             ("GET", [id]) => match deliveries.iter().find(|d| id.parse::<u64>().is_ok_and(|n| d["id"] == n)) {
                 Some(d) => {

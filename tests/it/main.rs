@@ -24,4 +24,5 @@ mod race;
 mod reconciler;
 mod sqs_handler;
 mod support;
+mod sweep;
 mod upgrade;

@@ -107,7 +107,8 @@ async fn migrate_brings_an_earlier_releases_items_to_todays_indexes_once() {
     record.remove("due_at");
     put(&stack, record).await;
 
-    // A pending outbox item in its own `out#NNN` partition, long overdue.
+    // A pending outbox item in its own `out#NNN` partition, long overdue
+    // (where today's layout keeps it too).
     let producer = EventKey::new("stripe", "stripe-a", "evt_old_outbox");
     let msg = OutboxMessage {
         topic_arn: topic.clone(),
@@ -148,9 +149,10 @@ async fn migrate_brings_an_earlier_releases_items_to_todays_indexes_once() {
     let done: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         (done["attention"].clone(), done["outbox_moved"].clone(), done["entitlements_moved"].clone()),
-        (1.into(), 1.into(), 1.into()),
+        (1.into(), 0.into(), 1.into()),
         "{done}"
     );
+    assert_eq!((done["left"].clone(), done["done"].clone()), (0.into(), true.into()), "{done}");
     let (r, out) = stack.cli(&["migrate"]).await;
     r.unwrap();
     let again: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -162,7 +164,7 @@ async fn migrate_brings_an_earlier_releases_items_to_todays_indexes_once() {
 
     // Today's reconciler and operators see them.
     let ent = stack.state("proj#entitlement#tenant-a#sub_old").await.unwrap();
-    assert_eq!((s(&ent, "due_shard").as_str(), n(&ent, "due_at")), ("due#005", checked + DEFAULT_DRIFT_INTERVAL_MS));
+    assert_eq!((s(&ent, "due_shard").as_str(), n(&ent, "due_at")), ("chk#005", checked + DEFAULT_DRIFT_INTERVAL_MS));
     let summary = stack
         .reconciler(ReconcilerSettings::default(), None)
         .run(now, Instant::now() + std::time::Duration::from_secs(30))
@@ -173,4 +175,101 @@ async fn migrate_brings_an_earlier_releases_items_to_todays_indexes_once() {
     let (r, out) = stack.cli(&["list", "--status", "dead"]).await;
     r.unwrap();
     assert!(out.contains("evt_old_dead") && out.contains("1 record(s)"), "{out}");
+}
+
+/// The layout of the release before this one kept outbox items and
+/// entitlements in the records' `due#NNN` partitions. Before `hookledger
+/// migrate` the reconciler still acts on them there; the migration moves
+/// them to `out#NNN` and `chk#NNN` with their next looks, and from there
+/// they are acted on again when due.
+#[tokio::test]
+async fn outbox_items_and_entitlements_in_the_records_partitions_are_acted_on_then_migrated() {
+    let stack = Stack::new().await;
+    let now = now_s() * 1000;
+    let (topic, inbox) = stack.notify_topic().await;
+    let (fake, base) = crate::fake_provider::FakeStripe::start().await;
+    let source: std::sync::Arc<dyn hookledger::projection::fetch::SubscriptionSource> = std::sync::Arc::new(
+        hookledger::adapters::stripe::StripeApi::new(base, hookledger::secret::Secret::new("sk_test_fake")).unwrap(),
+    );
+    let to_records_partition = |pk: String, sk: &'static str, shard: u32| {
+        let ddb = stack.ddb.clone();
+        let table = stack.table.clone();
+        async move {
+            ddb.update_item()
+                .table_name(table)
+                .key("pk", av(&pk))
+                .key("sk", av(sk))
+                .update_expression("SET due_shard = :p")
+                .expression_attribute_values(":p", av(&format!("due#{shard:03}")))
+                .send()
+                .await
+                .unwrap();
+        }
+    };
+    // Two outbox items in `due#NNN`: one overdue, one younger than the grace.
+    let mut outbox = Vec::new();
+    for (event, at) in [("evt_due_old", now - 3_600_000), ("evt_due_young", now - 10_000)] {
+        let producer = EventKey::new("stripe", "stripe-a", event);
+        let msg = OutboxMessage {
+            topic_arn: topic.clone(),
+            action: "subscription.changed".into(),
+            group: event.into(),
+            body: serde_json::json!({ "event": event }),
+        };
+        let (pk, put_outbox) = outbox_put(&stack.table, &producer, &msg, at, 16);
+        stack.ddb.transact_write_items().transact_items(put_outbox).send().await.unwrap();
+        to_records_partition(pk.clone(), "outbox", producer.shard(16)).await;
+        outbox.push(pk);
+    }
+    // An entitlement in `due#NNN`, its check overdue; the provider agrees.
+    fake.set("sub_v2", "cus_v2", "active", 3);
+    put(
+        &stack,
+        HashMap::from([
+            ("pk".to_owned(), av("proj#entitlement#tenant-a#sub_v2")),
+            ("sk".to_owned(), av("state")),
+            ("subscription".to_owned(), av("sub_v2")),
+            ("customer".to_owned(), av("cus_v2")),
+            ("endpoint".to_owned(), av("stripe-a")),
+            ("tenant".to_owned(), av("tenant-a")),
+            ("event_id".to_owned(), av("evt_v2")),
+            ("status".to_owned(), av("active")),
+            ("seats".to_owned(), num(3)),
+            ("due_shard".to_owned(), av("due#007")),
+            ("due_at".to_owned(), num(now - 10_000)),
+        ]),
+    )
+    .await;
+
+    // Not yet migrated: acted on where they are.
+    let r = stack.reconciler(ReconcilerSettings::default(), Some(source));
+    let deadline = || Instant::now() + std::time::Duration::from_secs(30);
+    let before = r.run(now, deadline()).await;
+    assert_eq!((before.outbox_republished, before.drift_checked), (1, 1), "{before:?}");
+    assert_eq!(stack.drain(&inbox).await.len(), 1);
+
+    let (res, out) = stack.cli(&["migrate"]).await;
+    res.unwrap();
+    let done: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((done["outbox_moved"].clone(), done["entitlements_moved"].clone()), (1.into(), 1.into()), "{done}");
+    assert_eq!(done["done"], true, "{done}");
+    let young = stack.ddb.get_item().table_name(&stack.table).key("pk", av(&outbox[1])).key("sk", av("outbox"));
+    let young = young.send().await.unwrap().item.unwrap();
+    assert_eq!(
+        s(&young, "due_shard"),
+        format!("out#{:03}", EventKey::new("stripe", "stripe-a", "evt_due_young").shard(16))
+    );
+    let ent = stack.state("proj#entitlement#tenant-a#sub_v2").await.unwrap();
+    assert_eq!(s(&ent, "due_shard"), "chk#007");
+    assert_eq!(n(&ent, "due_at"), now + ReconcilerSettings::default().drift_interval_ms, "its next look kept");
+
+    // From today's partitions, when due.
+    let after = r.run(now + ReconcilerSettings::default().drift_interval_ms + 1, deadline()).await;
+    assert_eq!((after.outbox_republished, after.drift_checked), (1, 1), "{after:?}");
+    assert_eq!(stack.drain(&inbox).await.len(), 1);
+    assert!(fake.requests.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    let (res, out) = stack.cli(&["migrate"]).await;
+    res.unwrap();
+    let again: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((again["outbox_moved"].clone(), again["entitlements_moved"].clone()), (0.into(), 0.into()), "{again}");
 }

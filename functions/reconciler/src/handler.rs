@@ -44,7 +44,9 @@ pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<ReconcilerS
         drift_interval_ms: number("HOOKLEDGER_DRIFT_INTERVAL_SECS", 3600, 0, 30 * 86_400)? * 1000,
         outbox_grace_ms: 60_000,
         retention_days: number("HOOKLEDGER_RETENTION_DAYS", 30, 4, 3650)? as u32,
-    })
+        lookahead_ms: 0,
+    }
+    .with_lookahead_for(&config::processor_settings_from(&get)?))
 }
 
 pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {

@@ -19,7 +19,13 @@ pub struct GithubDeliveries {
     api_base: String,
     hook: String,
     token: Secret,
+    /// The largest payload taken (a larger delivery is `Unfetchable::TooLarge`).
+    max_body_bytes: usize,
 }
+
+/// Room a delivery's answer takes around its payload (its request and
+/// response headers, the response body GitHub kept).
+const DELIVERY_OVERHEAD_BYTES: usize = 1024 * 1024;
 
 /// Whether `hook` names a hook GitHub lists deliveries for.
 pub fn valid_hook(hook: &str) -> bool {
@@ -50,7 +56,20 @@ impl GithubDeliveries {
             .user_agent("hookledger-backfill")
             .build()
             .map_err(|e| e.to_string())?;
-        Ok(Self { client, api_base: api_base.into().trim_end_matches('/').to_owned(), hook: hook.to_owned(), token })
+        Ok(Self {
+            client,
+            api_base: api_base.into().trim_end_matches('/').to_owned(),
+            hook: hook.to_owned(),
+            token,
+            max_body_bytes: crate::ports::DEFAULT_MAX_BACKFILL_BODY_BYTES,
+        })
+    }
+
+    /// Takes payloads up to `bytes` (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`);
+    /// a delivery's answer is read no further than that and its overhead.
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
     }
 
     fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
@@ -62,19 +81,67 @@ impl GithubDeliveries {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, SourceError> {
+        self.send_as(req, false).await
+    }
+
+    /// A request about one delivery: a refusal other than the key's or the
+    /// rate's is that delivery's, not the run's ([`event_refusal`]).
+    async fn send_for_event(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, SourceError> {
+        self.send_as(req, true).await
+    }
+
+    async fn send_as(&self, req: reqwest::RequestBuilder, one_event: bool) -> Result<reqwest::Response, SourceError> {
         let resp = req.send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
         }
         let now_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Err(classify(status.as_u16(), resp.headers(), now_s))
+        Err(match classify(status.as_u16(), resp.headers(), now_s) {
+            SourceError::Rejected(_) if one_event => event_refusal(status.as_u16()),
+            other => other,
+        })
     }
 
     fn delivery_url(&self, event: &SourceEvent) -> Result<String, SourceError> {
         let id = event.handle.as_deref().filter(|h| h.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty());
         let id = id.ok_or_else(|| SourceError::Rejected("a delivery without a numeric id".into()))?;
         Ok(format!("{}/{}/deliveries/{id}", self.api_base, self.hook))
+    }
+}
+
+/// A refusal (4xx, not a rate limit) of a request about one delivery: the
+/// key's or the proxy's (401, 403, 407) stops the run, a timeout (408) is
+/// tried again later, any other (404 gone, 410, 422) is that delivery's.
+pub fn event_refusal(status: u16) -> SourceError {
+    match status {
+        401 | 403 | 407 => SourceError::Rejected(format!("HTTP {status}")),
+        408 => SourceError::Unavailable(format!("HTTP {status}")),
+        400..=499 => SourceError::Unfetchable {
+            cause: crate::ports::Unfetchable::Status(status),
+            detail: format!("GitHub answered HTTP {status} for the delivery"),
+        },
+        _ => SourceError::Rejected(format!("HTTP {status}")),
+    }
+}
+
+/// The payload of a delivery's answer, re-serialised: `NotJson` when the
+/// answer is not JSON, `NoPayload` when GitHub kept none.
+pub fn delivery_payload(bytes: &[u8], guid: &str) -> Result<Vec<u8>, SourceError> {
+    use crate::ports::Unfetchable;
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|_| SourceError::Unfetchable {
+        cause: Unfetchable::NotJson,
+        detail: format!("GitHub's answer for delivery {guid} is not JSON"),
+    })?;
+    match v.pointer("/request/payload") {
+        Some(p) if !p.is_null() => serde_json::to_vec(p).map_err(|_| SourceError::Unfetchable {
+            cause: Unfetchable::NotJson,
+            detail: format!("the payload of delivery {guid} cannot be serialised"),
+        }),
+        _ => Err(SourceError::Unfetchable {
+            cause: Unfetchable::NoPayload,
+            detail: format!("GitHub kept no payload for delivery {guid}"),
+        }),
     }
 }
 
@@ -152,23 +219,23 @@ impl BackfillSource for GithubDeliveries {
 
     /// The payload GitHub kept, as parsed JSON re-serialised (not the
     /// original bytes: a redelivery gives those).
+    /// A delivery GitHub answers for with a 4xx, without a payload, with an
+    /// answer that is not JSON, or too large, is `Unfetchable`.
     async fn body(&self, event: &SourceEvent) -> Result<Vec<u8>, SourceError> {
         let url = self.delivery_url(event)?;
-        let resp = self.send(self.request(reqwest::Method::GET, &url)).await?;
-        let bytes = resp.bytes().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
-        let v: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|_| SourceError::Rejected("delivery is not JSON".into()))?;
-        match v.pointer("/request/payload") {
-            Some(p) if !p.is_null() => {
-                serde_json::to_vec(p).map_err(|_| SourceError::Rejected("payload not serialisable".into()))
-            }
-            _ => Err(SourceError::Rejected(format!("delivery {} kept no payload", event.event_id))),
-        }
+        let resp = self.send_for_event(self.request(reqwest::Method::GET, &url)).await?;
+        let bytes =
+            super::sources::read_bounded(resp, self.max_body_bytes.saturating_add(DELIVERY_OVERHEAD_BYTES)).await?;
+        delivery_payload(&bytes, &event.event_id)
     }
 
     async fn redeliver(&self, event: &SourceEvent) -> Result<(), SourceError> {
         let url = format!("{}/attempts", self.delivery_url(event)?);
-        self.send(self.request(reqwest::Method::POST, &url)).await.map(|_| ())
+        self.send_for_event(self.request(reqwest::Method::POST, &url)).await.map(|_| ())
+    }
+
+    fn origin(&self) -> Option<String> {
+        Some(self.hook.clone())
     }
 }
 
@@ -214,6 +281,30 @@ mod tests {
         let at_10 = crate::verify::sns::parse_timestamp("2026-11-30T09:30:00Z").unwrap();
         assert_eq!(parse_deliveries(page, Some(link), &w(at_10)).unwrap().next, None, "older than the window: the end");
         assert!(parse_deliveries(br#"[{"id":1,"guid":"g","delivered_at":"yesterday"}]"#, None, &w(0)).is_err());
+    }
+
+    /// Issue 18.3: what GitHub cannot serve for one delivery is that
+    /// delivery's (parked), what is about the key or the rate stops the run.
+    #[test]
+    fn a_delivery_github_cannot_serve_is_that_deliverys_failure() {
+        use crate::ports::Unfetchable;
+        let cause = |r: Result<Vec<u8>, SourceError>| match r {
+            Err(SourceError::Unfetchable { cause, .. }) => Some(cause),
+            _ => None,
+        };
+        assert_eq!(cause(delivery_payload(br#"{"request":{"payload":null}}"#, "g")), Some(Unfetchable::NoPayload));
+        assert_eq!(cause(delivery_payload(br#"{"request":{}}"#, "g")), Some(Unfetchable::NoPayload));
+        assert_eq!(cause(delivery_payload(b"<html>502</html>", "g")), Some(Unfetchable::NotJson));
+        assert_eq!(delivery_payload(br#"{"request":{"payload":{"a": 1}}}"#, "g").unwrap(), br#"{"a":1}"#);
+        for code in [404, 410, 422, 400] {
+            assert!(
+                matches!(event_refusal(code), SourceError::Unfetchable { cause: Unfetchable::Status(c), .. } if c == code),
+                "{code}"
+            );
+        }
+        assert!(matches!(event_refusal(401), SourceError::Rejected(_)), "a bad token stops the run");
+        assert!(matches!(event_refusal(403), SourceError::Rejected(_)));
+        assert!(matches!(event_refusal(408), SourceError::Unavailable(_)));
     }
 
     #[test]

@@ -98,11 +98,47 @@ impl SubscriptionSource for StripeApi {
 pub struct StripeEvents {
     api: StripeApi,
     account: Option<String>,
+    /// The largest event fetched alone (`GET /v1/events/{id}`) that is read.
+    max_body_bytes: usize,
 }
 
 impl StripeEvents {
     pub fn new(base_url: impl Into<String>, api_key: Secret, account: Option<String>) -> Result<Self, String> {
-        Ok(Self { api: StripeApi::new(base_url, api_key)?, account })
+        Ok(Self {
+            api: StripeApi::new(base_url, api_key)?,
+            account,
+            max_body_bytes: crate::ports::DEFAULT_MAX_BACKFILL_BODY_BYTES,
+        })
+    }
+
+    /// Reads an event fetched alone up to `bytes` (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`).
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    fn get(&self, url: url::Url) -> reqwest::RequestBuilder {
+        let key = String::from_utf8_lossy(self.api.api_key.expose()).into_owned();
+        let mut req = self.api.client.get(url).bearer_auth(key);
+        if let Some(account) = &self.account {
+            req = req.header("Stripe-Account", account);
+        }
+        req
+    }
+}
+
+/// A non-2xx answer to `GET /v1/events/{id}`: a rate limit, a server fault,
+/// a refusal of the key (401, 403: the run stops), or that event's (404: it
+/// is gone or was never this account's; another 4xx).
+fn event_answer(status: u16, headers: &reqwest::header::HeaderMap) -> SourceError {
+    match status {
+        429 => rate_limited(headers),
+        500..=599 | 408 => SourceError::Unavailable(format!("HTTP {status}")),
+        401 | 403 => SourceError::Rejected(format!("HTTP {status}")),
+        _ => SourceError::Unfetchable {
+            cause: crate::ports::Unfetchable::Status(status),
+            detail: format!("Stripe answered HTTP {status} for the event"),
+        },
     }
 }
 
@@ -168,14 +204,9 @@ impl BackfillSource for StripeEvents {
         if let Some(c) = cursor {
             query.push(("starting_after", c.to_owned()));
         }
-        let key = String::from_utf8_lossy(self.api.api_key.expose()).into_owned();
         let url = url::Url::parse_with_params(&format!("{}/v1/events", self.api.base_url), &query)
             .map_err(|e| SourceError::Rejected(format!("Stripe API base: {e}")))?;
-        let mut req = self.api.client.get(url).bearer_auth(key);
-        if let Some(account) = &self.account {
-            req = req.header("Stripe-Account", account);
-        }
-        let resp = req.send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let resp = self.get(url).send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
         let status = resp.status();
         if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
             return Err(rate_limited(resp.headers()));
@@ -188,6 +219,30 @@ impl BackfillSource for StripeEvents {
         }
         let bytes = resp.bytes().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
         parse_event_page(&bytes)
+    }
+
+    /// One event alone (`GET /v1/events/{id}`): what a replay of an event
+    /// parked as unfetchable asks for (the list carries every body).
+    async fn body(&self, event: &SourceEvent) -> Result<Vec<u8>, SourceError> {
+        if let Some(body) = &event.body {
+            return Ok(body.clone());
+        }
+        let id = &event.event_id;
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(SourceError::Rejected("event id has unexpected characters".into()));
+        }
+        let url = url::Url::parse(&format!("{}/v1/events/{id}", self.api.base_url))
+            .map_err(|e| SourceError::Rejected(format!("Stripe API base: {e}")))?;
+        let resp = self.get(url).send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(event_answer(status.as_u16(), resp.headers()));
+        }
+        crate::adapters::sources::read_bounded(resp, self.max_body_bytes).await
+    }
+
+    fn origin(&self) -> Option<String> {
+        self.account.clone()
     }
 }
 
@@ -222,6 +277,20 @@ mod tests {
         assert!(parse_event_page(br#"{"data":[],"has_more":true}"#).is_err());
         assert!(parse_event_page(br#"{"data":[{"type":"x"}],"has_more":false}"#).is_err());
         assert!(parse_event_page(b"<html>").is_err());
+    }
+
+    /// Issue 18.3: an event Stripe will not serve alone is that event's
+    /// failure (parked); the key's refusal and outages stop the run.
+    #[test]
+    fn an_event_stripe_will_not_serve_is_that_events_failure() {
+        let h = reqwest::header::HeaderMap::new();
+        assert!(matches!(
+            event_answer(404, &h),
+            SourceError::Unfetchable { cause: crate::ports::Unfetchable::Status(404), .. }
+        ));
+        assert!(matches!(event_answer(401, &h), SourceError::Rejected(_)));
+        assert!(matches!(event_answer(503, &h), SourceError::Unavailable(_)));
+        assert!(matches!(event_answer(429, &h), SourceError::RateLimited { .. }));
     }
 
     #[test]

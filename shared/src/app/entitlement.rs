@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::{str_field, subjects};
 use crate::config::DEFAULT_DRIFT_INTERVAL_MS;
 use crate::identity::shard_of;
+use crate::ledger::DuePartition;
 use crate::message::OutboxMessage;
 use crate::policy::due_shard_named;
 use crate::projection::fetch::{ProviderError, SubscriptionSource};
@@ -22,8 +23,9 @@ pub struct Entitlements {
     pub notify_topic: Option<String>,
 }
 
-/// Due-index partition prefix of entitlements in releases before the shared
-/// `due#NNN` partitions (read by `hookledger migrate`).
+/// Due-index partition prefix of entitlements in the oldest releases, before
+/// they shared `due#NNN` with the records (read by `hookledger migrate`,
+/// which moves both layouts to today's `chk#NNN`).
 pub const LEGACY_DRIFT_SHARD_PREFIX: &str = "ent";
 
 pub fn entitlement_pk(tenant: &str, subscription: &str) -> String {
@@ -64,7 +66,7 @@ impl Projection for Entitlements {
                 None => ("deleted".to_owned(), 0),
             };
             // The reconciler compares this item with Stripe once it is due
-            // (the `due` index's `due#NNN` partitions; `due_at` is the next
+            // (the `due` index's re-check partitions `chk#NNN`; `due_at` is the next
             // check: the fetch time plus the default drift interval, then the
             // reconciler's own interval after each check).
             let attrs = HashMap::from([
@@ -76,7 +78,10 @@ impl Projection for Entitlements {
                 ("event_id".to_owned(), s(&ev.event_id)),
                 ("endpoint".to_owned(), s(&ev.endpoint)),
                 ("tenant".to_owned(), s(&ev.tenant)),
-                ("due_shard".to_owned(), s(due_shard_named("due", shard_of(sub_id, cx.shards)))),
+                (
+                    "due_shard".to_owned(),
+                    s(due_shard_named(DuePartition::Checks.prefix(), shard_of(sub_id, cx.shards))),
+                ),
                 ("due_at".to_owned(), n(fetched.version + DEFAULT_DRIFT_INTERVAL_MS)),
             ]);
             let pk = entitlement_pk(&ev.tenant, sub_id);

@@ -8,16 +8,107 @@
 //! Progress is written without a condition: two runs of one window write the
 //! same cursors in the same order, and a stale cursor only makes a page be
 //! read again (its events are then already recorded).
+//!
+//! An event its source cannot serve is parked under its identity (one
+//! conditional put, `conditions::PARK_UNFETCHED`); a delivery or a replay
+//! that has its payload releases it (`conditions::release_parked`, after
+//! the payload is stored as the claim would store it).
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
-use super::{DynamoLedger, get_n, get_s, n, s};
+use super::conditions::{self as cond, Placed};
+use super::{
+    DynamoLedger, META_SK, Written, attention_shard, attr, existing_from_item, get_n, get_s, n, new_record_item,
+    payload, s,
+};
 use crate::identity::EventKey;
-use crate::ledger::{Claim, NewEvent, PortError, SendLease};
+use crate::ledger::{Claim, NewEvent, PortError, Release, SendLease, Status};
 use crate::policy::DEFAULT_RETENTION_DAYS;
-use crate::ports::{BackfillLedger, BackfillProgress, Ledger, ScheduleState};
+use crate::ports::{BackfillLedger, BackfillProgress, Ledger, ScheduleState, UnfetchedEvent, WorkLedger};
+
+/// Room the attributes of a released record take beyond a new record's
+/// (the park's evidence), when deciding whether its payload fits inline.
+const PARKED_ATTRIBUTES_BYTES: usize = 512;
+
+/// The record of a parked, unfetched event: the claim's identity and
+/// provenance, PARKED in the attention index (not in the `due` index), no
+/// payload and no send lease, and what a replay needs to ask the source
+/// again (`backfill_handle`, `backfill_origin`, `backfill_created`).
+fn parked_item(event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> super::Item {
+    let mut item = super::Item::new();
+    item.insert(attr::PK.into(), s(event.key.as_str()));
+    item.insert(attr::SK.into(), s(META_SK));
+    item.insert(attr::PROVIDER.into(), s(&event.provider));
+    item.insert(attr::ENDPOINT.into(), s(&event.endpoint));
+    item.insert(attr::TENANT.into(), s(&event.tenant));
+    item.insert(attr::EVENT_ID.into(), s(&event.event_id));
+    if let Some(t) = &event.event_type {
+        item.insert(attr::EVENT_TYPE.into(), s(t));
+    }
+    item.insert(attr::STATUS.into(), s(Status::Parked.as_str()));
+    item.insert(attr::PAYLOAD_HASH.into(), s(crate::ledger::NO_PAYLOAD_HASH));
+    item.insert(attr::PAYLOAD_STORED.into(), AttributeValue::Bool(false));
+    item.insert(attr::RECEIVED_AT.into(), n(event.received_at_ms));
+    item.insert(attr::ATTEMPTS.into(), n(0));
+    item.insert(attr::CONFLICTS.into(), n(0));
+    item.insert(attr::EXPIRES_AT.into(), n(event.expires_at));
+    item.insert(attr::SEND_TOKEN.into(), s(&event.send.token));
+    item.insert(attr::VIA.into(), s(event.via.as_str()));
+    item.insert("attn_shard".into(), s(attention_shard(event.shard)));
+    item.insert("attn_at".into(), n(event.received_at_ms));
+    item.insert("park_reason".into(), s(unfetched.reason));
+    item.insert("parked_at".into(), n(event.received_at_ms));
+    item.insert("backfill_detail".into(), s(cond::bounded(unfetched.detail)));
+    item.insert("backfill_created".into(), n(unfetched.created_s));
+    if let Some(h) = unfetched.handle {
+        item.insert("backfill_handle".into(), s(h));
+    }
+    if let Some(o) = unfetched.origin {
+        item.insert("backfill_origin".into(), s(o));
+    }
+    item
+}
+
+impl DynamoLedger {
+    /// [`Ledger::release_parked`]: the payload where the claim would put it
+    /// (inline when the record stays small, else its own item, else S3),
+    /// then one conditional update.
+    pub(super) async fn release_parked_record(
+        &self,
+        event: &NewEvent,
+        body: &[u8],
+        by: &str,
+    ) -> Result<Release, PortError> {
+        let stored = payload::encode(body);
+        let record = payload::item_size(&new_record_item(event)) + PARKED_ATTRIBUTES_BYTES;
+        let placed = if record + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES {
+            Placed::Inline(stored)
+        } else if stored.bytes.len() <= payload::ITEM_PAYLOAD_BYTES {
+            self.put_payload(&event.key, &event.payload_hash, body, event.expires_at).await?;
+            Placed::Item
+        } else {
+            let Some(s3) = &self.payloads else {
+                return Err(PortError::TooLarge { size: stored.bytes.len(), limit: payload::ITEM_PAYLOAD_BYTES });
+            };
+            s3.put(&event.key, &event.payload_hash, &stored).await?;
+            Placed::S3
+        };
+        match self.conditional(event.key.as_str(), META_SK, cond::release_parked(event, by, placed), false).await? {
+            Written::Applied(_) => Ok(Release::Released),
+            // Our own retried update after a lost acknowledgement.
+            Written::Refused(Some(met))
+                if get_s(&met, attr::SEND_TOKEN) == Some(event.send.token.as_str())
+                    && get_s(&met, attr::STATUS) != Some(Status::Parked.as_str()) =>
+            {
+                Ok(Release::Released)
+            }
+            Written::Refused(_) => Ok(Release::NotAwaiting),
+        }
+    }
+}
 
 const PROGRESS_SK: &str = "progress";
 const SCHEDULE_SK: &str = "schedule";
@@ -96,6 +187,45 @@ impl BackfillLedger for DynamoLedger {
             seen: get_n(&item, "seen").and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
             recovered: get_n(&item, "recovered").and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
         }))
+    }
+
+    async fn park(&self, event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> Result<Claim, PortError> {
+        let result = self
+            .client()
+            .put_item()
+            .table_name(self.table())
+            .set_item(Some(parked_item(event, unfetched)))
+            .condition_expression(cond::PARK_UNFETCHED)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        let met = match result {
+            Ok(_) => return Ok(Claim::New),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(e)) => e.item().cloned(),
+                _ => return Err(crate::adapters::port_error("dynamodb", &err)),
+            },
+        };
+        let item = match met {
+            Some(item) => item,
+            None => self.read_meta(&event.key).await?.ok_or_else(|| PortError::Unavailable {
+                service: "dynamodb",
+                message: "parked claim conflicted and no record is there yet".into(),
+            })?,
+        };
+        // Our own retried put after a lost acknowledgement: parked by us.
+        if get_s(&item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
+            return Ok(Claim::New);
+        }
+        Ok(Claim::Existing(existing_from_item(&item)?))
+    }
+
+    async fn release(&self, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
+        self.release_parked_record(event, body, by).await
+    }
+
+    async fn note(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
+        WorkLedger::append_history(self, key, kind, detail, now_ms).await
     }
 
     async fn save_progress(&self, run: &str, p: &BackfillProgress, now_ms: i64) -> Result<(), PortError> {

@@ -211,4 +211,14 @@ impl Ledger for DynamoLedger {
     async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
         self.update_meta(key, cond::flag_conflict(other_hash, at_ms)).await
     }
+
+    /// In `backfill.rs`, with the park it undoes.
+    async fn release_parked(
+        &self,
+        event: &NewEvent,
+        body: &[u8],
+        by: &str,
+    ) -> Result<crate::ledger::Release, PortError> {
+        self.release_parked_record(event, body, by).await
+    }
 }

@@ -23,6 +23,8 @@
 //!   RECEIVED | RETRYABLE | DEAD ── operator Park (operator.rs) ──▶ PARKED
 //!   DEAD | PARKED ── operator Resolve (operator.rs) ──▶ PROCESSED (resolved)
 //!   any due item ── claim_due, reschedule (due.rs) ──▶ same status, next look moved
+//!   (new) ── PARK_UNFETCHED (backfill.rs) ──▶ PARKED backfill_unrecoverable:<cause>, no payload
+//!   PARKED backfill_unrecoverable ── release_parked (backfill.rs; the intake, replay) ──▶ RECEIVED
 //!   items of an earlier release ── migrate_attention, migrate_due_partition (migrate.rs) ──▶ today's indexes
 //! ```
 //!
@@ -447,7 +449,7 @@ pub fn operator(action: OperatorAction, operator: &str, reason: &str, token: &st
         u = u.value(&format!(":from{i}"), s(st.as_str()));
     }
     match action {
-        OperatorAction::Replay => u
+        OperatorAction::Replay => not_awaiting_payload(u)
             .to(Status::Retryable, shard, Due::Reenter(now_ms))
             .set("attempts = :zero")
             .set(format!("{FAILURES} = :zero"))
@@ -627,13 +629,100 @@ pub fn migrate_attention(status: &str, partition: &str, at: i64) -> Update {
 /// Timeline guarded: only while it is still in the partition the scan read
 /// (a dispatcher or a reconciler of the earlier release may have moved it);
 /// a retry finds it moved and changes nothing.
-pub fn migrate_due_partition(from: &str, to: &str, at: i64) -> Update {
-    Update::when("due_shard = :from")
+/// An item of an earlier layout moves to its partition of today's, if it is
+/// still where and when the migration read it (a claim or a rewrite since
+/// then keeps its own next look; the migration's rerun meets it moved).
+pub fn migrate_due_partition(from: &str, seen_at: i64, to: &str, at: i64) -> Update {
+    Update::when("due_shard = :from AND due_at = :seen")
         .set("due_shard = :to")
         .set("due_at = :at")
         .value(":from", s(from))
+        .value(":seen", n(seen_at))
         .value(":to", s(to))
         .value(":at", n(at))
+}
+
+// ---------------------------------------------------------- backfill (backfill.rs)
+
+/// The condition of a backfill's parked claim (a put, as the claim is): the
+/// key is new. It creates the record PARKED `backfill_unrecoverable:<cause>`
+/// with `payload_stored` false, in the attention index and not in the `due`
+/// index (the item is written whole in `backfill.rs`). Our own retried put
+/// after a lost acknowledgement fails against the record it made, whose
+/// `send_token` is ours: parked, not "already recorded".
+pub const PARK_UNFETCHED: &str = "attribute_not_exists(pk)";
+
+/// Where a released record's payload is.
+pub enum Placed {
+    /// In the record itself (small payloads; set by this write).
+    Inline(super::payload::Stored),
+    /// In its own item (`sk = payload#<hash>`), written before this write.
+    Item,
+    /// In S3, written before this write (`payload_in = s3`).
+    S3,
+}
+
+/// Timeline guarded: a record a backfill parked without its payload
+/// (PARKED `backfill_unrecoverable:…`, `payload_stored` false) gets its
+/// payload from a webhook delivery of the same identity or from an
+/// operator's replay, which fetched it again; both may come at once, and an
+/// operator may have resolved it. Only a record still parked that way is
+/// released: RECEIVED, back in the `due` index (due after the re-drive
+/// grace), out of the attention index, with the releaser's hashes, `via` and
+/// send lease, received now (the age of an open record counts from its
+/// release) and kept for the retention from now. The payload is stored
+/// before (or, inline, by) this write. The loser of a race meets a record
+/// no longer parked and changes nothing; our own retried update after a
+/// lost acknowledgement meets our `send_token`: released.
+pub fn release_parked(event: &crate::ledger::NewEvent, by: &str, placed: Placed) -> Update {
+    let due_at = event.received_at_ms + crate::policy::REDRIVE_GRACE_MS;
+    let u = Update::when("#st = :parked AND begins_with(park_reason, :unrec) AND payload_stored = :f")
+        .to(Status::Received, event.shard, Due::Reenter(due_at))
+        .set("payload_hash = :h")
+        .set("content_hash = :ch")
+        .set("payload_stored = :t")
+        .set("send_token = :tok")
+        .set("send_lease_until = :until")
+        .set("via = :via")
+        .set("received_at = :now")
+        .set("released_at = :now")
+        .set("released_by = :by")
+        .set(format!("{} = :exp", attr::EXPIRES_AT))
+        .remove("park_reason")
+        .value(":parked", s(Status::Parked.as_str()))
+        .value(":unrec", s(crate::ledger::BACKFILL_UNRECOVERABLE))
+        .value(":f", AttributeValue::Bool(false))
+        .value(":t", AttributeValue::Bool(true))
+        .value(":h", s(&event.payload_hash))
+        .value(":ch", s(&event.content_hash))
+        .value(":tok", s(&event.send.token))
+        .value(":until", n(event.send.until_ms))
+        .value(":via", s(event.via.as_str()))
+        .value(":now", n(event.received_at_ms))
+        .value(":by", s(bounded(by)))
+        .value(":exp", n(event.expires_at));
+    match placed {
+        Placed::Inline(stored) => {
+            let u = u
+                .set(format!("{} = :body", attr::BODY))
+                .value(":body", AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(stored.bytes)));
+            match stored.encoding {
+                Some(enc) => u.set(format!("{} = :enc", super::payload::ENCODING)).value(":enc", s(enc)),
+                None => u,
+            }
+        }
+        Placed::Item => u,
+        Placed::S3 => u.set("payload_in = :in").value(":in", s("s3")),
+    }
+}
+
+/// Replay refuses a record a backfill parked without its payload: made
+/// RETRYABLE, it would only fail for want of one. `hookledger replay`
+/// fetches it from its source again instead ([`release_parked`]).
+fn not_awaiting_payload(u: Update) -> Update {
+    let condition =
+        format!("{} AND (attribute_not_exists(park_reason) OR NOT begins_with(park_reason, :unrec))", u.condition);
+    Update { condition, ..u }.value(":unrec", s(crate::ledger::BACKFILL_UNRECOVERABLE))
 }
 
 #[cfg(test)]
@@ -708,7 +797,10 @@ mod tests {
             outbox_back_off("t", 1, "e", 1),
             outbox_dead("t", "attn#000", "e", 1),
             migrate_attention("DEAD", "attn#001", 5),
-            migrate_due_partition("out#001", "due#001", 5),
+            release_parked(&released_event(), "webhook", Placed::Item),
+            release_parked(&released_event(), "webhook", Placed::S3),
+            release_parked(&released_event(), "operator alice", Placed::Inline(super::super::payload::encode(b"{}"))),
+            migrate_due_partition("due#001", 4, "out#001", 5),
         ];
         for u in updates {
             let text = format!("{} {}", u.expression(), u.condition);
@@ -722,5 +814,40 @@ mod tests {
             assert_eq!(u.values.len(), given.len(), "a value given twice: {text}");
             assert_eq!(text.contains("#st"), u.uses_status, "{text}");
         }
+    }
+
+    fn released_event() -> crate::ledger::NewEvent {
+        let key = crate::identity::EventKey::new("github", "gh", "g-1");
+        crate::ledger::NewEvent {
+            shard: 3,
+            key,
+            provider: "github".into(),
+            endpoint: "gh".into(),
+            tenant: "gh".into(),
+            event_id: "g-1".into(),
+            event_type: Some("push".into()),
+            payload_hash: "h".into(),
+            content_hash: "c".into(),
+            received_at_ms: 1_000,
+            expires_at: 9,
+            send: SendLease { token: "tok".into(), until_ms: 2_000 },
+            via: crate::ledger::Via::Webhook,
+        }
+    }
+
+    #[test]
+    fn a_record_parked_without_its_payload_is_released_into_the_due_index_and_not_replayed() {
+        let u = release_parked(&released_event(), "webhook", Placed::S3);
+        let e = u.expression();
+        assert!(u.condition.contains("begins_with(park_reason, :unrec) AND payload_stored = :f"), "{}", u.condition);
+        assert!(e.contains("due_shard = :bk_ds") && e.contains("due_at = :bk_due"), "back in the due index: {e}");
+        assert!(e.contains("attn_shard, attn_at") && e.contains("park_reason"), "out of the attention index: {e}");
+        assert!(e.contains("payload_in = :in") && e.contains("send_token = :tok"), "{e}");
+        let inline = release_parked(&released_event(), "webhook", Placed::Inline(super::super::payload::encode(b"{}")));
+        assert!(inline.expression().contains("body = :body"), "{}", inline.expression());
+        let replay = operator(OperatorAction::Replay, "op", "why", "tok", 5, 3);
+        assert!(replay.condition.contains("NOT begins_with(park_reason, :unrec)"), "{}", replay.condition);
+        let park = operator(OperatorAction::Park, "op", "why", "tok", 5, 3);
+        assert!(!park.condition.contains("park_reason"), "only replay is guarded: {}", park.condition);
     }
 }

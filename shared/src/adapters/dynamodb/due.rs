@@ -1,8 +1,9 @@
 //! The reconciler's reads and writes ([`DueLedger`]): the sparse `due`
-//! index (one partition per shard, `due#NNN`, for ledger records, outbox
-//! items and entitlements; keys only, so the records and entitlements due are
-//! then read in one batch), claims on its items, and the evidence from the
-//! `attention` index. The expressions are in `conditions`.
+//! index (per shard one partition for ledger records, `due#NNN`, one for
+//! outbox items, `out#NNN`, and one for re-checks, `chk#NNN`; keys only, so
+//! the records and entitlements due are then read in one batch), claims on
+//! its items, and the evidence from the `attention` index. The expressions
+//! are in `conditions`.
 
 use std::collections::HashMap;
 
@@ -10,18 +11,36 @@ use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
 
 use super::conditions as cond;
 use super::{
-    ATTENTION_INDEX, DUE_INDEX, DynamoLedger, Item, META_SK, Written, attention_shard, attr, due_shard, get_n, get_s,
+    ATTENTION_INDEX, DUE_INDEX, DynamoLedger, Item, META_SK, Written, attention_shard, attr, due_partition, get_n,
+    get_s,
 };
 use crate::adapters::port_error;
 use crate::identity::EventKey;
-use crate::ledger::{Attention, DriftItem, Due, DueItem, DueRecord, PortError, Status};
+use crate::ledger::{
+    Attention, DriftItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, PortError, Status,
+};
 use crate::ports::DueLedger;
 use crate::projection::STATE_SK;
 
 impl DynamoLedger {
     /// The keys (and `due_at`) of the items of `partition` due at `up_to` or
-    /// earlier, oldest first.
-    pub(super) async fn due_keys(&self, partition: &str, up_to: i64, limit: usize) -> Result<Vec<Item>, PortError> {
+    /// earlier, oldest first, after `after`; and where the page ended when
+    /// more may follow.
+    pub(super) async fn due_keys(
+        &self,
+        partition: &str,
+        up_to: i64,
+        limit: usize,
+        after: Option<&DueCursor>,
+    ) -> Result<(Vec<Item>, Option<DueCursor>), PortError> {
+        let start = after.map(|c| {
+            HashMap::from([
+                (attr::PK.to_owned(), AttributeValue::S(c.pk.clone())),
+                (attr::SK.to_owned(), AttributeValue::S(c.sk.clone())),
+                (attr::DUE_SHARD.to_owned(), AttributeValue::S(partition.to_owned())),
+                (attr::DUE_AT.to_owned(), AttributeValue::N(c.due_at_ms.to_string())),
+            ])
+        });
         let out = self
             .client()
             .query()
@@ -31,10 +50,18 @@ impl DynamoLedger {
             .expression_attribute_values(":s", AttributeValue::S(partition.to_owned()))
             .expression_attribute_values(":t", AttributeValue::N(up_to.to_string()))
             .limit(limit.clamp(1, 100) as i32)
+            .set_exclusive_start_key(start)
             .send()
             .await
             .map_err(|e| port_error("dynamodb", &e))?;
-        Ok(out.items.unwrap_or_default())
+        let next = out.last_evaluated_key.as_ref().and_then(|k| {
+            Some(DueCursor {
+                due_at_ms: get_n(k, attr::DUE_AT)?,
+                pk: get_s(k, attr::PK)?.to_owned(),
+                sk: get_s(k, attr::SK)?.to_owned(),
+            })
+        });
+        Ok((out.items.unwrap_or_default(), next))
     }
 
     /// The items of `keys` (pk, sk), read consistently in batches of 100, in
@@ -78,8 +105,15 @@ impl DueLedger for DynamoLedger {
         DynamoLedger::shards(self)
     }
 
-    async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<Due>, PortError> {
-        let keys = self.due_keys(&due_shard(shard), up_to, limit).await?;
+    async fn due(
+        &self,
+        partition: DuePartition,
+        shard: u32,
+        up_to: i64,
+        limit: usize,
+        after: Option<&DueCursor>,
+    ) -> Result<DuePage, PortError> {
+        let (keys, next) = self.due_keys(&due_partition(partition, shard), up_to, limit, after).await?;
         // Outbox items are claimed by id (the claim returns them); records
         // and entitlements are read in one batch.
         let mut out = Vec::new();
@@ -132,13 +166,8 @@ impl DueLedger for DynamoLedger {
                 }));
             }
         }
-        let due_at = |d: &Due| match d {
-            Due::Record(r) => r.due_at_ms,
-            Due::Outbox { due_at_ms, .. } => *due_at_ms,
-            Due::Drift(e) => e.due_at_ms,
-        };
-        out.sort_by_key(due_at);
-        Ok(out)
+        out.sort_by_key(Due::due_at_ms);
+        Ok(DuePage { items: out, next })
     }
 
     async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {

@@ -6,23 +6,26 @@
 //!
 //! - DEAD and PARKED records, and DEAD outbox items, enter the sparse
 //!   `attention` index (they were in the `status` index);
-//! - outbox items and entitlements move from their own partitions
-//!   (`out#NNN`, `ent#NNN`) to their shard's `due#NNN` (an entitlement's
-//!   `due_at` becomes its next check: the last one plus the default drift
-//!   interval).
+//! - outbox items and entitlements leave the records' partitions: an outbox
+//!   item in `due#NNN` (the layout of the release before) moves to
+//!   `out#NNN`, an entitlement in `due#NNN` to `chk#NNN`, both keeping their
+//!   next look; an entitlement in `ent#NNN` (the oldest layout, `due_at` its
+//!   last check) moves to `chk#NNN`, due at its last check plus the default
+//!   drift interval. Until then the reconciler acts on what it finds in
+//!   `due#NNN` under its own phase, so nothing waits for the migration.
 //!
 //! Records in flight need nothing: the processor reads records written
 //! without a payload in them, payload items without an encoding, and queue
 //! messages without a payload, as earlier releases wrote them.
 
 use super::conditions as cond;
-use super::outbox::{LEGACY_OUTBOX_SHARD_PREFIX, OUTBOX_SK};
-use super::{DynamoLedger, META_SK, attention_shard, attr, due_shard, get_n, get_s};
+use super::outbox::OUTBOX_SK;
+use super::{DynamoLedger, META_SK, attention_shard, attr, due_partition, get_n, get_s};
 use crate::adapters::port_error;
 use crate::app::entitlement::LEGACY_DRIFT_SHARD_PREFIX;
 use crate::config::DEFAULT_DRIFT_INTERVAL_MS;
 use crate::identity::EventKey;
-use crate::ledger::PortError;
+use crate::ledger::{DuePartition, PortError};
 use crate::projection::STATE_SK;
 
 /// What a migration changed.
@@ -32,10 +35,15 @@ pub struct Migrated {
     pub scanned: u64,
     /// DEAD or PARKED records (and DEAD outbox items) put in the attention index.
     pub attention: u64,
-    /// Outbox items moved to `due#NNN`.
+    /// Outbox items moved to `out#NNN`.
     pub outbox_moved: u64,
-    /// Entitlements moved to `due#NNN`.
+    /// Entitlements moved to `chk#NNN`.
     pub entitlements_moved: u64,
+    /// Items of an earlier layout that changed while the migration read them
+    /// (claimed or rewritten meanwhile): run it again for them.
+    pub left: u64,
+    /// Every item is in today's layout: nothing was left.
+    pub done: bool,
 }
 
 /// The shard number of an index partition name (`out#007` → 7).
@@ -79,17 +87,19 @@ impl DynamoLedger {
                         let (Some(from), Some(at)) = (get_s(&item, attr::DUE_SHARD), get_n(&item, attr::DUE_AT)) else {
                             continue;
                         };
-                        let legacy =
-                            if sk == OUTBOX_SK { LEGACY_OUTBOX_SHARD_PREFIX } else { LEGACY_DRIFT_SHARD_PREFIX };
-                        if !from.starts_with(&format!("{legacy}#")) {
+                        let (prefix, Some(shard)) = (from.split('#').next().unwrap_or_default(), shard_number(from))
+                        else {
                             continue;
-                        }
-                        let Some(shard) = shard_number(from) else { continue };
-                        let next = if sk == STATE_SK { at + DEFAULT_DRIFT_INTERVAL_MS } else { at };
-                        Some((
-                            cond::migrate_due_partition(from, &due_shard(shard), next),
-                            if sk == OUTBOX_SK { 1 } else { 2 },
-                        ))
+                        };
+                        let (to, next, kind) = match (sk, prefix) {
+                            (OUTBOX_SK, "due") => (DuePartition::Outbox, at, 1),
+                            (STATE_SK, "due") => (DuePartition::Checks, at, 2),
+                            (STATE_SK, LEGACY_DRIFT_SHARD_PREFIX) => {
+                                (DuePartition::Checks, at + DEFAULT_DRIFT_INTERVAL_MS, 2)
+                            }
+                            _ => continue,
+                        };
+                        Some((cond::migrate_due_partition(from, at, &due_partition(to, shard), next), kind))
                     }
                     _ => None,
                 };
@@ -100,11 +110,16 @@ impl DynamoLedger {
                         1 => done.outbox_moved += 1,
                         _ => done.entitlements_moved += 1,
                     }
+                } else if kind != 0 {
+                    done.left += 1;
                 }
             }
             match page.last_evaluated_key {
                 Some(k) => start = Some(k),
-                None => return Ok(done),
+                None => {
+                    done.done = done.left == 0;
+                    return Ok(done);
+                }
             }
         }
     }

@@ -35,7 +35,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditi
 
 use self::conditions::Update;
 pub use self::schema::{
-    ATTENTION_INDEX, DUE_INDEX, META_SK, TTL_ATTRIBUTE, attention_shard, attr, create_table, due_shard,
+    ATTENTION_INDEX, DUE_INDEX, META_SK, TTL_ATTRIBUTE, attention_shard, attr, create_table, due_partition, due_shard,
     needs_attention, payload_sk, table_definition,
 };
 use super::port_error;

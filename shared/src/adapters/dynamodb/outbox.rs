@@ -14,9 +14,12 @@ use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, idempotency_k
 use crate::ports::OutboxStore;
 
 pub const OUTBOX_SK: &str = "outbox";
-/// Due-index partition prefix of outbox items in releases before the
-/// shared `due#NNN` partitions (read by `hookledger migrate`).
-pub const LEGACY_OUTBOX_SHARD_PREFIX: &str = "out";
+/// The due-index partition of an outbox item of `shard`: `out#007` (a
+/// release that kept them in `due#007` with the records is upgraded by
+/// `hookledger migrate`).
+pub fn outbox_partition(shard: u32) -> String {
+    super::due_partition(crate::ledger::DuePartition::Outbox, shard)
+}
 
 /// Attribute names of the outbox item.
 pub mod attr {
@@ -66,7 +69,7 @@ pub fn outbox_put(
         (attr::GROUP_ID.to_owned(), AttributeValue::S(msg.group.clone())),
         (attr::BODY.to_owned(), AttributeValue::S(msg.body.to_string())),
         (attr::CREATED_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
-        (attr::DUE_SHARD.to_owned(), AttributeValue::S(super::due_shard(shard))),
+        (attr::DUE_SHARD.to_owned(), AttributeValue::S(outbox_partition(shard))),
         (attr::DUE_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
     ]);
     let put = Put::builder()
@@ -162,8 +165,7 @@ impl OutboxStore for DynamoOutbox {
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
-        // The shard's partition holds records and entitlements too.
-        let keys = self.ledger.due_keys(&super::due_shard(shard), up_to, limit).await?;
+        let (keys, _) = self.ledger.due_keys(&outbox_partition(shard), up_to, limit, None).await?;
         Ok(keys
             .iter()
             .filter(|k| text(k, attr::SK) == OUTBOX_SK)

@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::adapters::error_chain;
-use crate::ledger::Status;
+use crate::ledger::{DuePartition, Status};
 use crate::policy::due_shard_named;
 
 pub const META_SK: &str = "meta";
@@ -56,8 +56,15 @@ pub fn payload_sk(payload_hash: &str) -> String {
     format!("payload#{payload_hash}")
 }
 
+/// A ledger record's due-index partition: `due#007`.
 pub fn due_shard(shard: u32) -> String {
-    due_shard_named("due", shard)
+    due_partition(DuePartition::Records, shard)
+}
+
+/// The due-index partition of `kind` in `shard`: `due#007` (records),
+/// `out#007` (outbox items), `chk#007` (re-checks).
+pub fn due_partition(kind: DuePartition, shard: u32) -> String {
+    due_shard_named(kind.prefix(), shard)
 }
 
 /// Attention-index partition: `attn#007`. DEAD and PARKED records (sorted
