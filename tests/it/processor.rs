@@ -444,7 +444,7 @@ async fn outbox_crash_between_publish_and_mark_republishes_with_the_same_key() {
         .update_expression("SET #s = :p, due_shard = :d, due_at = :t")
         .expression_attribute_names("#s", "status")
         .expression_attribute_values(":p", aws_sdk_dynamodb::types::AttributeValue::S("PENDING".into()))
-        .expression_attribute_values(":d", aws_sdk_dynamodb::types::AttributeValue::S("due#000".into()))
+        .expression_attribute_values(":d", aws_sdk_dynamodb::types::AttributeValue::S("out#000".into()))
         .expression_attribute_values(":t", aws_sdk_dynamodb::types::AttributeValue::N("0".into()))
         .send()
         .await

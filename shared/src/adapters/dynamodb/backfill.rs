@@ -20,10 +20,7 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
 use super::conditions::{self as cond, Placed};
-use super::{
-    DynamoLedger, META_SK, Written, attention_shard, attr, existing_from_item, get_n, get_s, n, new_record_item,
-    payload, s,
-};
+use super::{DynamoLedger, META_SK, Written, attention_shard, attr, get_n, get_s, n, new_record_item, payload, s};
 use crate::identity::EventKey;
 use crate::ledger::{Claim, NewEvent, PortError, Release, SendLease, Status};
 use crate::policy::DEFAULT_RETENTION_DAYS;
@@ -38,25 +35,14 @@ const PARKED_ATTRIBUTES_BYTES: usize = 512;
 /// payload and no send lease, and what a replay needs to ask the source
 /// again (`backfill_handle`, `backfill_origin`, `backfill_created`).
 fn parked_item(event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> super::Item {
-    let mut item = super::Item::new();
-    item.insert(attr::PK.into(), s(event.key.as_str()));
-    item.insert(attr::SK.into(), s(META_SK));
-    item.insert(attr::PROVIDER.into(), s(&event.provider));
-    item.insert(attr::ENDPOINT.into(), s(&event.endpoint));
-    item.insert(attr::TENANT.into(), s(&event.tenant));
-    item.insert(attr::EVENT_ID.into(), s(&event.event_id));
-    if let Some(t) = &event.event_type {
-        item.insert(attr::EVENT_TYPE.into(), s(t));
+    // The claim's record, less what only a stored, sendable one has.
+    let mut item = super::new_record_item(event);
+    for gone in [attr::CONTENT_HASH, attr::SEND_LEASE_UNTIL, attr::DUE_SHARD, attr::DUE_AT] {
+        item.remove(gone);
     }
     item.insert(attr::STATUS.into(), s(Status::Parked.as_str()));
     item.insert(attr::PAYLOAD_HASH.into(), s(crate::ledger::NO_PAYLOAD_HASH));
     item.insert(attr::PAYLOAD_STORED.into(), AttributeValue::Bool(false));
-    item.insert(attr::RECEIVED_AT.into(), n(event.received_at_ms));
-    item.insert(attr::ATTEMPTS.into(), n(0));
-    item.insert(attr::CONFLICTS.into(), n(0));
-    item.insert(attr::EXPIRES_AT.into(), n(event.expires_at));
-    item.insert(attr::SEND_TOKEN.into(), s(&event.send.token));
-    item.insert(attr::VIA.into(), s(event.via.as_str()));
     item.insert("attn_shard".into(), s(attention_shard(event.shard)));
     item.insert("attn_at".into(), n(event.received_at_ms));
     item.insert("park_reason".into(), s(unfetched.reason));
@@ -206,18 +192,9 @@ impl BackfillLedger for DynamoLedger {
                 _ => return Err(crate::adapters::port_error("dynamodb", &err)),
             },
         };
-        let item = match met {
-            Some(item) => item,
-            None => self.read_meta(&event.key).await?.ok_or_else(|| PortError::Unavailable {
-                service: "dynamodb",
-                message: "parked claim conflicted and no record is there yet".into(),
-            })?,
-        };
-        // Our own retried put after a lost acknowledgement: parked by us.
-        if get_s(&item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
-            return Ok(Claim::New);
-        }
-        Ok(Claim::Existing(existing_from_item(&item)?))
+        // Our own retried put after a lost acknowledgement meets our send
+        // token: parked by us.
+        self.claimed_by(event, met).await
     }
 
     async fn release(&self, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
