@@ -224,8 +224,7 @@ impl BackfillSource for GithubDeliveries {
     async fn body(&self, event: &SourceEvent) -> Result<Vec<u8>, SourceError> {
         let url = self.delivery_url(event)?;
         let resp = self.send_for_event(self.request(reqwest::Method::GET, &url)).await?;
-        let bytes =
-            super::sources::read_bounded(resp, self.max_body_bytes.saturating_add(DELIVERY_OVERHEAD_BYTES)).await?;
+        let bytes = super::tls::read_bounded(resp, self.max_body_bytes.saturating_add(DELIVERY_OVERHEAD_BYTES)).await?;
         delivery_payload(&bytes, &event.event_id)
     }
 

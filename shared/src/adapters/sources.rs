@@ -39,22 +39,3 @@ impl BackfillSource for ProviderSource {
         }
     }
 }
-
-/// Reads an answer up to `limit` bytes; a longer one is `TooLarge`.
-pub async fn read_bounded(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, SourceError> {
-    let too_large = |n: u64| SourceError::Unfetchable {
-        cause: crate::ports::Unfetchable::TooLarge,
-        detail: format!("the answer ({n} bytes or more) exceeds the {limit} bytes a backfill reads"),
-    };
-    if let Some(n) = resp.content_length().filter(|n| *n > limit as u64) {
-        return Err(too_large(n));
-    }
-    let mut out = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))? {
-        if out.len() + chunk.len() > limit {
-            return Err(too_large((out.len() + chunk.len()) as u64));
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
-}

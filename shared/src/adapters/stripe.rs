@@ -238,7 +238,7 @@ impl BackfillSource for StripeEvents {
         if !status.is_success() {
             return Err(event_answer(status.as_u16(), resp.headers()));
         }
-        crate::adapters::sources::read_bounded(resp, self.max_body_bytes).await
+        crate::adapters::tls::read_bounded(resp, self.max_body_bytes).await
     }
 
     fn origin(&self) -> Option<String> {
