@@ -10,14 +10,13 @@
 //! read again (its events are then already recorded).
 //!
 //! An event its source cannot serve is parked under its identity (one
-//! conditional put, `conditions::PARK_UNFETCHED`); a delivery or a replay
+//! conditional put, the claim's `conditions::CLAIM`); a delivery or a replay
 //! that has its payload releases it (`conditions::release_parked`, after
 //! the payload is stored as the claim would store it).
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::conditions::{self as cond, Placed};
 use super::{DynamoLedger, META_SK, Written, attention_shard, attr, get_n, get_s, n, new_record_item, payload, s};
@@ -176,25 +175,10 @@ impl BackfillLedger for DynamoLedger {
     }
 
     async fn park(&self, event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> Result<Claim, PortError> {
-        let result = self
-            .client()
-            .put_item()
-            .table_name(self.table())
-            .set_item(Some(parked_item(event, unfetched)))
-            .condition_expression(cond::PARK_UNFETCHED)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        let met = match result {
-            Ok(_) => return Ok(Claim::New),
-            Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(e)) => e.item().cloned(),
-                _ => return Err(crate::adapters::port_error("dynamodb", &err)),
-            },
-        };
-        // Our own retried put after a lost acknowledgement meets our send
-        // token: parked by us.
-        self.claimed_by(event, met).await
+        // The claim's conditional put (`attribute_not_exists(pk)`) of
+        // the parked record: our own retried put after a lost acknowledgement
+        // meets our send token, parked by us.
+        self.put_claim(event, parked_item(event, unfetched)).await
     }
 
     async fn release(&self, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {

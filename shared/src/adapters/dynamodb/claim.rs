@@ -19,7 +19,7 @@ pub const PAYLOAD_IN: &str = "payload_in";
 
 impl DynamoLedger {
     /// The claim as one conditional put of the record.
-    async fn put_claim(&self, event: &NewEvent, record: super::Item) -> Result<Claim, PortError> {
+    pub(super) async fn put_claim(&self, event: &NewEvent, record: super::Item) -> Result<Claim, PortError> {
         let result = self
             .client()
             .put_item()
@@ -41,7 +41,7 @@ impl DynamoLedger {
 
     /// The claim met a record (`met`, or read when the endpoint did not
     /// return it): ours, after a lost acknowledgement, or another delivery's.
-    pub(super) async fn claimed_by(&self, event: &NewEvent, met: Option<super::Item>) -> Result<Claim, PortError> {
+    async fn claimed_by(&self, event: &NewEvent, met: Option<super::Item>) -> Result<Claim, PortError> {
         let item = match met {
             Some(item) => item,
             None => self.read_meta(&event.key).await?.ok_or_else(|| PortError::Unavailable {

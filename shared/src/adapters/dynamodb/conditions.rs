@@ -23,7 +23,7 @@
 //!   RECEIVED | RETRYABLE | DEAD ── operator Park (operator.rs) ──▶ PARKED
 //!   DEAD | PARKED ── operator Resolve (operator.rs) ──▶ PROCESSED (resolved)
 //!   any due item ── claim_due, reschedule (due.rs) ──▶ same status, next look moved
-//!   (new) ── PARK_UNFETCHED (backfill.rs) ──▶ PARKED backfill_unrecoverable:<cause>, no payload
+//!   (new) ── CLAIM of a parked record (backfill.rs) ──▶ PARKED backfill_unrecoverable:<cause>, no payload
 //!   PARKED backfill_unrecoverable ── release_parked (backfill.rs; the intake, replay) ──▶ RECEIVED
 //!   items of an earlier release ── migrate_attention, migrate_due_partition (migrate.rs) ──▶ today's indexes
 //! ```
@@ -643,14 +643,6 @@ pub fn migrate_due_partition(from: &str, seen_at: i64, to: &str, at: i64) -> Upd
 }
 
 // ---------------------------------------------------------- backfill (backfill.rs)
-
-/// The condition of a backfill's parked claim (a put, as the claim is): the
-/// key is new. It creates the record PARKED `backfill_unrecoverable:<cause>`
-/// with `payload_stored` false, in the attention index and not in the `due`
-/// index (the item is written whole in `backfill.rs`). Our own retried put
-/// after a lost acknowledgement fails against the record it made, whose
-/// `send_token` is ours: parked, not "already recorded".
-pub const PARK_UNFETCHED: &str = "attribute_not_exists(pk)";
 
 /// Where a released record's payload is.
 pub enum Placed {
