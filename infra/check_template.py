@@ -13,7 +13,7 @@ Asserts, each with a clear message:
 - every function policy is least-privilege: no wildcard actions, no "*"
   resources for data services (DynamoDB, SQS, SNS, SSM, Secrets Manager);
 - every function with a secret reference in its environment may read
-  secrets the ways the README offers: SSM parameters under
+  secrets the ways docs/deploy.md offers: SSM parameters under
   SecretsParameterPath, and Secrets Manager secrets through
   parameter/aws/reference/secretsmanager/<path>/* (ssm:GetParameter) with
   secretsmanager:GetSecretValue on secret:<path>/*;
@@ -258,7 +258,7 @@ def main():
         fail("no heartbeat alarm: reconciler_runs, LessThanThreshold, TreatMissingData breaching")
     checks += 1
 
-    # Secrets the way the README says: a function that reads a secret reference
+    # Secrets the way docs/deploy.md says: a function that reads a secret reference
     # may read it as an SSM parameter or as a Secrets Manager secret through SSM.
     params = template.get("Parameters", {})
     secret_params = {
