@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use hookledger::adapters::dynamodb::DynamoLedger;
-use hookledger::adapters::github::GithubDeliveries;
+use hookledger::adapters::sources::ProviderSource;
 use hookledger::adapters::sqs::SqsQueue;
-use hookledger::adapters::stripe::StripeEvents;
 use hookledger::backfill::{Backfill, BackfillSettings, Mode, ParkedBackfill, Released, Summary, Target};
-use hookledger::config::{self, ProviderKind, SecretResolver};
+use hookledger::config::{self, ProviderKind};
 use hookledger::ports::{BackfillSource, Window};
+use hookledger::wiring::{LiveBackfill, SourceSpec, Wiring};
 
 #[derive(Args)]
 pub struct BackfillArgs {
@@ -80,7 +80,7 @@ fn parse_instant(s: &str) -> Result<i64, String> {
 
 pub async fn run(
     args: BackfillArgs,
-    aws: &aws_config::SdkConfig,
+    wiring: &Wiring,
     ledger: DynamoLedger,
     queue: SqsQueue,
     json: bool,
@@ -114,19 +114,33 @@ pub async fn run(
                 return Err("Stripe cannot redeliver: run without --redeliver".into());
             }
             let reference = args.api_key.as_deref().ok_or("Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
-            let key = resolve(aws, reference).await?;
-            let source = StripeEvents::new(args.api_base.clone(), key, args.account.clone())?
-                .with_max_body_bytes(args.max_backfill_body_bytes);
-            execute(Backfill::new(ledger, queue, source, settings), &target, &window, &args, json).await
+            let source = wiring
+                .provider_source(SourceSpec {
+                    provider: "stripe",
+                    base: Some(&args.api_base),
+                    hook: None,
+                    account: args.account.clone(),
+                    secret: reference,
+                    max_body_bytes: args.max_backfill_body_bytes,
+                })
+                .await?;
+            execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
         ProviderKind::Github => {
             let hook = args.github_hook.as_deref().ok_or("GitHub needs --github-hook")?;
             let reference =
                 args.github_token.as_deref().ok_or("GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
-            let token = resolve(aws, reference).await?;
-            let source = GithubDeliveries::new(args.github_api_base.clone(), hook, token)?
-                .with_max_body_bytes(args.max_backfill_body_bytes);
-            execute(Backfill::new(ledger, queue, source, settings), &target, &window, &args, json).await
+            let source = wiring
+                .provider_source(SourceSpec {
+                    provider: "github",
+                    base: Some(&args.github_api_base),
+                    hook: Some(hook),
+                    account: None,
+                    secret: reference,
+                    max_body_bytes: args.max_backfill_body_bytes,
+                })
+                .await?;
+            execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
         other => {
             return Err(format!(
@@ -140,14 +154,16 @@ pub async fn run(
     Ok(summary)
 }
 
-/// Resolves a secret reference (env:NAME, or ssm:/path through SSM).
-async fn resolve(aws: &aws_config::SdkConfig, reference: &str) -> Result<hookledger::secret::Secret, String> {
-    if reference.starts_with("ssm:") {
-        hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws)).resolve(reference).await
-    } else {
-        config::EnvSecrets.resolve(reference).await
-    }
-    .map_err(|e| format!("secret {reference}: {e}"))
+/// The backfill on this ledger and queue (the CLI's flags may name others
+/// than the configured ones), with the wiring's clock and entropy.
+fn on(
+    wiring: &Wiring,
+    ledger: DynamoLedger,
+    queue: SqsQueue,
+    source: ProviderSource,
+    settings: BackfillSettings,
+) -> LiveBackfill {
+    Backfill::new(ledger, queue, source, settings).with_ambient(wiring.ambient().clone())
 }
 
 /// Runs the backfill with a progress spinner on a terminal.
@@ -261,7 +277,7 @@ fn parse_body_bytes(s: &str) -> Result<usize, String> {
 /// (RECEIVED, queued, the replay audited). `Ok`: how it went; `Err`: why it
 /// stays parked (or could not be asked).
 pub async fn replay_from_source(
-    aws: &aws_config::SdkConfig,
+    wiring: &Wiring,
     ledger: DynamoLedger,
     queue: SqsQueue,
     row: &hookledger::ledger::Row,
@@ -289,20 +305,34 @@ pub async fn replay_from_source(
                 .github_token
                 .as_deref()
                 .ok_or("fetching it from GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
-            let token = resolve(aws, reference).await?;
-            let source = GithubDeliveries::new(args.github_api_base.clone(), hook, token)?
-                .with_max_body_bytes(args.max_backfill_body_bytes);
-            release(Backfill::new(ledger, queue, source, settings), &target, &parked, operator, reason).await?
+            let source = wiring
+                .provider_source(SourceSpec {
+                    provider: "github",
+                    base: Some(&args.github_api_base),
+                    hook: Some(hook),
+                    account: None,
+                    secret: reference,
+                    max_body_bytes: args.max_backfill_body_bytes,
+                })
+                .await?;
+            release(on(wiring, ledger, queue, source, settings), &target, &parked, operator, reason).await?
         }
         "stripe" => {
             let reference = args
                 .api_key
                 .as_deref()
                 .ok_or("fetching it from Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
-            let key = resolve(aws, reference).await?;
-            let source = StripeEvents::new(args.api_base.clone(), key, parked.origin.clone())?
-                .with_max_body_bytes(args.max_backfill_body_bytes);
-            release(Backfill::new(ledger, queue, source, settings), &target, &parked, operator, reason).await?
+            let source = wiring
+                .provider_source(SourceSpec {
+                    provider: "stripe",
+                    base: Some(&args.api_base),
+                    hook: None,
+                    account: parked.origin.clone(),
+                    secret: reference,
+                    max_body_bytes: args.max_backfill_body_bytes,
+                })
+                .await?;
+            release(on(wiring, ledger, queue, source, settings), &target, &parked, operator, reason).await?
         }
         other => return Err(format!("{other} keeps nothing to fetch it from")),
     };

@@ -95,11 +95,12 @@ async fn invoke(
 
 pub async fn run(
     args: BridgeArgs,
-    aws: &aws_config::SdkConfig,
+    wiring: &hookledger::wiring::Wiring,
     queue_url: &str,
     out: &mut (dyn std::io::Write + Send),
 ) -> Result<(), String> {
-    let sqs = aws_sdk_sqs::Client::new(aws);
+    let aws = wiring.aws();
+    let sqs = wiring.sqs_client();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(180)).build().map_err(|e| e.to_string())?;
     let arn = sqs
         .get_queue_attributes()

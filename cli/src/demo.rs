@@ -44,16 +44,16 @@ struct Step {
 
 pub async fn run(
     args: DemoArgs,
-    aws: &aws_config::SdkConfig,
+    wiring: &hookledger::wiring::Wiring,
     table: &str,
-    wiring: Option<(hookledger::adapters::dynamodb::DynamoLedger, hookledger::adapters::sqs::SqsQueue)>,
+    stack: Option<&hookledger::wiring::Wiring>,
     json_out: bool,
     out: &mut (dyn std::io::Write + Send),
 ) -> Result<(), String> {
     let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
-    let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
-    let ddb = aws_sdk_dynamodb::Client::new(aws);
-    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let resolver = wiring.secrets();
+    let ddb = wiring.dynamodb_client();
+    let run = wiring.ambient().entropy.token_simple()[..8].to_owned();
     let (customer, account, sku) = (format!("cus_{run}"), format!("acct_{run}"), format!("sku-{run}"));
     hookledger::app::subjects::map_subject(&ddb, table, "stripe", "demo", &customer, &account).await?;
 
@@ -137,7 +137,7 @@ pub async fn run(
     // A concurrent burst: 16 identical GitHub deliveries at once.
     let gh = specs.get("github-demo").ok_or("endpoint github-demo is not configured")?;
     let gh_secret = resolver.resolve(gh.secrets.first().ok_or("github-demo needs a secret")?).await?;
-    let delivery_id = uuid::Uuid::new_v4().to_string();
+    let delivery_id = wiring.ambient().token();
     let body = json!({"ref": "refs/heads/main", "before": "0".repeat(40), "after": "1".repeat(40), "repository": {"full_name": "demo/app"}}).to_string();
     let mut burst = Vec::new();
     for _ in 0..16 {
@@ -192,11 +192,11 @@ pub async fn run(
         "records": keys.iter().map(|k| (k.clone(), records.get(k).map(|r| format!("{} {}", text(r, "status"), text(r, "outcome"))).unwrap_or_else(|| "missing".into()))).collect::<HashMap<_, _>>(),
     });
     let mut problems = Vec::new();
-    let providers = match (std::env::var("HOOKLEDGER_STRIPE_API_BASE").ok(), wiring) {
-        (Some(base), Some((ledger, queue))) => {
+    let providers = match (std::env::var("HOOKLEDGER_STRIPE_API_BASE").ok(), stack) {
+        (Some(base), Some(wiring)) => {
             let stripe = specs.get("stripe-demo").ok_or("endpoint stripe-demo is not configured")?;
             let secret = resolver.resolve(stripe.secrets.first().ok_or("stripe-demo needs a secret")?).await?;
-            let ctx = Providers { base, aws, ddb: &ddb, table, ledger, queue, run: &run, now, wait: args.wait_secs };
+            let ctx = Providers { base, wiring, ddb: &ddb, table, run: &run, now, wait: args.wait_secs };
             let sign_post = |event_id: String, event_type: &'static str, body: serde_json::Value| {
                 let d = sign(stripe, &secret, &event_id, event_type, body.to_string().into_bytes(), now);
                 let post = &post;
@@ -326,11 +326,9 @@ fn number(item: &HashMap<String, AttributeValue>, k: &str) -> Option<i64> {
 /// The demo's provider-API part, against the local stack's fake Stripe.
 struct Providers<'a> {
     base: String,
-    aws: &'a aws_config::SdkConfig,
+    wiring: &'a hookledger::wiring::Wiring,
     ddb: &'a aws_sdk_dynamodb::Client,
     table: &'a str,
-    ledger: hookledger::adapters::dynamodb::DynamoLedger,
-    queue: hookledger::adapters::sqs::SqsQueue,
     run: &'a str,
     now: i64,
     wait: u64,
@@ -391,20 +389,13 @@ impl Providers<'_> {
         //    hour after it was read, so the demo runs that check with the
         //    reconciler's clock an hour ahead (what the scheduled run will do then).
         self.admin("subscriptions", subscription(8)).await?;
-        let settings = hookledger::config::ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };
-        let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(self.aws));
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let source = hookledger::adapters::stripe::source_from_env(env, &resolver).await.map_err(|e| e.to_string())?;
-        let reconciler = hookledger::reconciler::Reconciler::new(
-            self.ledger.clone(),
-            self.queue.clone(),
-            None::<hookledger::outbox::Dispatcher>,
-            source,
-            settings,
-        );
-        let now_ms = crate::now_ms();
+        let settings =
+            hookledger::config::ReconcilerSettings { drift_interval_ms: 0, ..self.wiring.settings.reconciler };
+        let reconciler = self.wiring.reconciler_with(settings).map_err(|e| e.to_string())?;
+        let ambient = self.wiring.ambient();
+        let now_ms = ambient.now_ms();
         let check_at = now_ms + 1_000 + hookledger::config::DEFAULT_DRIFT_INTERVAL_MS;
-        let summary = reconciler.run(check_at, Instant::now() + Duration::from_secs(30)).await;
+        let summary = reconciler.run(check_at, ambient.instant() + Duration::from_secs(30)).await;
         let after_drift = self.state_until(&pk, |i| seats(i) == Some(8)).await?.as_ref().and_then(seats);
         // 3. A payment Stripe sent while the endpoint was down (it never
         //    reached the intake): a backfill of the last minutes recovers it.
@@ -421,20 +412,28 @@ impl Providers<'_> {
         self.admin("events", json!({"id": format!("evt_{run}_missed"), "object": "event", "type": "payment_intent.succeeded",
             "created": self.now, "pending_webhooks": 0,
             "data": {"object": {"id": format!("pi_{run}_m"), "object": "payment_intent", "customer": missed_customer, "amount": 700, "amount_received": 700}}})).await?;
-        let key =
-            resolver.resolve(&env("HOOKLEDGER_STRIPE_API_KEY").ok_or("HOOKLEDGER_STRIPE_API_KEY is not set")?).await?;
-        let backfill = hookledger::backfill::Backfill::new(
-            self.ledger.clone(),
-            self.queue.clone(),
-            hookledger::adapters::stripe::StripeEvents::new(self.base.clone(), key, None)?,
-            hookledger::backfill::BackfillSettings::default(),
-        );
+        let key = self.wiring.settings.stripe_api_key.clone().ok_or("HOOKLEDGER_STRIPE_API_KEY is not set")?;
+        let source = self
+            .wiring
+            .provider_source(hookledger::wiring::SourceSpec {
+                provider: "stripe",
+                base: Some(&self.base),
+                hook: None,
+                account: None,
+                secret: &key,
+                max_body_bytes: self.wiring.settings.max_backfill_body_bytes,
+            })
+            .await?;
+        let backfill = self
+            .wiring
+            .backfill(source, hookledger::backfill::BackfillSettings::default())
+            .map_err(|e| e.to_string())?;
         let target = hookledger::backfill::Target {
             provider: "stripe".into(),
             endpoint: "stripe-demo".into(),
             tenant: "demo".into(),
-            retention_days: 30,
-            index_shards: self.ledger.shards(),
+            retention_days: self.wiring.settings.retention_days,
+            index_shards: self.wiring.settings.index_shards,
             mode: hookledger::backfill::Mode::Import,
         };
         let window = hookledger::ports::Window {
@@ -443,7 +442,7 @@ impl Providers<'_> {
             types: vec!["payment_intent.succeeded".into()],
         };
         let recovered =
-            backfill.run(&target, &window, false, now_ms, Instant::now() + Duration::from_secs(30), |_| {}).await;
+            backfill.run(&target, &window, false, now_ms, ambient.instant() + Duration::from_secs(30), |_| {}).await;
         let balance =
             self.state_until(&balance_pk("demo", &missed_account), |i| number(i, "balance") == Some(700)).await?;
         let result = json!({

@@ -25,16 +25,18 @@ mod table;
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
 use hookledger::adapters::cloudwatch::CloudWatchMetrics;
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::sqs::SqsQueue;
+use hookledger::config::ConfigError;
 use hookledger::insight::Insight;
 use hookledger::ledger::Status;
-use hookledger::ops::{ListFilter, Ops, OpsError, parse_key};
+use hookledger::ops::{ListFilter, OpsError, parse_key};
 use hookledger::ports::MetricWindow;
+use hookledger::wiring::{LiveOps, Settings, Wiring};
 
 #[derive(Parser)]
 #[command(name = "hookledger", version, about = "Hookledger developer and operator tool")]
@@ -45,7 +47,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct Global {
     /// Ledger table.
     #[arg(long, global = true, env = "HOOKLEDGER_TABLE")]
@@ -128,11 +130,13 @@ enum Command {
     Console(ConsoleArgs),
     /// Run one reconciliation now (what the scheduled function does).
     Reconcile {
-        #[arg(long, default_value_t = 500)]
-        max_items: usize,
-        /// Check entitlements against Stripe when their last check is older than this.
-        #[arg(long, default_value_t = 3600)]
-        drift_interval_secs: i64,
+        /// Items acted on, at most (default: HOOKLEDGER_RECONCILE_MAX_ITEMS, else 500).
+        #[arg(long)]
+        max_items: Option<usize>,
+        /// Check entitlements against Stripe when their last check is older than this
+        /// (default: HOOKLEDGER_DRIFT_INTERVAL_SECS, else 3600).
+        #[arg(long)]
+        drift_interval_secs: Option<i64>,
     },
 }
 
@@ -324,51 +328,71 @@ fn parse_time(s: &str) -> Result<i64, String> {
 }
 
 struct Ctx {
-    aws: aws_config::SdkConfig,
+    wiring: Wiring,
     global: Global,
 }
 
+impl From<ConfigError> for CliError {
+    fn from(e: ConfigError) -> Self {
+        Self::Failed(e.to_string())
+    }
+}
+
 impl Ctx {
+    /// Every adapter from the composition root, the flags in place of their
+    /// variables.
+    async fn new(global: Global) -> Result<Self, CliError> {
+        let flags = global.clone();
+        let settings = Settings::from_lookup(move |k| match k {
+            "HOOKLEDGER_TABLE" => flags.table.clone(),
+            "HOOKLEDGER_QUEUE_URL" => flags.queue_url.clone(),
+            "HOOKLEDGER_PAYLOAD_BUCKET" => flags.payload_bucket.clone(),
+            "HOOKLEDGER_INDEX_SHARDS" => Some(flags.shards.to_string()),
+            other => std::env::var(other).ok(),
+        })?;
+        Ok(Self { wiring: Wiring::new(hookledger::wiring::load_aws().await, settings), global })
+    }
+
     fn table(&self) -> Result<String, CliError> {
-        self.global
-            .table
-            .clone()
-            .ok_or_else(|| CliError::Failed("no table: set HOOKLEDGER_TABLE or pass --table".into()))
+        self.wiring
+            .settings
+            .table()
+            .map(str::to_owned)
+            .map_err(|_| CliError::Failed("no table: set HOOKLEDGER_TABLE or pass --table".into()))
+    }
+
+    fn queue_url(&self) -> Result<String, CliError> {
+        self.wiring
+            .settings
+            .queue_url()
+            .map(str::to_owned)
+            .map_err(|_| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))
     }
 
     fn ledger(&self) -> Result<DynamoLedger, CliError> {
-        let ledger =
-            DynamoLedger::new(aws_sdk_dynamodb::Client::new(&self.aws), self.table()?).with_shards(self.global.shards);
-        Ok(match &self.global.payload_bucket {
-            Some(bucket) => {
-                ledger.with_payload_bucket(hookledger::adapters::s3::S3Payloads::from_config(&self.aws, bucket.clone()))
-            }
-            None => ledger,
-        })
+        self.table()?;
+        Ok(self.wiring.ledger()?)
     }
 
     fn queue(&self) -> Result<SqsQueue, CliError> {
-        let url = self
-            .global
-            .queue_url
-            .clone()
-            .ok_or_else(|| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))?;
-        Ok(SqsQueue::new(aws_sdk_sqs::Client::new(&self.aws), url))
+        self.queue_url()?;
+        Ok(self.wiring.queue()?)
     }
 
-    fn ops(&self) -> Result<Ops<SqsQueue>, CliError> {
-        Ok(Ops::new(self.ledger()?, self.queue()?))
+    fn ops(&self) -> Result<LiveOps, CliError> {
+        self.queue_url()?;
+        self.table()?;
+        Ok(self.wiring.ops()?)
     }
 
     fn insight(&self, w: &WindowArgs) -> Result<Insight<DynamoLedger, CloudWatchMetrics>, CliError> {
-        let metrics = CloudWatchMetrics::new(aws_sdk_cloudwatch::Client::new(&self.aws), w.namespace.clone());
+        let metrics = self.wiring.metrics(Some(w.namespace.clone()));
         Ok(Insight::new(self.ledger()?, metrics).with_limits(w.cap, hookledger::insight::DEFAULT_TOP))
     }
 
-    fn ops_read_only(&self) -> Result<Ops<SqsQueue>, CliError> {
-        // Reads never send; any URL will do when none is configured.
-        let url = self.global.queue_url.clone().unwrap_or_default();
-        Ok(Ops::new(self.ledger()?, SqsQueue::new(aws_sdk_sqs::Client::new(&self.aws), url)))
+    fn ops_read_only(&self) -> Result<LiveOps, CliError> {
+        self.table()?;
+        Ok(self.wiring.ops_read_only()?)
     }
 }
 
@@ -380,31 +404,14 @@ where
 {
     let cli = Cli::try_parse_from(args)?;
     hookledger::adapters::tls::install_tls();
-    let aws = aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await;
-    let ctx = Ctx { aws, global: cli.global };
+    let ctx = Ctx::new(cli.global).await?;
     let json = ctx.global.json;
     match cli.command {
         Command::Setup { queue } => {
-            let table = ctx.table()?;
-            hookledger::adapters::dynamodb::create_table(&aws_sdk_dynamodb::Client::new(&ctx.aws), &table)
-                .await
-                .map_err(CliError::Failed)?;
-            let queues = hookledger::adapters::sqs::create_work_queues(&aws_sdk_sqs::Client::new(&ctx.aws), &queue)
-                .await
-                .map_err(CliError::Failed)?;
-            let topic = aws_sdk_sns::Client::new(&ctx.aws)
-                .create_topic()
-                .name(format!("{queue}-notify"))
-                .send()
-                .await
-                .map_err(|e| CliError::Failed(e.to_string()))?
-                .topic_arn
-                .unwrap_or_default();
-            let bucket = format!("{queue}-payloads");
-            hookledger::adapters::s3::create_bucket(&aws_sdk_s3::Client::new(&ctx.aws), &bucket)
-                .await
-                .map_err(CliError::Failed)?;
-            writeln!(out, "HOOKLEDGER_QUEUE_URL={}", queues.work_url)?;
+            ctx.table()?;
+            let created = ctx.wiring.setup(&queue).await.map_err(CliError::Failed)?;
+            let (queues, topic, bucket) = (&created, &created.topic, &created.bucket);
+            writeln!(out, "HOOKLEDGER_QUEUE_URL={}", queues.queue_url)?;
             writeln!(out, "HOOKLEDGER_DLQ_URL={}", queues.dead_letter_url)?;
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
             writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
@@ -422,18 +429,14 @@ where
             writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
         }
         Command::Bridge(args) => {
-            let queue_url = ctx
-                .global
-                .queue_url
-                .clone()
-                .ok_or_else(|| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))?;
-            bridge::run(args, &ctx.aws, &queue_url, out).await.map_err(CliError::Failed)?
+            let queue_url = ctx.queue_url()?;
+            bridge::run(args, &ctx.wiring, &queue_url, out).await.map_err(CliError::Failed)?
         }
         Command::Demo(args) => {
-            let wiring = ctx.queue().ok().map(|q| ctx.ledger().map(|l| (l, q))).transpose()?;
-            demo::run(args, &ctx.aws, &ctx.table()?, wiring, json, out).await.map_err(CliError::Failed)?
+            let stack = ctx.queue().is_ok().then_some(&ctx.wiring);
+            demo::run(args, &ctx.wiring, &ctx.table()?, stack, json, out).await.map_err(CliError::Failed)?
         }
-        Command::Send(args) => send::run(args, &ctx.aws, out).await.map_err(CliError::Failed)?,
+        Command::Send(args) => send::run(args, &ctx.wiring, out).await.map_err(CliError::Failed)?,
         Command::Stats(w) => {
             let now = now_ms();
             let stats = ctx.insight(&w)?.stats(&w.window(now)?, now).await?;
@@ -494,7 +497,7 @@ where
         Command::Resolve(a) => act(&ctx, out, a, Action::Resolve, None).await?,
         Command::MapSubject { provider, tenant, subject, account } => {
             hookledger::app::subjects::map_subject(
-                &aws_sdk_dynamodb::Client::new(&ctx.aws),
+                &ctx.wiring.dynamodb_client(),
                 &ctx.table()?,
                 &provider,
                 &tenant,
@@ -506,7 +509,7 @@ where
             writeln!(out, "mapped {provider} subject {subject} (tenant {tenant}) to account {account}")?;
         }
         Command::Backfill(args) => {
-            let summary = backfill::run(args, &ctx.aws, ctx.ledger()?, ctx.queue()?, json, out)
+            let summary = backfill::run(args, &ctx.wiring, ctx.ledger()?, ctx.queue()?, json, out)
                 .await
                 .map_err(CliError::Failed)?;
             if summary.failed > 0 {
@@ -514,23 +517,9 @@ where
             }
         }
         Command::ReplaySns(args) => {
-            let queue_url = ctx
-                .global
-                .queue_url
-                .clone()
-                .ok_or_else(|| CliError::Failed("no queue: set HOOKLEDGER_QUEUE_URL or pass --queue-url".into()))?;
-            let table = ctx.table()?;
-            let (shards, bucket) = (ctx.global.shards.to_string(), ctx.global.payload_bucket.clone());
-            let env = move |k: &str| match k {
-                "HOOKLEDGER_TABLE" => Some(table.clone()),
-                "HOOKLEDGER_QUEUE_URL" => Some(queue_url.clone()),
-                "HOOKLEDGER_INDEX_SHARDS" => Some(shards.clone()),
-                "HOOKLEDGER_PAYLOAD_BUCKET" => bucket.clone(),
-                other => std::env::var(other).ok(),
-            };
-            let s = replay_sns::run(args, &ctx.aws, ctx.ledger()?, ctx.queue()?, env, json, out)
-                .await
-                .map_err(CliError::Failed)?;
+            ctx.queue_url()?;
+            ctx.table()?;
+            let s = replay_sns::run(args, &ctx.wiring, json, out).await.map_err(CliError::Failed)?;
             if s.failed > 0 {
                 return Err(CliError::Failed(format!("{} messages could not be taken now; run it again", s.failed)));
             }
@@ -548,7 +537,7 @@ where
                 )));
             }
             let listener = tokio::net::TcpListener::bind(a.bind).await?;
-            let metrics = CloudWatchMetrics::new(aws_sdk_cloudwatch::Client::new(&ctx.aws), a.namespace.clone());
+            let metrics = ctx.wiring.metrics(Some(a.namespace.clone()));
             let endpoints = endpoint_names(std::env::var("HOOKLEDGER_ENDPOINTS").ok().as_deref());
             let c = console::Console::new(ctx.ledger()?, ctx.queue()?, metrics, endpoints, a.operator.clone());
             writeln!(out, "console on http://{} (operator {}); Ctrl-C stops it", listener.local_addr()?, a.operator)?;
@@ -556,32 +545,15 @@ where
             c.serve(listener).await?;
         }
         Command::Reconcile { max_items, drift_interval_secs } => {
-            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-            let processor =
-                hookledger::config::processor_settings_from(env).map_err(|e| CliError::Failed(e.to_string()))?;
-            let settings = hookledger::config::ReconcilerSettings {
-                max_items,
-                drift_interval_ms: drift_interval_secs * 1000,
-                ..Default::default()
-            }
-            .with_lookahead_for(&processor);
-            let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(&ctx.aws));
-            let source = hookledger::adapters::stripe::source_from_env(env, &resolver)
-                .await
-                .map_err(|e| CliError::Failed(e.to_string()))?;
-            let dispatcher = hookledger::outbox::Dispatcher::new(
-                aws_sdk_dynamodb::Client::new(&ctx.aws),
-                aws_sdk_sns::Client::new(&ctx.aws),
-                ctx.table()?,
-            );
-            let r = hookledger::reconciler::Reconciler::new(
-                ctx.ledger()?,
-                ctx.queue()?,
-                Some(dispatcher),
-                source,
-                settings,
-            );
-            let summary = r.run(now_ms(), Instant::now() + std::time::Duration::from_secs(60)).await;
+            // The functions' settings, with what the flags change.
+            let mut settings = ctx.wiring.settings.reconciler;
+            settings.max_items = max_items.unwrap_or(settings.max_items);
+            settings.drift_interval_ms = drift_interval_secs.map_or(settings.drift_interval_ms, |s| s * 1000);
+            ctx.queue_url()?;
+            ctx.table()?;
+            let r = ctx.wiring.reconciler_with(settings)?;
+            let ambient = ctx.wiring.ambient();
+            let summary = r.run(ambient.now_ms(), ambient.instant() + std::time::Duration::from_secs(60)).await;
             writeln!(out, "{}", serde_json::to_string_pretty(&summary).unwrap_or_default())?;
         }
     }
@@ -667,9 +639,17 @@ async fn act(
                     Err(e) if e.needs_its_source() => match (source, ops.show(&key, false).await) {
                         (Some(source), Ok((row, _, _))) => {
                             let (ledger, queue) = (ctx.ledger()?, ctx.queue()?);
-                            backfill::replay_from_source(&ctx.aws, ledger, queue, &row, &a.operator, &a.reason, source)
-                                .await
-                                .map(Some)
+                            backfill::replay_from_source(
+                                &ctx.wiring,
+                                ledger,
+                                queue,
+                                &row,
+                                &a.operator,
+                                &a.reason,
+                                source,
+                            )
+                            .await
+                            .map(Some)
                         }
                         (_, Err(e)) => Err(e.to_string()),
                         (None, _) => Err(e.to_string()),

@@ -6,18 +6,11 @@
 //! stays there, and is counted.
 
 use std::io::Write;
-use std::sync::Arc;
-use std::time::SystemTime;
 
 use clap::Args;
-use hookledger::adapters::dynamodb::DynamoLedger;
-use hookledger::adapters::https::ReqwestGetter;
-use hookledger::adapters::secrets::AwsSecretResolver;
-use hookledger::adapters::sqs::SqsQueue;
 use hookledger::config::{self, ProviderKind};
 use hookledger::intake::Intake;
 use hookledger::ports::{Ledger, WorkQueue};
-use hookledger::verify::sns::CertificateCache;
 
 #[derive(Args)]
 pub struct ReplaySnsArgs {
@@ -74,7 +67,7 @@ pub async fn replay<L: Ledger, Q: WorkQueue>(
         for m in messages {
             s.read += 1;
             let body = m.body.unwrap_or_default();
-            let answer = intake.replay_sns_dead_letter(endpoint, body.as_bytes(), SystemTime::now()).await;
+            let answer = intake.replay_sns_dead_letter(endpoint, body.as_bytes(), intake.now()).await;
             match answer.map(|a| a.status) {
                 Some(202) => s.recorded += 1,
                 Some(st) if (200..300).contains(&st) => s.duplicates += 1,
@@ -102,10 +95,7 @@ pub async fn replay<L: Ledger, Q: WorkQueue>(
 
 pub async fn run(
     args: ReplaySnsArgs,
-    aws: &aws_config::SdkConfig,
-    ledger: DynamoLedger,
-    queue: SqsQueue,
-    settings_env: impl Fn(&str) -> Option<String>,
+    wiring: &hookledger::wiring::Wiring,
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<ReplaySummary, String> {
@@ -116,12 +106,8 @@ pub async fn run(
         Some(_) => return Err(format!("endpoint {:?} is not an sns endpoint", args.endpoint)),
         None => return Err(format!("no endpoint {:?} in HOOKLEDGER_ENDPOINTS", args.endpoint)),
     }
-    let settings = config::settings_from(settings_env).map_err(|e| e.to_string())?;
-    let certificates = Arc::new(CertificateCache::new(Arc::new(ReqwestGetter::new()?)));
-    let resolver = AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
-    let endpoints = config::build_endpoints(specs, &resolver, certificates).await.map_err(|e| e.to_string())?;
-    let intake = Intake::new(endpoints, settings, ledger, queue);
-    let s = replay(&intake, &aws_sdk_sqs::Client::new(aws), &args.dlq_url, &args.endpoint, args.max).await?;
+    let intake = wiring.intake_for(specs).await.map_err(|e| e.to_string())?;
+    let s = replay(&intake, &wiring.sqs_client(), &args.dlq_url, &args.endpoint, args.max).await?;
     if json {
         writeln!(out, "{}", serde_json::to_string(&s).unwrap_or_default()).map_err(|e| e.to_string())?;
     } else {

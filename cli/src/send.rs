@@ -46,12 +46,12 @@ pub(crate) struct Delivery {
 
 pub async fn run(
     args: SendArgs,
-    aws: &aws_config::SdkConfig,
+    wiring: &hookledger::wiring::Wiring,
     out: &mut (dyn std::io::Write + Send),
 ) -> Result<(), String> {
     let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
     let spec = specs.get(&args.endpoint).ok_or_else(|| format!("endpoint {:?} is not configured", args.endpoint))?;
-    let resolver = hookledger::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws));
+    let resolver = wiring.secrets();
     let reference = spec.secrets.first().ok_or("sns endpoints are signed by AWS; the tool cannot sign for them")?;
     let mut secret = resolver.resolve(reference).await.map_err(|e| format!("secret {reference}: {e}"))?;
     if args.bad_signature {

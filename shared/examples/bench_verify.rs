@@ -59,7 +59,7 @@ fn verify_identify(
     let now = std::time::SystemTime::now();
     median_ns(|| {
         let verified = verify().unwrap();
-        std::hint::black_box(new_event(endpoint, settings, &verified, body, now));
+        std::hint::black_box(new_event(endpoint, settings, &verified, body, now, uuid::Uuid::new_v4().to_string()));
     })
 }
 

@@ -35,6 +35,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
+use crate::clock::Ambient;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
@@ -126,7 +127,7 @@ pub fn parse_schedules(json: &str) -> Result<std::collections::BTreeMap<String, 
             ("stripe", None) if s.mode == Mode::Redeliver => return bad("Stripe cannot redeliver"),
             ("stripe", None) => {}
             ("stripe", Some(_)) => return bad("\"hook\" is for GitHub"),
-            ("github", Some(hook)) if crate::adapters::github::valid_hook(hook) => {}
+            ("github", Some(hook)) if crate::ports::valid_github_hook(hook) => {}
             ("github", _) => {
                 return bad("GitHub needs \"hook\": repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook");
             }
@@ -237,11 +238,18 @@ pub struct Backfill<L, Q, S> {
     queue: Q,
     source: S,
     settings: BackfillSettings,
+    ambient: Ambient,
 }
 
 impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
     pub fn new(ledger: L, queue: Q, source: S, settings: BackfillSettings) -> Self {
-        Self { ledger, queue, source, settings }
+        Self { ledger, queue, source, settings, ambient: Ambient::system() }
+    }
+
+    /// Reads time, sleeps and draws tokens and jitter through `ambient`.
+    pub fn with_ambient(mut self, ambient: Ambient) -> Self {
+        self.ambient = ambient;
+        self
     }
 
     /// Reads `window` from where an earlier run of it stopped, records what
@@ -281,7 +289,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
                     format!("page bound ({}) reached; the next run resumes", self.settings.max_pages),
                 );
             }
-            if Instant::now() >= deadline {
+            if self.ambient.past(deadline) {
                 return stop(summary, "time bound reached; the next run resumes".into());
             }
             let cursor = progress.cursor.clone();
@@ -449,7 +457,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             }
             Err(failure) => return Err(failure.why()),
         };
-        let event = new_event(target, ev, &body, now_ms);
+        let event = new_event(target, ev, &body, now_ms, self.ambient.token());
         match self.ledger.claim(&event, &body).await {
             Ok(Claim::Existing(_)) => summary.already_recorded += 1,
             Ok(Claim::New) => {
@@ -513,7 +521,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
         now_ms: i64,
         summary: &mut Summary,
     ) -> Result<(), String> {
-        let mut event = new_event(target, ev, b"", now_ms);
+        let mut event = new_event(target, ev, b"", now_ms, self.ambient.token());
         event.payload_hash = crate::ledger::NO_PAYLOAD_HASH.into();
         event.content_hash = String::new();
         let reason = cause.park_reason();
@@ -563,16 +571,16 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
                 Err(SourceError::RateLimited { retry_after_s, .. }) => {
                     let wait_ms = match retry_after_s {
                         Some(s) => i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX),
-                        None => self.settings.backoff.delay_ms(*waits + 1, crate::backoff::random_jitter()),
+                        None => self.settings.backoff.delay_ms(*waits + 1, self.ambient.jitter()),
                     };
                     let wait = Duration::from_millis(u64::try_from(wait_ms.max(0)).unwrap_or(u64::MAX));
-                    if *waits >= self.settings.max_waits || Instant::now() + wait >= deadline {
+                    if *waits >= self.settings.max_waits || self.ambient.instant() + wait >= deadline {
                         return Err(Failure::Stop("rate limited; the next run resumes".into()));
                     }
                     *waits += 1;
                     summary.rate_limit_waits += 1;
                     tracing::info!(wait_ms, "backfill rate limited; waiting");
-                    tokio::time::sleep(wait).await;
+                    self.ambient.clock.sleep(wait).await;
                 }
                 Err(SourceError::Unfetchable { cause, detail }) => return Err(Failure::Unfetchable(cause, detail)),
                 Err(e) => return Err(Failure::Stop(e.to_string())),
@@ -682,7 +690,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             Err(Failure::Unfetchable(cause, detail)) => return still(cause, detail),
             Err(failure) => return Err(failure.why()),
         };
-        let event = new_event(target, &parked.event, &body, now_ms);
+        let event = new_event(target, &parked.event, &body, now_ms, self.ambient.token());
         match self.ledger.release(&event, &body, &format!("operator {operator}")).await {
             Ok(Release::Released) => {}
             Ok(Release::NotAwaiting) => return Ok(Released::NotAwaiting),
@@ -778,7 +786,7 @@ fn in_window(ev: &SourceEvent, window: &Window) -> bool {
 }
 
 /// The record a fetched event claims: the webhook's identity, `via = backfill`.
-pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64) -> NewEvent {
+pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64, send_token: String) -> NewEvent {
     let key = EventKey::new(&target.provider, &target.endpoint, &ev.event_id);
     NewEvent {
         shard: key.shard(target.index_shards),
@@ -791,8 +799,8 @@ pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64) ->
         payload_hash: payload_hash(body),
         content_hash: crate::verify::hashes::content_hash(&target.provider, body),
         received_at_ms: now_ms,
-        expires_at: now_ms / 1000 + i64::from(target.retention_days) * 86_400,
-        send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
+        expires_at: crate::policy::expires_at(now_ms, target.retention_days),
+        send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
         via: Via::Backfill,
     }
 }
@@ -1258,7 +1266,7 @@ mod tests {
     #[test]
     fn a_backfilled_event_has_the_webhooks_identity_and_its_provenance() {
         let ev = SourceEvent { event_id: "evt_1".into(), event_type: None, created_s: 1, body: None, handle: None };
-        let e = new_event(&target(), &ev, b"{}", 1_000);
+        let e = new_event(&target(), &ev, b"{}", 1_000, "t".into());
         assert_eq!((e.key.as_str(), e.via), ("evt#stripe#stripe-a#evt_1", Via::Backfill));
         assert!(!Via::Backfill.compares_bytes_with(Via::Webhook));
         assert!(!Via::Webhook.compares_bytes_with(Via::Backfill));

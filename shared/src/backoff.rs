@@ -20,12 +20,6 @@ impl Backoff {
     }
 }
 
-/// A jitter value from the OS random source (through a v4 UUID).
-pub fn random_jitter() -> f64 {
-    let bytes = uuid::Uuid::new_v4().into_bytes();
-    f64::from(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])) / f64::from(u32::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,8 +33,9 @@ mod tests {
         assert_eq!(b.delay_ms(20, 1.0), 60_000);
         assert_eq!(b.delay_ms(20, 0.0), 30_000);
         assert_eq!(b.delay_ms(u32::MAX, 0.5), 45_000);
+        let entropy = crate::clock::SeededEntropy::new(3);
         for _ in 0..100 {
-            let d = b.delay_ms(2, random_jitter());
+            let d = b.delay_ms(2, crate::clock::Entropy::jitter(&entropy));
             assert!((1000..=2000).contains(&d), "{d}");
         }
     }

@@ -74,6 +74,8 @@ pub struct ProcessorSettings {
     /// How long infrastructure faults may keep an event from an outcome
     /// before it is DEAD (`transient_exhausted`).
     pub transient_bound_ms: i64,
+    /// How long the history and waiter items it writes are kept.
+    pub retention_days: u32,
 }
 
 impl Default for ProcessorSettings {
@@ -85,6 +87,7 @@ impl Default for ProcessorSettings {
             index_shards: DEFAULT_INDEX_SHARDS,
             gap_bound_ms: DEFAULT_GAP_BOUND_MS,
             transient_bound_ms: DEFAULT_TRANSIENT_BOUND_MS,
+            retention_days: DEFAULT_RETENTION_DAYS,
         }
     }
 }
@@ -282,28 +285,41 @@ pub fn env_number(
     }
 }
 
+/// The intake's limits: what [`Settings`] holds besides the table and queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntakeLimits {
+    pub max_body_bytes: usize,
+    pub retention_days: u32,
+    pub index_shards: u32,
+    pub payload_bucket: Option<String>,
+}
+
+/// `HOOKLEDGER_MAX_BODY_BYTES` (its default and bound depend on
+/// `HOOKLEDGER_PAYLOAD_BUCKET`), `HOOKLEDGER_RETENTION_DAYS`, `HOOKLEDGER_INDEX_SHARDS`.
+pub fn intake_limits_from(get: &impl Fn(&str) -> Option<String>) -> Result<IntakeLimits, ConfigError> {
+    let number = |name: &'static str, default: i64, min: i64, max: i64| env_number(get, name, default, min, max);
+    let payload_bucket = get("HOOKLEDGER_PAYLOAD_BUCKET").filter(|v| !v.trim().is_empty());
+    let most = if payload_bucket.is_some() { MAX_BODY_BYTES_WITH_BUCKET } else { MAX_MAX_BODY_BYTES };
+    let default = if payload_bucket.is_some() { MAX_BODY_BYTES_WITH_BUCKET } else { DEFAULT_MAX_BODY_BYTES };
+    Ok(IntakeLimits {
+        max_body_bytes: number("HOOKLEDGER_MAX_BODY_BYTES", default as i64, 1024, most as i64)? as usize,
+        retention_days: retention_days(get)?,
+        index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
+        payload_bucket,
+    })
+}
+
 /// Reads settings from a variable lookup (the process environment in production).
 pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
     let required = |name: &'static str| get(name).filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name));
-    let number = |name: &'static str, default: i64, min: i64, max: i64| env_number(&get, name, default, min, max);
-    let payload_bucket = get("HOOKLEDGER_PAYLOAD_BUCKET").filter(|v| !v.trim().is_empty());
+    let limits = intake_limits_from(&get)?;
     Ok(Settings {
         table_name: required("HOOKLEDGER_TABLE")?,
         queue_url: required("HOOKLEDGER_QUEUE_URL")?,
-        max_body_bytes: match &payload_bucket {
-            None => {
-                number("HOOKLEDGER_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES as i64, 1024, MAX_MAX_BODY_BYTES as i64)?
-            }
-            Some(_) => number(
-                "HOOKLEDGER_MAX_BODY_BYTES",
-                MAX_BODY_BYTES_WITH_BUCKET as i64,
-                1024,
-                MAX_BODY_BYTES_WITH_BUCKET as i64,
-            )?,
-        } as usize,
-        retention_days: number("HOOKLEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS.into(), 4, 3650)? as u32,
-        index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
-        payload_bucket,
+        max_body_bytes: limits.max_body_bytes,
+        retention_days: limits.retention_days,
+        index_shards: limits.index_shards,
+        payload_bucket: limits.payload_bucket,
     })
 }
 
@@ -340,7 +356,31 @@ pub fn processor_settings_from(get: impl Fn(&str) -> Option<String>) -> Result<P
         index_shards: number("HOOKLEDGER_INDEX_SHARDS", DEFAULT_INDEX_SHARDS.into(), 1, 256)? as u32,
         gap_bound_ms: gap_secs * 1000,
         transient_bound_ms: transient_secs * 1000,
+        retention_days: retention_days(&get)?,
     })
+}
+
+/// `HOOKLEDGER_RETENTION_DAYS`: how long identities, history and every other
+/// item with a TTL are kept (4 days at least: longer than every time bound).
+pub fn retention_days(get: &impl Fn(&str) -> Option<String>) -> Result<u32, ConfigError> {
+    Ok(env_number(get, "HOOKLEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS.into(), 4, 3650)? as u32)
+}
+
+/// Reconciler settings (`HOOKLEDGER_RECONCILE_MAX_ITEMS`, `HOOKLEDGER_REDRIVE_BACKOFF_SECS`,
+/// `HOOKLEDGER_DRIFT_INTERVAL_SECS`, `HOOKLEDGER_OUTBOX_GRACE_SECS`, `HOOKLEDGER_RETENTION_DAYS`),
+/// with the look-ahead of the processor these variables configure.
+pub fn reconciler_settings_from(get: impl Fn(&str) -> Option<String>) -> Result<ReconcilerSettings, ConfigError> {
+    let number = |name: &'static str, default: i64, min: i64, max: i64| env_number(&get, name, default, min, max);
+    let d = ReconcilerSettings::default();
+    Ok(ReconcilerSettings {
+        max_items: number("HOOKLEDGER_RECONCILE_MAX_ITEMS", d.max_items as i64, 1, 100_000)? as usize,
+        redrive_backoff_ms: number("HOOKLEDGER_REDRIVE_BACKOFF_SECS", d.redrive_backoff_ms / 1000, 1, 86_400)? * 1000,
+        drift_interval_ms: number("HOOKLEDGER_DRIFT_INTERVAL_SECS", d.drift_interval_ms / 1000, 0, 30 * 86_400)? * 1000,
+        outbox_grace_ms: number("HOOKLEDGER_OUTBOX_GRACE_SECS", d.outbox_grace_ms / 1000, 1, 3600)? * 1000,
+        retention_days: retention_days(&get)?,
+        lookahead_ms: 0,
+    }
+    .with_lookahead_for(&processor_settings_from(&get)?))
 }
 
 /// Parses the endpoints JSON (`{"name": {...}, ...}`) without resolving secrets.

@@ -20,10 +20,11 @@
 //! | storage, queue or certificate fault         | 503 + Retry-After      |
 
 use std::collections::BTreeMap;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, Method};
 
+use crate::clock::Ambient;
 use crate::config::{Endpoint, EndpointVerifier, Settings};
 use crate::identity::EventKey;
 use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status};
@@ -121,6 +122,7 @@ pub struct Intake<L, Q> {
     settings: Settings,
     ledger: L,
     queue: Q,
+    ambient: Ambient,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -129,7 +131,19 @@ fn unix_ms(t: SystemTime) -> i64 {
 
 impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     pub fn new(endpoints: BTreeMap<String, Endpoint>, settings: Settings, ledger: L, queue: Q) -> Self {
-        Self { endpoints, settings, ledger, queue }
+        Self { endpoints, settings, ledger, queue, ambient: Ambient::system() }
+    }
+
+    /// Draws its send-lease tokens from `ambient` and times requests on it
+    /// (the request's own `now` is the wall time it is judged at).
+    pub fn with_ambient(mut self, ambient: Ambient) -> Self {
+        self.ambient = ambient;
+        self
+    }
+
+    /// The wall time a request arriving now is judged at.
+    pub fn now(&self) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_millis(self.ambient.now_ms().max(0) as u64)
     }
 
     pub async fn handle(&self, req: IntakeRequest<'_>) -> Answer {
@@ -170,14 +184,14 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     }
 
     async fn handle_verified_at(&self, req: IntakeRequest<'_>, verify_at_s: Option<i64>) -> Answer {
-        let started = Instant::now();
+        let started = self.ambient.instant();
         let endpoint = self.endpoints.get(req.endpoint);
         let (outcome, verified) = self.run(endpoint, &req, verify_at_s).await;
         let answer = outcome.answer();
 
         let provider = endpoint.map_or("unknown", |e| e.provider.as_str());
         let endpoint_name = endpoint.map_or("unknown", |e| e.name.as_str());
-        let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let duration_ms = (self.ambient.instant() - started).as_secs_f64() * 1000.0;
         record_outcome(provider, endpoint_name, &outcome, duration_ms);
         let (event_id, event_type) =
             verified.as_ref().map_or(("", ""), |v| (v.event_id.as_str(), v.event_type.as_deref().unwrap_or("")));
@@ -252,7 +266,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     }
 
     async fn record(&self, endpoint: &Endpoint, verified: &Verified, req: &IntakeRequest<'_>) -> Outcome {
-        let event = new_event(endpoint, &self.settings, verified, req.body, req.now);
+        let event = new_event(endpoint, &self.settings, verified, req.body, req.now, self.ambient.token());
         let key = &event.key;
         // Round trip 1: the record and its payload, in one transaction.
         let claim = match self.ledger.claim(&event, req.body).await {
@@ -410,11 +424,12 @@ pub fn new_event(
     verified: &Verified,
     body: &[u8],
     now: SystemTime,
+    send_token: String,
 ) -> NewEvent {
     let provider = endpoint.provider.as_str();
     let key = EventKey::new(provider, &endpoint.name, &verified.event_id);
     let now_ms = unix_ms(now);
-    let expires_at = now_ms / 1000 + i64::from(settings.retention_days) * 86_400;
+    let expires_at = crate::policy::expires_at(now_ms, settings.retention_days);
     let shard = key.shard(settings.index_shards);
     let (payload_hash, content_hash) = delivery_hashes(body, &verified.content);
     NewEvent {
@@ -429,7 +444,7 @@ pub fn new_event(
         received_at_ms: now_ms,
         expires_at,
         shard,
-        send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
+        send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
         via: crate::ledger::Via::Webhook,
     }
 }

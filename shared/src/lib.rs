@@ -3,7 +3,8 @@
 //! Layers, bottom to top; a module imports only from layers below its own
 //! (and, inside a layer, only from the modules listed before it):
 //!
-//! 1. domain: `secret`, `identity`, `event`, `backoff`, `policy` (record
+//! 1. domain: `clock` (time and randomness as ports: the only module that
+//!    reads the system's), `secret`, `identity`, `event`, `backoff`, `policy` (record
 //!    policy: retention, index shards, redrive grace, send lease, index
 //!    partition names), `ledger` (the record model, its state machine, the
 //!    ports `Ledger` and `WorkQueue`, port errors), `message` (the outbox
@@ -16,13 +17,18 @@
 //! 4. use cases: `intake`, `backfill` (recovery from providers' event
 //!    lists), `insight` (the operator's bounded figures), `ops`, `outbox`
 //!    (the dispatcher); then `processor` and
-//!    `reconciler`, which use the dispatcher;
-//! 5. the functions and the CLI (other crates).
+//!    `reconciler`, which use the dispatcher. Use cases name ports, never
+//!    an adapter (the layer test below forbids `crate::adapters` in them);
+//! 5. `wiring`: the composition root, the one place that builds adapters
+//!    and puts the use cases on them;
+//! 6. the functions and the CLI (other crates), which start at `wiring`.
 
 pub mod adapters;
 pub mod app;
 pub mod backfill;
 pub mod backoff;
+pub mod batch;
+pub mod clock;
 pub mod config;
 pub mod event;
 pub mod identity;
@@ -41,13 +47,14 @@ pub mod secret;
 pub mod seed001;
 pub mod telemetry;
 pub mod verify;
+pub mod wiring;
 
 #[cfg(test)]
 mod readme {
     /// The README's projection example is the code of `examples/custom_projection.rs`, which compiles.
     #[test]
     fn readme_projection_example_is_the_compiled_example() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../docs/extending.md");
         let example = include_str!("../examples/custom_projection.rs");
         let start = example.find("// --- begin readme ---\n").map(|i| i + "// --- begin readme ---\n".len()).unwrap();
         let end = example.find("// --- end readme ---").unwrap();
@@ -62,7 +69,8 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 22] = [
+    const ORDER: [&str; 25] = [
+        "clock",
         "secret",
         "identity",
         "event",
@@ -84,7 +92,9 @@ mod layers {
         "ops",
         "outbox",
         "processor",
+        "batch",
         "reconciler",
+        "wiring",
     ];
 
     fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
@@ -130,5 +140,70 @@ mod layers {
         upward.sort();
         upward.dedup();
         assert!(upward.is_empty(), "imports that run upward or sideways:\n{}", upward.join("\n"));
+    }
+
+    /// The use cases, which name ports and never an adapter.
+    const USE_CASES: [&str; 8] = ["intake", "backfill", "insight", "ops", "outbox", "processor", "reconciler", "batch"];
+
+    #[test]
+    fn use_cases_name_no_adapter_and_only_the_wiring_builds_one() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        for name in USE_CASES {
+            let text = std::fs::read_to_string(root.join(format!("{name}.rs"))).unwrap();
+            for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim_start().starts_with("//")) {
+                if line.contains("adapters::") {
+                    found.push(format!("{name}.rs:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(found.is_empty(), "use cases naming adapters:\n{}", found.join("\n"));
+        // Outside the adapters themselves, only the composition root builds them.
+        let built = [
+            "DynamoLedger::new(",
+            "SqsQueue::new(",
+            "SnsPublisher::new(",
+            "AwsSecretResolver::new(",
+            "S3Payloads::from_config(",
+        ];
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let mut outside = Vec::new();
+        for file in files {
+            let rel = file.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+            if rel.starts_with("adapters/") || rel == "wiring.rs" || rel == "lib.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let production = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for b in built.iter().filter(|b| production.contains(*b)) {
+                outside.push(format!("{rel}: {b}"));
+            }
+        }
+        assert!(outside.is_empty(), "adapters built outside the wiring:\n{}", outside.join("\n"));
+    }
+
+    /// Only `clock` reads the system's time and randomness.
+    #[test]
+    fn only_the_clock_reads_real_time_or_randomness() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let reads = ["Instant::now()", "SystemTime::now()", "tokio::time::sleep", "Uuid::new_v4()"];
+        let mut found = Vec::new();
+        for file in files {
+            let rel = file.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+            if rel == "clock.rs" || rel == "lib.rs" || rel.ends_with("/tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let production = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for (n, line) in production.lines().enumerate().filter(|(_, l)| !l.trim_start().starts_with("//")) {
+                for r in reads.iter().filter(|r| line.contains(*r)) {
+                    found.push(format!("{rel}:{}: {r}", n + 1));
+                }
+            }
+        }
+        assert!(found.is_empty(), "time or randomness read outside clock.rs:\n{}", found.join("\n"));
     }
 }

@@ -5,12 +5,9 @@
 //! (the [`OperatorLedger`] port; [`OperatorAction`] says which), plus an
 //! audit entry in the record's history.
 
-use crate::adapters::dynamodb::DynamoLedger;
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
 use crate::ports::{OperatorLedger, RowFilter, Shown, WorkQueue};
-
-pub use crate::adapters::dynamodb::operator::item_json;
 
 pub const ALL_STATUSES: [Status; 6] =
     [Status::Received, Status::Processing, Status::Retryable, Status::Processed, Status::Dead, Status::Parked];
@@ -61,7 +58,7 @@ pub struct ListFilter {
     pub cursor: Option<(i64, String)>,
 }
 
-pub struct Ops<Q, L = DynamoLedger> {
+pub struct Ops<Q, L> {
     ledger: L,
     queue: Q,
 }

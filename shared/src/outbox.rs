@@ -24,9 +24,7 @@
 //! expressions in `adapters::dynamodb::conditions`); the publish is the
 //! [`Publisher`]'s (SNS: `adapters::sns`).
 
-use crate::adapters::dynamodb::outbox::DynamoOutbox;
-use crate::adapters::sns::SnsPublisher;
-use crate::backoff::random_jitter;
+use crate::clock::Ambient;
 pub use crate::config::DispatchPolicy;
 use crate::ledger::PortError;
 pub use crate::message::Dispatched;
@@ -46,23 +44,29 @@ pub enum DispatchFault {
 
 /// Claims, publishes and marks outbox items (see the module docs).
 #[derive(Clone)]
-pub struct Dispatcher<S = DynamoOutbox, P = SnsPublisher> {
+pub struct Dispatcher<S, P> {
     store: S,
     publisher: P,
     policy: DispatchPolicy,
+    ambient: Ambient,
     pub fault: DispatchFault,
-}
-
-impl Dispatcher {
-    /// The dispatcher on DynamoDB and SNS.
-    pub fn new(ddb: aws_sdk_dynamodb::Client, sns: aws_sdk_sns::Client, table: impl Into<String>) -> Self {
-        Self::with_ports(DynamoOutbox::new(ddb, table), SnsPublisher::new(sns))
-    }
 }
 
 impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
     pub fn with_ports(store: S, publisher: P) -> Self {
-        Self { store, publisher, policy: DispatchPolicy::default(), fault: DispatchFault::None }
+        Self {
+            store,
+            publisher,
+            policy: DispatchPolicy::default(),
+            ambient: Ambient::system(),
+            fault: DispatchFault::None,
+        }
+    }
+
+    /// Draws its claim tokens and backoff jitter from `ambient`.
+    pub fn with_ambient(mut self, ambient: Ambient) -> Self {
+        self.ambient = ambient;
+        self
     }
 
     pub fn with_policy(mut self, policy: DispatchPolicy) -> Self {
@@ -76,7 +80,7 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
     /// ledger itself failed (the item stays as it was, or claimed until its
     /// lease lapses).
     pub async fn dispatch(&self, id: &str, now_ms: i64) -> Result<Dispatched, PortError> {
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = self.ambient.token();
         let item = match self.store.claim(id, &token, now_ms, now_ms + DISPATCH_LEASE_MS).await? {
             OutboxClaim::Claimed(item) => item,
             OutboxClaim::Skipped => return Ok(Dispatched::Skipped),
@@ -121,7 +125,7 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
         let held = if dead {
             self.store.dead(id, token, shard, &error, now_ms).await?
         } else {
-            let delay = self.policy.backoff.delay_ms(attempts, random_jitter());
+            let delay = self.policy.backoff.delay_ms(attempts, self.ambient.jitter());
             self.store.back_off(id, token, now_ms + delay, &error, now_ms).await?
         };
         if held == Held::Lapsed {
@@ -192,7 +196,11 @@ mod tests {
     use std::sync::{Arc, Mutex, MutexGuard};
 
     use super::*;
-    use crate::adapters::dynamodb::conditions::outbox_status::{DEAD, PENDING, SENDING, SENT};
+    // The statuses as the DynamoDB adapter writes them.
+    const PENDING: &str = "PENDING";
+    const SENDING: &str = "SENDING";
+    const SENT: &str = "SENT";
+    const DEAD: &str = "DEAD";
     use crate::backoff::Backoff;
     use crate::message::OutboxItem;
 

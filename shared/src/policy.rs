@@ -5,6 +5,12 @@
 
 /// Providers retry for up to ~3 days (Stripe, Standard Webhooks); keep ids far longer.
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
+
+/// When an item written at `now_ms` expires (DynamoDB TTL, Unix seconds):
+/// `retention_days` later. Every item with a TTL gets it from here.
+pub fn expires_at(now_ms: i64, retention_days: u32) -> i64 {
+    now_ms.div_euclid(1000) + i64::from(retention_days) * 86_400
+}
 pub const DEFAULT_INDEX_SHARDS: u32 = 16;
 /// A RECEIVED record becomes due for the reconciler this long after receipt
 /// (never sent, or sent but not picked up): well past the send lease.

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | intake | [`Ledger`], [`WorkQueue`] |
 //! | processor | [`WorkLedger`], [`WorkQueue`], [`Dispatch`] |
+//! | batch (the processor's queue batch) | the processor's, [`Redelivery`] |
 //! | dispatcher | [`OutboxStore`], [`Publisher`] |
 //! | reconciler | [`DueLedger`] (with [`Ledger`]), [`WorkQueue`], [`Dispatch`] |
 //! | operations | [`OperatorLedger`], [`WorkQueue`] |
@@ -121,6 +122,28 @@ pub trait WorkQueue: Send + Sync {
         let _ = payload;
         self.send(key)
     }
+}
+
+/// One work message as the processor received it, decoded by the queue's
+/// adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub message_id: String,
+    /// What shows the message again or deletes it.
+    pub receipt: Option<String>,
+    /// The event key and the payload the message carries; `None`: the
+    /// message is not a readable work message.
+    pub work: Option<(EventKey, Option<Vec<u8>>)>,
+    /// Whether this is the message's last receive before the queue moves it
+    /// to the dead-letter queue.
+    pub last_receive: bool,
+}
+
+/// The received side of the work queue: a message left on the queue comes
+/// back after its visibility timeout.
+pub trait Redelivery: Send + Sync {
+    /// Shows the received message again no earlier than `delay_ms` from now.
+    fn show_again(&self, receipt: &str, delay_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
 }
 
 /// The processor's transitions on the ledger record, each one conditional
@@ -513,6 +536,21 @@ impl std::fmt::Display for SourceError {
                 write!(f, "the provider cannot serve this event ({}): {detail}", cause.cause())
             }
         }
+    }
+}
+
+/// Whether `hook` names a hook GitHub lists deliveries for.
+pub fn valid_github_hook(hook: &str) -> bool {
+    let parts: Vec<&str> = hook.split('/').collect();
+    let name = |p: &str| {
+        !p.is_empty() && p != "." && p != ".." && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    let id = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    match parts.as_slice() {
+        ["repos", owner, repo, "hooks", hook_id] => name(owner) && name(repo) && id(hook_id),
+        ["orgs", org, "hooks", hook_id] => name(org) && id(hook_id),
+        ["app", "hook"] => true,
+        _ => false,
     }
 }
 

@@ -15,16 +15,11 @@
 //! first lease after receipt, replay or wake). A gap waiter is woken when
 //! its predecessor commits (see `projection::sequence`).
 
-use std::time::Instant;
-
-use crate::adapters::dynamodb::DynamoLedger;
-use crate::adapters::sqs::SqsQueue;
-use crate::backoff::random_jitter;
+use crate::clock::Ambient;
 use crate::config::ProcessorSettings;
 use crate::event::decode;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, WorkRecord};
-use crate::outbox::Dispatcher;
 use crate::ports::{Dispatch, WorkLedger, WorkQueue};
 use crate::projection::sequence::Position;
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
@@ -100,7 +95,7 @@ const MAX_PLAN_ROUNDS: usize = 4;
 
 /// The processor over its ports: the ledger's work transitions, the work
 /// queue (woken gap waiters) and the outbox dispatcher.
-pub struct Processor<L = DynamoLedger, Q = SqsQueue, D = Dispatcher> {
+pub struct Processor<L, Q, D> {
     ledger: L,
     registry: Registry,
     cx: ProjectionContext,
@@ -109,6 +104,7 @@ pub struct Processor<L = DynamoLedger, Q = SqsQueue, D = Dispatcher> {
     /// the reconciler's next run (they are due now in the `due` index).
     queue: Option<Q>,
     settings: ProcessorSettings,
+    ambient: Ambient,
     pub fault: ProcessorFault,
 }
 
@@ -140,20 +136,6 @@ impl From<ProjectionError> for Failure {
     }
 }
 
-impl Processor {
-    /// The processor on DynamoDB (projections read and write the ledger's table).
-    pub fn new(
-        ledger: DynamoLedger,
-        registry: Registry,
-        dispatcher: Option<Dispatcher>,
-        settings: ProcessorSettings,
-    ) -> Self {
-        let ledger = ledger.with_shards(settings.index_shards);
-        let cx = ledger.projection_context();
-        Self::with_ports(ledger, cx, registry, dispatcher, settings)
-    }
-}
-
 impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
     /// The processor over any implementation of its ports; `cx` is where the
     /// projections read.
@@ -164,13 +146,33 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         dispatcher: Option<D>,
         settings: ProcessorSettings,
     ) -> Self {
-        Self { ledger, registry, cx, dispatcher, queue: None, settings, fault: ProcessorFault::None }
+        Self {
+            ledger,
+            registry,
+            cx,
+            dispatcher,
+            queue: None,
+            settings,
+            ambient: Ambient::system(),
+            fault: ProcessorFault::None,
+        }
+    }
+
+    /// Reads time and draws tokens and jitter from `ambient`.
+    pub fn with_ambient(mut self, ambient: Ambient) -> Self {
+        self.ambient = ambient;
+        self
     }
 
     /// Sends woken gap waiters to this queue at once.
     pub fn with_queue(mut self, queue: Q) -> Self {
         self.queue = Some(queue);
         self
+    }
+
+    /// The clock and entropy it runs with.
+    pub fn ambient(&self) -> &Ambient {
+        &self.ambient
     }
 
     pub fn settings(&self) -> &ProcessorSettings {
@@ -191,8 +193,8 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         carried: Option<&[u8]>,
         now_ms: i64,
     ) -> Result<Report, PortError> {
-        let started = Instant::now();
-        let token = uuid::Uuid::new_v4().to_string();
+        let started = self.ambient.instant();
+        let token = self.ambient.token();
         let leased = self.ledger.lease(key, &token, now_ms, self.settings.lease_ms).await?;
         let (report, record) = match leased {
             LeaseResult::Missing => (Report::done(Outcome::Missing), None),
@@ -208,7 +210,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         metrics::counter!("processed", "outcome" => report.outcome.label(), "provider" => provider.clone())
             .increment(1);
         metrics::histogram!("processing_duration", "provider" => provider.clone())
-            .record(started.elapsed().as_secs_f64() * 1000.0);
+            .record((self.ambient.instant() - started).as_secs_f64() * 1000.0);
         if let Some(r) = &record {
             if report.retry_after_ms.is_none()
                 && matches!(report.outcome, Outcome::Applied | Outcome::Stale | Outcome::Duplicate | Outcome::Ignored)
@@ -218,7 +220,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             }
             tracing::info!(key = %key, provider = %r.provider, endpoint = %r.endpoint, event_id = %r.event_id,
                 event_type = r.event_type.as_deref().unwrap_or(""), attempt = r.attempts, outcome = report.outcome.label(),
-                duration_ms = started.elapsed().as_secs_f64() * 1000.0, "processed");
+                duration_ms = (self.ambient.instant() - started).as_secs_f64() * 1000.0, "processed");
         } else {
             tracing::info!(key = %key, outcome = report.outcome.label(), "not leased");
         }
@@ -453,7 +455,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         let key = &record.key;
         let (stored, delay, detail) = match counted {
             Some(failures) => {
-                let delay = self.settings.backoff.delay_ms(failures, random_jitter());
+                let delay = self.settings.backoff.delay_ms(failures, self.ambient.jitter());
                 let exit = Exit::Retry { next_at_ms: now_ms + delay, code, message: &message, failure: true };
                 let stored = self.ledger.leave(key, token, &exit, now_ms).await?;
                 let of = self.settings.max_attempts;
@@ -465,7 +467,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             }
             None => {
                 let left = self.settings.transient_bound_ms - (now_ms - record.window_start());
-                let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter()).min(left);
+                let delay = self.settings.backoff.delay_ms(record.attempts, self.ambient.jitter()).min(left);
                 let exit = Exit::Retry { next_at_ms: now_ms + delay, code, message: &message, failure: false };
                 let stored = self.ledger.leave(key, token, &exit, now_ms).await?;
                 (stored, delay, format!("attempt {} met a transient fault ({code}): {message}", record.attempts))
@@ -505,12 +507,12 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         // Pointer first, then leave PROCESSING, then look at the stream once
         // more: a predecessor committed in between is seen by one side.
         if let Some(at) = &gap.waiter {
-            let expires_at = now_ms / 1000 + i64::from(crate::policy::DEFAULT_RETENTION_DAYS) * 86_400;
+            let expires_at = crate::policy::expires_at(now_ms, self.settings.retention_days);
             if let Err(e) = self.ledger.register_waiter(at, key, expires_at).await {
                 tracing::warn!(key = %key, error = %e, "could not leave a waiter pointer; the retry timer remains");
             }
         }
-        let delay = self.settings.backoff.delay_ms(record.attempts, random_jitter()).min(left);
+        let delay = self.settings.backoff.delay_ms(record.attempts, self.ambient.jitter()).min(left);
         let exit = Exit::Retry { next_at_ms: now_ms + delay, code: GAP, message: &gap.reason, failure: false };
         if !self.ledger.leave(key, token, &exit, now_ms).await? {
             return Ok(Report::done(Outcome::Fenced));
@@ -988,6 +990,7 @@ mod tests {
             index_shards: 4,
             gap_bound_ms: 60_000,
             transient_bound_ms: 600_000,
+            retention_days: 30,
         }
     }
 

@@ -42,14 +42,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::adapters::dynamodb::DynamoLedger;
+use crate::clock::Ambient;
 use crate::config::ReconcilerSettings;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{
     Claim, DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, NewEvent, PortError, SendLease, Status,
 };
 use crate::message::Dispatched;
-use crate::outbox::Dispatcher;
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Dispatch, DueLedger, WorkQueue};
 use crate::projection::fetch::SubscriptionSource;
@@ -245,12 +244,13 @@ impl Failures {
 
 /// The reconciler over its ports: the due index and evidence of the
 /// ledger, the work queue, and the outbox dispatcher.
-pub struct Reconciler<Q, L = DynamoLedger, D = Dispatcher> {
+pub struct Reconciler<Q, L, D> {
     ledger: L,
     queue: Q,
     dispatcher: Option<D>,
     subscriptions: Option<Arc<dyn SubscriptionSource>>,
     settings: ReconcilerSettings,
+    ambient: Ambient,
 }
 
 impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
@@ -261,7 +261,13 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         subscriptions: Option<Arc<dyn SubscriptionSource>>,
         settings: ReconcilerSettings,
     ) -> Self {
-        Self { ledger, queue, dispatcher, subscriptions, settings }
+        Self { ledger, queue, dispatcher, subscriptions, settings, ambient: Ambient::system() }
+    }
+
+    /// Reads time and draws tokens from `ambient`.
+    pub fn with_ambient(mut self, ambient: Ambient) -> Self {
+        self.ambient = ambient;
+        self
     }
 
     /// One bounded run. `deadline`: stop acting after this instant (the
@@ -274,7 +280,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     /// ran out of theirs, in the same order.
     pub async fn run(&self, now_ms: i64, deadline: Instant) -> Summary {
         let mut summary = Summary { complete: true, ..Default::default() };
-        let started = Instant::now();
+        let started = self.ambient.instant();
         let mut run = Run::new(self.ledger.shards());
         let mut left = 0;
         let mut cut = [false; 3];
@@ -371,7 +377,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         let mut after: Option<DueCursor> = None;
         let mut end = PhaseEnd::Done;
         loop {
-            if Instant::now() >= deadline {
+            if self.ambient.past(deadline) {
                 return PhaseEnd::OutOfTime;
             }
             if run.failures(partition).stopped {
@@ -395,7 +401,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             }
             let mut due_beyond = false;
             for due in &page.items {
-                if Instant::now() >= deadline {
+                if self.ambient.past(deadline) {
                     return PhaseEnd::OutOfTime;
                 }
                 if due.due_at_ms() > now_ms {
@@ -644,7 +650,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         .into_bytes();
         let key = EventKey::new("stripe", &endpoint, &event_id);
         let hash = payload_hash(&body);
-        let expires_at = now_ms / 1000 + i64::from(self.settings.retention_days) * 86_400;
+        let expires_at = crate::policy::expires_at(now_ms, self.settings.retention_days);
         let event = NewEvent {
             key: key.clone(),
             provider: "stripe".into(),
@@ -657,7 +663,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             received_at_ms: now_ms,
             expires_at,
             shard: key.shard(self.ledger.shards()),
-            send: SendLease { token: uuid::Uuid::new_v4().to_string(), until_ms: now_ms + SEND_LEASE_MS },
+            send: SendLease { token: self.ambient.token(), until_ms: now_ms + SEND_LEASE_MS },
             via: crate::ledger::Via::Reconciliation,
         };
         // The repair's identity is fixed by the drift instance, so any
@@ -723,7 +729,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             metrics::gauge!("oldest_unprocessed_age").set(s.oldest_unprocessed_age_ms.unwrap_or(0) as f64);
             metrics::gauge!("reconciler_incomplete").set(s.incomplete_shards as f64);
         }
-        metrics::histogram!("reconcile_duration").record(started.elapsed().as_secs_f64() * 1000.0);
+        metrics::histogram!("reconcile_duration").record((self.ambient.instant() - started).as_secs_f64() * 1000.0);
         let summary = serde_json::to_string(s).unwrap_or_default();
         if s.errors.is_empty() {
             tracing::info!(summary = %summary, "reconciler run");

@@ -665,9 +665,7 @@ async fn a_large_backfilled_body_goes_to_s3_and_one_over_the_bound_is_parked() {
         "HOOKLEDGER_MAX_BACKFILL_BODY_BYTES" => Some("1500000".to_owned()),
         _ => None,
     };
-    let ledger = w.stack.ledger().with_shards(SHARDS);
-    let queue = SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url);
-    let backfills = reconciler::backfills::Backfills::from_env(env, &w.stack.aws, ledger, queue, 30).unwrap();
+    let backfills = scheduled(&w, env).unwrap();
     let ran = backfills.run(w.now + 1_000, Instant::now() + Duration::from_secs(30)).await;
     let s = ran[0].summary.clone().unwrap_or_else(|| panic!("{ran:?}"));
     assert_eq!((s.recovered, s.parked, s.failed, s.complete), (1, 1, 0, true), "{s:?}");
@@ -702,9 +700,7 @@ async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
         "HOOKLEDGER_STRIPE_API_BASE" => Some(base.clone()),
         _ => None,
     };
-    let ledger = w.stack.ledger().with_shards(SHARDS);
-    let queue = SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url);
-    let backfills = reconciler::backfills::Backfills::from_env(env, &w.stack.aws, ledger, queue, 30).unwrap();
+    let backfills = scheduled(&w, env).unwrap();
     let now_ms = w.now + 1_000;
     let ran = backfills.run(now_ms, Instant::now() + Duration::from_secs(20)).await;
     let s = ran[0].summary.clone().unwrap();
@@ -717,16 +713,26 @@ async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
     let s = again[0].summary.clone().unwrap();
     assert_eq!((s.seen, s.already_recorded, s.recovered), (3, 3, 0), "the overlap is re-read, nothing recovered twice");
     // A schedule whose secret is not configured is refused at init.
-    let missing = reconciler::backfills::Backfills::from_env(
-        |k: &str| {
-            (k == "HOOKLEDGER_BACKFILL").then(|| r#"{"gh": {"provider": "github", "hook": "app/hook"}}"#.to_owned())
-        },
-        &w.stack.aws,
-        w.stack.ledger(),
-        SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url),
-        30,
-    );
+    let missing = scheduled(&w, |k: &str| {
+        (k == "HOOKLEDGER_BACKFILL").then(|| r#"{"gh": {"provider": "github", "hook": "app/hook"}}"#.to_owned())
+    });
     assert!(missing.err().unwrap().to_string().contains("HOOKLEDGER_GITHUB_TOKEN"));
+}
+
+/// The reconciler function's scheduled backfills on the world's table and
+/// queue, the rest of their settings from `env`, as the function wires them.
+fn scheduled(
+    w: &World,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<reconciler::backfills::Backfills, hookledger::config::ConfigError> {
+    let (table, queue) = (w.stack.table.clone(), w.stack.queue_url.clone());
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+        "HOOKLEDGER_TABLE" => Some(table.clone()),
+        "HOOKLEDGER_QUEUE_URL" => Some(queue.clone()),
+        "HOOKLEDGER_INDEX_SHARDS" => Some(SHARDS.to_string()),
+        other => env(other),
+    })?;
+    reconciler::backfills::Backfills::new(hookledger::wiring::Wiring::new(w.stack.aws.clone(), settings))
 }
 
 /// SNS keeps nothing to list; what it could not deliver lands in the

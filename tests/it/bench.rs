@@ -21,8 +21,6 @@ use hookledger::adapters::stripe::StripeApi;
 use hookledger::config::ProcessorSettings;
 use hookledger::identity::EventKey;
 use hookledger::intake::{Intake, IntakeRequest};
-use hookledger::outbox::Dispatcher;
-use hookledger::processor::Processor;
 use hookledger::secret::Secret;
 use hookledger::verify::{standard, stripe};
 use hookledger_it::capacity::{Capacity, Tally};
@@ -166,10 +164,10 @@ async fn pipeline() {
         SqsQueue::new(sqs.clone(), &stack.queue_url),
     );
     let settings = ProcessorSettings { index_shards: shards, ..ProcessorSettings::default() };
-    let processor = Processor::new(
+    let processor = hookledger::wiring::processor(
         DynamoLedger::new(ddb.clone(), &stack.table),
         hookledger::app::reference_registry(Some(source), Some(topic)),
-        Some(Dispatcher::new(ddb.clone(), sns, stack.table.clone())),
+        Some(hookledger::wiring::dispatcher(ddb.clone(), sns, stack.table.clone())),
         settings,
     );
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::app::account_ledger::balance_pk;
 use hookledger::config::ProcessorSettings;
-use hookledger::processor::{Outcome, Processor};
+use hookledger::processor::Outcome;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::secret::Secret;
 
@@ -27,7 +27,7 @@ pub(crate) async fn populated() -> (Stack, Arc<FakeStripe>, Arc<dyn Subscription
     let (fake, base) = FakeStripe::start().await;
     let source: Arc<dyn SubscriptionSource> = Arc::new(StripeApi::new(base, Secret::new("sk_test_fake")).unwrap());
     // The DEAD one fails a business rule (provider outages do not spend the attempt budget).
-    let p = Processor::new(
+    let p = hookledger::wiring::processor(
         stack.ledger(),
         failing_rules(Some(source.clone())),
         None,

@@ -31,9 +31,7 @@ use hookledger::identity::{EventKey, payload_hash};
 use hookledger::intake::{Intake, IntakeRequest};
 use hookledger::ledger::{Claim, NewEvent, SendLease};
 use hookledger::ops::Ops;
-use hookledger::outbox::Dispatcher;
 use hookledger::ports::{Ledger, WorkQueue};
-use hookledger::processor::Processor;
 use hookledger::reconciler::Reconciler;
 use hookledger::secret::Secret;
 use hookledger::verify::hashes::content_hash;
@@ -123,15 +121,15 @@ pub struct World {
     pub stack: Stack,
     pub plan: FaultPlan,
     pub intake: Intake<DynamoLedger, SqsQueue>,
-    pub processor: Processor,
-    pub reconciler: Reconciler<SqsQueue>,
+    pub processor: hookledger::wiring::LiveProcessor,
+    pub reconciler: hookledger::wiring::LiveReconciler,
     /// The ledger and the queue of the code under test (faulty clients).
     pub ledger: DynamoLedger,
     pub queue: SqsQueue,
     /// The payload bucket, through the harness's clean client.
     payloads: S3Payloads,
-    pub dispatcher: Dispatcher,
-    pub ops: Ops<SqsQueue>,
+    pub dispatcher: hookledger::wiring::LiveDispatcher,
+    pub ops: hookledger::wiring::LiveOps,
     pub fake: Arc<FakeStripe>,
     fake_base: String,
     topic_arn: String,
@@ -187,8 +185,8 @@ impl World {
         settings.payload_bucket = Some(bucket.clone());
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
         let intake = Intake::new(stack.endpoints().await, settings, ledger.clone(), queue.clone());
-        let dispatcher = Dispatcher::new(ddb.clone(), sns.clone(), stack.table.clone());
-        let processor = Processor::new(
+        let dispatcher = hookledger::wiring::dispatcher(ddb.clone(), sns.clone(), stack.table.clone());
+        let processor = hookledger::wiring::processor(
             ledger.clone(),
             hookledger::app::reference_registry(Some(source.clone()), Some(topic.clone())),
             Some(dispatcher.clone()),
@@ -666,7 +664,7 @@ pub async fn drain_processor(w: &mut World) {
 async fn pending_outbox(w: &mut World, event_id: &str) -> (EventKey, String) {
     w.fake.set("sub_o", "cus_x", "active", 3);
     let key = w.seed("stripe", "stripe-a", event_id, &sub_updated(event_id, "sub_o", "cus_x"), false).await;
-    let quiet = Processor::new(
+    let quiet = hookledger::wiring::processor(
         w.stack.ledger().with_shards(SHARDS),
         hookledger::app::reference_registry(Some(w.reconciler_source()), Some(w.topic())),
         None,

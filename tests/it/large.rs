@@ -78,7 +78,7 @@ async fn a_body_too_large_for_an_item_goes_to_s3_first_and_is_processed_from_the
     // A duplicate: the record says its payload is durable.
     assert_eq!(post(&intake, "svix", &headers, &body).await, 200);
 
-    let p = hookledger::processor::Processor::new(
+    let p = hookledger::wiring::processor(
         stack.ledger().with_payload_bucket(payloads),
         hookledger::app::reference_registry(None, None),
         None,

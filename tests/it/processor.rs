@@ -14,9 +14,9 @@ use hookledger::app::seats::seats_pk;
 use hookledger::backoff::Backoff;
 use hookledger::config::ProcessorSettings;
 use hookledger::ledger::Exit;
-use hookledger::outbox::{DispatchFault, Dispatcher};
+use hookledger::outbox::DispatchFault;
 use hookledger::ports::WorkLedger as _;
-use hookledger::processor::{Outcome, Processor, ProcessorFault};
+use hookledger::processor::{Outcome, ProcessorFault};
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::projection::{EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, Registry};
 use hookledger::secret::Secret;
@@ -168,7 +168,8 @@ async fn crash_after_domain_commit_before_acknowledgement_converges() {
     assert_eq!(n(&stack.state(&entitlement_pk("t1", "sub_c")).await.unwrap(), "seats"), 3);
     // The notification committed with the change was never dispatched; the sweeper sends it, once.
     assert!(stack.drain(&inbox).await.is_empty());
-    let sweeper = Dispatcher::new(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
+    let sweeper =
+        hookledger::wiring::dispatcher(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
     assert_eq!(sweeper.sweep(16, now_ms(), 0, 100).await.unwrap(), 1);
     assert_eq!(sweeper.sweep(16, now_ms(), 0, 100).await.unwrap(), 0);
     assert_eq!(stack.drain(&inbox).await.len(), 1);
@@ -305,7 +306,7 @@ async fn exhausted_attempts_end_in_a_visible_dead_letter() {
     stack.map_customer("cus_x", "acct_x").await;
     let (fake, source) = stripe_source().await;
     let settings = ProcessorSettings { max_attempts: 3, ..fast_settings() };
-    let p = Processor::new(stack.ledger(), failing_rules(Some(source)), None, settings);
+    let p = hookledger::wiring::processor(stack.ledger(), failing_rules(Some(source)), None, settings);
     let key = stack.claim("stripe", "stripe-a", "evt_x", None, &sub_updated("evt_x", "sub_x", "cus_x")).await;
     let mut now = now_ms();
     let mut outcomes = Vec::new();
@@ -426,7 +427,8 @@ async fn outbox_crash_between_publish_and_mark_republishes_with_the_same_key() {
     let (topic, inbox) = stack.notify_topic().await;
     let p = stack.processor(fast_settings(), Some(source), Some(topic));
     // A dispatcher that dies between publish and mark.
-    let mut dying = Dispatcher::new(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
+    let mut dying =
+        hookledger::wiring::dispatcher(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
     dying.fault = DispatchFault::AfterPublishBeforeMark;
     let key = stack.claim("stripe", "stripe-a", "evt_o", None, &sub_updated("evt_o", "sub_o", "cus_o")).await;
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
@@ -451,7 +453,8 @@ async fn outbox_crash_between_publish_and_mark_republishes_with_the_same_key() {
         .unwrap();
     assert!(dying.dispatch(&outbox_pk, now_ms()).await.is_err(), "published, then died before marking");
     // Within the dispatch lease nobody republishes; after it, the sweeper does, with the same key.
-    let sweeper = Dispatcher::new(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
+    let sweeper =
+        hookledger::wiring::dispatcher(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
     assert_eq!(sweeper.sweep(1, now_ms(), 0, 10).await.unwrap(), 0);
     assert_eq!(sweeper.sweep(1, now_ms() + hookledger::outbox::DISPATCH_LEASE_MS + 1, 0, 10).await.unwrap(), 1);
     let repeats = stack.drain(&inbox).await;

@@ -202,9 +202,8 @@ async fn eight_invocations_race_over_200_events_with_duplicates_and_converge() {
     let settings = ProcessorSettings { max_attempts: 100, ..support::fast_settings() };
     let source = Arc::new(StripeApi::new(base, Secret::new("sk_test_fake")).unwrap());
     let app = Arc::new(App {
-        processor: stack.processor(settings, Some(source), Some(topic)),
-        sqs: stack.sqs.clone(),
-        queue_url: stack.queue_url.clone(),
+        processor: Arc::new(stack.processor(settings, Some(source), Some(topic))),
+        queue: Arc::new(hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url)),
     });
     let stack = Arc::new(stack);
     let mut workers = tokio::task::JoinSet::new();

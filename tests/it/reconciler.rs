@@ -15,7 +15,7 @@ use hookledger::config::ReconcilerSettings;
 use hookledger::identity::EventKey;
 use hookledger::ledger::PortError;
 use hookledger::message::OutboxMessage;
-use hookledger::outbox::{DispatchPolicy, Dispatcher};
+use hookledger::outbox::DispatchPolicy;
 use hookledger::ports::WorkLedger as _;
 use hookledger::ports::{Ledger, WorkQueue};
 use hookledger::processor::Outcome;
@@ -336,8 +336,9 @@ fn reconciler_with<Q: WorkQueue>(
     queue: Q,
     source: Option<Arc<dyn SubscriptionSource>>,
     settings: ReconcilerSettings,
-) -> Reconciler<Q> {
-    let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
+) -> Reconciler<Q, DynamoLedger, hookledger::wiring::LiveDispatcher> {
+    let dispatcher =
+        hookledger::wiring::dispatcher(ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
     Reconciler::new(DynamoLedger::new(ddb, &stack.table), queue, Some(dispatcher), source, settings)
 }
 
@@ -346,7 +347,10 @@ fn sqs_queue(stack: &Stack) -> SqsQueue {
 }
 
 /// One run, its summary as JSON (fields by name).
-async fn run_json<Q: WorkQueue>(r: &Reconciler<Q>, at: i64) -> serde_json::Value {
+async fn run_json<Q: WorkQueue>(
+    r: &Reconciler<Q, DynamoLedger, hookledger::wiring::LiveDispatcher>,
+    at: i64,
+) -> serde_json::Value {
     serde_json::to_value(r.run(at, later()).await).unwrap()
 }
 

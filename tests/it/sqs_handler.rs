@@ -88,9 +88,8 @@ async fn partial_batch_failure_reports_only_the_records_that_must_come_back() {
     let received = send_and_receive(&stack, &[work(&ok), work(&busy), "Message Body".to_owned()]).await;
     let id_of = |body: &str| received.iter().find(|r| r.2 == body).unwrap().0.clone();
     let app = Arc::new(App {
-        processor: stack.processor(fast_settings(), None, None),
-        sqs: stack.sqs.clone(),
-        queue_url: stack.queue_url.clone(),
+        processor: Arc::new(stack.processor(fast_settings(), None, None)),
+        queue: Arc::new(hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url)),
     });
     let resp = handle(app.clone(), LambdaEvent::new(sqs_event(&received), Context::default())).await.unwrap();
 
@@ -123,9 +122,8 @@ async fn partial_batch_failure_reports_only_the_records_that_must_come_back() {
 async fn a_record_without_a_message_id_breaks_the_batch() {
     let stack = Stack::new().await;
     let app = Arc::new(App {
-        processor: stack.processor(fast_settings(), None, None),
-        sqs: stack.sqs.clone(),
-        queue_url: stack.queue_url.clone(),
+        processor: Arc::new(stack.processor(fast_settings(), None, None)),
+        queue: Arc::new(hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url)),
     });
     let mut fixture: Value = serde_json::from_str(EVENT).unwrap();
     fixture["Records"][0].as_object_mut().unwrap().remove("messageId");

@@ -16,9 +16,7 @@ use hookledger::config::{self, Endpoint, SecretResolver, Settings};
 use hookledger::identity::EventKey;
 use hookledger::intake::Intake;
 use hookledger::ledger::{NewEvent, SendLease};
-use hookledger::outbox::Dispatcher;
 use hookledger::ports::Ledger;
-use hookledger::processor::Processor;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::secret::Secret;
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet};
@@ -272,9 +270,15 @@ impl Stack {
         settings: ProcessorSettings,
         source: Option<Arc<dyn SubscriptionSource>>,
         topic: Option<String>,
-    ) -> Processor {
-        let dispatcher = Dispatcher::new(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
-        Processor::new(self.ledger(), hookledger::app::reference_registry(source, topic), Some(dispatcher), settings)
+    ) -> hookledger::wiring::LiveProcessor {
+        let dispatcher =
+            hookledger::wiring::dispatcher(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
+        hookledger::wiring::processor(
+            self.ledger(),
+            hookledger::app::reference_registry(source, topic),
+            Some(dispatcher),
+            settings,
+        )
     }
 
     pub async fn map_customer(&self, customer: &str, account: &str) {
@@ -372,9 +376,8 @@ impl Stack {
         source: Option<Arc<dyn SubscriptionSource>>,
     ) -> Arc<processor::handler::App> {
         Arc::new(processor::handler::App {
-            processor: self.processor(settings, source, None),
-            sqs: self.sqs.clone(),
-            queue_url: self.queue_url.clone(),
+            processor: std::sync::Arc::new(self.processor(settings, source, None)),
+            queue: std::sync::Arc::new(hookledger::adapters::sqs::SqsQueue::new(self.sqs.clone(), &self.queue_url)),
         })
     }
 
@@ -382,8 +385,9 @@ impl Stack {
         &self,
         settings: hookledger::config::ReconcilerSettings,
         source: Option<Arc<dyn SubscriptionSource>>,
-    ) -> hookledger::reconciler::Reconciler<SqsQueue> {
-        let dispatcher = Dispatcher::new(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
+    ) -> hookledger::wiring::LiveReconciler {
+        let dispatcher =
+            hookledger::wiring::dispatcher(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
         hookledger::reconciler::Reconciler::new(
             self.ledger(),
             SqsQueue::new(self.sqs.clone(), &self.queue_url),

@@ -16,9 +16,8 @@ use hookledger::config::{ProcessorSettings, ReconcilerSettings};
 use hookledger::identity::{EventKey, payload_hash, shard_of};
 use hookledger::ledger::{NewEvent, SendLease, Via};
 use hookledger::message::OutboxMessage;
-use hookledger::outbox::Dispatcher;
 use hookledger::ports::Ledger;
-use hookledger::processor::{Outcome, Processor};
+use hookledger::processor::Outcome;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::reconciler::{Reconciler, Summary};
 use hookledger::secret::Secret;
@@ -38,8 +37,13 @@ fn ledger(stack: &Stack) -> DynamoLedger {
     DynamoLedger::new(stack.ddb.clone(), &stack.table).with_shards(SHARDS)
 }
 
-fn reconciler(stack: &Stack, max_items: usize, source: Option<Arc<dyn SubscriptionSource>>) -> Reconciler<SqsQueue> {
-    let dispatcher = Dispatcher::new(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
+fn reconciler(
+    stack: &Stack,
+    max_items: usize,
+    source: Option<Arc<dyn SubscriptionSource>>,
+) -> hookledger::wiring::LiveReconciler {
+    let dispatcher =
+        hookledger::wiring::dispatcher(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
     let settings = ReconcilerSettings { max_items, ..ReconcilerSettings::default() };
     Reconciler::new(
         ledger(stack),
@@ -50,7 +54,7 @@ fn reconciler(stack: &Stack, max_items: usize, source: Option<Arc<dyn Subscripti
     )
 }
 
-async fn run(r: &Reconciler<SqsQueue>, at: i64) -> Summary {
+async fn run(r: &hookledger::wiring::LiveReconciler, at: i64) -> Summary {
     r.run(at, Instant::now() + Duration::from_secs(120)).await
 }
 
@@ -97,8 +101,9 @@ async fn entitlements(stack: &Stack, per_shard: usize) -> (Arc<FakeStripe>, Arc<
     stack.map_customer("cus_s", "acct_s").await;
     let (fake, base) = FakeStripe::start().await;
     let source: Arc<dyn SubscriptionSource> = Arc::new(StripeApi::new(base, Secret::new("sk_test_fake")).unwrap());
-    let dispatcher = Dispatcher::new(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
-    let p = Processor::new(
+    let dispatcher =
+        hookledger::wiring::dispatcher(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
+    let p = hookledger::wiring::processor(
         ledger(stack),
         hookledger::app::reference_registry(Some(source.clone()), None),
         Some(dispatcher),

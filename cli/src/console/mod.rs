@@ -55,7 +55,7 @@ struct Job {
 
 /// The console: the operator's ledger, queue and metrics.
 pub struct Console {
-    ops: Ops<SqsQueue>,
+    ops: Ops<SqsQueue, DynamoLedger>,
     insight: Insight<DynamoLedger, CloudWatchMetrics>,
     /// (endpoint name, provider) of the configured endpoints, for search by id.
     endpoints: Vec<(String, String)>,

@@ -2,52 +2,19 @@
 //! requests and intake answers into HTTP responses. Nothing more.
 
 use std::borrow::Cow;
-use std::time::SystemTime;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
-use hookledger::adapters::dynamodb::DynamoLedger;
-use hookledger::adapters::https::ReqwestGetter;
-use hookledger::adapters::s3::S3Payloads;
-use hookledger::adapters::secrets::AwsSecretResolver;
-use hookledger::adapters::sqs::SqsQueue;
-use hookledger::config::{self, ConfigError, SecretResolver};
 use hookledger::intake::{Intake, IntakeRequest};
 use hookledger::telemetry::{FailureKind, FunctionError};
-use hookledger::verify::sns::CertificateCache;
 use lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpResponse;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, LambdaEvent, Request, RequestExt, Response};
 use serde_json::value::RawValue;
-use std::sync::Arc;
 
-pub type App = Intake<DynamoLedger, SqsQueue>;
-
-/// Builds the intake from the environment: settings, endpoints with their
-/// resolved secrets, and the AWS clients (endpoints from `AWS_ENDPOINT_URL*`).
-/// An SSM client only when a secret is an `ssm:` reference; the SNS
-/// certificate getter builds its HTTPS client on its first fetch.
-pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
-    let settings = config::settings_from(|k| std::env::var(k).ok())?;
-    let raw = std::env::var("HOOKLEDGER_ENDPOINTS").map_err(|_| ConfigError::Missing("HOOKLEDGER_ENDPOINTS"))?;
-    let specs = config::parse_endpoints(&raw)?;
-    let getter = ReqwestGetter::new().map_err(|reason| ConfigError::Invalid { name: "https client".into(), reason })?;
-    let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
-    let secrets: Box<dyn SecretResolver> = if config::uses_ssm(&specs) {
-        Box::new(AwsSecretResolver::new(aws_sdk_ssm::Client::new(aws)))
-    } else {
-        Box::new(config::EnvSecrets)
-    };
-    let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates).await?;
-    let mut ledger = DynamoLedger::new(aws_sdk_dynamodb::Client::new(aws), settings.table_name.clone())
-        .with_shards(settings.index_shards);
-    if let Some(bucket) = &settings.payload_bucket {
-        ledger = ledger.with_payload_bucket(S3Payloads::from_config(aws, bucket.clone()));
-    }
-    let queue = SqsQueue::new(aws_sdk_sqs::Client::new(aws), settings.queue_url.clone());
-    Ok(Intake::new(endpoints, settings, ledger, queue))
-}
+/// The intake as deployed; built by `hookledger::wiring::Wiring::intake`.
+pub type App = hookledger::wiring::LiveIntake;
 
 /// `/webhooks/{endpoint}`: the path parameter when API Gateway routed it,
 /// else the segment after `webhooks` in the raw path (function URLs, local).
@@ -83,7 +50,7 @@ where
             method: req.method(),
             headers: req.headers(),
             body: req.body().as_ref(),
-            now: SystemTime::now(),
+            now: intake.now(),
             request_id: &request_id,
         })
         .await;

@@ -14,8 +14,9 @@ async fn main() -> Result<(), Error> {
 
     // The SDK's defaults; its HTTPS client loads the root certificates on the
     // first AWS request, not in every SDK client's constructor.
-    let aws = aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await;
-    let app = handler::from_env(&aws).await.inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?;
+    let invalid = |e: &hookledger::config::ConfigError| tracing::error!(error = %e, "invalid configuration");
+    let wiring = hookledger::wiring::Wiring::from_env().await.inspect_err(invalid)?;
+    let app = wiring.intake().await.inspect_err(invalid)?;
     let app = &app;
 
     // The raw event first: see `handler::serve`.

@@ -1,154 +1,45 @@
-//! Translates an SQS batch into processor calls and the results into a
-//! partial batch response. Each record is parsed on its own (a malformed
-//! body fails that record only); records for different keys run
-//! concurrently, repeats of one key in a batch run in order.
-//!
-//! A record that must come back later stays on the queue, hidden for its
-//! delay rounded up to whole seconds (never early: an early return only
-//! burns a receive). On its last receive before the queue's dead-letter
-//! redrive it is deleted instead: the ledger record is RETRYABLE (or leased)
-//! with its due time in the `due` index, and the reconciler re-drives it
-//! then. Long waits (gaps, infrastructure outages) thus never reach the DLQ,
-//! which stays for messages that cannot be read at all.
+//! Translates an SQS batch into the processor's batch use case
+//! (`hookledger::batch`) and its answer into a partial batch response.
+//! Each record is decoded on its own by the queue's adapter (a malformed
+//! body fails that record only).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use hookledger::adapters::dynamodb::DynamoLedger;
-use hookledger::adapters::https::lazy_subscription_source;
-use hookledger::adapters::s3::S3Payloads;
-use hookledger::adapters::sqs::{MAX_RECEIVE_COUNT, SqsQueue, WorkMessage};
-use hookledger::app::reference_registry;
-use hookledger::config::{self, ConfigError};
-use hookledger::identity::EventKey;
-use hookledger::outbox::Dispatcher;
-use hookledger::processor::Processor;
+use hookledger::adapters::sqs::{self, SqsQueue};
+use hookledger::config::ConfigError;
 use hookledger::telemetry::{FailureKind, FunctionError};
+use hookledger::wiring::{LiveProcessor, Wiring};
 use lambda_runtime::LambdaEvent;
 
-/// SQS caps a message's visibility at 12 hours.
-const MAX_VISIBILITY_SECS: i64 = 43_200;
-
 pub struct App {
-    pub processor: Processor,
-    pub sqs: aws_sdk_sqs::Client,
-    pub queue_url: String,
+    pub processor: Arc<LiveProcessor>,
+    /// Where a message that must come back later is shown again.
+    pub queue: Arc<SqsQueue>,
 }
 
-/// Builds the processor from the environment (see README, configuration reference).
-pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let table = env("HOOKLEDGER_TABLE").ok_or(ConfigError::Missing("HOOKLEDGER_TABLE"))?;
-    let queue_url = env("HOOKLEDGER_QUEUE_URL").ok_or(ConfigError::Missing("HOOKLEDGER_QUEUE_URL"))?;
-    let settings = config::processor_settings_from(env)?;
-    let notify_topic = env("HOOKLEDGER_NOTIFY_TOPIC_ARN");
-    // The Stripe key is read, and its client built, by the first subscription fetch.
-    let source = lazy_subscription_source(env, aws)?;
-    let ddb = aws_sdk_dynamodb::Client::new(aws);
-    let sqs = aws_sdk_sqs::Client::new(aws);
-    let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());
-    let mut ledger = DynamoLedger::new(ddb, table);
-    if let Some(bucket) = env("HOOKLEDGER_PAYLOAD_BUCKET") {
-        ledger = ledger.with_payload_bucket(S3Payloads::from_config(aws, bucket));
-    }
-    let processor = Processor::new(ledger, reference_registry(source, notify_topic), Some(dispatcher), settings)
-        .with_queue(SqsQueue::new(sqs.clone(), &queue_url));
-    Ok(App { processor, sqs, queue_url })
+/// Builds the processor from the composition root (see the configuration reference).
+pub fn from_wiring(wiring: &Wiring) -> Result<App, ConfigError> {
+    Ok(App { processor: Arc::new(wiring.processor()?), queue: Arc::new(wiring.queue()?) })
 }
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-/// The visibility timeout (whole seconds) that shows a message again after
-/// `delay_ms`: rounded up, so it never comes back before it is due.
-pub fn visibility_secs(delay_ms: i64) -> i32 {
-    let delay_ms = delay_ms.max(0);
-    let secs = delay_ms / 1000 + i64::from(delay_ms % 1000 != 0);
-    secs.clamp(1, MAX_VISIBILITY_SECS) as i32
-}
-
-/// Whether this is the message's last receive before the queue moves it to
-/// the dead-letter queue (`ApproximateReceiveCount` from the record).
-pub fn last_receive(receive_count: Option<&str>) -> bool {
-    receive_count.and_then(|c| c.trim().parse::<i64>().ok()).is_some_and(|c| c >= i64::from(MAX_RECEIVE_COUNT))
-}
-
-/// One record's fate: `Ok(())` delete it, `Err(())` leave it on the queue.
-async fn one(app: &App, message_id: &str, receipt: Option<&str>, body: Option<&str>, last: bool) -> Result<(), ()> {
-    let message = body.and_then(|b| serde_json::from_str::<WorkMessage>(b).ok());
-    let Some((key, message)) = message.and_then(|m| EventKey::from_stored(&m.key).map(|k| (k, m))) else {
-        tracing::error!(message_id, "malformed work message; leaving it for the dead-letter queue");
-        return Err(());
-    };
-    let carried = message.payload();
-    match app.processor.process_message(&key, carried.as_deref(), now_ms()).await {
-        Ok(report) => match report.retry_after_ms {
-            None => Ok(()),
-            Some(delay_ms) if last => {
-                tracing::info!(message_id, key = %key, delay_ms, "last receive; the reconciler re-drives it when due");
-                Ok(())
-            }
-            Some(delay_ms) => {
-                if let Some(receipt) = receipt {
-                    let secs = visibility_secs(delay_ms);
-                    let changed = app
-                        .sqs
-                        .change_message_visibility()
-                        .queue_url(&app.queue_url)
-                        .receipt_handle(receipt)
-                        .visibility_timeout(secs)
-                        .send()
-                        .await;
-                    if let Err(e) = changed {
-                        tracing::warn!(message_id, error = %e, "could not change visibility; default redelivery applies");
-                    }
-                }
-                Err(())
-            }
-        },
-        Err(e) => {
-            tracing::warn!(message_id, key = %key, error = %e, "processing failed; message stays on the queue");
-            Err(())
-        }
-    }
-}
-
-/// (message id, receipt handle, body, last receive) of one record.
-type Received = (String, Option<String>, Option<String>, bool);
 
 pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, FunctionError> {
     // Without a message id a failure cannot be reported: the batch is broken.
-    let mut groups: BTreeMap<String, Vec<Received>> = BTreeMap::new();
+    let mut batch = Vec::new();
     for record in event.payload.records {
         let id = record
             .message_id
             .filter(|m| !m.is_empty())
             .ok_or_else(|| FunctionError::new(FailureKind::BadEvent, "SQS record without messageId"))?;
-        let group = record.body.clone().unwrap_or_default();
-        let last = last_receive(record.attributes.get("ApproximateReceiveCount").map(String::as_str));
-        groups.entry(group).or_default().push((id, record.receipt_handle, record.body, last));
+        let count = record.attributes.get("ApproximateReceiveCount").map(String::as_str);
+        batch.push(sqs::received(id, record.receipt_handle, record.body.as_deref(), count));
     }
-    let mut tasks = tokio::task::JoinSet::new();
-    for (_, records) in groups {
-        let app = app.clone();
-        tasks.spawn(async move {
-            let mut failed = Vec::new();
-            for (id, receipt, body, last) in records {
-                if one(&app, &id, receipt.as_deref(), body.as_deref(), last).await.is_err() {
-                    failed.push(id);
-                }
-            }
-            failed
-        });
-    }
+    let stay = hookledger::batch::process(app.processor.clone(), app.queue.clone(), batch)
+        .await
+        .map_err(|e| FunctionError::new(FailureKind::WorkerFailed, e))?;
     let mut response = SqsBatchResponse::default();
-    while let Some(done) = tasks.join_next().await {
-        for id in done.map_err(|e| FunctionError::new(FailureKind::WorkerFailed, e))? {
-            response.add_failure(id);
-        }
+    for id in stay {
+        response.add_failure(id);
     }
     Ok(response)
 }
@@ -157,6 +48,8 @@ pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBa
 mod tests {
     use super::*;
     use aws_lambda_events::event::sqs::SqsMessage;
+    use hookledger::adapters::sqs::WorkMessage;
+    use hookledger::identity::EventKey;
     use proptest::prelude::*;
 
     /// An app whose AWS endpoint refuses connections: a record that parses
@@ -171,15 +64,13 @@ mod tests {
             ))
             .retry_config(aws_config::retry::RetryConfig::disabled())
             .build();
-        let ddb = aws_sdk_dynamodb::Client::new(&aws);
-        let sqs = aws_sdk_sqs::Client::new(&aws);
-        let processor = Processor::new(
-            DynamoLedger::new(ddb, "t"),
-            reference_registry(None, None),
-            None,
-            hookledger::config::ProcessorSettings::default(),
-        );
-        Arc::new(App { processor, sqs, queue_url: "http://127.0.0.1:9/q".into() })
+        let vars = |k: &str| match k {
+            "HOOKLEDGER_TABLE" => Some("t".to_owned()),
+            "HOOKLEDGER_QUEUE_URL" => Some("http://127.0.0.1:9/q".to_owned()),
+            _ => None,
+        };
+        let settings = hookledger::wiring::Settings::from_lookup(vars).unwrap();
+        Arc::new(from_wiring(&Wiring::new(aws, settings)).unwrap())
     }
 
     fn record(id: Option<String>, body: Option<String>, count: Option<String>) -> SqsMessage {
@@ -242,26 +133,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn visibility_delay_is_rounded_up_never_early() {
-        assert_eq!(visibility_secs(1_000), 1);
-        assert_eq!(visibility_secs(1_001), 2, "1.001 s must not come back after 1 s");
-        assert_eq!(visibility_secs(1_999), 2);
-        assert_eq!(visibility_secs(29_500), 30);
-        assert_eq!(visibility_secs(0), 1, "at least one second");
-        assert_eq!(visibility_secs(-5), 1);
-        assert_eq!(visibility_secs(i64::MAX), MAX_VISIBILITY_SECS as i32, "capped at SQS's 12 hours");
-    }
-
-    #[test]
-    fn only_the_receive_before_the_dead_letter_redrive_is_the_last() {
-        assert!(!last_receive(Some("1")));
-        assert!(!last_receive(Some("9")));
-        assert!(last_receive(Some("10")));
-        assert!(last_receive(Some("11")));
-        assert!(!last_receive(None), "unknown: keep the message");
-        assert!(!last_receive(Some("many")));
     }
 }

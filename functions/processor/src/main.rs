@@ -11,11 +11,11 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let metrics = hookledger::telemetry::init_metrics("processor")?;
 
-    // The SDK's defaults; its HTTPS client loads the root certificates on the
-    // first AWS request, not in every SDK client's constructor.
-    let aws = aws_config::from_env().http_client(hookledger::adapters::https::sdk_http_client()).load().await;
-    let app =
-        Arc::new(handler::from_env(&aws).await.inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?);
+    // Every setting and adapter from the composition root; the SDK's HTTPS
+    // client loads the root certificates on the first AWS request.
+    let invalid = |e: &hookledger::config::ConfigError| tracing::error!(error = %e, "invalid configuration");
+    let wiring = hookledger::wiring::Wiring::from_env().await.inspect_err(invalid)?;
+    let app = Arc::new(handler::from_wiring(&wiring).inspect_err(invalid)?);
 
     lambda_runtime::run(service_fn(move |event| {
         let app = app.clone();

@@ -3,23 +3,21 @@
 //! stopping a safety margin before the Lambda's deadline, and returns the
 //! run summaries.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use hookledger::adapters::dynamodb::DynamoLedger;
-use hookledger::adapters::https::lazy_subscription_source;
-use hookledger::adapters::sqs::SqsQueue;
-use hookledger::config::ReconcilerSettings;
-use hookledger::config::{self, ConfigError};
-use hookledger::outbox::Dispatcher;
-use hookledger::reconciler::{Reconciler, Summary};
+use hookledger::clock::Ambient;
+use hookledger::config::ConfigError;
+use hookledger::reconciler::Summary;
 use hookledger::telemetry::FunctionError;
+use hookledger::wiring::{LiveReconciler, Wiring};
 use lambda_runtime::LambdaEvent;
 
 pub use crate::backfills::Backfills;
 
 pub struct App {
-    pub reconciler: Reconciler<SqsQueue>,
+    pub reconciler: LiveReconciler,
     pub backfills: Backfills,
+    pub ambient: Ambient,
 }
 
 /// What one invocation did.
@@ -33,36 +31,14 @@ pub struct Output {
 /// Time kept free at the end of an invocation.
 pub const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
 
-/// Reconciler settings (`HOOKLEDGER_RECONCILE_MAX_ITEMS`, `HOOKLEDGER_REDRIVE_BACKOFF_SECS`,
-/// `HOOKLEDGER_DRIFT_INTERVAL_SECS`, `HOOKLEDGER_RETENTION_DAYS`).
-pub fn settings_from(get: impl Fn(&str) -> Option<String>) -> Result<ReconcilerSettings, ConfigError> {
-    let number =
-        |name: &'static str, default: i64, min: i64, max: i64| config::env_number(&get, name, default, min, max);
-    Ok(ReconcilerSettings {
-        max_items: number("HOOKLEDGER_RECONCILE_MAX_ITEMS", 500, 1, 100_000)? as usize,
-        redrive_backoff_ms: number("HOOKLEDGER_REDRIVE_BACKOFF_SECS", 300, 1, 86_400)? * 1000,
-        drift_interval_ms: number("HOOKLEDGER_DRIFT_INTERVAL_SECS", 3600, 0, 30 * 86_400)? * 1000,
-        outbox_grace_ms: 60_000,
-        retention_days: number("HOOKLEDGER_RETENTION_DAYS", 30, 4, 3650)? as u32,
-        lookahead_ms: 0,
-    }
-    .with_lookahead_for(&config::processor_settings_from(&get)?))
-}
-
-pub async fn from_env(aws: &aws_config::SdkConfig) -> Result<App, ConfigError> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let table = env("HOOKLEDGER_TABLE").ok_or(ConfigError::Missing("HOOKLEDGER_TABLE"))?;
-    let queue_url = env("HOOKLEDGER_QUEUE_URL").ok_or(ConfigError::Missing("HOOKLEDGER_QUEUE_URL"))?;
-    let shards = config::processor_settings_from(env)?.index_shards;
-    let settings = settings_from(env)?;
-    // The Stripe key is read, and its client built, by the first drift check.
-    let source = lazy_subscription_source(env, aws)?;
-    let ddb = aws_sdk_dynamodb::Client::new(aws);
-    let dispatcher = Dispatcher::new(ddb.clone(), aws_sdk_sns::Client::new(aws), table.clone());
-    let ledger = DynamoLedger::new(ddb, table).with_shards(shards);
-    let queue = SqsQueue::new(aws_sdk_sqs::Client::new(aws), queue_url);
-    let backfills = Backfills::from_env(env, aws, ledger.clone(), queue.clone(), settings.retention_days)?;
-    Ok(App { reconciler: Reconciler::new(ledger, queue, Some(dispatcher), source, settings), backfills })
+/// The reconciler and the scheduled backfills from the composition root
+/// (settings: `hookledger::config::reconciler_settings_from`).
+pub fn from_wiring(wiring: &Wiring) -> Result<App, ConfigError> {
+    Ok(App {
+        reconciler: wiring.reconciler()?,
+        backfills: Backfills::new(wiring.clone())?,
+        ambient: wiring.ambient().clone(),
+    })
 }
 
 /// Budget when the invocation carries no usable deadline (some emulators
@@ -85,14 +61,16 @@ pub fn budget(remaining: Duration) -> Duration {
 /// summary and the `reconciler_errors` metric), so the invocation succeeds
 /// and the schedule does not retry it; the next scheduled run continues.
 pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<Output, FunctionError> {
-    let remaining = event.context.deadline().duration_since(SystemTime::now()).unwrap_or_default();
-    let deadline = Instant::now() + budget(remaining);
+    // Lambda's deadline is wall time; the run's is on the monotonic clock.
+    let now = SystemTime::UNIX_EPOCH + Duration::from_millis(app.ambient.now_ms().max(0) as u64);
+    let remaining = event.context.deadline().duration_since(now).unwrap_or_default();
+    let deadline = app.ambient.instant() + budget(remaining);
     tracing::info!(
         remaining_ms = remaining.as_millis() as u64,
         budget_ms = budget(remaining).as_millis() as u64,
         "reconciler invoked"
     );
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let now_ms = app.ambient.now_ms();
     let reconciliation = app.reconciler.run(now_ms, deadline).await;
     let backfills = app.backfills.run(now_ms, deadline).await;
     Ok(Output { reconciliation, backfills })
@@ -107,13 +85,5 @@ mod tests {
         assert_eq!(budget(Duration::from_secs(120)), Duration::from_secs(115));
         assert_eq!(budget(Duration::from_secs(6)), Duration::from_secs(3));
         assert_eq!(budget(Duration::ZERO), DEFAULT_BUDGET);
-    }
-
-    #[test]
-    fn settings_have_defaults_and_bounds() {
-        let s = settings_from(|_| None).unwrap();
-        assert_eq!((s.max_items, s.redrive_backoff_ms, s.drift_interval_ms), (500, 300_000, 3_600_000));
-        let bad = settings_from(|k| (k == "HOOKLEDGER_RECONCILE_MAX_ITEMS").then(|| "0".to_owned()));
-        assert!(bad.unwrap_err().to_string().contains("HOOKLEDGER_RECONCILE_MAX_ITEMS"));
     }
 }

@@ -9,7 +9,7 @@
 //! webhook. Rate limits: `Retry-After` (secondary limits), else
 //! `X-RateLimit-Remaining: 0` until `X-RateLimit-Reset`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
 use crate::secret::Secret;
@@ -21,26 +21,15 @@ pub struct GithubDeliveries {
     token: Secret,
     /// The largest payload taken (a larger delivery is `Unfetchable::TooLarge`).
     max_body_bytes: usize,
+    /// Reads `Retry-After`-like reset times against this clock.
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 /// Room a delivery's answer takes around its payload (its request and
 /// response headers, the response body GitHub kept).
 const DELIVERY_OVERHEAD_BYTES: usize = 1024 * 1024;
 
-/// Whether `hook` names a hook GitHub lists deliveries for.
-pub fn valid_hook(hook: &str) -> bool {
-    let parts: Vec<&str> = hook.split('/').collect();
-    let name = |p: &str| {
-        !p.is_empty() && p != "." && p != ".." && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-    };
-    let id = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
-    match parts.as_slice() {
-        ["repos", owner, repo, "hooks", hook_id] => name(owner) && name(repo) && id(hook_id),
-        ["orgs", org, "hooks", hook_id] => name(org) && id(hook_id),
-        ["app", "hook"] => true,
-        _ => false,
-    }
-}
+pub use crate::ports::valid_github_hook as valid_hook;
 
 impl GithubDeliveries {
     pub fn new(api_base: impl Into<String>, hook: &str, token: Secret) -> Result<Self, String> {
@@ -62,11 +51,19 @@ impl GithubDeliveries {
             hook: hook.to_owned(),
             token,
             max_body_bytes: crate::ports::DEFAULT_MAX_BACKFILL_BODY_BYTES,
+            clock: std::sync::Arc::new(crate::clock::SystemClock),
         })
+    }
+
+    /// Reads rate-limit reset times against this clock.
+    pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Takes payloads up to `bytes` (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`);
     /// a delivery's answer is read no further than that and its overhead.
+
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = bytes;
         self
@@ -96,7 +93,7 @@ impl GithubDeliveries {
         if status.is_success() {
             return Ok(resp);
         }
-        let now_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let now_s = self.clock.now_ms().max(0) as u64 / 1000;
         Err(match classify(status.as_u16(), resp.headers(), now_s) {
             SourceError::Rejected(_) if one_event => event_refusal(status.as_u16()),
             other => other,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::EventKey;
 use crate::ledger::PortError;
-use crate::ports::WorkQueue;
+use crate::ports::{Received, Redelivery, WorkQueue};
 
 /// The queue message body: the key, and the payload when it fits, so the
 /// processor need not read the payload item (it checks the payload against
@@ -103,6 +103,51 @@ impl WorkQueue for SqsQueue {
     }
 }
 
+impl Redelivery for SqsQueue {
+    /// One `ChangeMessageVisibility`, rounded up to whole seconds.
+    async fn show_again(&self, receipt: &str, delay_ms: i64) -> Result<(), PortError> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.queue_url)
+            .receipt_handle(receipt)
+            .visibility_timeout(visibility_secs(delay_ms))
+            .send()
+            .await
+            .map_err(|e| super::port_error("sqs", &e))?;
+        Ok(())
+    }
+}
+
+/// SQS caps a message's visibility at 12 hours.
+pub const MAX_VISIBILITY_SECS: i64 = 43_200;
+
+/// The visibility timeout (whole seconds) that shows a message again after
+/// `delay_ms`: rounded up, so it never comes back before it is due.
+pub fn visibility_secs(delay_ms: i64) -> i32 {
+    let delay_ms = delay_ms.max(0);
+    let secs = delay_ms / 1000 + i64::from(delay_ms % 1000 != 0);
+    secs.clamp(1, MAX_VISIBILITY_SECS) as i32
+}
+
+/// Whether this is the message's last receive before the queue moves it to
+/// the dead-letter queue (`ApproximateReceiveCount`).
+pub fn last_receive(receive_count: Option<&str>) -> bool {
+    receive_count.and_then(|c| c.trim().parse::<i64>().ok()).is_some_and(|c| c >= i64::from(MAX_RECEIVE_COUNT))
+}
+
+/// A received SQS message as the processor's batch takes it.
+pub fn received(
+    message_id: String,
+    receipt: Option<String>,
+    body: Option<&str>,
+    receive_count: Option<&str>,
+) -> Received {
+    let work = body
+        .and_then(|b| serde_json::from_str::<WorkMessage>(b).ok())
+        .and_then(|m| EventKey::from_stored(&m.key).map(|k| (k, m.payload())));
+    Received { message_id, receipt, work, last_receive: last_receive(receive_count) }
+}
+
 /// The work queue's visibility timeout: at least 6 x the processor timeout (20 s).
 pub const WORK_QUEUE_VISIBILITY_SECS: i32 = 120;
 /// Receives before a work message moves to the dead-letter queue.
@@ -191,5 +236,31 @@ mod tests {
                 let _ = EventKey::from_stored(&m.key);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod redelivery_tests {
+    use super::*;
+
+    #[test]
+    fn visibility_delay_is_rounded_up_never_early() {
+        assert_eq!(visibility_secs(1_000), 1);
+        assert_eq!(visibility_secs(1_001), 2, "1.001 s must not come back after 1 s");
+        assert_eq!(visibility_secs(1_999), 2);
+        assert_eq!(visibility_secs(29_500), 30);
+        assert_eq!(visibility_secs(0), 1, "at least one second");
+        assert_eq!(visibility_secs(-5), 1);
+        assert_eq!(visibility_secs(i64::MAX), MAX_VISIBILITY_SECS as i32, "capped at SQS's 12 hours");
+    }
+
+    #[test]
+    fn only_the_receive_before_the_dead_letter_redrive_is_the_last() {
+        assert!(!last_receive(Some("1")));
+        assert!(!last_receive(Some("9")));
+        assert!(last_receive(Some("10")));
+        assert!(last_receive(Some("11")));
+        assert!(!last_receive(None), "unknown: keep the message");
+        assert!(!last_receive(Some("many")));
     }
 }

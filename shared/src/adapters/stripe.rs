@@ -5,7 +5,7 @@
 //! fake provider server. The fetched version is the fetch time (ms): Stripe
 //! subscriptions carry no revision, and a later read reflects later state.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
 use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture, SubscriptionSource};
@@ -33,6 +33,7 @@ pub struct StripeApi {
     client: reqwest::Client,
     base_url: String,
     api_key: Secret,
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 impl StripeApi {
@@ -43,7 +44,12 @@ impl StripeApi {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?;
-        Ok(Self { client, base_url: base_url.into().trim_end_matches('/').to_owned(), api_key })
+        Ok(Self {
+            client,
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            api_key,
+            clock: std::sync::Arc::new(crate::clock::SystemClock),
+        })
     }
 }
 
@@ -56,6 +62,14 @@ pub fn parse_subscription(v: &serde_json::Value) -> Option<Subscription> {
         status: v["status"].as_str()?.to_owned(),
         seats,
     })
+}
+
+impl StripeApi {
+    /// Stamps each fetch with this clock's time (the fetched version).
+    pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
 }
 
 impl SubscriptionSource for StripeApi {
@@ -72,7 +86,7 @@ impl SubscriptionSource for StripeApi {
                 .send()
                 .await
                 .map_err(|e| ProviderError::Unavailable(e.without_url().to_string()))?;
-            let version = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+            let version = self.clock.now_ms();
             let status = resp.status();
             if status == reqwest::StatusCode::NOT_FOUND {
                 return Ok(Fetched { object: None, version });
@@ -112,6 +126,11 @@ impl StripeEvents {
     }
 
     /// Reads an event fetched alone up to `bytes` (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`).
+    pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        self.api = self.api.with_clock(clock);
+        self
+    }
+
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = bytes;
         self

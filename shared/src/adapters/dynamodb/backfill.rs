@@ -22,7 +22,7 @@ use super::conditions::{self as cond, Placed};
 use super::{DynamoLedger, META_SK, Written, attention_shard, attr, get_n, get_s, n, new_record_item, payload, s};
 use crate::identity::EventKey;
 use crate::ledger::{Claim, NewEvent, PortError, Release, SendLease, Status};
-use crate::policy::DEFAULT_RETENTION_DAYS;
+use crate::policy::expires_at;
 use crate::ports::{BackfillLedger, BackfillProgress, Ledger, ScheduleState, UnfetchedEvent, WorkLedger};
 
 /// Room the attributes of a released record take beyond a new record's
@@ -125,7 +125,7 @@ impl BackfillLedger for DynamoLedger {
         item.insert("kind".into(), s("redelivery_requested"));
         item.insert("detail".into(), s(format!("backfill asked the provider to redeliver delivery {handle}")));
         item.insert("at".into(), n(now_ms));
-        item.insert(super::attr::EXPIRES_AT.into(), n(now_ms / 1000 + i64::from(DEFAULT_RETENTION_DAYS) * 86_400));
+        item.insert(super::attr::EXPIRES_AT.into(), n(expires_at(now_ms, self.retention_days)));
         self.client()
             .put_item()
             .table_name(self.table())
@@ -200,7 +200,7 @@ impl BackfillLedger for DynamoLedger {
         item.insert("seen".into(), n(p.seen));
         item.insert("recovered".into(), n(p.recovered));
         item.insert("updated_at".into(), n(now_ms));
-        item.insert(super::attr::EXPIRES_AT.into(), n(now_ms / 1000 + i64::from(DEFAULT_RETENTION_DAYS) * 86_400));
+        item.insert(super::attr::EXPIRES_AT.into(), n(expires_at(now_ms, self.retention_days)));
         self.client()
             .put_item()
             .table_name(self.table())

@@ -171,7 +171,7 @@ impl DueLedger for DynamoLedger {
     }
 
     async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = self.ambient.token();
         let (pk, sk) = item_of(item);
         match self.conditional(pk, sk, cond::claim_due(seen, next, &token), false).await? {
             Written::Applied(_) => Ok(Some(token)),

@@ -61,11 +61,34 @@ pub struct DynamoLedger {
     shards: u32,
     /// Where payloads too large for an item go (none: they are refused).
     payloads: Option<crate::adapters::s3::S3Payloads>,
+    /// How long the history items it writes are kept.
+    retention_days: u32,
+    /// Tokens and item ids.
+    ambient: crate::clock::Ambient,
 }
 
 impl DynamoLedger {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into(), shards: DEFAULT_INDEX_SHARDS, payloads: None }
+        Self {
+            client,
+            table: table.into(),
+            shards: DEFAULT_INDEX_SHARDS,
+            payloads: None,
+            retention_days: crate::policy::DEFAULT_RETENTION_DAYS,
+            ambient: crate::clock::Ambient::system(),
+        }
+    }
+
+    /// Keeps the history items it writes this long (`HOOKLEDGER_RETENTION_DAYS`).
+    pub fn with_retention(mut self, days: u32) -> Self {
+        self.retention_days = days;
+        self
+    }
+
+    /// Draws its tokens and item ids from this entropy.
+    pub fn with_ambient(mut self, ambient: crate::clock::Ambient) -> Self {
+        self.ambient = ambient;
+        self
     }
 
     /// Stores payloads too large for an item in this bucket.

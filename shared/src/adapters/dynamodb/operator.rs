@@ -223,7 +223,7 @@ impl OperatorLedger for DynamoLedger {
         reason: &str,
         now_ms: i64,
     ) -> Result<Transitioned, PortError> {
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = self.ambient.token();
         let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.shards()));
         match self.conditional(key.as_str(), META_SK, update, false).await? {
             Written::Applied(_) => Ok(Transitioned::Done),

@@ -102,7 +102,12 @@ fn short(error: &str) -> String {
 
 impl DynamoOutbox {
     pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
-        Self { ledger: super::DynamoLedger::new(client, table) }
+        Self::on(super::DynamoLedger::new(client, table))
+    }
+
+    /// The outbox items of this ledger's table (its entropy and retention).
+    pub fn on(ledger: super::DynamoLedger) -> Self {
+        Self { ledger }
     }
 
     async fn fenced_write(&self, id: &str, token: &str, update: cond::Update) -> Result<Held, PortError> {

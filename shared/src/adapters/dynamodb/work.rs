@@ -32,7 +32,7 @@ use super::{DynamoLedger, Item, META_SK, Written, attr, payload_sk};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, Status, WorkRecord};
-use crate::policy::DEFAULT_RETENTION_DAYS;
+use crate::policy::expires_at;
 use crate::ports::WorkLedger;
 use crate::projection::sequence::{self, Position};
 use crate::projection::{Op, ProjectionContext, ProjectionError};
@@ -194,14 +194,14 @@ impl WorkLedger for DynamoLedger {
     /// Appends an entry to the record's history (`sk = hist#<ms>#<id>`), shown
     /// by `hookledger show`. Kept as long as identities are.
     async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.ambient.entropy.token_simple();
         let item = HashMap::from([
             (attr::PK.to_owned(), s(key.as_str())),
             (attr::SK.to_owned(), s(format!("hist#{now_ms:013}#{}", &id[..8]))),
             ("kind".to_owned(), s(kind)),
             ("detail".to_owned(), s(cond::bounded(detail))),
             ("at".to_owned(), n(now_ms)),
-            (attr::EXPIRES_AT.to_owned(), n(now_ms / 1000 + i64::from(DEFAULT_RETENTION_DAYS) * 86_400)),
+            (attr::EXPIRES_AT.to_owned(), n(expires_at(now_ms, self.retention_days))),
         ]);
         self.client()
             .put_item()

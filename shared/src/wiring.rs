@@ -1,0 +1,488 @@
+//! The composition root: the one place that builds adapters and puts the
+//! use cases on them. [`Settings`] reads every variable once, with one
+//! validation; [`Wiring`] builds the ledger (shards, retention, payload
+//! bucket), the work queue, the dispatcher, the provider sources and the
+//! secret resolver from them, each with the same [`Ambient`] (clock and
+//! entropy). The three functions, every CLI verb and the demo start here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::adapters::dynamodb::DynamoLedger;
+use crate::adapters::dynamodb::outbox::DynamoOutbox;
+use crate::adapters::github::GithubDeliveries;
+use crate::adapters::s3::S3Payloads;
+use crate::adapters::secrets::AwsSecretResolver;
+use crate::adapters::sns::SnsPublisher;
+use crate::adapters::sources::ProviderSource;
+use crate::adapters::sqs::SqsQueue;
+use crate::adapters::stripe::StripeEvents;
+use crate::app::reference_registry;
+use crate::backfill::{self, Backfill, BackfillSettings, Schedule};
+use crate::clock::Ambient;
+use crate::config::{self, ConfigError, EndpointSpec, ProcessorSettings, ReconcilerSettings, SecretResolver};
+use crate::intake::Intake;
+use crate::ops::Ops;
+use crate::outbox::Dispatcher;
+use crate::processor::Processor;
+use crate::projection::fetch::SubscriptionSource;
+use crate::reconciler::Reconciler;
+use crate::secret::Secret;
+use crate::verify::sns::CertificateCache;
+
+/// The use cases as deployed: on DynamoDB, SQS and SNS.
+pub type LiveDispatcher = Dispatcher<DynamoOutbox, SnsPublisher>;
+pub type LiveIntake = Intake<DynamoLedger, SqsQueue>;
+pub type LiveProcessor = Processor<DynamoLedger, SqsQueue, LiveDispatcher>;
+pub type LiveReconciler = Reconciler<SqsQueue, DynamoLedger, LiveDispatcher>;
+pub type LiveOps = Ops<SqsQueue, DynamoLedger>;
+pub type LiveBackfill = Backfill<DynamoLedger, SqsQueue, ProviderSource>;
+
+pub const STRIPE_API_KEY: &str = "HOOKLEDGER_STRIPE_API_KEY";
+pub const GITHUB_TOKEN: &str = "HOOKLEDGER_GITHUB_TOKEN";
+const STRIPE_API_BASE: &str = "https://api.stripe.com";
+const GITHUB_API_BASE: &str = "https://api.github.com";
+
+/// Every setting of every function and verb, read once. A variable that is
+/// set is validated whether or not the caller needs it; one that is needed
+/// and missing is reported when the part that needs it is built.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `HOOKLEDGER_TABLE`
+    pub table: Option<String>,
+    /// `HOOKLEDGER_QUEUE_URL`
+    pub queue_url: Option<String>,
+    /// `HOOKLEDGER_PAYLOAD_BUCKET`
+    pub payload_bucket: Option<String>,
+    /// `HOOKLEDGER_NOTIFY_TOPIC_ARN`
+    pub notify_topic: Option<String>,
+    /// `HOOKLEDGER_INDEX_SHARDS`
+    pub index_shards: u32,
+    /// `HOOKLEDGER_RETENTION_DAYS`
+    pub retention_days: u32,
+    /// `HOOKLEDGER_MAX_BODY_BYTES` (its default depends on the bucket)
+    pub max_body_bytes: usize,
+    /// `HOOKLEDGER_ENDPOINTS`, parsed (secrets not resolved); `None` when unset.
+    pub endpoints: Option<BTreeMap<String, EndpointSpec>>,
+    pub processor: ProcessorSettings,
+    pub reconciler: ReconcilerSettings,
+    /// `HOOKLEDGER_BACKFILL`: the scheduled backfills.
+    pub backfill_schedules: BTreeMap<String, Schedule>,
+    /// `HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`
+    pub max_backfill_body_bytes: usize,
+    /// `HOOKLEDGER_STRIPE_API_KEY` (a secret reference) and `HOOKLEDGER_STRIPE_API_BASE`
+    pub stripe_api_key: Option<String>,
+    pub stripe_api_base: String,
+    /// `HOOKLEDGER_GITHUB_TOKEN` (a secret reference) and `HOOKLEDGER_GITHUB_API_BASE`
+    pub github_token: Option<String>,
+    pub github_api_base: String,
+}
+
+impl Settings {
+    /// The process environment (empty values count as unset).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads every setting through `get`; the first invalid one is the error,
+    /// named by its variable.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let invalid = |name: &str, reason: String| ConfigError::Invalid { name: name.into(), reason };
+        let intake = config::intake_limits_from(&get)?;
+        let processor = config::processor_settings_from(&get)?;
+        let reconciler = config::reconciler_settings_from(&get)?;
+        let endpoints = get("HOOKLEDGER_ENDPOINTS").map(|raw| config::parse_endpoints(&raw)).transpose()?;
+        let backfill_schedules = match get("HOOKLEDGER_BACKFILL") {
+            Some(json) => backfill::parse_schedules(&json).map_err(|e| invalid("HOOKLEDGER_BACKFILL", e))?,
+            None => BTreeMap::new(),
+        };
+        let max_backfill_body_bytes = config::env_number(
+            &get,
+            "HOOKLEDGER_MAX_BACKFILL_BODY_BYTES",
+            backfill::DEFAULT_MAX_BODY_BYTES as i64,
+            1024,
+            backfill::MAX_MAX_BODY_BYTES as i64,
+        )? as usize;
+        let stripe_api_key = get(STRIPE_API_KEY);
+        let github_token = get(GITHUB_TOKEN);
+        for (endpoint, s) in &backfill_schedules {
+            let (needs, have) = match s.provider.as_str() {
+                "github" => (GITHUB_TOKEN, &github_token),
+                _ => (STRIPE_API_KEY, &stripe_api_key),
+            };
+            if have.is_none() {
+                return Err(invalid(
+                    "HOOKLEDGER_BACKFILL",
+                    format!("{endpoint} is backfilled from {}: set {needs}", s.provider),
+                ));
+            }
+        }
+        Ok(Self {
+            table: get("HOOKLEDGER_TABLE"),
+            queue_url: get("HOOKLEDGER_QUEUE_URL"),
+            payload_bucket: intake.payload_bucket,
+            notify_topic: get("HOOKLEDGER_NOTIFY_TOPIC_ARN"),
+            index_shards: intake.index_shards,
+            retention_days: intake.retention_days,
+            max_body_bytes: intake.max_body_bytes,
+            endpoints,
+            processor,
+            reconciler,
+            backfill_schedules,
+            max_backfill_body_bytes,
+            stripe_api_key,
+            stripe_api_base: get("HOOKLEDGER_STRIPE_API_BASE").unwrap_or_else(|| STRIPE_API_BASE.into()),
+            github_token,
+            github_api_base: get("HOOKLEDGER_GITHUB_API_BASE").unwrap_or_else(|| GITHUB_API_BASE.into()),
+        })
+    }
+
+    pub fn table(&self) -> Result<&str, ConfigError> {
+        self.table.as_deref().ok_or(ConfigError::Missing("HOOKLEDGER_TABLE"))
+    }
+
+    pub fn queue_url(&self) -> Result<&str, ConfigError> {
+        self.queue_url.as_deref().ok_or(ConfigError::Missing("HOOKLEDGER_QUEUE_URL"))
+    }
+
+    /// The intake's settings (table and queue required).
+    pub fn intake(&self) -> Result<config::Settings, ConfigError> {
+        Ok(config::Settings {
+            table_name: self.table()?.to_owned(),
+            queue_url: self.queue_url()?.to_owned(),
+            max_body_bytes: self.max_body_bytes,
+            retention_days: self.retention_days,
+            index_shards: self.index_shards,
+            payload_bucket: self.payload_bucket.clone(),
+        })
+    }
+
+    /// The scheduled backfills' run settings.
+    pub fn backfill(&self) -> BackfillSettings {
+        BackfillSettings { max_body_bytes: self.max_backfill_body_bytes, ..BackfillSettings::default() }
+    }
+}
+
+/// Builds every adapter and use case from one [`Settings`] and one AWS
+/// configuration (endpoints from `AWS_ENDPOINT_URL*`).
+#[derive(Clone)]
+pub struct Wiring {
+    aws: aws_config::SdkConfig,
+    pub settings: Settings,
+    ambient: Ambient,
+}
+
+impl Wiring {
+    /// The AWS configuration of the environment, with the SDK's HTTPS client
+    /// built on the first request, and the settings of the environment.
+    pub async fn from_env() -> Result<Self, ConfigError> {
+        let settings = Settings::from_env()?;
+        Ok(Self::new(load_aws().await, settings))
+    }
+
+    pub fn new(aws: aws_config::SdkConfig, settings: Settings) -> Self {
+        Self { aws, settings, ambient: Ambient::system() }
+    }
+
+    /// Every part built from here reads time and randomness from `ambient`.
+    pub fn with_ambient(mut self, ambient: Ambient) -> Self {
+        self.ambient = ambient;
+        self
+    }
+
+    pub fn ambient(&self) -> &Ambient {
+        &self.ambient
+    }
+
+    pub fn aws(&self) -> &aws_config::SdkConfig {
+        &self.aws
+    }
+
+    pub fn dynamodb_client(&self) -> aws_sdk_dynamodb::Client {
+        aws_sdk_dynamodb::Client::new(&self.aws)
+    }
+
+    pub fn sqs_client(&self) -> aws_sdk_sqs::Client {
+        aws_sdk_sqs::Client::new(&self.aws)
+    }
+
+    /// The ledger: table, shards, retention, payload bucket.
+    pub fn ledger(&self) -> Result<DynamoLedger, ConfigError> {
+        let s = &self.settings;
+        let ledger = DynamoLedger::new(self.dynamodb_client(), self.settings.table()?)
+            .with_shards(s.index_shards)
+            .with_retention(s.retention_days)
+            .with_ambient(self.ambient.clone());
+        Ok(match &s.payload_bucket {
+            Some(bucket) => ledger.with_payload_bucket(S3Payloads::from_config(&self.aws, bucket.clone())),
+            None => ledger,
+        })
+    }
+
+    /// The work queue.
+    pub fn queue(&self) -> Result<SqsQueue, ConfigError> {
+        Ok(self.queue_at(self.settings.queue_url()?))
+    }
+
+    /// A queue by URL (the dead-letter queue a replay reads).
+    pub fn queue_at(&self, url: &str) -> SqsQueue {
+        SqsQueue::new(self.sqs_client(), url)
+    }
+
+    /// The outbox dispatcher on the ledger's table and SNS.
+    pub fn dispatcher(&self) -> Result<LiveDispatcher, ConfigError> {
+        let store = DynamoOutbox::on(self.ledger()?);
+        Ok(Dispatcher::with_ports(store, SnsPublisher::new(aws_sdk_sns::Client::new(&self.aws)))
+            .with_ambient(self.ambient.clone()))
+    }
+
+    /// Resolves `env:` and `ssm:` secret references.
+    pub fn secrets(&self) -> AwsSecretResolver {
+        AwsSecretResolver::new(aws_sdk_ssm::Client::new(&self.aws))
+    }
+
+    pub async fn secret(&self, reference: &str) -> Result<Secret, String> {
+        if reference.starts_with("env:") {
+            config::EnvSecrets.resolve(reference).await
+        } else {
+            self.secrets().resolve(reference).await
+        }
+    }
+
+    /// The Stripe subscription source (`HOOKLEDGER_STRIPE_API_KEY`), its key
+    /// read by the first fetch; `None` without a key.
+    pub fn subscriptions(&self) -> Result<Option<Arc<dyn SubscriptionSource>>, ConfigError> {
+        let s = &self.settings;
+        let get = |k: &str| match k {
+            STRIPE_API_KEY => s.stripe_api_key.clone(),
+            "HOOKLEDGER_STRIPE_API_BASE" => Some(s.stripe_api_base.clone()),
+            _ => None,
+        };
+        crate::adapters::https::lazy_subscription_source(get, &self.aws)
+    }
+
+    /// The intake: endpoints with their secrets resolved (SSM only when a
+    /// reference needs it), the SNS certificate cache, ledger and queue.
+    pub async fn intake(&self) -> Result<LiveIntake, ConfigError> {
+        let specs = self.settings.endpoints.clone().ok_or(ConfigError::Missing("HOOKLEDGER_ENDPOINTS"))?;
+        self.intake_for(specs).await
+    }
+
+    /// The intake of these endpoints only (a replay of one endpoint's messages).
+    pub async fn intake_for(&self, specs: BTreeMap<String, EndpointSpec>) -> Result<LiveIntake, ConfigError> {
+        let getter = crate::adapters::https::ReqwestGetter::new()
+            .map_err(|reason| ConfigError::Invalid { name: "https client".into(), reason })?;
+        let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
+        let secrets: Box<dyn SecretResolver> =
+            if config::uses_ssm(&specs) { Box::new(self.secrets()) } else { Box::new(config::EnvSecrets) };
+        let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates).await?;
+        let intake = Intake::new(endpoints, self.settings.intake()?, self.ledger()?, self.queue()?);
+        Ok(intake.with_ambient(self.ambient.clone()))
+    }
+
+    /// The processor with the reference projections, the dispatcher and the
+    /// queue that woken gap waiters go to.
+    pub fn processor(&self) -> Result<LiveProcessor, ConfigError> {
+        let registry = reference_registry(self.subscriptions()?, self.settings.notify_topic.clone());
+        Ok(self.processor_with(registry, Some(self.dispatcher()?))?.with_queue(self.queue()?))
+    }
+
+    /// A processor over the ledger with other projections.
+    pub fn processor_with(
+        &self,
+        registry: crate::projection::Registry,
+        dispatcher: Option<LiveDispatcher>,
+    ) -> Result<LiveProcessor, ConfigError> {
+        Ok(processor(self.ledger()?, registry, dispatcher, self.settings.processor).with_ambient(self.ambient.clone()))
+    }
+
+    /// The reconciler with its configured settings.
+    pub fn reconciler(&self) -> Result<LiveReconciler, ConfigError> {
+        self.reconciler_with(self.settings.reconciler)
+    }
+
+    /// The reconciler with other settings (the CLI's overrides).
+    pub fn reconciler_with(&self, settings: ReconcilerSettings) -> Result<LiveReconciler, ConfigError> {
+        let r =
+            Reconciler::new(self.ledger()?, self.queue()?, Some(self.dispatcher()?), self.subscriptions()?, settings);
+        Ok(r.with_ambient(self.ambient.clone()))
+    }
+
+    /// Operator actions (sends go to the work queue).
+    pub fn ops(&self) -> Result<LiveOps, ConfigError> {
+        Ok(Ops::new(self.ledger()?, self.queue()?))
+    }
+
+    /// Operator reads: never send, so no queue needs to be configured.
+    pub fn ops_read_only(&self) -> Result<LiveOps, ConfigError> {
+        let url = self.settings.queue_url.clone().unwrap_or_default();
+        Ok(Ops::new(self.ledger()?, self.queue_at(&url)))
+    }
+
+    /// The backfill source of one provider: Stripe's event list (an account's
+    /// when `account` is set) or a GitHub hook's deliveries, with `secret`
+    /// (a reference) resolved now.
+    pub async fn provider_source(&self, spec: SourceSpec<'_>) -> Result<ProviderSource, String> {
+        let key = self.secret(spec.secret).await.map_err(|e| format!("secret {}: {e}", spec.secret))?;
+        let clock = self.ambient.clock.clone();
+        let s = &self.settings;
+        if spec.provider == "github" {
+            let base = spec.base.unwrap_or(&s.github_api_base);
+            let api = GithubDeliveries::new(base, spec.hook.unwrap_or_default(), key)?;
+            return Ok(ProviderSource::Github(api.with_max_body_bytes(spec.max_body_bytes).with_clock(clock)));
+        }
+        let api = StripeEvents::new(spec.base.unwrap_or(&s.stripe_api_base), key, spec.account)?;
+        Ok(ProviderSource::Stripe(api.with_max_body_bytes(spec.max_body_bytes).with_clock(clock)))
+    }
+
+    /// The source of a scheduled backfill, with the configured key or token.
+    pub async fn scheduled_source(&self, schedule: &Schedule) -> Result<ProviderSource, String> {
+        let s = &self.settings;
+        let secret = if schedule.provider == "github" { &s.github_token } else { &s.stripe_api_key };
+        let secret = secret.as_deref().ok_or_else(|| format!("no secret for {}", schedule.provider))?;
+        self.provider_source(SourceSpec {
+            provider: &schedule.provider,
+            base: None,
+            hook: schedule.hook.as_deref(),
+            account: schedule.account.clone(),
+            secret,
+            max_body_bytes: s.max_backfill_body_bytes,
+        })
+        .await
+    }
+
+    /// A backfill from `source` into the ledger and queue.
+    pub fn backfill<S: crate::ports::BackfillSource>(
+        &self,
+        source: S,
+        settings: BackfillSettings,
+    ) -> Result<Backfill<DynamoLedger, SqsQueue, S>, ConfigError> {
+        Ok(Backfill::new(self.ledger()?, self.queue()?, source, settings).with_ambient(self.ambient.clone()))
+    }
+
+    /// The operator's metrics reader (CloudWatch).
+    #[cfg(feature = "cloudwatch")]
+    pub fn metrics(&self, namespace: Option<String>) -> crate::adapters::cloudwatch::CloudWatchMetrics {
+        crate::adapters::cloudwatch::CloudWatchMetrics::from_config(&self.aws, namespace)
+    }
+
+    /// Creates what `scripts/run` needs and the template declares: the table,
+    /// the work queue with its dead-letter queue, the notification topic and
+    /// the payload bucket (each idempotent).
+    pub async fn setup(&self, queue: &str) -> Result<Created, String> {
+        crate::adapters::dynamodb::create_table(
+            &self.dynamodb_client(),
+            self.settings.table().map_err(|e| e.to_string())?,
+        )
+        .await?;
+        let queues = crate::adapters::sqs::create_work_queues(&self.sqs_client(), queue).await?;
+        let topic = aws_sdk_sns::Client::new(&self.aws)
+            .create_topic()
+            .name(format!("{queue}-notify"))
+            .send()
+            .await
+            .map_err(|e| crate::ledger::error_chain(&e))?
+            .topic_arn
+            .unwrap_or_default();
+        let bucket = format!("{queue}-payloads");
+        crate::adapters::s3::create_bucket(&aws_sdk_s3::Client::new(&self.aws), &bucket).await?;
+        Ok(Created { queue_url: queues.work_url, dead_letter_url: queues.dead_letter_url, topic, bucket })
+    }
+}
+
+/// Which provider list a backfill reads, and with what.
+pub struct SourceSpec<'a> {
+    /// `stripe` or `github`.
+    pub provider: &'a str,
+    /// The API's base URL; `None`: the configured one.
+    pub base: Option<&'a str>,
+    /// GitHub: the hook whose deliveries are listed.
+    pub hook: Option<&'a str>,
+    /// Stripe: the connected account.
+    pub account: Option<String>,
+    /// The key or token, as a secret reference.
+    pub secret: &'a str,
+    /// The largest event body taken.
+    pub max_body_bytes: usize,
+}
+
+/// What [`Wiring::setup`] created (or found).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    pub queue_url: String,
+    pub dead_letter_url: String,
+    pub topic: String,
+    pub bucket: String,
+}
+
+/// The environment's AWS configuration, its HTTPS client built on first use.
+pub async fn load_aws() -> aws_config::SdkConfig {
+    aws_config::from_env().http_client(crate::adapters::https::sdk_http_client()).load().await
+}
+
+/// The processor on a DynamoDB ledger: the projections read and write the
+/// ledger's table.
+pub fn processor(
+    ledger: DynamoLedger,
+    registry: crate::projection::Registry,
+    dispatcher: Option<LiveDispatcher>,
+    settings: ProcessorSettings,
+) -> LiveProcessor {
+    let ledger = ledger.with_shards(settings.index_shards).with_retention(settings.retention_days);
+    let cx = ledger.projection_context();
+    Processor::with_ports(ledger, cx, registry, dispatcher, settings)
+}
+
+/// The dispatcher on a table and SNS (tests that wire by hand).
+pub fn dispatcher(ddb: aws_sdk_dynamodb::Client, sns: aws_sdk_sns::Client, table: impl Into<String>) -> LiveDispatcher {
+    Dispatcher::with_ports(DynamoOutbox::new(ddb, table), SnsPublisher::new(sns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+    }
+
+    #[test]
+    fn every_part_reads_the_same_settings_and_names_what_is_missing() {
+        let s = Settings::from_lookup(vars(&[("HOOKLEDGER_RETENTION_DAYS", "9"), ("HOOKLEDGER_INDEX_SHARDS", "4")]))
+            .unwrap();
+        assert_eq!(s.table().err(), Some(ConfigError::Missing("HOOKLEDGER_TABLE")));
+        assert_eq!((s.retention_days, s.processor.retention_days, s.reconciler.retention_days), (9, 9, 9));
+        assert_eq!((s.index_shards, s.processor.index_shards), (4, 4));
+        assert_eq!(s.intake().unwrap_err(), ConfigError::Missing("HOOKLEDGER_TABLE"));
+        let aws = aws_config::SdkConfig::builder().behavior_version(aws_config::BehaviorVersion::latest()).build();
+        let with_table = Settings { table: Some("t".into()), ..s };
+        let w = Wiring::new(aws, with_table);
+        assert_eq!(w.queue().err(), Some(ConfigError::Missing("HOOKLEDGER_QUEUE_URL")));
+        assert_eq!(w.ledger().unwrap().shards(), 4);
+    }
+
+    #[test]
+    fn the_reconciler_variables_are_read_with_bounds_the_outbox_grace_included() {
+        let defaults = Settings::from_lookup(vars(&[])).unwrap();
+        let r = defaults.reconciler;
+        assert_eq!(
+            (r.max_items, r.redrive_backoff_ms, r.drift_interval_ms, r.outbox_grace_ms),
+            (500, 300_000, 3_600_000, 60_000)
+        );
+        assert_eq!(defaults.max_backfill_body_bytes, 25 * 1024 * 1024);
+        let s = Settings::from_lookup(vars(&[("HOOKLEDGER_OUTBOX_GRACE_SECS", "90")])).unwrap();
+        assert_eq!(s.reconciler.outbox_grace_ms, 90_000);
+        for (name, bad) in [
+            ("HOOKLEDGER_OUTBOX_GRACE_SECS", "0"),
+            ("HOOKLEDGER_RECONCILE_MAX_ITEMS", "0"),
+            ("HOOKLEDGER_MAX_BACKFILL_BODY_BYTES", "10"),
+            ("HOOKLEDGER_RETENTION_DAYS", "1"),
+        ] {
+            let err = Settings::from_lookup(move |k| (k == name).then(|| bad.to_owned())).unwrap_err();
+            assert!(err.to_string().contains(name), "{name}={bad}: {err}");
+        }
+        let no_key = Settings::from_lookup(vars(&[("HOOKLEDGER_BACKFILL", r#"{"s": {"provider": "stripe"}}"#)]));
+        assert!(no_key.unwrap_err().to_string().contains(STRIPE_API_KEY));
+    }
+}
