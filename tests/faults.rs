@@ -154,6 +154,8 @@ pub struct Call {
     pub op_index: usize,
     pub attempt: u32,
     pub fault: Option<&'static str>,
+    /// The request's body as sent (the determinism test compares them).
+    pub body: String,
 }
 
 struct CallInfo {
@@ -441,6 +443,7 @@ impl FaultPlan {
             op_index,
             attempt: call.attempt,
             fault: fault.map(Fault::label),
+            body: call.body.clone(),
         });
         fault
     }

@@ -92,6 +92,27 @@ pub struct Stats {
     pub periods: Vec<Period>,
 }
 
+/// The processor outcomes that end an event's processing (a final state
+/// reached): the projection applied it, found it stale or already applied,
+/// or had nothing to do. DEAD and PARKED are counted on their own.
+pub const FINAL_OUTCOMES: [&str; 4] = ["applied", "stale", "duplicate", "ignored"];
+/// Outcomes of a message whose event was not processed by it: a redelivery
+/// of an event already final, leased elsewhere, not due yet, unknown, or
+/// fenced out by a newer lease.
+pub const REDELIVERY_OUTCOMES: [&str; 5] = ["already_final", "busy", "not_due", "missing", "fenced"];
+
+impl Stats {
+    /// Events that reached a final state through processing in the window.
+    pub fn processed_final(&self) -> u64 {
+        FINAL_OUTCOMES.iter().filter_map(|o| self.processed.get(*o)).sum()
+    }
+
+    /// Queue messages that found nothing to process (see [`REDELIVERY_OUTCOMES`]).
+    pub fn redeliveries(&self) -> u64 {
+        REDELIVERY_OUTCOMES.iter().filter_map(|o| self.processed.get(*o)).sum()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Count {
     pub key: String,

@@ -1116,6 +1116,36 @@ mod tests {
 
     // ------------------------------------------------------------------ leases
 
+    /// Every outcome is counted in one of the operator's figures: final
+    /// (processed), a redelivery, a retry, DEAD or PARKED.
+    #[test]
+    fn every_outcome_is_final_a_redelivery_a_retry_dead_or_parked() {
+        use crate::insight::{FINAL_OUTCOMES, REDELIVERY_OUTCOMES};
+        let all = [
+            Outcome::Applied,
+            Outcome::Stale,
+            Outcome::Duplicate,
+            Outcome::Ignored,
+            Outcome::Parked,
+            Outcome::Dead,
+            Outcome::Retrying,
+            Outcome::Busy,
+            Outcome::NotDue,
+            Outcome::AlreadyFinal,
+            Outcome::Missing,
+            Outcome::Fenced,
+        ];
+        for o in all {
+            let l = o.label();
+            let homes = [
+                FINAL_OUTCOMES.contains(&l),
+                REDELIVERY_OUTCOMES.contains(&l),
+                ["retrying", "dead", "parked"].contains(&l),
+            ];
+            assert_eq!(homes.iter().filter(|h| **h).count(), 1, "{l}");
+        }
+    }
+
     #[tokio::test]
     async fn a_missing_record_is_done_as_missing() {
         let (proj, calls) = scripted(|_| apply(&["x"]));

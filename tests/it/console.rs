@@ -77,7 +77,16 @@ async fn in_a_browser_the_operator_finds_an_event_opens_its_timeline_and_replays
     b.wait_title("Overview · Hookledger").await;
     let figures = b.text("#figures").await;
     assert!(figures.contains("DEAD now\n1") && figures.contains("PARKED now\n1"), "{figures}");
-    assert!(figures.contains("received\n") && !figures.contains("received\n0\n"), "{figures}");
+    assert!(
+        figures.contains("received (new events)\n") && !figures.contains("received (new events)\n0\n"),
+        "{figures}"
+    );
+    // Only final outcomes count as processed; the hour's metrics are all `applied`.
+    assert!(
+        figures.contains("processed (final state)\n") && !figures.contains("processed (final state)\n0\n"),
+        "{figures}"
+    );
+    assert!(figures.contains("redeliveries (nothing to do)\n0\n"), "{figures}");
     assert!(b.screenshot(&shots().join("overview.png")).await > 10_000);
 
     // Search by the provider's event id.
@@ -88,6 +97,8 @@ async fn in_a_browser_the_operator_finds_an_event_opens_its_timeline_and_replays
     assert!(b.text("#record-status").await.starts_with("Status: DEAD"));
     let timeline = b.text("#timeline").await;
     assert!(timeline.contains("received") && timeline.contains("attempts_exhausted"), "{timeline}");
+    let fields = b.text("#fields").await;
+    assert!(fields.lines().any(|l| l.starts_with("received_at") && l.ends_with(" UTC")), "{fields}");
     assert!(b.screenshot(&shots().join("timeline.png")).await > 10_000);
 
     // Replay: a confirmation with a reason, then the record is queued.

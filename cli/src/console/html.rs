@@ -70,6 +70,20 @@ pub fn field(r: &Row, k: &str) -> String {
     }
 }
 
+/// A record field for people: times (`*_at`, `*_until`: Unix ms;
+/// `expires_at`: Unix seconds) as UTC dates, everything else as stored.
+pub fn field_value(r: &Row, k: &str) -> String {
+    let ms = match num(r, k) {
+        Some(s) if k == "expires_at" => Some(s.saturating_mul(1000)),
+        Some(ms) if k.ends_with("_at") || k.ends_with("_until") => Some(ms),
+        _ => None,
+    };
+    match ms {
+        Some(ms) if ms > 0 => format!("{} UTC", when(ms)),
+        _ => field(r, k),
+    }
+}
+
 pub fn num(r: &Row, k: &str) -> Option<i64> {
     r.get(k).and_then(serde_json::Value::as_i64)
 }
@@ -189,5 +203,18 @@ mod tests {
         assert_eq!(when(0), "1970-01-01 00:00:00.000");
         assert_eq!(when(1_700_000_000_123), "2023-11-14 22:13:20.123");
         assert_eq!(when(951_782_400_000), "2000-02-29 00:00:00.000");
+    }
+
+    #[test]
+    fn record_times_show_as_utc_dates_and_other_fields_as_stored() {
+        let r: Row = serde_json::from_value(serde_json::json!({
+            "received_at": 1_700_000_000_123_i64, "lease_until": 1_700_000_030_000_i64,
+            "expires_at": 1_700_086_400, "attempts": 3, "status": "DEAD"
+        }))
+        .unwrap();
+        assert_eq!(field_value(&r, "received_at"), "2023-11-14 22:13:20.123 UTC");
+        assert_eq!(field_value(&r, "lease_until"), "2023-11-14 22:13:50.000 UTC");
+        assert_eq!(field_value(&r, "expires_at"), "2023-11-15 22:13:20.000 UTC", "TTL in seconds");
+        assert_eq!((field_value(&r, "attempts"), field_value(&r, "status")), ("3".into(), "DEAD".into()));
     }
 }

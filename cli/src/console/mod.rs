@@ -200,13 +200,13 @@ async fn overview(State(app): State<Shared>, Query(q): Query<Params>) -> Respons
             })
             .collect::<String>()
     );
-    let processed: u64 = stats.processed.values().sum();
     for (label, value) in [
-        ("received", stats.received.to_string()),
-        ("duplicates", stats.duplicates.to_string()),
+        ("received (new events)", stats.received.to_string()),
+        ("duplicate deliveries", stats.duplicates.to_string()),
         ("duplicate rate", format!("{:.1}%", stats.duplicate_rate * 100.0)),
-        ("processed", processed.to_string()),
-        ("retried", stats.retried.to_string()),
+        ("processed (final state)", stats.processed_final().to_string()),
+        ("redeliveries (nothing to do)", stats.redeliveries().to_string()),
+        ("retries", stats.retried.to_string()),
         ("dead-lettered", stats.dead_lettered.to_string()),
         ("processing mean", ms(stats.processing.mean_ms)),
         ("processing max", ms(stats.processing.max_ms)),
@@ -438,7 +438,7 @@ async fn record_page(app: &App, key_raw: &str, with_payload: bool, notice: &str)
     body.push_str("<h2>Fields</h2>");
     let mut keys: Vec<&String> = record.keys().collect();
     keys.sort();
-    let rows: Vec<Vec<String>> = keys.iter().map(|f| vec![esc(f), esc(&field(&record, f))]).collect();
+    let rows: Vec<Vec<String>> = keys.iter().map(|f| vec![esc(f), esc(&html::field_value(&record, f))]).collect();
     body.push_str(&table("fields", &["field", "value"], &rows));
     html(StatusCode::OK, page(key.as_str(), &app.console.operator, &body, None))
 }

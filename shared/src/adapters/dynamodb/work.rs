@@ -143,7 +143,15 @@ impl WorkLedger for DynamoLedger {
             .map_err(|e| PortError::Unavailable { service: "dynamodb", message: e.to_string() })?;
         items.push(TransactWriteItem::builder().update(completion).build());
 
-        let result = self.client().transact_write_items().set_transact_items(Some(items)).send().await;
+        // The SDK's retry of this call reuses the token; drawn from the
+        // ledger's entropy (the SDK would draw a random one itself).
+        let result = self
+            .client()
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(self.ambient.token())
+            .send()
+            .await;
         let err = match result {
             Ok(_) => return Ok(CommitResult::Committed { outbox }),
             Err(e) => e,
