@@ -1,6 +1,6 @@
 //! Fault injection in the AWS SDK's HTTP client.
 //!
-//! [`FaultClient`] wraps a real smithy `HttpClient` (the one that talks to the
+//! `FaultClient` wraps a real smithy `HttpClient` (the one that talks to the
 //! emulator) and, by [`Rule`], can at a chosen call:
 //! - fail before sending: throttling, a 5xx, a connection reset (the SDK
 //!   retries these);
@@ -195,7 +195,7 @@ struct State {
     response_bytes: std::collections::BTreeMap<String, u64>,
 }
 
-/// The shared, mutable plan behind every [`FaultClient`] built from it.
+/// The shared, mutable plan behind every `FaultClient` built from it.
 #[derive(Clone)]
 pub struct FaultPlan {
     state: Arc<Mutex<State>>,

@@ -116,8 +116,8 @@ enum Command {
         #[arg(long)]
         account: String,
     },
-    /// Bring the items an earlier release wrote to today's indexes (the
-    /// README's upgrade steps); safe to run again, and while the functions work.
+    /// Bring the items an earlier release wrote to today's indexes (docs/operations.md,
+    /// "Upgrading a deployed stack"); safe to run again, and while the functions work.
     Migrate,
     /// Recover a window of an endpoint's events from the provider's API (the
     /// same identity and claim as its webhooks; resumes an interrupted run).

@@ -1,4 +1,4 @@
-//! A custom projection, as shown in the README ("Writing one"), registered
+//! A custom projection, as shown in docs/extending.md, registered
 //! next to the reference application: `cargo run -p hookledger --example custom_projection`.
 
 // --- begin readme ---

@@ -1,6 +1,6 @@
 //! Typed configuration, read once at cold start and validated with clear errors.
 //!
-//! Environment variables (see README "Configuration reference"):
+//! Environment variables (see docs/configuration.md; `wiring::Settings` reads them all once):
 //! `HOOKLEDGER_TABLE`, `HOOKLEDGER_QUEUE_URL`, `HOOKLEDGER_ENDPOINTS` (JSON),
 //! `HOOKLEDGER_MAX_BODY_BYTES`, `HOOKLEDGER_RETENTION_DAYS`, `HOOKLEDGER_INDEX_SHARDS`,
 //! `HOOKLEDGER_PAYLOAD_BUCKET`.

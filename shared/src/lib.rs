@@ -51,7 +51,7 @@ pub mod wiring;
 
 #[cfg(test)]
 mod readme {
-    /// The README's projection example is the code of `examples/custom_projection.rs`, which compiles.
+    /// docs/extending.md's projection example is the code of `examples/custom_projection.rs`, which compiles.
     #[test]
     fn readme_projection_example_is_the_compiled_example() {
         let readme = include_str!("../../docs/extending.md");
@@ -60,7 +60,7 @@ mod readme {
         let end = example.find("// --- end readme ---").unwrap();
         assert!(
             readme.contains(&format!("```rust\n{}```", &example[start..end])),
-            "README and examples/custom_projection.rs differ"
+            "docs/extending.md and examples/custom_projection.rs differ"
         );
     }
 }

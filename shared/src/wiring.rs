@@ -90,8 +90,8 @@ impl Settings {
         let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let invalid = |name: &str, reason: String| ConfigError::Invalid { name: name.into(), reason };
         let intake = config::intake_limits_from(&get)?;
-        let processor = config::processor_settings_from(&get)?;
-        let reconciler = config::reconciler_settings_from(&get)?;
+        let processor = config::processor_settings_from(get)?;
+        let reconciler = config::reconciler_settings_from(get)?;
         let endpoints = get("HOOKLEDGER_ENDPOINTS").map(|raw| config::parse_endpoints(&raw)).transpose()?;
         let backfill_schedules = match get("HOOKLEDGER_BACKFILL") {
             Some(json) => backfill::parse_schedules(&json).map_err(|e| invalid("HOOKLEDGER_BACKFILL", e))?,

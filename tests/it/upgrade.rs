@@ -1,6 +1,6 @@
 //! The upgrade path: what an earlier release left in the table and on the
 //! queue is still processed, and `hookledger migrate` brings its items to
-//! today's indexes (the README's upgrade steps).
+//! today's indexes (docs/operations.md, "Upgrading a deployed stack").
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -9,7 +9,7 @@
 //!   each after an explicit confirmation, with a reason; the ledger keeps
 //!   who and why in the record's history, and the console prints an audit line.
 //!
-//! Safe by default ([`guard`]): it binds to 127.0.0.1, answers only to its
+//! Safe by default (`guard.rs`): it binds to 127.0.0.1, answers only to its
 //! own Host, refuses cross-origin writes and writes without its CSRF token,
 //! and sends a CSP that allows no script and nothing from elsewhere. It
 //! never reads a secret.

@@ -63,7 +63,6 @@ impl GithubDeliveries {
 
     /// Takes payloads up to `bytes` (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`);
     /// a delivery's answer is read no further than that and its overhead.
-
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = bytes;
         self

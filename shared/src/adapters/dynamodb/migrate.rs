@@ -1,5 +1,5 @@
 //! Upgrading the items of an earlier release to today's indexes, once, by
-//! `hookledger migrate` (see the README's upgrade steps). A migration reads
+//! `hookledger migrate` (see docs/operations.md, "Upgrading a deployed stack"). A migration reads
 //! the whole table (a `Scan`, paged; the only scan in Hookledger) and
 //! rewrites what it finds, each item with one conditional update (in
 //! `conditions`), so it can be run again, and run while the functions work:

@@ -16,7 +16,7 @@ pub const META_SK: &str = "meta";
 pub const DUE_INDEX: &str = "due";
 /// The sparse index of what needs an operator: DEAD and PARKED records,
 /// DEAD outbox items. Replaces the `status` index of earlier releases (see
-/// the README's upgrade steps).
+/// docs/operations.md, "Upgrading a deployed stack").
 pub const ATTENTION_INDEX: &str = "attention";
 pub const TTL_ATTRIBUTE: &str = "expires_at";
 
