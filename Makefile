@@ -5,8 +5,13 @@
 #
 #   HOOKLEDGER_BUILD_PROFILE   release (default) or debug
 #   HOOKLEDGER_LAMBDA_ARCH     x86_64 (default) or arm64 (needs that Rust target)
+#   HOOKLEDGER_BUILD_WITH      cargo-lambda (default: what a deploy uses), or host:
+#                              a debug `cargo build` for this x86_64 Linux host, which
+#                              reuses the test suite's target/debug (scripts/check-template
+#                              uses it to check the template and its build wiring quickly)
 HOOKLEDGER_BUILD_PROFILE ?= release
 HOOKLEDGER_LAMBDA_ARCH ?= x86_64
+HOOKLEDGER_BUILD_WITH ?= cargo-lambda
 LAMBDA_DIR := $(CURDIR)/.local/lambda/$(HOOKLEDGER_LAMBDA_ARCH)-$(HOOKLEDGER_BUILD_PROFILE)
 
 BUILD_FLAGS := --locked -p intake -p processor -p reconciler --lambda-dir $(LAMBDA_DIR)
@@ -19,8 +24,17 @@ endif
 
 .PHONY: functions build-IntakeFunction build-ProcessorFunction build-ReconcilerFunction
 
+ifeq ($(HOOKLEDGER_BUILD_WITH),host)
+LAMBDA_DIR := $(CURDIR)/.local/lambda/host-debug
+functions:
+	cargo build --locked -p intake -p processor -p reconciler
+	for fn in intake processor reconciler; do \
+	  mkdir -p $(LAMBDA_DIR)/$$fn && cp $(CURDIR)/target/debug/$$fn $(LAMBDA_DIR)/$$fn/bootstrap; \
+	done
+else
 functions:
 	cargo lambda build $(BUILD_FLAGS)
+endif
 
 build-IntakeFunction: functions
 	cp $(LAMBDA_DIR)/intake/bootstrap $(ARTIFACTS_DIR)/bootstrap
