@@ -115,10 +115,8 @@ pub async fn run(
     let region = aws.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
     if let Some(path) = args.emf_log.clone() {
         let ns = std::env::var("HOOKLEDGER_METRICS_NAMESPACE").ok();
-        // One attempt per PutMetricData: a retry after a lost acknowledgement
-        // would count the line twice; a failed line is reported instead.
-        let once = aws.to_builder().retry_config(aws_config::retry::RetryConfig::disabled()).build();
-        tokio::spawn(forward_emf(path, hookledger::adapters::cloudwatch::CloudWatchMetrics::from_config(&once, ns)));
+        // One attempt per PutMetricData (see `Wiring::metrics_writer_once`).
+        tokio::spawn(forward_emf(path, wiring.metrics_writer_once(ns)));
     }
     let started = Instant::now();
     let mut last_reconcile: Option<Instant> = None;

@@ -259,7 +259,7 @@ impl Wiring {
             "HOOKLEDGER_STRIPE_API_BASE" => Some(s.stripe_api_base.clone()),
             _ => None,
         };
-        crate::adapters::https::lazy_subscription_source(get, &self.aws)
+        crate::adapters::https::lazy_subscription_source(get, Arc::new(self.secrets()))
     }
 
     /// The intake: endpoints with their secrets resolved (SSM only when a
@@ -367,6 +367,15 @@ impl Wiring {
         crate::adapters::cloudwatch::CloudWatchMetrics::from_config(&self.aws, namespace)
     }
 
+    /// The metrics writer of the local stack's log bridge: one attempt per
+    /// `PutMetricData` (a retry after a lost acknowledgement would count a
+    /// line twice; a failed line is reported instead).
+    #[cfg(feature = "cloudwatch")]
+    pub fn metrics_writer_once(&self, namespace: Option<String>) -> crate::adapters::cloudwatch::CloudWatchMetrics {
+        let once = self.aws.to_builder().retry_config(aws_config::retry::RetryConfig::disabled()).build();
+        crate::adapters::cloudwatch::CloudWatchMetrics::from_config(&once, namespace)
+    }
+
     /// Creates what `scripts/run` needs and the template declares: the table,
     /// the work queue with its dead-letter queue, the notification topic and
     /// the payload bucket (each idempotent).
@@ -436,7 +445,7 @@ pub fn processor(
 
 /// The dispatcher on a table and SNS (tests that wire by hand).
 pub fn dispatcher(ddb: aws_sdk_dynamodb::Client, sns: aws_sdk_sns::Client, table: impl Into<String>) -> LiveDispatcher {
-    Dispatcher::with_ports(DynamoOutbox::new(ddb, table), SnsPublisher::new(sns))
+    Dispatcher::with_ports(DynamoOutbox::on(DynamoLedger::new(ddb, table)), SnsPublisher::new(sns))
 }
 
 #[cfg(test)]

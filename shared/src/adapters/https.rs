@@ -26,7 +26,6 @@ use aws_smithy_runtime_api::shared::IntoShared;
 use aws_smithy_types::config_bag::ConfigBag;
 use url::Url;
 
-use crate::adapters::secrets::AwsSecretResolver;
 use crate::config::ConfigError;
 use crate::projection::fetch::{ProviderError, SubscriptionFuture, SubscriptionSource};
 use crate::verify::sns::{FetchError, HttpsGet, MAX_CERTIFICATE_BYTES};
@@ -132,7 +131,7 @@ impl HttpClient for OnFirstRequest {
 /// read fails the fetches (as the provider being unavailable) until it can.
 pub fn lazy_subscription_source(
     get: impl Fn(&str) -> Option<String>,
-    aws: &aws_config::SdkConfig,
+    secrets: Arc<dyn crate::config::SecretResolver>,
 ) -> Result<Option<Arc<dyn SubscriptionSource>>, ConfigError> {
     const KEY: &str = "HOOKLEDGER_STRIPE_API_KEY";
     let Some(reference) = get(KEY) else { return Ok(None) };
@@ -145,13 +144,14 @@ pub fn lazy_subscription_source(
         _ => return Err(invalid("expected a secret reference, env:NAME or ssm:/path".into())),
     }
     let base = get("HOOKLEDGER_STRIPE_API_BASE");
-    Ok(Some(Arc::new(LazyStripe { reference, base, aws: aws.clone(), api: tokio::sync::OnceCell::new() })))
+    Ok(Some(Arc::new(LazyStripe { reference, base, secrets, api: tokio::sync::OnceCell::new() })))
 }
 
 struct LazyStripe {
     reference: String,
     base: Option<String>,
-    aws: aws_config::SdkConfig,
+    /// Reads the key on the first fetch (the wiring's resolver).
+    secrets: Arc<dyn crate::config::SecretResolver>,
     api: tokio::sync::OnceCell<Arc<dyn SubscriptionSource>>,
 }
 
@@ -162,8 +162,8 @@ impl LazyStripe {
             "HOOKLEDGER_STRIPE_API_BASE" => self.base.clone(),
             _ => None,
         };
-        let resolver = AwsSecretResolver::new(aws_sdk_ssm::Client::new(&self.aws));
-        let source = crate::adapters::stripe::source_from_env(vars, &resolver).await.map_err(|e| e.to_string())?;
+        let source =
+            crate::adapters::stripe::source_from_env(vars, self.secrets.as_ref()).await.map_err(|e| e.to_string())?;
         source.ok_or_else(|| "no Stripe API key".to_owned())
     }
 }
@@ -185,20 +185,21 @@ mod tests {
         move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
     }
 
-    fn sdk() -> aws_config::SdkConfig {
-        aws_config::SdkConfig::builder().behavior_version(aws_config::BehaviorVersion::latest()).build()
+    fn sdk() -> Arc<dyn crate::config::SecretResolver> {
+        let aws = aws_config::SdkConfig::builder().behavior_version(aws_config::BehaviorVersion::latest()).build();
+        Arc::new(crate::adapters::secrets::AwsSecretResolver::new(aws_sdk_ssm::Client::new(&aws)))
     }
 
     #[test]
     fn no_key_no_source() {
-        assert!(lazy_subscription_source(vars(&[]), &sdk()).unwrap().is_none());
+        assert!(lazy_subscription_source(vars(&[]), sdk()).unwrap().is_none());
     }
 
     #[test]
     fn a_bad_reference_still_fails_the_cold_start() {
         for reference in ["sk_live_inline", "env:", "ssm:", "vault:/x", "env:HOOKLEDGER_TEST_SURELY_UNSET_VAR"] {
             let get = |k: &str| (k == "HOOKLEDGER_STRIPE_API_KEY").then(|| reference.to_owned());
-            let err = lazy_subscription_source(get, &sdk()).err();
+            let err = lazy_subscription_source(get, sdk()).err();
             assert!(
                 err.is_some_and(|e| e.to_string().contains("HOOKLEDGER_STRIPE_API_KEY")),
                 "{reference} was accepted"
@@ -209,9 +210,9 @@ mod tests {
     #[test]
     fn a_good_reference_is_not_read_until_a_fetch() {
         // PATH is always set; the source is built without reading it.
-        let source = lazy_subscription_source(vars(&[("HOOKLEDGER_STRIPE_API_KEY", "env:PATH")]), &sdk()).unwrap();
+        let source = lazy_subscription_source(vars(&[("HOOKLEDGER_STRIPE_API_KEY", "env:PATH")]), sdk()).unwrap();
         assert!(source.is_some());
-        let ssm = lazy_subscription_source(vars(&[("HOOKLEDGER_STRIPE_API_KEY", "ssm:/hookledger/stripe")]), &sdk());
+        let ssm = lazy_subscription_source(vars(&[("HOOKLEDGER_STRIPE_API_KEY", "ssm:/hookledger/stripe")]), sdk());
         assert!(ssm.unwrap().is_some(), "no SSM call at construction");
     }
 
@@ -235,7 +236,7 @@ mod tests {
             "HOOKLEDGER_STRIPE_API_BASE" => Some(base.clone()),
             _ => None,
         };
-        let source = lazy_subscription_source(get, &sdk()).unwrap().unwrap();
+        let source = lazy_subscription_source(get, sdk()).unwrap().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let fetched = rt.block_on(source.subscription("sub_1")).unwrap();
         assert_eq!(fetched.object.map(|s| (s.status, s.seats)), Some(("active".to_owned(), 3)));

@@ -101,10 +101,6 @@ fn short(error: &str) -> String {
 }
 
 impl DynamoOutbox {
-    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
-        Self::on(super::DynamoLedger::new(client, table))
-    }
-
     /// The outbox items of this ledger's table (its entropy and retention).
     pub fn on(ledger: super::DynamoLedger) -> Self {
         Self { ledger }
