@@ -6,8 +6,8 @@
 #   HOOKLEDGER_BUILD_PROFILE   release (default) or debug
 #   HOOKLEDGER_LAMBDA_ARCH     x86_64 (default) or arm64 (needs that Rust target)
 #   HOOKLEDGER_BUILD_WITH      cargo-lambda (default: what a deploy uses), or host:
-#                              a debug `cargo build` for this x86_64 Linux host, which
-#                              reuses the test suite's target/debug (scripts/check-template
+#                              the test suite's debug `cargo build` for this x86_64 Linux
+#                              host, which finds target/debug already built (scripts/check-template
 #                              uses it to check the template and its build wiring quickly)
 HOOKLEDGER_BUILD_PROFILE ?= release
 HOOKLEDGER_LAMBDA_ARCH ?= x86_64
@@ -26,8 +26,11 @@ endif
 
 ifeq ($(HOOKLEDGER_BUILD_WITH),host)
 LAMBDA_DIR := $(CURDIR)/.local/lambda/host-debug
+# The test suite's own build command: the same packages and targets, hence
+# the same features, so what that build made is found fresh (a narrower
+# selection would unify other features and rebuild the SDK crates).
 functions:
-	cargo build --locked -p intake -p processor -p reconciler
+	cargo build --workspace --all-targets --locked
 	for fn in intake processor reconciler; do \
 	  mkdir -p $(LAMBDA_DIR)/$$fn && cp $(CURDIR)/target/debug/$$fn $(LAMBDA_DIR)/$$fn/bootstrap; \
 	done
