@@ -113,33 +113,13 @@ pub async fn run(
             if args.redeliver {
                 return Err("Stripe cannot redeliver: run without --redeliver".into());
             }
-            let reference = args.api_key.as_deref().ok_or("Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
-            let source = wiring
-                .provider_source(SourceSpec {
-                    provider: "stripe",
-                    base: Some(&args.api_base),
-                    hook: None,
-                    account: args.account.clone(),
-                    secret: reference,
-                    max_body_bytes: args.max_backfill_body_bytes,
-                })
-                .await?;
+            let keys = Keys::of_backfill(&args);
+            let source = wiring.provider_source(keys.stripe(args.account.clone())?).await?;
             execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
         ProviderKind::Github => {
             let hook = args.github_hook.as_deref().ok_or("GitHub needs --github-hook")?;
-            let reference =
-                args.github_token.as_deref().ok_or("GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
-            let source = wiring
-                .provider_source(SourceSpec {
-                    provider: "github",
-                    base: Some(&args.github_api_base),
-                    hook: Some(hook),
-                    account: None,
-                    secret: reference,
-                    max_body_bytes: args.max_backfill_body_bytes,
-                })
-                .await?;
+            let source = wiring.provider_source(Keys::of_backfill(&args).github(hook)?).await?;
             execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
         other => {
@@ -152,6 +132,51 @@ pub async fn run(
     };
     report(&summary, &args, until, json, out)?;
     Ok(summary)
+}
+
+/// The provider flags a backfill and a replay from the source share.
+struct Keys<'a> {
+    api_key: Option<&'a str>,
+    api_base: &'a str,
+    github_token: Option<&'a str>,
+    github_api_base: &'a str,
+    max_body_bytes: usize,
+}
+
+impl<'a> Keys<'a> {
+    fn of_backfill(a: &'a BackfillArgs) -> Self {
+        Self {
+            api_key: a.api_key.as_deref(),
+            api_base: &a.api_base,
+            github_token: a.github_token.as_deref(),
+            github_api_base: &a.github_api_base,
+            max_body_bytes: a.max_backfill_body_bytes,
+        }
+    }
+
+    fn of_source(a: &'a SourceArgs) -> Self {
+        Self {
+            api_key: a.api_key.as_deref(),
+            api_base: &a.api_base,
+            github_token: a.github_token.as_deref(),
+            github_api_base: &a.github_api_base,
+            max_body_bytes: a.max_backfill_body_bytes,
+        }
+    }
+
+    /// Stripe's event list (a connected account's when `account` is set).
+    fn stripe(&self, account: Option<String>) -> Result<SourceSpec<'a>, String> {
+        let secret = self.api_key.ok_or("Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
+        let base = Some(self.api_base);
+        Ok(SourceSpec { provider: "stripe", base, hook: None, account, secret, max_body_bytes: self.max_body_bytes })
+    }
+
+    /// A GitHub hook's deliveries.
+    fn github(&self, hook: &'a str) -> Result<SourceSpec<'a>, String> {
+        let secret = self.github_token.ok_or("GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
+        let (base, hook) = (Some(self.github_api_base), Some(hook));
+        Ok(SourceSpec { provider: "github", base, hook, account: None, secret, max_body_bytes: self.max_body_bytes })
+    }
 }
 
 /// The backfill on this ledger and queue (the CLI's flags may name others
@@ -301,37 +326,11 @@ pub async fn replay_from_source(
     let released = match parked.provider.as_str() {
         "github" => {
             let hook = parked.origin.as_deref().ok_or("the record names no GitHub hook to ask")?;
-            let reference = args
-                .github_token
-                .as_deref()
-                .ok_or("fetching it from GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
-            let source = wiring
-                .provider_source(SourceSpec {
-                    provider: "github",
-                    base: Some(&args.github_api_base),
-                    hook: Some(hook),
-                    account: None,
-                    secret: reference,
-                    max_body_bytes: args.max_backfill_body_bytes,
-                })
-                .await?;
+            let source = wiring.provider_source(Keys::of_source(args).github(hook)?).await?;
             release(on(wiring, ledger, queue, source, settings), &target, &parked, operator, reason).await?
         }
         "stripe" => {
-            let reference = args
-                .api_key
-                .as_deref()
-                .ok_or("fetching it from Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
-            let source = wiring
-                .provider_source(SourceSpec {
-                    provider: "stripe",
-                    base: Some(&args.api_base),
-                    hook: None,
-                    account: parked.origin.clone(),
-                    secret: reference,
-                    max_body_bytes: args.max_backfill_body_bytes,
-                })
-                .await?;
+            let source = wiring.provider_source(Keys::of_source(args).stripe(parked.origin.clone())?).await?;
             release(on(wiring, ledger, queue, source, settings), &target, &parked, operator, reason).await?
         }
         other => return Err(format!("{other} keeps nothing to fetch it from")),
