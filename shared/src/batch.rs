@@ -96,3 +96,63 @@ async fn one<L: WorkLedger, Q: WorkQueue, D: Dispatch, R: Redelivery>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+
+    use crate::clock::Ambient;
+    use crate::identity::EventKey;
+    use crate::ledger::{PortError, Status, WorkRecord};
+    use crate::ports::Received;
+    use crate::processor::tests::{NOW, apply, harness, key, put, record, scripted};
+
+    /// Records every `show_again` (receipt, delay).
+    #[derive(Clone, Default)]
+    struct RecRedelivery(Arc<Mutex<Vec<(String, i64)>>>);
+
+    impl crate::ports::Redelivery for RecRedelivery {
+        async fn show_again(&self, receipt: &str, delay_ms: i64) -> Result<(), PortError> {
+            self.0.lock().unwrap().push((receipt.to_owned(), delay_ms));
+            Ok(())
+        }
+    }
+
+    /// The queue batch: a done message is deleted; one that must come back
+    /// stays and is shown again after its delay, unless this is its last
+    /// receive (deleted: its record is due in the index); an unreadable one
+    /// stays for the dead-letter queue; repeats of a key run in order.
+    #[tokio::test]
+    async fn a_batch_deletes_what_is_done_and_shows_again_what_must_come_back() {
+        let (proj, calls) = scripted(|_| apply(&["x"]));
+        let h = harness(proj);
+        let busy = || WorkRecord {
+            lease_owner: Some("other".into()),
+            lease_expires_at_ms: Some(NOW + 20_000),
+            ..record("b", Status::Processing)
+        };
+        let (ok, held) = (put(&h, record("a", Status::Received)), put(&h, busy()));
+        let last = put(&h, WorkRecord { key: key("c"), event_id: "c".into(), ..busy() });
+        let m = |id: &str, key: Option<&EventKey>, last_receive: bool| Received {
+            message_id: id.into(),
+            receipt: Some(format!("r-{id}")),
+            work: key.map(|k| (k.clone(), None)),
+            last_receive,
+        };
+        let batch = vec![
+            m("1", Some(&ok), false),
+            m("2", Some(&held), false),
+            m("3", None, false),
+            m("4", Some(&last), true),
+            m("5", Some(&ok), false),
+        ];
+        let redelivery = RecRedelivery::default();
+        let p = Arc::new(h.p.with_ambient(Ambient::fixed(NOW, 1)));
+        let stay = crate::batch::process(p, Arc::new(redelivery.clone()), batch).await.unwrap();
+        assert_eq!(stay, vec!["2".to_owned(), "3".to_owned()]);
+        assert_eq!(*redelivery.0.lock().unwrap(), vec![("r-2".to_owned(), 20_000)]);
+        assert_eq!(h.ledger.get(&ok).rec.status, Status::Processed);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the repeat of a finished key is not applied again");
+    }
+}

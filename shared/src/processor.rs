@@ -585,7 +585,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! The processor's decisions over in-memory ports. The memory ledger
     //! follows the DynamoDB adapter's conditions (`adapters::dynamodb::work`
     //! and `conditions`); only the commit's projection writes cannot be
@@ -603,7 +603,7 @@ mod tests {
     use crate::message::{Dispatched, OutboxMessage, idempotency_key};
     use crate::projection::{PlanFuture, Projection, sequence};
 
-    const NOW: i64 = 50_000_000;
+    pub(crate) const NOW: i64 = 50_000_000;
     const TYPE: &str = "thing.changed";
     const STREAM: &str = "seq#acct_1";
 
@@ -611,8 +611,8 @@ mod tests {
 
     /// The record and the attributes the processor's decisions leave on it.
     #[derive(Debug, Clone)]
-    struct Stored {
-        rec: WorkRecord,
+    pub(crate) struct Stored {
+        pub(crate) rec: WorkRecord,
         error_code: Option<String>,
         error_message: Option<String>,
         dead_reason: Option<String>,
@@ -659,7 +659,7 @@ mod tests {
     }
 
     #[derive(Clone, Default)]
-    struct MemLedger(Arc<Mutex<State>>);
+    pub(crate) struct MemLedger(Arc<Mutex<State>>);
 
     impl MemLedger {
         fn state(&self) -> MutexGuard<'_, State> {
@@ -689,7 +689,7 @@ mod tests {
             f(self.state().records.get_mut(key).unwrap());
         }
 
-        fn get(&self, key: &EventKey) -> Stored {
+        pub(crate) fn get(&self, key: &EventKey) -> Stored {
             self.state().records[key].clone()
         }
 
@@ -906,7 +906,7 @@ mod tests {
     // ------------------------------------------------------ queue and dispatch
 
     #[derive(Clone, Default)]
-    struct RecQueue(Arc<Mutex<Vec<EventKey>>>);
+    pub(crate) struct RecQueue(Arc<Mutex<Vec<EventKey>>>);
 
     impl RecQueue {
         fn sent(&self) -> Vec<EventKey> {
@@ -922,7 +922,7 @@ mod tests {
     }
 
     #[derive(Clone, Default)]
-    struct RecDispatch(Arc<Mutex<Vec<String>>>);
+    pub(crate) struct RecDispatch(Arc<Mutex<Vec<String>>>);
 
     impl RecDispatch {
         fn dispatched(&self) -> Vec<String> {
@@ -946,7 +946,7 @@ mod tests {
     type PlanFn = dyn Fn(usize) -> Result<Decision, ProjectionError> + Send + Sync;
 
     /// Plans what the test says, by round (0 for its first call).
-    struct Scripted {
+    pub(crate) struct Scripted {
         subject: Option<String>,
         plan: Box<PlanFn>,
         calls: Arc<AtomicUsize>,
@@ -973,7 +973,7 @@ mod tests {
     }
 
     /// A projection and the count of its plans.
-    fn scripted(
+    pub(crate) fn scripted(
         plan: impl Fn(usize) -> Result<Decision, ProjectionError> + Send + Sync + 'static,
     ) -> (Scripted, Arc<AtomicUsize>) {
         let calls = Arc::new(AtomicUsize::new(0));
@@ -1003,9 +1003,9 @@ mod tests {
         ProjectionContext { ddb: aws_sdk_dynamodb::Client::from_conf(conf), table: "t".into(), shards: 4 }
     }
 
-    struct Harness {
-        p: Processor<MemLedger, RecQueue, RecDispatch>,
-        ledger: MemLedger,
+    pub(crate) struct Harness {
+        pub(crate) p: Processor<MemLedger, RecQueue, RecDispatch>,
+        pub(crate) ledger: MemLedger,
         queue: RecQueue,
         dispatch: RecDispatch,
     }
@@ -1017,15 +1017,15 @@ mod tests {
         Harness { p, ledger, queue, dispatch }
     }
 
-    fn harness(projection: Scripted) -> Harness {
+    pub(crate) fn harness(projection: Scripted) -> Harness {
         harness_with(Registry::new().register(projection), settings())
     }
 
-    fn key(id: &str) -> EventKey {
+    pub(crate) fn key(id: &str) -> EventKey {
         EventKey::new("acme", "main", id)
     }
 
-    fn record(id: &str, status: Status) -> WorkRecord {
+    pub(crate) fn record(id: &str, status: Status) -> WorkRecord {
         WorkRecord {
             key: key(id),
             status,
@@ -1063,7 +1063,7 @@ mod tests {
     }
 
     /// Stores the record with a valid payload.
-    fn put(h: &Harness, rec: WorkRecord) -> EventKey {
+    pub(crate) fn put(h: &Harness, rec: WorkRecord) -> EventKey {
         let k = rec.key.clone();
         let b = body(&rec.event_id);
         h.ledger.insert_with_payload(rec, &b);
@@ -1099,7 +1099,7 @@ mod tests {
         }
     }
 
-    fn apply(labels: &[&str]) -> Result<Decision, ProjectionError> {
+    pub(crate) fn apply(labels: &[&str]) -> Result<Decision, ProjectionError> {
         Ok(Decision::Apply(labels.iter().map(|l| op(l, OnConflict::Replan)).collect()))
     }
 
@@ -1184,55 +1184,6 @@ mod tests {
         let rec = h.ledger.get(&k).rec;
         assert_eq!((rec.lease_owner.as_deref(), rec.attempts), (Some("other"), 1), "the lease is not taken");
         assert_eq!(calls.load(Ordering::SeqCst), 0);
-    }
-
-    /// Records every `show_again` (receipt, delay).
-    #[derive(Clone, Default)]
-    struct RecRedelivery(Arc<Mutex<Vec<(String, i64)>>>);
-
-    impl crate::ports::Redelivery for RecRedelivery {
-        async fn show_again(&self, receipt: &str, delay_ms: i64) -> Result<(), PortError> {
-            self.0.lock().unwrap().push((receipt.to_owned(), delay_ms));
-            Ok(())
-        }
-    }
-
-    /// The queue batch: a done message is deleted; one that must come back
-    /// stays and is shown again after its delay, unless this is its last
-    /// receive (deleted: its record is due in the index); an unreadable one
-    /// stays for the dead-letter queue; repeats of a key run in order.
-    #[tokio::test]
-    async fn a_batch_deletes_what_is_done_and_shows_again_what_must_come_back() {
-        use crate::ports::Received;
-        let (proj, calls) = scripted(|_| apply(&["x"]));
-        let h = harness(proj);
-        let busy = || WorkRecord {
-            lease_owner: Some("other".into()),
-            lease_expires_at_ms: Some(NOW + 20_000),
-            ..record("b", Status::Processing)
-        };
-        let (ok, held) = (put(&h, record("a", Status::Received)), put(&h, busy()));
-        let last = put(&h, WorkRecord { key: key("c"), event_id: "c".into(), ..busy() });
-        let m = |id: &str, key: Option<&EventKey>, last_receive: bool| Received {
-            message_id: id.into(),
-            receipt: Some(format!("r-{id}")),
-            work: key.map(|k| (k.clone(), None)),
-            last_receive,
-        };
-        let batch = vec![
-            m("1", Some(&ok), false),
-            m("2", Some(&held), false),
-            m("3", None, false),
-            m("4", Some(&last), true),
-            m("5", Some(&ok), false),
-        ];
-        let redelivery = RecRedelivery::default();
-        let p = Arc::new(h.p.with_ambient(Ambient::fixed(NOW, 1)));
-        let stay = crate::batch::process(p, Arc::new(redelivery.clone()), batch).await.unwrap();
-        assert_eq!(stay, vec!["2".to_owned(), "3".to_owned()]);
-        assert_eq!(*redelivery.0.lock().unwrap(), vec![("r-2".to_owned(), 20_000)]);
-        assert_eq!(h.ledger.get(&ok).rec.status, Status::Processed);
-        assert_eq!(calls.load(Ordering::SeqCst), 1, "the repeat of a finished key is not applied again");
     }
 
     #[tokio::test]
