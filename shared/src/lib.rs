@@ -30,6 +30,8 @@ pub mod backoff;
 pub mod batch;
 pub mod clock;
 pub mod config;
+#[cfg(any(test, feature = "testkit"))]
+pub mod contract;
 pub mod event;
 pub mod identity;
 pub mod insight;
@@ -69,7 +71,7 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 25] = [
+    const ORDER: [&str; 26] = [
         "clock",
         "secret",
         "identity",
@@ -86,6 +88,7 @@ mod layers {
         "seed001",
         "adapters",
         "telemetry",
+        "contract",
         "intake",
         "backfill",
         "insight",

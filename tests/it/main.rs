@@ -9,6 +9,7 @@ mod browser;
 mod chaos;
 mod cli;
 mod console;
+mod contract;
 mod explore;
 mod fake_provider;
 mod handler;

@@ -6,6 +6,8 @@ pub mod cloudwatch;
 pub mod dynamodb;
 pub mod github;
 pub mod https;
+#[cfg(any(test, feature = "testkit"))]
+pub mod memory;
 pub mod s3;
 pub mod secrets;
 pub mod sns;

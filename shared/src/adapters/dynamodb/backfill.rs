@@ -27,13 +27,13 @@ use crate::ports::{BackfillLedger, BackfillProgress, Ledger, ScheduleState, Unfe
 
 /// Room the attributes of a released record take beyond a new record's
 /// (the park's evidence), when deciding whether its payload fits inline.
-const PARKED_ATTRIBUTES_BYTES: usize = 512;
+pub(crate) const PARKED_ATTRIBUTES_BYTES: usize = 512;
 
 /// The record of a parked, unfetched event: the claim's identity and
 /// provenance, PARKED in the attention index (not in the `due` index), no
 /// payload and no send lease, and what a replay needs to ask the source
 /// again (`backfill_handle`, `backfill_origin`, `backfill_created`).
-fn parked_item(event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> super::Item {
+pub(crate) fn parked_item(event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> super::Item {
     // The claim's record, less what only a stored, sendable one has.
     let mut item = super::new_record_item(event);
     for gone in [attr::CONTENT_HASH, attr::SEND_LEASE_UNTIL, attr::DUE_SHARD, attr::DUE_AT] {
@@ -84,22 +84,89 @@ impl DynamoLedger {
         match self.conditional(event.key.as_str(), META_SK, cond::release_parked(event, by, placed), false).await? {
             Written::Applied(_) => Ok(Release::Released),
             // Our own retried update after a lost acknowledgement.
-            Written::Refused(Some(met))
-                if get_s(&met, attr::SEND_TOKEN) == Some(event.send.token.as_str())
-                    && get_s(&met, attr::STATUS) != Some(Status::Parked.as_str()) =>
-            {
-                Ok(Release::Released)
-            }
-            Written::Refused(_) => Ok(Release::NotAwaiting),
+            Written::Refused(met) => Ok(release_refused(met.as_ref(), event)),
         }
     }
 }
 
-const PROGRESS_SK: &str = "progress";
-const SCHEDULE_SK: &str = "schedule";
+pub(crate) const PROGRESS_SK: &str = "progress";
+pub(crate) const SCHEDULE_SK: &str = "schedule";
 
-fn progress_pk(run: &str) -> String {
+pub(crate) fn progress_pk(run: &str) -> String {
     format!("backfill#{run}")
+}
+
+/// The history entry that notes a redelivery asked for: named by the
+/// delivery and the time it was asked, so a retry rewrites the same item.
+pub(crate) fn redelivery_item(key: &EventKey, handle: &str, now_ms: i64, retention_days: u32) -> super::Item {
+    HashMap::from([
+        ("pk".into(), s(key.as_str())),
+        ("sk".into(), s(format!("hist#{now_ms:013}#redeliver#{handle}"))),
+        ("kind".into(), s("redelivery_requested")),
+        ("detail".into(), s(format!("backfill asked the provider to redeliver delivery {handle}"))),
+        ("at".into(), n(now_ms)),
+        (attr::EXPIRES_AT.into(), n(expires_at(now_ms, retention_days))),
+    ])
+}
+
+/// An endpoint's schedule item (kept: no expiry).
+pub(crate) fn schedule_item(endpoint: &str, st: &ScheduleState, now_ms: i64) -> super::Item {
+    let mut item: HashMap<String, AttributeValue> = HashMap::new();
+    item.insert("pk".into(), s(progress_pk(endpoint)));
+    item.insert("sk".into(), s(SCHEDULE_SK));
+    if let Some(hw) = st.high_water {
+        item.insert("high_water".into(), n(hw));
+    }
+    if let Some((since, until)) = st.current {
+        item.insert("current_since".into(), n(since));
+        item.insert("current_until".into(), n(until));
+    }
+    item.insert("updated_at".into(), n(now_ms));
+    item
+}
+
+pub(crate) fn schedule_from(item: &super::Item) -> ScheduleState {
+    let current = get_n(item, "current_since").zip(get_n(item, "current_until"));
+    ScheduleState { high_water: get_n(item, "high_water"), current }
+}
+
+/// A window's progress item (expires with the records).
+pub(crate) fn progress_item(run: &str, p: &BackfillProgress, now_ms: i64, retention_days: u32) -> super::Item {
+    let mut item: HashMap<String, AttributeValue> = HashMap::new();
+    item.insert("pk".into(), s(progress_pk(run)));
+    item.insert("sk".into(), s(PROGRESS_SK));
+    if let Some(c) = &p.cursor {
+        item.insert("cursor".into(), s(c));
+    }
+    item.insert("done".into(), AttributeValue::Bool(p.done));
+    item.insert("seen".into(), n(p.seen));
+    item.insert("recovered".into(), n(p.recovered));
+    item.insert("updated_at".into(), n(now_ms));
+    item.insert(attr::EXPIRES_AT.into(), n(expires_at(now_ms, retention_days)));
+    item
+}
+
+pub(crate) fn progress_from(item: &super::Item) -> BackfillProgress {
+    BackfillProgress {
+        cursor: get_s(item, "cursor").map(str::to_owned),
+        done: item.get("done").and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
+        seen: get_n(item, "seen").and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
+        recovered: get_n(item, "recovered").and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
+    }
+}
+
+/// The release's outcome, given what a refused release met: our own
+/// retried update (our send token, no longer parked) released it.
+pub(crate) fn release_refused(met: Option<&super::Item>, event: &NewEvent) -> Release {
+    match met {
+        Some(met)
+            if get_s(met, attr::SEND_TOKEN) == Some(event.send.token.as_str())
+                && get_s(met, attr::STATUS) != Some(Status::Parked.as_str()) =>
+        {
+            Release::Released
+        }
+        _ => Release::NotAwaiting,
+    }
 }
 
 impl BackfillLedger for DynamoLedger {
@@ -119,13 +186,7 @@ impl BackfillLedger for DynamoLedger {
         // A history entry under the event's key, named by the delivery and
         // the time it was asked for: the SDK's retry of this write rewrites
         // the same item.
-        let mut item: HashMap<String, AttributeValue> = HashMap::new();
-        item.insert("pk".into(), s(key.as_str()));
-        item.insert("sk".into(), s(format!("hist#{now_ms:013}#redeliver#{handle}")));
-        item.insert("kind".into(), s("redelivery_requested"));
-        item.insert("detail".into(), s(format!("backfill asked the provider to redeliver delivery {handle}")));
-        item.insert("at".into(), n(now_ms));
-        item.insert(super::attr::EXPIRES_AT.into(), n(expires_at(now_ms, self.retention_days)));
+        let item = redelivery_item(key, handle, now_ms, self.retention_days);
         self.client()
             .put_item()
             .table_name(self.table())
@@ -137,23 +198,11 @@ impl BackfillLedger for DynamoLedger {
     }
 
     async fn schedule_state(&self, endpoint: &str) -> Result<Option<ScheduleState>, PortError> {
-        let Some(item) = self.read_item(&progress_pk(endpoint), SCHEDULE_SK).await? else { return Ok(None) };
-        let current = get_n(&item, "current_since").zip(get_n(&item, "current_until"));
-        Ok(Some(ScheduleState { high_water: get_n(&item, "high_water"), current }))
+        Ok(self.read_item(&progress_pk(endpoint), SCHEDULE_SK).await?.as_ref().map(schedule_from))
     }
 
     async fn save_schedule_state(&self, endpoint: &str, st: &ScheduleState, now_ms: i64) -> Result<(), PortError> {
-        let mut item: HashMap<String, AttributeValue> = HashMap::new();
-        item.insert("pk".into(), s(progress_pk(endpoint)));
-        item.insert("sk".into(), s(SCHEDULE_SK));
-        if let Some(hw) = st.high_water {
-            item.insert("high_water".into(), n(hw));
-        }
-        if let Some((since, until)) = st.current {
-            item.insert("current_since".into(), n(since));
-            item.insert("current_until".into(), n(until));
-        }
-        item.insert("updated_at".into(), n(now_ms));
+        let item = schedule_item(endpoint, st, now_ms);
         self.client()
             .put_item()
             .table_name(self.table())
@@ -165,13 +214,7 @@ impl BackfillLedger for DynamoLedger {
     }
 
     async fn progress(&self, run: &str) -> Result<Option<BackfillProgress>, PortError> {
-        let Some(item) = self.read_item(&progress_pk(run), PROGRESS_SK).await? else { return Ok(None) };
-        Ok(Some(BackfillProgress {
-            cursor: get_s(&item, "cursor").map(str::to_owned),
-            done: item.get("done").and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
-            seen: get_n(&item, "seen").and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
-            recovered: get_n(&item, "recovered").and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
-        }))
+        Ok(self.read_item(&progress_pk(run), PROGRESS_SK).await?.as_ref().map(progress_from))
     }
 
     async fn park(&self, event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> Result<Claim, PortError> {
@@ -190,17 +233,7 @@ impl BackfillLedger for DynamoLedger {
     }
 
     async fn save_progress(&self, run: &str, p: &BackfillProgress, now_ms: i64) -> Result<(), PortError> {
-        let mut item: HashMap<String, AttributeValue> = HashMap::new();
-        item.insert("pk".into(), s(progress_pk(run)));
-        item.insert("sk".into(), s(PROGRESS_SK));
-        if let Some(c) = &p.cursor {
-            item.insert("cursor".into(), s(c));
-        }
-        item.insert("done".into(), AttributeValue::Bool(p.done));
-        item.insert("seen".into(), n(p.seen));
-        item.insert("recovered".into(), n(p.recovered));
-        item.insert("updated_at".into(), n(now_ms));
-        item.insert(super::attr::EXPIRES_AT.into(), n(expires_at(now_ms, self.retention_days)));
+        let item = progress_item(run, p, now_ms, self.retention_days);
         self.client()
             .put_item()
             .table_name(self.table())

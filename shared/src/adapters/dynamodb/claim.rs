@@ -49,10 +49,7 @@ impl DynamoLedger {
                 message: "claim conflicted and no record is there yet".into(),
             })?,
         };
-        if get_s(&item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
-            return Ok(Claim::New);
-        }
-        Ok(Claim::Existing(existing_from_item(&item)?))
+        claim_met(event, &item)
     }
 
     /// Creates a record as the previous release's claim did: alone, its
@@ -80,6 +77,32 @@ impl DynamoLedger {
         update.apply(req).send().await.map_err(|e| port_error("dynamodb", &e))?;
         Ok(())
     }
+}
+
+/// What a claim that failed its condition met: our own record (its send
+/// token is ours: our retried write after a lost acknowledgement) is
+/// `Claim::New`; any other is the existing record.
+pub(crate) fn claim_met(event: &NewEvent, item: &super::Item) -> Result<Claim, PortError> {
+    if get_s(item, attr::SEND_TOKEN) == Some(event.send.token.as_str()) {
+        return Ok(Claim::New);
+    }
+    Ok(Claim::Existing(existing_from_item(item)?))
+}
+
+/// Whether a refused `take_send_lease` met our own lease (our retried
+/// update), the key not sent since.
+pub(crate) fn send_lease_ours(met: Option<&super::Item>, lease: &SendLease) -> bool {
+    met.is_some_and(|old| {
+        get_s(old, attr::SEND_TOKEN) == Some(lease.token.as_str()) && !old.contains_key(attr::ENQUEUED_AT)
+    })
+}
+
+/// Whether a refused `adopt_payload` met its own adoption (our retried update).
+pub(crate) fn adopted_already(met: Option<&super::Item>, new_hash: &str) -> bool {
+    met.is_some_and(|old| {
+        get_s(old, attr::PAYLOAD_HASH) == Some(new_hash)
+            && old.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()) == Some(&true)
+    })
 }
 
 impl Ledger for DynamoLedger {
@@ -170,9 +193,7 @@ impl Ledger for DynamoLedger {
             Written::Applied(_) => Ok(true),
             // Our own retried update after a lost acknowledgement finds the
             // lease it took: still ours (unless the key was sent since).
-            Written::Refused(met) => Ok(met.is_some_and(|old| {
-                get_s(&old, attr::SEND_TOKEN) == Some(lease.token.as_str()) && !old.contains_key(attr::ENQUEUED_AT)
-            })),
+            Written::Refused(met) => Ok(send_lease_ours(met.as_ref(), lease)),
         }
     }
 
@@ -188,10 +209,7 @@ impl Ledger for DynamoLedger {
         self.put_payload(key, new_hash, body, expires_at).await?;
         match self.conditional(key.as_str(), META_SK, cond::adopt_payload(old_hash, new_hash, conflict), false).await? {
             Written::Applied(_) => Ok(true),
-            Written::Refused(met) => Ok(met.is_some_and(|old| {
-                get_s(&old, attr::PAYLOAD_HASH) == Some(new_hash)
-                    && old.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()) == Some(&true)
-            })),
+            Written::Refused(met) => Ok(adopted_already(met.as_ref(), new_hash)),
         }
     }
 

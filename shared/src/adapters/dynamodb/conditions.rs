@@ -77,6 +77,41 @@ pub const CLAIM: &str = "attribute_not_exists(pk)";
 /// The condition of the outbox item's put (in the commit transaction).
 pub const OUTBOX_NEW: &str = "attribute_not_exists(pk)";
 
+/// Every expression here by name: the two puts' conditions ([`CLAIM`],
+/// [`OUTBOX_NEW`]) and each update's [`Update::name`]. The contract suite
+/// (`crate::contract`) exercises each one that a port sends; the table
+/// upgrade's two (`migrate_*`) are the emulator tests' of `migrate.rs`.
+pub const EXPRESSIONS: &[&str] = &[
+    "claim",
+    "outbox_new",
+    "payload_stored",
+    "take_send_lease",
+    "release_send_lease",
+    "adopt_payload",
+    "mark_enqueued",
+    "note_duplicate",
+    "flag_conflict",
+    "lease",
+    "complete",
+    "leave_retry",
+    "leave_dead",
+    "leave_park",
+    "wake",
+    "operator_replay",
+    "operator_park",
+    "operator_resolve",
+    "claim_due",
+    "reschedule",
+    "note_redriven",
+    "outbox_claim",
+    "outbox_sent",
+    "outbox_back_off",
+    "outbox_dead",
+    "release_parked",
+    "migrate_attention",
+    "migrate_due_partition",
+];
+
 /// A conditional update: its expressions and their values.
 #[derive(Debug, Clone, Default)]
 pub struct Update {
@@ -86,6 +121,8 @@ pub struct Update {
     pub condition: String,
     values: Vec<(String, AttributeValue)>,
     uses_status: bool,
+    /// Its name in [`EXPRESSIONS`].
+    name: &'static str,
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -112,8 +149,23 @@ pub enum Due {
 }
 
 impl Update {
-    fn when(condition: impl Into<String>) -> Self {
-        Self { condition: condition.into(), ..Self::default() }
+    fn when(name: &'static str, condition: impl Into<String>) -> Self {
+        Self { condition: condition.into(), name, ..Self::default() }
+    }
+
+    /// Its name in [`EXPRESSIONS`].
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The expression attribute values (`:name` → value).
+    pub fn values(&self) -> &[(String, AttributeValue)] {
+        &self.values
+    }
+
+    /// The expression attribute names (`#st` when the write touches the status).
+    pub fn names(&self) -> Vec<(&'static str, &'static str)> {
+        if self.uses_status { vec![("#st", attr::STATUS)] } else { Vec::new() }
     }
 
     fn set(mut self, clause: impl Into<String>) -> Self {
@@ -229,7 +281,7 @@ pub fn bounded(msg: &str) -> String {
 
 /// RECEIVED: the payload item of `hash` is written.
 pub fn payload_stored(hash: &str) -> Update {
-    Update::when("attribute_exists(pk) AND payload_hash = :h")
+    Update::when("payload_stored", "attribute_exists(pk) AND payload_hash = :h")
         .set("payload_stored = :t")
         .value(":t", AttributeValue::Bool(true))
         .value(":h", s(hash))
@@ -242,6 +294,7 @@ pub fn payload_stored(hash: &str) -> Update {
 /// acknowledgement meets the lease it took (same `send_token`).
 pub fn take_send_lease(lease: &SendLease, now_ms: i64) -> Update {
     Update::when(
+        "take_send_lease",
         "attribute_exists(pk) AND attribute_not_exists(enqueued_at) \
          AND (attribute_not_exists(send_lease_until) OR send_lease_until < :now)",
     )
@@ -254,7 +307,7 @@ pub fn take_send_lease(lease: &SendLease, now_ms: i64) -> Update {
 
 /// Gives the send lease back, if it is still ours.
 pub fn release_send_lease(lease: &SendLease) -> Update {
-    Update::when("send_token = :tok").remove("send_lease_until").value(":tok", s(&lease.token))
+    Update::when("release_send_lease", "send_token = :tok").remove("send_lease_until").value(":tok", s(&lease.token))
 }
 
 /// Timeline guarded: the creating delivery died (or is slow) between its
@@ -266,6 +319,7 @@ pub fn release_send_lease(lease: &SendLease) -> Update {
 /// acknowledgement finds our hash stored.
 pub fn adopt_payload(old_hash: &str, new_hash: &str, conflict: bool) -> Update {
     let mut u = Update::when(
+        "adopt_payload",
         "attribute_exists(pk) AND payload_hash = :old \
          AND (attribute_not_exists(payload_stored) OR payload_stored = :f)",
     );
@@ -282,17 +336,20 @@ pub fn adopt_payload(old_hash: &str, new_hash: &str, conflict: bool) -> Update {
 
 /// The intake handed the key to the queue (drops the send lease).
 pub fn mark_enqueued(at_ms: i64) -> Update {
-    Update::when("attribute_exists(pk)").set("enqueued_at = :at").remove("send_lease_until").value(":at", n(at_ms))
+    Update::when("mark_enqueued", "attribute_exists(pk)")
+        .set("enqueued_at = :at")
+        .remove("send_lease_until")
+        .value(":at", n(at_ms))
 }
 
 /// Counts a duplicate delivery (evidence for the duplicate rate).
 pub fn note_duplicate() -> Update {
-    Update::when("attribute_exists(pk)").add("duplicates :one").value(":one", n(1))
+    Update::when("note_duplicate", "attribute_exists(pk)").add("duplicates :one").value(":one", n(1))
 }
 
 /// "Same id, different payload": keeps the first, counts the conflict once.
 pub fn flag_conflict(other_hash: &str, at_ms: i64) -> Update {
-    Update::when("attribute_exists(pk)")
+    Update::when("flag_conflict", "attribute_exists(pk)")
         .add("conflicts :one")
         .add("duplicates :one")
         .set("last_conflict_hash = :h")
@@ -316,6 +373,7 @@ pub fn flag_conflict(other_hash: &str, at_ms: i64) -> Update {
 pub fn lease(token: &str, now_ms: i64, lease_ms: i64, shard: u32) -> Update {
     let expires = now_ms + lease_ms;
     Update::when(
+        "lease",
         "attribute_exists(pk) AND (#st = :received \
          OR (#st = :retryable AND next_attempt_at <= :now) \
          OR (#st = :processing AND lease_expires_at < :now))",
@@ -336,8 +394,8 @@ pub fn lease(token: &str, now_ms: i64, lease_ms: i64, shard: u32) -> Update {
 }
 
 /// The fence every exit from PROCESSING carries: still ours.
-fn fenced(token: &str) -> Update {
-    Update::when("#st = :processing AND lease_owner = :tok")
+fn fenced(name: &'static str, token: &str) -> Update {
+    Update::when(name, "#st = :processing AND lease_owner = :tok")
         .status()
         .value(":processing", s(Status::Processing.as_str()))
         .value(":tok", s(token))
@@ -350,7 +408,7 @@ fn fenced(token: &str) -> Update {
 /// lease was taken over cannot complete (the fence); our own commit whose
 /// acknowledgement was lost is recognised by `completed_token`.
 pub fn complete(token: &str, outcome: &str, subject: Option<&str>, now_ms: i64, shard: u32) -> Update {
-    let mut u = fenced(token)
+    let mut u = fenced("complete", token)
         .to(Status::Processed, shard, Due::Leave)
         .set("outcome = :o")
         .set("processed_at = :now")
@@ -371,7 +429,12 @@ pub fn complete(token: &str, outcome: &str, subject: Option<&str>, now_ms: i64, 
 /// leaves PROCESSING at most once, so the token names exactly this
 /// transition): success, not fenced.
 pub fn leave(token: &str, exit: &Exit<'_>, now_ms: i64, shard: u32) -> Update {
-    let u = fenced(token).set(format!("{TRANSITION_TOKEN} = :tok"));
+    let name = match exit {
+        Exit::Retry { .. } => "leave_retry",
+        Exit::Dead { .. } => "leave_dead",
+        Exit::Park { .. } => "leave_park",
+    };
+    let u = fenced(name, token).set(format!("{TRANSITION_TOKEN} = :tok"));
     match *exit {
         Exit::Retry { next_at_ms, code, message, failure } => {
             let u = u
@@ -419,6 +482,7 @@ pub fn leave(token: &str, exit: &Exit<'_>, now_ms: i64, shard: u32) -> Update {
 /// again. A new time window starts at the next lease.
 pub fn wake(gap: &str, now_ms: i64, shard: u32) -> Update {
     Update::when(
+        "wake",
         "attribute_exists(pk) AND ((#st = :retryable AND error_code = :gap) \
          OR (#st = :parked AND park_reason = :gap))",
     )
@@ -441,7 +505,12 @@ pub fn wake(gap: &str, now_ms: i64, shard: u32) -> Update {
 /// `operator_token`: done, not refused.
 pub fn operator(action: OperatorAction, operator: &str, reason: &str, token: &str, now_ms: i64, shard: u32) -> Update {
     let from: Vec<String> = (0..action.from().len()).map(|i| format!("#st = :from{i}")).collect();
-    let mut u = Update::when(format!("attribute_exists(pk) AND ({})", from.join(" OR ")))
+    let name = match action {
+        OperatorAction::Replay => "operator_replay",
+        OperatorAction::Park => "operator_park",
+        OperatorAction::Resolve => "operator_resolve",
+    };
+    let mut u = Update::when(name, format!("attribute_exists(pk) AND ({})", from.join(" OR ")))
         .set(format!("{OPERATOR_TOKEN} = :optok"))
         .value(":optok", s(token))
         .value(":now", n(now_ms));
@@ -488,7 +557,7 @@ pub fn operator(action: OperatorAction, operator: &str, reason: &str, token: &st
 /// the index, due at its next look (if the action fails or the run dies, a
 /// later run acts again).
 pub fn claim_due(seen: i64, next: i64, token: &str) -> Update {
-    Update::when("due_at = :seen")
+    Update::when("claim_due", "due_at = :seen")
         .set("due_at = :next")
         .set(format!("{CLAIM_TOKEN} = :tok"))
         .add("redrives :one")
@@ -502,14 +571,17 @@ pub fn claim_due(seen: i64, next: i64, token: &str) -> Update {
 /// then differs and its schedule stands. A retry of our own update writes
 /// the same values again.
 pub fn reschedule(token: &str, at: i64) -> Update {
-    Update::when(format!("{CLAIM_TOKEN} = :tok")).set("due_at = :at").value(":at", n(at)).value(":tok", s(token))
+    Update::when("reschedule", format!("{CLAIM_TOKEN} = :tok"))
+        .set("due_at = :at")
+        .value(":at", n(at))
+        .value(":tok", s(token))
 }
 
 /// Timeline guarded: the intake or an earlier re-drive may have noted it
 /// first (keep the first time), the record may be gone (TTL), and our own
 /// retry after a lost acknowledgement meets our own note.
 pub fn note_redriven(now_ms: i64) -> Update {
-    Update::when("attribute_exists(pk) AND attribute_not_exists(enqueued_at)")
+    Update::when("note_redriven", "attribute_exists(pk) AND attribute_not_exists(enqueued_at)")
         .set("enqueued_at = :now")
         .value(":now", n(now_ms))
 }
@@ -533,6 +605,7 @@ use outbox_status::{DEAD, PENDING, SENDING, SENT};
 /// lost acknowledgement meets our token and continues as the owner.
 pub fn outbox_claim(token: &str, now_ms: i64, until_ms: i64) -> Update {
     Update::when(
+        "outbox_claim",
         "(#st = :pending AND (attribute_not_exists(due_at) OR due_at <= :now)) \
          OR (#st = :sending AND dispatch_until < :now)",
     )
@@ -551,8 +624,8 @@ pub fn outbox_claim(token: &str, now_ms: i64, until_ms: i64) -> Update {
 }
 
 /// The fence on every write after the claim: still the claim's holder.
-fn dispatch_fenced(token: &str) -> Update {
-    Update::when("#st = :sending AND dispatch_token = :tok")
+fn dispatch_fenced(name: &'static str, token: &str) -> Update {
+    Update::when(name, "#st = :sending AND dispatch_token = :tok")
         .status()
         .value(":sending", s(SENDING))
         .value(":tok", s(token))
@@ -564,7 +637,7 @@ fn dispatch_fenced(token: &str) -> Update {
 /// dispatcher whose claim lapsed and was taken over has published anyway;
 /// the new owner publishes again with the same key.
 pub fn outbox_sent(token: &str, now_ms: i64) -> Update {
-    dispatch_fenced(token)
+    dispatch_fenced("outbox_sent", token)
         .set("#st = :sent")
         .set("sent_at = :now")
         .remove("due_shard")
@@ -578,7 +651,7 @@ pub fn outbox_sent(token: &str, now_ms: i64) -> Update {
 /// already written. A lapsed claim taken over by another dispatcher leaves
 /// the item to it.
 pub fn outbox_back_off(token: &str, next_at_ms: i64, error: &str, now_ms: i64) -> Update {
-    dispatch_fenced(token)
+    dispatch_fenced("outbox_back_off", token)
         .set("#st = :pending")
         .set("last_error = :err")
         .set("last_failed_at = :now")
@@ -592,7 +665,7 @@ pub fn outbox_back_off(token: &str, next_at_ms: i64, error: &str, now_ms: i64) -
 /// As [`outbox_back_off`], but the attempts are exhausted: out of the due
 /// index, into the `OUTBOX_DEAD#…` status partition.
 pub fn outbox_dead(token: &str, attention_partition: &str, error: &str, now_ms: i64) -> Update {
-    dispatch_fenced(token)
+    dispatch_fenced("outbox_dead", token)
         .set("#st = :dead")
         .set("last_error = :err")
         .set("last_failed_at = :now")
@@ -615,7 +688,7 @@ pub fn outbox_dead(token: &str, attention_partition: &str, error: &str, now_ms: 
 /// status read, and not in the index yet, is touched; a retry of this
 /// update finds it there and changes nothing.
 pub fn migrate_attention(status: &str, partition: &str, at: i64) -> Update {
-    Update::when("#st = :st AND attribute_not_exists(attn_shard)")
+    Update::when("migrate_attention", "#st = :st AND attribute_not_exists(attn_shard)")
         .status()
         .set("attn_shard = :p")
         .set("attn_at = :at")
@@ -633,7 +706,7 @@ pub fn migrate_attention(status: &str, partition: &str, at: i64) -> Update {
 /// still where and when the migration read it (a claim or a rewrite since
 /// then keeps its own next look; the migration's rerun meets it moved).
 pub fn migrate_due_partition(from: &str, seen_at: i64, to: &str, at: i64) -> Update {
-    Update::when("due_shard = :from AND due_at = :seen")
+    Update::when("migrate_due_partition", "due_shard = :from AND due_at = :seen")
         .set("due_shard = :to")
         .set("due_at = :at")
         .value(":from", s(from))
@@ -668,31 +741,32 @@ pub enum Placed {
 /// lost acknowledgement meets our `send_token`: released.
 pub fn release_parked(event: &crate::ledger::NewEvent, by: &str, placed: Placed) -> Update {
     let due_at = event.received_at_ms + crate::policy::REDRIVE_GRACE_MS;
-    let u = Update::when("#st = :parked AND begins_with(park_reason, :unrec) AND payload_stored = :f")
-        .to(Status::Received, event.shard, Due::Reenter(due_at))
-        .set("payload_hash = :h")
-        .set("content_hash = :ch")
-        .set("payload_stored = :t")
-        .set("send_token = :tok")
-        .set("send_lease_until = :until")
-        .set("via = :via")
-        .set("received_at = :now")
-        .set("released_at = :now")
-        .set("released_by = :by")
-        .set(format!("{} = :exp", attr::EXPIRES_AT))
-        .remove("park_reason")
-        .value(":parked", s(Status::Parked.as_str()))
-        .value(":unrec", s(crate::ledger::BACKFILL_UNRECOVERABLE))
-        .value(":f", AttributeValue::Bool(false))
-        .value(":t", AttributeValue::Bool(true))
-        .value(":h", s(&event.payload_hash))
-        .value(":ch", s(&event.content_hash))
-        .value(":tok", s(&event.send.token))
-        .value(":until", n(event.send.until_ms))
-        .value(":via", s(event.via.as_str()))
-        .value(":now", n(event.received_at_ms))
-        .value(":by", s(bounded(by)))
-        .value(":exp", n(event.expires_at));
+    let u =
+        Update::when("release_parked", "#st = :parked AND begins_with(park_reason, :unrec) AND payload_stored = :f")
+            .to(Status::Received, event.shard, Due::Reenter(due_at))
+            .set("payload_hash = :h")
+            .set("content_hash = :ch")
+            .set("payload_stored = :t")
+            .set("send_token = :tok")
+            .set("send_lease_until = :until")
+            .set("via = :via")
+            .set("received_at = :now")
+            .set("released_at = :now")
+            .set("released_by = :by")
+            .set(format!("{} = :exp", attr::EXPIRES_AT))
+            .remove("park_reason")
+            .value(":parked", s(Status::Parked.as_str()))
+            .value(":unrec", s(crate::ledger::BACKFILL_UNRECOVERABLE))
+            .value(":f", AttributeValue::Bool(false))
+            .value(":t", AttributeValue::Bool(true))
+            .value(":h", s(&event.payload_hash))
+            .value(":ch", s(&event.content_hash))
+            .value(":tok", s(&event.send.token))
+            .value(":until", n(event.send.until_ms))
+            .value(":via", s(event.via.as_str()))
+            .value(":now", n(event.received_at_ms))
+            .value(":by", s(bounded(by)))
+            .value(":exp", n(event.expires_at));
     match placed {
         Placed::Inline(stored) => {
             let u = u

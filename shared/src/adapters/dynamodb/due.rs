@@ -93,7 +93,7 @@ impl DynamoLedger {
     }
 }
 
-fn item_of(item: DueItem<'_>) -> (&str, &'static str) {
+pub(crate) fn item_of(item: DueItem<'_>) -> (&str, &'static str) {
     match item {
         DueItem::Record(key) => (key.as_str(), META_SK),
         DueItem::Drift(pk) => (pk, STATE_SK),

@@ -40,7 +40,7 @@ fn value_json(v: &AttributeValue) -> serde_json::Value {
 
 /// The row of an item: its attributes as JSON, and `st_at`, the receive
 /// time rows are sorted and paged by.
-fn row(item: &Item) -> Row {
+pub(crate) fn row(item: &Item) -> Row {
     let mut r = item_json(item);
     r.insert("st_at".into(), get_n(item, attr::RECEIVED_AT).unwrap_or(0).into());
     r
@@ -48,7 +48,7 @@ fn row(item: &Item) -> Row {
 
 /// Whether an item passes the filter's equality filters, receive-time range
 /// and cursor.
-fn passes(item: &Item, filter: &RowFilter<'_>) -> bool {
+pub(crate) fn passes(item: &Item, filter: &RowFilter<'_>) -> bool {
     let at = get_n(item, attr::RECEIVED_AT).unwrap_or(0);
     [("endpoint", filter.endpoint), ("event_type", filter.event_type), ("subject", filter.subject)]
         .into_iter()

@@ -87,7 +87,7 @@ pub struct DynamoOutbox {
     ledger: super::DynamoLedger,
 }
 
-fn text(item: &Item, k: &str) -> String {
+pub(crate) fn text(item: &Item, k: &str) -> String {
     item.get(k).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default()
 }
 
@@ -96,7 +96,7 @@ fn number(item: &Item, k: &str) -> i64 {
 }
 
 /// Error text kept on the item: bounded, never a payload (SNS errors do not echo the message).
-fn short(error: &str) -> String {
+pub(crate) fn short(error: &str) -> String {
     error.chars().take(500).collect()
 }
 
@@ -116,7 +116,7 @@ impl DynamoOutbox {
     }
 }
 
-fn claimed(item: &Item) -> OutboxItem {
+pub(crate) fn claimed(item: &Item) -> OutboxItem {
     OutboxItem {
         id: text(item, attr::PK),
         idempotency_key: text(item, attr::IDEMPOTENCY_KEY),

@@ -86,6 +86,86 @@ impl DynamoLedger {
     }
 }
 
+/// The commit's transaction: each op's writes and outbox items, then the
+/// completion marker last; which op each item belongs to; the outbox ids.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn commit_items(
+    table: &str,
+    key: &EventKey,
+    token: &str,
+    ops: &[Op],
+    outcome: &str,
+    subject: Option<&str>,
+    now_ms: i64,
+    shards: u32,
+) -> Result<(Vec<TransactWriteItem>, Vec<usize>, Vec<String>), PortError> {
+    let mut items: Vec<TransactWriteItem> = Vec::new();
+    let mut owner: Vec<usize> = Vec::new();
+    let mut outbox = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        for w in &op.writes {
+            items.push(w.clone());
+            owner.push(i);
+        }
+        for msg in &op.outbox {
+            let (pk, put) = outbox_put(table, key, msg, now_ms, shards);
+            items.push(put);
+            owner.push(i);
+            outbox.push(pk);
+        }
+    }
+    let completion = cond::complete(token, outcome, subject, now_ms, key.shard(shards))
+        .transact(table, DynamoLedger::key(key, META_SK))
+        .build()
+        .map_err(|e| PortError::Unavailable { service: "dynamodb", message: e.to_string() })?;
+    items.push(TransactWriteItem::builder().update(completion).build());
+    Ok((items, owner, outbox))
+}
+
+/// What a cancelled commit means, from the cancellation reasons' codes (one
+/// per item; the completion marker last): the fence failed, or these ops'
+/// conditions, or contention.
+pub(crate) fn commit_cancelled(codes: &[&str], owner: &[usize]) -> Result<CommitResult, PortError> {
+    let code = |i: usize| codes.get(i).copied().unwrap_or("None");
+    let fence_index = owner.len();
+    if code(fence_index) == "ConditionalCheckFailed" {
+        return Ok(CommitResult::Fenced);
+    }
+    let mut conflicts: Vec<usize> =
+        (0..owner.len()).filter(|i| code(*i) == "ConditionalCheckFailed").map(|i| owner[i]).collect();
+    conflicts.dedup();
+    if !conflicts.is_empty() {
+        return Ok(CommitResult::Conflicts(conflicts));
+    }
+    if codes.is_empty() {
+        // No reasons given: we cannot tell which item failed.
+        return Err(PortError::Unavailable {
+            service: "dynamodb",
+            message: "transaction cancelled without reasons".into(),
+        });
+    }
+    Ok(CommitResult::Contention)
+}
+
+/// A history entry (`sk = hist#<time>#<id>`): evidence, not state.
+pub(crate) fn history_item(
+    key: &EventKey,
+    kind: &str,
+    detail: &str,
+    now_ms: i64,
+    id: &str,
+    retention_days: u32,
+) -> super::Item {
+    HashMap::from([
+        (attr::PK.to_owned(), s(key.as_str())),
+        (attr::SK.to_owned(), s(format!("hist#{now_ms:013}#{}", &id[..8.min(id.len())]))),
+        ("kind".to_owned(), s(kind)),
+        ("detail".to_owned(), s(cond::bounded(detail))),
+        ("at".to_owned(), n(now_ms)),
+        (attr::EXPIRES_AT.to_owned(), n(expires_at(now_ms, retention_days))),
+    ])
+}
+
 impl WorkLedger for DynamoLedger {
     fn shards(&self) -> u32 {
         DynamoLedger::shards(self)
@@ -121,28 +201,8 @@ impl WorkLedger for DynamoLedger {
         subject: Option<&str>,
         now_ms: i64,
     ) -> Result<CommitResult, PortError> {
-        let shards = self.shards();
-        let mut items: Vec<TransactWriteItem> = Vec::new();
-        let mut owner: Vec<usize> = Vec::new();
-        let mut outbox = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            for w in &op.writes {
-                items.push(w.clone());
-                owner.push(i);
-            }
-            for msg in &op.outbox {
-                let (pk, put) = outbox_put(self.table(), key, msg, now_ms, shards);
-                items.push(put);
-                owner.push(i);
-                outbox.push(pk);
-            }
-        }
-        let completion = cond::complete(token, outcome, subject, now_ms, key.shard(shards))
-            .transact(self.table(), Self::key(key, META_SK))
-            .build()
-            .map_err(|e| PortError::Unavailable { service: "dynamodb", message: e.to_string() })?;
-        items.push(TransactWriteItem::builder().update(completion).build());
-
+        let (items, owner, outbox) =
+            commit_items(self.table(), key, token, ops, outcome, subject, now_ms, self.shards())?;
         // The SDK's retry of this call reuses the token; drawn from the
         // ledger's entropy (the SDK would draw a random one itself).
         let result = self
@@ -159,26 +219,8 @@ impl WorkLedger for DynamoLedger {
         let Some(TransactWriteItemsError::TransactionCanceledException(cancel)) = err.as_service_error() else {
             return Err(port_error("dynamodb", &err));
         };
-        let reasons = cancel.cancellation_reasons();
-        let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-        let fence_index = owner.len();
-        if code(fence_index) == "ConditionalCheckFailed" {
-            return Ok(CommitResult::Fenced);
-        }
-        let mut conflicts: Vec<usize> =
-            (0..owner.len()).filter(|i| code(*i) == "ConditionalCheckFailed").map(|i| owner[i]).collect();
-        conflicts.dedup();
-        if !conflicts.is_empty() {
-            return Ok(CommitResult::Conflicts(conflicts));
-        }
-        if reasons.is_empty() {
-            // No reasons given: we cannot tell which item failed.
-            return Err(PortError::Unavailable {
-                service: "dynamodb",
-                message: "transaction cancelled without reasons".into(),
-            });
-        }
-        Ok(CommitResult::Contention)
+        let codes: Vec<&str> = cancel.cancellation_reasons().iter().map(|r| r.code().unwrap_or("None")).collect();
+        commit_cancelled(&codes, &owner)
     }
 
     async fn completed_by(&self, key: &EventKey) -> Result<Option<String>, PortError> {
@@ -202,15 +244,7 @@ impl WorkLedger for DynamoLedger {
     /// Appends an entry to the record's history (`sk = hist#<ms>#<id>`), shown
     /// by `hookledger show`. Kept as long as identities are.
     async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
-        let id = self.ambient.entropy.token_simple();
-        let item = HashMap::from([
-            (attr::PK.to_owned(), s(key.as_str())),
-            (attr::SK.to_owned(), s(format!("hist#{now_ms:013}#{}", &id[..8]))),
-            ("kind".to_owned(), s(kind)),
-            ("detail".to_owned(), s(cond::bounded(detail))),
-            ("at".to_owned(), n(now_ms)),
-            (attr::EXPIRES_AT.to_owned(), n(expires_at(now_ms, self.retention_days))),
-        ]);
+        let item = history_item(key, kind, detail, now_ms, &self.ambient.entropy.token_simple(), self.retention_days);
         self.client()
             .put_item()
             .table_name(self.table())

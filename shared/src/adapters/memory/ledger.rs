@@ -1,0 +1,797 @@
+//! The ledger ports on the memory table, each method its DynamoDB
+//! adapter's writes (`adapters::dynamodb::{claim, work, due, operator,
+//! backfill, outbox}`) with the same expressions and the same reading of
+//! what a refused write met.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::table::{Refusal, TransactError, Write};
+use super::{MemLedger, MemOutbox, State, World};
+use crate::adapters::dynamodb::backfill::{
+    PARKED_ATTRIBUTES_BYTES, PROGRESS_SK, SCHEDULE_SK, parked_item, progress_from, progress_item, progress_pk,
+    redelivery_item, release_refused, schedule_from, schedule_item,
+};
+use crate::adapters::dynamodb::claim::{PAYLOAD_IN, adopted_already, claim_met, send_lease_ours};
+use crate::adapters::dynamodb::conditions::{self as cond, CLAIM_TOKEN, OPERATOR_TOKEN, Placed, Update};
+use crate::adapters::dynamodb::due::item_of;
+use crate::adapters::dynamodb::operator::{item_json, passes, row};
+use crate::adapters::dynamodb::outbox::{OUTBOX_SK, claimed, dead_partition, outbox_partition, short, text};
+use crate::adapters::dynamodb::work::{commit_cancelled, commit_items, history_item, work_record};
+use crate::adapters::dynamodb::{
+    ATTENTION_INDEX, DUE_INDEX, Item, META_SK, attention_shard, attr, due_partition, due_shard, new_record_item,
+    payload, payload_item, payload_sk,
+};
+use crate::identity::EventKey;
+use crate::ledger::{
+    Attention, Claim, CommitResult, DriftItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, Exit, GAP,
+    LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned, WorkRecord,
+};
+use crate::message::{Held, OutboxClaim};
+use crate::ports::{
+    BackfillLedger, BackfillProgress, DueLedger, Ledger, OperatorLedger, OutboxStore, RowFilter, ScheduleState, Shown,
+    UnfetchedEvent, WorkLedger,
+};
+use crate::projection::sequence::{Position, waiter_sk};
+use crate::projection::{Op, STATE_SK};
+
+fn invalid(message: String) -> PortError {
+    PortError::Unavailable { service: "dynamodb", message: format!("ValidationException: {message}") }
+}
+
+fn get_s<'a>(item: &'a Item, k: &str) -> Option<&'a str> {
+    item.get(k).and_then(|v| v.as_s().ok()).map(String::as_str)
+}
+
+fn get_n(item: &Item, k: &str) -> Option<i64> {
+    item.get(k).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok())
+}
+
+/// A written update: `Ok(new item)`, or what the refused write met.
+enum Written {
+    Applied(Item),
+    Refused(Option<Item>),
+}
+
+impl State {
+    /// One conditions.rs update, as `UpdateItem` with `ALL_OLD` on failure.
+    fn conditional(&mut self, pk: &str, sk: &str, u: &Update) -> Result<Written, PortError> {
+        self.exercised.insert(u.name());
+        match self.table.write(&Write::update(pk, sk, u)) {
+            Ok(new) => Ok(Written::Applied(new.unwrap_or_default())),
+            Err(Refusal::Condition(met)) => Ok(Written::Refused(met)),
+            Err(Refusal::Invalid(e)) => Err(invalid(e)),
+        }
+    }
+
+    /// An update whose refusal is an error (the adapter's `update_meta`).
+    fn update_or_fail(&mut self, key: &EventKey, u: &Update) -> Result<(), PortError> {
+        match self.conditional(key.as_str(), META_SK, u)? {
+            Written::Applied(_) => Ok(()),
+            Written::Refused(_) => Err(PortError::Unavailable {
+                service: "dynamodb",
+                message: "ConditionalCheckFailedException: the conditional request failed".into(),
+            }),
+        }
+    }
+
+    fn put(&mut self, item: Item) -> Result<(), PortError> {
+        self.table.write(&Write::put(item, None)).map(|_| ()).map_err(|e| invalid(format!("{e:?}")))
+    }
+
+    fn put_claim(&mut self, event: &NewEvent, record: Item) -> Result<Claim, PortError> {
+        self.exercised.insert("claim");
+        match self.table.write(&Write::put(record, Some(cond::CLAIM))) {
+            Ok(_) => Ok(Claim::New),
+            Err(Refusal::Condition(Some(met))) => claim_met(event, &met),
+            Err(Refusal::Condition(None)) => unreachable!("a put that met no item passes attribute_not_exists"),
+            Err(Refusal::Invalid(e)) => Err(invalid(e)),
+        }
+    }
+
+    fn bucket_put(&mut self, key: &EventKey, hash: &str, body: &[u8], size: usize) -> Result<(), PortError> {
+        match &mut self.bucket {
+            Some(b) => {
+                b.insert(format!("{}/{hash}", key.as_str()), body.to_vec());
+                Ok(())
+            }
+            None => Err(PortError::TooLarge { size, limit: payload::ITEM_PAYLOAD_BYTES }),
+        }
+    }
+}
+
+impl World {
+    fn read(&self, pk: &str, sk: &str) -> Option<Item> {
+        self.state().table.get(pk, sk).cloned()
+    }
+
+    fn now(&self) -> i64 {
+        self.ambient.clock.now_ms()
+    }
+}
+
+impl MemLedger {
+    /// The record's item, as DynamoDB stores it.
+    pub fn item(&self, key: &EventKey) -> Option<Item> {
+        self.0.read(key.as_str(), META_SK)
+    }
+
+    /// The record, typed as the processor reads it.
+    pub fn record(&self, key: &EventKey) -> Option<WorkRecord> {
+        self.item(key).as_ref().and_then(work_record)
+    }
+
+    /// One attribute of the record, as text (numbers as their digits).
+    pub fn field(&self, key: &EventKey, name: &str) -> Option<String> {
+        let item = self.item(key)?;
+        match item.get(name)? {
+            AttributeValue::S(s) | AttributeValue::N(s) => Some(s.clone()),
+            AttributeValue::Bool(b) => Some(b.to_string()),
+            other => Some(format!("{other:?}")),
+        }
+    }
+
+    /// The record's history entries, oldest first: `(kind, detail)`.
+    pub fn history(&self, key: &EventKey) -> Vec<(String, String)> {
+        let st = self.0.state();
+        st.table
+            .partition(key.as_str())
+            .into_iter()
+            .filter(|i| get_s(i, attr::SK).is_some_and(|sk| sk.starts_with("hist#")))
+            .map(|i| {
+                (get_s(i, "kind").unwrap_or_default().to_owned(), get_s(i, "detail").unwrap_or_default().to_owned())
+            })
+            .collect()
+    }
+
+    /// Creates a record in the state a test needs: the claim's item for
+    /// `event`, then `edit` on it (no condition, no fault).
+    pub fn arrange(&self, event: &NewEvent, body: &[u8], edit: impl FnOnce(&mut Item)) {
+        let mut item = new_record_item(event);
+        payload::put(&mut item, payload::encode(body));
+        edit(&mut item);
+        self.0.state().table.insert(item);
+    }
+}
+
+/// Sets `name` to a string or number on an item (for [`MemLedger::arrange`]).
+pub fn set(item: &mut Item, name: &str, value: impl Into<Value>) {
+    match value.into() {
+        Value::S(s) => item.insert(name.to_owned(), AttributeValue::S(s)),
+        Value::N(n) => item.insert(name.to_owned(), AttributeValue::N(n.to_string())),
+        Value::Gone => item.remove(name),
+    };
+}
+
+/// A value for [`set`].
+pub enum Value {
+    S(String),
+    N(i64),
+    Gone,
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::S(s.to_owned())
+    }
+}
+
+impl From<i64> for Value {
+    fn from(n: i64) -> Self {
+        Value::N(n)
+    }
+}
+
+impl From<Option<i64>> for Value {
+    fn from(n: Option<i64>) -> Self {
+        n.map_or(Value::Gone, Value::N)
+    }
+}
+
+// ------------------------------------------------------------------ intake
+
+impl Ledger for MemLedger {
+    async fn claim(&self, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
+        self.0.call("ledger.claim", |w, st| claim(w, st, event, body))
+    }
+
+    async fn store_payload(&self, key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Result<(), PortError> {
+        self.0.call("ledger.store_payload", |_, st| {
+            st.put(payload_item(key, hash, body, expires_at))?;
+            st.update_or_fail(key, &cond::payload_stored(hash))
+        })
+    }
+
+    async fn adopt_payload(
+        &self,
+        key: &EventKey,
+        old_hash: &str,
+        new_hash: &str,
+        body: &[u8],
+        expires_at: i64,
+        conflict: bool,
+    ) -> Result<bool, PortError> {
+        self.0.call("ledger.adopt_payload", |_, st| {
+            st.put(payload_item(key, new_hash, body, expires_at))?;
+            Ok(match st.conditional(key.as_str(), META_SK, &cond::adopt_payload(old_hash, new_hash, conflict))? {
+                Written::Applied(_) => true,
+                Written::Refused(met) => adopted_already(met.as_ref(), new_hash),
+            })
+        })
+    }
+
+    async fn take_send_lease(&self, key: &EventKey, lease: &SendLease, now_ms: i64) -> Result<bool, PortError> {
+        self.0.call("ledger.take_send_lease", |_, st| {
+            Ok(match st.conditional(key.as_str(), META_SK, &cond::take_send_lease(lease, now_ms))? {
+                Written::Applied(_) => true,
+                Written::Refused(met) => send_lease_ours(met.as_ref(), lease),
+            })
+        })
+    }
+
+    async fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> Result<(), PortError> {
+        self.0.call("ledger.release_send_lease", |_, st| {
+            st.conditional(key.as_str(), META_SK, &cond::release_send_lease(lease)).map(|_| ())
+        })
+    }
+
+    async fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> Result<(), PortError> {
+        self.0.call("ledger.mark_enqueued", |_, st| st.update_or_fail(key, &cond::mark_enqueued(at_ms)))
+    }
+
+    async fn note_duplicate(&self, key: &EventKey) -> Result<(), PortError> {
+        self.0.call("ledger.note_duplicate", |_, st| st.update_or_fail(key, &cond::note_duplicate()))
+    }
+
+    async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
+        self.0.call("ledger.flag_conflict", |_, st| st.update_or_fail(key, &cond::flag_conflict(other_hash, at_ms)))
+    }
+
+    async fn release_parked(&self, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
+        self.0.call("ledger.release_parked", |_, st| release(st, event, body, by))
+    }
+}
+
+/// The claim, placed as the DynamoDB adapter places it: in the record, in
+/// its own item in the same transaction (token: the send token), or in the
+/// bucket first.
+fn claim(w: &World, st: &mut State, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
+    let mut record = new_record_item(event);
+    let stored = payload::encode(body);
+    if payload::item_size(&record) + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES {
+        payload::put(&mut record, stored);
+        return st.put_claim(event, record);
+    }
+    if stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES {
+        st.bucket_put(&event.key, &event.payload_hash, body, stored.bytes.len())?;
+        record.insert(PAYLOAD_IN.into(), AttributeValue::S("s3".into()));
+        return st.put_claim(event, record);
+    }
+    st.exercised.insert("claim");
+    let writes = [
+        Write::put(record, Some(cond::CLAIM)),
+        Write::put(payload_item(&event.key, &event.payload_hash, body, event.expires_at), None),
+    ];
+    match st.table.transact(&writes, Some(&event.send.token), w.now()) {
+        Ok(()) => Ok(Claim::New),
+        Err(TransactError::Cancelled(reasons)) => match reasons.into_iter().next().flatten() {
+            Some(Refusal::Condition(Some(met))) => claim_met(event, &met),
+            other => Err(invalid(format!("claim cancelled: {other:?}"))),
+        },
+        Err(e) => Err(invalid(format!("{e:?}"))),
+    }
+}
+
+fn release(st: &mut State, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
+    let stored = payload::encode(body);
+    let record = payload::item_size(&new_record_item(event)) + PARKED_ATTRIBUTES_BYTES;
+    let placed = if record + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES {
+        Placed::Inline(stored)
+    } else if stored.bytes.len() <= payload::ITEM_PAYLOAD_BYTES {
+        st.put(payload_item(&event.key, &event.payload_hash, body, event.expires_at))?;
+        Placed::Item
+    } else {
+        st.bucket_put(&event.key, &event.payload_hash, body, stored.bytes.len())?;
+        Placed::S3
+    };
+    Ok(match st.conditional(event.key.as_str(), META_SK, &cond::release_parked(event, by, placed))? {
+        Written::Applied(_) => Release::Released,
+        Written::Refused(met) => release_refused(met.as_ref(), event),
+    })
+}
+
+// --------------------------------------------------------------- processor
+
+impl WorkLedger for MemLedger {
+    fn shards(&self) -> u32 {
+        self.0.shards
+    }
+
+    async fn lease(&self, key: &EventKey, token: &str, now_ms: i64, lease_ms: i64) -> Result<LeaseResult, PortError> {
+        let shard = key.shard(self.0.shards);
+        self.0.call("work.lease", |_, st| {
+            match st.conditional(key.as_str(), META_SK, &cond::lease(token, now_ms, lease_ms, shard))? {
+                Written::Applied(new) => work_record(&new)
+                    .map(|r| LeaseResult::Leased(Box::new(r)))
+                    .ok_or_else(|| invalid("leased record is malformed".into())),
+                Written::Refused(met) => {
+                    Ok(WorkRecord::lease_refused(met.as_ref().and_then(work_record), token, now_ms))
+                }
+            }
+        })
+    }
+
+    async fn payload(&self, key: &EventKey, hash: &str) -> Result<Option<Vec<u8>>, PortError> {
+        self.0.call("work.payload", |_, st| {
+            Ok(match st.table.get(key.as_str(), &payload_sk(hash)).and_then(payload::body) {
+                Some(body) => Some(body),
+                None => st.bucket.as_ref().and_then(|b| b.get(&format!("{}/{hash}", key.as_str())).cloned()),
+            })
+        })
+    }
+
+    async fn commit(
+        &self,
+        key: &EventKey,
+        token: &str,
+        ops: &[Op],
+        outcome: &str,
+        subject: Option<&str>,
+        now_ms: i64,
+    ) -> Result<CommitResult, PortError> {
+        let shards = self.0.shards;
+        // The same token on every try of this call, as the SDK retries it.
+        let request_token = self.0.ambient.token();
+        self.0.call("work.commit", |w, st| {
+            let (items, owner, outbox) = commit_items("memory", key, token, ops, outcome, subject, now_ms, shards)?;
+            let writes = items.iter().map(Write::from_sdk).collect::<Result<Vec<_>, _>>().map_err(invalid)?;
+            st.exercised.insert("complete");
+            if !outbox.is_empty() {
+                st.exercised.insert("outbox_new");
+            }
+            match st.table.transact(&writes, Some(&request_token), w.now()) {
+                Ok(()) => Ok(CommitResult::Committed { outbox: outbox.clone() }),
+                Err(TransactError::Cancelled(reasons)) => {
+                    let codes: Vec<&str> =
+                        reasons.iter().map(|r| if r.is_some() { "ConditionalCheckFailed" } else { "None" }).collect();
+                    commit_cancelled(&codes, &owner)
+                }
+                Err(e) => Err(invalid(format!("{e:?}"))),
+            }
+        })
+    }
+
+    async fn completed_by(&self, key: &EventKey) -> Result<Option<String>, PortError> {
+        self.0.call("work.completed_by", |_, st| {
+            Ok(st.table.get(key.as_str(), META_SK).and_then(work_record).and_then(|r| r.completed_token))
+        })
+    }
+
+    async fn leave(&self, key: &EventKey, token: &str, exit: &Exit<'_>, now_ms: i64) -> Result<bool, PortError> {
+        let shard = key.shard(self.0.shards);
+        self.0.call("work.leave", |_, st| {
+            Ok(match st.conditional(key.as_str(), META_SK, &cond::leave(token, exit, now_ms, shard))? {
+                Written::Applied(_) => true,
+                Written::Refused(met) => {
+                    met.as_ref().and_then(work_record).is_some_and(|r| r.transition_token.as_deref() == Some(token))
+                }
+            })
+        })
+    }
+
+    async fn wake(&self, key: &EventKey, now_ms: i64) -> Result<bool, PortError> {
+        let shard = key.shard(self.0.shards);
+        self.0.call("work.wake", |_, st| {
+            Ok(matches!(st.conditional(key.as_str(), META_SK, &cond::wake(GAP, now_ms, shard))?, Written::Applied(_)))
+        })
+    }
+
+    async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
+        let id = self.0.ambient.entropy.token_simple();
+        let item = history_item(key, kind, detail, now_ms, &id, self.0.retention_days);
+        self.0.call("work.append_history", |_, st| st.put(item.clone()))
+    }
+
+    async fn register_waiter(&self, at: &Position, key: &EventKey, expires_at: i64) -> Result<(), PortError> {
+        let item = HashMap::from([
+            ("pk".to_owned(), AttributeValue::S(at.stream.clone())),
+            ("sk".to_owned(), AttributeValue::S(waiter_sk(at.seq))),
+            ("event_key".to_owned(), AttributeValue::S(key.as_str().to_owned())),
+            ("expires_at".to_owned(), AttributeValue::N(expires_at.to_string())),
+        ]);
+        self.0.call("work.register_waiter", |_, st| st.put(item.clone()))
+    }
+
+    async fn waiter(&self, at: &Position) -> Result<Option<EventKey>, PortError> {
+        self.0.call("work.waiter", |_, st| {
+            Ok(st
+                .table
+                .get(&at.stream, &waiter_sk(at.seq))
+                .and_then(|i| get_s(i, "event_key"))
+                .and_then(EventKey::from_stored))
+        })
+    }
+
+    async fn predecessor_applied(&self, at: &Position) -> Result<bool, PortError> {
+        self.0.call("work.predecessor_applied", |_, st| {
+            let last = st.table.get(&at.stream, STATE_SK).and_then(|i| get_n(i, "last_seq")).unwrap_or(0);
+            Ok(last >= at.seq - 1)
+        })
+    }
+}
+
+// -------------------------------------------------------------- reconciler
+
+impl DueLedger for MemLedger {
+    fn shards(&self) -> u32 {
+        self.0.shards
+    }
+
+    async fn due(
+        &self,
+        partition: DuePartition,
+        shard: u32,
+        up_to: i64,
+        limit: usize,
+        after: Option<&DueCursor>,
+    ) -> Result<DuePage, PortError> {
+        let name = due_partition(partition, shard);
+        self.0.call("due.due", |_, st| {
+            let limit = limit.clamp(1, 100);
+            let keys: Vec<(i64, (String, String))> = st
+                .table
+                .index(DUE_INDEX, &name, Some(up_to))
+                .into_iter()
+                .map(|(at, k, _)| (at, k))
+                .filter(|(at, (pk, sk))| {
+                    after.is_none_or(|c| (*at, pk.as_str(), sk.as_str()) > (c.due_at_ms, c.pk.as_str(), c.sk.as_str()))
+                })
+                .collect();
+            let more = keys.len() > limit;
+            let page: Vec<_> = keys.into_iter().take(limit).collect();
+            let next = if more {
+                page.last().map(|(at, (pk, sk))| DueCursor { due_at_ms: *at, pk: pk.clone(), sk: sk.clone() })
+            } else {
+                None
+            };
+            let mut out = Vec::new();
+            let field = |i: &Item, k: &str| get_s(i, k).unwrap_or_default().to_owned();
+            for (at, (pk, sk)) in page {
+                if sk == OUTBOX_SK {
+                    out.push(Due::Outbox { id: pk, due_at_ms: at });
+                    continue;
+                }
+                // The batch read is by key: current, even when the index lags.
+                let Some(i) = st.table.get(&pk, &sk) else { continue };
+                if sk == META_SK {
+                    let (Some(key), Some(status)) =
+                        (EventKey::from_stored(&pk), get_s(i, attr::STATUS).and_then(Status::parse))
+                    else {
+                        continue;
+                    };
+                    out.push(Due::Record(DueRecord {
+                        key,
+                        status,
+                        enqueued: i.contains_key(attr::ENQUEUED_AT),
+                        due_at_ms: at,
+                        received_at_ms: get_n(i, attr::RECEIVED_AT).unwrap_or(at),
+                        lease_expires_at_ms: get_n(i, "lease_expires_at"),
+                    }));
+                } else if sk == STATE_SK {
+                    out.push(Due::Drift(DriftItem {
+                        pk: pk.clone(),
+                        due_at_ms: at,
+                        subscription: field(i, "subscription"),
+                        customer: field(i, "customer"),
+                        endpoint: field(i, "endpoint"),
+                        tenant: field(i, "tenant"),
+                        event_id: field(i, "event_id"),
+                        status: get_s(i, "status").map(str::to_owned),
+                        seats: get_n(i, "seats"),
+                    }));
+                }
+            }
+            out.sort_by_key(Due::due_at_ms);
+            Ok(DuePage { items: out, next })
+        })
+    }
+
+    async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {
+        let token = self.0.ambient.token();
+        let (pk, sk) = item_of(item);
+        self.0.call("due.claim_due", |_, st| {
+            Ok(match st.conditional(pk, sk, &cond::claim_due(seen, next, &token))? {
+                Written::Applied(_) => Some(token.clone()),
+                Written::Refused(Some(met)) if get_s(&met, CLAIM_TOKEN) == Some(token.as_str()) => Some(token.clone()),
+                Written::Refused(_) => None,
+            })
+        })
+    }
+
+    async fn reschedule(&self, item: DueItem<'_>, token: &str, at: i64) -> Result<(), PortError> {
+        let (pk, sk) = item_of(item);
+        self.0.call("due.reschedule", |_, st| st.conditional(pk, sk, &cond::reschedule(token, at)).map(|_| ()))
+    }
+
+    async fn note_enqueued(&self, key: &EventKey, now_ms: i64) -> Result<(), PortError> {
+        self.0.call("due.note_enqueued", |_, st| {
+            st.conditional(key.as_str(), META_SK, &cond::note_redriven(now_ms)).map(|_| ())
+        })
+    }
+
+    async fn attention(&self) -> Result<Attention, PortError> {
+        let shards = self.0.shards;
+        self.0.call("due.attention", |_, st| {
+            let mut counts = Attention::default();
+            for shard in 0..shards {
+                for (_, (_, sk), i) in st.table.index(ATTENTION_INDEX, &attention_shard(shard), None) {
+                    match (sk.as_str(), get_s(&i, attr::STATUS)) {
+                        (META_SK, Some("DEAD")) => counts.dead_letters += 1,
+                        (META_SK, Some("PARKED")) => counts.parked += 1,
+                        (OUTBOX_SK, Some("DEAD")) => counts.outbox_dead += 1,
+                        _ => {}
+                    }
+                }
+            }
+            Ok(counts)
+        })
+    }
+}
+
+// -------------------------------------------------------------- operations
+
+impl OperatorLedger for MemLedger {
+    fn shards(&self) -> u32 {
+        self.0.shards
+    }
+
+    async fn rows(
+        &self,
+        status: Status,
+        shard: u32,
+        filter: &RowFilter<'_>,
+        want: usize,
+    ) -> Result<Vec<Row>, PortError> {
+        self.0.call("operator.rows", |_, st| {
+            Ok(match status {
+                Status::Dead | Status::Parked => {
+                    let mut rows: Vec<Row> = st
+                        .table
+                        .index(ATTENTION_INDEX, &attention_shard(shard), None)
+                        .into_iter()
+                        .rev()
+                        .filter(|(at, (_, sk), i)| {
+                            sk == META_SK
+                                && get_s(i, attr::STATUS) == Some(status.as_str())
+                                && (filter.since_ms..=filter.until_ms).contains(at)
+                                && passes(i, filter)
+                        })
+                        .map(|(_, _, i)| row(&i))
+                        .collect();
+                    // The adapter pages (1 MB a page) until it has `want`;
+                    // one page here holds them all.
+                    let _ = want;
+                    rows.shrink_to_fit();
+                    rows
+                }
+                Status::Received | Status::Processing | Status::Retryable => open(st, &[status], shard, filter),
+                Status::Processed => Vec::new(),
+            })
+        })
+    }
+
+    async fn open_rows(&self, shard: u32) -> Result<Vec<Row>, PortError> {
+        let everything = RowFilter { until_ms: i64::MAX, ..RowFilter::default() };
+        self.0.call("operator.open_rows", |_, st| {
+            Ok(open(st, &[Status::Received, Status::Processing, Status::Retryable], shard, &everything))
+        })
+    }
+
+    async fn count(&self, status: Status) -> Result<u64, PortError> {
+        let everything = RowFilter { until_ms: i64::MAX, ..RowFilter::default() };
+        let mut total = 0;
+        for shard in 0..self.0.shards {
+            total += self.rows(status, shard, &everything, usize::MAX).await?.len() as u64;
+        }
+        Ok(total)
+    }
+
+    async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Option<Shown>, PortError> {
+        self.0.call("operator.show", |_, st| {
+            let all = st.table.partition(key.as_str());
+            let sk = |i: &Item| get_s(i, attr::SK).unwrap_or_default().to_owned();
+            let Some(record) = all.iter().find(|i| sk(i) == META_SK) else { return Ok(None) };
+            let history: Vec<Row> = all.iter().filter(|i| sk(i).starts_with("hist#")).map(|i| item_json(i)).collect();
+            let payload = if with_payload {
+                let hash = get_s(record, attr::PAYLOAD_HASH).unwrap_or_default();
+                payload::body(record)
+                    .or_else(|| all.iter().find(|i| sk(i) == payload_sk(hash)).and_then(|i| payload::body(i)))
+                    .or_else(|| st.bucket.as_ref().and_then(|b| b.get(&format!("{}/{hash}", key.as_str())).cloned()))
+            } else {
+                None
+            };
+            Ok(Some((item_json(record), history, payload)))
+        })
+    }
+
+    async fn transition(
+        &self,
+        key: &EventKey,
+        action: OperatorAction,
+        operator: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<Transitioned, PortError> {
+        let token = self.0.ambient.token();
+        let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.0.shards));
+        self.0.call("operator.transition", |_, st| {
+            Ok(match st.conditional(key.as_str(), META_SK, &update)? {
+                Written::Applied(_) => Transitioned::Done,
+                Written::Refused(None) => Transitioned::Missing,
+                Written::Refused(Some(met)) if get_s(&met, OPERATOR_TOKEN) == Some(token.as_str()) => {
+                    Transitioned::Done
+                }
+                Written::Refused(Some(met)) => match get_s(&met, attr::STATUS).and_then(Status::parse) {
+                    Some(s) => Transitioned::Refused(s),
+                    None => Transitioned::Missing,
+                },
+            })
+        })
+    }
+
+    async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
+        WorkLedger::append_history(self, key, kind, detail, now_ms).await
+    }
+}
+
+/// Open records of one shard from the due index (keys), read by key,
+/// newest first (the adapter's `due_rows`).
+fn open(st: &State, statuses: &[Status], shard: u32, filter: &RowFilter<'_>) -> Vec<Row> {
+    let mut items: Vec<Item> = st
+        .table
+        .index(DUE_INDEX, &due_shard(shard), None)
+        .into_iter()
+        .filter_map(|(_, (pk, sk), _)| st.table.get(&pk, &sk).cloned())
+        .filter(|i| statuses.iter().any(|s| get_s(i, attr::STATUS) == Some(s.as_str())) && passes(i, filter))
+        .collect();
+    let sort_key =
+        |i: &Item| (get_n(i, attr::RECEIVED_AT).unwrap_or(0), get_s(i, attr::PK).unwrap_or_default().to_owned());
+    items.sort_by_key(|i| std::cmp::Reverse(sort_key(i)));
+    items
+        .iter()
+        .map(|i| {
+            let mut r = row(i);
+            if !filter.fields.is_empty() {
+                r.retain(|k, _| filter.fields.contains(&k.as_str()) || k == "st_at" || k == attr::PK);
+            }
+            r
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- backfill
+
+impl BackfillLedger for MemLedger {
+    async fn claim(&self, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
+        Ledger::claim(self, event, body).await
+    }
+
+    async fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> Result<(), PortError> {
+        Ledger::release_send_lease(self, key, lease).await
+    }
+
+    async fn recorded(&self, key: &EventKey) -> Result<bool, PortError> {
+        self.0.call("backfill.recorded", |_, st| Ok(st.table.get(key.as_str(), META_SK).is_some()))
+    }
+
+    async fn note_redelivery(&self, key: &EventKey, handle: &str, now_ms: i64) -> Result<(), PortError> {
+        let item = redelivery_item(key, handle, now_ms, self.0.retention_days);
+        self.0.call("backfill.note_redelivery", |_, st| st.put(item.clone()))
+    }
+
+    async fn progress(&self, run: &str) -> Result<Option<BackfillProgress>, PortError> {
+        self.0.call("backfill.progress", |_, st| Ok(st.table.get(&progress_pk(run), PROGRESS_SK).map(progress_from)))
+    }
+
+    async fn schedule_state(&self, endpoint: &str) -> Result<Option<ScheduleState>, PortError> {
+        self.0.call("backfill.schedule_state", |_, st| {
+            Ok(st.table.get(&progress_pk(endpoint), SCHEDULE_SK).map(schedule_from))
+        })
+    }
+
+    async fn save_schedule_state(&self, endpoint: &str, state: &ScheduleState, now_ms: i64) -> Result<(), PortError> {
+        let item = schedule_item(endpoint, state, now_ms);
+        self.0.call("backfill.save_schedule_state", |_, st| st.put(item.clone()))
+    }
+
+    async fn save_progress(&self, run: &str, progress: &BackfillProgress, now_ms: i64) -> Result<(), PortError> {
+        let item = progress_item(run, progress, now_ms, self.0.retention_days);
+        self.0.call("backfill.save_progress", |_, st| st.put(item.clone()))
+    }
+
+    async fn park(&self, event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> Result<Claim, PortError> {
+        let item = parked_item(event, unfetched);
+        self.0.call("backfill.park", |_, st| st.put_claim(event, item.clone()))
+    }
+
+    async fn release(&self, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
+        self.0.call("backfill.release", |_, st| release(st, event, body, by))
+    }
+
+    async fn note(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
+        WorkLedger::append_history(self, key, kind, detail, now_ms).await
+    }
+}
+
+// ------------------------------------------------------------------ outbox
+
+impl MemOutbox {
+    /// The outbox item's attribute, as text.
+    pub fn field(&self, id: &str, name: &str) -> Option<String> {
+        let item = self.0.read(id, OUTBOX_SK)?;
+        match item.get(name)? {
+            AttributeValue::S(s) | AttributeValue::N(s) => Some(s.clone()),
+            other => Some(format!("{other:?}")),
+        }
+    }
+
+    fn fenced(&self, call: &str, id: &str, token: &str, update: &Update) -> Result<Held, PortError> {
+        self.0.call(call, |_, st| {
+            Ok(match st.conditional(id, OUTBOX_SK, update)? {
+                Written::Applied(_) => Held::Yes,
+                Written::Refused(Some(met)) if text(&met, "dispatch_token") == token => Held::Yes,
+                Written::Refused(_) => Held::Lapsed,
+            })
+        })
+    }
+}
+
+impl OutboxStore for MemOutbox {
+    async fn claim(&self, id: &str, token: &str, now_ms: i64, until_ms: i64) -> Result<OutboxClaim, PortError> {
+        self.0.call("outbox.claim", |_, st| {
+            Ok(match st.conditional(id, OUTBOX_SK, &cond::outbox_claim(token, now_ms, until_ms))? {
+                Written::Applied(item) => OutboxClaim::Claimed(claimed(&item)),
+                Written::Refused(Some(met))
+                    if text(&met, "dispatch_token") == token
+                        && text(&met, "status") == cond::outbox_status::SENDING =>
+                {
+                    OutboxClaim::Claimed(claimed(&met))
+                }
+                Written::Refused(_) => OutboxClaim::Skipped,
+            })
+        })
+    }
+
+    async fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> Result<Held, PortError> {
+        self.fenced("outbox.mark_sent", id, token, &cond::outbox_sent(token, now_ms))
+    }
+
+    async fn back_off(
+        &self,
+        id: &str,
+        token: &str,
+        next_at_ms: i64,
+        error: &str,
+        now_ms: i64,
+    ) -> Result<Held, PortError> {
+        self.fenced("outbox.back_off", id, token, &cond::outbox_back_off(token, next_at_ms, &short(error), now_ms))
+    }
+
+    async fn dead(&self, id: &str, token: &str, shard: u32, error: &str, now_ms: i64) -> Result<Held, PortError> {
+        self.fenced("outbox.dead", id, token, &cond::outbox_dead(token, &dead_partition(shard), &short(error), now_ms))
+    }
+
+    async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
+        self.0.call("outbox.due", |_, st| {
+            Ok(st
+                .table
+                .index(DUE_INDEX, &outbox_partition(shard), Some(up_to))
+                .into_iter()
+                .filter(|(_, (_, sk), _)| sk == OUTBOX_SK)
+                .map(|(_, (pk, _), _)| pk)
+                .take(limit.clamp(1, 100))
+                .collect())
+        })
+    }
+}

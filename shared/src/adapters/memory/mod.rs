@@ -1,0 +1,289 @@
+//! Every port in memory, over one state behind one lock: the world the use
+//! cases' unit tests and the contract suite (`crate::contract`) run on.
+//!
+//! The ledger is a table of items ([`table`]) whose writes are the very
+//! expressions of `adapters::dynamodb::conditions`, evaluated here
+//! ([`expr`]); each port method mirrors its DynamoDB adapter, including how
+//! a write that failed its condition recognises its own earlier try. The
+//! contract suite runs the same scenarios on this world and on the
+//! DynamoDB, SQS and SNS adapters against the emulator: a divergence is a
+//! failing test.
+//!
+//! | view | ports |
+//! |---|---|
+//! | [`MemLedger`] | `Ledger`, `WorkLedger`, `DueLedger`, `OperatorLedger`, `BackfillLedger` |
+//! | [`MemOutbox`] | `OutboxStore` |
+//! | [`MemQueue`] | `WorkQueue`, `Redelivery` (visibility, receive counts, a dead-letter queue) |
+//! | [`MemPublisher`] | `Publisher` |
+//! | [`MemSource`] | `BackfillSource` |
+//!
+//! Faults ([`Fault`]) are injected at any port call by name
+//! (`ledger.claim`, `work.commit`, `queue.send`, ...): throttled before the
+//! write, the acknowledgement lost once (the write lands, and the
+//! adapter's retry meets it) or always, or the invocation dies before or
+//! after the write (a panic, which [`crashed`] recognises). Random faults
+//! are drawn from the world's `Entropy`; every time comes from its `Clock`.
+
+pub mod expr;
+mod ledger;
+mod queue;
+mod source;
+pub mod table;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use self::ledger::{Value, set};
+pub use self::queue::{MemQueue, Message};
+pub use self::source::MemSource;
+use self::table::Table;
+use crate::clock::Ambient;
+use crate::ledger::PortError;
+
+/// What happens at a port call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `Throttled`, nothing written.
+    Throttle,
+    /// The write lands; its acknowledgement is lost and the adapter's own
+    /// retry meets it (what that retry answers is the call's answer).
+    LoseAckOnce,
+    /// The write lands; every retry's acknowledgement is lost too: the call
+    /// fails (`Unavailable`).
+    LoseAckAlways,
+    /// The invocation dies before the call.
+    CrashBefore,
+    /// The invocation dies after the write landed.
+    CrashAfter,
+}
+
+/// The panic message of an injected crash.
+pub const CRASH: &str = "hookledger memory world: injected crash";
+
+/// Whether a task's panic was an injected crash.
+pub fn crashed(err: tokio::task::JoinError) -> bool {
+    err.try_into_panic().ok().is_some_and(|p| p.downcast_ref::<String>().is_some_and(|m| m.starts_with(CRASH)))
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    call: String,
+    /// Calls of this name to let through first.
+    skip: u32,
+    /// How many calls it hits (`None`: every one).
+    times: Option<u32>,
+    fault: Fault,
+}
+
+/// One message published (the SNS topic's view).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub topic_arn: String,
+    pub body: String,
+    pub idempotency_key: String,
+    pub group: String,
+}
+
+#[derive(Default)]
+pub struct State {
+    pub table: Table,
+    /// The payload bucket (`None`: not configured).
+    pub bucket: Option<HashMap<String, Vec<u8>>>,
+    pub queue: queue::QueueState,
+    pub published: Vec<Published>,
+    rules: Vec<Rule>,
+    /// Faults drawn at random: per thousand calls.
+    random_per_mille: u32,
+    /// Every port call, in order.
+    pub calls: Vec<String>,
+    /// The conditions.rs expressions evaluated (applied or refused).
+    pub exercised: BTreeSet<&'static str>,
+}
+
+/// The world: one state, one lock, the ambient clock and entropy.
+#[derive(Clone)]
+pub struct World {
+    state: Arc<Mutex<State>>,
+    ambient: Ambient,
+    shards: u32,
+    retention_days: u32,
+}
+
+impl World {
+    /// A world on this clock and entropy (tests: `Ambient::fixed`).
+    pub fn new(ambient: Ambient) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::default())),
+            ambient,
+            shards: crate::policy::DEFAULT_INDEX_SHARDS,
+            retention_days: crate::policy::DEFAULT_RETENTION_DAYS,
+        }
+    }
+
+    /// The same state seen with another clock and entropy (a second
+    /// invocation; with the same seed, one that draws the same tokens).
+    pub fn with_ambient(&self, ambient: Ambient) -> Self {
+        Self { ambient, ..self.clone() }
+    }
+
+    pub fn with_shards(mut self, shards: u32) -> Self {
+        self.shards = shards.max(1);
+        self
+    }
+
+    /// Large payloads go to a bucket, as with `HOOKLEDGER_PAYLOAD_BUCKET`.
+    pub fn with_payload_bucket(self) -> Self {
+        self.state().bucket = Some(HashMap::new());
+        self
+    }
+
+    pub fn ambient(&self) -> &Ambient {
+        &self.ambient
+    }
+
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The state, for a test to arrange or look.
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn ledger(&self) -> MemLedger {
+        MemLedger(self.clone())
+    }
+
+    pub fn outbox(&self) -> MemOutbox {
+        MemOutbox(self.clone())
+    }
+
+    /// The work queue; a message received `max_receives` times moves to the
+    /// dead-letter queue.
+    pub fn queue(&self) -> MemQueue {
+        MemQueue::new(self.clone())
+    }
+
+    pub fn publisher(&self) -> MemPublisher {
+        MemPublisher(self.clone())
+    }
+
+    /// Injects `fault` at the calls named `call`, after `skip` good ones,
+    /// `times` times (`None`: always).
+    pub fn inject(&self, call: &str, skip: u32, times: Option<u32>, fault: Fault) {
+        self.state().rules.push(Rule { call: call.to_owned(), skip, times, fault });
+    }
+
+    /// Injects a random fault at this rate per thousand calls, drawn from the
+    /// world's entropy (crashes excluded: a random crash is the caller's).
+    pub fn random_faults(&self, per_mille: u32) {
+        self.state().random_per_mille = per_mille;
+    }
+
+    pub fn clear_faults(&self) {
+        let mut st = self.state();
+        st.rules.clear();
+        st.random_per_mille = 0;
+    }
+
+    /// The calls made so far, by name.
+    pub fn calls(&self) -> Vec<String> {
+        self.state().calls.clone()
+    }
+
+    fn fault_for(&self, st: &mut State, call: &str) -> Option<Fault> {
+        st.calls.push(call.to_owned());
+        for r in st.rules.iter_mut().filter(|r| r.call == call) {
+            if r.skip > 0 {
+                r.skip -= 1;
+                continue;
+            }
+            match &mut r.times {
+                Some(0) => continue,
+                Some(n) => *n -= 1,
+                None => {}
+            }
+            return Some(r.fault);
+        }
+        if st.random_per_mille > 0 && self.ambient.entropy.bits() % 1000 < u128::from(st.random_per_mille) {
+            const KINDS: [Fault; 3] = [Fault::Throttle, Fault::LoseAckOnce, Fault::LoseAckAlways];
+            return Some(KINDS[(self.ambient.entropy.bits() % 3) as usize]);
+        }
+        None
+    }
+
+    /// Runs one port call under the lock, with its fault if one is due. `f`
+    /// is the call as the adapter makes it, retry recognition included: a
+    /// lost acknowledgement runs it again on the state it left.
+    fn call<T>(&self, name: &str, f: impl Fn(&World, &mut State) -> Result<T, PortError>) -> Result<T, PortError> {
+        let mut st = self.state();
+        match self.fault_for(&mut st, name) {
+            None => f(self, &mut st),
+            Some(Fault::Throttle) => Err(PortError::Throttled { service: service(name) }),
+            Some(Fault::LoseAckOnce) => {
+                let _ = f(self, &mut st);
+                f(self, &mut st)
+            }
+            Some(Fault::LoseAckAlways) => {
+                let _ = f(self, &mut st);
+                let _ = f(self, &mut st);
+                Err(PortError::Unavailable {
+                    service: service(name),
+                    message: "acknowledgement lost (memory world)".into(),
+                })
+            }
+            Some(Fault::CrashBefore) => {
+                drop(st);
+                panic!("{CRASH} before {name}");
+            }
+            Some(Fault::CrashAfter) => {
+                let _ = f(self, &mut st);
+                drop(st);
+                panic!("{CRASH} after {name}");
+            }
+        }
+    }
+}
+
+fn service(call: &str) -> &'static str {
+    match call.split('.').next() {
+        Some("queue") => "sqs",
+        Some("publisher") => "sns",
+        Some("source") => "provider",
+        _ => "dynamodb",
+    }
+}
+
+/// The ledger ports on the world.
+#[derive(Clone)]
+pub struct MemLedger(pub World);
+
+/// The outbox store on the world.
+#[derive(Clone)]
+pub struct MemOutbox(pub World);
+
+/// The publisher on the world: every message published, in order.
+#[derive(Clone)]
+pub struct MemPublisher(pub World);
+
+impl MemPublisher {
+    pub fn published(&self) -> Vec<Published> {
+        self.0.state().published.clone()
+    }
+}
+
+impl crate::ports::Publisher for MemPublisher {
+    async fn publish(&self, topic_arn: &str, body: &str, idempotency_key: &str, group: &str) -> Result<(), String> {
+        self.0
+            .call("publisher.publish", |_, st| {
+                st.published.push(Published {
+                    topic_arn: topic_arn.to_owned(),
+                    body: body.to_owned(),
+                    idempotency_key: idempotency_key.to_owned(),
+                    group: group.to_owned(),
+                });
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
+    }
+}

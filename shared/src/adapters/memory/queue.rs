@@ -1,0 +1,160 @@
+//! The work queue in memory, as an SQS standard queue with a redrive
+//! policy: messages are the adapter's own bodies (`adapters::sqs`), a
+//! received message is invisible for the visibility timeout, each receive
+//! counts, and a message received more than `max_receives` times moves to
+//! the dead-letter queue instead of being delivered.
+
+use super::World;
+use crate::adapters::sqs::{MAX_MESSAGE_BYTES, MAX_RECEIVE_COUNT, WORK_QUEUE_VISIBILITY_SECS, WorkMessage, received};
+use crate::identity::EventKey;
+use crate::ledger::PortError;
+use crate::ports::{Received, Redelivery, WorkQueue};
+
+/// One message on the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub id: String,
+    pub body: String,
+    pub visible_at_ms: i64,
+    pub receives: u32,
+    /// The receipt of its latest receive.
+    pub receipt: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct QueueState {
+    pub messages: Vec<Message>,
+    pub dead: Vec<Message>,
+    sent: u64,
+}
+
+/// The queue view of the world.
+#[derive(Clone)]
+pub struct MemQueue {
+    world: World,
+    visibility_ms: i64,
+    max_receives: u32,
+}
+
+impl MemQueue {
+    pub(super) fn new(world: World) -> Self {
+        Self {
+            world,
+            visibility_ms: i64::from(WORK_QUEUE_VISIBILITY_SECS) * 1000,
+            max_receives: MAX_RECEIVE_COUNT.unsigned_abs(),
+        }
+    }
+
+    pub fn with_max_receives(mut self, n: u32) -> Self {
+        self.max_receives = n.max(1);
+        self
+    }
+
+    /// The event keys sent, in order, whether received since or not.
+    pub fn keys(&self) -> Vec<EventKey> {
+        let st = self.world.state();
+        st.queue.messages.iter().chain(&st.queue.dead).filter_map(|m| key_of(&m.body)).collect()
+    }
+
+    /// Messages waiting or in flight.
+    pub fn len(&self) -> usize {
+        self.world.state().queue.messages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keys on the dead-letter queue.
+    pub fn dead_keys(&self) -> Vec<EventKey> {
+        self.world.state().queue.dead.iter().filter_map(|m| key_of(&m.body)).collect()
+    }
+
+    /// Receives up to `max` visible messages, as the processor's trigger
+    /// hands them over (decoded by the SQS adapter's own `received`).
+    pub fn receive(&self, max: usize) -> Vec<Received> {
+        let now = self.world.ambient().clock.now_ms();
+        let mut st = self.world.state();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < st.queue.messages.len() && out.len() < max {
+            if st.queue.messages[i].visible_at_ms > now {
+                i += 1;
+                continue;
+            }
+            if st.queue.messages[i].receives >= self.max_receives {
+                let m = st.queue.messages.remove(i);
+                st.queue.dead.push(m);
+                continue;
+            }
+            let receipt = format!("r-{}", self.world.ambient().entropy.token_simple());
+            let m = &mut st.queue.messages[i];
+            m.receives += 1;
+            m.visible_at_ms = now + self.visibility_ms;
+            m.receipt = Some(receipt.clone());
+            let count = m.receives.to_string();
+            out.push(received(m.id.clone(), Some(receipt), Some(&m.body), Some(&count)));
+            i += 1;
+        }
+        out
+    }
+
+    /// Deletes a received message (the batch's success); a stale receipt
+    /// deletes nothing.
+    pub fn delete(&self, receipt: &str) -> bool {
+        let mut st = self.world.state();
+        let before = st.queue.messages.len();
+        st.queue.messages.retain(|m| m.receipt.as_deref() != Some(receipt));
+        st.queue.messages.len() != before
+    }
+
+    fn send_body(&self, message: &WorkMessage) -> Result<(), PortError> {
+        let encode = |m: &WorkMessage| {
+            serde_json::to_string(m).map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() })
+        };
+        let mut body = encode(message)?;
+        if body.len() > MAX_MESSAGE_BYTES {
+            body = encode(&WorkMessage::new(
+                &EventKey::from_stored(&message.key)
+                    .ok_or_else(|| PortError::Unavailable { service: "sqs", message: "not an event key".into() })?,
+            ))?;
+        }
+        let now = self.world.ambient().clock.now_ms();
+        self.world.call("queue.send", |_, st| {
+            st.queue.sent += 1;
+            let id = format!("m-{:06}", st.queue.sent);
+            st.queue.messages.push(Message { id, body: body.clone(), visible_at_ms: now, receives: 0, receipt: None });
+            Ok(())
+        })
+    }
+}
+
+fn key_of(body: &str) -> Option<EventKey> {
+    serde_json::from_str::<WorkMessage>(body).ok().and_then(|m| EventKey::from_stored(&m.key))
+}
+
+impl WorkQueue for MemQueue {
+    async fn send(&self, key: &EventKey) -> Result<(), PortError> {
+        self.send_body(&WorkMessage::new(key))
+    }
+
+    async fn send_with_payload(&self, key: &EventKey, payload: &[u8]) -> Result<(), PortError> {
+        self.send_body(&WorkMessage::with_payload(key, payload))
+    }
+}
+
+impl Redelivery for MemQueue {
+    async fn show_again(&self, receipt: &str, delay_ms: i64) -> Result<(), PortError> {
+        let now = self.world.ambient().clock.now_ms();
+        let delay = i64::from(crate::adapters::sqs::visibility_secs(delay_ms)) * 1000;
+        self.world.call("queue.show_again", |_, st| {
+            match st.queue.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)) {
+                Some(m) => {
+                    m.visible_at_ms = now + delay;
+                    Ok(())
+                }
+                None => Err(PortError::Unavailable { service: "sqs", message: "ReceiptHandleIsInvalid".into() }),
+            }
+        })
+    }
+}

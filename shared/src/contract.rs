@@ -1,0 +1,791 @@
+//! One contract suite, two backends: scenarios over the ports, run on the
+//! memory world (`adapters::memory`, the library's unit tests) and on the
+//! DynamoDB adapter against the emulator (the integration tests, through
+//! [`contract_suite!`](crate::contract_suite)). Each scenario states what
+//! every backend must answer; a backend that answers otherwise fails it.
+//!
+//! Every write is made twice where a retry could make it twice: a second
+//! ledger drawn from the same seed draws the same tokens, so its write is
+//! the first one's retry after a lost acknowledgement, and must recognise
+//! itself. Scenarios in [`MEMORY_ONLY`] need what the emulator lacks.
+
+use std::future::Future;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
+
+use crate::identity::{EventKey, payload_hash};
+use crate::ledger::{
+    Claim, CommitResult, Due, DueItem, DuePartition, Exit, LeaseResult, NewEvent, OperatorAction, Release, Row,
+    SendLease, Status, Transitioned, Via,
+};
+use crate::message::{Held, OutboxClaim, OutboxMessage};
+use crate::policy::REDRIVE_GRACE_MS;
+use crate::ports::{
+    BackfillLedger, BackfillProgress, DueLedger, Ledger, OperatorLedger, OutboxStore, RowFilter, ScheduleState,
+    UnfetchedEvent, WorkLedger,
+};
+use crate::projection::sequence::{self, Position};
+use crate::projection::{OnConflict, Op};
+
+/// The time every scenario starts at (ports take their times as arguments).
+pub const T0: i64 = 1_800_000_000_000;
+
+/// A table item, as the DynamoDB adapter writes it.
+pub type Item = std::collections::HashMap<String, AttributeValue>;
+
+/// What a backend gives a scenario: a fresh, empty store (one index shard).
+pub trait Backend: Send + Sync {
+    type Ledger: Ledger + WorkLedger + DueLedger + OperatorLedger + BackfillLedger;
+    type Outbox: OutboxStore;
+    /// The ledger, drawing its tokens from `seed`: two ledgers of one seed
+    /// draw the same tokens.
+    fn ledger(&self, seed: u64) -> Self::Ledger;
+    fn outbox(&self) -> Self::Outbox;
+    /// The table's name, for projection writes.
+    fn table(&self) -> String;
+    /// Writes an item as it is, unconditionally (a record left by an
+    /// earlier release, a projection's state).
+    fn put(&self, item: Item) -> impl Future<Output = ()> + Send;
+}
+
+/// Scenarios that run on the memory world only, and why.
+pub const MEMORY_ONLY: &[(&str, &str)] = &[
+    (
+        "a_transaction_token_is_honoured_for_ten_minutes",
+        "the emulator does not implement TransactWriteItems' ClientRequestToken",
+    ),
+    ("the_indexes_may_lag_the_table", "the emulator's indexes are always current"),
+];
+
+fn event(name: &str, body: &[u8], token: &str) -> NewEvent {
+    let key = EventKey::new("stripe", "contract", name);
+    NewEvent {
+        shard: 0,
+        provider: "stripe".into(),
+        endpoint: "contract".into(),
+        tenant: "t1".into(),
+        event_id: name.into(),
+        event_type: Some("invoice.paid".into()),
+        payload_hash: payload_hash(body),
+        content_hash: payload_hash(body),
+        received_at_ms: T0,
+        expires_at: T0 / 1000 + 86_400,
+        send: SendLease { token: token.into(), until_ms: T0 + 10_000 },
+        via: Via::Webhook,
+        key,
+    }
+}
+
+fn body(name: &str) -> Vec<u8> {
+    format!(r#"{{"id":"{name}","object":"event"}}"#).into_bytes()
+}
+
+/// Bytes that do not compress: too large for the record, so the claim is a
+/// transaction with the payload item.
+fn large_body(name: &str) -> Vec<u8> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut out = format!(r#"{{"id":"{name}","noise":""#).into_bytes();
+    for _ in 0..6_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push(b'a' + (x % 26) as u8);
+    }
+    out.extend_from_slice(b"\"}");
+    out
+}
+
+async fn row<L: OperatorLedger>(l: &L, key: &EventKey) -> Row {
+    l.show(key, false).await.unwrap().unwrap_or_else(|| panic!("{key}: no record")).0
+}
+
+fn num(r: &Row, name: &str) -> Option<i64> {
+    r.get(name).and_then(serde_json::Value::as_i64)
+}
+
+fn text<'a>(r: &'a Row, name: &str) -> Option<&'a str> {
+    r.get(name).and_then(serde_json::Value::as_str)
+}
+
+/// A seed of its own for each scenario's invocation (one seed for two
+/// ledgers only where the second is the first's retry).
+fn seed(name: &str) -> u64 {
+    u64::from(crate::identity::shard_of(name, u32::MAX)) + 1_000
+}
+
+async fn claimed<B: Backend>(b: &B, name: &str) -> (B::Ledger, NewEvent) {
+    let l = b.ledger(seed(name));
+    let e = event(name, &body(name), "send-1");
+    assert_eq!(Ledger::claim(&l, &e, &body(name)).await.unwrap(), Claim::New);
+    (l, e)
+}
+
+async fn leased<B: Backend>(b: &B, name: &str, token: &str) -> (B::Ledger, NewEvent) {
+    let (l, e) = claimed(b, name).await;
+    assert!(matches!(l.lease(&e.key, token, T0, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    (l, e)
+}
+
+// ------------------------------------------------------------------ intake
+
+/// `CLAIM`: the key is new once; our own retried put is still ours; another
+/// delivery meets the record.
+pub async fn the_claim_is_new_once_and_its_retry_is_ours<B: Backend>(b: &B) {
+    for (name, bytes) in [("small", body("small")), ("large", large_body("large"))] {
+        let l = b.ledger(1);
+        let e = event(name, &bytes, "send-1");
+        assert_eq!(Ledger::claim(&l, &e, &bytes).await.unwrap(), Claim::New, "{name}");
+        assert_eq!(Ledger::claim(&l, &e, &bytes).await.unwrap(), Claim::New, "{name}: our own retry");
+        let other = event(name, &bytes, "send-2");
+        match Ledger::claim(&l, &other, &bytes).await.unwrap() {
+            Claim::Existing(r) => {
+                assert_eq!(r.status, Status::Received, "{name}");
+                assert_eq!(r.payload_hash, e.payload_hash, "{name}");
+                assert!(r.payload_stored && r.enqueued_at_ms.is_none(), "{name}: {r:?}");
+                assert_eq!(r.send_lease_until_ms, Some(T0 + 10_000), "{name}");
+                assert_eq!(r.via, Via::Webhook);
+            }
+            Claim::New => panic!("{name}: a second delivery claimed the key again"),
+        }
+        let (record, _, payload) = l.show(&e.key, true).await.unwrap().unwrap();
+        assert_eq!(payload.as_deref(), Some(&bytes[..]), "{name}: the payload is durable with the claim");
+        assert_eq!(text(&record, "due_shard"), Some("due#000"));
+        assert_eq!(num(&record, "due_at"), Some(T0 + REDRIVE_GRACE_MS), "{name}: due for the re-drive");
+    }
+}
+
+/// `take_send_lease`, `release_send_lease`, `mark_enqueued`.
+pub async fn the_send_lease_is_taken_once_released_and_ends_with_the_send<B: Backend>(b: &B) {
+    let (l, e) = claimed(b, "lease").await;
+    let mine = SendLease { token: "send-1".into(), until_ms: T0 + 10_000 };
+    let other = SendLease { token: "send-2".into(), until_ms: T0 + 20_000 };
+    assert!(l.take_send_lease(&e.key, &mine, T0 + 1).await.unwrap(), "our own lease, retried");
+    assert!(!l.take_send_lease(&e.key, &other, T0 + 1).await.unwrap(), "a live lease is someone else's");
+    Ledger::release_send_lease(&l, &e.key, &other).await.unwrap();
+    assert!(!l.take_send_lease(&e.key, &other, T0 + 2).await.unwrap(), "releasing another's lease does nothing");
+    Ledger::release_send_lease(&l, &e.key, &mine).await.unwrap();
+    assert!(l.take_send_lease(&e.key, &other, T0 + 3).await.unwrap(), "released: free to take");
+    assert!(l.take_send_lease(&e.key, &other, T0 + 3).await.unwrap(), "its own retry");
+    let third = SendLease { token: "send-3".into(), until_ms: T0 + 40_000 };
+    assert!(l.take_send_lease(&e.key, &third, T0 + 20_001).await.unwrap(), "an expired lease is free");
+    l.mark_enqueued(&e.key, T0 + 20_002).await.unwrap();
+    assert!(!l.take_send_lease(&e.key, &third, T0 + 20_003).await.unwrap(), "sent: no lease, not even ours");
+    let r = row(&l, &e.key).await;
+    assert_eq!(num(&r, "enqueued_at"), Some(T0 + 20_002));
+    assert!(r.get("send_lease_until").is_none(), "the send drops the lease");
+    let missing = EventKey::new("stripe", "contract", "nobody");
+    assert!(!l.take_send_lease(&missing, &mine, T0).await.unwrap(), "no record, no lease");
+    assert!(l.mark_enqueued(&missing, T0).await.is_err(), "marking a missing record is an error");
+}
+
+/// `payload_stored`, `adopt_payload`.
+pub async fn a_record_without_its_payload_adopts_one_once<B: Backend>(b: &B) {
+    let l = b.ledger(1);
+    let bytes = body("adopt");
+    let e = event("adopt", &bytes, "send-1");
+    let mut item = crate::adapters::dynamodb::new_record_item(&e);
+    item.insert("payload_stored".into(), AttributeValue::Bool(false));
+    b.put(item).await;
+    let newer = br#"{"id":"adopt","object":"event","v":2}"#;
+    let new_hash = payload_hash(newer);
+    assert!(l.adopt_payload(&e.key, &e.payload_hash, &new_hash, newer, e.expires_at, true).await.unwrap());
+    assert!(
+        l.adopt_payload(&e.key, &e.payload_hash, &new_hash, newer, e.expires_at, true).await.unwrap(),
+        "our own retry meets its adoption"
+    );
+    let third = payload_hash(b"third");
+    assert!(!l.adopt_payload(&e.key, &e.payload_hash, &third, b"third", e.expires_at, false).await.unwrap());
+    let r = row(&l, &e.key).await;
+    assert_eq!(text(&r, "payload_hash"), Some(new_hash.as_str()));
+    assert_eq!(text(&r, "last_conflict_hash"), Some(e.payload_hash.as_str()));
+    assert!(num(&r, "conflicts").is_some_and(|c| c >= 1));
+    assert_eq!(l.payload(&e.key, &new_hash).await.unwrap().as_deref(), Some(&newer[..]));
+
+    // The old path: the payload item first, then the record notes it.
+    let e2 = event("store", &bytes, "send-1");
+    let mut item = crate::adapters::dynamodb::new_record_item(&e2);
+    item.insert("payload_stored".into(), AttributeValue::Bool(false));
+    b.put(item).await;
+    l.store_payload(&e2.key, &e2.payload_hash, &bytes, e2.expires_at).await.unwrap();
+    assert_eq!(row(&l, &e2.key).await.get("payload_stored"), Some(&serde_json::Value::Bool(true)));
+    assert!(l.store_payload(&e2.key, "another", &bytes, e2.expires_at).await.is_err(), "not the record's payload");
+}
+
+/// `note_duplicate`, `flag_conflict`.
+pub async fn duplicates_and_conflicts_are_counted_on_the_record<B: Backend>(b: &B) {
+    let (l, e) = claimed(b, "dups").await;
+    l.note_duplicate(&e.key).await.unwrap();
+    l.note_duplicate(&e.key).await.unwrap();
+    l.flag_conflict(&e.key, "other-hash", T0 + 5).await.unwrap();
+    let r = row(&l, &e.key).await;
+    assert_eq!((num(&r, "duplicates"), num(&r, "conflicts")), (Some(3), Some(1)));
+    assert_eq!((text(&r, "last_conflict_hash"), num(&r, "last_conflict_at")), (Some("other-hash"), Some(T0 + 5)));
+    let missing = EventKey::new("stripe", "contract", "nobody");
+    assert!(l.note_duplicate(&missing).await.is_err());
+    assert!(l.flag_conflict(&missing, "h", T0).await.is_err());
+}
+
+// --------------------------------------------------------------- processor
+
+/// `lease`: RECEIVED, RETRYABLE when due, PROCESSING when expired; our own
+/// retry is ours; the rest say why not.
+pub async fn the_lease_is_taken_when_leasable_and_recognises_its_retry<B: Backend>(b: &B) {
+    let (l, e) = claimed(b, "work").await;
+    let LeaseResult::Leased(r) = l.lease(&e.key, "tok-1", T0, 30_000).await.unwrap() else { panic!("leasable") };
+    assert_eq!((r.status, r.attempts, r.lease_expires_at_ms), (Status::Processing, 1, Some(T0 + 30_000)));
+    assert_eq!(r.window_start_ms, Some(T0));
+    assert!(matches!(l.lease(&e.key, "tok-1", T0 + 1, 30_000).await.unwrap(), LeaseResult::Leased(_)), "retry");
+    assert_eq!(
+        l.lease(&e.key, "tok-2", T0 + 2, 30_000).await.unwrap(),
+        LeaseResult::Busy { until_ms: T0 + 30_000 },
+        "a live lease"
+    );
+    let LeaseResult::Leased(r) = l.lease(&e.key, "tok-2", T0 + 30_001, 30_000).await.unwrap() else {
+        panic!("an expired lease is taken over")
+    };
+    assert_eq!((r.lease_owner.as_deref(), r.window_start_ms), (Some("tok-2"), Some(T0)), "the window stays");
+    let missing = EventKey::new("stripe", "contract", "nobody");
+    assert_eq!(l.lease(&missing, "t", T0, 1).await.unwrap(), LeaseResult::Missing);
+    let rec = row(&l, &e.key).await;
+    assert_eq!(num(&rec, "due_at"), Some(T0 + REDRIVE_GRACE_MS), "the lease does not move the record in the index");
+}
+
+/// `complete` and `outbox_new`: the commit is fenced by the lease; ops whose
+/// conditions fail are named; outbox items are written with it.
+pub async fn the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "commit", "tok-1").await;
+    assert_eq!(l.commit(&e.key, "tok-2", &[], "applied", None, T0 + 1).await.unwrap(), CommitResult::Fenced);
+    let table = b.table();
+    b.put(Item::from([
+        ("pk".into(), AttributeValue::S("proj#taken".into())),
+        ("sk".into(), AttributeValue::S(crate::projection::STATE_SK.into())),
+    ]))
+    .await;
+    let taken = Op::new(vec![condition(&table, "proj#taken", "attribute_not_exists(pk)")], OnConflict::Stale);
+    let free = Op::new(vec![condition(&table, "proj#free", "attribute_not_exists(pk)")], OnConflict::Stale);
+    assert_eq!(
+        l.commit(&e.key, "tok-1", &[free, taken], "applied", None, T0 + 1).await.unwrap(),
+        CommitResult::Conflicts(vec![1]),
+        "the op whose condition failed, by index"
+    );
+    let msg = OutboxMessage {
+        topic_arn: "arn:aws:sns:us-east-1:000000000000:t.fifo".into(),
+        action: "thing.changed".into(),
+        group: "acct_1".into(),
+        body: serde_json::json!({"n": 1}),
+    };
+    let op = Op::new(Vec::new(), OnConflict::Stale).notify(msg);
+    let CommitResult::Committed { outbox } =
+        l.commit(&e.key, "tok-1", &[op], "applied", Some("acct_1"), T0 + 2).await.unwrap()
+    else {
+        panic!("our lease commits")
+    };
+    assert_eq!(outbox.len(), 1);
+    assert_eq!(l.completed_by(&e.key).await.unwrap().as_deref(), Some("tok-1"));
+    assert_eq!(l.commit(&e.key, "tok-1", &[], "applied", None, T0 + 3).await.unwrap(), CommitResult::Fenced);
+    assert_eq!(l.lease(&e.key, "tok-3", T0 + 60_000, 1).await.unwrap(), LeaseResult::Final(Status::Processed));
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "outcome"), text(&r, "subject")), (Some("applied"), Some("acct_1")));
+    assert!(r.get("due_shard").is_none() && r.get("attn_shard").is_none(), "PROCESSED is in no index: {r:?}");
+    let o = b.outbox();
+    let OutboxClaim::Claimed(item) = o.claim(&outbox[0], "d-1", T0 + 2, T0 + 30_000).await.unwrap() else {
+        panic!("the outbox item is due at once")
+    };
+    assert_eq!((item.group.as_str(), item.attempts), ("acct_1", 1));
+}
+
+fn condition(table: &str, pk: &str, condition: &str) -> TransactWriteItem {
+    let check = ConditionCheck::builder()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk.into()))
+        .key("sk", AttributeValue::S(crate::projection::STATE_SK.into()))
+        .condition_expression(condition)
+        .build()
+        .unwrap();
+    TransactWriteItem::builder().condition_check(check).build()
+}
+
+/// `leave_retry`, `leave_dead`, `leave_park`: fenced by the lease, each
+/// recognising its own retry by the transition token.
+pub async fn the_exits_are_fenced_and_recognise_their_retries<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "exit", "tok-1").await;
+    let retry = Exit::Retry { next_at_ms: T0 + 5_000, code: "transient", message: "busy", failure: true };
+    assert!(!l.leave(&e.key, "tok-2", &retry, T0 + 1).await.unwrap(), "not our lease");
+    assert!(l.leave(&e.key, "tok-1", &retry, T0 + 1).await.unwrap());
+    assert!(l.leave(&e.key, "tok-1", &retry, T0 + 1).await.unwrap(), "our own retry");
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "status"), num(&r, "failures")), (Some("RETRYABLE"), Some(1)));
+    assert_eq!((num(&r, "next_attempt_at"), num(&r, "due_at")), (Some(T0 + 5_000), Some(T0 + 5_000)));
+    assert_eq!(l.lease(&e.key, "tok-2", T0 + 4_999, 1_000).await.unwrap(), LeaseResult::NotDue { at_ms: T0 + 5_000 });
+    assert!(matches!(l.lease(&e.key, "tok-2", T0 + 5_000, 1_000).await.unwrap(), LeaseResult::Leased(_)));
+    let dead = Exit::Dead { reason: "attempts_exhausted", message: "gave up" };
+    assert!(l.leave(&e.key, "tok-2", &dead, T0 + 5_001).await.unwrap());
+    assert!(l.leave(&e.key, "tok-2", &dead, T0 + 5_001).await.unwrap(), "our own retry");
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "status"), text(&r, "dead_reason")), (Some("DEAD"), Some("attempts_exhausted")));
+    assert!(r.get("due_shard").is_none() && r.get("due_at").is_none(), "DEAD leaves the due index");
+    assert_eq!(text(&r, "attn_shard"), Some("attn#000"), "and enters the attention index");
+
+    let (l, e) = leased(b, "park", "tok-1").await;
+    let park = Exit::Park { reason: "unknown_customer", subject: Some("cus_1") };
+    assert!(l.leave(&e.key, "tok-1", &park, T0 + 1).await.unwrap());
+    assert!(l.leave(&e.key, "tok-1", &park, T0 + 1).await.unwrap(), "our own retry");
+    assert!(!l.leave(&e.key, "tok-9", &park, T0 + 1).await.unwrap());
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "park_reason"), text(&r, "subject")), (Some("unknown_customer"), Some("cus_1")));
+}
+
+/// `wake`, and the waiters and stream positions of ordered deltas.
+pub async fn a_gap_wakes_its_waiter_and_nothing_else<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "gap", "tok-1").await;
+    let gap = Exit::Retry { next_at_ms: T0 + 600_000, code: crate::ledger::GAP, message: "waiting", failure: false };
+    assert!(l.leave(&e.key, "tok-1", &gap, T0 + 1).await.unwrap());
+    assert!(l.wake(&e.key, T0 + 10).await.unwrap());
+    let r = row(&l, &e.key).await;
+    assert_eq!(
+        (text(&r, "status"), num(&r, "due_at"), num(&r, "next_attempt_at")),
+        (Some("RETRYABLE"), Some(T0 + 10), Some(T0 + 10))
+    );
+    assert!(r.get("window_start").is_none(), "a new time window");
+    assert!(matches!(l.lease(&e.key, "tok-2", T0 + 10, 1_000).await.unwrap(), LeaseResult::Leased(_)));
+    let park = Exit::Park { reason: crate::ledger::GAP, subject: None };
+    assert!(l.leave(&e.key, "tok-2", &park, T0 + 11).await.unwrap());
+    assert!(l.wake(&e.key, T0 + 12).await.unwrap(), "parked at the gap bound, still woken");
+    assert_eq!(text(&row(&l, &e.key).await, "attn_shard"), None, "out of the attention index");
+
+    let (l, other) = leased(b, "not-gap", "tok-1").await;
+    let retry = Exit::Retry { next_at_ms: T0 + 600_000, code: "transient", message: "m", failure: false };
+    assert!(l.leave(&other.key, "tok-1", &retry, T0 + 1).await.unwrap());
+    assert!(!l.wake(&other.key, T0 + 2).await.unwrap(), "not waiting on a gap");
+    assert!(!l.wake(&EventKey::new("stripe", "contract", "nobody"), T0).await.unwrap());
+
+    // The waiter's pointer and the stream's position.
+    let at = Position { stream: "seq#acct_1".into(), seq: 2 };
+    assert_eq!(l.waiter(&at).await.unwrap(), None);
+    l.register_waiter(&at, &e.key, T0 / 1000 + 60).await.unwrap();
+    assert_eq!(l.waiter(&at).await.unwrap(), Some(e.key.clone()));
+    assert!(!l.predecessor_applied(&at).await.unwrap());
+    let (l2, first) = leased(b, "seq-1", "tok-1").await;
+    let apply = || sequence::apply_next(&b.table(), "seq#acct_1", 1, "balance", 5, Default::default());
+    assert!(matches!(
+        l2.commit(&first.key, "tok-1", &[apply()], "applied", None, T0).await.unwrap(),
+        CommitResult::Committed { .. }
+    ));
+    assert!(l2.predecessor_applied(&at).await.unwrap());
+    let (l3, again) = leased(b, "seq-1-again", "tok-1").await;
+    assert_eq!(
+        l3.commit(&again.key, "tok-1", &[apply()], "applied", None, T0).await.unwrap(),
+        CommitResult::Conflicts(vec![0]),
+        "sequence 1 applies once"
+    );
+}
+
+// -------------------------------------------------------------- reconciler
+
+/// `claim_due`, `reschedule`, `note_redriven`, and the due index's pages.
+pub async fn due_items_are_paged_claimed_once_and_rescheduled<B: Backend>(b: &B) {
+    let l = b.ledger(7);
+    let keys: Vec<EventKey> = {
+        let mut k = Vec::new();
+        for (i, name) in ["due-a", "due-b", "due-c"].into_iter().enumerate() {
+            let mut e = event(name, &body(name), "send-1");
+            e.received_at_ms = T0 + i as i64;
+            assert_eq!(Ledger::claim(&l, &e, &body(name)).await.unwrap(), Claim::New);
+            k.push(e.key);
+        }
+        k
+    };
+    let up_to = T0 + REDRIVE_GRACE_MS + 10;
+    assert!(l.due(DuePartition::Records, 0, T0, 10, None).await.unwrap().items.is_empty(), "not due yet");
+    let first = l.due(DuePartition::Records, 0, up_to, 2, None).await.unwrap();
+    let ids = |p: &crate::ledger::DuePage| -> Vec<EventKey> {
+        p.items.iter().filter_map(|d| if let Due::Record(r) = d { Some(r.key.clone()) } else { None }).collect()
+    };
+    assert_eq!(ids(&first), keys[..2].to_vec(), "oldest first");
+    let cursor = first.next.clone().expect("a full page says more may follow");
+    let second = l.due(DuePartition::Records, 0, up_to, 2, Some(&cursor)).await.unwrap();
+    assert_eq!(ids(&second), keys[2..].to_vec());
+    let Due::Record(rec) = &first.items[0] else { panic!() };
+    assert!(!rec.enqueued && rec.status == Status::Received);
+    assert_eq!(rec.redrive_reason(up_to), Some("never_sent"));
+
+    let seen = rec.due_at_ms;
+    let token = l.claim_due(DueItem::Record(&rec.key), seen, up_to + 60_000).await.unwrap().expect("ours");
+    // A run drawing the same token: our own retried claim.
+    let retry = b.ledger(7);
+    assert_eq!(retry.claim_due(DueItem::Record(&rec.key), seen, up_to + 60_000).await.unwrap(), Some(token.clone()));
+    assert_eq!(b.ledger(8).claim_due(DueItem::Record(&rec.key), seen, up_to).await.unwrap(), None, "moved already");
+    l.reschedule(DueItem::Record(&rec.key), "not-ours", T0).await.unwrap();
+    assert_eq!(num(&row(&l, &rec.key).await, "due_at"), Some(up_to + 60_000), "another run's token moves nothing");
+    l.reschedule(DueItem::Record(&rec.key), &token, up_to + 5).await.unwrap();
+    let r = row(&l, &rec.key).await;
+    assert_eq!((num(&r, "due_at"), num(&r, "redrives")), (Some(up_to + 5), Some(1)));
+
+    l.note_enqueued(&rec.key, T0 + 1).await.unwrap();
+    l.note_enqueued(&rec.key, T0 + 2).await.unwrap();
+    assert_eq!(num(&row(&l, &rec.key).await, "enqueued_at"), Some(T0 + 1), "keeps the earlier note");
+    l.note_enqueued(&EventKey::new("stripe", "contract", "nobody"), T0).await.unwrap();
+    assert!(l.show(&EventKey::new("stripe", "contract", "nobody"), false).await.unwrap().is_none(), "creates nothing");
+
+    // A projection item due for a drift check is claimed by its key.
+    b.put(Item::from([
+        ("pk".into(), AttributeValue::S("ent#sub_1".into())),
+        ("sk".into(), AttributeValue::S(crate::projection::STATE_SK.into())),
+        ("due_shard".into(), AttributeValue::S("chk#000".into())),
+        ("due_at".into(), AttributeValue::N(T0.to_string())),
+        ("subscription".into(), AttributeValue::S("sub_1".into())),
+        ("seats".into(), AttributeValue::N("3".into())),
+    ]))
+    .await;
+    let checks = l.due(DuePartition::Checks, 0, T0, 10, None).await.unwrap();
+    let [Due::Drift(d)] = &checks.items[..] else { panic!("{checks:?}") };
+    assert_eq!((d.subscription.as_str(), d.seats), ("sub_1", Some(3)));
+    assert!(l.claim_due(DueItem::Drift(&d.pk), T0, T0 + 1).await.unwrap().is_some());
+    assert!(l.claim_due(DueItem::Drift(&d.pk), T0, T0 + 1).await.unwrap().is_none(), "claimed once");
+}
+
+/// The attention index counts DEAD and PARKED records and DEAD outbox items.
+pub async fn the_attention_index_counts_what_needs_an_operator<B: Backend>(b: &B) {
+    let (l, dead) = leased(b, "att-dead", "tok-1").await;
+    assert!(l.leave(&dead.key, "tok-1", &Exit::Dead { reason: "r", message: "m" }, T0).await.unwrap());
+    let (l, parked) = leased(b, "att-parked", "tok-1").await;
+    assert!(l.leave(&parked.key, "tok-1", &Exit::Park { reason: "r", subject: None }, T0).await.unwrap());
+    let counts = l.attention().await.unwrap();
+    assert_eq!((counts.dead_letters, counts.parked, counts.outbox_dead), (1, 1, 0));
+    assert_eq!(l.count(Status::Dead).await.unwrap(), 1);
+    assert_eq!(
+        l.transition(&dead.key, OperatorAction::Replay, "op", "fixed", T0 + 1).await.unwrap(),
+        Transitioned::Done
+    );
+    assert_eq!(l.attention().await.unwrap().dead_letters, 0, "a replayed record leaves the index");
+}
+
+// -------------------------------------------------------------- operations
+
+/// `operator_replay`, `operator_park`, `operator_resolve`: from the statuses
+/// each may leave, audited, recognising their own retries.
+pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "op", "tok-1").await;
+    assert_eq!(
+        l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0).await.unwrap(),
+        Transitioned::Refused(Status::Processing),
+        "a PROCESSING record finishes its lease first"
+    );
+    assert!(l.leave(&e.key, "tok-1", &Exit::Dead { reason: "r", message: "m" }, T0).await.unwrap());
+    let op = b.ledger(21);
+    assert_eq!(
+        op.transition(&e.key, OperatorAction::Replay, "alice", "fixed", T0 + 1).await.unwrap(),
+        Transitioned::Done
+    );
+    // The same command drawing the same token: our own retried update.
+    let retry = b.ledger(21);
+    assert_eq!(
+        retry.transition(&e.key, OperatorAction::Replay, "alice", "fixed", T0 + 1).await.unwrap(),
+        Transitioned::Done
+    );
+    assert_eq!(
+        b.ledger(22).transition(&e.key, OperatorAction::Replay, "bob", "again", T0 + 2).await.unwrap(),
+        Transitioned::Refused(Status::Retryable)
+    );
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "status"), num(&r, "attempts"), num(&r, "failures")), (Some("RETRYABLE"), Some(0), Some(0)));
+    assert_eq!((num(&r, "due_at"), num(&r, "replays")), (Some(T0 + 1), Some(1)));
+    assert_eq!(l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0 + 3).await.unwrap(), Transitioned::Done);
+    assert_eq!(text(&row(&l, &e.key).await, "park_reason"), Some("operator alice: hold"));
+    assert_eq!(
+        l.transition(&e.key, OperatorAction::Resolve, "alice", "done by hand", T0 + 4).await.unwrap(),
+        Transitioned::Done
+    );
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "status"), text(&r, "outcome")), (Some("PROCESSED"), Some("resolved")));
+    assert_eq!(
+        l.transition(&e.key, OperatorAction::Replay, "alice", "x", T0 + 5).await.unwrap(),
+        Transitioned::Refused(Status::Processed)
+    );
+    let missing = EventKey::new("stripe", "contract", "nobody");
+    assert_eq!(l.transition(&missing, OperatorAction::Replay, "a", "b", T0).await.unwrap(), Transitioned::Missing);
+
+    // Rows by status, and one record with its history and payload.
+    let (l, open) = claimed(b, "op-open").await;
+    OperatorLedger::append_history(&l, &open.key, "note", "looked at", T0 + 7).await.unwrap();
+    let all = RowFilter { until_ms: i64::MAX, ..RowFilter::default() };
+    let rows = l.rows(Status::Received, 0, &all, 10).await.unwrap();
+    assert_eq!(rows.iter().filter_map(|r| text(r, "pk")).collect::<Vec<_>>(), vec![open.key.as_str()]);
+    let by_endpoint = RowFilter { endpoint: Some("elsewhere"), ..all.clone() };
+    assert!(l.rows(Status::Received, 0, &by_endpoint, 10).await.unwrap().is_empty());
+    assert_eq!(l.open_rows(0).await.unwrap().len(), 1);
+    let (_, history, payload) = l.show(&open.key, true).await.unwrap().unwrap();
+    assert_eq!(history.iter().filter_map(|h| text(h, "kind")).collect::<Vec<_>>(), vec!["note"]);
+    assert_eq!(payload, Some(body("op-open")));
+}
+
+// ------------------------------------------------------------------ outbox
+
+/// `outbox_claim`, `outbox_sent`, `outbox_back_off`, `outbox_dead`: each
+/// fenced by the dispatcher's token, each recognising its own retry.
+pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "out", "tok-1").await;
+    let notify = |action: &str| {
+        Op::new(Vec::new(), OnConflict::Stale).notify(OutboxMessage {
+            topic_arn: "arn:aws:sns:us-east-1:000000000000:t".into(),
+            action: action.into(),
+            group: "g".into(),
+            body: serde_json::json!({"a": action}),
+        })
+    };
+    let CommitResult::Committed { outbox: ids } =
+        l.commit(&e.key, "tok-1", &[notify("one"), notify("two")], "applied", None, T0).await.unwrap()
+    else {
+        panic!("commits")
+    };
+    let o = b.outbox();
+    assert_eq!(o.due(0, T0, 10).await.unwrap().len(), 2, "due at once");
+    let (a, z) = (&ids[0], &ids[1]);
+    assert!(matches!(o.claim(a, "d-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)));
+    assert!(matches!(o.claim(a, "d-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)), "our retry");
+    assert_eq!(o.claim(a, "d-2", T0 + 1, T0 + 30_001).await.unwrap(), OutboxClaim::Skipped, "a live claim");
+    assert_eq!(o.mark_sent(a, "d-2", T0 + 2).await.unwrap(), Held::Lapsed);
+    assert_eq!(o.back_off(a, "d-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes);
+    assert_eq!(o.back_off(a, "d-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.claim(a, "d-3", T0 + 4_999, T0 + 40_000).await.unwrap(), OutboxClaim::Skipped, "not due yet");
+    assert!(!o.due(0, T0 + 4_999, 10).await.unwrap().contains(a));
+    let OutboxClaim::Claimed(item) = o.claim(a, "d-3", T0 + 5_000, T0 + 40_000).await.unwrap() else { panic!() };
+    assert_eq!(item.attempts, 2);
+    assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes);
+    assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.claim(a, "d-4", T0 + 90_000, T0 + 120_000).await.unwrap(), OutboxClaim::Skipped, "sent");
+    assert!(!o.due(0, i64::MAX / 2, 10).await.unwrap().contains(a), "a sent item leaves the index");
+
+    // A claim whose dispatcher died lapses; the next one takes it over.
+    assert!(matches!(o.claim(z, "d-5", T0, T0 + 1_000).await.unwrap(), OutboxClaim::Claimed(_)));
+    assert!(matches!(o.claim(z, "d-6", T0 + 1_001, T0 + 31_001).await.unwrap(), OutboxClaim::Claimed(_)));
+    assert_eq!(o.dead(z, "d-5", 0, "gave up", T0 + 1_002).await.unwrap(), Held::Lapsed, "the lapsed claim");
+    assert_eq!(o.dead(z, "d-6", 0, "gave up", T0 + 1_002).await.unwrap(), Held::Yes);
+    assert_eq!(o.dead(z, "d-6", 0, "gave up", T0 + 1_002).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(l.attention().await.unwrap().outbox_dead, 1);
+    assert_eq!(o.claim(z, "d-7", i64::MAX / 2, i64::MAX / 2 + 1).await.unwrap(), OutboxClaim::Skipped, "dead");
+}
+
+// ---------------------------------------------------------------- backfill
+
+/// Cursors and schedules, `recorded`, redelivery notes, and a record parked
+/// without its payload (`CLAIM` of the parked record, `release_parked`).
+pub async fn backfill_cursors_parked_records_and_their_release<B: Backend>(b: &B) {
+    let l = b.ledger(1);
+    assert_eq!(l.progress("run-1").await.unwrap(), None);
+    let p = BackfillProgress { cursor: Some("evt_9".into()), done: false, seen: 10, recovered: 3 };
+    l.save_progress("run-1", &p, T0).await.unwrap();
+    assert_eq!(l.progress("run-1").await.unwrap(), Some(p));
+    let s = ScheduleState { high_water: Some(1_000), current: Some((1_000, 2_000)) };
+    l.save_schedule_state("ep", &s, T0).await.unwrap();
+    assert_eq!(l.schedule_state("ep").await.unwrap(), Some(s));
+    assert_eq!(l.schedule_state("other").await.unwrap(), None);
+
+    let mut e = event("parked", b"", "send-1");
+    e.via = Via::Backfill;
+    e.payload_hash = crate::ledger::NO_PAYLOAD_HASH.into();
+    assert!(!l.recorded(&e.key).await.unwrap());
+    let u = UnfetchedEvent {
+        reason: "backfill_unrecoverable:no_payload",
+        detail: "listed without a payload",
+        handle: Some("d-1"),
+        origin: Some("repos/o/r/hooks/1"),
+        created_s: 1_000,
+    };
+    assert_eq!(l.park(&e, &u).await.unwrap(), Claim::New);
+    assert_eq!(l.park(&e, &u).await.unwrap(), Claim::New, "our own retried put");
+    let other = NewEvent { send: SendLease { token: "send-2".into(), until_ms: T0 }, ..e.clone() };
+    let Claim::Existing(r) = l.park(&other, &u).await.unwrap() else { panic!("recorded") };
+    assert!(r.awaits_payload(), "{r:?}");
+    assert!(l.recorded(&e.key).await.unwrap());
+    assert_eq!(l.count(Status::Parked).await.unwrap(), 1);
+    assert_eq!(
+        l.transition(&e.key, OperatorAction::Replay, "alice", "x", T0).await.unwrap(),
+        Transitioned::Refused(Status::Parked),
+        "a record without its payload cannot be replayed"
+    );
+    l.note_redelivery(&e.key, "d-1", T0 + 1).await.unwrap();
+    l.note(&e.key, "backfill", "parked", T0 + 2).await.unwrap();
+
+    // The payload arrives (a webhook delivery): released once.
+    let bytes = body("parked");
+    let delivered = NewEvent {
+        payload_hash: payload_hash(&bytes),
+        content_hash: payload_hash(&bytes),
+        send: SendLease { token: "send-3".into(), until_ms: T0 + 10_000 },
+        via: Via::Webhook,
+        received_at_ms: T0 + 100,
+        ..e.clone()
+    };
+    assert_eq!(l.release(&delivered, &bytes, "webhook").await.unwrap(), Release::Released);
+    assert_eq!(l.release(&delivered, &bytes, "webhook").await.unwrap(), Release::Released, "our own retry");
+    let late = NewEvent { send: SendLease { token: "send-4".into(), until_ms: T0 }, ..delivered.clone() };
+    assert_eq!(Ledger::release_parked(&l, &late, &bytes, "webhook").await.unwrap(), Release::NotAwaiting);
+    let (rec, history, payload) = l.show(&e.key, true).await.unwrap().unwrap();
+    assert_eq!((text(&rec, "status"), text(&rec, "released_by")), (Some("RECEIVED"), Some("webhook")));
+    assert_eq!(num(&rec, "due_at"), Some(T0 + 100 + REDRIVE_GRACE_MS), "back in the due index");
+    assert!(rec.get("attn_shard").is_none() && rec.get("park_reason").is_none(), "{rec:?}");
+    assert_eq!(payload, Some(bytes));
+    let kinds: Vec<&str> = history.iter().filter_map(|h| text(h, "kind")).collect();
+    assert_eq!(kinds, vec!["redelivery_requested", "backfill"]);
+}
+
+// -------------------------------------------------------------- memory only
+
+/// A transaction retried with its token inside 10 minutes succeeds as the
+/// first did; after that the token is forgotten and the retry meets its
+/// own commit (the processor then reads `completed_by`).
+pub async fn a_transaction_token_is_honoured_for_ten_minutes(w: &crate::adapters::memory::World) {
+    use crate::adapters::dynamodb::conditions as cond;
+    use crate::adapters::memory::Fault;
+    use crate::adapters::memory::table::{TOKEN_WINDOW_MS, TransactError, Write};
+    let l = w.ledger();
+    let e = event("token", &body("token"), "send-1");
+    assert_eq!(Ledger::claim(&l, &e, &body("token")).await.unwrap(), Claim::New);
+    assert!(matches!(l.lease(&e.key, "tok-1", T0, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    w.inject("work.commit", 0, Some(1), Fault::LoseAckOnce);
+    assert!(
+        matches!(l.commit(&e.key, "tok-1", &[], "applied", None, T0).await.unwrap(), CommitResult::Committed { .. }),
+        "the retry with the same token is answered as the success it was"
+    );
+    // The table's own rules: same token and request inside the window
+    // succeeds without writing; after it, the request is evaluated again;
+    // another request under a used token is refused.
+    let e2 = event("token-2", &body("token-2"), "send-1");
+    assert_eq!(Ledger::claim(&l, &e2, &body("token-2")).await.unwrap(), Claim::New);
+    assert!(matches!(l.lease(&e2.key, "tok-1", T0, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    let complete = [Write::update(e2.key.as_str(), "meta", &cond::complete("tok-1", "applied", None, T0, 0))];
+    let mut st = w.state();
+    assert_eq!(st.table.transact(&complete, Some("t"), T0), Ok(()));
+    assert_eq!(st.table.transact(&complete, Some("t"), T0 + TOKEN_WINDOW_MS - 1), Ok(()), "remembered");
+    let other = [Write::update(e2.key.as_str(), "meta", &cond::note_duplicate())];
+    assert_eq!(st.table.transact(&other, Some("t"), T0 + 1), Err(TransactError::TokenReused));
+    assert!(
+        matches!(st.table.transact(&complete, Some("t"), T0 + TOKEN_WINDOW_MS), Err(TransactError::Cancelled(_))),
+        "forgotten after 10 minutes: evaluated again, and fenced by its own completion"
+    );
+}
+
+/// With index lag on, the due index shows a new record only once it
+/// settles; reads by key are current.
+pub async fn the_indexes_may_lag_the_table(w: &crate::adapters::memory::World) {
+    let l = w.ledger();
+    w.state().table.set_index_lag(true);
+    let e = event("lag", &body("lag"), "send-1");
+    assert_eq!(Ledger::claim(&l, &e, &body("lag")).await.unwrap(), Claim::New);
+    let up_to = T0 + REDRIVE_GRACE_MS;
+    assert!(DueLedger::due(&l, DuePartition::Records, 0, up_to, 10, None).await.unwrap().items.is_empty());
+    assert!(matches!(l.lease(&e.key, "tok-1", T0, 30_000).await.unwrap(), LeaseResult::Leased(_)), "by key: current");
+    w.state().table.settle();
+    let page = DueLedger::due(&l, DuePartition::Records, 0, up_to, 10, None).await.unwrap();
+    let [Due::Record(r)] = &page.items[..] else { panic!("{page:?}") };
+    assert_eq!(r.status, Status::Processing, "the batch read behind the index is current");
+}
+
+/// Runs `$run!(scenario)` for every scenario that runs on both backends.
+#[macro_export]
+macro_rules! contract_scenarios {
+    ($run:ident) => {
+        $run!(the_claim_is_new_once_and_its_retry_is_ours);
+        $run!(the_send_lease_is_taken_once_released_and_ends_with_the_send);
+        $run!(a_record_without_its_payload_adopts_one_once);
+        $run!(duplicates_and_conflicts_are_counted_on_the_record);
+        $run!(the_lease_is_taken_when_leasable_and_recognises_its_retry);
+        $run!(the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox);
+        $run!(the_exits_are_fenced_and_recognise_their_retries);
+        $run!(a_gap_wakes_its_waiter_and_nothing_else);
+        $run!(due_items_are_paged_claimed_once_and_rescheduled);
+        $run!(the_attention_index_counts_what_needs_an_operator);
+        $run!(operator_transitions_leave_only_their_statuses);
+        $run!(outbox_items_are_claimed_sent_backed_off_and_dead_once);
+        $run!(backfill_cursors_parked_records_and_their_release);
+    };
+}
+
+/// One `#[tokio::test]` per scenario on the backend `$backend` builds (an
+/// expression, awaited inside each test).
+#[macro_export]
+macro_rules! contract_suite {
+    ($backend:expr) => {
+        macro_rules! __contract_test {
+            ($name:ident) => {
+                #[tokio::test]
+                async fn $name() {
+                    let backend = $backend;
+                    $crate::contract::$name(&backend).await;
+                }
+            };
+        }
+        $crate::contract_scenarios!(__contract_test);
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::dynamodb::conditions::EXPRESSIONS;
+    use crate::adapters::memory::{MemLedger, MemOutbox, World};
+    use crate::clock::Ambient;
+
+    /// The memory world as a contract backend.
+    pub struct Memory(World);
+
+    impl Memory {
+        fn new() -> Self {
+            Self(World::new(Ambient::fixed(T0, 1)).with_shards(1))
+        }
+    }
+
+    impl Backend for Memory {
+        type Ledger = MemLedger;
+        type Outbox = MemOutbox;
+
+        fn ledger(&self, seed: u64) -> MemLedger {
+            self.0.with_ambient(Ambient::fixed(T0, seed)).ledger()
+        }
+
+        fn outbox(&self) -> MemOutbox {
+            self.0.outbox()
+        }
+
+        fn table(&self) -> String {
+            "memory".into()
+        }
+
+        async fn put(&self, item: Item) {
+            self.0.state().table.insert(item);
+        }
+    }
+
+    crate::contract_suite!(Memory::new());
+
+    #[tokio::test]
+    async fn a_transaction_token_is_honoured_for_ten_minutes() {
+        super::a_transaction_token_is_honoured_for_ten_minutes(&World::new(Ambient::fixed(T0, 1)).with_shards(1)).await;
+    }
+
+    #[tokio::test]
+    async fn the_indexes_may_lag_the_table() {
+        super::the_indexes_may_lag_the_table(&World::new(Ambient::fixed(T0, 1)).with_shards(1)).await;
+    }
+
+    /// Every expression a port sends is exercised by some scenario.
+    #[tokio::test]
+    async fn every_condition_expression_is_exercised() {
+        let mut seen = std::collections::BTreeSet::new();
+        macro_rules! run {
+            ($name:ident) => {
+                let m = Memory::new();
+                super::$name(&m).await;
+                seen.extend(m.0.state().exercised.iter().copied());
+            };
+        }
+        crate::contract_scenarios!(run);
+        let table_upgrade = ["migrate_attention", "migrate_due_partition"];
+        let missing: Vec<&str> =
+            EXPRESSIONS.iter().copied().filter(|e| !seen.contains(e) && !table_upgrade.contains(e)).collect();
+        assert!(missing.is_empty(), "expressions no scenario exercises: {missing:?}");
+        let unknown: Vec<&str> = seen.iter().copied().filter(|e| !EXPRESSIONS.contains(e)).collect();
+        assert!(unknown.is_empty(), "expressions missing from the list: {unknown:?}");
+    }
+}
