@@ -155,6 +155,114 @@ impl MemLedger {
     }
 }
 
+impl MemLedger {
+    /// A record as the intake writes it (an empty payload), moved to
+    /// `status` with the index attributes conditions.rs's bookkeeping leaves
+    /// for it, received at `received_at`; then `extra` (a JSON object:
+    /// strings, integers and booleans set, `null` removes).
+    pub fn add(&self, key: &EventKey, status: Status, received_at: i64, extra: serde_json::Value) {
+        let mut parts = key.as_str().splitn(4, '#').skip(1);
+        let (provider, endpoint, event_id) =
+            (parts.next().unwrap_or_default(), parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+        let shard = key.shard(self.0.shards);
+        let event = NewEvent {
+            key: key.clone(),
+            provider: provider.into(),
+            endpoint: endpoint.into(),
+            tenant: endpoint.into(),
+            event_id: event_id.into(),
+            event_type: Some("invoice.paid".into()),
+            payload_hash: crate::identity::payload_hash(b""),
+            content_hash: crate::identity::payload_hash(b""),
+            received_at_ms: received_at,
+            expires_at: received_at / 1000 + 86_400 * 30,
+            shard,
+            send: SendLease { token: format!("send-{event_id}"), until_ms: received_at + 10_000 },
+            via: crate::ledger::Via::Webhook,
+        };
+        let mut item = new_record_item(&event);
+        let n = |v: i64| AttributeValue::N(v.to_string());
+        item.insert(attr::STATUS.into(), AttributeValue::S(status.as_str().into()));
+        if status != Status::Received {
+            item.insert(attr::ENQUEUED_AT.into(), n(received_at));
+            item.remove(attr::SEND_LEASE_UNTIL);
+        }
+        match status {
+            Status::Received => {}
+            Status::Processing => {
+                item.insert("lease_owner".into(), AttributeValue::S("another-worker".into()));
+                item.insert("lease_expires_at".into(), n(received_at + 30_000));
+            }
+            Status::Retryable => {
+                item.insert(attr::DUE_AT.into(), n(received_at));
+                item.insert("next_attempt_at".into(), n(received_at));
+            }
+            Status::Dead | Status::Parked => {
+                item.remove(attr::DUE_SHARD);
+                item.remove(attr::DUE_AT);
+                item.insert(attr::ATTN_SHARD.into(), AttributeValue::S(attention_shard(shard)));
+                item.insert(attr::ATTN_AT.into(), n(received_at));
+            }
+            Status::Processed => {
+                item.remove(attr::DUE_SHARD);
+                item.remove(attr::DUE_AT);
+                item.insert("outcome".into(), AttributeValue::S("applied".into()));
+            }
+        }
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            match v {
+                serde_json::Value::Null => {
+                    item.remove(&k);
+                }
+                serde_json::Value::String(s) => {
+                    item.insert(k, AttributeValue::S(s));
+                }
+                serde_json::Value::Bool(b) => {
+                    item.insert(k, AttributeValue::Bool(b));
+                }
+                serde_json::Value::Number(x) => {
+                    item.insert(k, AttributeValue::N(x.to_string()));
+                }
+                other => panic!("{k}: {other} is not an attribute add() writes"),
+            }
+        }
+        self.0.state().table.insert(item);
+    }
+
+    /// The record as the operator sees it (`show`'s row).
+    pub fn row(&self, key: &EventKey) -> Option<Row> {
+        self.item(key).map(|i| row(&i))
+    }
+
+    /// The record's history entries as rows, oldest first.
+    pub fn history_rows(&self, key: &EventKey) -> Vec<Row> {
+        let st = self.0.state();
+        st.table
+            .partition(key.as_str())
+            .into_iter()
+            .filter(|i| get_s(i, attr::SK).is_some_and(|sk| sk.starts_with("hist#")))
+            .map(item_json)
+            .collect()
+    }
+
+    /// Whether any record has a history entry.
+    pub fn no_history(&self) -> bool {
+        self.0.state().table.items().all(|i| !get_s(i, attr::SK).is_some_and(|sk| sk.starts_with("hist#")))
+    }
+
+    /// Writes the payload item of `key` (its own item, as the claim writes a
+    /// large one) and makes it the record's payload.
+    pub fn put_payload(&self, key: &EventKey, body: &[u8]) {
+        let hash = crate::identity::payload_hash(body);
+        let mut st = self.0.state();
+        st.table.insert(payload_item(key, &hash, body, 0));
+        let mut item = st.table.get(key.as_str(), META_SK).cloned().unwrap_or_default();
+        item.insert(attr::PAYLOAD_HASH.into(), AttributeValue::S(hash));
+        item.remove(attr::BODY);
+        st.table.insert(item);
+    }
+}
+
 /// Sets `name` to a string or number on an item (for [`MemLedger::arrange`]).
 pub fn set(item: &mut Item, name: &str, value: impl Into<Value>) {
     match value.into() {
@@ -553,26 +661,33 @@ impl OperatorLedger for MemLedger {
         filter: &RowFilter<'_>,
         want: usize,
     ) -> Result<Vec<Row>, PortError> {
-        self.0.call("operator.rows", |_, st| {
+        self.0.call("operator.rows", |w, st| {
             Ok(match status {
                 Status::Dead | Status::Parked => {
-                    let mut rows: Vec<Row> = st
+                    // Newest first, in pages of the index (DynamoDB: 1 MB),
+                    // the filter applied to each page, until `want` rows.
+                    let index: Vec<_> = st
                         .table
                         .index(ATTENTION_INDEX, &attention_shard(shard), None)
                         .into_iter()
                         .rev()
-                        .filter(|(at, (_, sk), i)| {
-                            sk == META_SK
-                                && get_s(i, attr::STATUS) == Some(status.as_str())
-                                && (filter.since_ms..=filter.until_ms).contains(at)
-                                && passes(i, filter)
-                        })
-                        .map(|(_, _, i)| row(&i))
+                        .filter(|(at, _, _)| (filter.since_ms..=filter.until_ms).contains(at))
                         .collect();
-                    // The adapter pages (1 MB a page) until it has `want`;
-                    // one page here holds them all.
-                    let _ = want;
-                    rows.shrink_to_fit();
+                    let mut rows = Vec::new();
+                    for page in index.chunks(w.page_items) {
+                        rows.extend(
+                            page.iter()
+                                .filter(|(_, (_, sk), i)| {
+                                    sk == META_SK
+                                        && get_s(i, attr::STATUS) == Some(status.as_str())
+                                        && passes(i, filter)
+                                })
+                                .map(|(_, _, i)| row(i)),
+                        );
+                        if rows.len() >= want {
+                            break;
+                        }
+                    }
                     rows
                 }
                 Status::Received | Status::Processing | Status::Retryable => open(st, &[status], shard, filter),
@@ -726,30 +841,121 @@ impl BackfillLedger for MemLedger {
 
 // ------------------------------------------------------------------ outbox
 
-impl MemOutbox {
-    /// The outbox item's attribute, as text.
-    pub fn field(&self, id: &str, name: &str) -> Option<String> {
-        let item = self.0.read(id, OUTBOX_SK)?;
-        match item.get(name)? {
-            AttributeValue::S(s) | AttributeValue::N(s) => Some(s.clone()),
-            other => Some(format!("{other:?}")),
+/// An outbox item, typed: the attributes its transitions read and write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxView {
+    pub status: String,
+    pub idempotency_key: String,
+    pub topic_arn: String,
+    pub group: String,
+    pub body: String,
+    /// The event's index shard (its `out#NNN` partition, or `attn#NNN` once DEAD).
+    pub shard: u32,
+    /// `due_at`; `None`: out of the `due` index (SENT, DEAD).
+    pub due_at: Option<i64>,
+    pub token: Option<String>,
+    /// `dispatch_until`: when the current claim lapses.
+    pub until: Option<i64>,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub sent_at: Option<i64>,
+    pub dead_at: Option<i64>,
+}
+
+impl OutboxView {
+    /// A PENDING item as the processor's commit writes it, due at `due_at`.
+    pub fn pending(idempotency_key: &str, topic_arn: &str, shard: u32, due_at: i64) -> Self {
+        Self {
+            status: cond::outbox_status::PENDING.into(),
+            idempotency_key: idempotency_key.to_owned(),
+            topic_arn: topic_arn.to_owned(),
+            group: format!("cus_{idempotency_key}"),
+            body: format!(r#"{{"subscription":"sub_{idempotency_key}","status":"active"}}"#),
+            shard,
+            due_at: Some(due_at),
+            token: None,
+            until: None,
+            attempts: 0,
+            last_error: None,
+            sent_at: None,
+            dead_at: None,
         }
     }
 
-    fn fenced(&self, call: &str, id: &str, token: &str, update: &Update) -> Result<Held, PortError> {
-        self.0.call(call, |_, st| {
-            Ok(match st.conditional(id, OUTBOX_SK, update)? {
-                Written::Applied(_) => Held::Yes,
-                Written::Refused(Some(met)) if text(&met, "dispatch_token") == token => Held::Yes,
-                Written::Refused(_) => Held::Lapsed,
-            })
-        })
+    fn item(&self, id: &str) -> Item {
+        let s = |v: &str| AttributeValue::S(v.to_owned());
+        let n = |v: i64| AttributeValue::N(v.to_string());
+        let mut i = Item::from([
+            ("pk".into(), s(id)),
+            ("sk".into(), s(OUTBOX_SK)),
+            ("status".into(), s(&self.status)),
+            ("idempotency_key".into(), s(&self.idempotency_key)),
+            ("topic_arn".into(), s(&self.topic_arn)),
+            ("group_id".into(), s(&self.group)),
+            ("body".into(), s(&self.body)),
+            ("dispatch_attempts".into(), n(i64::from(self.attempts))),
+        ]);
+        if self.status == cond::outbox_status::DEAD {
+            i.insert("attn_shard".into(), s(&dead_partition(self.shard)));
+            i.insert("attn_at".into(), n(self.dead_at.unwrap_or(0)));
+        }
+        if let Some(at) = self.due_at {
+            i.insert("due_shard".into(), s(&outbox_partition(self.shard)));
+            i.insert("due_at".into(), n(at));
+        }
+        for (k, v) in [("dispatch_token", &self.token), ("last_error", &self.last_error)] {
+            if let Some(v) = v {
+                i.insert(k.into(), s(v));
+            }
+        }
+        for (k, v) in [("dispatch_until", self.until), ("sent_at", self.sent_at), ("dead_at", self.dead_at)] {
+            if let Some(v) = v {
+                i.insert(k.into(), n(v));
+            }
+        }
+        i
+    }
+
+    fn from_item(i: &Item) -> Self {
+        let opt = |k: &str| get_s(i, k).map(str::to_owned);
+        let partition = get_s(i, "due_shard").or_else(|| get_s(i, "attn_shard")).unwrap_or_default();
+        Self {
+            status: text(i, "status"),
+            idempotency_key: text(i, "idempotency_key"),
+            topic_arn: text(i, "topic_arn"),
+            group: text(i, "group_id"),
+            body: text(i, "body"),
+            shard: partition.rsplit('#').next().and_then(|s| s.parse().ok()).unwrap_or(0),
+            due_at: get_n(i, "due_at"),
+            token: opt("dispatch_token"),
+            until: get_n(i, "dispatch_until"),
+            attempts: get_n(i, "dispatch_attempts").and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
+            last_error: opt("last_error"),
+            sent_at: get_n(i, "sent_at"),
+            dead_at: get_n(i, "dead_at"),
+        }
     }
 }
 
-impl OutboxStore for MemOutbox {
-    async fn claim(&self, id: &str, token: &str, now_ms: i64, until_ms: i64) -> Result<OutboxClaim, PortError> {
-        self.0.call("outbox.claim", |_, st| {
+impl MemOutbox {
+    /// Writes an outbox item as it is.
+    pub fn put(&self, id: &str, item: &OutboxView) {
+        self.0.state().table.insert(item.item(id));
+    }
+
+    /// The outbox item, typed.
+    pub fn get(&self, id: &str) -> OutboxView {
+        OutboxView::from_item(&self.0.read(id, OUTBOX_SK).unwrap_or_else(|| panic!("no outbox item {id}")))
+    }
+
+    /// The item's status.
+    pub fn status(&self, id: &str) -> String {
+        self.get(id).status
+    }
+
+    /// [`OutboxStore::claim`], at once (another dispatcher acting meanwhile).
+    pub fn claim_now(&self, id: &str, token: &str, now_ms: i64, until_ms: i64) -> Result<OutboxClaim, PortError> {
+        self.0.call_on("outbox.claim", id, |_, st| {
             Ok(match st.conditional(id, OUTBOX_SK, &cond::outbox_claim(token, now_ms, until_ms))? {
                 Written::Applied(item) => OutboxClaim::Claimed(claimed(&item)),
                 Written::Refused(Some(met))
@@ -761,6 +967,38 @@ impl OutboxStore for MemOutbox {
                 Written::Refused(_) => OutboxClaim::Skipped,
             })
         })
+    }
+
+    /// Every write of this item fails from now on (throttled).
+    pub fn fail_writes_of(&self, id: &str) {
+        for call in ["outbox.claim", "outbox.mark_sent", "outbox.back_off", "outbox.dead"] {
+            self.0.inject_on(call, id, super::Fault::Throttle);
+        }
+    }
+
+    /// The outbox item's attribute, as text.
+    pub fn field(&self, id: &str, name: &str) -> Option<String> {
+        let item = self.0.read(id, OUTBOX_SK)?;
+        match item.get(name)? {
+            AttributeValue::S(s) | AttributeValue::N(s) => Some(s.clone()),
+            other => Some(format!("{other:?}")),
+        }
+    }
+
+    fn fenced(&self, call: &str, id: &str, token: &str, update: &Update) -> Result<Held, PortError> {
+        self.0.call_on(call, id, |_, st| {
+            Ok(match st.conditional(id, OUTBOX_SK, update)? {
+                Written::Applied(_) => Held::Yes,
+                Written::Refused(Some(met)) if text(&met, "dispatch_token") == token => Held::Yes,
+                Written::Refused(_) => Held::Lapsed,
+            })
+        })
+    }
+}
+
+impl OutboxStore for MemOutbox {
+    async fn claim(&self, id: &str, token: &str, now_ms: i64, until_ms: i64) -> Result<OutboxClaim, PortError> {
+        self.claim_now(id, token, now_ms, until_ms)
     }
 
     async fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> Result<Held, PortError> {

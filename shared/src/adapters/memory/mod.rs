@@ -33,7 +33,7 @@ pub mod table;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use self::ledger::{Value, set};
+pub use self::ledger::{OutboxView, Value, set};
 pub use self::queue::{MemQueue, Message};
 pub use self::source::MemSource;
 use self::table::Table;
@@ -45,6 +45,8 @@ use crate::ledger::PortError;
 pub enum Fault {
     /// `Throttled`, nothing written.
     Throttle,
+    /// The service answers a 5xx (`Unavailable`), nothing written.
+    Unavailable,
     /// The write lands; its acknowledgement is lost and the adapter's own
     /// retry meets it (what that retry answers is the call's answer).
     LoseAckOnce,
@@ -68,6 +70,8 @@ pub fn crashed(err: tokio::task::JoinError) -> bool {
 #[derive(Debug, Clone)]
 struct Rule {
     call: String,
+    /// Only calls on this item (an outbox id, an event key); `None`: any.
+    target: Option<String>,
     /// Calls of this name to let through first.
     skip: u32,
     /// How many calls it hits (`None`: every one).
@@ -82,6 +86,8 @@ pub struct Published {
     pub body: String,
     pub idempotency_key: String,
     pub group: String,
+    /// Whether the publish succeeded (a failed one is kept as an attempt).
+    pub ok: bool,
 }
 
 #[derive(Default)]
@@ -107,6 +113,10 @@ pub struct World {
     ambient: Ambient,
     shards: u32,
     retention_days: u32,
+    /// Index items per query page (DynamoDB: up to 1 MB of them).
+    page_items: usize,
+    hooks: Arc<Mutex<Vec<Hook>>>,
+    hook_calls: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl World {
@@ -117,6 +127,9 @@ impl World {
             ambient,
             shards: crate::policy::DEFAULT_INDEX_SHARDS,
             retention_days: crate::policy::DEFAULT_RETENTION_DAYS,
+            page_items: 1_000,
+            hooks: Arc::default(),
+            hook_calls: Arc::default(),
         }
     }
 
@@ -128,6 +141,12 @@ impl World {
 
     pub fn with_shards(mut self, shards: u32) -> Self {
         self.shards = shards.max(1);
+        self
+    }
+
+    /// Index items per query page (a small page makes every reader page).
+    pub fn with_page_items(mut self, n: usize) -> Self {
+        self.page_items = n.max(1);
         self
     }
 
@@ -171,7 +190,21 @@ impl World {
     /// Injects `fault` at the calls named `call`, after `skip` good ones,
     /// `times` times (`None`: always).
     pub fn inject(&self, call: &str, skip: u32, times: Option<u32>, fault: Fault) {
-        self.state().rules.push(Rule { call: call.to_owned(), skip, times, fault });
+        self.state().rules.push(Rule { call: call.to_owned(), target: None, skip, times, fault });
+    }
+
+    /// Injects `fault` at every call named `call` on one item (an outbox
+    /// id, an event key).
+    pub fn inject_on(&self, call: &str, target: &str, fault: Fault) {
+        let target = Some(target.to_owned());
+        self.state().rules.push(Rule { call: call.to_owned(), target, skip: 0, times: None, fault });
+    }
+
+    /// Runs `f` at the `nth` call named `call` (0-based), before the call
+    /// touches the state: another actor acting at that moment.
+    pub fn during(&self, call: &str, nth: usize, f: impl FnOnce(&World) + Send + 'static) {
+        let mut hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        hooks.push(Hook { call: call.to_owned(), nth, f: Some(Box::new(f)) });
     }
 
     /// Injects a random fault at this rate per thousand calls, drawn from the
@@ -191,9 +224,10 @@ impl World {
         self.state().calls.clone()
     }
 
-    fn fault_for(&self, st: &mut State, call: &str) -> Option<Fault> {
+    fn fault_for(&self, st: &mut State, call: &str, target: &str) -> Option<Fault> {
         st.calls.push(call.to_owned());
-        for r in st.rules.iter_mut().filter(|r| r.call == call) {
+        let on = |r: &Rule| r.call == call && r.target.as_deref().is_none_or(|t| t == target);
+        for r in st.rules.iter_mut().filter(|r| on(r)) {
             if r.skip > 0 {
                 r.skip -= 1;
                 continue;
@@ -206,8 +240,8 @@ impl World {
             return Some(r.fault);
         }
         if st.random_per_mille > 0 && self.ambient.entropy.bits() % 1000 < u128::from(st.random_per_mille) {
-            const KINDS: [Fault; 3] = [Fault::Throttle, Fault::LoseAckOnce, Fault::LoseAckAlways];
-            return Some(KINDS[(self.ambient.entropy.bits() % 3) as usize]);
+            const KINDS: [Fault; 4] = [Fault::Throttle, Fault::Unavailable, Fault::LoseAckOnce, Fault::LoseAckAlways];
+            return Some(KINDS[(self.ambient.entropy.bits() % 4) as usize]);
         }
         None
     }
@@ -216,10 +250,24 @@ impl World {
     /// is the call as the adapter makes it, retry recognition included: a
     /// lost acknowledgement runs it again on the state it left.
     fn call<T>(&self, name: &str, f: impl Fn(&World, &mut State) -> Result<T, PortError>) -> Result<T, PortError> {
+        self.call_on(name, "", f)
+    }
+
+    /// [`World::call`] on one item, for faults injected on it.
+    fn call_on<T>(
+        &self,
+        name: &str,
+        target: &str,
+        f: impl Fn(&World, &mut State) -> Result<T, PortError>,
+    ) -> Result<T, PortError> {
+        self.run_hooks(name);
         let mut st = self.state();
-        match self.fault_for(&mut st, name) {
+        match self.fault_for(&mut st, name, target) {
             None => f(self, &mut st),
             Some(Fault::Throttle) => Err(PortError::Throttled { service: service(name) }),
+            Some(Fault::Unavailable) => {
+                Err(PortError::Unavailable { service: service(name), message: "InternalFailure (memory world)".into() })
+            }
             Some(Fault::LoseAckOnce) => {
                 let _ = f(self, &mut st);
                 f(self, &mut st)
@@ -245,6 +293,28 @@ impl World {
     }
 }
 
+impl World {
+    fn run_hooks(&self, name: &str) {
+        let due: Vec<Box<dyn FnOnce(&World) + Send>> = {
+            let mut hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut counts = self.hook_calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let n = counts.entry(name.to_owned()).or_insert(0);
+            let nth = *n;
+            *n += 1;
+            hooks.iter_mut().filter(|h| h.call == name && h.nth == nth).filter_map(|h| h.f.take()).collect()
+        };
+        for f in due {
+            f(self);
+        }
+    }
+}
+
+struct Hook {
+    call: String,
+    nth: usize,
+    f: Option<Box<dyn FnOnce(&World) + Send>>,
+}
+
 fn service(call: &str) -> &'static str {
     match call.split('.').next() {
         Some("queue") => "sqs",
@@ -267,23 +337,43 @@ pub struct MemOutbox(pub World);
 pub struct MemPublisher(pub World);
 
 impl MemPublisher {
-    pub fn published(&self) -> Vec<Published> {
+    /// Every publish attempt, in order, failed ones included.
+    pub fn attempts(&self) -> Vec<Published> {
         self.0.state().published.clone()
+    }
+
+    /// The messages published.
+    pub fn published(&self) -> Vec<Published> {
+        self.attempts().into_iter().filter(|p| p.ok).collect()
+    }
+
+    /// Every publish from now on fails.
+    pub fn fail_all(&self) {
+        self.0.inject("publisher.publish", 0, None, Fault::Throttle);
+    }
+
+    /// The `nth` publish (0-based) fails.
+    pub fn fail_call(&self, nth: u32) {
+        self.0.inject("publisher.publish", nth, Some(1), Fault::Throttle);
     }
 }
 
 impl crate::ports::Publisher for MemPublisher {
     async fn publish(&self, topic_arn: &str, body: &str, idempotency_key: &str, group: &str) -> Result<(), String> {
-        self.0
-            .call("publisher.publish", |_, st| {
-                st.published.push(Published {
-                    topic_arn: topic_arn.to_owned(),
-                    body: body.to_owned(),
-                    idempotency_key: idempotency_key.to_owned(),
-                    group: group.to_owned(),
-                });
-                Ok(())
-            })
-            .map_err(|e| e.to_string())
+        let attempt = |ok| Published {
+            topic_arn: topic_arn.to_owned(),
+            body: body.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+            group: group.to_owned(),
+            ok,
+        };
+        let result = self.0.call("publisher.publish", |_, st| {
+            st.published.push(attempt(true));
+            Ok(())
+        });
+        if result.is_err() {
+            self.0.state().published.push(attempt(false));
+        }
+        result.map_err(|e| format!("sns: {e}"))
     }
 }

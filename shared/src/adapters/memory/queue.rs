@@ -50,6 +50,11 @@ impl MemQueue {
         self
     }
 
+    /// Every send from now on fails (the queue is down).
+    pub fn fail_sends(&self) {
+        self.world.inject("queue.send", 0, None, super::Fault::Unavailable);
+    }
+
     /// The event keys sent, in order, whether received since or not.
     pub fn keys(&self) -> Vec<EventKey> {
         let st = self.world.state();

@@ -1,0 +1,331 @@
+//! The dispatcher on the memory world (`adapters::memory`).
+
+use super::*;
+use crate::adapters::memory::{MemOutbox, MemPublisher, OutboxView, Published, World};
+use crate::backoff::Backoff;
+use crate::clock::Ambient;
+
+// The statuses as the DynamoDB adapter writes them.
+const PENDING: &str = "PENDING";
+const SENDING: &str = "SENDING";
+const SENT: &str = "SENT";
+const DEAD: &str = "DEAD";
+
+const NOW: i64 = 1_700_000_000_000;
+const GRACE: i64 = 60_000;
+const TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:entitlements";
+
+// ------------------------------------------------------------------- the world
+
+/// A PENDING item as the processor's commit writes it, due at `due_at`.
+fn pending(key: &str, shard: u32, due_at: i64) -> OutboxView {
+    OutboxView::pending(key, TOPIC, shard, due_at)
+}
+
+/// Claimed by another dispatcher until `until`, after `attempts` claims.
+fn sending(key: &str, shard: u32, until: i64, attempts: u32) -> OutboxView {
+    OutboxView {
+        status: SENDING.into(),
+        token: Some("another-dispatcher".into()),
+        until: Some(until),
+        attempts,
+        ..pending(key, shard, until)
+    }
+}
+
+fn call_of(item: &OutboxView) -> Published {
+    Published {
+        topic_arn: item.topic_arn.clone(),
+        body: item.body.clone(),
+        idempotency_key: item.idempotency_key.clone(),
+        group: item.group.clone(),
+        ok: true,
+    }
+}
+
+const POLICY: DispatchPolicy = DispatchPolicy { backoff: Backoff { base_ms: 1_000, max_ms: 60_000 }, max_attempts: 3 };
+
+fn dispatcher() -> (MemOutbox, MemPublisher, Dispatcher<MemOutbox, MemPublisher>) {
+    let w = World::new(Ambient::fixed(NOW, 3));
+    let (store, publisher) = (w.outbox(), w.publisher());
+    let d = Dispatcher::with_ports(store.clone(), publisher.clone()).with_policy(POLICY);
+    (store, publisher, d)
+}
+
+// ------------------------------------------------------------------- dispatch
+
+#[tokio::test]
+async fn a_due_item_is_published_once_with_its_key_topic_group_and_body_and_marked_sent() {
+    let (store, publisher, d) = dispatcher();
+    let item = pending("k1", 3, NOW);
+    store.put("outbox#k1", &item);
+
+    assert_eq!(d.dispatch("outbox#k1", NOW).await.unwrap(), Dispatched::Published);
+
+    assert_eq!(publisher.attempts(), vec![call_of(&item)]);
+    let sent = store.get("outbox#k1");
+    assert_eq!((sent.status.as_str(), sent.attempts, sent.sent_at), (SENT, 1, Some(NOW)));
+    assert_eq!((sent.due_at, sent.until), (None, None), "a SENT item leaves the due index: {sent:?}");
+    // Any later dispatch (processor, sweeper) leaves it alone.
+    assert_eq!(d.dispatch("outbox#k1", NOW + 10 * DISPATCH_LEASE_MS).await.unwrap(), Dispatched::Skipped);
+    assert_eq!(publisher.attempts().len(), 1);
+}
+
+#[tokio::test]
+async fn claimed_not_yet_due_sent_dead_and_unknown_items_are_skipped_without_publishing() {
+    let (store, publisher, d) = dispatcher();
+    let items = [
+        // The claim lapses only once `dispatch_until < now`.
+        ("outbox#live", sending("live", 0, NOW, 1)),
+        ("outbox#later", pending("later", 0, NOW + 1)),
+        (
+            "outbox#sent",
+            OutboxView { status: SENT.into(), due_at: None, sent_at: Some(NOW - 5), ..pending("sent", 0, 0) },
+        ),
+        ("outbox#dead", OutboxView { status: DEAD.into(), due_at: None, attempts: 3, ..pending("dead", 0, 0) }),
+    ];
+    for (id, item) in &items {
+        store.put(id, &item);
+    }
+    for (id, item) in &items {
+        assert_eq!(d.dispatch(id, NOW).await.unwrap(), Dispatched::Skipped, "{id}");
+        assert_eq!(&store.get(id), item, "{id} unchanged");
+    }
+    assert_eq!(d.dispatch("outbox#nothing", NOW).await.unwrap(), Dispatched::Skipped);
+    assert!(publisher.attempts().is_empty(), "{:?}", publisher.attempts());
+}
+
+#[tokio::test]
+async fn a_failed_publish_puts_the_item_back_due_after_half_to_all_of_the_backoff() {
+    let (store, publisher, d) = dispatcher();
+    publisher.fail_all();
+    for i in 0..40 {
+        let id = format!("outbox#k{i}");
+        store.put(&id, &pending(&format!("k{i}"), 0, NOW));
+        match d.dispatch(&id, NOW).await.unwrap() {
+            Dispatched::Retrying { attempts: 1, error } => assert!(error.starts_with("sns: "), "{error}"),
+            other => panic!("{other:?}"),
+        }
+        let item = store.get(&id);
+        assert_eq!(item.status.as_str(), PENDING);
+        assert_eq!(item.until, None);
+        assert!(item.last_error.as_deref().is_some_and(|e| e.starts_with("sns: ")), "{item:?}");
+        // Attempt 1 failed: base 1 s, jittered down to half at most.
+        let delay = item.due_at.unwrap() - NOW;
+        assert!((500..=1_000).contains(&delay), "{delay}");
+        // Not taken again before it is due.
+        assert_eq!(d.dispatch(&id, NOW + delay - 1).await.unwrap(), Dispatched::Skipped);
+        // Attempt 2 fails too: 2 s, jittered.
+        let at = NOW + delay;
+        assert_eq!(
+            d.dispatch(&id, at).await.unwrap(),
+            Dispatched::Retrying { attempts: 2, error: "sns: throttled by sns".to_owned() }
+        );
+        let delay = store.get(&id).due_at.unwrap() - at;
+        assert!((1_000..=2_000).contains(&delay), "{delay}");
+    }
+    assert_eq!(publisher.attempts().len(), 80);
+}
+
+#[tokio::test]
+async fn the_failure_at_max_attempts_makes_the_item_dead() {
+    let (store, publisher, d) = dispatcher();
+    publisher.fail_all();
+    store.put("outbox#k", &pending("k", 5, NOW));
+    let mut now = NOW;
+    for attempt in 1..POLICY.max_attempts {
+        assert!(
+            matches!(d.dispatch("outbox#k", now).await.unwrap(), Dispatched::Retrying { attempts, .. } if attempts == attempt)
+        );
+        now = store.get("outbox#k").due_at.unwrap();
+    }
+    match d.dispatch("outbox#k", now).await.unwrap() {
+        Dispatched::Dead { attempts: 3, error } => assert_eq!(error, "sns: throttled by sns"),
+        other => panic!("{other:?}"),
+    }
+    let item = store.get("outbox#k");
+    assert_eq!((item.status.as_str(), item.due_at, item.dead_at, item.shard), (DEAD, None, Some(now), 5));
+    assert_eq!(d.dispatch("outbox#k", now + 100 * DISPATCH_LEASE_MS).await.unwrap(), Dispatched::Skipped);
+    assert_eq!(publisher.attempts().len(), 3);
+}
+
+#[tokio::test]
+async fn an_item_whose_dispatchers_kept_dying_goes_dead_without_publishing() {
+    let (store, publisher, d) = dispatcher();
+    // Claimed max_attempts times, no outcome recorded, the last claim lapsed.
+    store.put("outbox#k", &sending("k", 2, NOW - 1, POLICY.max_attempts));
+
+    assert_eq!(
+        d.dispatch("outbox#k", NOW).await.unwrap(),
+        Dispatched::Dead { attempts: 4, error: "3 claims without an outcome".into() }
+    );
+    assert!(publisher.attempts().is_empty());
+    let item = store.get("outbox#k");
+    assert_eq!((item.status.as_str(), item.attempts, item.due_at), (DEAD, 4, None));
+    assert_eq!(item.last_error.as_deref(), Some("3 claims without an outcome"));
+}
+
+#[tokio::test]
+async fn the_last_allowed_claim_still_publishes() {
+    let (store, publisher, d) = dispatcher();
+    store.put("outbox#k", &sending("k", 2, NOW - 1, POLICY.max_attempts - 1));
+
+    assert_eq!(d.dispatch("outbox#k", NOW).await.unwrap(), Dispatched::Published);
+    assert_eq!(publisher.published().len(), 1);
+    assert_eq!((store.status("outbox#k").as_str(), store.get("outbox#k").attempts), (SENT, POLICY.max_attempts));
+}
+
+#[tokio::test]
+async fn a_claim_that_lapsed_during_the_publish_still_reports_published_and_the_new_owner_republishes() {
+    let (store, publisher, d) = dispatcher();
+    let item = pending("k", 0, NOW);
+    store.put("outbox#k", &item);
+    // The publish stalls past the lease; another dispatcher claims the item meanwhile.
+    let other = store.clone();
+    let takeover = NOW + DISPATCH_LEASE_MS + 1;
+    store.0.during("publisher.publish", 0, move |_| {
+        let met = other.claim_now("outbox#k", "other", takeover, takeover + DISPATCH_LEASE_MS).unwrap();
+        assert!(matches!(met, OutboxClaim::Claimed(_)), "{met:?}");
+    });
+
+    assert_eq!(d.dispatch("outbox#k", NOW).await.unwrap(), Dispatched::Published);
+    let held = store.get("outbox#k");
+    assert_eq!((held.status.as_str(), held.token.as_deref(), held.attempts), (SENDING, Some("other"), 2));
+
+    // The other owner died too; the next dispatch publishes again, with the same key.
+    let later = takeover + DISPATCH_LEASE_MS + 1;
+    assert_eq!(d.dispatch("outbox#k", later).await.unwrap(), Dispatched::Published);
+    assert_eq!(publisher.attempts(), vec![call_of(&item), call_of(&item)]);
+    assert_eq!(store.status("outbox#k"), SENT);
+}
+
+#[tokio::test]
+async fn a_failure_recorded_after_the_claim_lapsed_leaves_the_item_to_its_new_owner() {
+    let (store, publisher, d) = dispatcher();
+    store.put("outbox#k", &pending("k", 0, NOW));
+    publisher.fail_all();
+    let other = store.clone();
+    store.0.during("publisher.publish", 0, move |_| {
+        let at = NOW + DISPATCH_LEASE_MS + 1;
+        other.claim_now("outbox#k", "other", at, at + DISPATCH_LEASE_MS).unwrap();
+    });
+
+    assert!(matches!(d.dispatch("outbox#k", NOW).await.unwrap(), Dispatched::Retrying { attempts: 1, .. }));
+    let item = store.get("outbox#k");
+    assert_eq!((item.status.as_str(), item.token.as_deref(), item.last_error), (SENDING, Some("other"), None));
+}
+
+#[tokio::test]
+async fn a_crash_after_publish_leaves_the_item_sending_and_it_is_republished_with_the_same_key_once_the_claim_lapses() {
+    let (store, publisher, healthy) = dispatcher();
+    let item = pending("k", 1, NOW);
+    store.put("outbox#k", &item);
+    let mut crashing = healthy.clone();
+    crashing.fault = DispatchFault::AfterPublishBeforeMark;
+
+    assert!(crashing.dispatch("outbox#k", NOW).await.is_err());
+    let held = store.get("outbox#k");
+    assert_eq!(held.status.as_str(), SENDING);
+    // The claim's end is its next look in the due index.
+    assert_eq!((held.until, held.due_at), (Some(NOW + DISPATCH_LEASE_MS), Some(NOW + DISPATCH_LEASE_MS)));
+
+    // While the claim is live nobody else publishes.
+    assert_eq!(healthy.dispatch("outbox#k", NOW + DISPATCH_LEASE_MS).await.unwrap(), Dispatched::Skipped);
+    assert_eq!(publisher.attempts().len(), 1);
+
+    assert_eq!(healthy.dispatch("outbox#k", NOW + DISPATCH_LEASE_MS + 1).await.unwrap(), Dispatched::Published);
+    assert_eq!(publisher.attempts(), vec![call_of(&item), call_of(&item)]);
+    let sent = store.get("outbox#k");
+    assert_eq!((sent.status.as_str(), sent.attempts), (SENT, 2));
+}
+
+// ---------------------------------------------------------------------- sweep
+
+#[tokio::test]
+async fn the_sweeper_republishes_an_item_whose_dispatcher_crashed() {
+    let (store, publisher, healthy) = dispatcher();
+    store.put("outbox#k", &pending("k", 1, NOW));
+    let mut crashing = healthy.clone();
+    crashing.fault = DispatchFault::AfterPublishBeforeMark;
+    assert!(crashing.dispatch("outbox#k", NOW).await.is_err());
+
+    let lapse = NOW + DISPATCH_LEASE_MS;
+    assert_eq!(healthy.sweep(2, lapse + GRACE - 1, GRACE, 10).await.unwrap(), 0, "claim live or within grace");
+    assert_eq!(healthy.sweep(2, lapse + GRACE + 1, GRACE, 10).await.unwrap(), 1);
+    let keys: Vec<String> = publisher.attempts().into_iter().map(|c| c.idempotency_key).collect();
+    assert_eq!(keys, ["k", "k"]);
+    assert_eq!(store.status("outbox#k"), SENT);
+}
+
+#[tokio::test]
+async fn sweep_publishes_only_items_older_than_the_grace_across_its_shards() {
+    let (store, publisher, d) = dispatcher();
+    store.put("outbox#old0", &pending("old0", 0, NOW - 5 * GRACE));
+    store.put("outbox#young0", &pending("young0", 0, NOW - GRACE + 1));
+    store.put("outbox#edge1", &pending("edge1", 1, NOW - GRACE));
+    store.put("outbox#old2", &pending("old2", 2, NOW - 2 * GRACE));
+    store.put("outbox#beyond", &pending("beyond", 3, NOW - 5 * GRACE));
+    store.put("outbox#claimed", &sending("claimed", 1, NOW + 1, 1));
+
+    assert_eq!(d.sweep(3, NOW, GRACE, 100).await.unwrap(), 3);
+
+    let mut keys: Vec<String> = publisher.attempts().into_iter().map(|c| c.idempotency_key).collect();
+    keys.sort();
+    assert_eq!(keys, ["edge1", "old0", "old2"]);
+    for (id, status) in [
+        ("outbox#old0", SENT),
+        ("outbox#edge1", SENT),
+        ("outbox#old2", SENT),
+        ("outbox#young0", PENDING),
+        ("outbox#beyond", PENDING),
+        ("outbox#claimed", SENDING),
+    ] {
+        assert_eq!(store.status(id), status, "{id}");
+    }
+}
+
+#[tokio::test]
+async fn sweep_takes_the_oldest_first_and_stops_at_its_limit() {
+    let (store, publisher, d) = dispatcher();
+    store.put("outbox#a", &pending("a", 0, NOW - 5 * GRACE));
+    store.put("outbox#b", &pending("b", 0, NOW - 3 * GRACE));
+    store.put("outbox#c", &pending("c", 0, NOW - 4 * GRACE));
+    store.put("outbox#d", &pending("d", 1, NOW - 9 * GRACE));
+
+    assert_eq!(d.sweep(2, NOW, GRACE, 2).await.unwrap(), 2);
+    let keys: Vec<String> = publisher.attempts().into_iter().map(|c| c.idempotency_key).collect();
+    assert_eq!(keys, ["a", "c"]);
+    assert_eq!((store.status("outbox#b").as_str(), store.status("outbox#d").as_str()), (PENDING, PENDING));
+
+    assert_eq!(d.sweep(2, NOW, GRACE, 2).await.unwrap(), 2);
+    assert_eq!(publisher.attempts().len(), 4);
+    assert_eq!(d.sweep(2, NOW, GRACE, 2).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn one_items_store_or_publish_failure_does_not_stop_the_sweep() {
+    let (store, publisher, d) = dispatcher();
+    store.put("outbox#throttled", &pending("throttled", 0, NOW - 3 * GRACE));
+    store.put("outbox#refused", &pending("refused", 0, NOW - 2 * GRACE));
+    store.put("outbox#fine", &pending("fine", 1, NOW - 2 * GRACE));
+    store.fail_writes_of("outbox#throttled");
+    publisher.fail_call(0);
+
+    assert_eq!(d.sweep(2, NOW, GRACE, 10).await.unwrap(), 1);
+
+    let calls: Vec<(String, bool)> = publisher.attempts().into_iter().map(|c| (c.idempotency_key, c.ok)).collect();
+    assert_eq!(calls, [("refused".to_owned(), false), ("fine".to_owned(), true)]);
+    let throttled = store.get("outbox#throttled");
+    assert_eq!((throttled.status.as_str(), throttled.attempts), (PENDING, 0));
+    let refused = store.get("outbox#refused");
+    assert_eq!((refused.status.as_str(), refused.attempts), (PENDING, 1));
+    assert!(refused.due_at.unwrap() > NOW);
+    assert_eq!(store.status("outbox#fine"), SENT);
+}
+
+#[test]
+fn the_default_policy_gives_up_after_hours_not_minutes() {
+    let p = DispatchPolicy::default();
+    let total: i64 = (1..p.max_attempts).map(|a| p.backoff.delay_ms(a, 1.0)).sum();
+    assert!((2 * 3_600_000..=4 * 3_600_000).contains(&total), "{total}");
+}
