@@ -62,6 +62,7 @@ impl State {
             Ok(new) => Ok(Written::Applied(new.unwrap_or_default())),
             Err(Refusal::Condition(met)) => Ok(Written::Refused(met)),
             Err(Refusal::Invalid(e)) => Err(invalid(e)),
+            Err(Refusal::Conflict) => unreachable!("single writes are never in contention"),
         }
     }
 
@@ -87,6 +88,7 @@ impl State {
             Err(Refusal::Condition(Some(met))) => claim_met(event, &met),
             Err(Refusal::Condition(None)) => unreachable!("a put that met no item passes attribute_not_exists"),
             Err(Refusal::Invalid(e)) => Err(invalid(e)),
+            Err(Refusal::Conflict) => unreachable!("single writes are never in contention"),
         }
     }
 
@@ -229,6 +231,81 @@ impl MemLedger {
         self.0.state().table.insert(item);
     }
 
+    /// Changes the record's item as it is (another actor's write, arranged).
+    pub fn edit(&self, key: &EventKey, f: impl FnOnce(&mut Item)) {
+        let mut st = self.0.state();
+        let mut item = st.table.get(key.as_str(), META_SK).cloned().unwrap_or_else(|| panic!("{key}: no record"));
+        f(&mut item);
+        st.table.insert(item);
+    }
+
+    /// Every record's key, in key order.
+    pub fn keys(&self) -> Vec<EventKey> {
+        let st = self.0.state();
+        st.table
+            .items()
+            .filter(|i| get_s(i, attr::SK) == Some(META_SK))
+            .filter_map(|i| get_s(i, attr::PK).and_then(EventKey::from_stored))
+            .collect()
+    }
+
+    /// Stores a record as the processor reads it, with `body` as its payload
+    /// item and the index attributes its status has.
+    pub fn insert_record(&self, r: &WorkRecord, body: &[u8]) {
+        let s = |v: &str| AttributeValue::S(v.to_owned());
+        let n = |v: i64| AttributeValue::N(v.to_string());
+        let shard = r.key.shard(self.0.shards);
+        let mut item = Item::from([
+            (attr::PK.into(), s(r.key.as_str())),
+            (attr::SK.into(), s(META_SK)),
+            (attr::STATUS.into(), s(r.status.as_str())),
+            (attr::PROVIDER.into(), s(&r.provider)),
+            (attr::ENDPOINT.into(), s(&r.endpoint)),
+            (attr::TENANT.into(), s(&r.tenant)),
+            (attr::EVENT_ID.into(), s(&r.event_id)),
+            (attr::PAYLOAD_HASH.into(), s(&r.payload_hash)),
+            (attr::PAYLOAD_STORED.into(), AttributeValue::Bool(true)),
+            (attr::ATTEMPTS.into(), n(i64::from(r.attempts))),
+            (cond::FAILURES.into(), n(i64::from(r.failures))),
+            (attr::RECEIVED_AT.into(), n(r.received_at_ms)),
+        ]);
+        let text = [
+            (attr::EVENT_TYPE, &r.event_type),
+            ("lease_owner", &r.lease_owner),
+            ("completed_token", &r.completed_token),
+            (cond::TRANSITION_TOKEN, &r.transition_token),
+        ];
+        for (k, v) in text {
+            if let Some(v) = v {
+                item.insert(k.into(), s(v));
+            }
+        }
+        let numbers = [
+            (cond::WINDOW_START, r.window_start_ms),
+            ("lease_expires_at", r.lease_expires_at_ms),
+            ("next_attempt_at", r.next_attempt_at_ms),
+        ];
+        for (k, v) in numbers {
+            if let Some(v) = v {
+                item.insert(k.into(), n(v));
+            }
+        }
+        if !r.status.is_terminal() {
+            let due = r.next_attempt_at_ms.unwrap_or(r.received_at_ms + crate::policy::REDRIVE_GRACE_MS);
+            item.insert(attr::DUE_SHARD.into(), s(&due_shard(shard)));
+            item.insert(attr::DUE_AT.into(), n(due));
+        } else if matches!(r.status, Status::Dead | Status::Parked) {
+            item.insert(attr::ATTN_SHARD.into(), s(&attention_shard(shard)));
+            item.insert(attr::ATTN_AT.into(), n(r.received_at_ms));
+        }
+        if let Some(p) = &r.payload {
+            payload::put(&mut item, payload::encode(p));
+        }
+        let mut st = self.0.state();
+        st.table.insert(payload_item(&r.key, &r.payload_hash, body, 0));
+        st.table.insert(item);
+    }
+
     /// The record as the operator sees it (`show`'s row).
     pub fn row(&self, key: &EventKey) -> Option<Row> {
         self.item(key).map(|i| row(&i))
@@ -301,11 +378,11 @@ impl From<Option<i64>> for Value {
 
 impl Ledger for MemLedger {
     async fn claim(&self, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
-        self.0.call("ledger.claim", |w, st| claim(w, st, event, body))
+        self.0.call_on("ledger.claim", event.key.as_str(), |w, st| claim(w, st, event, body))
     }
 
     async fn store_payload(&self, key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Result<(), PortError> {
-        self.0.call("ledger.store_payload", |_, st| {
+        self.0.call_on("ledger.store_payload", key.as_str(), |_, st| {
             st.put(payload_item(key, hash, body, expires_at))?;
             st.update_or_fail(key, &cond::payload_stored(hash))
         })
@@ -320,7 +397,7 @@ impl Ledger for MemLedger {
         expires_at: i64,
         conflict: bool,
     ) -> Result<bool, PortError> {
-        self.0.call("ledger.adopt_payload", |_, st| {
+        self.0.call_on("ledger.adopt_payload", key.as_str(), |_, st| {
             st.put(payload_item(key, new_hash, body, expires_at))?;
             Ok(match st.conditional(key.as_str(), META_SK, &cond::adopt_payload(old_hash, new_hash, conflict))? {
                 Written::Applied(_) => true,
@@ -330,7 +407,7 @@ impl Ledger for MemLedger {
     }
 
     async fn take_send_lease(&self, key: &EventKey, lease: &SendLease, now_ms: i64) -> Result<bool, PortError> {
-        self.0.call("ledger.take_send_lease", |_, st| {
+        self.0.call_on("ledger.take_send_lease", key.as_str(), |_, st| {
             Ok(match st.conditional(key.as_str(), META_SK, &cond::take_send_lease(lease, now_ms))? {
                 Written::Applied(_) => true,
                 Written::Refused(met) => send_lease_ours(met.as_ref(), lease),
@@ -339,25 +416,28 @@ impl Ledger for MemLedger {
     }
 
     async fn release_send_lease(&self, key: &EventKey, lease: &SendLease) -> Result<(), PortError> {
-        self.0.call("ledger.release_send_lease", |_, st| {
+        self.0.call_on("ledger.release_send_lease", key.as_str(), |_, st| {
             st.conditional(key.as_str(), META_SK, &cond::release_send_lease(lease)).map(|_| ())
         })
     }
 
     async fn mark_enqueued(&self, key: &EventKey, at_ms: i64) -> Result<(), PortError> {
-        self.0.call("ledger.mark_enqueued", |_, st| st.update_or_fail(key, &cond::mark_enqueued(at_ms)))
+        self.0
+            .call_on("ledger.mark_enqueued", key.as_str(), |_, st| st.update_or_fail(key, &cond::mark_enqueued(at_ms)))
     }
 
     async fn note_duplicate(&self, key: &EventKey) -> Result<(), PortError> {
-        self.0.call("ledger.note_duplicate", |_, st| st.update_or_fail(key, &cond::note_duplicate()))
+        self.0.call_on("ledger.note_duplicate", key.as_str(), |_, st| st.update_or_fail(key, &cond::note_duplicate()))
     }
 
     async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
-        self.0.call("ledger.flag_conflict", |_, st| st.update_or_fail(key, &cond::flag_conflict(other_hash, at_ms)))
+        self.0.call_on("ledger.flag_conflict", key.as_str(), |_, st| {
+            st.update_or_fail(key, &cond::flag_conflict(other_hash, at_ms))
+        })
     }
 
     async fn release_parked(&self, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
-        self.0.call("ledger.release_parked", |_, st| release(st, event, body, by))
+        self.0.call_on("ledger.release_parked", event.key.as_str(), |_, st| release(st, event, body, by))
     }
 }
 
@@ -418,7 +498,7 @@ impl WorkLedger for MemLedger {
 
     async fn lease(&self, key: &EventKey, token: &str, now_ms: i64, lease_ms: i64) -> Result<LeaseResult, PortError> {
         let shard = key.shard(self.0.shards);
-        self.0.call("work.lease", |_, st| {
+        self.0.call_on("work.lease", key.as_str(), |_, st| {
             match st.conditional(key.as_str(), META_SK, &cond::lease(token, now_ms, lease_ms, shard))? {
                 Written::Applied(new) => work_record(&new)
                     .map(|r| LeaseResult::Leased(Box::new(r)))
@@ -431,7 +511,7 @@ impl WorkLedger for MemLedger {
     }
 
     async fn payload(&self, key: &EventKey, hash: &str) -> Result<Option<Vec<u8>>, PortError> {
-        self.0.call("work.payload", |_, st| {
+        self.0.call_on("work.payload", key.as_str(), |_, st| {
             Ok(match st.table.get(key.as_str(), &payload_sk(hash)).and_then(payload::body) {
                 Some(body) => Some(body),
                 None => st.bucket.as_ref().and_then(|b| b.get(&format!("{}/{hash}", key.as_str())).cloned()),
@@ -451,7 +531,7 @@ impl WorkLedger for MemLedger {
         let shards = self.0.shards;
         // The same token on every try of this call, as the SDK retries it.
         let request_token = self.0.ambient.token();
-        self.0.call("work.commit", |w, st| {
+        self.0.call_on("work.commit", key.as_str(), |w, st| {
             let (items, owner, outbox) = commit_items("memory", key, token, ops, outcome, subject, now_ms, shards)?;
             let writes = items.iter().map(Write::from_sdk).collect::<Result<Vec<_>, _>>().map_err(invalid)?;
             st.exercised.insert("complete");
@@ -471,14 +551,14 @@ impl WorkLedger for MemLedger {
     }
 
     async fn completed_by(&self, key: &EventKey) -> Result<Option<String>, PortError> {
-        self.0.call("work.completed_by", |_, st| {
+        self.0.call_on("work.completed_by", key.as_str(), |_, st| {
             Ok(st.table.get(key.as_str(), META_SK).and_then(work_record).and_then(|r| r.completed_token))
         })
     }
 
     async fn leave(&self, key: &EventKey, token: &str, exit: &Exit<'_>, now_ms: i64) -> Result<bool, PortError> {
         let shard = key.shard(self.0.shards);
-        self.0.call("work.leave", |_, st| {
+        self.0.call_on("work.leave", key.as_str(), |_, st| {
             Ok(match st.conditional(key.as_str(), META_SK, &cond::leave(token, exit, now_ms, shard))? {
                 Written::Applied(_) => true,
                 Written::Refused(met) => {
@@ -490,7 +570,7 @@ impl WorkLedger for MemLedger {
 
     async fn wake(&self, key: &EventKey, now_ms: i64) -> Result<bool, PortError> {
         let shard = key.shard(self.0.shards);
-        self.0.call("work.wake", |_, st| {
+        self.0.call_on("work.wake", key.as_str(), |_, st| {
             Ok(matches!(st.conditional(key.as_str(), META_SK, &cond::wake(GAP, now_ms, shard))?, Written::Applied(_)))
         })
     }
@@ -498,7 +578,7 @@ impl WorkLedger for MemLedger {
     async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
         let id = self.0.ambient.entropy.token_simple();
         let item = history_item(key, kind, detail, now_ms, &id, self.0.retention_days);
-        self.0.call("work.append_history", |_, st| st.put(item.clone()))
+        self.0.call_on("work.append_history", key.as_str(), |_, st| st.put(item.clone()))
     }
 
     async fn register_waiter(&self, at: &Position, key: &EventKey, expires_at: i64) -> Result<(), PortError> {
@@ -508,11 +588,11 @@ impl WorkLedger for MemLedger {
             ("event_key".to_owned(), AttributeValue::S(key.as_str().to_owned())),
             ("expires_at".to_owned(), AttributeValue::N(expires_at.to_string())),
         ]);
-        self.0.call("work.register_waiter", |_, st| st.put(item.clone()))
+        self.0.call_on("work.register_waiter", key.as_str(), |_, st| st.put(item.clone()))
     }
 
     async fn waiter(&self, at: &Position) -> Result<Option<EventKey>, PortError> {
-        self.0.call("work.waiter", |_, st| {
+        self.0.call_on("work.waiter", &at.stream, |_, st| {
             Ok(st
                 .table
                 .get(&at.stream, &waiter_sk(at.seq))
@@ -522,7 +602,7 @@ impl WorkLedger for MemLedger {
     }
 
     async fn predecessor_applied(&self, at: &Position) -> Result<bool, PortError> {
-        self.0.call("work.predecessor_applied", |_, st| {
+        self.0.call_on("work.predecessor_applied", &at.stream, |_, st| {
             let last = st.table.get(&at.stream, STATE_SK).and_then(|i| get_n(i, "last_seq")).unwrap_or(0);
             Ok(last >= at.seq - 1)
         })
@@ -545,7 +625,7 @@ impl DueLedger for MemLedger {
         after: Option<&DueCursor>,
     ) -> Result<DuePage, PortError> {
         let name = due_partition(partition, shard);
-        self.0.call("due.due", |_, st| {
+        self.0.call_on("due.due", &name, |_, st| {
             let limit = limit.clamp(1, 100);
             let keys: Vec<(i64, (String, String))> = st
                 .table
@@ -608,7 +688,7 @@ impl DueLedger for MemLedger {
     async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {
         let token = self.0.ambient.token();
         let (pk, sk) = item_of(item);
-        self.0.call("due.claim_due", |_, st| {
+        self.0.call_on("due.claim_due", pk, |_, st| {
             Ok(match st.conditional(pk, sk, &cond::claim_due(seen, next, &token))? {
                 Written::Applied(_) => Some(token.clone()),
                 Written::Refused(Some(met)) if get_s(&met, CLAIM_TOKEN) == Some(token.as_str()) => Some(token.clone()),
@@ -619,11 +699,11 @@ impl DueLedger for MemLedger {
 
     async fn reschedule(&self, item: DueItem<'_>, token: &str, at: i64) -> Result<(), PortError> {
         let (pk, sk) = item_of(item);
-        self.0.call("due.reschedule", |_, st| st.conditional(pk, sk, &cond::reschedule(token, at)).map(|_| ()))
+        self.0.call_on("due.reschedule", pk, |_, st| st.conditional(pk, sk, &cond::reschedule(token, at)).map(|_| ()))
     }
 
     async fn note_enqueued(&self, key: &EventKey, now_ms: i64) -> Result<(), PortError> {
-        self.0.call("due.note_enqueued", |_, st| {
+        self.0.call_on("due.note_enqueued", key.as_str(), |_, st| {
             st.conditional(key.as_str(), META_SK, &cond::note_redriven(now_ms)).map(|_| ())
         })
     }
@@ -713,7 +793,7 @@ impl OperatorLedger for MemLedger {
     }
 
     async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Option<Shown>, PortError> {
-        self.0.call("operator.show", |_, st| {
+        self.0.call_on("operator.show", key.as_str(), |_, st| {
             let all = st.table.partition(key.as_str());
             let sk = |i: &Item| get_s(i, attr::SK).unwrap_or_default().to_owned();
             let Some(record) = all.iter().find(|i| sk(i) == META_SK) else { return Ok(None) };
@@ -740,7 +820,7 @@ impl OperatorLedger for MemLedger {
     ) -> Result<Transitioned, PortError> {
         let token = self.0.ambient.token();
         let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.0.shards));
-        self.0.call("operator.transition", |_, st| {
+        self.0.call_on("operator.transition", key.as_str(), |_, st| {
             Ok(match st.conditional(key.as_str(), META_SK, &update)? {
                 Written::Applied(_) => Transitioned::Done,
                 Written::Refused(None) => Transitioned::Missing,
@@ -797,41 +877,43 @@ impl BackfillLedger for MemLedger {
     }
 
     async fn recorded(&self, key: &EventKey) -> Result<bool, PortError> {
-        self.0.call("backfill.recorded", |_, st| Ok(st.table.get(key.as_str(), META_SK).is_some()))
+        self.0.call_on("backfill.recorded", key.as_str(), |_, st| Ok(st.table.get(key.as_str(), META_SK).is_some()))
     }
 
     async fn note_redelivery(&self, key: &EventKey, handle: &str, now_ms: i64) -> Result<(), PortError> {
         let item = redelivery_item(key, handle, now_ms, self.0.retention_days);
-        self.0.call("backfill.note_redelivery", |_, st| st.put(item.clone()))
+        self.0.call_on("backfill.note_redelivery", key.as_str(), |_, st| st.put(item.clone()))
     }
 
     async fn progress(&self, run: &str) -> Result<Option<BackfillProgress>, PortError> {
-        self.0.call("backfill.progress", |_, st| Ok(st.table.get(&progress_pk(run), PROGRESS_SK).map(progress_from)))
+        self.0.call_on("backfill.progress", run, |_, st| {
+            Ok(st.table.get(&progress_pk(run), PROGRESS_SK).map(progress_from))
+        })
     }
 
     async fn schedule_state(&self, endpoint: &str) -> Result<Option<ScheduleState>, PortError> {
-        self.0.call("backfill.schedule_state", |_, st| {
+        self.0.call_on("backfill.schedule_state", endpoint, |_, st| {
             Ok(st.table.get(&progress_pk(endpoint), SCHEDULE_SK).map(schedule_from))
         })
     }
 
     async fn save_schedule_state(&self, endpoint: &str, state: &ScheduleState, now_ms: i64) -> Result<(), PortError> {
         let item = schedule_item(endpoint, state, now_ms);
-        self.0.call("backfill.save_schedule_state", |_, st| st.put(item.clone()))
+        self.0.call_on("backfill.save_schedule_state", endpoint, |_, st| st.put(item.clone()))
     }
 
     async fn save_progress(&self, run: &str, progress: &BackfillProgress, now_ms: i64) -> Result<(), PortError> {
         let item = progress_item(run, progress, now_ms, self.0.retention_days);
-        self.0.call("backfill.save_progress", |_, st| st.put(item.clone()))
+        self.0.call_on("backfill.save_progress", run, |_, st| st.put(item.clone()))
     }
 
     async fn park(&self, event: &NewEvent, unfetched: &UnfetchedEvent<'_>) -> Result<Claim, PortError> {
         let item = parked_item(event, unfetched);
-        self.0.call("backfill.park", |_, st| st.put_claim(event, item.clone()))
+        self.0.call_on("backfill.park", event.key.as_str(), |_, st| st.put_claim(event, item.clone()))
     }
 
     async fn release(&self, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
-        self.0.call("backfill.release", |_, st| release(st, event, body, by))
+        self.0.call_on("backfill.release", event.key.as_str(), |_, st| release(st, event, body, by))
     }
 
     async fn note(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
@@ -972,7 +1054,7 @@ impl MemOutbox {
     /// Every write of this item fails from now on (throttled).
     pub fn fail_writes_of(&self, id: &str) {
         for call in ["outbox.claim", "outbox.mark_sent", "outbox.back_off", "outbox.dead"] {
-            self.0.inject_on(call, id, super::Fault::Throttle);
+            self.0.inject_on(call, id, None, super::Fault::Throttle);
         }
     }
 
@@ -1021,7 +1103,7 @@ impl OutboxStore for MemOutbox {
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
-        self.0.call("outbox.due", |_, st| {
+        self.0.call_on("outbox.due", "", |_, st| {
             Ok(st
                 .table
                 .index(DUE_INDEX, &outbox_partition(shard), Some(up_to))

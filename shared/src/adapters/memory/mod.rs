@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use self::ledger::{OutboxView, Value, set};
 pub use self::queue::{MemQueue, Message};
-pub use self::source::MemSource;
+pub use self::source::{Answer, MemSource, MemSubscriptions};
 use self::table::Table;
 use crate::clock::Ambient;
 use crate::ledger::PortError;
@@ -57,6 +57,17 @@ pub enum Fault {
     CrashBefore,
     /// The invocation dies after the write landed.
     CrashAfter,
+}
+
+/// Runs a memory port's future to its end at once: every port here
+/// completes without waiting (for hooks, which run inside another call).
+pub fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("a memory port waited"),
+    }
 }
 
 /// The panic message of an injected crash.
@@ -193,18 +204,25 @@ impl World {
         self.state().rules.push(Rule { call: call.to_owned(), target: None, skip, times, fault });
     }
 
-    /// Injects `fault` at every call named `call` on one item (an outbox
-    /// id, an event key).
-    pub fn inject_on(&self, call: &str, target: &str, fault: Fault) {
+    /// Injects `fault` at the calls named `call` on one item (an outbox id,
+    /// an event key), `times` times (`None`: always).
+    pub fn inject_on(&self, call: &str, target: &str, times: Option<u32>, fault: Fault) {
         let target = Some(target.to_owned());
-        self.state().rules.push(Rule { call: call.to_owned(), target, skip: 0, times: None, fault });
+        self.state().rules.push(Rule { call: call.to_owned(), target, skip: 0, times, fault });
     }
 
     /// Runs `f` at the `nth` call named `call` (0-based), before the call
-    /// touches the state: another actor acting at that moment.
+    /// touches the state: another actor acting at that moment. `f` may use
+    /// any port through [`ready`].
     pub fn during(&self, call: &str, nth: usize, f: impl FnOnce(&World) + Send + 'static) {
         let mut hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        hooks.push(Hook { call: call.to_owned(), nth, f: Some(Box::new(f)) });
+        hooks.push(Hook { call: call.to_owned(), target: None, nth, f: Some(Box::new(f)) });
+    }
+
+    /// [`World::during`] at the first call named `call` on one item.
+    pub fn during_on(&self, call: &str, target: &str, f: impl FnOnce(&World) + Send + 'static) {
+        let mut hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        hooks.push(Hook { call: call.to_owned(), target: Some(target.to_owned()), nth: 0, f: Some(Box::new(f)) });
     }
 
     /// Injects a random fault at this rate per thousand calls, drawn from the
@@ -219,13 +237,37 @@ impl World {
         st.random_per_mille = 0;
     }
 
-    /// The calls made so far, by name.
+    /// The calls made so far, in order: `"<name> <item>"` (`"<name>"` for
+    /// calls on no one item).
     pub fn calls(&self) -> Vec<String> {
         self.state().calls.clone()
     }
 
+    /// The items of the calls named `name`, in order.
+    pub fn calls_named(&self, name: &str) -> Vec<String> {
+        let prefix = format!("{name} ");
+        self.state()
+            .calls
+            .iter()
+            .filter_map(|c| if c == name { Some(String::new()) } else { c.strip_prefix(&prefix).map(str::to_owned) })
+            .collect()
+    }
+
+    /// The next `n` transactions are cancelled for contention
+    /// (`TransactionConflict`), as DynamoDB does when another transaction
+    /// holds an item.
+    pub fn contend(&self, n: u32) {
+        self.state().table.contend(n);
+    }
+
+    /// The table ignores `ClientRequestToken` (as the emulator does): a
+    /// retried transaction is evaluated again.
+    pub fn ignore_request_tokens(&self) {
+        self.state().table.ignore_tokens();
+    }
+
     fn fault_for(&self, st: &mut State, call: &str, target: &str) -> Option<Fault> {
-        st.calls.push(call.to_owned());
+        st.calls.push(if target.is_empty() { call.to_owned() } else { format!("{call} {target}") });
         let on = |r: &Rule| r.call == call && r.target.as_deref().is_none_or(|t| t == target);
         for r in st.rules.iter_mut().filter(|r| on(r)) {
             if r.skip > 0 {
@@ -260,7 +302,7 @@ impl World {
         target: &str,
         f: impl Fn(&World, &mut State) -> Result<T, PortError>,
     ) -> Result<T, PortError> {
-        self.run_hooks(name);
+        self.run_hooks(name, target);
         let mut st = self.state();
         match self.fault_for(&mut st, name, target) {
             None => f(self, &mut st),
@@ -294,14 +336,27 @@ impl World {
 }
 
 impl World {
-    fn run_hooks(&self, name: &str) {
+    fn run_hooks(&self, name: &str, target: &str) {
         let due: Vec<Box<dyn FnOnce(&World) + Send>> = {
             let mut hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut counts = self.hook_calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let n = counts.entry(name.to_owned()).or_insert(0);
-            let nth = *n;
-            *n += 1;
-            hooks.iter_mut().filter(|h| h.call == name && h.nth == nth).filter_map(|h| h.f.take()).collect()
+            let mut seen = |key: String| {
+                let n = counts.entry(key).or_insert(0);
+                *n += 1;
+                *n - 1
+            };
+            let (nth, nth_on) = (seen(name.to_owned()), seen(format!("{name} {target}")));
+            hooks
+                .iter_mut()
+                .filter(|h| {
+                    h.call == name
+                        && match &h.target {
+                            None => h.nth == nth,
+                            Some(t) => t == target && h.nth == nth_on,
+                        }
+                })
+                .filter_map(|h| h.f.take())
+                .collect()
         };
         for f in due {
             f(self);
@@ -311,6 +366,7 @@ impl World {
 
 struct Hook {
     call: String,
+    target: Option<String>,
     nth: usize,
     f: Option<Box<dyn FnOnce(&World) + Send>>,
 }

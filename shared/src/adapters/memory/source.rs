@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
+use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture, SubscriptionSource};
 
 #[derive(Default)]
 pub struct SourceState {
@@ -113,5 +114,58 @@ impl BackfillSource for MemSource {
     async fn redeliver(&self, event: &SourceEvent) -> Result<(), SourceError> {
         self.state().redelivered.push(event.handle.clone().unwrap_or_default());
         Ok(())
+    }
+}
+
+/// What the provider answers for one subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// It exists with this status and seat count.
+    Is(String, i64),
+    /// The provider no longer has it.
+    Gone,
+    /// The provider's API is down.
+    Down,
+}
+
+/// A provider's subscriptions API (the drift checks' source): one answer per
+/// subscription (`Gone` unless told), every fetch noted in order.
+#[derive(Default)]
+pub struct MemSubscriptions {
+    answers: Mutex<HashMap<String, Answer>>,
+    fetched: Mutex<Vec<String>>,
+}
+
+impl MemSubscriptions {
+    pub fn answer(&self, id: &str, answer: Answer) {
+        self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_owned(), answer);
+    }
+
+    /// The subscriptions fetched, in order.
+    pub fn fetched(&self) -> Vec<String> {
+        self.fetched.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+impl SubscriptionSource for MemSubscriptions {
+    fn subscription<'a>(&'a self, id: &'a str) -> SubscriptionFuture<'a> {
+        self.fetched.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(id.to_owned());
+        let answer = self
+            .answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(id)
+            .cloned()
+            .unwrap_or(Answer::Gone);
+        Box::pin(async move {
+            match answer {
+                Answer::Is(status, seats) => Ok(Fetched {
+                    object: Some(Subscription { id: id.to_owned(), customer: "cus_1".into(), status, seats }),
+                    version: 1,
+                }),
+                Answer::Gone => Ok(Fetched { object: None, version: 1 }),
+                Answer::Down => Err(ProviderError::Unavailable("the provider's API is down (memory world)".into())),
+            }
+        })
     }
 }

@@ -37,6 +37,8 @@ pub enum Refusal {
     Condition(Option<Item>),
     /// The request itself is invalid (DynamoDB's `ValidationException`).
     Invalid(String),
+    /// Another transaction holds the item (`TransactionConflict`).
+    Conflict,
 }
 
 fn key_of(item: &Item) -> Option<Key> {
@@ -158,6 +160,10 @@ pub struct Table {
     tokens: HashMap<String, (i64, String)>,
     /// The indexes' copy of the items while index lag is on.
     lagging: Option<BTreeMap<Key, Item>>,
+    /// Transactions still to cancel for contention.
+    contend: u32,
+    /// Tokens ignored (as by the emulator).
+    ignore_tokens: bool,
 }
 
 impl Table {
@@ -205,6 +211,11 @@ impl Table {
     /// request succeeds again without writing; with another request it is
     /// refused, as DynamoDB's `IdempotentParameterMismatchException`.
     pub fn transact(&mut self, writes: &[Write], token: Option<&str>, now_ms: i64) -> Result<(), TransactError> {
+        let token = token.filter(|_| !self.ignore_tokens);
+        if self.contend > 0 {
+            self.contend -= 1;
+            return Err(TransactError::Cancelled(writes.iter().map(|_| Some(Refusal::Conflict)).collect()));
+        }
         self.tokens.retain(|_, (at, _)| now_ms - *at < TOKEN_WINDOW_MS);
         let fingerprint = fingerprint(writes);
         if let Some(t) = token
@@ -253,6 +264,14 @@ impl Table {
             self.tokens.insert(t.to_owned(), (now_ms, fingerprint));
         }
         Ok(())
+    }
+
+    pub fn contend(&mut self, n: u32) {
+        self.contend = n;
+    }
+
+    pub fn ignore_tokens(&mut self) {
+        self.ignore_tokens = true;
     }
 
     /// Turns index lag on (`true`: queries see the indexes as of now, until
