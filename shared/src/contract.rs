@@ -757,7 +757,7 @@ mod tests {
         }
     }
 
-    crate::contract_suite!(Memory::new());
+    contract_suite!(Memory::new());
 
     #[tokio::test]
     async fn a_transaction_token_is_honoured_for_ten_minutes() {
@@ -780,7 +780,7 @@ mod tests {
                 seen.extend(m.0.state().exercised.iter().copied());
             };
         }
-        crate::contract_scenarios!(run);
+        contract_scenarios!(run);
         let table_upgrade = ["migrate_attention", "migrate_due_partition"];
         let missing: Vec<&str> =
             EXPRESSIONS.iter().copied().filter(|e| !seen.contains(e) && !table_upgrade.contains(e)).collect();

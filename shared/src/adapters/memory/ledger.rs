@@ -252,6 +252,12 @@ impl MemLedger {
     /// Stores a record as the processor reads it, with `body` as its payload
     /// item and the index attributes its status has.
     pub fn insert_record(&self, r: &WorkRecord, body: &[u8]) {
+        self.0.state().table.insert(payload_item(&r.key, &r.payload_hash, body, 0));
+        self.insert_record_only(r);
+    }
+
+    /// [`MemLedger::insert_record`] without a payload item (its payload never stored).
+    pub fn insert_record_only(&self, r: &WorkRecord) {
         let s = |v: &str| AttributeValue::S(v.to_owned());
         let n = |v: i64| AttributeValue::N(v.to_string());
         let shard = r.key.shard(self.0.shards);
@@ -301,9 +307,7 @@ impl MemLedger {
         if let Some(p) = &r.payload {
             payload::put(&mut item, payload::encode(p));
         }
-        let mut st = self.0.state();
-        st.table.insert(payload_item(&r.key, &r.payload_hash, body, 0));
-        st.table.insert(item);
+        self.0.state().table.insert(item);
     }
 
     /// The record as the operator sees it (`show`'s row).
@@ -538,11 +542,26 @@ impl WorkLedger for MemLedger {
             if !outbox.is_empty() {
                 st.exercised.insert("outbox_new");
             }
-            match st.table.transact(&writes, Some(&request_token), w.now()) {
+            let result = st.table.transact(&writes, Some(&request_token), w.now());
+            st.commits.push(super::CommitCall {
+                key: key.as_str().to_owned(),
+                token: token.to_owned(),
+                ops: ops.iter().map(label).collect(),
+                outcome: outcome.to_owned(),
+                subject: subject.map(str::to_owned),
+                committed: result.is_ok(),
+            });
+            match result {
                 Ok(()) => Ok(CommitResult::Committed { outbox: outbox.clone() }),
                 Err(TransactError::Cancelled(reasons)) => {
-                    let codes: Vec<&str> =
-                        reasons.iter().map(|r| if r.is_some() { "ConditionalCheckFailed" } else { "None" }).collect();
+                    let codes: Vec<&str> = reasons
+                        .iter()
+                        .map(|r| match r {
+                            None => "None",
+                            Some(Refusal::Conflict) => "TransactionConflict",
+                            Some(_) => "ConditionalCheckFailed",
+                        })
+                        .collect();
                     commit_cancelled(&codes, &owner)
                 }
                 Err(e) => Err(invalid(format!("{e:?}"))),
@@ -607,6 +626,21 @@ impl WorkLedger for MemLedger {
             Ok(last >= at.seq - 1)
         })
     }
+}
+
+/// An op by the `pk` of its first write.
+fn label(op: &Op) -> String {
+    let w = op.writes.first();
+    w.and_then(|w| {
+        w.put()
+            .map(|p| p.item())
+            .or_else(|| w.update().map(|u| u.key()))
+            .or_else(|| w.condition_check().map(|c| c.key()))
+            .or_else(|| w.delete().map(|d| d.key()))
+    })
+    .and_then(|item| get_s(item, "pk"))
+    .unwrap_or_default()
+    .to_owned()
 }
 
 // -------------------------------------------------------------- reconciler

@@ -115,6 +115,21 @@ pub struct State {
     pub calls: Vec<String>,
     /// The conditions.rs expressions evaluated (applied or refused).
     pub exercised: BTreeSet<&'static str>,
+    /// Every commit the processor asked for, in order.
+    pub commits: Vec<CommitCall>,
+}
+
+/// One `WorkLedger::commit` call as the ledger saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitCall {
+    pub key: String,
+    pub token: String,
+    /// Each op by the `pk` of its first write (`""`: an op of outbox items only).
+    pub ops: Vec<String>,
+    pub outcome: String,
+    pub subject: Option<String>,
+    /// Whether the transaction committed.
+    pub committed: bool,
 }
 
 /// The world: one state, one lock, the ambient clock and entropy.

@@ -1,0 +1,951 @@
+//! The processor's decisions on the memory world (`adapters::memory`): its
+//! ledger evaluates the adapter's own conditions, projection writes
+//! included; the outbox is dispatched by the real dispatcher.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+
+use super::*;
+use crate::adapters::memory::{self, CommitCall, Fault, MemLedger, MemOutbox, MemPublisher, MemQueue, World, set};
+use crate::backoff::Backoff;
+use crate::clock::Ambient;
+use crate::ledger::Status;
+use crate::message::{OutboxMessage, idempotency_key};
+use crate::outbox::Dispatcher;
+use crate::projection::{PlanFuture, Projection, sequence};
+
+pub(crate) const NOW: i64 = 50_000_000;
+const TYPE: &str = "thing.changed";
+const STREAM: &str = "seq#acct_1";
+
+// ---------------------------------------------------------- the ledger, typed
+
+/// The record and the attributes the processor's decisions leave on it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) rec: WorkRecord,
+    error_code: Option<String>,
+    error_message: Option<String>,
+    dead_reason: Option<String>,
+    park_reason: Option<String>,
+    subject: Option<String>,
+    outcome: Option<String>,
+    woken_at: Option<i64>,
+}
+
+/// The memory ledger seen as the processor's tests read and arrange it.
+#[derive(Clone)]
+pub(crate) struct Ledger {
+    pub(crate) m: MemLedger,
+    w: World,
+}
+
+impl Ledger {
+    pub(crate) fn get(&self, key: &EventKey) -> Stored {
+        let f = |name: &str| self.m.field(key, name);
+        Stored {
+            rec: self.m.record(key).unwrap_or_else(|| panic!("{key}: no record")),
+            error_code: f("error_code"),
+            error_message: f("error_message"),
+            dead_reason: f("dead_reason"),
+            park_reason: f("park_reason"),
+            subject: f("subject"),
+            outcome: f("outcome"),
+            woken_at: f("woken_at").and_then(|v| v.parse().ok()),
+        }
+    }
+
+    /// A record whose payload was never stored.
+    fn insert(&self, rec: WorkRecord) {
+        self.m.insert_record_only(&rec);
+    }
+
+    fn insert_with_payload(&self, rec: WorkRecord, body: &[u8]) {
+        self.m.insert_record(&rec, body);
+    }
+
+    /// Changes the stored record (an arrangement, not a port call).
+    fn edit(&self, key: &EventKey, f: impl FnOnce(&mut Stored)) {
+        let mut s = self.get(key);
+        f(&mut s);
+        self.m.insert_record_only(&s.rec);
+        self.m.edit(key, |item| {
+            for (name, v) in [
+                ("error_code", &s.error_code),
+                ("error_message", &s.error_message),
+                ("dead_reason", &s.dead_reason),
+                ("park_reason", &s.park_reason),
+                ("subject", &s.subject),
+                ("outcome", &s.outcome),
+            ] {
+                match v {
+                    Some(v) => set(item, name, v.as_str()),
+                    None => set(item, name, None),
+                }
+            }
+        });
+    }
+
+    fn commits(&self) -> Vec<CommitCall> {
+        self.w.state().commits.clone()
+    }
+
+    /// The ops of every commit that completed a record, by label.
+    fn committed(&self) -> Vec<String> {
+        self.commits().into_iter().filter(|c| c.committed).flat_map(|c| c.ops).collect()
+    }
+
+    fn history_of(&self, key: &EventKey) -> Vec<(String, String)> {
+        self.m.history(key)
+    }
+
+    /// The token of the last commit (the lease it was fenced by).
+    fn last_lease_token(&self) -> String {
+        self.commits().last().map(|c| c.token.clone()).unwrap_or_default()
+    }
+
+    /// A projection item already there: an op writing `label` conflicts.
+    fn taken(&self, label: &str) {
+        self.w.state().table.insert(HashMap::from([
+            ("pk".to_owned(), AttributeValue::S(label.into())),
+            ("sk".to_owned(), AttributeValue::S(crate::projection::STATE_SK.into())),
+        ]));
+    }
+
+    /// The stream has applied up to `seq`.
+    fn stream_at(&self, seq: i64) {
+        self.w.state().table.insert(HashMap::from([
+            ("pk".to_owned(), AttributeValue::S(STREAM.into())),
+            ("sk".to_owned(), AttributeValue::S(crate::projection::STATE_SK.into())),
+            ("last_seq".to_owned(), AttributeValue::N(seq.to_string())),
+        ]));
+    }
+
+    fn stream(&self) -> Option<i64> {
+        let st = self.w.state();
+        st.table.get(STREAM, crate::projection::STATE_SK)?.get("last_seq")?.as_n().ok()?.parse().ok()
+    }
+
+    fn add_waiter(&self, seq: i64, key: &EventKey) {
+        memory::ready(self.m.register_waiter(&Position { stream: STREAM.into(), seq }, key, 0)).unwrap();
+    }
+
+    fn waiter_at(&self, seq: i64) -> Option<EventKey> {
+        memory::ready(self.m.waiter(&Position { stream: STREAM.into(), seq })).unwrap()
+    }
+
+    fn no_waiters(&self) -> bool {
+        self.w
+            .state()
+            .table
+            .partition(STREAM)
+            .into_iter()
+            .all(|i| i.get("sk").and_then(|v| v.as_s().ok()).is_none_or(|sk| !sk.starts_with("wait#")))
+    }
+}
+
+/// Another worker takes the lease of `key` over (ours expired) just before
+/// the commit.
+fn take_over_at_commit(h: &Harness, key: &EventKey, other: &'static str) {
+    let key = key.clone();
+    h.world.during("work.commit", 0, move |w| {
+        w.ledger().edit(&key, |item| {
+            let attempts: i64 =
+                item.get("attempts").and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+            set(item, "lease_owner", other);
+            set(item, "lease_expires_at", NOW + 30_000);
+            set(item, "attempts", attempts + 1);
+        });
+    });
+}
+
+// ------------------------------------------------------ scripted projections
+
+type PlanFn = dyn Fn(usize) -> Result<Decision, ProjectionError> + Send + Sync;
+
+/// Plans what the test says, by round (0 for its first call).
+pub(crate) struct Scripted {
+    subject: Option<String>,
+    plan: Box<PlanFn>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Projection for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn handles(&self, _provider: &str, event_type: &str) -> bool {
+        event_type == TYPE
+    }
+
+    fn plan<'a>(&'a self, _event: &'a EventContext, _cx: &'a ProjectionContext) -> PlanFuture<'a> {
+        let round = self.calls.fetch_add(1, Ordering::SeqCst);
+        let decision = (self.plan)(round);
+        Box::pin(async move { decision })
+    }
+
+    fn subject(&self, _event: &EventContext) -> Option<String> {
+        self.subject.clone()
+    }
+}
+
+/// A projection and the count of its plans.
+pub(crate) fn scripted(
+    plan: impl Fn(usize) -> Result<Decision, ProjectionError> + Send + Sync + 'static,
+) -> (Scripted, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    (Scripted { subject: None, plan: Box::new(plan), calls: calls.clone() }, calls)
+}
+
+// ---------------------------------------------------------------- fixtures
+
+fn settings() -> ProcessorSettings {
+    ProcessorSettings {
+        lease_ms: 30_000,
+        max_attempts: 3,
+        backoff: Backoff { base_ms: 4_000, max_ms: 60_000 },
+        index_shards: 4,
+        gap_bound_ms: 60_000,
+        transient_bound_ms: 600_000,
+        retention_days: 30,
+    }
+}
+
+/// A DynamoDB client that is never called.
+fn cx() -> ProjectionContext {
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+        .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+        .build();
+    ProjectionContext { ddb: aws_sdk_dynamodb::Client::from_conf(conf), table: "t".into(), shards: 4 }
+}
+
+pub(crate) type TestProcessor = Processor<MemLedger, MemQueue, Dispatcher<MemOutbox, MemPublisher>>;
+
+pub(crate) struct Harness {
+    pub(crate) p: TestProcessor,
+    pub(crate) ledger: Ledger,
+    pub(crate) world: World,
+    pub(crate) queue: MemQueue,
+}
+
+impl Harness {
+    /// The outbox items dispatched (claimed by the dispatcher), in order.
+    fn dispatched(&self) -> Vec<String> {
+        self.world.calls_named("outbox.claim")
+    }
+}
+
+fn processor(w: &World, registry: Registry, settings: ProcessorSettings) -> TestProcessor {
+    let dispatch = Dispatcher::with_ports(w.outbox(), w.publisher()).with_ambient(w.ambient().clone());
+    Processor::with_ports(w.ledger(), cx(), registry, Some(dispatch), settings)
+        .with_queue(w.queue())
+        .with_ambient(w.ambient().clone())
+}
+
+fn harness_with(registry: Registry, settings: ProcessorSettings) -> Harness {
+    let world = World::new(Ambient::fixed(NOW, 11)).with_shards(settings.index_shards);
+    let p = processor(&world, registry, settings);
+    Harness { p, ledger: Ledger { m: world.ledger(), w: world.clone() }, queue: world.queue(), world }
+}
+
+pub(crate) fn harness(projection: Scripted) -> Harness {
+    harness_with(Registry::new().register(projection), settings())
+}
+
+pub(crate) fn key(id: &str) -> EventKey {
+    EventKey::new("acme", "main", id)
+}
+
+pub(crate) fn record(id: &str, status: Status) -> WorkRecord {
+    WorkRecord {
+        key: key(id),
+        status,
+        provider: "acme".into(),
+        endpoint: "main".into(),
+        tenant: "t1".into(),
+        event_id: id.into(),
+        event_type: Some(TYPE.into()),
+        payload_hash: format!("h-{id}"),
+        attempts: 0,
+        failures: 0,
+        received_at_ms: NOW - 5_000,
+        window_start_ms: None,
+        lease_owner: None,
+        lease_expires_at_ms: None,
+        next_attempt_at_ms: None,
+        completed_token: None,
+        transition_token: None,
+        payload: None,
+    }
+}
+
+/// A record due now (RETRYABLE, its window started `elapsed` ago).
+fn due(id: &str, elapsed: i64) -> WorkRecord {
+    WorkRecord {
+        attempts: 1,
+        window_start_ms: Some(NOW - elapsed),
+        next_attempt_at_ms: Some(NOW),
+        ..record(id, Status::Retryable)
+    }
+}
+
+fn body(id: &str) -> Vec<u8> {
+    format!(r#"{{"id":"{id}","type":"{TYPE}"}}"#).into_bytes()
+}
+
+/// Stores the record with a valid payload.
+pub(crate) fn put(h: &Harness, rec: WorkRecord) -> EventKey {
+    let k = rec.key.clone();
+    let b = body(&rec.event_id);
+    h.ledger.insert_with_payload(rec, &b);
+    k
+}
+
+/// An op labelled by the `pk` of its one write.
+fn op(label: &str, on_conflict: OnConflict) -> Op {
+    // Conflicts when the item is there already (`Ledger::taken`).
+    let put = Put::builder()
+        .table_name("t")
+        .item("pk", AttributeValue::S(label.into()))
+        .item("sk", AttributeValue::S("state".into()))
+        .condition_expression("attribute_not_exists(pk)")
+        .build()
+        .unwrap();
+    Op::new(vec![TransactWriteItem::builder().put(put).build()], on_conflict)
+}
+
+fn notify(action: &str) -> OutboxMessage {
+    OutboxMessage {
+        topic_arn: "arn:aws:sns:us-east-1:000000000000:out".into(),
+        action: action.into(),
+        group: "g".into(),
+        body: serde_json::json!({ "action": action }),
+    }
+}
+
+pub(crate) fn apply(labels: &[&str]) -> Result<Decision, ProjectionError> {
+    Ok(Decision::Apply(labels.iter().map(|l| op(l, OnConflict::Replan)).collect()))
+}
+
+fn defer_at(seq: i64) -> Result<Decision, ProjectionError> {
+    Ok(Decision::Defer(Gap {
+        reason: format!("waiting for seq {}", seq - 1),
+        waiter: Some(Position { stream: STREAM.into(), seq }),
+    }))
+}
+
+fn done(outcome: Outcome) -> Report {
+    Report { outcome, retry_after_ms: None }
+}
+
+// ------------------------------------------------------------------ leases
+
+/// Every outcome is counted in one of the operator's figures: final
+/// (processed), a redelivery, a retry, DEAD or PARKED.
+#[test]
+fn every_outcome_is_final_a_redelivery_a_retry_dead_or_parked() {
+    use crate::insight::{FINAL_OUTCOMES, REDELIVERY_OUTCOMES};
+    let all = [
+        Outcome::Applied,
+        Outcome::Stale,
+        Outcome::Duplicate,
+        Outcome::Ignored,
+        Outcome::Parked,
+        Outcome::Dead,
+        Outcome::Retrying,
+        Outcome::Busy,
+        Outcome::NotDue,
+        Outcome::AlreadyFinal,
+        Outcome::Missing,
+        Outcome::Fenced,
+    ];
+    for o in all {
+        let l = o.label();
+        let homes = [
+            FINAL_OUTCOMES.contains(&l),
+            REDELIVERY_OUTCOMES.contains(&l),
+            ["retrying", "dead", "parked"].contains(&l),
+        ];
+        assert_eq!(homes.iter().filter(|h| **h).count(), 1, "{l}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_record_is_done_as_missing() {
+    let (proj, calls) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let report = h.p.process(&key("nope"), NOW).await.unwrap();
+    assert_eq!(report, done(Outcome::Missing));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(h.ledger.commits().is_empty());
+}
+
+#[tokio::test]
+async fn a_final_record_is_done_as_already_final() {
+    let (proj, calls) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    for (id, status) in [("p", Status::Processed), ("d", Status::Dead), ("k", Status::Parked)] {
+        let k = put(&h, record(id, status));
+        assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::AlreadyFinal), "{status:?}");
+        assert_eq!(h.ledger.get(&k).rec.status, status);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_live_lease_of_another_worker_is_busy_until_its_end() {
+    let (proj, calls) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let held = WorkRecord {
+        lease_owner: Some("other".into()),
+        lease_expires_at_ms: Some(NOW + 20_000),
+        attempts: 1,
+        ..record("a", Status::Processing)
+    };
+    let k = put(&h, held);
+    let report = h.p.process(&k, NOW).await.unwrap();
+    assert_eq!(report, Report { outcome: Outcome::Busy, retry_after_ms: Some(20_000) });
+    let rec = h.ledger.get(&k).rec;
+    assert_eq!((rec.lease_owner.as_deref(), rec.attempts), (Some("other"), 1), "the lease is not taken");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_lease_ending_now_is_looked_at_again_after_the_minimum_delay() {
+    let (proj, _) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let held = WorkRecord {
+        lease_owner: Some("other".into()),
+        lease_expires_at_ms: Some(NOW),
+        ..record("a", Status::Processing)
+    };
+    let k = put(&h, held);
+    let report = h.p.process(&k, NOW).await.unwrap();
+    assert_eq!(report, Report { outcome: Outcome::Busy, retry_after_ms: Some(1_000) });
+}
+
+#[tokio::test]
+async fn a_retryable_record_not_yet_due_is_not_due_until_its_time() {
+    let (proj, calls) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let k = put(&h, WorkRecord { next_attempt_at_ms: Some(NOW + 7_000), ..due("a", 1_000) });
+    let report = h.p.process(&k, NOW).await.unwrap();
+    assert_eq!(report, Report { outcome: Outcome::NotDue, retry_after_ms: Some(7_000) });
+    assert_eq!(h.ledger.get(&k).rec.status, Status::Retryable);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_expired_lease_of_a_crashed_worker_is_taken_over() {
+    let (proj, _) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let crashed = WorkRecord {
+        lease_owner: Some("crashed".into()),
+        lease_expires_at_ms: Some(NOW - 1),
+        attempts: 1,
+        window_start_ms: Some(NOW - 40_000),
+        ..record("a", Status::Processing)
+    };
+    let k = put(&h, crashed);
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    let rec = h.ledger.get(&k).rec;
+    assert_eq!(rec.status, Status::Processed);
+    assert_eq!(rec.attempts, 2, "the crashed lease counts as an attempt");
+    assert_eq!(rec.window_start_ms, Some(NOW - 40_000), "the window is kept");
+    assert_eq!(rec.completed_token, Some(h.ledger.last_lease_token()));
+}
+
+// ----------------------------------------------------------------- commits
+
+#[tokio::test]
+async fn an_applied_commit_completes_the_record_and_dispatches_its_outbox() {
+    let (proj, _) = scripted(|_| {
+        Ok(Decision::Apply(vec![
+            op("sub#1", OnConflict::Stale).notify(notify("subscription.changed")),
+            op("seats#1", OnConflict::AlreadyApplied).notify(notify("seats.changed")),
+        ]))
+    });
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+
+    let s = h.ledger.get(&k);
+    assert_eq!(s.rec.status, Status::Processed);
+    assert_eq!(s.outcome.as_deref(), Some("applied"));
+    assert_eq!(s.rec.completed_token, Some(h.ledger.last_lease_token()));
+    assert_eq!((s.rec.attempts, s.rec.failures), (1, 0));
+    assert_eq!(s.rec.window_start_ms, Some(NOW));
+    assert_eq!(h.ledger.committed(), ["sub#1", "seats#1"]);
+    let ids: Vec<String> = ["subscription.changed", "seats.changed"]
+        .iter()
+        .map(|a| format!("outbox#{}", idempotency_key(k.as_str(), a)))
+        .collect();
+    assert_eq!(h.dispatched(), ids);
+    assert!(h.queue.keys().is_empty());
+}
+
+#[tokio::test]
+async fn ops_of_every_matching_projection_commit_together() {
+    let (a, _) = scripted(|_| apply(&["a#1"]));
+    let (b, _) = scripted(|_| Ok(Decision::Ignore("not mine")));
+    let (c, _) = scripted(|_| apply(&["c#1"]));
+    let h = harness_with(Registry::new().register(a).register(b).register(c), settings());
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    let commits = h.ledger.commits();
+    assert_eq!(commits.len(), 1);
+    assert_eq!(commits[0].ops, ["a#1", "c#1"]);
+}
+
+#[tokio::test]
+async fn no_projection_for_the_event_type_completes_as_ignored() {
+    let h = harness_with(Registry::new(), settings());
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.outcome.as_deref()), (Status::Processed, Some("ignored")));
+}
+
+#[tokio::test]
+async fn a_duplicate_decision_completes_as_duplicate() {
+    let (proj, _) = scripted(|_| Ok(Decision::Duplicate));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Duplicate));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.outcome.as_deref()), (Status::Processed, Some("duplicate")));
+}
+
+#[tokio::test]
+async fn the_subject_is_committed_with_the_completion() {
+    let (mut proj, _) = scripted(|_| apply(&["x"]));
+    proj.subject = Some("cus_7".into());
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(h.ledger.commits()[0].subject.as_deref(), Some("cus_7"));
+    assert_eq!(h.ledger.get(&k).subject.as_deref(), Some("cus_7"));
+}
+
+#[tokio::test]
+async fn a_crash_after_the_commit_leaves_the_outbox_to_the_sweeper_and_the_redelivery_is_final() {
+    let (proj, calls) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
+    let mut h = harness(proj);
+    h.p.fault = ProcessorFault::AfterCommit;
+    let k = put(&h, record("a", Status::Received));
+    assert!(h.p.process(&k, NOW).await.is_err());
+    assert_eq!(h.ledger.get(&k).rec.status, Status::Processed);
+    assert!(h.dispatched().is_empty());
+    h.p.fault = ProcessorFault::None;
+    assert_eq!(h.p.process(&k, NOW + 40_000).await.unwrap(), done(Outcome::AlreadyFinal));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+// ----------------------------------------------------------------- fencing
+
+#[tokio::test]
+async fn a_commit_fenced_by_a_worker_that_took_over_is_fenced() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    take_over_at_commit(&h, &k, "other");
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Fenced));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.rec.lease_owner.as_deref()), (Status::Processing, Some("other")));
+    assert_eq!(s.rec.completed_token, None);
+    assert!(h.ledger.committed().is_empty());
+    assert!(h.dispatched().is_empty());
+    assert!(h.ledger.history_of(&k).is_empty());
+}
+
+#[tokio::test]
+async fn a_commit_whose_acknowledgement_was_lost_is_recognised_as_ours() {
+    let (proj, _) =
+        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    let waiter = put(&h, WorkRecord { next_attempt_at_ms: Some(NOW + 50_000), ..due("b", 10_000) });
+    h.ledger.edit(&waiter, |s| s.error_code = Some(GAP.into()));
+    h.ledger.stream_at(1);
+    h.ledger.add_waiter(3, &waiter);
+    // The commit lands, its acknowledgement is lost, and the retry (on an
+    // endpoint that does not honour the request token) meets our completion.
+    h.world.ignore_request_tokens();
+    h.world.inject("work.commit", 0, Some(1), Fault::LoseAckOnce);
+
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    let s = h.ledger.get(&k);
+    assert_eq!(s.rec.status, Status::Processed);
+    assert_eq!(s.rec.completed_token.as_deref(), Some(h.ledger.commits()[0].token.as_str()));
+    assert_eq!(h.ledger.get(&waiter).rec.next_attempt_at_ms, Some(NOW), "the successor is still woken");
+    assert_eq!(h.queue.keys(), [waiter]);
+}
+
+#[tokio::test]
+async fn a_worker_taken_over_while_planning_is_fenced_from_its_exit() {
+    let world = World::new(Ambient::fixed(NOW, 11)).with_shards(settings().index_shards);
+    let ledger = Ledger { m: world.ledger(), w: world.clone() };
+    let steal = world.ledger();
+    let (proj, _) = scripted(move |_| {
+        steal.edit(&key("a"), |item| set(item, "lease_owner", "other"));
+        Err(ProjectionError::Transient("boom".into()))
+    });
+    let p = processor(&world, Registry::new().register(proj), settings());
+    ledger.insert_with_payload(record("a", Status::Received), &body("a"));
+    let k = key("a");
+    assert_eq!(p.process(&k, NOW).await.unwrap(), done(Outcome::Fenced));
+    let rec = ledger.get(&k).rec;
+    assert_eq!((rec.status, rec.lease_owner.as_deref(), rec.failures), (Status::Processing, Some("other"), 0));
+    assert!(ledger.history_of(&k).is_empty());
+}
+
+// --------------------------------------------------------------- conflicts
+
+#[tokio::test]
+async fn a_stale_conflict_drops_the_op_and_completes_as_stale() {
+    let (proj, calls) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.ledger.taken("x");
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Stale));
+    let commits = h.ledger.commits();
+    assert_eq!(commits.len(), 2);
+    assert_eq!((commits[1].ops.len(), commits[1].outcome.as_str()), (0, "stale"));
+    assert_eq!(h.ledger.get(&k).outcome.as_deref(), Some("stale"));
+    assert!(h.dispatched().is_empty(), "a dropped op sends nothing");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "no replanning");
+}
+
+#[tokio::test]
+async fn an_already_applied_conflict_completes_as_duplicate() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::AlreadyApplied)])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.ledger.taken("x");
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Duplicate));
+    assert_eq!(h.ledger.commits()[1].outcome, "duplicate");
+}
+
+#[tokio::test]
+async fn the_ops_without_conflict_still_apply() {
+    let (proj, _) = scripted(|_| {
+        Ok(Decision::Apply(vec![
+            op("old", OnConflict::Stale),
+            op("new", OnConflict::Stale).notify(notify("n")),
+            op("done", OnConflict::AlreadyApplied),
+        ]))
+    });
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.ledger.taken("old");
+    h.ledger.taken("done");
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(h.ledger.committed(), ["new"]);
+    assert_eq!(h.dispatched().len(), 1);
+}
+
+#[tokio::test]
+async fn a_replan_conflict_plans_again_from_fresh_reads() {
+    let (proj, calls) = scripted(|round| apply(&[if round == 0 { "v1" } else { "v2" }]));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.ledger.taken("v1");
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let ops: Vec<Vec<String>> = h.ledger.commits().into_iter().map(|c| c.ops).collect();
+    assert_eq!(ops, [["v1"], ["v2"]]);
+    assert_eq!(h.ledger.committed(), ["v2"]);
+}
+
+#[tokio::test]
+async fn replanning_that_never_settles_retries_as_contention() {
+    let (proj, calls) = scripted(|_| apply(&["v"]));
+    let h = harness(proj);
+    let k = put(&h, due("a", 10_000));
+    h.ledger.edit(&k, |s| s.rec.failures = 1);
+    h.ledger.taken("v");
+    let report = h.p.process(&k, NOW).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Retrying);
+    assert_eq!(calls.load(Ordering::SeqCst), MAX_PLAN_ROUNDS);
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.error_code.as_deref()), (Status::Retryable, Some("contention")));
+    assert_eq!(s.rec.failures, 1, "contention spends no failure");
+}
+
+#[tokio::test]
+async fn transaction_contention_retries_as_transient() {
+    let (proj, calls) = scripted(|_| apply(&["v"]));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.world.contend(1);
+    let report = h.p.process(&k, NOW).await.unwrap();
+    let s = h.ledger.get(&k);
+    assert_eq!(
+        report,
+        Report { outcome: Outcome::Retrying, retry_after_ms: Some(s.rec.next_attempt_at_ms.unwrap() - NOW) }
+    );
+    assert_eq!((s.rec.status, s.error_code.as_deref(), s.rec.failures), (Status::Retryable, Some("contention"), 0));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(h.ledger.committed().is_empty());
+}
+
+// ---------------------------------------------------------- classification
+
+#[tokio::test]
+async fn a_permanent_projection_error_is_dead_unsupported_event() {
+    let (proj, _) = scripted(|_| Err(ProjectionError::Permanent("no such plan".into())));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Dead));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.dead_reason.as_deref()), (Status::Dead, Some("unsupported_event")));
+    assert_eq!(s.rec.failures, 0);
+    assert_eq!(h.ledger.history_of(&k)[0].0, "dead");
+}
+
+#[tokio::test]
+async fn a_business_failure_retries_and_spends_one_failure() {
+    let (proj, _) = scripted(|_| Err(ProjectionError::Transient("rule failed".into())));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    let report = h.p.process(&k, NOW).await.unwrap();
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.error_code.as_deref(), s.rec.failures), (Status::Retryable, Some("projection"), 1));
+    let delay = s.rec.next_attempt_at_ms.unwrap() - NOW;
+    assert!((2_000..=4_000).contains(&delay), "first backoff step of 4 s with jitter: {delay}");
+    assert_eq!(report, Report { outcome: Outcome::Retrying, retry_after_ms: Some(delay) });
+    assert_eq!(h.ledger.history_of(&k)[0].0, "retry");
+}
+
+#[tokio::test]
+async fn business_failures_at_max_attempts_are_dead_attempts_exhausted() {
+    let (proj, _) = scripted(|_| Err(ProjectionError::Transient("rule failed".into())));
+    let h = harness(proj);
+    // max_attempts = 3: the second failure still retries, the third is dead.
+    let second = put(&h, WorkRecord { failures: 1, ..due("a", 10_000) });
+    assert_eq!(h.p.process(&second, NOW).await.unwrap().outcome, Outcome::Retrying);
+    assert_eq!(h.ledger.get(&second).rec.failures, 2);
+    let third = put(&h, WorkRecord { failures: 2, ..due("b", 10_000) });
+    assert_eq!(h.p.process(&third, NOW).await.unwrap(), done(Outcome::Dead));
+    let s = h.ledger.get(&third);
+    assert_eq!((s.rec.status, s.dead_reason.as_deref()), (Status::Dead, Some("attempts_exhausted")));
+}
+
+#[tokio::test]
+async fn an_unavailable_dependency_retries_without_spending_failures() {
+    let (proj, _) = scripted(|_| Err(ProjectionError::Unavailable("provider 503".into())));
+    let h = harness(proj);
+    let k = put(&h, WorkRecord { failures: 2, ..due("a", 10_000) });
+    let report = h.p.process(&k, NOW).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Retrying);
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.error_code.as_deref()), (Status::Retryable, Some("unavailable")));
+    assert_eq!(s.rec.failures, 2, "one short of the budget, still not dead");
+}
+
+#[tokio::test]
+async fn a_record_past_the_transient_bound_is_dead_transient_exhausted() {
+    let (proj, calls) = scripted(|_| Err(ProjectionError::Unavailable("provider 503".into())));
+    let h = harness(proj);
+    let k = put(&h, due("a", settings().transient_bound_ms));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Dead));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.dead_reason.as_deref()), (Status::Dead, Some("transient_exhausted")));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no plan once the bound has passed");
+}
+
+#[tokio::test]
+async fn a_transient_retry_is_not_scheduled_past_the_transient_bound() {
+    let (proj, calls) = scripted(|_| Err(ProjectionError::Unavailable("provider 503".into())));
+    let h = harness(proj);
+    let k = put(&h, WorkRecord { attempts: 9, ..due("a", settings().transient_bound_ms - 1_500) });
+    let report = h.p.process(&k, NOW).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(report, Report { outcome: Outcome::Retrying, retry_after_ms: Some(1_500) });
+    assert_eq!(h.ledger.get(&k).rec.next_attempt_at_ms, Some(NOW + 1_500));
+}
+
+#[tokio::test]
+async fn a_payload_not_stored_yet_is_a_transient_retry() {
+    let (proj, calls) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let k = key("a");
+    h.ledger.insert(WorkRecord { failures: 1, ..record("a", Status::Received) });
+    assert_eq!(h.p.process(&k, NOW).await.unwrap().outcome, Outcome::Retrying);
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.error_code.as_deref()), (Status::Retryable, Some("payload_missing")));
+    assert_eq!(s.rec.failures, 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_malformed_payload_is_dead_malformed_payload() {
+    let (proj, calls) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let k = key("a");
+    h.ledger.insert_with_payload(record("a", Status::Received), b"{not json");
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Dead));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.dead_reason.as_deref()), (Status::Dead, Some("malformed_payload")));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+// ----------------------------------------------------------------- parking
+
+#[tokio::test]
+async fn an_unknown_subject_parks_the_record_with_its_subject() {
+    let (mut proj, _) = scripted(|_| Ok(Decision::Park("no mapping for cus_42".into())));
+    proj.subject = Some("cus_42".into());
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Parked));
+    let s = h.ledger.get(&k);
+    assert_eq!(s.rec.status, Status::Parked);
+    assert_eq!((s.park_reason.as_deref(), s.subject.as_deref()), (Some("no mapping for cus_42"), Some("cus_42")));
+    assert!(h.ledger.commits().is_empty(), "no mutation");
+    assert_eq!(h.ledger.history_of(&k), [("parked".to_owned(), "no mapping for cus_42".to_owned())]);
+}
+
+#[tokio::test]
+async fn a_park_from_any_projection_wins_over_apply() {
+    let (a, _) = scripted(|_| apply(&["a#1"]));
+    let (b, _) = scripted(|_| Ok(Decision::Park("unknown".into())));
+    let h = harness_with(Registry::new().register(a).register(b), settings());
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Parked));
+    assert!(h.ledger.commits().is_empty());
+}
+
+// ------------------------------------------------------------------- gaps
+
+#[tokio::test]
+async fn a_gap_defers_with_a_waiter_pointer_without_spending_failures() {
+    let (proj, _) = scripted(|_| defer_at(4));
+    let h = harness(proj);
+    let k = put(&h, WorkRecord { failures: 2, ..due("a", 10_000) });
+    h.ledger.stream_at(2);
+    let report = h.p.process(&k, NOW).await.unwrap();
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.error_code.as_deref()), (Status::Retryable, Some(GAP)));
+    assert_eq!(s.rec.failures, 2);
+    let delay = s.rec.next_attempt_at_ms.unwrap() - NOW;
+    assert!(delay > 0 && delay <= settings().gap_bound_ms - 10_000, "{delay}");
+    assert_eq!(report, Report { outcome: Outcome::Retrying, retry_after_ms: Some(delay.max(1_000)) });
+    assert_eq!(h.ledger.waiter_at(4), Some(k.clone()));
+    assert_eq!(h.ledger.history_of(&k)[0].0, "deferred");
+    assert!(h.ledger.commits().is_empty());
+}
+
+#[tokio::test]
+async fn a_gap_past_its_bound_parks_as_gap() {
+    let (proj, _) = scripted(|_| defer_at(4));
+    let h = harness(proj);
+    let k = put(&h, due("a", settings().gap_bound_ms));
+    h.ledger.edit(&k, |s| s.error_code = Some(GAP.into()));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Parked));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.park_reason.as_deref()), (Status::Parked, Some(GAP)));
+    assert!(h.ledger.no_waiters(), "a parked record leaves no pointer");
+    let (kind, detail) = &h.ledger.history_of(&k)[0];
+    assert!(kind == "parked" && detail.starts_with("gap: "), "{kind} {detail}");
+}
+
+#[tokio::test]
+async fn a_gap_whose_predecessor_landed_meanwhile_is_woken_and_retried_at_once() {
+    let (proj, _) = scripted(|_| defer_at(4));
+    let h = harness(proj);
+    let k = put(&h, due("a", 10_000));
+    // Seq 3 committed while this event was planning.
+    h.ledger.stream_at(3);
+    let report = h.p.process(&k, NOW).await.unwrap();
+    assert_eq!(report, Report { outcome: Outcome::Retrying, retry_after_ms: Some(1_000) });
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.rec.next_attempt_at_ms), (Status::Retryable, Some(NOW)));
+    assert_eq!(s.woken_at, Some(NOW));
+    assert_eq!(s.rec.window_start_ms, None, "a wake starts a new window");
+}
+
+#[tokio::test]
+async fn a_commit_advancing_a_stream_wakes_the_waiter_at_the_next_position_and_queues_it() {
+    let (proj, _) =
+        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    let waiter = put(&h, WorkRecord { next_attempt_at_ms: Some(NOW + 50_000), ..due("b", 20_000) });
+    h.ledger.edit(&waiter, |s| s.error_code = Some(GAP.into()));
+    let parked = put(&h, record("c", Status::Parked));
+    h.ledger.edit(&parked, |s| s.park_reason = Some(GAP.into()));
+    h.ledger.stream_at(1);
+    h.ledger.add_waiter(3, &waiter);
+    h.ledger.add_waiter(4, &parked);
+
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(h.ledger.committed(), [STREAM]);
+    assert_eq!(h.ledger.stream(), Some(2));
+    let w = h.ledger.get(&waiter);
+    assert_eq!((w.rec.status, w.rec.next_attempt_at_ms), (Status::Retryable, Some(NOW)));
+    assert_eq!(w.rec.window_start_ms, None);
+    assert_eq!(h.ledger.history_of(&waiter)[0].0, "woken");
+    assert_eq!(h.queue.keys(), [waiter], "only the next position is woken");
+    assert_eq!(h.ledger.get(&parked).rec.status, Status::Parked);
+}
+
+#[tokio::test]
+async fn a_waiter_parked_on_the_gap_is_revived_by_its_predecessor() {
+    let (proj, _) =
+        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    let parked = put(&h, WorkRecord { window_start_ms: Some(NOW - 90_000), ..record("b", Status::Parked) });
+    h.ledger.edit(&parked, |s| s.park_reason = Some(GAP.into()));
+    h.ledger.stream_at(1);
+    h.ledger.add_waiter(3, &parked);
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    let w = h.ledger.get(&parked).rec;
+    assert_eq!((w.status, w.next_attempt_at_ms, w.window_start_ms), (Status::Retryable, Some(NOW), None));
+    assert_eq!(h.queue.keys(), [parked]);
+}
+
+#[tokio::test]
+async fn a_waiter_that_no_longer_waits_on_the_gap_is_not_woken() {
+    let (proj, _) =
+        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    // Parked by an operator, not on the gap.
+    let parked = put(&h, record("b", Status::Parked));
+    h.ledger.edit(&parked, |s| s.park_reason = Some("operator: hold".into()));
+    h.ledger.stream_at(1);
+    h.ledger.add_waiter(3, &parked);
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(h.ledger.get(&parked).rec.status, Status::Parked);
+    assert!(h.queue.keys().is_empty());
+    assert!(h.ledger.history_of(&parked).is_empty());
+}
+
+/// The config allows `gap_bound == transient_bound` ("must be <=", so a
+/// gap waiter is not dead-lettered as transient first), and the defer
+/// schedules the last look exactly at the gap bound; that look meets the
+/// transient bound first.
+#[tokio::test]
+async fn a_gap_waiter_reaching_a_gap_bound_just_below_the_transient_bound_parks_as_gap() {
+    // Equal bounds are refused by the configuration: the waiter's last
+    // look lands on the gap bound, where the transient bound is checked
+    // first and would dead-letter it.
+    let (proj, _) = scripted(|_| defer_at(4));
+    let bounds = ProcessorSettings { gap_bound_ms: 599_000, transient_bound_ms: 600_000, ..settings() };
+    let h = harness_with(Registry::new().register(proj), bounds);
+    let k = put(&h, WorkRecord { attempts: 9, ..due("a", 599_000 - 1_500) });
+    // The last defer inside the bound schedules the next look at the bound itself.
+    assert_eq!(h.p.process(&k, NOW).await.unwrap().outcome, Outcome::Retrying);
+    let next = h.ledger.get(&k).rec.next_attempt_at_ms.unwrap();
+    assert_eq!(next, NOW + 1_500);
+    assert_eq!(h.p.process(&k, next).await.unwrap(), done(Outcome::Parked));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.park_reason.as_deref()), (Status::Parked, Some(GAP)));
+}
