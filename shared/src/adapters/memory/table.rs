@@ -164,6 +164,9 @@ pub struct Table {
     contend: u32,
     /// Tokens ignored (as by the emulator).
     ignore_tokens: bool,
+    /// Items written by requests (puts, updates and deletes that applied;
+    /// not arrangements, not refused or cancelled writes).
+    writes: u64,
 }
 
 impl Table {
@@ -198,9 +201,11 @@ impl Table {
         match (&w, new.clone()) {
             (Write::Check { .. }, _) => {}
             (_, Some(item)) => {
+                self.writes += 1;
                 self.items.insert(key, item);
             }
             (_, None) => {
+                self.writes += 1;
                 self.items.remove(&key);
             }
         }
@@ -253,9 +258,11 @@ impl Table {
             match (w, new) {
                 (Write::Check { .. }, _) => {}
                 (_, Some(item)) => {
+                    self.writes += 1;
                     self.items.insert(k, item);
                 }
                 (_, None) => {
+                    self.writes += 1;
                     self.items.remove(&k);
                 }
             }
@@ -264,6 +271,11 @@ impl Table {
             self.tokens.insert(t.to_owned(), (now_ms, fingerprint));
         }
         Ok(())
+    }
+
+    /// Items written by requests so far.
+    pub fn writes(&self) -> u64 {
+        self.writes
     }
 
     pub fn contend(&mut self, n: u32) {
