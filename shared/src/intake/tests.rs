@@ -1,0 +1,538 @@
+//! The intake's answers, and its port-level decisions on the memory world
+//! (claim, duplicate, adoption, conflict and the send lease).
+
+use super::*;
+
+#[test]
+fn answers_follow_retry_intent() {
+    let cases: Vec<(Outcome, u16)> = vec![
+        (Outcome::Accepted, 202),
+        (Outcome::Duplicate { resent: false, conflict: false }, 200),
+        (Outcome::Duplicate { resent: false, conflict: true }, 200),
+        (Outcome::MethodNotAllowed, 405),
+        (Outcome::UnknownEndpoint, 404),
+        (Outcome::TooLarge { limit: 10 }, 413),
+        (Outcome::Rejected(VerifyError::SignatureMismatch), 401),
+        (Outcome::Rejected(VerifyError::StaleTimestamp), 401),
+        (Outcome::Rejected(VerifyError::CertificateUrl("x")), 401),
+        (Outcome::Rejected(VerifyError::TopicNotAllowed), 403),
+        (Outcome::Rejected(VerifyError::MalformedPayload("x")), 400),
+        (Outcome::Rejected(VerifyError::CertificateUnavailable), 503),
+        (Outcome::Unavailable { stage: "claim" }, 503),
+    ];
+    for (outcome, status) in cases {
+        let a = outcome.answer();
+        assert_eq!(a.status, status, "{outcome:?}");
+        assert_eq!(a.retry_after.is_some(), status == 503, "{outcome:?}");
+    }
+}
+
+/// Every code a rejection may answer with: the verifier's reasons and
+/// `unavailable`. Clients and dashboards key on these; they never change.
+const STABLE_CODES: [&str; 11] = [
+    "missing_header",
+    "malformed_header",
+    "signature_mismatch",
+    "stale_timestamp",
+    "future_timestamp",
+    "malformed_envelope",
+    "certificate_url",
+    "certificate_invalid",
+    "unavailable",
+    "topic_not_allowed",
+    "malformed_payload",
+];
+
+/// The answer to a rejection: a 4xx with the error's stable code, or a
+/// 503 (retry) only when the SNS certificate could not be fetched.
+fn assert_rejection_answer(e: VerifyError) {
+    let (shown, reason) = (format!("{e:?}"), e.reason());
+    let unavailable = e == VerifyError::CertificateUnavailable;
+    let a = Outcome::Rejected(e).answer();
+    assert!(!a.code.is_empty(), "{shown}");
+    assert!(STABLE_CODES.contains(&a.code), "{shown}: unstable code {}", a.code);
+    if unavailable {
+        assert_eq!((a.status, a.code, a.retry_after), (503, "unavailable", Some(RETRY_AFTER_SECS)));
+    } else {
+        assert!((400..500).contains(&a.status), "{shown} answered {}", a.status);
+        assert_eq!(a.code, reason, "{shown}");
+        assert_eq!(a.retry_after, None, "{shown}");
+    }
+    let body: serde_json::Value = serde_json::from_str(&a.body_json()).expect("the answer body is JSON");
+    assert_eq!(body["code"], a.code);
+}
+
+mod proptests {
+    use std::sync::Arc;
+
+    use http::{HeaderName, HeaderValue};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::secret::Secret;
+    use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+    use crate::verify::github::GithubVerifier;
+    use crate::verify::sns::{CertificateCache, FetchError, HttpsGet, SnsVerifier};
+    use crate::verify::standard::StandardWebhooksVerifier;
+    use crate::verify::stripe::StripeVerifier;
+
+    const DETAILS: [&str; 4] = ["", "x", "configured signature header", "stripe-signature"];
+
+    /// Every variant of the verifier's error, with assorted details.
+    fn any_verify_error() -> impl Strategy<Value = VerifyError> {
+        let d = || prop::sample::select(&DETAILS[..]);
+        prop_oneof![
+            d().prop_map(VerifyError::MissingHeader),
+            d().prop_map(VerifyError::MalformedHeader),
+            Just(()).prop_map(|()| VerifyError::SignatureMismatch),
+            Just(()).prop_map(|()| VerifyError::StaleTimestamp),
+            Just(()).prop_map(|()| VerifyError::FutureTimestamp),
+            d().prop_map(VerifyError::MalformedEnvelope),
+            d().prop_map(VerifyError::CertificateUrl),
+            d().prop_map(VerifyError::CertificateInvalid),
+            Just(()).prop_map(|()| VerifyError::CertificateUnavailable),
+            Just(()).prop_map(|()| VerifyError::TopicNotAllowed),
+            d().prop_map(VerifyError::MalformedPayload),
+        ]
+    }
+
+    /// A compile-time reminder: a new variant must be added to
+    /// `any_verify_error` above.
+    #[allow(dead_code)]
+    fn every_variant_is_generated(e: &VerifyError) {
+        match e {
+            VerifyError::MissingHeader(_)
+            | VerifyError::MalformedHeader(_)
+            | VerifyError::SignatureMismatch
+            | VerifyError::StaleTimestamp
+            | VerifyError::FutureTimestamp
+            | VerifyError::MalformedEnvelope(_)
+            | VerifyError::CertificateUrl(_)
+            | VerifyError::CertificateInvalid(_)
+            | VerifyError::CertificateUnavailable
+            | VerifyError::TopicNotAllowed
+            | VerifyError::MalformedPayload(_) => {}
+        }
+    }
+
+    /// No network: every certificate fetch fails at once.
+    struct NoNetwork;
+
+    impl HttpsGet for NoNetwork {
+        fn get<'a>(
+            &'a self,
+            _url: &'a url::Url,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
+            Box::pin(async { Err(FetchError::Failed("no network in tests".into())) })
+        }
+    }
+
+    const HEADER_NAMES: [&str; 16] = [
+        "stripe-signature",
+        "x-hub-signature-256",
+        "x-github-delivery",
+        "x-github-event",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "svix-id",
+        "svix-timestamp",
+        "svix-signature",
+        "x-sig",
+        "x-ts",
+        "x-id",
+        "x-amz-sns-message-type",
+        "content-type",
+        "x-other",
+    ];
+
+    /// Header values as senders write them, plus noise.
+    fn header_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "t=[0-9]{1,12}(,v1=[0-9a-f]{0,64}){0,3}",
+            "sha256=[0-9a-fA-F]{0,64}",
+            "(v1,[A-Za-z0-9+/=]{0,44} ?){0,3}",
+            "[0-9]{0,13}",
+            "[ -~]{0,40}",
+            "[a-zA-Z0-9_,= -]{0,20}",
+        ]
+    }
+
+    /// Headers with repeated names kept as separate values or joined
+    /// into one comma-separated value, as API Gateway does.
+    fn headers() -> impl Strategy<Value = HeaderMap> {
+        (
+            prop::collection::vec(
+                (prop::sample::select(&HEADER_NAMES[..]), prop::collection::vec(header_value(), 1..4)),
+                0..6,
+            ),
+            any::<bool>(),
+        )
+            .prop_map(|(entries, join)| {
+                let mut h = HeaderMap::new();
+                for (name, values) in entries {
+                    let name = HeaderName::from_static(name);
+                    let values = if join { vec![values.join(",")] } else { values };
+                    for v in values {
+                        if let Ok(v) = HeaderValue::from_str(&v) {
+                            h.append(name.clone(), v);
+                        }
+                    }
+                }
+                h
+            })
+    }
+
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..200),
+            r#"\{("(id|type|eventId|pending_webhooks|Type|MessageId)":("[a-z_0-9]{0,8}"|[0-9]{1,3}|null|\{\}|\[\]),?){0,4}\}?"#
+                .prop_map(String::into_bytes),
+        ]
+    }
+
+    fn generic(encoding: Encoding, timestamp: bool, id: Source) -> GenericHmacVerifier {
+        let config = GenericHmacConfig {
+            signature_header: HeaderName::from_static("x-sig"),
+            prefix: if encoding == Encoding::Hex { "sha256=".into() } else { String::new() },
+            encoding,
+            timestamp_header: timestamp.then(|| HeaderName::from_static("x-ts")),
+            tolerance_secs: 300,
+            signed_content: SignedContent::parse(if timestamp { "{timestamp}.{body}" } else { "{body}" })
+                .expect("valid template"),
+            id,
+            event_type: Some(Source::JsonPointer("/type".into())),
+        };
+        GenericHmacVerifier::new(config, vec![Secret::new("s")])
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime").block_on(f)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn every_rejection_answers_a_4xx_with_a_stable_code(e in any_verify_error()) {
+            assert_rejection_answer(e);
+        }
+
+        /// Whatever a stranger sends, every verifier either accepts or
+        /// rejects with an error that answers a 4xx (no certificate is
+        /// reachable here, so SNS may also answer 503).
+        #[test]
+        fn every_verifier_rejection_of_random_requests_answers_a_4xx(
+            body in body(),
+            headers in headers(),
+            now in prop_oneof![Just(1_700_000_000i64), any::<i64>()],
+        ) {
+            let secrets = || vec![Secret::new("s")];
+            let sns = SnsVerifier::new(
+                vec!["arn:aws:sns:us-east-1:123456789012:t".into()],
+                Arc::new(CertificateCache::new(Arc::new(NoNetwork))),
+            );
+            let results = [
+                StripeVerifier::new(secrets(), 300).verify(&body, &headers, now),
+                GithubVerifier::new(secrets()).verify(&body, &headers),
+                StandardWebhooksVerifier::new(secrets(), 300).verify(&body, &headers, now),
+                generic(Encoding::Hex, true, Source::Header("x-id".into())).verify(&body, &headers, now),
+                generic(Encoding::Base64, false, Source::JsonPointer("/eventId".into())).verify(&body, &headers, now),
+                block_on(sns.verify(&body, &headers, now)),
+            ];
+            for result in results {
+                if let Err(e) = result {
+                    assert_rejection_answer(e);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn unavailable_answers_leak_nothing_internal() {
+    let a = Outcome::Unavailable { stage: "claim" }.answer();
+    assert!(!a.body_json().contains("claim"));
+    let body: serde_json::Value = serde_json::from_str(&a.body_json()).unwrap();
+    assert_eq!(body["code"], "unavailable");
+}
+
+/// The intake over the memory world's ledger and queue: every decision
+/// between the verified request and its answer.
+mod ports {
+    use std::time::Duration;
+
+    use hmac::{Hmac, KeyInit, Mac};
+    use http::{HeaderName, HeaderValue};
+    use serde_json::json;
+    use sha2::Sha256;
+
+    use super::*;
+    use crate::adapters::memory::{Fault, MemLedger, MemQueue, World};
+    use crate::config::ProviderKind;
+    use crate::secret::Secret;
+    use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+
+    const NOW_MS: i64 = 1_800_000_000_000;
+    const SECRET: &str = "s3cret";
+
+    struct Harness {
+        world: World,
+        intake: Intake<MemLedger, MemQueue>,
+    }
+
+    fn harness() -> Harness {
+        let world = World::new(Ambient::fixed(NOW_MS, 5)).with_shards(16);
+        let verifier = GenericHmacVerifier::new(
+            GenericHmacConfig {
+                signature_header: HeaderName::from_static("x-sig"),
+                prefix: "sha256=".into(),
+                encoding: Encoding::Hex,
+                timestamp_header: None,
+                tolerance_secs: 300,
+                signed_content: SignedContent::parse("{body}").expect("valid template"),
+                id: Source::JsonPointer("/id".into()),
+                event_type: Some(Source::JsonPointer("/type".into())),
+            },
+            vec![Secret::new(SECRET)],
+        );
+        let endpoint = Endpoint {
+            name: "ep".into(),
+            tenant: "t1".into(),
+            provider: ProviderKind::Hmac,
+            verifier: EndpointVerifier::Hmac(verifier),
+        };
+        let settings = Settings {
+            table_name: "memory".into(),
+            queue_url: "memory".into(),
+            max_body_bytes: 1024 * 1024,
+            retention_days: 30,
+            index_shards: 16,
+            payload_bucket: None,
+        };
+        let intake =
+            Intake::new(BTreeMap::from([("ep".to_owned(), endpoint)]), settings, world.ledger(), world.queue())
+                .with_ambient(world.ambient().clone());
+        Harness { world, intake }
+    }
+
+    fn body(id: &str, v: u32) -> Vec<u8> {
+        json!({"id": id, "type": "thing.changed", "v": v}).to_string().into_bytes()
+    }
+
+    impl Harness {
+        /// A signed delivery of `body`, `after_ms` after the start.
+        async fn deliver(&self, body: &[u8], after_ms: i64) -> Answer {
+            let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+            mac.update(body);
+            let mut headers = HeaderMap::new();
+            let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+            headers.insert("x-sig", HeaderValue::from_str(&sig).unwrap());
+            let now = UNIX_EPOCH + Duration::from_millis((NOW_MS + after_ms) as u64);
+            let req =
+                IntakeRequest { endpoint: "ep", method: &Method::POST, headers: &headers, body, now, request_id: "r" };
+            self.intake.handle(req).await
+        }
+
+        fn key(&self, id: &str) -> EventKey {
+            EventKey::new("hmac", "ep", id)
+        }
+
+        fn field(&self, id: &str, name: &str) -> Option<String> {
+            self.world.ledger().field(&self.key(id), name)
+        }
+
+        fn sent(&self) -> usize {
+            self.world.queue().keys().len()
+        }
+
+        fn writes(&self) -> u64 {
+            self.world.state().table.writes()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_event_is_claimed_with_its_payload_and_queued_once() {
+        let h = harness();
+        let a = h.deliver(&body("e1", 1), 0).await;
+        assert_eq!((a.status, a.code), (202, "accepted"));
+        let calls: Vec<String> = h.world.calls().into_iter().map(|c| c.split(' ').next().unwrap().to_owned()).collect();
+        assert_eq!(calls, ["ledger.claim", "queue.send"], "two round trips");
+        assert_eq!(h.field("e1", "status").as_deref(), Some("RECEIVED"));
+        let (_, _, payload) =
+            crate::adapters::memory::ready(crate::ports::OperatorLedger::show(&h.world.ledger(), &h.key("e1"), true))
+                .unwrap()
+                .unwrap();
+        assert_eq!(payload, Some(body("e1", 1)), "the payload is durable with the claim");
+        assert_eq!(h.world.queue().keys(), [h.key("e1")]);
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_of_a_sent_record_writes_nothing_and_sends_nothing() {
+        let h = harness();
+        h.deliver(&body("e1", 1), 0).await;
+        h.world.ledger().edit(&h.key("e1"), |i| crate::adapters::memory::set(i, "enqueued_at", NOW_MS));
+        let writes = h.writes();
+        let a = h.deliver(&body("e1", 1), 1_000).await;
+        assert_eq!((a.status, a.code), (200, "duplicate"));
+        assert_eq!((h.writes(), h.sent()), (writes, 1), "one refused claim, no write, no send");
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_within_the_senders_lease_is_left_to_it_and_after_it_is_resent_once() {
+        let h = harness();
+        h.deliver(&body("e1", 1), 0).await;
+        assert_eq!(h.sent(), 1);
+        // The first delivery's lease is live: it sends; the duplicate does not.
+        let a = h.deliver(&body("e1", 1), 1_000).await;
+        assert_eq!((a.status, h.sent()), (200, 1));
+        // The lease lapsed and nobody noted a send: the duplicate takes the
+        // lease and hands the key over.
+        let later = crate::policy::SEND_LEASE_MS + 1;
+        let a = h.deliver(&body("e1", 1), later).await;
+        assert_eq!((a.status, a.code, h.sent()), (200, "duplicate", 2));
+        assert!(h.field("e1", "send_token").is_some());
+        // Its lease is live now: the next duplicate leaves it alone.
+        assert_eq!(h.deliver(&body("e1", 1), later + 1).await.status, 200);
+        assert_eq!(h.sent(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_same_id_with_another_payload_is_a_conflict_that_keeps_the_first() {
+        let h = harness();
+        h.deliver(&body("e1", 1), 0).await;
+        let a = h.deliver(&body("e1", 2), 1_000).await;
+        assert_eq!((a.status, a.code), (200, "duplicate_conflict"));
+        assert_eq!(h.field("e1", "conflicts").as_deref(), Some("1"));
+        assert_eq!(h.field("e1", "last_conflict_hash"), Some(crate::identity::payload_hash(&body("e1", 2))));
+        assert_eq!(h.field("e1", "payload_hash"), Some(crate::identity::payload_hash(&body("e1", 1))), "first kept");
+    }
+
+    #[tokio::test]
+    async fn a_record_whose_payload_was_never_stored_adopts_the_deliverys() {
+        for (label, second) in [("same bytes", body("e1", 1)), ("other bytes", body("e1", 2))] {
+            let h = harness();
+            // A record of an earlier release: claimed, its payload never stored.
+            let first = body("e1", 1);
+            let e = crate::ledger::NewEvent {
+                key: h.key("e1"),
+                provider: "hmac".into(),
+                endpoint: "ep".into(),
+                tenant: "t1".into(),
+                event_id: "e1".into(),
+                event_type: None,
+                payload_hash: crate::identity::payload_hash(&first),
+                content_hash: crate::identity::payload_hash(&first),
+                received_at_ms: NOW_MS - 600_000,
+                expires_at: NOW_MS / 1000 + 86_400,
+                shard: 0,
+                send: SendLease { token: "old".into(), until_ms: NOW_MS - 590_000 },
+                via: crate::ledger::Via::Webhook,
+            };
+            h.world.ledger().arrange(&e, b"", |i| {
+                i.remove("body");
+                crate::adapters::memory::set(i, "content_hash", crate::adapters::memory::Value::Gone);
+                i.insert("payload_stored".into(), aws_sdk_dynamodb::types::AttributeValue::Bool(false));
+            });
+            let a = h.deliver(&second, 0).await;
+            assert_eq!(a.status, 200, "{label}: {a:?}");
+            assert_eq!(h.field("e1", "payload_stored").as_deref(), Some("true"), "{label}");
+            assert_eq!(h.field("e1", "payload_hash"), Some(crate::identity::payload_hash(&second)), "{label}");
+            let payload = crate::adapters::memory::ready(crate::ports::WorkLedger::payload(
+                &h.world.ledger(),
+                &h.key("e1"),
+                &crate::identity::payload_hash(&second),
+            ))
+            .unwrap();
+            assert_eq!(payload, Some(second.clone()), "{label}: ours is the payload");
+            assert_eq!(h.sent(), 1, "{label}: the sender let go long ago: handed over");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_committed_with_its_acknowledgements_lost_gives_its_lease_back() {
+        let h = harness();
+        h.world.inject("ledger.claim", 0, Some(1), Fault::LoseAckAlways);
+        let a = h.deliver(&body("e1", 1), 0).await;
+        assert_eq!((a.status, a.retry_after), (503, Some(RETRY_AFTER_SECS)));
+        assert_eq!(h.field("e1", "status").as_deref(), Some("RECEIVED"), "the claim landed");
+        assert_eq!(h.field("e1", "send_lease_until"), None, "its lease given back");
+        // The provider's retry finds the record, the lease free: it sends.
+        let a = h.deliver(&body("e1", 1), 1_000).await;
+        assert_eq!((a.status, a.code, h.sent()), (200, "duplicate", 1));
+    }
+
+    #[tokio::test]
+    async fn a_claim_whose_acknowledgement_was_lost_once_is_still_new() {
+        let h = harness();
+        h.world.inject("ledger.claim", 0, Some(1), Fault::LoseAckOnce);
+        let a = h.deliver(&body("e1", 1), 0).await;
+        assert_eq!((a.status, a.code, h.sent()), (202, "accepted", 1), "our own retried put, not a duplicate");
+        // The large path: a transaction retried with its token.
+        let big = json!({"id": "e2", "type": "t", "pad": (0..3_000).map(|i| (i * 7919 % 97) as u8 as char).collect::<String>()})
+            .to_string()
+            .into_bytes();
+        h.world.inject("ledger.claim", 0, Some(1), Fault::LoseAckOnce);
+        assert_eq!(h.deliver(&big, 0).await.status, 202);
+    }
+
+    #[tokio::test]
+    async fn a_failed_send_gives_the_lease_back_so_the_retry_sends_at_once() {
+        let h = harness();
+        h.world.inject("queue.send", 0, Some(1), Fault::Unavailable);
+        let a = h.deliver(&body("e1", 1), 0).await;
+        assert_eq!(a.status, 503);
+        assert_eq!(h.field("e1", "send_lease_until"), None);
+        let a = h.deliver(&body("e1", 1), 1_000).await;
+        assert_eq!((a.status, h.sent()), (200, 1), "resent by the retry, within the first lease's time");
+    }
+
+    #[tokio::test]
+    async fn storage_faults_answer_503_and_store_nothing_half() {
+        let h = harness();
+        h.world.inject("ledger.claim", 0, Some(1), Fault::Throttle);
+        let a = h.deliver(&body("e1", 1), 0).await;
+        assert_eq!((a.status, a.code), (503, "unavailable"));
+        assert!(h.world.ledger().keys().is_empty());
+        assert_eq!(h.deliver(&body("e1", 1), 1).await.status, 202);
+    }
+
+    #[tokio::test]
+    async fn a_delivery_releases_a_record_a_backfill_parked_without_its_payload() {
+        let h = harness();
+        let parked = crate::ledger::NewEvent {
+            key: h.key("e1"),
+            provider: "hmac".into(),
+            endpoint: "ep".into(),
+            tenant: "t1".into(),
+            event_id: "e1".into(),
+            event_type: None,
+            payload_hash: crate::ledger::NO_PAYLOAD_HASH.into(),
+            content_hash: String::new(),
+            received_at_ms: NOW_MS - 1_000,
+            expires_at: NOW_MS / 1000 + 86_400,
+            shard: 0,
+            send: SendLease { token: "backfill".into(), until_ms: NOW_MS - 1_000 },
+            via: crate::ledger::Via::Backfill,
+        };
+        let u = crate::ports::UnfetchedEvent {
+            reason: "backfill_unrecoverable:no_payload",
+            detail: "listed without a payload",
+            handle: None,
+            origin: None,
+            created_s: 1,
+        };
+        let l = h.world.ledger();
+        assert_eq!(
+            crate::adapters::memory::ready(crate::ports::BackfillLedger::park(&l, &parked, &u)).unwrap(),
+            Claim::New
+        );
+        let a = h.deliver(&body("e1", 1), 0).await;
+        assert_eq!((a.status, a.code), (202, "accepted"));
+        assert_eq!(h.field("e1", "status").as_deref(), Some("RECEIVED"));
+        assert_eq!(h.field("e1", "released_by").as_deref(), Some("webhook"));
+        assert_eq!(h.sent(), 1);
+        // A second delivery is a duplicate.
+        assert_eq!(h.deliver(&body("e1", 1), 1).await.code, "duplicate");
+    }
+}
