@@ -21,8 +21,8 @@ use crate::ledger::{
 use crate::message::{Held, OutboxClaim, OutboxMessage};
 use crate::policy::REDRIVE_GRACE_MS;
 use crate::ports::{
-    BackfillLedger, BackfillProgress, DueLedger, Ledger, OperatorLedger, OutboxStore, RowFilter, ScheduleState,
-    UnfetchedEvent, WorkLedger,
+    BackfillLedger, BackfillProgress, DueLedger, Ledger, OperatorLedger, OutboxStore, Received, Redelivery, RowFilter,
+    ScheduleState, UnfetchedEvent, WorkLedger, WorkQueue,
 };
 use crate::projection::sequence::{self, Position};
 use crate::projection::{OnConflict, Op};
@@ -37,6 +37,7 @@ pub type Item = std::collections::HashMap<String, AttributeValue>;
 pub trait Backend: Send + Sync {
     type Ledger: Ledger + WorkLedger + DueLedger + OperatorLedger + BackfillLedger;
     type Outbox: OutboxStore;
+    type Queue: WorkQueue + Redelivery;
     /// The ledger, drawing its tokens from `seed`: two ledgers of one seed
     /// draw the same tokens.
     fn ledger(&self, seed: u64) -> Self::Ledger;
@@ -46,6 +47,12 @@ pub trait Backend: Send + Sync {
     /// Writes an item as it is, unconditionally (a record left by an
     /// earlier release, a projection's state).
     fn put(&self, item: Item) -> impl Future<Output = ()> + Send;
+    /// The work queue (a fresh one).
+    fn queue(&self) -> Self::Queue;
+    /// Receives up to `max` visible messages, as the processor's trigger does.
+    fn receive(&self, max: usize) -> impl Future<Output = Vec<Received>> + Send;
+    /// Lets `ms` pass (the memory world's clock; real time on the emulator).
+    fn wait(&self, ms: u64) -> impl Future<Output = ()> + Send;
 }
 
 /// Scenarios that run on the memory world only, and why.
@@ -630,6 +637,30 @@ pub async fn backfill_cursors_parked_records_and_their_release<B: Backend>(b: &B
     assert_eq!(kinds, vec!["redelivery_requested", "backfill"]);
 }
 
+// ------------------------------------------------------------------- queue
+
+/// The work queue carries a key alone or with its payload, counts receives,
+/// hides a received message for its visibility timeout, and shows it again
+/// when asked (no sooner than a second).
+pub async fn the_work_queue_carries_keys_payloads_and_receive_counts<B: Backend>(b: &B) {
+    let q = b.queue();
+    let (k1, k2) = (EventKey::new("stripe", "contract", "q-1"), EventKey::new("stripe", "contract", "q-2"));
+    q.send(&k1).await.unwrap();
+    q.send_with_payload(&k2, &body("q-2")).await.unwrap();
+    let mut got = b.receive(10).await;
+    got.sort_by_key(|r| r.work.as_ref().map(|w| w.0.as_str().to_owned()));
+    let work: Vec<_> = got.iter().map(|r| r.work.clone()).collect();
+    assert_eq!(work, vec![Some((k1.clone(), None)), Some((k2.clone(), Some(body("q-2"))))]);
+    assert!(got.iter().all(|r| !r.last_receive && r.receipt.is_some()));
+    assert!(b.receive(10).await.is_empty(), "received messages are hidden");
+    q.show_again(got[0].receipt.as_deref().unwrap(), 0).await.unwrap();
+    assert!(b.receive(10).await.is_empty(), "shown again no sooner than a second");
+    b.wait(1_500).await;
+    let again = b.receive(10).await;
+    assert_eq!(again.iter().map(|r| r.work.clone()).collect::<Vec<_>>(), vec![Some((k1, None))]);
+    assert!(q.show_again("not-a-receipt", 1_000).await.is_err(), "an unknown receipt is refused");
+}
+
 // -------------------------------------------------------------- memory only
 
 /// A transaction retried with its token inside 10 minutes succeeds as the
@@ -699,6 +730,7 @@ macro_rules! contract_scenarios {
         $run!(operator_transitions_leave_only_their_statuses);
         $run!(outbox_items_are_claimed_sent_backed_off_and_dead_once);
         $run!(backfill_cursors_parked_records_and_their_release);
+        $run!(the_work_queue_carries_keys_payloads_and_receive_counts);
     };
 }
 
@@ -724,7 +756,7 @@ macro_rules! contract_suite {
 mod tests {
     use super::*;
     use crate::adapters::dynamodb::conditions::EXPRESSIONS;
-    use crate::adapters::memory::{MemLedger, MemOutbox, World};
+    use crate::adapters::memory::{MemLedger, MemOutbox, MemQueue, World};
     use crate::clock::Ambient;
 
     /// The memory world as a contract backend.
@@ -754,6 +786,20 @@ mod tests {
 
         async fn put(&self, item: Item) {
             self.0.state().table.insert(item);
+        }
+
+        type Queue = MemQueue;
+
+        fn queue(&self) -> MemQueue {
+            self.0.queue()
+        }
+
+        async fn receive(&self, max: usize) -> Vec<Received> {
+            self.0.queue().receive(max)
+        }
+
+        async fn wait(&self, ms: u64) {
+            self.0.ambient().clock.sleep(std::time::Duration::from_millis(ms)).await;
         }
     }
 
