@@ -9,6 +9,9 @@
 //! the first one's retry after a lost acknowledgement, and must recognise
 //! itself. Scenarios in [`MEMORY_ONLY`] need what the emulator lacks.
 
+// A test suite: its scenarios assert by unwrapping and panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::future::Future;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};

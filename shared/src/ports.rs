@@ -1,8 +1,8 @@
 //! The ports: what each use case needs from storage, the queue and the
 //! publisher, in the use case's own words. The AWS implementations are in
-//! `adapters` (the emulator tests are the evidence that their expressions
-//! work); `adapters::memory` implements them in memory for the use cases'
-//! unit tests.
+//! `adapters`; `adapters::memory` (the `testkit` feature) implements every
+//! one in memory for the use cases' unit tests, and the contract suite
+//! (`contract`) runs the same scenarios on both.
 //!
 //! | use case | ports |
 //! |---|---|

@@ -85,7 +85,7 @@ async fn claimed_not_yet_due_sent_dead_and_unknown_items_are_skipped_without_pub
         ("outbox#dead", OutboxView { status: DEAD.into(), due_at: None, attempts: 3, ..pending("dead", 0, 0) }),
     ];
     for (id, item) in &items {
-        store.put(id, &item);
+        store.put(id, item);
     }
     for (id, item) in &items {
         assert_eq!(d.dispatch(id, NOW).await.unwrap(), Dispatched::Skipped, "{id}");

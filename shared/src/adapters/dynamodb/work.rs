@@ -86,6 +86,9 @@ impl DynamoLedger {
     }
 }
 
+/// The commit's transaction items, the op each belongs to, the outbox ids.
+pub(crate) type CommitItems = (Vec<TransactWriteItem>, Vec<usize>, Vec<String>);
+
 /// The commit's transaction: each op's writes and outbox items, then the
 /// completion marker last; which op each item belongs to; the outbox ids.
 #[allow(clippy::too_many_arguments)]
@@ -98,7 +101,7 @@ pub(crate) fn commit_items(
     subject: Option<&str>,
     now_ms: i64,
     shards: u32,
-) -> Result<(Vec<TransactWriteItem>, Vec<usize>, Vec<String>), PortError> {
+) -> Result<CommitItems, PortError> {
     let mut items: Vec<TransactWriteItem> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     let mut outbox = Vec::new();

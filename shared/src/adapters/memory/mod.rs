@@ -352,7 +352,7 @@ impl World {
 
 impl World {
     fn run_hooks(&self, name: &str, target: &str) {
-        let due: Vec<Box<dyn FnOnce(&World) + Send>> = {
+        let due: Vec<Act> = {
             let mut hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut counts = self.hook_calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut seen = |key: String| {
@@ -379,11 +379,14 @@ impl World {
     }
 }
 
+/// What another actor does at a call.
+type Act = Box<dyn FnOnce(&World) + Send>;
+
 struct Hook {
     call: String,
     target: Option<String>,
     nth: usize,
-    f: Option<Box<dyn FnOnce(&World) + Send>>,
+    f: Option<Act>,
 }
 
 fn service(call: &str) -> &'static str {

@@ -73,7 +73,7 @@ impl Write {
     /// The SDK's transaction item, as DynamoDB would read it.
     pub fn from_sdk(w: &TransactWriteItem) -> Result<Self, String> {
         let key = |k: Option<&HashMap<String, AttributeValue>>| {
-            k.and_then(|k| key_of(k)).ok_or_else(|| "transaction item without pk and sk".to_owned())
+            k.and_then(key_of).ok_or_else(|| "transaction item without pk and sk".to_owned())
         };
         let names = |n: Option<&HashMap<String, String>>| n.cloned().unwrap_or_default();
         let values = |v: Option<&HashMap<String, AttributeValue>>| v.cloned().unwrap_or_default();
