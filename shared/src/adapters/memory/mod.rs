@@ -451,3 +451,130 @@ impl crate::ports::Publisher for MemPublisher {
         result.map_err(|e| format!("sns: {e}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::EventKey;
+    use crate::ledger::{Claim, NewEvent, SendLease, Status, Via};
+    use crate::ports::{Ledger, WorkLedger};
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn event(id: &str) -> NewEvent {
+        NewEvent {
+            key: EventKey::new("stripe", "ep", id),
+            provider: "stripe".into(),
+            endpoint: "ep".into(),
+            tenant: "t".into(),
+            event_id: id.into(),
+            event_type: None,
+            payload_hash: "h".into(),
+            content_hash: "h".into(),
+            received_at_ms: NOW,
+            expires_at: 0,
+            shard: 0,
+            send: SendLease { token: format!("send-{id}"), until_ms: NOW + 10_000 },
+            via: Via::Webhook,
+        }
+    }
+
+    fn world() -> World {
+        World::new(Ambient::fixed(NOW, 3)).with_shards(1)
+    }
+
+    /// Each fault does what its name says: nothing written, or the write
+    /// landed and the caller told otherwise, or the invocation gone.
+    #[tokio::test]
+    async fn each_fault_writes_what_it_says_and_answers_what_it_says() {
+        let w = world();
+        let l = w.ledger();
+        w.inject("ledger.claim", 0, Some(1), Fault::Throttle);
+        assert!(matches!(l.claim(&event("a"), b"{}").await, Err(PortError::Throttled { .. })));
+        assert!(l.item(&event("a").key).is_none(), "throttled: nothing written");
+        w.inject("ledger.claim", 0, Some(1), Fault::LoseAckOnce);
+        assert_eq!(l.claim(&event("a"), b"{}").await.unwrap(), Claim::New, "the retry meets its own write");
+        w.inject("ledger.claim", 0, Some(1), Fault::LoseAckAlways);
+        assert!(matches!(l.claim(&event("b"), b"{}").await, Err(PortError::Unavailable { .. })));
+        assert!(l.item(&event("b").key).is_some(), "the write landed, the caller was told it failed");
+        // A non-idempotent write retried after a lost acknowledgement counts twice, as DynamoDB's would.
+        w.inject("ledger.note_duplicate", 0, Some(1), Fault::LoseAckOnce);
+        l.note_duplicate(&event("a").key).await.unwrap();
+        assert_eq!(l.field(&event("a").key, "duplicates").as_deref(), Some("2"));
+
+        for (fault, lands) in [(Fault::CrashBefore, false), (Fault::CrashAfter, true)] {
+            let w = world();
+            w.inject("ledger.claim", 0, None, fault);
+            let l = w.ledger();
+            let died = tokio::spawn(async move { l.claim(&event("c"), b"{}").await }).await.unwrap_err();
+            assert!(crashed(died), "{fault:?}");
+            assert_eq!(w.ledger().item(&event("c").key).is_some(), lands, "{fault:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn faults_hit_their_item_after_their_skips_and_only_their_times() {
+        let w = world();
+        let l = w.ledger();
+        for id in ["a", "b"] {
+            l.claim(&event(id), b"{}").await.unwrap();
+        }
+        w.inject_on("work.lease", event("b").key.as_str(), Some(1), Fault::Unavailable);
+        w.inject("work.lease", 1, Some(1), Fault::Throttle);
+        assert!(l.lease(&event("a").key, "t", NOW, 1_000).await.is_ok(), "skipped");
+        assert!(l.lease(&event("b").key, "t", NOW, 1_000).await.is_err(), "its item");
+        assert!(matches!(l.lease(&event("a").key, "t", NOW, 1_000).await, Err(PortError::Throttled { .. })));
+        assert!(l.lease(&event("a").key, "t", NOW, 1_000).await.is_ok(), "spent");
+        let calls = w.calls_named("work.lease");
+        assert_eq!(calls.len(), 4);
+        assert_eq!(calls[1], event("b").key.as_str());
+    }
+
+    /// Random faults come from the world's entropy: a seed replays them.
+    #[tokio::test]
+    async fn random_faults_are_drawn_from_the_seed() {
+        async fn run(seed: u64) -> Vec<bool> {
+            let w = World::new(Ambient::fixed(NOW, seed));
+            w.random_faults(300);
+            let l = w.ledger();
+            let mut out = Vec::new();
+            for i in 0..40 {
+                out.push(l.claim(&event(&format!("e{i}")), b"{}").await.is_ok());
+            }
+            out
+        }
+        let (a, b, c) = (run(1).await, run(1).await, run(2).await);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().any(|ok| !ok) && a.iter().any(|ok| *ok), "{a:?}");
+    }
+
+    #[tokio::test]
+    async fn another_actor_acts_at_the_call_it_is_given() {
+        let w = world();
+        let l = w.ledger();
+        l.claim(&event("a"), b"{}").await.unwrap();
+        let k = event("a").key;
+        let k2 = k.clone();
+        w.during_on("work.lease", k.as_str(), move |w| {
+            let got = ready(w.ledger().lease(&k2, "other", NOW, 30_000)).unwrap();
+            assert!(matches!(got, crate::ledger::LeaseResult::Leased(_)));
+        });
+        let r = l.lease(&k, "mine", NOW, 30_000).await.unwrap();
+        assert_eq!(r, crate::ledger::LeaseResult::Busy { until_ms: NOW + 30_000 }, "the other got there first");
+        assert_eq!(l.record(&k).unwrap().status, Status::Processing);
+    }
+
+    #[tokio::test]
+    async fn the_queue_moves_a_message_to_its_dead_letter_queue_after_its_receives() {
+        let w = world();
+        let q = w.queue().with_max_receives(2);
+        crate::ports::WorkQueue::send(&q, &event("a").key).await.unwrap();
+        for _ in 0..2 {
+            assert_eq!(q.receive(10).len(), 1);
+            w.ambient().clock.sleep(std::time::Duration::from_secs(121)).await;
+        }
+        assert!(q.receive(10).is_empty(), "received twice: moved");
+        assert_eq!(q.dead_keys(), [event("a").key]);
+    }
+}

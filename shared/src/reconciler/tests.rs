@@ -1,0 +1,1330 @@
+//! The reconciler's decisions on the memory world (`adapters::memory`): the
+//! due index, the claims and the evidence are the DynamoDB adapter's own
+//! conditions on the memory table, the queue is the memory queue, the outbox
+//! is dispatched by the real dispatcher, and the provider is the memory
+//! subscriptions API. Failures are the world's injected faults; a concurrent
+//! run or dispatcher is another actor acting right before a call.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::adapters::dynamodb::conditions::CLAIM_TOKEN;
+use crate::adapters::dynamodb::{Item, META_SK, attr, due_partition, due_shard, payload, payload_sk};
+use crate::adapters::memory::{
+    self, Answer, Fault, MemLedger, MemOutbox, MemPublisher, MemQueue, MemSubscriptions, OutboxView, World, set,
+};
+use crate::clock::{Clock, ManualClock, SeededEntropy};
+use crate::config::DispatchPolicy;
+use crate::identity::shard_of;
+use crate::message::OutboxClaim;
+use crate::outbox::{DISPATCH_LEASE_MS, Dispatcher};
+use crate::policy::REDRIVE_GRACE_MS;
+use crate::projection::STATE_SK;
+use crate::projection::fetch::SubscriptionFuture;
+
+const NOW: i64 = 1_700_000_000_000;
+const SEED: u64 = 17;
+const SHARDS: u32 = 4;
+const BACKOFF: i64 = 300_000;
+const INTERVAL: i64 = 3_600_000;
+const GRACE: i64 = 60_000;
+const TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:entitlements";
+
+fn settings() -> ReconcilerSettings {
+    ReconcilerSettings {
+        max_items: 500,
+        redrive_backoff_ms: BACKOFF,
+        drift_interval_ms: INTERVAL,
+        outbox_grace_ms: GRACE,
+        retention_days: 30,
+        lookahead_ms: BACKOFF,
+    }
+}
+
+fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+fn key(id: &str) -> EventKey {
+    EventKey::new("stripe", "billing", id)
+}
+
+/// Event ids whose keys fall in `shard`.
+fn ids_in_shard(shard: u32, n: usize) -> Vec<String> {
+    (0..).map(|i| format!("evt_{i}")).filter(|id| key(id).shard(SHARDS) == shard).take(n).collect()
+}
+
+fn is(status: &str, seats: i64) -> Answer {
+    Answer::Is(status.to_owned(), seats)
+}
+
+fn num_of(item: &Item, name: &str) -> Option<i64> {
+    item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok())
+}
+
+/// The repair record's key for a drift instance (`recon:<sub>:<hash>`).
+fn repair_key(local_event: &str, sub: &str, status: &str, seats: i64) -> EventKey {
+    let instance = payload_hash(format!("{local_event}|{status}|{seats}").as_bytes());
+    EventKey::new("stripe", "billing", &format!("recon:{sub}:{}", &instance[..16]))
+}
+
+fn s(k: &EventKey) -> String {
+    k.to_string()
+}
+
+// ------------------------------------------------------------- the provider
+
+/// The memory subscriptions API, each fetch also noted in the world's call
+/// log (`source.subscription <id>`), so a test sees it in order with the
+/// ports' calls.
+struct Provider {
+    subs: MemSubscriptions,
+    world: World,
+}
+
+impl SubscriptionSource for Provider {
+    fn subscription<'a>(&'a self, id: &'a str) -> SubscriptionFuture<'a> {
+        self.world.state().calls.push(format!("source.subscription {id}"));
+        self.subs.subscription(id)
+    }
+}
+
+// --------------------------------------------------------------- the harness
+
+type Outbox = Dispatcher<MemOutbox, MemPublisher>;
+type Recon = Reconciler<MemQueue, MemLedger, Outbox>;
+
+/// The memory world, the provider and the reconciler's settings; the run,
+/// the world and the dispatcher share one manual clock and one entropy.
+struct Harness {
+    world: World,
+    clock: Arc<ManualClock>,
+    provider: Arc<Provider>,
+    settings: ReconcilerSettings,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with(settings())
+    }
+
+    fn with(settings: ReconcilerSettings) -> Self {
+        let clock = Arc::new(ManualClock::at(NOW));
+        let ambient = Ambient { clock: clock.clone(), entropy: Arc::new(SeededEntropy::new(SEED)) };
+        let world = World::new(ambient).with_shards(SHARDS);
+        let provider = Arc::new(Provider { subs: MemSubscriptions::default(), world: world.clone() });
+        Self { world, clock, provider, settings }
+    }
+
+    fn ambient(&self) -> Ambient {
+        self.world.ambient().clone()
+    }
+
+    fn ledger(&self) -> MemLedger {
+        self.world.ledger()
+    }
+
+    fn dispatcher(&self) -> Outbox {
+        Dispatcher::with_ports(self.world.outbox(), self.world.publisher()).with_ambient(self.ambient())
+    }
+
+    fn reconciler(&self) -> Recon {
+        let source: Arc<dyn SubscriptionSource> = self.provider.clone();
+        Reconciler::new(self.ledger(), self.world.queue(), Some(self.dispatcher()), Some(source), self.settings)
+            .with_ambient(self.ambient())
+    }
+
+    /// A deadline no test reaches.
+    fn far(&self) -> Instant {
+        self.clock.instant() + Duration::from_secs(3_600)
+    }
+
+    async fn run(&self, now_ms: i64) -> Summary {
+        self.reconciler().run(now_ms, self.far()).await
+    }
+
+    // ------------------------------------------------------------ records
+
+    /// A ledger record due at `due_at` (received a re-drive grace before;
+    /// `enqueued_at`: sent then). A PROCESSING record's lease ended 30 s
+    /// after its receipt.
+    fn record(&self, id: &str, status: Status, enqueued_at: Option<i64>, due_at: i64) -> EventKey {
+        let k = key(id);
+        let mut extra = json!({ "enqueued_at": enqueued_at });
+        if enqueued_at.is_some() {
+            extra["send_lease_until"] = serde_json::Value::Null;
+        }
+        if !status.is_terminal() {
+            extra["due_at"] = json!(due_at);
+        }
+        if status == Status::Retryable {
+            extra["next_attempt_at"] = json!(due_at);
+        }
+        self.ledger().add(&k, status, due_at - REDRIVE_GRACE_MS, extra);
+        k
+    }
+
+    /// A number on the record.
+    fn num(&self, k: &EventKey, name: &str) -> Option<i64> {
+        self.ledger().field(k, name).map(|v| v.parse().unwrap_or_else(|e| panic!("{k} {name}: {v}: {e}")))
+    }
+
+    fn text(&self, k: &EventKey, name: &str) -> Option<String> {
+        self.ledger().field(k, name)
+    }
+
+    fn status(&self, k: &EventKey) -> Status {
+        self.text(k, attr::STATUS).and_then(|s| Status::parse(&s)).unwrap_or_else(|| panic!("{k}: no record"))
+    }
+
+    /// Whether a reconciler run claimed the record (its token is on it).
+    fn claimed(&self, k: &EventKey) -> bool {
+        self.text(k, CLAIM_TOKEN).is_some()
+    }
+
+    /// Sets a number on the record (an arrangement, no port call).
+    fn set_num(&self, k: &EventKey, name: &str, v: i64) {
+        self.ledger().edit(k, |item| set(item, name, v));
+    }
+
+    fn records(&self) -> usize {
+        self.ledger().keys().len()
+    }
+
+    /// The record's payload: in the record, or in its own item.
+    fn payload_of(&self, k: &EventKey) -> Option<Vec<u8>> {
+        let item = self.ledger().item(k)?;
+        payload::body(&item).or_else(|| {
+            let hash = self.text(k, attr::PAYLOAD_HASH)?;
+            self.world.state().table.get(k.as_str(), &payload_sk(&hash)).and_then(payload::body)
+        })
+    }
+
+    // ------------------------------------------------------- entitlements
+
+    /// An entitlement last checked long ago, locally `status`/`seats`.
+    fn entitlement(&self, sub: &str, status: &str, seats: i64) -> String {
+        self.entitlement_due(sub, status, seats, NOW - self.settings.drift_interval_ms - 10)
+    }
+
+    /// An entitlement projection item in its shard's `chk#…` partition, due at `due_at`.
+    fn entitlement_due(&self, sub: &str, status: &str, seats: i64, due_at: i64) -> String {
+        let pk = format!("ent#{sub}");
+        let mut item = Item::new();
+        set(&mut item, attr::PK, pk.as_str());
+        set(&mut item, attr::SK, STATE_SK);
+        set(&mut item, attr::DUE_SHARD, due_partition(DuePartition::Checks, shard_of(sub, SHARDS)).as_str());
+        set(&mut item, attr::DUE_AT, due_at);
+        set(&mut item, "subscription", sub);
+        set(&mut item, "customer", "cus_1");
+        set(&mut item, "endpoint", "billing");
+        set(&mut item, "tenant", "t1");
+        set(&mut item, "event_id", format!("evt_local_{sub}").as_str());
+        set(&mut item, "status", status);
+        set(&mut item, "seats", seats);
+        self.world.state().table.insert(item);
+        pk
+    }
+
+    /// The entitlement's next look.
+    fn ent_due(&self, pk: &str) -> i64 {
+        self.world.state().table.get(pk, STATE_SK).and_then(|i| num_of(i, attr::DUE_AT)).expect("entitlement")
+    }
+
+    fn edit_ent(&self, pk: &str, f: impl FnOnce(&mut Item)) {
+        let mut st = self.world.state();
+        let mut item = st.table.get(pk, STATE_SK).cloned().expect("entitlement");
+        f(&mut item);
+        st.table.insert(item);
+    }
+
+    fn answer(&self, sub: &str, answer: Answer) {
+        self.provider.subs.answer(sub, answer);
+    }
+
+    fn fetched(&self) -> Vec<String> {
+        self.provider.subs.fetched()
+    }
+
+    // ------------------------------------------------------------- outbox
+
+    fn pending(id: &str, due_at: i64) -> OutboxView {
+        OutboxView::pending(id, TOPIC, shard_of(id, SHARDS), due_at)
+    }
+
+    /// A PENDING outbox item due at `due_at`.
+    fn outbox_item(&self, id: &str, due_at: i64) {
+        self.world.outbox().put(id, &Self::pending(id, due_at));
+    }
+
+    /// `n` outbox items DEAD already (in the attention index).
+    fn dead_outbox_items(&self, n: usize) {
+        for i in 0..n {
+            let id = format!("out_dead_{i}");
+            let dead = OutboxView {
+                status: "DEAD".into(),
+                due_at: None,
+                attempts: DispatchPolicy::default().max_attempts,
+                last_error: Some("sns: gone".into()),
+                dead_at: Some(NOW - 1_000),
+                ..Self::pending(&id, NOW - 9_000_000)
+            };
+            self.world.outbox().put(&id, &dead);
+        }
+    }
+
+    /// The publish of `id`'s next dispatch fails (the publish names no
+    /// item: the fault is armed at its claim, right before it).
+    fn fail_publish_of(&self, id: &str) {
+        self.world.during_on("outbox.claim", id, |w| w.inject("publisher.publish", 0, Some(1), Fault::Throttle));
+    }
+
+    /// Another dispatcher claims `id` (a live claim) between this run's
+    /// index read and its claim.
+    fn claimed_meanwhile(&self, id: &str, now_ms: i64) {
+        let owned = id.to_owned();
+        self.world.during_on("outbox.claim", id, move |w| {
+            let met = w.outbox().claim_now(&owned, "another-dispatcher", now_ms, now_ms + DISPATCH_LEASE_MS);
+            assert!(matches!(met, Ok(OutboxClaim::Claimed(_))), "{met:?}");
+        });
+    }
+
+    /// The outbox items dispatched (each dispatch starts with its claim), in order.
+    fn dispatched(&self) -> Vec<String> {
+        self.world.calls_named("outbox.claim")
+    }
+
+    // -------------------------------------------------------------- queue
+
+    /// The keys on the queue, in the order sent.
+    fn sent(&self) -> Vec<String> {
+        self.world.queue().keys().iter().map(s).collect()
+    }
+
+    /// Every send tried, failed ones included.
+    fn send_attempts(&self) -> usize {
+        self.world.calls_named("queue.send").len()
+    }
+
+    /// The next sends' outcomes, in order (`None`: sent); later sends go
+    /// through. (A rule's `skip` counts the calls that reach it: those
+    /// before it that no earlier rule took.)
+    fn script_sends(&self, outcomes: &[Option<Fault>]) {
+        let (mut passed, mut i) = (0, 0);
+        while i < outcomes.len() {
+            match outcomes[i] {
+                None => {
+                    passed += 1;
+                    i += 1;
+                }
+                Some(fault) => {
+                    let run = outcomes[i..].iter().take_while(|o| **o == Some(fault)).count();
+                    self.world.inject("queue.send", passed, Some(run as u32), fault);
+                    i += run;
+                }
+            }
+        }
+    }
+
+    /// The first send after the first `call` on `item` fails (a send names
+    /// no item: the fault is armed by the call right before it).
+    fn fail_send_after(&self, call: &str, item: &str, fault: Fault) {
+        self.world.during_on(call, item, move |w| w.inject("queue.send", 0, Some(1), fault));
+    }
+
+    // ---------------------------------------------------- calls, concurrency
+
+    /// What was done, in order: every port call and fetch but the index and
+    /// evidence reads.
+    fn acts(&self) -> Vec<String> {
+        self.world.calls().into_iter().filter(|c| !c.starts_with("due.due ") && c != "due.attention").collect()
+    }
+
+    /// Forgets the calls made and the messages sent so far.
+    fn forget(&self) {
+        let mut st = self.world.state();
+        st.calls.clear();
+        st.queue.messages.clear();
+        st.queue.dead.clear();
+    }
+
+    /// Another run read the same item (`pk`: a record's key or an
+    /// entitlement's pk) and its claim lands just before this run's, moving
+    /// it to `theirs`. Holds the token it wrote, once it has.
+    fn race(&self, pk: &str, theirs: i64) -> Arc<Mutex<Option<String>>> {
+        let token = Arc::new(Mutex::new(None));
+        let (owned, out) = (pk.to_owned(), token.clone());
+        self.world.during_on("due.claim_due", pk, move |w| {
+            let record = EventKey::from_stored(&owned);
+            let sk = if record.is_some() { META_SK } else { STATE_SK };
+            let seen = w.state().table.get(&owned, sk).and_then(|i| num_of(i, attr::DUE_AT)).expect("a due item");
+            let item = match &record {
+                Some(k) => DueItem::Record(k),
+                None => DueItem::Drift(&owned),
+            };
+            let other = w.with_ambient(Ambient::fixed(NOW, SEED + 1)).ledger();
+            *out.lock().unwrap() = memory::ready(other.claim_due(item, seen, theirs)).expect("their claim");
+        });
+        token
+    }
+
+    /// Each of the first `n` index queries takes `ms` of the run's time.
+    fn slow_queries(&self, n: usize, ms: u64) {
+        for nth in 0..n {
+            let clock = self.clock.clone();
+            self.world.during("due.due", nth, move |_| clock.advance(Duration::from_millis(ms)));
+        }
+    }
+
+    /// The redrive phase's records (and whatever else) are due; one
+    /// outbox item and one drifted entitlement wait behind them.
+    fn other_phases(&self) -> String {
+        self.outbox_item("out_1", NOW - GRACE - 1);
+        let pk = self.entitlement("sub_other", "active", 1);
+        self.answer("sub_other", is("active", 2));
+        pk
+    }
+}
+
+// ------------------------------------------------------- re-drive selection
+
+#[tokio::test]
+async fn never_sent_record_is_sent_then_noted_enqueued() {
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Received, None, NOW - 1);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.acts(), [format!("due.claim_due {k}"), "queue.send".to_owned(), format!("due.note_enqueued {k}")]);
+    assert_eq!(w.sent(), [s(&k)]);
+    assert_eq!(w.num(&k, "enqueued_at"), Some(NOW));
+    assert_eq!(summary.redriven, counts(&[("never_sent", 1)]));
+    assert!(summary.complete && summary.errors.is_empty() && summary.evidence, "{summary:?}");
+}
+
+#[tokio::test]
+async fn sent_but_not_picked_up_record_is_sent_again_without_a_new_note() {
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Received, Some(NOW - 100_000), NOW - 1);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.sent(), [s(&k)]);
+    assert!(w.world.calls_named("due.note_enqueued").is_empty());
+    assert_eq!(w.num(&k, "enqueued_at"), Some(NOW - 100_000), "the first send time is kept");
+    assert_eq!(summary.redriven, counts(&[("not_picked_up", 1)]));
+}
+
+#[tokio::test]
+async fn expired_lease_is_redriven_and_counted_as_stuck() {
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Processing, Some(NOW - 100_000), NOW - 1);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.sent(), [s(&k)]);
+    assert_eq!(w.status(&k), Status::Processing, "the reconciler never changes a status");
+    assert_eq!(summary.stuck_leases, 1);
+    assert_eq!(summary.redriven, counts(&[("lease_expired", 1)]));
+}
+
+#[tokio::test]
+async fn a_live_lease_is_looked_at_again_when_it_ends_not_redriven() {
+    // The lease does not move a record in the due index: a worker may
+    // still hold it when its due time comes.
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Processing, Some(NOW - 100_000), NOW - 1);
+    w.set_num(&k, "lease_expires_at", NOW + 20_000);
+    let summary = w.run(NOW).await;
+    assert!(w.sent().is_empty(), "not re-driven while leased");
+    assert_eq!(w.num(&k, "due_at"), Some(NOW + 20_001), "due again just after the lease's end");
+    assert_eq!((summary.stuck_leases, summary.redriven.len()), (0, 0));
+    // The worker died: once the lease has ended, it is re-driven.
+    w.run(NOW + 20_001).await;
+    assert_eq!(w.sent(), [s(&k)]);
+}
+
+#[tokio::test]
+async fn a_refused_claim_on_a_live_lease_is_not_acted_on_and_the_shard_is_read_once() {
+    // The index lags: it still shows the leased record due at its old
+    // time after another run moved it to the lease's end. Our claim is
+    // refused; the run neither counts it nor reads the page again.
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Processing, Some(NOW - 100_000), NOW - 1);
+    w.set_num(&k, "lease_expires_at", NOW + 20_000);
+    let id = ids_in_shard(k.shard(SHARDS), 3).into_iter().find(|id| id != "evt_1").expect("another id");
+    let other = w.record(&id, Status::Received, None, NOW - 1);
+    w.world.state().table.set_index_lag(true);
+    w.ledger().edit(&k, |item| {
+        set(item, attr::DUE_AT, NOW + 20_001);
+        set(item, CLAIM_TOKEN, "another-run");
+    });
+    // Each index query takes 100 ms: a run that kept reading the page
+    // would pass its deadline.
+    w.slow_queries(100, 100);
+    let deadline = w.clock.instant() + Duration::from_secs(5);
+    let summary = w.reconciler().run(NOW, deadline).await;
+    assert!(w.clock.instant() < deadline, "the run ended by itself");
+    assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
+    assert_eq!(w.sent(), [s(&other)]);
+    let records_queries = w.world.calls_named("due.due").iter().filter(|p| p.starts_with("due#")).count();
+    assert_eq!(records_queries, SHARDS as usize, "one page per shard");
+    let claims = w.world.calls_named("due.claim_due");
+    assert_eq!(claims.iter().filter(|c| *c == k.as_str()).count(), 1, "its claim was tried, once: {claims:?}");
+    let stands = (w.num(&k, attr::DUE_AT), w.text(&k, CLAIM_TOKEN));
+    assert_eq!(stands, (Some(NOW + 20_001), Some("another-run".to_owned())), "the other run's move stands");
+}
+
+#[tokio::test]
+async fn a_drift_backlog_never_keeps_a_record_from_being_redriven() {
+    // 4 shards, budget 10, 40 overdue entitlements per shard due before a
+    // never-sent record in each shard; the provider answering, then
+    // failing: every record is re-driven in the first run.
+    for provider_down in [false, true] {
+        let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+        for shard in 0..SHARDS {
+            let subs: Vec<String> = (0..)
+                .map(|i| format!("sub_{shard}_{i}"))
+                .filter(|sub| shard_of(sub, SHARDS) == shard)
+                .take(40)
+                .collect();
+            for sub in subs {
+                w.entitlement_due(&sub, "active", 1, NOW - 3_600_000);
+                w.answer(&sub, if provider_down { Answer::Down } else { is("active", 1) });
+            }
+        }
+        let keys: Vec<EventKey> = (0..SHARDS)
+            .map(|shard| w.record(&ids_in_shard(shard, 1)[0], Status::Received, None, NOW - 1_000))
+            .collect();
+        let first = w.run(NOW).await;
+        let mut sent = w.sent();
+        sent.sort();
+        let mut want: Vec<String> = keys.iter().map(s).collect();
+        want.sort();
+        assert_eq!(sent, want, "provider down: {provider_down}: {first:?}");
+        assert_eq!(first.redriven, counts(&[("never_sent", 4)]));
+        assert!(first.drift_checked >= 1, "the re-checks act too: {first:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_record_backlog_leaves_the_outbox_and_the_rechecks_their_shares() {
+    let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+    for shard in 0..SHARDS {
+        for id in ids_in_shard(shard, 100) {
+            w.record(&id, Status::Received, None, NOW - 1_000);
+        }
+    }
+    for i in 0..12 {
+        w.outbox_item(&format!("out_{i}"), NOW - GRACE - 1);
+        let sub = format!("sub_{i}");
+        w.entitlement(&sub, "active", 1);
+        w.answer(&sub, is("active", 1));
+    }
+    for run in 0..3 {
+        let summary = w.run(NOW + run).await;
+        assert_eq!(summary.redriven.values().sum::<u64>(), 6, "run {run}: {summary:?}");
+        assert_eq!((summary.outbox_republished, summary.drift_checked), (3, 1), "run {run}: {summary:?}");
+        assert!(!summary.complete);
+    }
+}
+
+// ---------------------------------------------------- the oldest open record
+
+#[tokio::test]
+async fn the_oldest_open_record_is_measured_when_its_retry_is_not_yet_due() {
+    // A RETRYABLE record received 2 h ago whose retry is due just after
+    // now, then just before, and so on; a younger record due before it
+    // in the same shard: every run reports at least 2 h.
+    let w = Harness::new();
+    let ids = ids_in_shard(1, 2);
+    let old = key(&ids[0]);
+    let young = w.record(&ids[1], Status::Retryable, Some(1), NOW - 10_000);
+    w.set_num(&young, attr::RECEIVED_AT, NOW - 60_000);
+    w.ledger().add(&old, Status::Retryable, NOW - 7_200_000, json!({ "enqueued_at": 1 }));
+    for run in 0..6_i64 {
+        let now = NOW + run * 1_000;
+        let due = if run % 2 == 0 { now + 500 } else { now - 500 };
+        w.ledger().edit(&old, |item| {
+            set(item, attr::DUE_AT, due);
+            set(item, "next_attempt_at", due);
+        });
+        let summary = w.run(now).await;
+        let age = summary.oldest_unprocessed_age_ms.unwrap_or(0);
+        assert!(age >= 7_200_000, "run {run}: {age} ms: {summary:?}");
+        assert_eq!(summary.incomplete_shards, 0);
+    }
+}
+
+#[tokio::test]
+async fn a_shard_with_more_open_records_than_a_page_is_a_lower_bound_and_says_so() {
+    let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+    for id in ids_in_shard(2, 150) {
+        w.record(&id, Status::Retryable, Some(1), NOW + 1_000);
+    }
+    let gauges = Gauges::default();
+    let _local = metrics::set_default_local_recorder(&gauges);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.incomplete_shards, 1, "{summary:?}");
+    let set = gauges.0.lock().unwrap().clone();
+    assert_eq!(set.get("reconciler_incomplete"), Some(&1.0));
+    assert!(set.contains_key("oldest_unprocessed_age"));
+    let idle = Harness::new();
+    let gauges = Gauges::default();
+    let _local = metrics::set_default_local_recorder(&gauges);
+    let summary = idle.run(NOW).await;
+    assert_eq!((summary.incomplete_shards, summary.oldest_unprocessed_age_ms), (0, None));
+    let set = gauges.0.lock().unwrap().clone();
+    assert_eq!((set.get("reconciler_incomplete"), set.get("oldest_unprocessed_age")), (Some(&0.0), Some(&0.0)));
+}
+
+#[tokio::test]
+async fn due_retry_is_redriven() {
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Retryable, Some(NOW - 100_000), NOW - 1);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.sent(), [s(&k)]);
+    assert_eq!(summary.redriven, counts(&[("retry_due", 1)]));
+    assert_eq!(summary.stuck_leases, 0);
+}
+
+#[tokio::test]
+async fn records_not_yet_due_are_left_untouched() {
+    let w = Harness::new();
+    let later: Vec<EventKey> = [Status::Received, Status::Processing, Status::Retryable]
+        .into_iter()
+        .enumerate()
+        .map(|(i, st)| w.record(&format!("evt_later_{i}"), st, Some(NOW - 1), NOW + 1))
+        .collect();
+    let never_sent_later = w.record("evt_later_new", Status::Received, None, NOW + 1);
+    let due_now = w.record("evt_now", Status::Received, None, NOW);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.sent(), [s(&due_now)], "due at `now` is due, one ms later is not");
+    for k in later.iter().chain([&never_sent_later]) {
+        let seen = (w.num(k, attr::DUE_AT), w.num(k, "redrives"), w.text(k, CLAIM_TOKEN));
+        assert_eq!(seen, (Some(NOW + 1), None, None), "{k}: never claimed");
+    }
+    assert_eq!(w.num(&never_sent_later, "enqueued_at"), None);
+    assert_eq!(summary.redriven, counts(&[("never_sent", 1)]));
+}
+
+#[tokio::test]
+async fn every_claimed_record_is_looked_at_again_after_the_backoff() {
+    let w = Harness::new();
+    let keys = [
+        w.record("evt_1", Status::Received, None, NOW - 5),
+        w.record("evt_2", Status::Received, Some(NOW - 90_000), NOW - 4),
+        w.record("evt_3", Status::Processing, Some(NOW - 90_000), NOW - 3),
+        w.record("evt_4", Status::Retryable, Some(NOW - 90_000), NOW - 2),
+    ];
+    let summary = w.run(NOW).await;
+    for k in &keys {
+        assert_eq!(w.num(k, attr::DUE_AT), Some(NOW + BACKOFF), "{k}");
+        assert!(w.claimed(k) && w.num(k, "redrives") == Some(1), "{k}: {:?}", w.ledger().item(k));
+    }
+    let mut sent = w.sent();
+    sent.sort();
+    assert_eq!(sent, keys.iter().map(s).collect::<Vec<_>>());
+    assert_eq!(summary.redriven.values().sum::<u64>(), 4);
+}
+
+#[tokio::test]
+async fn a_record_claimed_by_a_concurrent_run_is_not_sent() {
+    let w = Harness::new();
+    let theirs = w.record("evt_a", Status::Received, None, NOW - 2);
+    let ours = w.record("evt_b", Status::Retryable, Some(NOW - 90_000), NOW - 1);
+    let their_token = w.race(theirs.as_str(), NOW + 7);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.sent(), [s(&ours)]);
+    let their_token = their_token.lock().unwrap().clone();
+    assert!(their_token.is_some(), "their claim landed");
+    let stands = (w.num(&theirs, attr::DUE_AT), w.text(&theirs, CLAIM_TOKEN));
+    assert_eq!(stands, (Some(NOW + 7), their_token), "their claim stands");
+    assert_eq!(w.num(&theirs, "redrives"), Some(1), "claimed once, by them");
+    assert_eq!(w.num(&theirs, "enqueued_at"), None, "not noted by a run that did not send it");
+    assert_eq!(summary.redriven, counts(&[("retry_due", 1)]));
+    assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
+}
+
+#[tokio::test]
+async fn a_second_run_at_the_same_time_finds_nothing_to_do() {
+    let w = Harness::new();
+    w.record("evt_1", Status::Received, None, NOW - 3);
+    w.record("evt_2", Status::Processing, Some(NOW - 90_000), NOW - 2);
+    w.record("evt_3", Status::Retryable, Some(NOW - 90_000), NOW - 1);
+    let first = w.run(NOW).await;
+    assert_eq!(first.redriven.values().sum::<u64>(), 3);
+    w.forget();
+    let second = w.run(NOW).await;
+    assert!(w.acts().is_empty(), "{:?}", w.acts());
+    assert!(w.sent().is_empty());
+    assert!(second.redriven.is_empty() && second.stuck_leases == 0, "{second:?}");
+    assert!(second.complete && second.errors.is_empty(), "{second:?}");
+}
+
+#[tokio::test]
+async fn a_run_after_the_backoff_sends_again_what_is_still_not_done() {
+    let w = Harness::new();
+    let never_sent = w.record("evt_1", Status::Received, None, NOW - 2);
+    let stuck = w.record("evt_2", Status::Processing, Some(NOW - 90_000), NOW - 1);
+    w.run(NOW).await;
+    w.forget();
+    assert!(w.run(NOW + BACKOFF - 1).await.redriven.is_empty());
+    let again = w.run(NOW + BACKOFF).await;
+    let mut sent = w.sent();
+    sent.sort();
+    assert_eq!(sent, [s(&never_sent), s(&stuck)]);
+    // Noted at its first re-drive, it is now "sent, not picked up", and keeps its note.
+    assert_eq!(again.redriven, counts(&[("lease_expired", 1), ("not_picked_up", 1)]));
+    assert_eq!(w.num(&never_sent, "enqueued_at"), Some(NOW));
+    assert_eq!(w.num(&never_sent, attr::DUE_AT), Some(NOW + 2 * BACKOFF));
+}
+
+#[tokio::test]
+async fn redrive_pages_through_a_shard_larger_than_one_page() {
+    let w = Harness::new();
+    let ids = ids_in_shard(2, 150);
+    for (i, id) in ids.iter().enumerate() {
+        w.record(id, Status::Received, Some(NOW - 90_000), NOW - 1 - i as i64);
+    }
+    let summary = w.run(NOW).await;
+    let sent: HashSet<String> = w.sent().into_iter().collect();
+    assert_eq!((w.sent().len(), sent.len()), (150, 150), "each sent once");
+    assert_eq!(summary.redriven, counts(&[("not_picked_up", 150)]));
+    assert!(summary.complete);
+}
+
+// ------------------------------------------------------- failure isolation
+
+#[tokio::test]
+async fn a_failed_send_is_counted_and_the_record_stays_due() {
+    let w = Harness::new();
+    let failing = w.record("evt_a", Status::Received, None, NOW - 3);
+    let others = [
+        w.record("evt_b", Status::Retryable, Some(1), NOW - 2),
+        w.record("evt_c", Status::Retryable, Some(1), NOW - 1),
+    ];
+    w.fail_send_after("due.claim_due", failing.as_str(), Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    let mut sent = w.sent();
+    sent.sort();
+    assert_eq!(sent, others.iter().map(s).collect::<Vec<_>>());
+    assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+    assert_eq!(summary.redriven, counts(&[("retry_due", 2)]));
+    assert!(summary.complete, "one failure does not stop the phase: {summary:?}");
+    let stays = (w.num(&failing, "enqueued_at"), w.num(&failing, attr::DUE_AT));
+    assert_eq!(stays, (None, Some(NOW + BACKOFF)), "not noted, due after the backoff");
+
+    w.forget();
+    let next = w.run(NOW + BACKOFF).await;
+    assert!(w.sent().contains(&s(&failing)));
+    assert_eq!(w.num(&failing, "enqueued_at"), Some(NOW + BACKOFF));
+    assert_eq!(next.redriven.get("never_sent"), Some(&1));
+    assert!(next.errors.is_empty());
+}
+
+#[tokio::test]
+async fn a_throttled_send_stops_the_redrive_phase_but_outbox_and_drift_still_run() {
+    let w = Harness::new();
+    let keys: Vec<EventKey> =
+        (0..3).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
+    w.other_phases();
+    w.script_sends(&[Some(Fault::Throttle)]);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+    assert!(!summary.complete);
+    assert!(summary.redriven.is_empty());
+    let claimed = keys.iter().filter(|k| w.claimed(k)).count();
+    assert_eq!(claimed, 1, "nothing after the throttled send is claimed");
+    assert_eq!(w.send_attempts(), 2, "the throttled re-drive, then the drift repair");
+    assert_eq!(summary.outbox_republished, 1);
+    assert_eq!((summary.drift_checked, summary.drift_repaired), (1, 1));
+    assert!(summary.evidence);
+}
+
+#[tokio::test]
+async fn max_consecutive_errors_in_a_row_stop_the_redrive_phase() {
+    let w = Harness::new();
+    let keys: Vec<EventKey> =
+        (0..7).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
+    w.other_phases();
+    w.script_sends(&[Some(Fault::Unavailable); MAX_CONSECUTIVE_ERRORS as usize]);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.errors, counts(&[("redrive", u64::from(MAX_CONSECUTIVE_ERRORS))]));
+    assert!(!summary.complete);
+    let claimed = keys.iter().filter(|k| w.claimed(k)).count();
+    assert_eq!(claimed, MAX_CONSECUTIVE_ERRORS as usize, "the rest is left for the next run");
+    assert_eq!(summary.outbox_republished, 1);
+    assert_eq!((summary.drift_checked, summary.drift_repaired), (1, 1));
+}
+
+#[tokio::test]
+async fn failures_not_in_a_row_do_not_stop_the_phase() {
+    let w = Harness::new();
+    for i in 0..10 {
+        w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i);
+    }
+    let down = Some(Fault::Unavailable);
+    w.script_sends(&[down, down, down, down, None, down, down, down, down, None]);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.send_attempts(), 10);
+    assert_eq!(summary.errors, counts(&[("redrive", 8)]));
+    assert_eq!(summary.redriven, counts(&[("not_picked_up", 2)]));
+    assert!(summary.complete, "{summary:?}");
+}
+
+#[tokio::test]
+async fn a_failed_claim_is_counted_and_the_record_is_not_sent() {
+    let w = Harness::new();
+    // Alone in its shard, so its page holds nothing else.
+    let failing = w.record(&ids_in_shard(0, 1)[0], Status::Received, None, NOW - 1);
+    let other = w.record(&ids_in_shard(1, 1)[0], Status::Received, None, NOW - 1);
+    w.world.inject_on("due.claim_due", failing.as_str(), None, Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.sent(), [s(&other)]);
+    assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+    let still = (w.num(&failing, attr::DUE_AT), w.num(&failing, "enqueued_at"));
+    assert_eq!(still, (Some(NOW - 1), None), "still due");
+    assert!(summary.complete);
+}
+
+#[tokio::test]
+async fn a_failed_claim_is_tried_and_counted_once_per_run() {
+    let w = Harness::new();
+    let ids = ids_in_shard(0, 2);
+    let failing = w.record(&ids[0], Status::Received, None, NOW - 2);
+    w.record(&ids[1], Status::Received, None, NOW - 1);
+    w.world.inject_on("due.claim_due", failing.as_str(), None, Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+    let tried = w.world.calls_named("due.claim_due").iter().filter(|c| *c == failing.as_str()).count();
+    assert_eq!(tried, 1);
+}
+
+#[tokio::test]
+async fn a_failed_note_is_counted_and_the_record_is_sent_again_later() {
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Received, None, NOW - 1);
+    w.world.inject("due.note_enqueued", 0, Some(1), Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert_eq!(w.sent(), [s(&k)]);
+    assert_eq!(summary.errors, counts(&[("redrive", 1)]));
+    assert_eq!(summary.redriven, counts(&[("never_sent", 1)]), "it was sent");
+    assert_eq!(w.num(&k, "enqueued_at"), None);
+    let next = w.run(NOW + BACKOFF).await;
+    assert_eq!(w.sent(), [s(&k), s(&k)]);
+    assert_eq!(next.redriven, counts(&[("never_sent", 1)]));
+    assert_eq!(w.num(&k, "enqueued_at"), Some(NOW + BACKOFF));
+}
+
+#[tokio::test]
+async fn a_failing_due_query_is_counted_per_shard_and_phase_and_the_run_goes_on() {
+    let w = Harness::new();
+    w.record("evt_1", Status::Retryable, Some(1), NOW - 1);
+    w.other_phases();
+    // Every shard's query of every phase fails once: nothing is acted
+    // on, each failure is counted, the evidence is still gathered.
+    w.world.inject("due.due", 0, Some(3 * SHARDS), Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.errors, counts(&[("due", u64::from(3 * SHARDS))]));
+    assert!(!summary.complete);
+    assert_eq!((summary.redriven.len(), summary.outbox_republished, summary.drift_checked), (0, 0, 0));
+    assert!(summary.evidence);
+    // The next run, the index answering again, does it all.
+    let next = w.run(NOW).await;
+    assert_eq!(next.redriven.values().sum::<u64>(), 1);
+    assert_eq!((next.outbox_republished, next.drift_checked), (1, 1));
+    assert!(next.complete && next.errors.is_empty(), "{next:?}");
+}
+
+#[tokio::test]
+async fn one_shards_failing_query_does_not_stop_the_others() {
+    let w = Harness::new();
+    let k = w.record("evt_1", Status::Retryable, Some(1), NOW - 1);
+    // The first shard the run visits fails; the record's shard is another.
+    let first = ((NOW / 60_000) as u64 % u64::from(SHARDS)) as u32;
+    assert_ne!(k.shard(SHARDS), first, "pick another id for this test");
+    w.world.inject("due.due", 0, Some(1), Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.errors, counts(&[("due", 1)]));
+    assert_eq!(w.sent(), [s(&k)]);
+}
+
+// ------------------------------------------------------------------ budget
+
+#[tokio::test]
+async fn max_items_bounds_the_actions_and_the_following_runs_continue() {
+    let w = Harness::with(ReconcilerSettings { max_items: 2, ..settings() });
+    let keys: Vec<EventKey> =
+        (0..5).map(|i| w.record(&format!("evt_{i}"), Status::Received, None, NOW - 1 - i)).collect();
+    let first = w.run(NOW).await;
+    assert_eq!((w.sent().len(), first.complete), (2, false));
+    let second = w.run(NOW).await;
+    assert_eq!((w.sent().len(), second.complete), (4, false));
+    let third = w.run(NOW).await;
+    assert_eq!((w.sent().len(), third.complete), (5, true));
+    let mut sent = w.sent();
+    sent.sort();
+    assert_eq!(sent, keys.iter().map(s).collect::<Vec<_>>(), "each once, none lost");
+    assert!(first.errors.is_empty() && second.errors.is_empty() && third.errors.is_empty());
+}
+
+#[tokio::test]
+async fn every_phase_gets_its_share_of_the_budget() {
+    let w = Harness::with(ReconcilerSettings { max_items: 3, ..settings() });
+    w.record("evt_1", Status::Received, None, NOW - 2);
+    w.record("evt_2", Status::Received, None, NOW - 1);
+    w.outbox_item("out_1", NOW - GRACE - 2);
+    w.outbox_item("out_2", NOW - GRACE - 1);
+    w.entitlement("sub_1", "active", 1);
+    w.answer("sub_1", is("active", 1));
+    // One item each: the records' backlog does not take the others' share.
+    let first = w.run(NOW).await;
+    assert_eq!(first.redriven.values().sum::<u64>(), 1);
+    assert_eq!((first.outbox_republished, first.drift_checked, first.complete), (1, 1, false));
+    let second = w.run(NOW).await;
+    assert_eq!(second.redriven.values().sum::<u64>(), 1);
+    assert_eq!((second.outbox_republished, second.drift_checked, second.complete), (1, 0, true));
+}
+
+#[test]
+fn the_shares_are_60_30_10_percent_and_add_up() {
+    assert_eq!(shares(10), [6, 3, 1]);
+    assert_eq!(shares(500), [300, 150, 50]);
+    assert_eq!(shares(3), [1, 1, 1]);
+    assert_eq!(shares(2), [1, 1, 0]);
+    assert_eq!(shares(1), [1, 0, 0]);
+    for n in 1..200 {
+        assert_eq!(shares(n).iter().sum::<usize>(), n, "{n}");
+    }
+}
+
+#[tokio::test]
+async fn a_share_left_unused_passes_on_and_what_is_left_goes_back() {
+    // No records: the records' share goes to the outbox and re-checks.
+    let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+    for i in 0..12 {
+        w.outbox_item(&format!("out_{i}"), NOW - GRACE - 1 - i);
+    }
+    let first = w.run(NOW).await;
+    assert_eq!((first.outbox_republished, first.complete), (10, false), "{first:?}");
+    // Records with no other work: they get what the others leave.
+    let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+    for i in 0..12 {
+        w.record(&format!("evt_{i}"), Status::Received, None, NOW - 1 - i);
+    }
+    let first = w.run(NOW).await;
+    assert_eq!((first.redriven.values().sum::<u64>(), first.complete), (10, false), "{first:?}");
+    let second = w.run(NOW).await;
+    assert_eq!((second.redriven.values().sum::<u64>(), second.complete), (2, true), "{second:?}");
+}
+
+#[tokio::test]
+async fn a_passed_deadline_acts_on_nothing_but_evidence_is_gathered() {
+    let w = Harness::new();
+    w.record("evt_1", Status::Received, None, NOW - 1);
+    w.record("evt_dead", Status::Dead, None, NOW - 1);
+    w.other_phases();
+    let summary = w.reconciler().run(NOW, w.clock.instant()).await;
+    assert!(w.acts().is_empty(), "{:?}", w.acts());
+    assert_eq!(w.world.calls(), ["due.attention"], "not even the index is read");
+    assert!(!summary.complete && summary.errors.is_empty(), "{summary:?}");
+    assert!(summary.evidence && summary.dead_letters == 1, "{summary:?}");
+}
+
+// ------------------------------------------------------------------ outbox
+
+#[tokio::test]
+async fn due_outbox_items_are_dispatched_and_their_outcomes_counted() {
+    let w = Harness::new();
+    let old = NOW - GRACE - 10;
+    for id in ["out_published", "out_retrying", "out_skipped"] {
+        w.outbox_item(id, old);
+    }
+    // Its publish fails: it backs off.
+    w.fail_publish_of("out_retrying");
+    // Its last allowed attempt's publish fails: it goes dead.
+    let last_try =
+        OutboxView { attempts: DispatchPolicy::default().max_attempts - 1, ..Harness::pending("out_dead", old) };
+    w.world.outbox().put("out_dead", &last_try);
+    w.fail_publish_of("out_dead");
+    // A live dispatcher claims it between the index read and ours.
+    w.claimed_meanwhile("out_skipped", NOW);
+    w.outbox_item("out_young", NOW - GRACE + 1);
+    let summary = w.run(NOW).await;
+    let dispatched: HashSet<String> = w.dispatched().into_iter().collect();
+    let expected = ["out_published", "out_retrying", "out_dead", "out_skipped"].map(str::to_owned);
+    assert_eq!(dispatched, HashSet::from(expected), "younger than the grace: left to its processor");
+    assert_eq!(summary.outbox_republished, 1);
+    assert_eq!((summary.outbox_failed, summary.outbox_dead_lettered), (2, 1));
+    assert_eq!(summary.errors, counts(&[("outbox", 2)]), "each failed publish is an item failure");
+    assert_eq!(summary.outbox_dead, 1, "evidence: the dead item");
+    assert!(summary.complete, "{summary:?}");
+    let outbox = w.world.outbox();
+    let statuses =
+        ["out_published", "out_retrying", "out_dead", "out_skipped", "out_young"].map(|id| outbox.status(id));
+    assert_eq!(statuses, ["SENT", "PENDING", "DEAD", "SENDING", "PENDING"]);
+    assert!(outbox.get("out_retrying").due_at.is_some_and(|at| at > NOW), "due again after its backoff");
+    assert_eq!(outbox.get("out_skipped").token.as_deref(), Some("another-dispatcher"), "left to its claim");
+    let published: Vec<bool> = w.world.publisher().attempts().iter().map(|p| p.ok).collect();
+    assert_eq!(published.iter().filter(|ok| **ok).count(), 1, "{published:?}");
+    assert_eq!(published.len(), 3, "the skipped one is not published: {published:?}");
+}
+
+#[tokio::test]
+async fn skipped_outbox_items_spend_no_budget() {
+    let w = Harness::with(ReconcilerSettings { max_items: 1, ..settings() });
+    let in_shard = |shard| (0..).map(|i| format!("out_{i}")).find(|id| shard_of(id, SHARDS) == shard);
+    // The run starts at a shard that moves with time.
+    let first = ((NOW / 60_000) as u64 % u64::from(SHARDS)) as u32;
+    let (skipped, published) = (in_shard(first).expect("id"), in_shard((first + 1) % SHARDS).expect("id"));
+    w.outbox_item(&skipped, NOW - GRACE - 2);
+    w.outbox_item(&published, NOW - GRACE - 1);
+    w.claimed_meanwhile(&skipped, NOW);
+    let summary = w.run(NOW).await;
+    // The other dispatcher's claim, ours (refused: skipped), then the next shard's item.
+    assert_eq!(w.dispatched(), [skipped.clone(), skipped, published.clone()]);
+    assert_eq!(w.world.outbox().status(&published), "SENT");
+    assert_eq!((summary.outbox_republished, summary.outbox_failed), (1, 0));
+    assert!(summary.errors.is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_dispatch_is_counted_and_the_item_stays_due() {
+    let w = Harness::new();
+    w.outbox_item("out_1", NOW - GRACE - 1);
+    w.world.inject_on("outbox.claim", "out_1", Some(1), Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.errors, counts(&[("outbox", 1)]));
+    assert_eq!((summary.outbox_republished, summary.outbox_failed), (0, 0), "nothing was published");
+    assert!(summary.complete, "{summary:?}");
+    assert!(w.world.publisher().attempts().is_empty());
+    let next = w.run(NOW).await;
+    assert_eq!(next.outbox_republished, 1, "still due: the next run publishes it");
+    assert_eq!(w.dispatched(), ["out_1", "out_1"]);
+}
+
+#[tokio::test]
+async fn failed_publishes_in_a_row_stop_the_outbox_phase() {
+    let w = Harness::new();
+    for i in 0..7 {
+        w.outbox_item(&format!("out_{i}"), NOW - GRACE - 1 - i);
+    }
+    w.world.publisher().fail_all();
+    w.entitlement("sub_1", "active", 1);
+    w.answer("sub_1", is("active", 1));
+    let summary = w.run(NOW).await;
+    assert_eq!(w.dispatched().len(), MAX_CONSECUTIVE_ERRORS as usize);
+    assert_eq!(summary.outbox_failed, u64::from(MAX_CONSECUTIVE_ERRORS));
+    assert_eq!(summary.errors, counts(&[("outbox", u64::from(MAX_CONSECUTIVE_ERRORS))]));
+    assert!(!summary.complete);
+    assert_eq!(summary.drift_checked, 1, "the drift phase still runs");
+}
+
+#[tokio::test]
+async fn without_a_dispatcher_the_outbox_phase_is_skipped() {
+    let w = Harness::new();
+    w.outbox_item("out_1", NOW - GRACE - 1);
+    w.dead_outbox_items(4);
+    let recon: Recon = Reconciler::new(w.ledger(), w.world.queue(), None, None, w.settings).with_ambient(w.ambient());
+    let summary = recon.run(NOW, w.far()).await;
+    assert!(w.dispatched().is_empty());
+    assert_eq!(w.world.outbox().status("out_1"), "PENDING");
+    assert_eq!((summary.outbox_republished, summary.outbox_dead), (0, 4), "the evidence reads the table");
+    assert!(summary.complete && summary.evidence, "{summary:?}");
+}
+
+// ------------------------------------------------------------------- drift
+
+#[tokio::test]
+async fn drift_creates_one_reconciliation_record_and_sends_it() {
+    let w = Harness::new();
+    let pk = w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", is("active", 7));
+    let summary = w.run(NOW).await;
+    let k = repair_key("evt_local_sub_1", "sub_1", "active", 7);
+    assert_eq!(
+        w.acts(),
+        [
+            format!("due.claim_due {pk}"),
+            "source.subscription sub_1".into(),
+            format!("ledger.claim {k}"),
+            "queue.send".into(),
+            format!("ledger.mark_enqueued {k}"),
+        ]
+    );
+    assert_eq!(w.sent(), [s(&k)]);
+    assert_eq!(w.records(), 1);
+    let r = (w.status(&k), w.text(&k, attr::PAYLOAD_STORED), w.num(&k, "enqueued_at"));
+    assert_eq!(r, (Status::Received, Some("true".to_owned()), Some(NOW)));
+    let index = (w.text(&k, attr::DUE_SHARD), w.num(&k, attr::DUE_AT));
+    assert_eq!(index, (Some(due_shard(k.shard(SHARDS))), Some(NOW + REDRIVE_GRACE_MS)));
+    assert_eq!(w.text(&k, attr::VIA).as_deref(), Some("reconciliation"));
+    let body = w.payload_of(&k).expect("payload");
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let event_id = k.as_str().rsplit('#').next().unwrap();
+    assert_eq!(body["id"], event_id);
+    assert_eq!(body["type"], "customer.subscription.reconciled");
+    assert_eq!(body["data"]["object"]["id"], "sub_1");
+    assert_eq!(body["data"]["object"]["customer"], "cus_1");
+    assert_eq!(w.text(&k, attr::PAYLOAD_HASH), Some(payload_hash(&serde_json::to_vec(&body).unwrap())));
+    assert_eq!(w.ent_due(&pk), NOW + INTERVAL, "checked now: next look after another interval");
+    assert_eq!((summary.drift_checked, summary.drift_found, summary.drift_repaired), (1, 1, 1));
+    assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
+}
+
+#[tokio::test]
+async fn checking_the_same_drift_again_meets_its_own_record_and_does_not_send_twice() {
+    // A short interval, so the second check comes before the repair is due for a re-drive.
+    let w = Harness::with(ReconcilerSettings { drift_interval_ms: 10_000, ..settings() });
+    w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", is("active", 7));
+    w.run(NOW).await;
+    assert_eq!(w.run(NOW + 9_999).await.drift_checked, 0, "checked at `now`: not again within the interval");
+    let again = w.run(NOW + 10_000).await;
+    assert_eq!(again.drift_checked, 1);
+    let k = repair_key("evt_local_sub_1", "sub_1", "active", 7);
+    assert_eq!(w.sent(), [s(&k)], "one repair, sent once");
+    assert_eq!(w.records(), 1);
+    assert_eq!(w.world.calls_named("ledger.claim").iter().filter(|c| *c == k.as_str()).count(), 2);
+    assert_eq!(w.world.calls_named("ledger.mark_enqueued").iter().filter(|c| *c == k.as_str()).count(), 1);
+    assert!(again.errors.is_empty(), "{again:?}");
+}
+
+#[tokio::test]
+async fn drift_repaired_counts_only_repairs_submitted_by_this_run() {
+    let w = Harness::with(ReconcilerSettings { drift_interval_ms: 10_000, ..settings() });
+    w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", is("active", 7));
+    w.run(NOW).await;
+    let again = w.run(NOW + 10_001).await;
+    assert_eq!(w.sent().len(), 1);
+    assert_eq!((again.drift_found, again.drift_repaired), (1, 0));
+}
+
+#[tokio::test]
+async fn a_check_whose_send_failed_sends_the_repair_on_its_retry() {
+    // A backoff shorter than the re-drive grace, so the drift check (not the re-drive) sends it.
+    let w = Harness::with(ReconcilerSettings { redrive_backoff_ms: 30_000, ..settings() });
+    let pk = w.entitlement("sub_1", "past_due", 3);
+    w.answer("sub_1", is("active", 3));
+    let k = repair_key("evt_local_sub_1", "sub_1", "active", 3);
+    w.fail_send_after("ledger.claim", k.as_str(), Fault::Unavailable);
+    let first = w.run(NOW).await;
+    assert_eq!(first.errors, counts(&[("drift", 1)]));
+    assert_eq!(w.send_attempts(), 1);
+    let r = (w.text(&k, attr::PAYLOAD_STORED), w.num(&k, "enqueued_at"));
+    assert_eq!(r, (Some("true".to_owned()), None));
+    assert_eq!(w.ent_due(&pk), NOW + 30_000, "looked at again after the re-drive backoff");
+    let retry = w.run(NOW + 30_001).await;
+    assert_eq!(retry.drift_checked, 1);
+    assert!(retry.redriven.is_empty(), "the repair itself is not due yet");
+    assert_eq!(w.sent(), [s(&k)]);
+    assert_eq!((w.records(), w.num(&k, "enqueued_at")), (1, Some(NOW + 30_001)));
+    assert!(retry.errors.is_empty(), "{retry:?}");
+}
+
+#[tokio::test]
+async fn a_check_whose_claim_failed_claims_and_sends_on_its_retry() {
+    // The claim writes the record and its payload together: a failed
+    // claim leaves neither, and the retry makes both.
+    let w = Harness::with(ReconcilerSettings { redrive_backoff_ms: 30_000, ..settings() });
+    w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", Answer::Gone);
+    let k = repair_key("evt_local_sub_1", "sub_1", "deleted", 0);
+    w.world.inject_on("ledger.claim", k.as_str(), Some(1), Fault::Unavailable);
+    let first = w.run(NOW).await;
+    assert_eq!(first.errors, counts(&[("drift", 1)]));
+    assert!(w.sent().is_empty());
+    assert_eq!(w.records(), 0);
+    assert!(w.world.state().table.partition(k.as_str()).is_empty(), "no payload item either");
+    w.run(NOW + 30_001).await;
+    assert_eq!(w.text(&k, attr::PAYLOAD_STORED).as_deref(), Some("true"));
+    assert!(w.payload_of(&k).is_some());
+    assert_eq!(w.sent(), [s(&k)]);
+    assert_eq!(w.records(), 1);
+}
+
+#[tokio::test]
+async fn a_new_drift_instance_gets_its_own_repair() {
+    let w = Harness::with(ReconcilerSettings { drift_interval_ms: 10_000, ..settings() });
+    w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", is("active", 7));
+    w.run(NOW).await;
+    w.answer("sub_1", is("canceled", 0));
+    w.run(NOW + 10_001).await;
+    let first = repair_key("evt_local_sub_1", "sub_1", "active", 7);
+    let second = repair_key("evt_local_sub_1", "sub_1", "canceled", 0);
+    assert_ne!(first, second);
+    assert_eq!(w.sent(), [s(&first), s(&second)]);
+}
+
+#[tokio::test]
+async fn an_entitlement_is_checked_once_per_run_even_with_a_zero_interval() {
+    let w = Harness::with(ReconcilerSettings { drift_interval_ms: 0, ..settings() });
+    w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", is("active", 5));
+    assert_eq!(w.run(NOW).await.drift_checked, 1);
+    assert_eq!(w.run(NOW + 1).await.drift_checked, 1, "due again at the next run");
+}
+
+#[tokio::test]
+async fn equal_state_needs_no_repair() {
+    let w = Harness::new();
+    let pk = w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", is("active", 5));
+    let summary = w.run(NOW).await;
+    assert_eq!(w.acts(), [format!("due.claim_due {pk}"), "source.subscription sub_1".to_owned()]);
+    assert_eq!(w.records(), 0);
+    assert_eq!((summary.drift_checked, summary.drift_found, summary.drift_repaired), (1, 0, 0));
+    assert_eq!(w.ent_due(&pk), NOW + INTERVAL);
+}
+
+#[tokio::test]
+async fn an_entitlement_without_subscription_or_endpoint_is_not_fetched() {
+    let w = Harness::new();
+    let pk = w.entitlement("sub_1", "active", 5);
+    w.edit_ent(&pk, |item| set(item, "endpoint", None));
+    let summary = w.run(NOW).await;
+    assert!(w.fetched().is_empty());
+    assert_eq!((summary.drift_checked, summary.drift_found, w.records()), (1, 0, 0));
+}
+
+#[tokio::test]
+async fn a_provider_error_is_counted_and_the_check_retried_after_the_backoff() {
+    let w = Harness::new();
+    let pk = w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", Answer::Down);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.errors, counts(&[("drift", 1)]));
+    assert_eq!((summary.drift_checked, summary.drift_found), (1, 0));
+    assert!(summary.complete, "one failure does not stop the phase");
+    assert_eq!(w.ent_due(&pk), NOW + BACKOFF);
+    assert_eq!(w.world.calls_named("due.reschedule"), [pk.as_str()]);
+    assert_eq!(w.records(), 0);
+
+    w.answer("sub_1", is("active", 5));
+    assert_eq!(w.run(NOW + BACKOFF - 1).await.drift_checked, 0, "not before the backoff");
+    let retried = w.run(NOW + BACKOFF).await;
+    assert_eq!(retried.drift_checked, 1);
+    assert!(retried.errors.is_empty());
+    assert_eq!(w.fetched().len(), 2);
+}
+
+#[tokio::test]
+async fn a_drift_check_claimed_by_a_concurrent_run_is_not_made() {
+    let w = Harness::new();
+    let pk = w.entitlement("sub_1", "active", 5);
+    w.answer("sub_1", is("active", 7));
+    let their_token = w.race(&pk, NOW);
+    let summary = w.run(NOW).await;
+    assert!(their_token.lock().unwrap().is_some(), "their claim landed");
+    assert!(w.fetched().is_empty());
+    assert_eq!((summary.drift_checked, w.records()), (0, 0));
+    assert_eq!(w.ent_due(&pk), NOW, "their next look stands");
+    assert!(summary.errors.is_empty());
+}
+
+// ---------------------------------------------------------------- evidence
+
+#[tokio::test]
+async fn evidence_comes_from_the_port_counts() {
+    let w = Harness::new();
+    assert_eq!(w.run(NOW).await.oldest_unprocessed_age_ms, None, "nothing open");
+    for i in 0..2 {
+        w.record(&format!("evt_dead_{i}"), Status::Dead, None, NOW);
+    }
+    w.record("evt_parked", Status::Parked, None, NOW);
+    w.record("evt_done", Status::Processed, None, NOW - 999_000);
+    // The oldest record found overdue (not-yet-due ones are younger than
+    // the grace, or waiting for their retry or lease).
+    let open = w.record("evt_open", Status::Received, Some(1), NOW - 1);
+    w.set_num(&open, attr::RECEIVED_AT, NOW - 5_000);
+    w.record("evt_later", Status::Retryable, Some(1), NOW + BACKOFF);
+    w.dead_outbox_items(3);
+    let summary = w.run(NOW).await;
+    assert!(summary.evidence);
+    assert_eq!((summary.dead_letters, summary.parked, summary.outbox_dead), (2, 1, 3));
+    assert_eq!(summary.oldest_unprocessed_age_ms, Some(5_000));
+    let skewed = Harness::new();
+    let ahead = skewed.record("evt_ahead", Status::Received, Some(1), NOW - 1);
+    skewed.set_num(&ahead, attr::RECEIVED_AT, NOW + 1_000);
+    assert_eq!(skewed.run(NOW).await.oldest_unprocessed_age_ms, Some(0), "never negative");
+}
+
+/// Records the gauges set while it is the local recorder.
+#[derive(Clone, Default)]
+struct Gauges(Arc<Mutex<BTreeMap<String, f64>>>);
+
+struct GaugeHandle(String, Gauges);
+
+impl metrics::GaugeFn for GaugeHandle {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, value: f64) {
+        (self.1).0.lock().unwrap().insert(self.0.clone(), value);
+    }
+}
+
+impl metrics::Recorder for Gauges {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(Arc::new(GaugeHandle(key.name().to_owned(), self.clone())))
+    }
+    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+const EVIDENCE_GAUGES: [&str; 3] = ["dead_letters", "parked", "outbox_dead"];
+
+#[tokio::test]
+async fn evidence_gauges_are_emitted_when_measured() {
+    let w = Harness::new();
+    w.record("evt_dead", Status::Dead, None, NOW);
+    let gauges = Gauges::default();
+    let _local = metrics::set_default_local_recorder(&gauges);
+    let summary = w.run(NOW).await;
+    assert!(summary.evidence);
+    let set = gauges.0.lock().unwrap().clone();
+    for g in EVIDENCE_GAUGES {
+        assert!(set.contains_key(g), "{g}: {set:?}");
+    }
+    assert_eq!(set.get("dead_letters"), Some(&1.0));
+    assert_eq!(set.get("reconciler_errors"), Some(&0.0));
+}
+
+#[tokio::test]
+async fn a_failed_evidence_query_clears_evidence_and_its_gauges_are_not_emitted() {
+    for call in ["due.attention"] {
+        let w = Harness::new();
+        w.record("evt_dead", Status::Dead, None, NOW);
+        w.record("evt_1", Status::Received, None, NOW - 1);
+        w.world.inject(call, 0, None, Fault::Unavailable);
+        let gauges = Gauges::default();
+        let _local = metrics::set_default_local_recorder(&gauges);
+        let summary = w.run(NOW).await;
+        assert!(!summary.evidence, "{call}");
+        assert_eq!(summary.errors, counts(&[("evidence", 1)]), "{call}");
+        assert!(summary.complete, "{call}: the actions were all done");
+        assert_eq!(summary.redriven, counts(&[("never_sent", 1)]), "{call}");
+        let set = gauges.0.lock().unwrap().clone();
+        for g in EVIDENCE_GAUGES {
+            assert!(!set.contains_key(g), "{call}: {g} emitted: {set:?}");
+        }
+        assert_eq!(set.get("reconciler_errors"), Some(&1.0), "{call}");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_evidence_query_reports_no_partial_counts() {
+    let w = Harness::new();
+    w.record("evt_dead", Status::Dead, None, NOW);
+    w.world.inject("due.attention", 0, None, Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert!(!summary.evidence);
+    assert_eq!((summary.dead_letters, summary.parked, summary.outbox_dead), (0, 0, 0));
+}
