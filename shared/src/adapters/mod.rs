@@ -1,5 +1,7 @@
 //! AWS implementations of the ports. Clients come from `aws_config`, so the
-//! standard `AWS_ENDPOINT_URL*` variables point them at any endpoint.
+//! standard `AWS_ENDPOINT_URL*` variables point them at any endpoint. Beside
+//! them, `memory` (the `testkit` feature) implements every port in memory
+//! for the tests, on the DynamoDB adapter's own expressions.
 
 #[cfg(feature = "cloudwatch")]
 pub mod cloudwatch;
