@@ -198,6 +198,11 @@ pub async fn a_record_without_its_payload_adopts_one_once<B: Backend>(b: &B) {
     b.put(item).await;
     let newer = br#"{"id":"adopt","object":"event","v":2}"#;
     let new_hash = payload_hash(newer);
+    assert!(
+        !l.adopt_payload(&e.key, "not-what-it-holds", &new_hash, newer, e.expires_at, true).await.unwrap(),
+        "adopted only from the payload hash the caller read"
+    );
+    assert_eq!(text(&row(&l, &e.key).await, "payload_hash"), Some(e.payload_hash.as_str()));
     assert!(l.adopt_payload(&e.key, &e.payload_hash, &new_hash, newer, e.expires_at, true).await.unwrap());
     assert!(
         l.adopt_payload(&e.key, &e.payload_hash, &new_hash, newer, e.expires_at, true).await.unwrap(),
