@@ -640,9 +640,22 @@ pub async fn backfill_cursors_parked_records_and_their_release<B: Backend>(b: &B
     assert_eq!((text(&rec, "status"), text(&rec, "released_by")), (Some("RECEIVED"), Some("webhook")));
     assert_eq!(num(&rec, "due_at"), Some(T0 + 100 + REDRIVE_GRACE_MS), "back in the due index");
     assert!(rec.get("attn_shard").is_none() && rec.get("park_reason").is_none(), "{rec:?}");
-    assert_eq!(payload, Some(bytes));
+    assert_eq!(payload.as_deref(), Some(&bytes[..]));
     let kinds: Vec<&str> = history.iter().filter_map(|h| text(h, "kind")).collect();
     assert_eq!(kinds, vec!["redelivery_requested", "backfill"]);
+
+    // Parked for its source but holding a payload (written by an earlier
+    // release): not a record that awaits one, so nothing is released.
+    let mut held = event("parked-with-payload", &bytes, "send-1");
+    held.via = Via::Backfill;
+    let mut item = crate::adapters::dynamodb::new_record_item(&held);
+    item.insert("status".into(), AttributeValue::S("PARKED".into()));
+    item.insert("park_reason".into(), AttributeValue::S("backfill_unrecoverable:no_payload".into()));
+    b.put(item).await;
+    let other =
+        NewEvent { send: SendLease { token: "send-5".into(), until_ms: T0 }, via: Via::Webhook, ..held.clone() };
+    assert_eq!(l.release(&other, &bytes, "webhook").await.unwrap(), Release::NotAwaiting);
+    assert_eq!(text(&row(&l, &held.key).await, "status"), Some("PARKED"));
 }
 
 // ------------------------------------------------------------------- queue
