@@ -820,7 +820,7 @@ mod tests {
         }
 
         async fn wait(&self, ms: u64) {
-            self.0.ambient().clock.sleep(std::time::Duration::from_millis(ms)).await;
+            self.0.advance(std::time::Duration::from_millis(ms));
         }
     }
 

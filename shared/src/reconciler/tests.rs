@@ -330,10 +330,9 @@ impl Harness {
         }
     }
 
-    /// The first send after the first `call` on `item` fails (a send names
-    /// no item: the fault is armed by the call right before it).
-    fn fail_send_after(&self, call: &str, item: &str, fault: Fault) {
-        self.world.during_on(call, item, move |w| w.inject("queue.send", 0, Some(1), fault));
+    /// The first send of `item` fails.
+    fn fail_send_of(&self, item: &str, fault: Fault) {
+        self.world.inject_on("queue.send", item, Some(1), fault);
     }
 
     // ---------------------------------------------------- calls, concurrency
@@ -397,7 +396,7 @@ async fn never_sent_record_is_sent_then_noted_enqueued() {
     let w = Harness::new();
     let k = w.record("evt_1", Status::Received, None, NOW - 1);
     let summary = w.run(NOW).await;
-    assert_eq!(w.acts(), [format!("due.claim_due {k}"), "queue.send".to_owned(), format!("due.note_enqueued {k}")]);
+    assert_eq!(w.acts(), [format!("due.claim_due {k}"), format!("queue.send {k}"), format!("due.note_enqueued {k}")]);
     assert_eq!(w.sent(), [s(&k)]);
     assert_eq!(w.num(&k, "enqueued_at"), Some(NOW));
     assert_eq!(summary.redriven, counts(&[("never_sent", 1)]));
@@ -702,7 +701,7 @@ async fn a_failed_send_is_counted_and_the_record_stays_due() {
         w.record("evt_b", Status::Retryable, Some(1), NOW - 2),
         w.record("evt_c", Status::Retryable, Some(1), NOW - 1),
     ];
-    w.fail_send_after("due.claim_due", failing.as_str(), Fault::Unavailable);
+    w.fail_send_of(failing.as_str(), Fault::Unavailable);
     let summary = w.run(NOW).await;
     let mut sent = w.sent();
     sent.sort();
@@ -1047,7 +1046,7 @@ async fn drift_creates_one_reconciliation_record_and_sends_it() {
             format!("due.claim_due {pk}"),
             "source.subscription sub_1".into(),
             format!("ledger.claim {k}"),
-            "queue.send".into(),
+            format!("queue.send {k}"),
             format!("ledger.mark_enqueued {k}"),
         ]
     );
@@ -1107,7 +1106,7 @@ async fn a_check_whose_send_failed_sends_the_repair_on_its_retry() {
     let pk = w.entitlement("sub_1", "past_due", 3);
     w.answer("sub_1", is("active", 3));
     let k = repair_key("evt_local_sub_1", "sub_1", "active", 3);
-    w.fail_send_after("ledger.claim", k.as_str(), Fault::Unavailable);
+    w.fail_send_of(k.as_str(), Fault::Unavailable);
     let first = w.run(NOW).await;
     assert_eq!(first.errors, counts(&[("drift", 1)]));
     assert_eq!(w.send_attempts(), 1);

@@ -258,6 +258,17 @@ impl World {
         self.state().calls.clone()
     }
 
+    /// Forgets the calls logged so far (a test's second act).
+    pub fn clear_calls(&self) {
+        self.state().calls.clear();
+    }
+
+    /// Moves the world's clock on by `d` (a manual clock, as
+    /// `Ambient::fixed` gives, moves at once; the system clock would wait).
+    pub fn advance(&self, d: std::time::Duration) {
+        ready(self.ambient.clock.sleep(d));
+    }
+
     /// The items of the calls named `name`, in order.
     pub fn calls_named(&self, name: &str) -> Vec<String> {
         let prefix = format!("{name} ");
@@ -441,7 +452,7 @@ impl crate::ports::Publisher for MemPublisher {
             group: group.to_owned(),
             ok,
         };
-        let result = self.0.call("publisher.publish", |_, st| {
+        let result = self.0.call_on("publisher.publish", idempotency_key, |_, st| {
             st.published.push(attempt(true));
             Ok(())
         });
@@ -572,7 +583,7 @@ mod tests {
         crate::ports::WorkQueue::send(&q, &event("a").key).await.unwrap();
         for _ in 0..2 {
             assert_eq!(q.receive(10).len(), 1);
-            w.ambient().clock.sleep(std::time::Duration::from_secs(121)).await;
+            w.advance(std::time::Duration::from_secs(121));
         }
         assert!(q.receive(10).is_empty(), "received twice: moved");
         assert_eq!(q.dead_keys(), [event("a").key]);

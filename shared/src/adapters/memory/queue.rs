@@ -135,7 +135,7 @@ impl MemQueue {
             ))?;
         }
         let now = self.world.ambient().clock.now_ms();
-        self.world.call("queue.send", |_, st| {
+        self.world.call_on("queue.send", &message.key, |_, st| {
             st.queue.sent += 1;
             let id = format!("m-{:06}", st.queue.sent);
             st.queue.messages.push(Message { id, body: body.clone(), visible_at_ms: now, receives: 0, receipt: None });
