@@ -56,7 +56,14 @@ pub trait Backend: Send + Sync {
     fn receive(&self, max: usize) -> impl Future<Output = Vec<Received>> + Send;
     /// Lets `ms` pass (the memory world's clock; real time on the emulator).
     fn wait(&self, ms: u64) -> impl Future<Output = ()> + Send;
+    /// The keys on the work queue's dead-letter queue, which a message
+    /// reaches on its receive after [`MAX_RECEIVES`].
+    fn dead_letters(&self) -> impl Future<Output = Vec<EventKey>> + Send;
 }
+
+/// The contract's work queue moves a message to its dead-letter queue after
+/// this many receives (the deployed queue: `adapters::sqs::MAX_RECEIVE_COUNT`).
+pub const MAX_RECEIVES: u32 = 3;
 
 /// Scenarios that run on the memory world only, and why.
 pub const MEMORY_ONLY: &[(&str, &str)] = &[
@@ -682,6 +689,22 @@ pub async fn the_work_queue_carries_keys_payloads_and_receive_counts<B: Backend>
     assert!(q.show_again("not-a-receipt", 1_000).await.is_err(), "an unknown receipt is refused");
 }
 
+/// A message received [`MAX_RECEIVES`] times and never deleted moves to the
+/// dead-letter queue on its next receive, and is no longer delivered.
+pub async fn a_message_received_too_often_moves_to_the_dead_letter_queue<B: Backend>(b: &B) {
+    let q = b.queue();
+    let k = EventKey::new("stripe", "contract", "dlq-1");
+    q.send(&k).await.unwrap();
+    for n in 1..=MAX_RECEIVES {
+        let got = b.receive(10).await;
+        assert_eq!(got.len(), 1, "receive {n}");
+        q.show_again(got[0].receipt.as_deref().unwrap(), 0).await.unwrap();
+        b.wait(1_500).await;
+    }
+    assert!(b.receive(10).await.is_empty(), "moved, not delivered again");
+    assert_eq!(b.dead_letters().await, vec![k]);
+}
+
 // -------------------------------------------------------------- memory only
 
 /// A transaction retried with its token inside 10 minutes succeeds as the
@@ -752,6 +775,7 @@ macro_rules! contract_scenarios {
         $run!(outbox_items_are_claimed_sent_backed_off_and_dead_once);
         $run!(backfill_cursors_parked_records_and_their_release);
         $run!(the_work_queue_carries_keys_payloads_and_receive_counts);
+        $run!(a_message_received_too_often_moves_to_the_dead_letter_queue);
     };
 }
 
@@ -812,11 +836,15 @@ mod tests {
         type Queue = MemQueue;
 
         fn queue(&self) -> MemQueue {
-            self.0.queue()
+            self.0.queue().with_max_receives(MAX_RECEIVES)
         }
 
         async fn receive(&self, max: usize) -> Vec<Received> {
-            self.0.queue().receive(max)
+            self.queue().receive(max)
+        }
+
+        async fn dead_letters(&self) -> Vec<EventKey> {
+            self.0.queue().dead_keys()
         }
 
         async fn wait(&self, ms: u64) {

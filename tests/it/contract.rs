@@ -6,7 +6,8 @@ use hookledger::adapters::dynamodb::outbox::DynamoOutbox;
 use hookledger::adapters::dynamodb::{DynamoLedger, create_table};
 use hookledger::adapters::sqs::{SqsQueue, create_queue, received};
 use hookledger::clock::Ambient;
-use hookledger::contract::{Backend, Item, T0};
+use hookledger::contract::{Backend, Item, MAX_RECEIVES, T0};
+use hookledger::identity::EventKey;
 use hookledger::ports::Received;
 
 use crate::support::aws;
@@ -16,6 +17,7 @@ pub struct Dynamo {
     sqs: aws_sdk_sqs::Client,
     table: String,
     queue_url: String,
+    dlq_url: String,
 }
 
 impl Dynamo {
@@ -24,8 +26,30 @@ impl Dynamo {
         let (ddb, sqs) = (aws_sdk_dynamodb::Client::new(&aws), aws_sdk_sqs::Client::new(&aws));
         let name = format!("contract-{}", uuid::Uuid::new_v4().simple());
         create_table(&ddb, &name).await.expect("create table");
-        let queue_url = create_queue(&sqs, &name).await.expect("create queue");
-        Self { ddb, sqs, table: name, queue_url }
+        // The work queue with a dead-letter queue after MAX_RECEIVES, as the
+        // template's redrive policy (with its own count).
+        let dlq_url = create_queue(&sqs, &format!("{name}-dlq")).await.expect("create dead-letter queue");
+        let dlq_arn = sqs
+            .get_queue_attributes()
+            .queue_url(&dlq_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .expect("dead-letter queue arn")
+            .attributes
+            .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn).cloned())
+            .expect("an arn");
+        let policy = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"{MAX_RECEIVES}"}}"#);
+        let queue_url = sqs
+            .create_queue()
+            .queue_name(&name)
+            .attributes(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy, policy)
+            .send()
+            .await
+            .expect("create queue")
+            .queue_url
+            .expect("a queue url");
+        Self { ddb, sqs, table: name, queue_url, dlq_url }
     }
 }
 
@@ -82,6 +106,23 @@ impl Backend for Dynamo {
 
     async fn wait(&self, ms: u64) {
         tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+
+    async fn dead_letters(&self) -> Vec<EventKey> {
+        let out = self
+            .sqs
+            .receive_message()
+            .queue_url(&self.dlq_url)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .expect("receive the dead letters");
+        out.messages
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| received(m.message_id.unwrap_or_default(), None, m.body.as_deref(), None).work)
+            .map(|(k, _)| k)
+            .collect()
     }
 }
 
