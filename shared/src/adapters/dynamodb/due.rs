@@ -93,6 +93,40 @@ impl DynamoLedger {
     }
 }
 
+/// A due record or entitlement read by key, its next look at `at` (`None`:
+/// neither, or malformed).
+pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
+    let field = |k: &str| get_s(i, k).unwrap_or_default().to_owned();
+    let pk = get_s(i, attr::PK)?;
+    match get_s(i, attr::SK)? {
+        META_SK => Some(Due::Record(DueRecord {
+            key: EventKey::from_stored(pk)?,
+            status: get_s(i, attr::STATUS).and_then(Status::parse)?,
+            enqueued: i.contains_key(attr::ENQUEUED_AT),
+            due_at_ms: at,
+            received_at_ms: get_n(i, attr::RECEIVED_AT).unwrap_or(at),
+            lease_expires_at_ms: get_n(i, "lease_expires_at"),
+        })),
+        STATE_SK => Some(Due::Drift(DriftItem {
+            pk: pk.to_owned(),
+            due_at_ms: at,
+            subscription: field("subscription"),
+            customer: field("customer"),
+            endpoint: field("endpoint"),
+            tenant: field("tenant"),
+            event_id: field("event_id"),
+            status: get_s(i, "status").map(str::to_owned),
+            seats: get_n(i, "seats"),
+        })),
+        _ => None,
+    }
+}
+
+/// Whether a refused `claim_due` met our own claim (our retried update).
+pub(crate) fn claimed_by(met: Option<&Item>, token: &str) -> bool {
+    met.is_some_and(|m| get_s(m, cond::CLAIM_TOKEN) == Some(token))
+}
+
 pub(crate) fn item_of(item: DueItem<'_>) -> (&str, &'static str) {
     match item {
         DueItem::Record(key) => (key.as_str(), META_SK),
@@ -134,37 +168,10 @@ impl DueLedger for DynamoLedger {
                 (attr::SK.to_owned(), AttributeValue::S(sk.to_owned())),
             ]));
         }
-        let field = |i: &Item, k: &str| get_s(i, k).unwrap_or_default().to_owned();
         for i in self.batch_read(to_read).await? {
             let (Some(pk), Some(sk)) = (get_s(&i, attr::PK), get_s(&i, attr::SK)) else { continue };
             let Some(&at) = seen.get(&(pk.to_owned(), sk.to_owned())) else { continue };
-            if sk == META_SK {
-                let (Some(key), Some(status)) =
-                    (EventKey::from_stored(pk), get_s(&i, attr::STATUS).and_then(Status::parse))
-                else {
-                    continue;
-                };
-                out.push(Due::Record(DueRecord {
-                    key,
-                    status,
-                    enqueued: i.contains_key(attr::ENQUEUED_AT),
-                    due_at_ms: at,
-                    received_at_ms: get_n(&i, attr::RECEIVED_AT).unwrap_or(at),
-                    lease_expires_at_ms: get_n(&i, "lease_expires_at"),
-                }));
-            } else if sk == STATE_SK {
-                out.push(Due::Drift(DriftItem {
-                    pk: pk.to_owned(),
-                    due_at_ms: at,
-                    subscription: field(&i, "subscription"),
-                    customer: field(&i, "customer"),
-                    endpoint: field(&i, "endpoint"),
-                    tenant: field(&i, "tenant"),
-                    event_id: field(&i, "event_id"),
-                    status: get_s(&i, "status").map(str::to_owned),
-                    seats: get_n(&i, "seats"),
-                }));
-            }
+            out.extend(due_of(&i, at));
         }
         out.sort_by_key(Due::due_at_ms);
         Ok(DuePage { items: out, next })
@@ -175,7 +182,7 @@ impl DueLedger for DynamoLedger {
         let (pk, sk) = item_of(item);
         match self.conditional(pk, sk, cond::claim_due(seen, next, &token), false).await? {
             Written::Applied(_) => Ok(Some(token)),
-            Written::Refused(Some(met)) if get_s(&met, cond::CLAIM_TOKEN) == Some(token.as_str()) => {
+            Written::Refused(met) if claimed_by(met.as_ref(), &token) => {
                 tracing::info!(item = %pk, "claim acknowledgement lost; continuing as its owner");
                 Ok(Some(token))
             }

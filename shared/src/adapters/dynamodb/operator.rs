@@ -40,6 +40,20 @@ fn value_json(v: &AttributeValue) -> serde_json::Value {
 
 /// The row of an item: its attributes as JSON, and `st_at`, the receive
 /// time rows are sorted and paged by.
+/// What a refused operator transition met: nothing (`Missing`), our own
+/// retried update after a lost acknowledgement (`Done`), or a status the
+/// action may not leave.
+pub(crate) fn transition_refused(met: Option<&Item>, token: &str) -> Transitioned {
+    match met {
+        None => Transitioned::Missing,
+        Some(met) if get_s(met, cond::OPERATOR_TOKEN) == Some(token) => Transitioned::Done,
+        Some(met) => match get_s(met, attr::STATUS).and_then(Status::parse) {
+            Some(st) => Transitioned::Refused(st),
+            None => Transitioned::Missing,
+        },
+    }
+}
+
 pub(crate) fn row(item: &Item) -> Row {
     let mut r = item_json(item);
     r.insert("st_at".into(), get_n(item, attr::RECEIVED_AT).unwrap_or(0).into());
@@ -227,15 +241,7 @@ impl OperatorLedger for DynamoLedger {
         let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.shards()));
         match self.conditional(key.as_str(), META_SK, update, false).await? {
             Written::Applied(_) => Ok(Transitioned::Done),
-            Written::Refused(None) => Ok(Transitioned::Missing),
-            // Our own retried update after a lost acknowledgement.
-            Written::Refused(Some(met)) if get_s(&met, cond::OPERATOR_TOKEN) == Some(token.as_str()) => {
-                Ok(Transitioned::Done)
-            }
-            Written::Refused(Some(met)) => Ok(match get_s(&met, attr::STATUS).and_then(Status::parse) {
-                Some(st) => Transitioned::Refused(st),
-                None => Transitioned::Missing,
-            }),
+            Written::Refused(met) => Ok(transition_refused(met.as_ref(), &token)),
         }
     }
 

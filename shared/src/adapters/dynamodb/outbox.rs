@@ -109,11 +109,26 @@ impl DynamoOutbox {
     async fn fenced_write(&self, id: &str, token: &str, update: cond::Update) -> Result<Held, PortError> {
         match self.ledger.conditional(id, OUTBOX_SK, update, false).await? {
             Written::Applied(_) => Ok(Held::Yes),
-            // Our own retry after a lost acknowledgement meets our token.
-            Written::Refused(Some(met)) if text(&met, attr::DISPATCH_TOKEN) == token => Ok(Held::Yes),
-            Written::Refused(_) => Ok(Held::Lapsed),
+            Written::Refused(met) => Ok(held_by(met.as_ref(), token)),
         }
     }
+}
+
+/// What a refused outbox claim met: our own claim (our retried update:
+/// SENDING with our token), or an item not ours to take now.
+pub(crate) fn claim_refused(met: Option<&Item>, token: &str) -> OutboxClaim {
+    match met {
+        Some(met) if text(met, attr::DISPATCH_TOKEN) == token && text(met, attr::STATUS) == outbox_status::SENDING => {
+            OutboxClaim::Claimed(claimed(met))
+        }
+        _ => OutboxClaim::Skipped,
+    }
+}
+
+/// What a refused fenced write met: our own earlier write (our token), or
+/// a claim that lapsed to another dispatcher.
+pub(crate) fn held_by(met: Option<&Item>, token: &str) -> Held {
+    if met.is_some_and(|m| text(m, attr::DISPATCH_TOKEN) == token) { Held::Yes } else { Held::Lapsed }
 }
 
 pub(crate) fn claimed(item: &Item) -> OutboxItem {
@@ -136,13 +151,13 @@ impl OutboxStore for DynamoOutbox {
             Written::Applied(None) => {
                 Err(PortError::Unavailable { service: "dynamodb", message: "claimed outbox item not returned".into() })
             }
-            Written::Refused(Some(met))
-                if text(&met, attr::DISPATCH_TOKEN) == token && text(&met, attr::STATUS) == outbox_status::SENDING =>
-            {
-                tracing::info!(outbox = %id, "outbox claim acknowledgement lost; continuing as its owner");
-                Ok(OutboxClaim::Claimed(claimed(&met)))
+            Written::Refused(met) => {
+                let answer = claim_refused(met.as_ref(), token);
+                if matches!(answer, OutboxClaim::Claimed(_)) {
+                    tracing::info!(outbox = %id, "outbox claim acknowledgement lost; continuing as its owner");
+                }
+                Ok(answer)
             }
-            Written::Refused(_) => Ok(OutboxClaim::Skipped),
         }
     }
 

@@ -150,6 +150,12 @@ pub(crate) fn commit_cancelled(codes: &[&str], owner: &[usize]) -> Result<Commit
     Ok(CommitResult::Contention)
 }
 
+/// Whether a refused exit from PROCESSING met our own exit (our retried
+/// update after a lost acknowledgement: its transition token is ours).
+pub(crate) fn left_by(met: Option<&super::Item>, token: &str) -> bool {
+    met.and_then(work_record).is_some_and(|r| r.transition_token.as_deref() == Some(token))
+}
+
 /// A history entry (`sk = hist#<time>#<id>`): evidence, not state.
 pub(crate) fn history_item(
     key: &EventKey,
@@ -234,9 +240,7 @@ impl WorkLedger for DynamoLedger {
         let update = cond::leave(token, exit, now_ms, key.shard(self.shards()));
         match self.conditional(key.as_str(), META_SK, update, false).await? {
             Written::Applied(_) => Ok(true),
-            Written::Refused(met) => {
-                Ok(met.as_ref().and_then(work_record).is_some_and(|r| r.transition_token.as_deref() == Some(token)))
-            }
+            Written::Refused(met) => Ok(left_by(met.as_ref(), token)),
         }
     }
 

@@ -14,19 +14,21 @@ use crate::adapters::dynamodb::backfill::{
     redelivery_item, release_refused, schedule_from, schedule_item,
 };
 use crate::adapters::dynamodb::claim::{PAYLOAD_IN, adopted_already, claim_met, send_lease_ours};
-use crate::adapters::dynamodb::conditions::{self as cond, CLAIM_TOKEN, OPERATOR_TOKEN, Placed, Update};
-use crate::adapters::dynamodb::due::item_of;
-use crate::adapters::dynamodb::operator::{item_json, passes, row};
-use crate::adapters::dynamodb::outbox::{OUTBOX_SK, claimed, dead_partition, outbox_partition, short, text};
-use crate::adapters::dynamodb::work::{commit_cancelled, commit_items, history_item, work_record};
+use crate::adapters::dynamodb::conditions::{self as cond, Placed, Update};
+use crate::adapters::dynamodb::due::{claimed_by, due_of, item_of};
+use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_refused};
+use crate::adapters::dynamodb::outbox::{
+    OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text,
+};
+use crate::adapters::dynamodb::work::{commit_cancelled, commit_items, history_item, left_by, work_record};
 use crate::adapters::dynamodb::{
     ATTENTION_INDEX, DUE_INDEX, Item, META_SK, attention_shard, attr, due_partition, due_shard, new_record_item,
     payload, payload_item, payload_sk,
 };
 use crate::identity::EventKey;
 use crate::ledger::{
-    Attention, Claim, CommitResult, DriftItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, Exit, GAP,
-    LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned, WorkRecord,
+    Attention, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition, Exit, GAP, LeaseResult, NewEvent,
+    OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned, WorkRecord,
 };
 use crate::message::{Held, OutboxClaim};
 use crate::ports::{
@@ -580,9 +582,7 @@ impl WorkLedger for MemLedger {
         self.0.call_on("work.leave", key.as_str(), |_, st| {
             Ok(match st.conditional(key.as_str(), META_SK, &cond::leave(token, exit, now_ms, shard))? {
                 Written::Applied(_) => true,
-                Written::Refused(met) => {
-                    met.as_ref().and_then(work_record).is_some_and(|r| r.transition_token.as_deref() == Some(token))
-                }
+                Written::Refused(met) => left_by(met.as_ref(), token),
             })
         })
     }
@@ -678,40 +678,14 @@ impl DueLedger for MemLedger {
                 None
             };
             let mut out = Vec::new();
-            let field = |i: &Item, k: &str| get_s(i, k).unwrap_or_default().to_owned();
             for (at, (pk, sk)) in page {
                 if sk == OUTBOX_SK {
                     out.push(Due::Outbox { id: pk, due_at_ms: at });
                     continue;
                 }
                 // The batch read is by key: current, even when the index lags.
-                let Some(i) = st.table.get(&pk, &sk) else { continue };
-                if sk == META_SK {
-                    let (Some(key), Some(status)) =
-                        (EventKey::from_stored(&pk), get_s(i, attr::STATUS).and_then(Status::parse))
-                    else {
-                        continue;
-                    };
-                    out.push(Due::Record(DueRecord {
-                        key,
-                        status,
-                        enqueued: i.contains_key(attr::ENQUEUED_AT),
-                        due_at_ms: at,
-                        received_at_ms: get_n(i, attr::RECEIVED_AT).unwrap_or(at),
-                        lease_expires_at_ms: get_n(i, "lease_expires_at"),
-                    }));
-                } else if sk == STATE_SK {
-                    out.push(Due::Drift(DriftItem {
-                        pk: pk.clone(),
-                        due_at_ms: at,
-                        subscription: field(i, "subscription"),
-                        customer: field(i, "customer"),
-                        endpoint: field(i, "endpoint"),
-                        tenant: field(i, "tenant"),
-                        event_id: field(i, "event_id"),
-                        status: get_s(i, "status").map(str::to_owned),
-                        seats: get_n(i, "seats"),
-                    }));
+                if let Some(i) = st.table.get(&pk, &sk) {
+                    out.extend(due_of(i, at));
                 }
             }
             out.sort_by_key(Due::due_at_ms);
@@ -725,7 +699,7 @@ impl DueLedger for MemLedger {
         self.0.call_on("due.claim_due", pk, |_, st| {
             Ok(match st.conditional(pk, sk, &cond::claim_due(seen, next, &token))? {
                 Written::Applied(_) => Some(token.clone()),
-                Written::Refused(Some(met)) if get_s(&met, CLAIM_TOKEN) == Some(token.as_str()) => Some(token.clone()),
+                Written::Refused(met) if claimed_by(met.as_ref(), &token) => Some(token.clone()),
                 Written::Refused(_) => None,
             })
         })
@@ -857,14 +831,7 @@ impl OperatorLedger for MemLedger {
         self.0.call_on("operator.transition", key.as_str(), |_, st| {
             Ok(match st.conditional(key.as_str(), META_SK, &update)? {
                 Written::Applied(_) => Transitioned::Done,
-                Written::Refused(None) => Transitioned::Missing,
-                Written::Refused(Some(met)) if get_s(&met, OPERATOR_TOKEN) == Some(token.as_str()) => {
-                    Transitioned::Done
-                }
-                Written::Refused(Some(met)) => match get_s(&met, attr::STATUS).and_then(Status::parse) {
-                    Some(s) => Transitioned::Refused(s),
-                    None => Transitioned::Missing,
-                },
+                Written::Refused(met) => transition_refused(met.as_ref(), &token),
             })
         })
     }
@@ -1074,13 +1041,7 @@ impl MemOutbox {
         self.0.call_on("outbox.claim", id, |_, st| {
             Ok(match st.conditional(id, OUTBOX_SK, &cond::outbox_claim(token, now_ms, until_ms))? {
                 Written::Applied(item) => OutboxClaim::Claimed(claimed(&item)),
-                Written::Refused(Some(met))
-                    if text(&met, "dispatch_token") == token
-                        && text(&met, "status") == cond::outbox_status::SENDING =>
-                {
-                    OutboxClaim::Claimed(claimed(&met))
-                }
-                Written::Refused(_) => OutboxClaim::Skipped,
+                Written::Refused(met) => claim_refused(met.as_ref(), token),
             })
         })
     }
@@ -1105,8 +1066,7 @@ impl MemOutbox {
         self.0.call_on(call, id, |_, st| {
             Ok(match st.conditional(id, OUTBOX_SK, update)? {
                 Written::Applied(_) => Held::Yes,
-                Written::Refused(Some(met)) if text(&met, "dispatch_token") == token => Held::Yes,
-                Written::Refused(_) => Held::Lapsed,
+                Written::Refused(met) => held_by(met.as_ref(), token),
             })
         })
     }
