@@ -78,7 +78,54 @@ pub struct Settings {
     pub github_api_base: String,
 }
 
+/// Every scheduled backfill names an endpoint of `HOOKLEDGER_ENDPOINTS` of
+/// the same provider, and a schedule's `tenant`, if given, is that
+/// endpoint's: an endpoint has one tenant, so a recovered event and the
+/// webhook that may follow it are filed under the same one.
+fn backfill_tenants(
+    schedules: &BTreeMap<String, Schedule>,
+    endpoints: Option<&BTreeMap<String, EndpointSpec>>,
+) -> Result<(), String> {
+    let Some((first, _)) = schedules.iter().next() else { return Ok(()) };
+    let Some(endpoints) = endpoints else {
+        return Err(format!("{first} is backfilled, but HOOKLEDGER_ENDPOINTS is not set (the reconciler reads the endpoints' tenants from it)"));
+    };
+    for (name, schedule) in schedules {
+        let Some(spec) = endpoints.get(name) else {
+            let known: Vec<&str> = endpoints.keys().map(String::as_str).collect();
+            return Err(format!("{name} is not an endpoint of HOOKLEDGER_ENDPOINTS ({})", known.join(", ")));
+        };
+        if spec.provider.as_str() != schedule.provider {
+            return Err(format!(
+                "{name} is backfilled from {}, but HOOKLEDGER_ENDPOINTS says {name} is a {} endpoint",
+                schedule.provider,
+                spec.provider.as_str()
+            ));
+        }
+        let tenant = endpoint_tenant(name, spec);
+        if let Some(given) = schedule.tenant.as_deref().filter(|t| *t != tenant) {
+            return Err(format!(
+                "{name}: the schedule's tenant {given:?} is not the endpoint's tenant {tenant:?} (HOOKLEDGER_ENDPOINTS); drop it or make them equal"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An endpoint's tenant: as configured, else the endpoint's name.
+fn endpoint_tenant<'a>(name: &'a str, spec: &'a EndpointSpec) -> &'a str {
+    spec.tenant.as_deref().unwrap_or(name)
+}
+
 impl Settings {
+    /// The tenant a scheduled backfill of `endpoint` files its events
+    /// under: the endpoint's, from `HOOKLEDGER_ENDPOINTS` (checked at load
+    /// to be the schedule's, if it names one).
+    pub fn backfill_tenant(&self, endpoint: &str) -> Option<String> {
+        let spec = self.endpoints.as_ref()?.get(endpoint)?;
+        Some(endpoint_tenant(endpoint, spec).to_owned())
+    }
+
     /// The process environment (empty values count as unset).
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
@@ -118,6 +165,7 @@ impl Settings {
                 ));
             }
         }
+        backfill_tenants(&backfill_schedules, endpoints.as_ref()).map_err(|e| invalid("HOOKLEDGER_BACKFILL", e))?;
         Ok(Self {
             table: get("HOOKLEDGER_TABLE"),
             queue_url: get("HOOKLEDGER_QUEUE_URL"),
@@ -493,5 +541,50 @@ mod tests {
         }
         let no_key = Settings::from_lookup(vars(&[("HOOKLEDGER_BACKFILL", r#"{"s": {"provider": "stripe"}}"#)]));
         assert!(no_key.unwrap_err().to_string().contains(STRIPE_API_KEY));
+    }
+
+    const ENDPOINTS: &str = r#"{"stripe-a": {"provider": "stripe", "tenant": "acme", "secrets": ["ssm:/hl/never-resolved"]},
+        "gh": {"provider": "github", "secrets": ["env:A"]}}"#;
+
+    fn with_backfill(schedules: &'static str, endpoints: Option<&'static str>) -> Result<Settings, ConfigError> {
+        Settings::from_lookup(move |k| match k {
+            "HOOKLEDGER_BACKFILL" => Some(schedules.to_owned()),
+            "HOOKLEDGER_ENDPOINTS" => endpoints.map(str::to_owned),
+            "HOOKLEDGER_STRIPE_API_KEY" | "HOOKLEDGER_GITHUB_TOKEN" => Some("env:K".to_owned()),
+            _ => None,
+        })
+    }
+
+    /// The backfill files its events under the endpoint's tenant (read from
+    /// `HOOKLEDGER_ENDPOINTS`, no secret resolved), not under the endpoint's
+    /// name, whether or not the schedule repeats it.
+    #[test]
+    fn a_backfill_files_its_events_under_its_endpoints_tenant() {
+        let s = with_backfill(r#"{"stripe-a": {"provider": "stripe"}}"#, Some(ENDPOINTS)).unwrap();
+        assert_eq!(s.backfill_tenant("stripe-a").as_deref(), Some("acme"));
+        let same = with_backfill(r#"{"stripe-a": {"provider": "stripe", "tenant": "acme"}}"#, Some(ENDPOINTS));
+        assert_eq!(same.unwrap().backfill_tenant("stripe-a").as_deref(), Some("acme"));
+        let gh = r#"{"gh": {"provider": "github", "hook": "repos/o/r/hooks/1"}}"#;
+        assert_eq!(with_backfill(gh, Some(ENDPOINTS)).unwrap().backfill_tenant("gh").as_deref(), Some("gh"));
+    }
+
+    /// A schedule's tenant other than its endpoint's, an endpoint the
+    /// endpoints do not name, another provider, or no endpoints at all: the
+    /// settings (and so the reconciler's cold start) fail, naming both.
+    #[test]
+    fn a_backfill_schedule_that_disagrees_with_its_endpoint_fails_the_cold_start() {
+        let cases = [
+            (r#"{"stripe-a": {"provider": "stripe", "tenant": "other"}}"#, Some(ENDPOINTS), vec!["\"other\"", "\"acme\""]),
+            (r#"{"stripe-b": {"provider": "stripe"}}"#, Some(ENDPOINTS), vec!["stripe-b", "gh, stripe-a"]),
+            (r#"{"gh": {"provider": "stripe"}}"#, Some(ENDPOINTS), vec!["gh", "github"]),
+            (r#"{"stripe-a": {"provider": "stripe"}}"#, None, vec!["stripe-a", "HOOKLEDGER_ENDPOINTS"]),
+        ];
+        for (schedules, endpoints, names) in cases {
+            let err = with_backfill(schedules, endpoints).unwrap_err().to_string();
+            assert!(err.contains("HOOKLEDGER_BACKFILL"), "{err}");
+            for name in names {
+                assert!(err.contains(name), "{schedules}: {err} should name {name}");
+            }
+        }
     }
 }

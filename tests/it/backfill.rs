@@ -730,6 +730,8 @@ fn scheduled(
         "HOOKLEDGER_TABLE" => Some(table.clone()),
         "HOOKLEDGER_QUEUE_URL" => Some(queue.clone()),
         "HOOKLEDGER_INDEX_SHARDS" => Some(SHARDS.to_string()),
+        // The endpoints the world's intake serves (their tenants; no secret is resolved).
+        "HOOKLEDGER_ENDPOINTS" => Some(env("HOOKLEDGER_ENDPOINTS").unwrap_or_else(|| crate::support::ENDPOINTS.to_owned())),
         other => env(other),
     })?;
     reconciler::backfills::Backfills::new(hookledger::wiring::Wiring::new(w.stack.aws.clone(), settings))

@@ -57,10 +57,16 @@ impl Backfills {
                 out.push(ran);
                 continue;
             }
+            let Some(tenant) = self.wiring.settings.backfill_tenant(endpoint) else {
+                // Checked when the settings were read; unreachable from there.
+                ran.error = Some(format!("{endpoint} is not an endpoint of HOOKLEDGER_ENDPOINTS"));
+                out.push(ran);
+                continue;
+            };
             let target = Target {
                 provider: schedule.provider.clone(),
                 endpoint: endpoint.clone(),
-                tenant: schedule.tenant.clone().unwrap_or_else(|| endpoint.clone()),
+                tenant,
                 retention_days: self.wiring.settings.retention_days,
                 index_shards: self.ledger.shards(),
                 mode: schedule.mode,
