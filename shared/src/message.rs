@@ -21,6 +21,13 @@ pub fn idempotency_key(event_key: &str, action: &str) -> String {
     hex::encode(Sha256::digest(format!("{event_key}\n{action}").as_bytes()))
 }
 
+/// The outbox item's id (`outbox#<idempotency key>`) of `action` for the
+/// event `event_key`: the same on every attempt, so a commit recognised as
+/// ours after a lost acknowledgement finds the items it wrote.
+pub fn outbox_id(event_key: &str, action: &str) -> String {
+    format!("outbox#{}", idempotency_key(event_key, action))
+}
+
 /// An outbox item a dispatcher has claimed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxItem {

@@ -406,6 +406,13 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     for at in ops.iter().filter_map(|op| op.advances.as_ref()) {
                         self.wake_successor(at, now_ms).await;
                     }
+                    // The items our commit wrote, by their ids (stable per event and action).
+                    let outbox: Vec<String> = ops
+                        .iter()
+                        .flat_map(|op| &op.outbox)
+                        .map(|m| crate::message::outbox_id(key.as_str(), &m.action))
+                        .collect();
+                    self.dispatch(&outbox, now_ms).await;
                     return Ok(Some(Report::done(outcome)));
                 }
                 CommitResult::Contention => {

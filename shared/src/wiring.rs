@@ -587,4 +587,31 @@ mod tests {
             }
         }
     }
+
+    /// A listener on loopback that accepts connections and never answers.
+    fn silent_listener() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let held: Vec<_> = listener.incoming().collect();
+            drop(held);
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn an_sdk_call_that_never_answers_fails_with_a_timeout() {
+        use aws_sdk_dynamodb::config::{Credentials, Region};
+        let aws = aws_config::from_env()
+            .http_client(crate::adapters::https::sdk_http_client())
+            .endpoint_url(silent_listener())
+            .region(Region::new("eu-west-1"))
+            .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
+            .load()
+            .await;
+        let call = aws_sdk_dynamodb::Client::new(&aws).describe_table().table_name("t").send();
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), call).await;
+        let err = outcome.expect("the call ended on its own").unwrap_err();
+        assert!(matches!(err, aws_sdk_dynamodb::error::SdkError::TimeoutError(_)), "{err:?}");
+    }
 }

@@ -808,4 +808,91 @@ mod sns_dead_letters {
         // Not an SNS endpoint: refused before reading anything.
         assert!(intake.replay_sns_dead_letter("stripe-a", &lost, std::time::SystemTime::now()).await.is_none());
     }
+
+    /// The topic of the genuine SNS messages in the fixtures (signed by AWS in
+    /// March 2026, under a certificate valid then).
+    const GENUINE_TOPIC: &str = "arn:aws:sns:us-west-2:131990247566:dongie-standard-topic";
+
+    fn genuine(file: &str) -> String {
+        std::fs::read_to_string(crate::support::testdata(&format!("providers/sns/2025-cert-7506a1e3/{file}"))).unwrap()
+    }
+
+    /// Serves the fixtures' genuine AWS certificate for its URL and answers
+    /// anything else (a subscription confirmation) with an empty success;
+    /// records every URL fetched.
+    #[derive(Default)]
+    struct GenuineCertificates {
+        fetched: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl hookledger::verify::sns::HttpsGet for GenuineCertificates {
+        fn get<'a>(
+            &'a self,
+            url: &'a url::Url,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Vec<u8>, hookledger::verify::sns::FetchError>> + Send + 'a>,
+        > {
+            self.fetched.lock().unwrap().push(url.to_string());
+            Box::pin(async move {
+                Ok(match url.path().strip_prefix('/') {
+                    Some(pem) if pem.ends_with(".pem") => genuine(pem).into_bytes(),
+                    _ => b"<ConfirmSubscriptionResponse/>".to_vec(),
+                })
+            })
+        }
+    }
+
+    /// An intake whose endpoint `sns-genuine` allows the fixtures' topic.
+    async fn genuine_intake(
+        stack: &Stack,
+        certs: std::sync::Arc<GenuineCertificates>,
+    ) -> hookledger::intake::Intake<DynamoLedger, SqsQueue> {
+        let spec = format!(r#"{{"sns-genuine": {{"provider": "sns", "topic_arns": ["{GENUINE_TOPIC}"]}}}}"#);
+        let cache = std::sync::Arc::new(hookledger::verify::sns::CertificateCache::new(certs));
+        let endpoints = hookledger::config::build_endpoints(
+            hookledger::config::parse_endpoints(&spec).unwrap(),
+            &hookledger::config::EnvSecrets,
+            cache,
+        )
+        .await
+        .unwrap();
+        let queue = SqsQueue::new(stack.sqs.clone(), &stack.queue_url);
+        hookledger::intake::Intake::new(endpoints, stack.settings(), stack.ledger(), queue)
+    }
+
+    #[tokio::test]
+    async fn a_genuine_sns_message_months_old_is_refused_and_stays_in_the_queue() {
+        let stack = Stack::new().await;
+        let certs = std::sync::Arc::new(GenuineCertificates::default());
+        let intake = genuine_intake(&stack, certs.clone()).await;
+        let dlq =
+            hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("{}-sns-dlq", &stack.table)).await.unwrap();
+        let notification = genuine("notification-no-subject.sv1.json");
+        let timestamp: Value = serde_json::from_str(&notification).unwrap();
+        let sent_s = hookledger::verify::sns::parse_timestamp(timestamp["Timestamp"].as_str().unwrap()).unwrap();
+        assert!(now_s() - sent_s > 60 * 86_400, "the fixture is more than sixty days old");
+        // Anyone who may send to the queue puts captures of genuine messages on it.
+        for body in [
+            notification.clone(),
+            genuine("subscription-confirmation.sv1.json"),
+            genuine("unsubscribe-confirmation.sv2.json"),
+        ] {
+            stack.sqs.send_message().queue_url(&dlq).message_body(body).send().await.unwrap();
+        }
+        let s = hookledger_cli::replay_sns::replay(&intake, &stack.sqs, &dlq, "sns-genuine", 10).await.unwrap();
+        assert_eq!((s.read, s.recorded, s.duplicates, s.refused, s.failed), (3, 0, 0, 3, 0), "{s:?}");
+        assert!(stack.meta_items().await.is_empty(), "nothing is recorded");
+        let fetched = certs.fetched.lock().unwrap().clone();
+        assert!(fetched.iter().all(|u| !u.contains("Action=ConfirmSubscription")), "no subscription is confirmed: {fetched:?}");
+        let left = stack
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&dlq)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .unwrap();
+        let in_flight = left.attributes.unwrap_or_default().values().next().cloned().unwrap_or_default();
+        assert_eq!(in_flight, "3", "the refused messages are still in the queue");
+    }
 }

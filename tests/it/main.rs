@@ -23,6 +23,7 @@ mod processor;
 mod queues;
 mod race;
 mod reconciler;
+mod shards;
 mod sqs_handler;
 mod support;
 mod sweep;

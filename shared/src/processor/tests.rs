@@ -586,6 +586,21 @@ async fn a_commit_whose_acknowledgement_was_lost_is_recognised_as_ours() {
     assert_eq!(h.queue.keys(), [waiter]);
 }
 
+/// A commit whose acknowledgement was lost, recognised as ours on its
+/// retry, dispatches its outbox at once, as an acknowledged one does: the
+/// notification does not wait for the sweeper's grace.
+#[tokio::test]
+async fn a_commit_recognised_as_ours_dispatches_its_outbox_at_once() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.world.ignore_request_tokens();
+    h.world.inject("work.commit", 0, Some(1), Fault::LoseAckOnce);
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(h.ledger.get(&k).rec.status, Status::Processed);
+    assert_eq!(h.dispatched(), [format!("outbox#{}", idempotency_key(k.as_str(), "n"))]);
+}
+
 #[tokio::test]
 async fn a_worker_taken_over_while_planning_is_fenced_from_its_exit() {
     let world = World::new(Ambient::fixed(NOW, 11)).with_shards(settings().index_shards);

@@ -25,6 +25,7 @@ pub mod operator;
 pub mod outbox;
 pub mod payload;
 pub mod schema;
+pub mod shards;
 pub mod work;
 
 use std::collections::HashMap;

@@ -56,7 +56,7 @@ pub fn outbox_put(
     shards: u32,
 ) -> (String, TransactWriteItem) {
     let idem = idempotency_key(key.as_str(), &msg.action);
-    let pk = format!("outbox#{idem}");
+    let pk = crate::message::outbox_id(key.as_str(), &msg.action);
     let shard = EventKey::from_stored(key.as_str()).map_or(0, |k| k.shard(shards));
     let item = HashMap::from([
         (attr::PK.to_owned(), AttributeValue::S(pk.clone())),
