@@ -154,11 +154,23 @@ enum PhaseEnd {
 struct Run {
     phases: Phases,
     gauge: Gauge,
+    /// The run's time (`now_ms` given to [`Reconciler::run`]) and the
+    /// monotonic instant it started at: an item is claimed at the run's
+    /// time plus what has elapsed since ([`Run::now`]).
+    start_ms: i64,
+    started: Instant,
 }
 
 impl Run {
-    fn new(_shards: u32) -> Self {
-        Self { phases: Phases::default(), gauge: Gauge::default() }
+    fn new(start_ms: i64, started: Instant) -> Self {
+        Self { phases: Phases::default(), gauge: Gauge::default(), start_ms, started }
+    }
+
+    /// The clock's current time on the run's time axis: a claim taken late
+    /// in a long run lasts its whole lease from when it is taken.
+    fn now(&self, ambient: &Ambient) -> i64 {
+        let elapsed = ambient.instant().saturating_duration_since(self.started);
+        self.start_ms.saturating_add(elapsed.as_millis() as i64)
     }
 
     fn failures(&self, partition: DuePartition) -> &Failures {
@@ -281,7 +293,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     pub async fn run(&self, now_ms: i64, deadline: Instant) -> Summary {
         let mut summary = Summary { complete: true, ..Default::default() };
         let started = self.ambient.instant();
-        let mut run = Run::new(self.ledger.shards());
+        let mut run = Run::new(now_ms, started);
         let mut left = 0;
         let mut cut = [false; 3];
         let order = DuePartition::ALL;
@@ -419,19 +431,22 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     end = PhaseEnd::Budget;
                     continue;
                 }
+                // Which items are due is the run's range (from its start);
+                // each is claimed and acted on at the clock's current time.
+                let at = run.now(&self.ambient);
                 match due {
                     Due::Record(record) => {
-                        self.redrive_one(record, now_ms, allowance, summary, &mut run.phases).await;
+                        self.redrive_one(record, at, allowance, summary, &mut run.phases).await;
                     }
                     // Outbox items and entitlements in the records partition
                     // (a table not yet migrated) are acted on by their phase.
                     Due::Outbox { id, due_at_ms } => {
                         if *due_at_ms <= now_ms - self.settings.outbox_grace_ms {
-                            self.outbox_one(id, now_ms, allowance, summary, &mut run.phases).await;
+                            self.outbox_one(id, at, allowance, summary, &mut run.phases).await;
                         }
                     }
                     Due::Drift(item) => {
-                        self.drift_one(item, now_ms, allowance, summary, &mut run.phases).await;
+                        self.drift_one(item, at, allowance, summary, &mut run.phases).await;
                     }
                 }
                 if partition != DuePartition::Records && run.failures(partition).stopped {

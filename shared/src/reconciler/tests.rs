@@ -986,6 +986,27 @@ async fn skipped_outbox_items_spend_no_budget() {
     assert!(summary.errors.is_empty());
 }
 
+/// A long run claims each item at the clock's current time, not at the
+/// run's start: a claim taken 100 s into the run lasts its whole lease from
+/// then, so a concurrent run cannot take the same item while it is held.
+#[tokio::test]
+async fn a_long_run_claims_each_item_at_the_clocks_current_time() {
+    let w = Harness::new();
+    let first = ((NOW / 60_000) as u64 % u64::from(SHARDS)) as u32;
+    let mut ids = (0..).map(|i| format!("out_{i}")).filter(|id| shard_of(id, SHARDS) == first);
+    let (early, late) = (ids.next().expect("id"), ids.next().expect("id"));
+    w.outbox_item(&early, NOW - GRACE - 2);
+    w.outbox_item(&late, NOW - GRACE - 1);
+    // The first dispatch takes 100 s (a slow publish, say).
+    let clock = w.clock.clone();
+    w.world.during_on("outbox.claim", &early, move |_| clock.advance(Duration::from_secs(100)));
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.outbox_republished, 2);
+    let outbox = w.world.outbox();
+    assert_eq!(outbox.get(&early).sent_at, Some(NOW), "reached at the run's start");
+    assert_eq!(outbox.get(&late).sent_at, Some(NOW + 100_000), "claimed and marked at the time it was reached");
+}
+
 #[tokio::test]
 async fn a_failed_dispatch_is_counted_and_the_item_stays_due() {
     let w = Harness::new();
