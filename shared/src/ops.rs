@@ -162,6 +162,20 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
                 });
             }
         }
+        if action != OperatorAction::Replay {
+            self.history(key, action, operator, reason, now_ms).await?;
+        }
+        Ok(())
+    }
+
+    async fn history(
+        &self,
+        key: &EventKey,
+        action: OperatorAction,
+        operator: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), OpsError> {
         self.ledger.append_history(key, action.name(), &format!("by {operator}: {reason}"), now_ms).await?;
         Ok(())
     }
@@ -173,8 +187,13 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
     /// fetches it from its provider again (`backfill::Backfill::release`).
     pub async fn replay(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
         self.transition(key, OperatorAction::Replay, operator, reason, now_ms).await?;
-        self.queue.send(key).await?;
-        Ok(())
+        // Sent first: a history write that fails (or dies) leaves it queued,
+        // and the record names who replayed it already. A failed send is
+        // still audited (the reconciler re-drives the record, due now).
+        let sent = self.queue.send(key).await;
+        let audited = self.history(key, OperatorAction::Replay, operator, reason, now_ms).await;
+        sent?;
+        audited
     }
 
     /// RECEIVED, RETRYABLE or DEAD → PARKED: stop working on it until replayed.

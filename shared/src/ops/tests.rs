@@ -204,6 +204,25 @@ async fn a_queue_failure_after_a_replay_is_an_error_but_the_record_is_already_re
     ));
 }
 
+/// A replay sends the key before it writes its history entry: a history
+/// write that fails (or an invocation that dies there) leaves the record
+/// queued, not RETRYABLE waiting for the reconciler while the operator is
+/// told it failed. (Who replayed it is on the record already.)
+#[tokio::test]
+async fn a_replay_queues_the_key_before_it_writes_its_history() {
+    let w = world();
+    let (ledger, queue, ops) = (w.ledger(), w.queue(), Ops::new(w.ledger(), w.queue()));
+    let k = key("evt_dead");
+    ledger.add(&k, Status::Dead, NOW - 1_000, json!({}));
+    w.inject("work.append_history", 0, Some(1), crate::adapters::memory::Fault::Unavailable);
+
+    let err = ops.replay(&k, "alice", "fixed", NOW).await.unwrap_err();
+    assert!(matches!(err, OpsError::Storage(PortError::Unavailable { .. })), "{err:?}");
+    assert_eq!(queue.keys(), [k.clone()], "queued although its history entry failed");
+    assert_eq!(status_of(&ledger, &k), "RETRYABLE");
+    assert_eq!(ledger.row(&k).unwrap()["last_replay_by"], "alice");
+}
+
 #[tokio::test]
 async fn show_returns_the_record_its_history_oldest_first_and_the_payload_when_asked() {
     let (ledger, _queue, ops) = ops();
