@@ -1,7 +1,8 @@
 """Checks infra/template.yaml against the code and the house rules.
 
-Usage: check_template.py TEMPLATE SCHEMA_JSON
-  SCHEMA_JSON is the output of `hookledger schema` (what the code creates).
+Usage: check_template.py TEMPLATE SCHEMA_JSON [IAM_ACTIONS_JSON]
+  SCHEMA_JSON is the output of `hookledger schema` (what the code creates);
+  IAM_ACTIONS_JSON defaults to iam-actions.json beside this script.
 
 Asserts, each with a clear message:
 - the table in the template is the table the code creates (keys, attribute
@@ -22,6 +23,14 @@ Asserts, each with a clear message:
   rotation on, administered by the account, and whose policy lets
   cloudwatch.amazonaws.com kms:Decrypt and kms:GenerateDataKey* under an
   aws:SourceAccount condition;
+- every function's policy grants exactly what `infra/iam-actions.json` (the
+  operations the code was seen to make, recorded by the integration tests)
+  needs: a `TransactWriteItems` needs the actions of its items, a query on an
+  index a grant on `table/index/*`, a `GetObject` also `s3:ListBucket` on the
+  bucket (without it a missing object reads as AccessDenied, not absent), an
+  SSM reference under `/aws/reference/secretsmanager/` also
+  `secretsmanager:GetSecretValue`; and no data-service action is granted
+  that no operation needs (ALLOWED_UNUSED lists the reasoned exceptions);
 - no secret value appears in the template;
 - every alarm says how it treats missing data; alarms on the project's own
   metrics never read missing data as healthy (no `notBreaching`), name only
@@ -120,6 +129,105 @@ def is_account_id(value):
     if isinstance(value, str):
         return value.isdigit() and len(value) == 12
     return value in ({"Ref": "AWS::AccountId"}, {"Fn::Sub": "${AWS::AccountId}"})
+
+
+# The template's function for each function of infra/iam-actions.json.
+FUNCTIONS = {"intake": "IntakeFunction", "processor": "ProcessorFunction", "reconciler": "ReconcilerFunction"}
+# A TransactWriteItems is authorised item by item.
+TRANSACT_ITEM_ACTIONS = {
+    "table:Put": "dynamodb:PutItem",
+    "table:Update": "dynamodb:UpdateItem",
+    "table:ConditionCheck": "dynamodb:ConditionCheckItem",
+    "table:Delete": "dynamodb:DeleteItem",
+}
+# Data-service actions a function may be granted although no recorded
+# operation makes them, each with its reason. (None today: the event source
+# mapping's SQS polling is granted by SAM's SQSPollerPolicy, not here.)
+ALLOWED_UNUSED = {}
+
+
+def needed_actions(operations):
+    """IAM action -> resource kinds it is needed on, from one function's
+    recorded operations (`service:Operation` -> resource kinds)."""
+    need = {}
+
+    def add(action, kind):
+        need.setdefault(action, set()).add(kind)
+
+    for op, kinds in operations.items():
+        service, name = op.split(":", 1)
+        for kind in kinds:
+            if op == "dynamodb:TransactWriteItems":
+                if kind not in TRANSACT_ITEM_ACTIONS:
+                    fail(f"iam-actions.json: unknown transaction item kind {kind!r}")
+                add(TRANSACT_ITEM_ACTIONS[kind], "table")
+            elif service == "dynamodb":
+                add(op, "index" if kind.startswith("index:") else "table")
+            elif op == "s3:GetObject":
+                add("s3:GetObject", "objects")
+                add("s3:ListBucket", "bucket")
+            elif service == "s3":
+                add(op, "objects")
+            elif op == "ssm:GetParameter" and kind == "parameter:secretsmanager":
+                add("ssm:GetParameter", "parameter")
+                add("secretsmanager:GetSecretValue", "secret")
+            else:
+                add(op, kind)
+    return need
+
+
+def grants(props):
+    """IAM action -> the resource texts a function's inline statements allow it on."""
+    granted = {}
+    for policy in props.get("Policies", []):
+        for st in policy.get("Statement", []) if isinstance(policy, dict) else []:
+            if st.get("Effect") != "Allow":
+                continue
+            for a in as_list(st["Action"]):
+                texts = granted.setdefault(a, [])
+                for r in as_list(st["Resource"]):
+                    texts.append(sub_text(r) or json.dumps(r, sort_keys=True))
+    return granted
+
+
+def resource_fits(kind, texts):
+    """Whether one of the granted resource texts is of `kind`."""
+    if kind == "index":
+        return any("/index/" in t for t in texts)
+    if kind == "bucket":
+        # The bucket itself (ListBucket), not its objects.
+        return any("PayloadBucket" in t and not t.rstrip('"}').endswith("*") for t in texts)
+    return bool(texts)
+
+
+def check_iam(res, iam):
+    """Each function's policy against its recorded operations, both ways."""
+    checks = 0
+    unknown = set(iam) - set(FUNCTIONS)
+    if unknown:
+        fail(f"iam-actions.json names functions the template does not have: {sorted(unknown)}")
+    for function, logical in FUNCTIONS.items():
+        if logical not in res:
+            fail(f"the template has no {logical}")
+        need = needed_actions(iam.get(function, {}))
+        granted = grants(res[logical]["Properties"])
+        for action, kinds in sorted(need.items()):
+            if action not in granted:
+                fail(f"{logical} makes {action} (infra/iam-actions.json: {function}) but its policy does not grant it")
+            for kind in sorted(kinds):
+                if not resource_fits(kind, granted[action]):
+                    fail(f"{logical}: {action} is needed on the {kind} but granted only on {granted[action]}")
+            checks += 1
+        for action in sorted(granted):
+            if not action.startswith(DATA_SERVICES) or action in need:
+                continue
+            if action in ALLOWED_UNUSED.get(function, {}):
+                continue
+            fail(
+                f"{logical} is granted {action}, which no recorded operation of the {function} needs "
+                f"(infra/iam-actions.json); remove it, or add it to ALLOWED_UNUSED with the reason"
+            )
+    return checks
 
 
 def covers(granted, wanted):
@@ -340,6 +448,9 @@ def main():
         checks += 1
     if not alarm_topics:
         fail("no alarm notifies an SNS topic of the template")
+
+    iam_path = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "iam-actions.json")
+    checks += check_iam(res, json.load(open(iam_path)))
 
     text = open(template_path).read()
     for marker in ("whsec_", "sk_live_", "sk_test_"):

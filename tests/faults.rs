@@ -490,6 +490,8 @@ fn describe(request: &HttpRequest) -> CallInfo {
         ("dynamodb", op.to_owned())
     } else if let Some(op) = target.strip_prefix("AmazonSQS.") {
         ("sqs", op.to_owned())
+    } else if let Some(op) = target.strip_prefix("AmazonSSM.") {
+        ("ssm", op.to_owned())
     } else if let Some(action) = body.split('&').find_map(|kv| kv.strip_prefix("Action=")) {
         let service = if request.uri().contains("sns") || body.contains("TopicArn") {
             "sns"

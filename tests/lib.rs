@@ -4,3 +4,4 @@
 
 pub mod capacity;
 pub mod faults;
+pub mod iam;

@@ -121,6 +121,12 @@ struct InFlight {
 pub struct World {
     pub stack: Stack,
     pub plan: FaultPlan,
+    /// The SDK configuration whose clients go through `plan` (the code
+    /// under test's); `stack.aws` is the harness's own.
+    pub cfg: aws_config::SdkConfig,
+    /// The operations the functions made in [`run_flow`]'s act and
+    /// convergence, as `infra/iam-actions.json` records them.
+    pub iam: hookledger_it::iam::Actions,
     pub intake: Intake<DynamoLedger, SqsQueue>,
     pub processor: hookledger::wiring::LiveProcessor,
     pub reconciler: hookledger::wiring::LiveReconciler,
@@ -208,6 +214,8 @@ impl World {
             Some(dispatcher.clone()),
             processor_settings(),
         )
+        // As deployed (`Wiring::processor`): woken gap waiters are queued at once.
+        .with_queue(queue.clone())
         .with_ambient(ambient.clone());
         let reconciler = Reconciler::new(
             ledger.clone(),
@@ -227,6 +235,8 @@ impl World {
             payloads: S3Payloads::from_config(&stack.aws, bucket),
             stack,
             plan,
+            cfg,
+            iam: Default::default(),
             intake,
             processor,
             reconciler,
@@ -1050,6 +1060,10 @@ pub async fn run_flow(
     act(&mut w, flow, &ctx).await;
     let ops = w.plan.operations();
     w.converge().await;
+    // Every operation the functions made, faults and recoveries included,
+    // is one their policies allow (checked against the template).
+    hookledger_it::iam::assert_listed(&w.plan);
+    hookledger_it::iam::observe(&w.plan.trace(), &mut w.iam);
     check(&mut w, flow, &ctx).await;
     (ops, w)
 }

@@ -12,6 +12,7 @@ mod console;
 mod contract;
 mod explore;
 mod fake_provider;
+mod iam;
 mod handler;
 mod insight;
 mod intake;

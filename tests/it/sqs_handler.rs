@@ -35,7 +35,7 @@ pub fn sqs_event(records: &[(String, String, String)]) -> SqsEvent {
     serde_json::from_value(json!({ "Records": recs })).unwrap()
 }
 
-async fn send_and_receive(stack: &Stack, bodies: &[String]) -> Vec<(String, String, String)> {
+pub async fn send_and_receive(stack: &Stack, bodies: &[String]) -> Vec<(String, String, String)> {
     for b in bodies {
         stack.sqs.send_message().queue_url(&stack.queue_url).message_body(b).send().await.unwrap();
     }

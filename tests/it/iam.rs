@@ -1,0 +1,146 @@
+//! `infra/iam-actions.json`: the AWS operations each function makes, with
+//! the kinds of resource they touch, recorded from the explored flows, the
+//! scheduled backfills and the secret references each function resolves.
+//! `infra/check_template.py` turns them into IAM actions and checks each
+//! function's policy both ways (nothing missing, nothing unused).
+//!
+//! Every exploration run (faults included) and the backfill tests also
+//! check that what they saw is listed ([`hookledger_it::iam::assert_listed`]).
+
+use hookledger_it::iam::{self, Actions};
+use serde_json::json;
+
+use crate::explore::{FLOWS, run_flow};
+
+/// A JSON-protocol request to the emulator (to arrange what the SDK
+/// clients of this crate's dependencies do not cover: SSM and Secrets
+/// Manager items).
+async fn emulator(service: &str, target: &str, body: serde_json::Value) {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| panic!("AWS_ENDPOINT_URL"));
+    let auth = format!(
+        "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
+    );
+    let answer = reqwest::Client::new()
+        .post(endpoint)
+        .header("x-amz-target", target)
+        .header("content-type", "application/x-amz-json-1.1")
+        .header("authorization", auth)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{target}: {e}"));
+    let status = answer.status();
+    let text = answer.text().await.unwrap_or_default();
+    assert!(status.is_success(), "{target}: {status} {text}");
+}
+
+/// Each function resolves a secret reference of each kind it may be given
+/// (an SSM parameter, a Secrets Manager secret through SSM's reference path)
+/// the way the composition root does.
+async fn secret_references() -> Actions {
+    let w = crate::explore::World::new(5).await;
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (param, secret) = (format!("/hookledger/it-{id}/key"), format!("hookledger/it-{id}/token"));
+    emulator("ssm", "AmazonSSM.PutParameter", json!({"Name": param, "Value": "p", "Type": "SecureString"})).await;
+    emulator("secretsmanager", "secretsmanager.CreateSecret", json!({"Name": secret, "SecretString": "s"})).await;
+    let settings = hookledger::wiring::Settings::from_lookup(|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(w.cfg.clone(), settings);
+    w.plan.reset_counts();
+    for function in ["intake", "processor", "reconciler"] {
+        w.plan.scope(function);
+        let plain = wiring.secret(&format!("ssm:{param}")).await.unwrap_or_else(|e| panic!("{function}: {e}"));
+        assert_eq!(plain.expose(), b"p");
+        let managed = wiring.secret(&format!("ssm:/aws/reference/secretsmanager/{secret}")).await;
+        assert_eq!(managed.unwrap_or_else(|e| panic!("{function}: {e}")).expose(), b"s");
+    }
+    let mut out = Actions::new();
+    iam::observe(&w.plan.trace(), &mut out);
+    out
+}
+
+/// The processor's Lambda handler as deployed (`handler::from_wiring`) on
+/// a record another worker holds: the batch layer hides its message for
+/// the rest of the lease (`ChangeMessageVisibility`), which the explored
+/// flows (they call the use case, as the event source mapping would call
+/// the handler) do not reach.
+async fn processor_handler() -> Actions {
+    use hookledger::ports::WorkLedger as _;
+    use lambda_runtime::{Context, LambdaEvent};
+
+    use crate::sqs_handler::{send_and_receive, sqs_event, work};
+    let w = crate::explore::World::new(6).await;
+    let body = crate::processor::pi_succeeded("evt_iam", "pi_iam", Some("cus_iam"), 10);
+    let busy = w.stack.claim("stripe", "stripe-a", "evt_iam", None, &body).await;
+    let now_ms = crate::support::now_s() * 1000;
+    w.stack.ledger().lease(&busy, "other-worker", now_ms, 120_000).await.unwrap_or_else(|e| panic!("{e}"));
+    let (table, queue, topic) = (w.stack.table.clone(), w.stack.queue_url.clone(), w.topic());
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+        "HOOKLEDGER_TABLE" => Some(table.clone()),
+        "HOOKLEDGER_QUEUE_URL" => Some(queue.clone()),
+        "HOOKLEDGER_NOTIFY_TOPIC_ARN" => Some(topic.clone()),
+        _ => None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let app = processor::handler::from_wiring(&hookledger::wiring::Wiring::new(w.cfg.clone(), settings))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let received = send_and_receive(&w.stack, &[work(&busy)]).await;
+    w.plan.reset_counts();
+    w.plan.scope("processor");
+    let event = LambdaEvent::new(sqs_event(&received), Context::default());
+    let answer = processor::handler::handle(std::sync::Arc::new(app), event).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer.batch_item_failures.len(), 1, "the busy record stays");
+    let mut out = Actions::new();
+    iam::observe(&w.plan.trace(), &mut out);
+    assert!(out["processor"].contains_key("sqs:ChangeMessageVisibility"), "{out:?}");
+    out
+}
+
+/// Everything the recorded runs saw.
+async fn recorded() -> Actions {
+    let mut all = Actions::new();
+    let mut merge = |more: Actions| {
+        for (function, ops) in more {
+            for (op, kinds) in ops {
+                all.entry(function.clone()).or_default().entry(op).or_default().extend(kinds);
+            }
+        }
+    };
+    for flow in FLOWS {
+        let (_, w) = run_flow(flow, None, false).await;
+        merge(w.iam);
+    }
+    for w in [crate::backfill::large_github_backfill().await, crate::backfill::scheduled_stripe_backfill().await] {
+        let mut seen = Actions::new();
+        iam::observe(&w.plan.trace(), &mut seen);
+        merge(seen);
+    }
+    merge(secret_references().await);
+    merge(processor_handler().await);
+    all
+}
+
+/// The committed file is exactly what the recorded runs see: an operation
+/// the code starts making fails here (and its policy is then checked by
+/// `scripts/check-template`); one it stops making fails too, so a grant
+/// nothing uses shows up. To accept a change: `HOOKLEDGER_BLESS=1 cargo test
+/// -p hookledger-it --test it iam::iam_actions_are_the_ones_the_code_makes`
+/// (emulator running), then review the file's diff.
+#[tokio::test]
+async fn iam_actions_are_the_ones_the_code_makes() {
+    let got = recorded().await;
+    if std::env::var("HOOKLEDGER_BLESS").is_ok_and(|v| v == "1") {
+        let text = serde_json::to_string_pretty(&got).unwrap_or_default();
+        std::fs::write(iam::path(), text + "\n").unwrap_or_else(|e| panic!("{}: {e}", iam::path().display()));
+        return;
+    }
+    let want = iam::committed();
+    let missing = iam::missing(&got, want);
+    let unused = iam::missing(want, &got);
+    assert!(
+        missing.is_empty() && unused.is_empty(),
+        "infra/iam-actions.json is not what the code does (bless with HOOKLEDGER_BLESS=1 if intended)\n\
+         made but not listed:\n{}\nlisted but not made:\n{}",
+        missing.join("\n"),
+        unused.join("\n")
+    );
+}
