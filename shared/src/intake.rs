@@ -150,16 +150,24 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         self.handle_verified_at(req, None).await
     }
 
-    /// An SNS message from the subscription's dead-letter queue, through the
-    /// intake's path: verified — certificate, signature, topic — as of the
-    /// moment SNS sent it (its `Timestamp`), then claimed like any delivery
-    /// (a message that did arrive is a duplicate). The freshness window
-    /// guards the public endpoint against replayed captures; a dead-letter
-    /// queue is read with AWS credentials, and its messages are older than
-    /// that window by nature. `None`: not an SNS endpoint, or no timestamp.
-    pub async fn replay_sns_dead_letter(&self, endpoint: &str, envelope: &[u8], now: SystemTime) -> Option<Answer> {
+    /// An SNS notification from the subscription's dead-letter queue,
+    /// through the intake's path: verified — certificate, signature, topic —
+    /// as of the moment SNS sent it (its `Timestamp`), then claimed like any
+    /// delivery (a message that did arrive is a duplicate). The freshness
+    /// window that guards the public endpoint against replayed captures
+    /// cannot apply (dead letters are older than it by nature), so the
+    /// `Timestamp` is trusted only within `queue`'s [`ReplayBounds`] at `now`
+    /// ([`admissible`]). Subscription and unsubscribe confirmations are
+    /// refused: only notifications are replayed.
+    pub async fn replay_sns_dead_letter(
+        &self,
+        endpoint: &str,
+        queue: &DeadLetterQueue,
+        letter: &DeadLetter<'_>,
+        now: SystemTime,
+    ) -> Result<Answer, DeadLetterRefusal> {
         if !matches!(self.endpoints.get(endpoint).map(|e| &e.verifier), Some(EndpointVerifier::Sns(_))) {
-            return None;
+            return Err(DeadLetterRefusal::NotAnSnsEndpoint);
         }
         #[derive(serde::Deserialize)]
         struct Envelope {
@@ -168,19 +176,24 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             #[serde(rename = "Timestamp")]
             timestamp: String,
         }
-        let e: Envelope = serde_json::from_slice(envelope).ok()?;
-        let sent_s = crate::verify::sns::parse_timestamp(&e.timestamp)?;
+        let e: Envelope = serde_json::from_slice(letter.envelope).map_err(|_| DeadLetterRefusal::Malformed)?;
+        let timestamp_s = crate::verify::sns::parse_timestamp(&e.timestamp).ok_or(DeadLetterRefusal::Malformed)?;
+        if e.kind != "Notification" {
+            return Err(DeadLetterRefusal::NotANotification);
+        }
+        let bounds = ReplayBounds::new(queue, self.settings.retention_days);
+        admissible(timestamp_s, letter.sent_s, unix_ms(now).div_euclid(1000), &bounds)?;
         let mut headers = HeaderMap::new();
-        headers.insert(crate::verify::sns::MESSAGE_TYPE_HEADER, http::HeaderValue::from_str(&e.kind).ok()?);
+        headers.insert(crate::verify::sns::MESSAGE_TYPE_HEADER, http::HeaderValue::from_static("Notification"));
         let req = IntakeRequest {
             endpoint,
             method: &Method::POST,
             headers: &headers,
-            body: envelope,
+            body: letter.envelope,
             now,
             request_id: "sns-dead-letter",
         };
-        Some(self.handle_verified_at(req, Some(sent_s + 1)).await)
+        Ok(self.handle_verified_at(req, Some(timestamp_s + 1)).await)
     }
 
     async fn handle_verified_at(&self, req: IntakeRequest<'_>, verify_at_s: Option<i64>) -> Answer {
@@ -396,8 +409,17 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         Outcome::Duplicate { resent: false, conflict }
     }
 
+    /// 503: the sender retries. A request the service refused as invalid
+    /// would be refused again; it is still a 503 (a 4xx would make the
+    /// sender drop a genuine event), counted apart (`intake_caller_error`,
+    /// alarmed) because only a change of ours fixes it.
     fn unavailable(&self, stage: &'static str, key: &EventKey, e: PortError) -> Outcome {
-        tracing::warn!(stage, error = %e, key = %key, "intake dependency failed");
+        if let PortError::Caller { service, code, .. } = &e {
+            metrics::counter!("intake_caller_error").increment(1);
+            tracing::error!(stage, service, code, error = %e, key = %key, "intake request refused as invalid");
+        } else {
+            tracing::warn!(stage, error = %e, key = %key, "intake dependency failed");
+        }
         Outcome::Unavailable { stage }
     }
 
@@ -451,6 +473,8 @@ pub fn new_event(
 
 /// Counts one intake outcome and records its duration.
 fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, duration_ms: f64) {
+    // A data point on every invocation, so its alarm reads "none" as 0, not as missing.
+    metrics::counter!("intake_caller_error").increment(0);
     let provider = provider.to_owned();
     let endpoint = endpoint.to_owned();
     match outcome {
@@ -476,6 +500,160 @@ fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, dur
         }
     }
     metrics::histogram!("intake_duration", "provider" => provider).record(duration_ms);
+}
+
+// ------------------------------------------------ SNS dead-letter replay
+
+/// Slack on the subscription's total retry time: SNS may move a message to
+/// the dead-letter queue up to this much later than the retry time after its
+/// `Timestamp` (the last attempt's own time, and the move itself).
+pub const DEAD_LETTER_SLACK_SECS: i64 = 300;
+
+/// What a replay knows of the dead-letter queue it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadLetterQueue {
+    /// The subscription's total retry time (its delivery policy's): SNS
+    /// gives up on a message at most this long after its `Timestamp`.
+    pub max_retry_secs: i64,
+    /// The queue's `MessageRetentionPeriod`.
+    pub retention_secs: i64,
+}
+
+/// One message of a dead-letter queue.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetter<'a> {
+    /// The SNS envelope SNS could not deliver (the message body).
+    pub envelope: &'a [u8],
+    /// When it entered the queue (its SQS `SentTimestamp`), Unix seconds.
+    pub sent_s: i64,
+}
+
+/// The bounds [`admissible`] applies, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayBounds {
+    /// How old a message may be (now − `Timestamp`).
+    pub max_age_secs: i64,
+    /// How long after its `Timestamp` it may have entered the queue.
+    pub max_queue_delay_secs: i64,
+}
+
+impl ReplayBounds {
+    /// `queue`'s bounds under an identity retention of `retention_days`: no
+    /// older than that retention (an older identity may have expired, and the
+    /// message would be recorded and applied again) nor than the queue's
+    /// retention (the queue drops messages at that age, counted from their
+    /// queuing); queued no later than the retry time plus
+    /// [`DEAD_LETTER_SLACK_SECS`] after its `Timestamp`.
+    pub fn new(queue: &DeadLetterQueue, retention_days: u32) -> Self {
+        Self {
+            max_age_secs: queue.retention_secs.min(i64::from(retention_days) * 86_400),
+            max_queue_delay_secs: queue.max_retry_secs.saturating_add(DEAD_LETTER_SLACK_SECS),
+        }
+    }
+}
+
+/// Why a dead-letter replay left a message in the queue without verifying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterRefusal {
+    /// The endpoint named is not an SNS endpoint.
+    NotAnSnsEndpoint,
+    /// Not an SNS envelope with a `Type` and an ISO 8601 UTC `Timestamp`.
+    Malformed,
+    /// A subscription or unsubscribe confirmation.
+    NotANotification,
+    /// Older than [`ReplayBounds::max_age_secs`].
+    TooOld,
+    /// Queued before its `Timestamp`, or later than SNS retries.
+    SentOutsideRetryWindow,
+}
+
+impl DeadLetterRefusal {
+    /// The stable name an operator sees in a replay's summary.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotAnSnsEndpoint => "not_an_sns_endpoint",
+            Self::Malformed => "malformed",
+            Self::NotANotification => "not_a_notification",
+            Self::TooOld => "too_old",
+            Self::SentOutsideRetryWindow => "sent_outside_retry_window",
+        }
+    }
+}
+
+/// Whether a dead letter whose `Timestamp` is `timestamp_s` and which entered
+/// the queue at `sent_s` may be replayed at `now_s` (Unix seconds): when
+/// `now_s − timestamp_s ≤ max_age_secs` and
+/// `timestamp_s ≤ sent_s ≤ timestamp_s + max_queue_delay_secs`.
+pub fn admissible(timestamp_s: i64, sent_s: i64, now_s: i64, bounds: &ReplayBounds) -> Result<(), DeadLetterRefusal> {
+    if now_s.saturating_sub(timestamp_s) > bounds.max_age_secs {
+        return Err(DeadLetterRefusal::TooOld);
+    }
+    if sent_s < timestamp_s || sent_s.saturating_sub(timestamp_s) > bounds.max_queue_delay_secs {
+        return Err(DeadLetterRefusal::SentOutsideRetryWindow);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod dead_letter_tests {
+    use super::*;
+
+    const DAY: i64 = 86_400;
+    /// A genuine notification's `Timestamp` (2026-03-06T19:55:38Z, in the fixtures).
+    const T: i64 = 1_772_826_938;
+    const BOUNDS: ReplayBounds = ReplayBounds { max_age_secs: 30 * DAY, max_queue_delay_secs: 3_900 };
+
+    #[test]
+    fn bounds_take_the_shorter_retention_and_add_the_slack_to_the_retry_time() {
+        let queue = |retention_secs| DeadLetterQueue { max_retry_secs: 3_600, retention_secs };
+        assert_eq!(
+            ReplayBounds::new(&queue(14 * DAY), 30),
+            ReplayBounds { max_age_secs: 14 * DAY, max_queue_delay_secs: 3_900 }
+        );
+        assert_eq!(ReplayBounds::new(&queue(14 * DAY), 7).max_age_secs, 7 * DAY);
+        assert_eq!(ReplayBounds::new(&queue(30 * DAY), 30).max_age_secs, 30 * DAY);
+    }
+
+    #[test]
+    fn a_message_as_old_as_the_bound_is_admitted_and_one_a_second_older_is_too_old() {
+        let sent = T + 60;
+        assert_eq!(admissible(T, sent, T + 30 * DAY, &BOUNDS), Ok(()));
+        assert_eq!(admissible(T, sent, T + 30 * DAY + 1, &BOUNDS), Err(DeadLetterRefusal::TooOld));
+        assert_eq!(admissible(T, sent, T + 60 * DAY, &BOUNDS), Err(DeadLetterRefusal::TooOld));
+    }
+
+    #[test]
+    fn a_message_queued_at_its_timestamp_is_admitted_and_one_queued_a_second_before_is_not() {
+        let now = T + DAY;
+        assert_eq!(admissible(T, T, now, &BOUNDS), Ok(()));
+        assert_eq!(admissible(T, T - 1, now, &BOUNDS), Err(DeadLetterRefusal::SentOutsideRetryWindow));
+    }
+
+    #[test]
+    fn a_message_queued_at_the_end_of_the_retries_is_admitted_and_one_queued_a_second_later_is_not() {
+        let now = T + DAY;
+        assert_eq!(admissible(T, T + 3_900, now, &BOUNDS), Ok(()));
+        assert_eq!(admissible(T, T + 3_901, now, &BOUNDS), Err(DeadLetterRefusal::SentOutsideRetryWindow));
+    }
+
+    #[test]
+    fn a_message_too_old_is_refused_as_too_old_whenever_it_was_queued() {
+        assert_eq!(admissible(T, T + 10 * DAY, T + 60 * DAY, &BOUNDS), Err(DeadLetterRefusal::TooOld));
+    }
+
+    #[test]
+    fn each_refusal_has_its_own_stable_reason() {
+        let all = [
+            DeadLetterRefusal::NotAnSnsEndpoint,
+            DeadLetterRefusal::Malformed,
+            DeadLetterRefusal::NotANotification,
+            DeadLetterRefusal::TooOld,
+            DeadLetterRefusal::SentOutsideRetryWindow,
+        ];
+        let reasons: std::collections::BTreeSet<&str> = all.iter().map(DeadLetterRefusal::reason).collect();
+        assert_eq!(reasons.len(), all.len());
+        assert!(reasons.contains("too_old") && reasons.contains("not_a_notification"));
+    }
 }
 
 #[cfg(test)]

@@ -195,7 +195,29 @@ pub enum PortError {
     /// bucket is configured for larger ones): retrying cannot help.
     #[error("payload of {size} bytes stored exceeds {limit} bytes")]
     TooLarge { size: usize, limit: usize },
+    /// The service refused the request itself (`ValidationException`, a
+    /// transaction cancelled for a validation reason, a parameter SQS or SNS
+    /// rejects): the same request is refused again, so retrying cannot
+    /// help. The processor and the reconciler end the record DEAD
+    /// `caller_error`; the intake still answers 503 (a 4xx would make the
+    /// sender drop a genuine event) and counts `intake_caller_error`.
+    #[error("{service} refused the request ({code}): {message}")]
+    Caller { service: &'static str, code: String, message: String },
 }
+
+/// Error codes by which a service says the request itself is wrong.
+pub const CALLER_CODES: [&str; 10] = [
+    "ValidationException",
+    "SerializationException",
+    "ItemCollectionSizeLimitExceededException",
+    "InvalidParameterValue",
+    "InvalidParameterValueException",
+    "InvalidParameter",
+    "InvalidParameterException",
+    "InvalidMessageContents",
+    "InvalidAttributeValue",
+    "MissingParameter",
+];
 
 /// `error_code` of a record deferred on a sequence gap, and `park_reason` of
 /// one parked at the gap bound.

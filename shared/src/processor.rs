@@ -202,7 +202,14 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             LeaseResult::Busy { until_ms } => (Report::later(Outcome::Busy, until_ms - now_ms), None),
             LeaseResult::NotDue { at_ms } => (Report::later(Outcome::NotDue, at_ms - now_ms), None),
             LeaseResult::Leased(record) => {
-                let report = self.work(&record, carried, &token, now_ms).await?;
+                let report = match self.work(&record, carried, &token, now_ms).await {
+                    // Retrying the same request cannot help: dead now, with the service's answer.
+                    Err(e @ PortError::Caller { .. }) => {
+                        tracing::error!(key = %key, error = %e, "a request was refused as invalid; dead");
+                        self.dead(&record, &token, "caller_error", &e.to_string(), now_ms).await?
+                    }
+                    other => other?,
+                };
                 (report, Some(record))
             }
         };

@@ -631,6 +631,13 @@ mod github {
 /// (`too_large`) while the window completes; the run's gauges count it.
 #[tokio::test]
 async fn a_large_backfilled_body_goes_to_s3_and_one_over_the_bound_is_parked() {
+    let w = large_github_backfill().await;
+    hookledger_it::iam::assert_listed(&w.plan);
+}
+
+/// The scenario of [`a_large_backfilled_body_goes_to_s3_and_one_over_the_bound_is_parked`]
+/// (also one of the runs `infra/iam-actions.json` is recorded from).
+pub async fn large_github_backfill() -> World {
     use crate::fake_provider::{FakeGithub, GITHUB_HOOK};
     let mut w = World::new(17).await;
     let (fake, base) = FakeGithub::start().await;
@@ -666,6 +673,7 @@ async fn a_large_backfilled_body_goes_to_s3_and_one_over_the_bound_is_parked() {
         _ => None,
     };
     let backfills = scheduled(&w, env).unwrap();
+    w.plan.scope("reconciler");
     let ran = backfills.run(w.now + 1_000, Instant::now() + Duration::from_secs(30)).await;
     let s = ran[0].summary.clone().unwrap_or_else(|| panic!("{ran:?}"));
     assert_eq!((s.recovered, s.parked, s.failed, s.complete), (1, 1, 0, true), "{s:?}");
@@ -680,6 +688,7 @@ async fn a_large_backfilled_body_goes_to_s3_and_one_over_the_bound_is_parked() {
     assert_eq!(text(&w.meta(&huge).await.unwrap(), "park_reason"), "backfill_unrecoverable:too_large");
     drain_processor(&mut w).await;
     assert_eq!(text(&w.meta(&large).await.unwrap(), "status"), "PROCESSED");
+    w
 }
 
 /// The reconciler function's scheduled backfill: the due window is read,
@@ -687,6 +696,13 @@ async fn a_large_backfilled_body_goes_to_s3_and_one_over_the_bound_is_parked() {
 /// overlap (everything already recorded).
 #[tokio::test]
 async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
+    let w = scheduled_stripe_backfill().await;
+    hookledger_it::iam::assert_listed(&w.plan);
+}
+
+/// The scenario of [`the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark`]
+/// (also one of the runs `infra/iam-actions.json` is recorded from).
+pub async fn scheduled_stripe_backfill() -> World {
     let Setup { mut w, events, .. } = setup(3).await;
     assert_eq!(w.deliver(webhook_of(&events[1]), 0).await, Some(202));
     *w.fake.other_key.lock().unwrap() = Some(std::env::var("PATH").unwrap());
@@ -702,6 +718,7 @@ async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
     };
     let backfills = scheduled(&w, env).unwrap();
     let now_ms = w.now + 1_000;
+    w.plan.scope("reconciler");
     let ran = backfills.run(now_ms, Instant::now() + Duration::from_secs(20)).await;
     let s = ran[0].summary.clone().unwrap();
     assert_eq!((s.seen, s.already_recorded, s.recovered, s.complete), (3, 1, 2, true), "{ran:?}");
@@ -709,6 +726,7 @@ async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
     assert_eq!(n(&state, "high_water"), now_ms / 1000);
     drain_processor(&mut w).await;
     assert_eq!(balance(&w).await.1, 3);
+    w.plan.scope("reconciler");
     let again = backfills.run(now_ms + 60_000, Instant::now() + Duration::from_secs(20)).await;
     let s = again[0].summary.clone().unwrap();
     assert_eq!((s.seen, s.already_recorded, s.recovered), (3, 3, 0), "the overlap is re-read, nothing recovered twice");
@@ -717,6 +735,7 @@ async fn the_reconcilers_scheduled_backfill_recovers_and_moves_its_mark() {
         (k == "HOOKLEDGER_BACKFILL").then(|| r#"{"gh": {"provider": "github", "hook": "app/hook"}}"#.to_owned())
     });
     assert!(missing.err().unwrap().to_string().contains("HOOKLEDGER_GITHUB_TOKEN"));
+    w
 }
 
 /// The reconciler function's scheduled backfills on the world's table and
@@ -734,13 +753,21 @@ fn scheduled(
         "HOOKLEDGER_ENDPOINTS" => Some(env("HOOKLEDGER_ENDPOINTS").unwrap_or_else(|| crate::support::ENDPOINTS.to_owned())),
         other => env(other),
     })?;
-    reconciler::backfills::Backfills::new(hookledger::wiring::Wiring::new(w.stack.aws.clone(), settings))
+    // The code under test's clients: through the world's fault plan (and its trace).
+    reconciler::backfills::Backfills::new(hookledger::wiring::Wiring::new(w.cfg.clone(), settings))
 }
 
 /// SNS keeps nothing to list; what it could not deliver lands in the
 /// subscription's dead-letter queue, and `replay-sns` sends it through the
-/// intake's verification, as of when SNS sent it.
+/// intake's verification, as of when SNS sent it, within the queue's bounds.
 mod sns_dead_letters {
+    use std::collections::{BTreeMap, HashMap};
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+    use hookledger::intake::{DeadLetter, DeadLetterQueue, DeadLetterRefusal, Intake};
+    use hookledger_cli::replay_sns::{ReplayOptions, replay};
+
     use super::*;
     use crate::support::{Stack, now_s};
 
@@ -748,65 +775,136 @@ mod sns_dead_letters {
         json!({"eventType": status, "mail": {"messageId": mail}}).to_string()
     }
 
+    async fn dead_letter_queue(stack: &Stack) -> String {
+        hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("{}-sns-dlq", &stack.table)).await.unwrap()
+    }
+
+    async fn put(stack: &Stack, dlq: &str, body: Vec<u8>) {
+        let body = String::from_utf8(body).unwrap();
+        stack.sqs.send_message().queue_url(dlq).message_body(body).send().await.unwrap();
+    }
+
+    /// Messages received and not deleted (invisible until their visibility lapses).
+    async fn in_flight(stack: &Stack, dlq: &str) -> String {
+        let out = stack
+            .sqs
+            .get_queue_attributes()
+            .queue_url(dlq)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .unwrap();
+        out.attributes.unwrap_or_default().values().next().cloned().unwrap_or_default()
+    }
+
+    /// The options `replay-sns` runs with by default, on `dlq` and the `endpoint`.
+    fn options(dlq: &str, endpoint: &str) -> ReplayOptions {
+        ReplayOptions {
+            dlq_url: dlq.to_owned(),
+            endpoint: endpoint.to_owned(),
+            max: 100,
+            max_retry_secs: hookledger_cli::replay_sns::MAX_HTTPS_RETRY_SECS,
+            sender_id: None,
+        }
+    }
+
+    fn reasons<const N: usize>(counts: [(&'static str, usize); N]) -> BTreeMap<&'static str, usize> {
+        BTreeMap::from(counts)
+    }
+
+    fn ids(items: &[HashMap<String, aws_sdk_dynamodb::types::AttributeValue>]) -> Vec<String> {
+        items.iter().map(|r| text(r, "event_id")).collect()
+    }
+
     #[tokio::test]
     async fn the_dead_letter_queue_is_replayed_through_the_intake_and_only_taken_messages_leave_it() {
         let stack = Stack::new().await;
         let intake = stack.intake().await;
-        let dlq =
-            hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("{}-sns-dlq", &stack.table)).await.unwrap();
-        let five_hours_ago = now_s() - 5 * 3_600;
-        let lost = crate::chaos::sns_envelope("sns-lost", &message("Delivery", "m-1"), five_hours_ago);
+        let dlq = dead_letter_queue(&stack).await;
+        // The queue stamps each message as sent now: SNS gave up on `lost`
+        // after retrying for half an hour; the replay runs five hours later.
+        let half_an_hour_ago = now_s() - 1_800;
+        let replay_at = SystemTime::now() + Duration::from_secs(5 * 3_600);
+        let lost = crate::chaos::sns_envelope("sns-lost", &message("Delivery", "m-1"), half_an_hour_ago);
         // The normal path refuses a message this old (replay protection).
         let mut h = http::HeaderMap::new();
         h.insert("x-amz-sns-message-type", http::HeaderValue::from_static("Notification"));
-        let req = |body| hookledger::intake::IntakeRequest {
+        let req = |body, now| hookledger::intake::IntakeRequest {
             endpoint: "ses",
             method: &http::Method::POST,
             headers: &h,
             body,
-            now: std::time::SystemTime::now(),
+            now,
             request_id: "it",
         };
-        assert_eq!(intake.handle(req(&lost)).await.status, 401);
-        // One SNS gave up on, one that arrived after all, one forged, one not SNS at all.
+        assert_eq!(intake.handle(req(&lost, replay_at)).await.status, 401);
+        // One SNS gave up on, one that arrived after all, one forged, one
+        // queued three hours after SNS sent it (longer than SNS retries),
+        // one not SNS at all.
         let arrived = crate::chaos::sns_envelope("sns-arrived", &message("Bounce", "m-2"), now_s() - 60);
-        assert_eq!(intake.handle(req(&arrived)).await.status, 202);
+        assert_eq!(intake.handle(req(&arrived, SystemTime::now())).await.status, 202);
         let mut forged: Value = serde_json::from_slice(&crate::chaos::sns_envelope(
             "sns-forged",
             &message("Delivery", "m-3"),
-            five_hours_ago,
+            half_an_hour_ago,
         ))
         .unwrap();
         forged["Message"] = json!(message("Complaint", "m-3"));
-        for body in
-            [lost.clone(), arrived.clone(), serde_json::to_vec(&forged).unwrap(), b"not an SNS message".to_vec()]
+        let late = crate::chaos::sns_envelope("sns-late", &message("Delivery", "m-4"), now_s() - 3 * 3_600);
+        for body in [lost.clone(), arrived, serde_json::to_vec(&forged).unwrap(), late, b"not an SNS message".to_vec()]
         {
-            stack
-                .sqs
-                .send_message()
-                .queue_url(&dlq)
-                .message_body(String::from_utf8(body).unwrap())
-                .send()
-                .await
-                .unwrap();
+            put(&stack, &dlq, body).await;
         }
-        let s = hookledger_cli::replay_sns::replay(&intake, &stack.sqs, &dlq, "ses", 100).await.unwrap();
-        assert_eq!((s.read, s.recorded, s.duplicates, s.refused, s.failed), (4, 1, 1, 2, 0), "{s:?}");
-        let ids: Vec<String> = stack.meta_items().await.iter().map(|r| text(r, "event_id")).collect();
-        assert!(ids.contains(&"sns-lost".to_owned()) && !ids.contains(&"sns-forged".to_owned()), "{ids:?}");
+        let s = replay(&intake, &stack.sqs, &options(&dlq, "ses"), replay_at).await.unwrap();
+        assert_eq!((s.read, s.recorded, s.duplicates, s.refused, s.failed), (5, 1, 1, 3, 0), "{s:?}");
+        assert_eq!(
+            s.refused_by_reason,
+            reasons([("malformed", 1), ("sent_outside_retry_window", 1), ("unverified", 1)]),
+            "{s:?}"
+        );
+        let ids = ids(&stack.meta_items().await);
+        assert!(ids.contains(&"sns-lost".to_owned()), "{ids:?}");
+        assert!(!ids.contains(&"sns-forged".to_owned()) && !ids.contains(&"sns-late".to_owned()), "{ids:?}");
         // The refused ones stay in the queue for a person to look at.
-        let left = stack
+        assert_eq!(in_flight(&stack, &dlq).await, "3", "the three refused messages are still in the queue");
+        // Not an SNS endpoint: refused before reading anything.
+        let queue = DeadLetterQueue { max_retry_secs: 3_600, retention_secs: 4 * 86_400 };
+        let letter = DeadLetter { envelope: &lost, sent_s: now_s() };
+        let refused = intake.replay_sns_dead_letter("stripe-a", &queue, &letter, SystemTime::now()).await;
+        assert_eq!(refused, Err(DeadLetterRefusal::NotAnSnsEndpoint));
+    }
+
+    #[tokio::test]
+    async fn a_pinned_sender_id_refuses_what_any_other_sender_queued() {
+        let stack = Stack::new().await;
+        let intake = stack.intake().await;
+        let dlq = dead_letter_queue(&stack).await;
+        let queued = |id: &str| crate::chaos::sns_envelope(id, &message("Delivery", id), now_s() - 600);
+        put(&stack, &dlq, queued("sns-from-elsewhere")).await;
+        // The SenderId the queue recorded for whoever sent to it here.
+        let peek = stack
             .sqs
-            .get_queue_attributes()
+            .receive_message()
             .queue_url(&dlq)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .visibility_timeout(0)
+            .message_system_attribute_names(MessageSystemAttributeName::SenderId)
             .send()
             .await
             .unwrap();
-        let in_flight = left.attributes.unwrap_or_default().values().next().cloned().unwrap_or_default();
-        assert_eq!(in_flight, "2", "the two refused messages are still in the queue");
-        // Not an SNS endpoint: refused before reading anything.
-        assert!(intake.replay_sns_dead_letter("stripe-a", &lost, std::time::SystemTime::now()).await.is_none());
+        let attributes = peek.messages.unwrap_or_default().remove(0).attributes.unwrap_or_default();
+        let sender = attributes[&MessageSystemAttributeName::SenderId].clone();
+        let pinned = |sender_id: &str| ReplayOptions { sender_id: Some(sender_id.to_owned()), ..options(&dlq, "ses") };
+
+        let s = replay(&intake, &stack.sqs, &pinned("AIDAANOTHERSENDER0000"), SystemTime::now()).await.unwrap();
+        assert_eq!((s.read, s.recorded, s.refused), (1, 0, 1), "{s:?}");
+        assert_eq!(s.refused_by_reason, reasons([("sender_not_allowed", 1)]));
+        assert_eq!(in_flight(&stack, &dlq).await, "1", "the refused message is still in the queue");
+
+        put(&stack, &dlq, queued("sns-from-the-pinned-sender")).await;
+        let s = replay(&intake, &stack.sqs, &pinned(&sender), SystemTime::now()).await.unwrap();
+        assert_eq!((s.read, s.recorded, s.refused), (1, 1, 0), "{s:?}");
+        let ids = ids(&stack.meta_items().await);
+        assert_eq!(ids, ["sns-from-the-pinned-sender"]);
     }
 
     /// The topic of the genuine SNS messages in the fixtures (signed by AWS in
@@ -846,7 +944,7 @@ mod sns_dead_letters {
     async fn genuine_intake(
         stack: &Stack,
         certs: std::sync::Arc<GenuineCertificates>,
-    ) -> hookledger::intake::Intake<DynamoLedger, SqsQueue> {
+    ) -> Intake<DynamoLedger, SqsQueue> {
         let spec = format!(r#"{{"sns-genuine": {{"provider": "sns", "topic_arns": ["{GENUINE_TOPIC}"]}}}}"#);
         let cache = std::sync::Arc::new(hookledger::verify::sns::CertificateCache::new(certs));
         let endpoints = hookledger::config::build_endpoints(
@@ -857,7 +955,7 @@ mod sns_dead_letters {
         .await
         .unwrap();
         let queue = SqsQueue::new(stack.sqs.clone(), &stack.queue_url);
-        hookledger::intake::Intake::new(endpoints, stack.settings(), stack.ledger(), queue)
+        Intake::new(endpoints, stack.settings(), stack.ledger(), queue)
     }
 
     #[tokio::test]
@@ -865,34 +963,34 @@ mod sns_dead_letters {
         let stack = Stack::new().await;
         let certs = std::sync::Arc::new(GenuineCertificates::default());
         let intake = genuine_intake(&stack, certs.clone()).await;
-        let dlq =
-            hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("{}-sns-dlq", &stack.table)).await.unwrap();
+        let dlq = dead_letter_queue(&stack).await;
         let notification = genuine("notification-no-subject.sv1.json");
-        let timestamp: Value = serde_json::from_str(&notification).unwrap();
-        let sent_s = hookledger::verify::sns::parse_timestamp(timestamp["Timestamp"].as_str().unwrap()).unwrap();
+        let envelope: Value = serde_json::from_str(&notification).unwrap();
+        let sent_s = hookledger::verify::sns::parse_timestamp(envelope["Timestamp"].as_str().unwrap()).unwrap();
         assert!(now_s() - sent_s > 60 * 86_400, "the fixture is more than sixty days old");
-        // Anyone who may send to the queue puts captures of genuine messages on it.
+        // Anyone who may send to the queue can put captures of genuine messages on it.
         for body in [
             notification.clone(),
             genuine("subscription-confirmation.sv1.json"),
             genuine("unsubscribe-confirmation.sv2.json"),
         ] {
-            stack.sqs.send_message().queue_url(&dlq).message_body(body).send().await.unwrap();
+            put(&stack, &dlq, body.into_bytes()).await;
         }
-        let s = hookledger_cli::replay_sns::replay(&intake, &stack.sqs, &dlq, "sns-genuine", 10).await.unwrap();
+        let s = replay(&intake, &stack.sqs, &options(&dlq, "sns-genuine"), SystemTime::now()).await.unwrap();
         assert_eq!((s.read, s.recorded, s.duplicates, s.refused, s.failed), (3, 0, 0, 3, 0), "{s:?}");
+        assert_eq!(s.refused_by_reason, reasons([("not_a_notification", 2), ("too_old", 1)]), "{s:?}");
         assert!(stack.meta_items().await.is_empty(), "nothing is recorded");
-        let fetched = certs.fetched.lock().unwrap().clone();
-        assert!(fetched.iter().all(|u| !u.contains("Action=ConfirmSubscription")), "no subscription is confirmed: {fetched:?}");
-        let left = stack
-            .sqs
-            .get_queue_attributes()
-            .queue_url(&dlq)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .send()
-            .await
-            .unwrap();
-        let in_flight = left.attributes.unwrap_or_default().values().next().cloned().unwrap_or_default();
-        assert_eq!(in_flight, "3", "the refused messages are still in the queue");
+        assert!(certs.fetched.lock().unwrap().is_empty(), "nothing is fetched: no subscription is confirmed");
+        assert_eq!(in_flight(&stack, &dlq).await, "3", "the refused messages are still in the queue");
+
+        // Within its bounds (queued a minute after SNS sent it, replayed an
+        // hour after), the same message verifies and is recorded: what
+        // refused it above is its age, not its signature.
+        let queue = DeadLetterQueue { max_retry_secs: 3_600, retention_secs: 14 * 86_400 };
+        let letter = DeadLetter { envelope: notification.as_bytes(), sent_s: sent_s + 60 };
+        let at = UNIX_EPOCH + Duration::from_secs((sent_s + 3_600) as u64);
+        let answer = intake.replay_sns_dead_letter("sns-genuine", &queue, &letter, at).await.unwrap();
+        assert_eq!(answer.status, 202, "{answer:?}");
+        assert_eq!(ids(&stack.meta_items().await), [envelope["MessageId"].as_str().unwrap()]);
     }
 }

@@ -16,6 +16,7 @@ pub mod sns;
 pub mod sources;
 pub mod sqs;
 pub mod stripe;
+pub mod timeouts;
 pub mod tls;
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
@@ -41,6 +42,9 @@ where
             | "RequestThrottled"
             | "Throttling",
         ) => PortError::Throttled { service },
+        Some(code) if crate::ledger::CALLER_CODES.contains(&code) => {
+            PortError::Caller { service, code: code.to_owned(), message: error_chain(err) }
+        }
         _ => PortError::Unavailable { service, message: error_chain(err) },
     }
 }

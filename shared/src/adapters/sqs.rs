@@ -77,18 +77,13 @@ impl SqsQueue {
             // Too large to carry: the processor reads the payload item.
             body = encode(&WorkMessage { v: message.v, key: message.key.clone(), body: None, body_b64: None })?;
         }
-        self.client.send_message().queue_url(&self.queue_url).message_body(body).send().await.map_err(|e| {
-            use aws_sdk_sqs::error::ProvideErrorMetadata;
-            let throttled = e
-                .as_service_error()
-                .and_then(|se| se.code())
-                .is_some_and(|c| c.contains("Throttl") || c == "RequestThrottled");
-            if throttled {
-                PortError::Throttled { service: "sqs" }
-            } else {
-                PortError::Unavailable { service: "sqs", message: super::error_chain(&e) }
-            }
-        })?;
+        self.client
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body)
+            .send()
+            .await
+            .map_err(|e| super::port_error("sqs", &e))?;
         Ok(())
     }
 }

@@ -462,6 +462,19 @@ mod ports {
         assert_eq!((a.status, a.code, h.sent()), (200, "duplicate", 1));
     }
 
+    /// A claim the ledger refuses as invalid is still a 503: the sender
+    /// keeps the event and retries (a 4xx would drop a genuine event); the
+    /// refusal is counted apart (`intake_caller_error`).
+    #[tokio::test]
+    async fn a_claim_refused_as_invalid_is_still_a_503() {
+        let h = harness();
+        h.world.inject("ledger.claim", 0, Some(1), Fault::Invalid);
+        let a = h.deliver(&body("e1", 1), 0).await;
+        assert_eq!((a.status, a.retry_after, h.sent()), (503, Some(RETRY_AFTER_SECS), 0));
+        assert_eq!(h.field("e1", "status"), None, "nothing written");
+        assert_eq!(h.deliver(&body("e1", 1), 1_000).await.status, 202, "the retry is recorded");
+    }
+
     #[tokio::test]
     async fn a_claim_whose_acknowledgement_was_lost_once_is_still_new() {
         let h = harness();

@@ -586,6 +586,22 @@ async fn a_commit_whose_acknowledgement_was_lost_is_recognised_as_ours() {
     assert_eq!(h.queue.keys(), [waiter]);
 }
 
+/// A commit the ledger refuses as invalid (`ValidationException`, a
+/// transaction cancelled for a validation reason) would be refused on every
+/// retry: the record is DEAD `caller_error` at once, with the service's
+/// answer, instead of retrying for the whole transient bound.
+#[tokio::test]
+async fn a_commit_refused_as_invalid_ends_the_record_dead_caller_error() {
+    let (proj, _) = scripted(|_| apply(&["x"]));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.world.inject("work.commit", 0, None, Fault::Invalid);
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Dead));
+    assert_eq!(h.ledger.get(&k).rec.status, Status::Dead);
+    assert_eq!(h.ledger.m.field(&k, "dead_reason").as_deref(), Some("caller_error"));
+    assert!(h.ledger.m.field(&k, "error_message").is_some_and(|m| m.contains("ValidationException")));
+}
+
 /// A commit whose acknowledgement was lost, recognised as ours on its
 /// retry, dispatches its outbox at once, as an acknowledged one does: the
 /// notification does not wait for the sweeper's grace.

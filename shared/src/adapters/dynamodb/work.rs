@@ -140,6 +140,14 @@ pub(crate) fn commit_cancelled(codes: &[&str], owner: &[usize]) -> Result<Commit
     if !conflicts.is_empty() {
         return Ok(CommitResult::Conflicts(conflicts));
     }
+    // A validation reason: the same transaction is refused again.
+    if let Some(reason) = codes.iter().find(|c| matches!(**c, "ValidationError" | "ItemCollectionSizeLimitExceeded")) {
+        return Err(PortError::Caller {
+            service: "dynamodb",
+            code: format!("TransactionCanceled:{reason}"),
+            message: format!("the commit transaction was cancelled: {}", codes.join(", ")),
+        });
+    }
     if codes.is_empty() {
         // No reasons given: we cannot tell which item failed.
         return Err(PortError::Unavailable {
@@ -148,6 +156,19 @@ pub(crate) fn commit_cancelled(codes: &[&str], owner: &[usize]) -> Result<Commit
         });
     }
     Ok(CommitResult::Contention)
+}
+
+#[cfg(test)]
+mod caller_tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_cancelled_for_a_validation_reason_is_a_caller_error() {
+        let got = commit_cancelled(&["None", "ValidationError", "None"], &[0, 1]);
+        assert!(matches!(got, Err(PortError::Caller { ref code, .. }) if code == "TransactionCanceled:ValidationError"), "{got:?}");
+        assert!(matches!(commit_cancelled(&["None", "TransactionConflict", "None"], &[0, 1]), Ok(CommitResult::Contention)));
+        assert!(matches!(commit_cancelled(&["None", "None", "ConditionalCheckFailed"], &[0, 1]), Ok(CommitResult::Fenced)));
+    }
 }
 
 /// Whether a refused exit from PROCESSING met our own exit (our retried

@@ -47,6 +47,9 @@ pub enum Fault {
     Throttle,
     /// The service answers a 5xx (`Unavailable`), nothing written.
     Unavailable,
+    /// The service refuses the request itself (`ValidationException`:
+    /// `Caller`), nothing written.
+    Invalid,
     /// The write lands; its acknowledgement is lost and the adapter's own
     /// retry meets it (what that retry answers is the call's answer).
     LoseAckOnce,
@@ -333,6 +336,11 @@ impl World {
         match self.fault_for(&mut st, name, target) {
             None => f(self, &mut st),
             Some(Fault::Throttle) => Err(PortError::Throttled { service: service(name) }),
+            Some(Fault::Invalid) => Err(PortError::Caller {
+                service: service(name),
+                code: "ValidationException".into(),
+                message: "the request is invalid (memory world)".into(),
+            }),
             Some(Fault::Unavailable) => {
                 Err(PortError::Unavailable { service: service(name), message: "InternalFailure (memory world)".into() })
             }
