@@ -340,8 +340,9 @@ impl From<ConfigError> for CliError {
 
 impl Ctx {
     /// Every adapter from the composition root, the flags in place of their
-    /// variables.
+    /// variables, every call within the CLI's timeouts (it runs off AWS).
     async fn new(global: Global) -> Result<Self, CliError> {
+        use hookledger::{adapters::timeouts::Timeouts, wiring::load_aws};
         let flags = global.clone();
         let settings = Settings::from_lookup(move |k| match k {
             "HOOKLEDGER_TABLE" => flags.table.clone(),
@@ -350,7 +351,7 @@ impl Ctx {
             "HOOKLEDGER_INDEX_SHARDS" => Some(flags.shards.to_string()),
             other => std::env::var(other).ok(),
         })?;
-        Ok(Self { wiring: Wiring::new(hookledger::wiring::load_aws().await, settings), global })
+        Ok(Self { wiring: Wiring::new(load_aws(Timeouts::CLI).await, settings), global })
     }
 
     fn table(&self) -> Result<String, CliError> {

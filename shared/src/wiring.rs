@@ -17,6 +17,7 @@ use crate::adapters::sns::SnsPublisher;
 use crate::adapters::sources::ProviderSource;
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::stripe::StripeEvents;
+use crate::adapters::timeouts::Timeouts;
 use crate::app::reference_registry;
 use crate::backfill::{self, Backfill, BackfillSettings, Schedule};
 use crate::clock::Ambient;
@@ -76,6 +77,15 @@ pub struct Settings {
     /// `HOOKLEDGER_GITHUB_TOKEN` (a secret reference) and `HOOKLEDGER_GITHUB_API_BASE`
     pub github_token: Option<String>,
     pub github_api_base: String,
+}
+
+/// A provider API base: the variable `name`, else `default`; `https://`, or
+/// `http://` to a loopback host only (see [`crate::adapters::https::check_api_base`]).
+fn api_base(get: impl Fn(&str) -> Option<String>, name: &str, default: &str) -> Result<String, ConfigError> {
+    let Some(base) = get(name) else { return Ok(default.to_owned()) };
+    crate::adapters::https::check_api_base(&base)
+        .map_err(|reason| ConfigError::Invalid { name: name.to_owned(), reason })?;
+    Ok(base)
 }
 
 /// Every scheduled backfill names an endpoint of `HOOKLEDGER_ENDPOINTS` of
@@ -180,9 +190,9 @@ impl Settings {
             backfill_schedules,
             max_backfill_body_bytes,
             stripe_api_key,
-            stripe_api_base: get("HOOKLEDGER_STRIPE_API_BASE").unwrap_or_else(|| STRIPE_API_BASE.into()),
+            stripe_api_base: api_base(get, "HOOKLEDGER_STRIPE_API_BASE", STRIPE_API_BASE)?,
             github_token,
-            github_api_base: get("HOOKLEDGER_GITHUB_API_BASE").unwrap_or_else(|| GITHUB_API_BASE.into()),
+            github_api_base: api_base(get, "HOOKLEDGER_GITHUB_API_BASE", GITHUB_API_BASE)?,
         })
     }
 
@@ -222,11 +232,11 @@ pub struct Wiring {
 }
 
 impl Wiring {
-    /// The AWS configuration of the environment, with the SDK's HTTPS client
-    /// built on the first request, and the settings of the environment.
-    pub async fn from_env() -> Result<Self, ConfigError> {
+    /// The AWS configuration of the environment within a function's
+    /// `timeouts` (see [`load_aws`]), and the settings of the environment.
+    pub async fn from_env(timeouts: Timeouts) -> Result<Self, ConfigError> {
         let settings = Settings::from_env()?;
-        Ok(Self::new(load_aws().await, settings))
+        Ok(Self::new(load_aws(timeouts).await, settings))
     }
 
     pub fn new(aws: aws_config::SdkConfig, settings: Settings) -> Self {
@@ -307,7 +317,7 @@ impl Wiring {
             "HOOKLEDGER_STRIPE_API_BASE" => Some(s.stripe_api_base.clone()),
             _ => None,
         };
-        crate::adapters::https::lazy_subscription_source(get, Arc::new(self.secrets()))
+        crate::adapters::https::lazy_subscription_source(get, Arc::new(self.secrets()), Timeouts::of(&self.aws))
     }
 
     /// The intake: endpoints with their secrets resolved (SSM only when a
@@ -319,8 +329,7 @@ impl Wiring {
 
     /// The intake of these endpoints only (a replay of one endpoint's messages).
     pub async fn intake_for(&self, specs: BTreeMap<String, EndpointSpec>) -> Result<LiveIntake, ConfigError> {
-        let getter = crate::adapters::https::ReqwestGetter::new()
-            .map_err(|reason| ConfigError::Invalid { name: "https client".into(), reason })?;
+        let getter = crate::adapters::https::ReqwestGetter::new(Timeouts::of(&self.aws));
         let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
         let secrets: Box<dyn SecretResolver> =
             if config::uses_ssm(&specs) { Box::new(self.secrets()) } else { Box::new(config::EnvSecrets) };
@@ -377,10 +386,11 @@ impl Wiring {
         let s = &self.settings;
         if spec.provider == "github" {
             let base = spec.base.unwrap_or(&s.github_api_base);
-            let api = GithubDeliveries::new(base, spec.hook.unwrap_or_default(), key)?;
+            let api = GithubDeliveries::new_within(base, spec.hook.unwrap_or_default(), key, Timeouts::of(&self.aws))?;
             return Ok(ProviderSource::Github(api.with_max_body_bytes(spec.max_body_bytes).with_clock(clock)));
         }
-        let api = StripeEvents::new(spec.base.unwrap_or(&s.stripe_api_base), key, spec.account)?;
+        let base = spec.base.unwrap_or(&s.stripe_api_base);
+        let api = StripeEvents::new_within(base, key, spec.account, Timeouts::of(&self.aws))?;
         Ok(ProviderSource::Stripe(api.with_max_body_bytes(spec.max_body_bytes).with_clock(clock)))
     }
 
@@ -473,9 +483,17 @@ pub struct Created {
     pub bucket: String,
 }
 
-/// The environment's AWS configuration, its HTTPS client built on first use.
-pub async fn load_aws() -> aws_config::SdkConfig {
-    aws_config::from_env().http_client(crate::adapters::https::sdk_http_client()).load().await
+/// The environment's AWS configuration for one function (or the CLI): its
+/// HTTPS client built on first use, and every SDK call within `timeouts`
+/// (connect, each attempt, the whole operation). The provider clients the
+/// wiring builds on it take the same profile ([`Timeouts::of`]).
+pub async fn load_aws(timeouts: Timeouts) -> aws_config::SdkConfig {
+    aws_loader(timeouts).load().await
+}
+
+/// The loader of [`load_aws`], before it reads the environment.
+fn aws_loader(timeouts: Timeouts) -> aws_config::ConfigLoader {
+    aws_config::from_env().http_client(crate::adapters::https::sdk_http_client()).timeout_config(timeouts.sdk())
 }
 
 /// The processor on a DynamoDB ledger: the projections read and write the
@@ -588,30 +606,68 @@ mod tests {
         }
     }
 
-    /// A listener on loopback that accepts connections and never answers.
-    fn silent_listener() -> String {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            let held: Vec<_> = listener.incoming().collect();
-            drop(held);
-        });
-        url
-    }
+    /// A function's profile, shortened so that the test takes a moment.
+    const SHORT: Timeouts = Timeouts {
+        connect: std::time::Duration::from_millis(200),
+        attempt: std::time::Duration::from_millis(200),
+        operation: std::time::Duration::from_millis(500),
+    };
 
+    /// Issue 21.5: an SDK client on the wiring's configuration, its endpoint
+    /// a server that accepts the connection and never answers, gets a
+    /// timeout error (not a hang until Lambda's own timeout).
     #[tokio::test]
     async fn an_sdk_call_that_never_answers_fails_with_a_timeout() {
         use aws_sdk_dynamodb::config::{Credentials, Region};
-        let aws = aws_config::from_env()
-            .http_client(crate::adapters::https::sdk_http_client())
-            .endpoint_url(silent_listener())
+        let aws = aws_loader(SHORT)
+            .endpoint_url(crate::adapters::https::test_servers::silent())
             .region(Region::new("eu-west-1"))
             .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
             .load()
             .await;
+        assert_eq!(Timeouts::of(&aws), SHORT, "the provider clients take the same profile");
         let call = aws_sdk_dynamodb::Client::new(&aws).describe_table().table_name("t").send();
         let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), call).await;
-        let err = outcome.expect("the call ended on its own").unwrap_err();
+        let err = outcome.expect("the SDK's own timeout ends the call").unwrap_err();
         assert!(matches!(err, aws_sdk_dynamodb::error::SdkError::TimeoutError(_)), "{err:?}");
+    }
+
+    fn with_api_base(name: &'static str, base: &'static str) -> Result<Settings, ConfigError> {
+        Settings::from_lookup(move |k| (k == name).then(|| base.to_owned()))
+    }
+
+    /// Issue 21.7: a provider API base is `https://`, or `http://` to a
+    /// loopback host (the tests' and the local stack's fake providers).
+    #[test]
+    fn a_provider_api_base_is_https_or_loopback_http() {
+        let defaults = Settings::from_lookup(vars(&[])).unwrap();
+        assert_eq!(defaults.stripe_api_base, STRIPE_API_BASE);
+        assert_eq!(defaults.github_api_base, GITHUB_API_BASE);
+        const OK: [&str; 5] = [
+            "https://api.example.com",
+            "https://ghe.example.com/api/v3",
+            "http://127.0.0.1:5056",
+            "http://[::1]:80",
+            "http://localhost:9",
+        ];
+        const REFUSED: [&str; 6] = [
+            "http://api.stripe.com",
+            "http://10.0.0.7:80",
+            "ftp://127.0.0.1",
+            "api.stripe.com",
+            "not a url",
+            "https://",
+        ];
+        for name in ["HOOKLEDGER_STRIPE_API_BASE", "HOOKLEDGER_GITHUB_API_BASE"] {
+            for ok in OK {
+                assert!(with_api_base(name, ok).is_ok(), "{name}={ok}");
+            }
+            for bad in REFUSED {
+                let err = with_api_base(name, bad).unwrap_err().to_string();
+                assert!(err.contains(name), "{name}={bad}: {err}");
+            }
+        }
+        let github = Settings::from_lookup(vars(&[("HOOKLEDGER_GITHUB_API_BASE", "http://127.0.0.1:5056")])).unwrap();
+        assert_eq!(github.github_api_base, "http://127.0.0.1:5056");
     }
 }

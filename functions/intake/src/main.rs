@@ -3,6 +3,7 @@
 
 #![recursion_limit = "256"]
 
+use hookledger::adapters::timeouts::Timeouts;
 use intake::handler;
 use lambda_http::{Error, service_fn};
 
@@ -12,10 +13,11 @@ async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
     let metrics = hookledger::telemetry::init_metrics("intake")?;
 
-    // The SDK's defaults; its HTTPS client loads the root certificates on the
-    // first AWS request, not in every SDK client's constructor.
+    // The SDK's defaults within the intake's timeouts (a stalled call fails
+    // in seconds, not at the Lambda timeout); its HTTPS client loads the root
+    // certificates on the first AWS request, not in every SDK client's constructor.
     let invalid = |e: &hookledger::config::ConfigError| tracing::error!(error = %e, "invalid configuration");
-    let wiring = hookledger::wiring::Wiring::from_env().await.inspect_err(invalid)?;
+    let wiring = hookledger::wiring::Wiring::from_env(Timeouts::INTAKE).await.inspect_err(invalid)?;
     let app = wiring.intake().await.inspect_err(invalid)?;
     let app = &app;
 

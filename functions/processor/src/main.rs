@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use hookledger::adapters::timeouts::Timeouts;
 use lambda_runtime::{Error, service_fn};
 use processor::handler;
 
@@ -11,10 +12,11 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let metrics = hookledger::telemetry::init_metrics("processor")?;
 
-    // Every setting and adapter from the composition root; the SDK's HTTPS
-    // client loads the root certificates on the first AWS request.
+    // Every setting and adapter from the composition root, every call within
+    // the processor's timeouts; the SDK's HTTPS client loads the root
+    // certificates on the first AWS request.
     let invalid = |e: &hookledger::config::ConfigError| tracing::error!(error = %e, "invalid configuration");
-    let wiring = hookledger::wiring::Wiring::from_env().await.inspect_err(invalid)?;
+    let wiring = hookledger::wiring::Wiring::from_env(Timeouts::PROCESSOR).await.inspect_err(invalid)?;
     let app = Arc::new(handler::from_wiring(&wiring).inspect_err(invalid)?);
 
     lambda_runtime::run(service_fn(move |event| {

@@ -7,10 +7,13 @@
 //! (`orgs/{org}/hooks/{id}`) or a GitHub App's hook (`app/hook`). The
 //! identity is the delivery's `guid`, the `X-GitHub-Delivery` header of its
 //! webhook. Rate limits: `Retry-After` (secondary limits), else
-//! `X-RateLimit-Remaining: 0` until `X-RateLimit-Reset`.
+//! `X-RateLimit-Remaining: 0` until `X-RateLimit-Reset`. Each answer is
+//! read up to a bound ([`MAX_DELIVERY_PAGE_BYTES`], the backfill's body
+//! limit for a delivery), and every request runs within the function's
+//! [`Timeouts`].
 
-use std::time::Duration;
-
+use crate::adapters::https::{BodyError, read_capped, request_failure};
+use crate::adapters::timeouts::Timeouts;
 use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
 use crate::secret::Secret;
 
@@ -29,25 +32,43 @@ pub struct GithubDeliveries {
 /// response headers, the response body GitHub kept).
 const DELIVERY_OVERHEAD_BYTES: usize = 1024 * 1024;
 
+/// The largest page of deliveries read: 1 MiB (a page lists 100 deliveries
+/// without their payloads, some 30 KiB); a larger page fails the run.
+pub const MAX_DELIVERY_PAGE_BYTES: usize = 1024 * 1024;
+
 pub use crate::ports::valid_github_hook as valid_hook;
 
 impl GithubDeliveries {
+    /// The deliveries of `hook` at `api_base`, within the reconciler's [`Timeouts`].
     pub fn new(api_base: impl Into<String>, hook: &str, token: Secret) -> Result<Self, String> {
+        Self::new_within(api_base, hook, token, Timeouts::RECONCILER)
+    }
+
+    /// The deliveries of `hook` at `api_base`, its requests within
+    /// `timeouts` (the calling function's, or the CLI's). The base must be
+    /// `https://` (plain `http://` only to a loopback host).
+    pub fn new_within(
+        api_base: impl Into<String>,
+        hook: &str,
+        token: Secret,
+        timeouts: Timeouts,
+    ) -> Result<Self, String> {
         if !valid_hook(hook) {
             return Err(format!(
                 "{hook:?} is not a hook path (repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook)"
             ));
         }
-        let client = crate::adapters::tls::client_builder()
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(10))
+        let api_base = api_base.into();
+        crate::adapters::https::check_api_base(&api_base)?;
+        let client = timeouts
+            .http_client_builder()
             .redirect(reqwest::redirect::Policy::none())
             .user_agent("hookledger-backfill")
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self {
             client,
-            api_base: api_base.into().trim_end_matches('/').to_owned(),
+            api_base: api_base.trim_end_matches('/').to_owned(),
             hook: hook.to_owned(),
             token,
             max_body_bytes: crate::ports::DEFAULT_MAX_BACKFILL_BODY_BYTES,
@@ -87,7 +108,7 @@ impl GithubDeliveries {
     }
 
     async fn send_as(&self, req: reqwest::RequestBuilder, one_event: bool) -> Result<reqwest::Response, SourceError> {
-        let resp = req.send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let resp = req.send().await.map_err(|e| SourceError::Unavailable(request_failure(e)))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
@@ -207,9 +228,12 @@ impl BackfillSource for GithubDeliveries {
         }
         let url = url::Url::parse_with_params(&format!("{}/{}/deliveries", self.api_base, self.hook), &query)
             .map_err(|e| SourceError::Rejected(format!("GitHub API base: {e}")))?;
-        let resp = self.send(self.request(reqwest::Method::GET, url.as_str())).await?;
+        let mut resp = self.send(self.request(reqwest::Method::GET, url.as_str())).await?;
         let link = resp.headers().get("link").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let bytes = resp.bytes().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let bytes = read_capped(&mut resp, MAX_DELIVERY_PAGE_BYTES).await.map_err(|e| match e {
+            BodyError::TooLarge { .. } => SourceError::Rejected(format!("the page of deliveries: {e}")),
+            BodyError::Read(_) => SourceError::Unavailable(e.to_string()),
+        })?;
         parse_deliveries(&bytes, link.as_deref(), window)
     }
 
@@ -236,7 +260,47 @@ impl BackfillSource for GithubDeliveries {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::adapters::https::test_servers;
+
+    /// A function's profile, shortened so that the test takes a moment.
+    const SHORT: Timeouts = Timeouts {
+        connect: Duration::from_millis(200),
+        attempt: Duration::from_millis(200),
+        operation: Duration::from_millis(500),
+    };
+
+    fn window() -> Window {
+        Window { since_s: 0, until_s: i64::MAX, types: vec![] }
+    }
+
+    /// Issue 21.5: a GitHub API that accepts the connection and never
+    /// answers fails the page with a timeout.
+    #[tokio::test]
+    async fn a_github_call_that_never_answers_fails_with_a_timeout() {
+        let api = GithubDeliveries::new_within(test_servers::silent(), "app/hook", Secret::new("t"), SHORT).unwrap();
+        let page = tokio::time::timeout(Duration::from_secs(10), api.page(&window(), None)).await;
+        match page.expect("the client's own timeout ends the page") {
+            Err(SourceError::Unavailable(m)) => assert!(m.contains("timed out"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 21.7: a page of deliveries longer than its bound is refused as
+    /// it is read (the answer carries no length), naming the bound.
+    #[tokio::test]
+    async fn a_github_page_over_its_bound_is_refused() {
+        let base = test_servers::answering_bytes(MAX_DELIVERY_PAGE_BYTES + 1);
+        let api = GithubDeliveries::new(base, "app/hook", Secret::new("t")).unwrap();
+        match api.page(&window(), None).await {
+            Err(SourceError::Rejected(m)) => {
+                assert!(m.contains("deliveries") && m.contains("larger than the 1048576-byte bound"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn hook_paths_are_checked() {
@@ -249,6 +313,8 @@ mod tests {
             assert!(!valid_hook(bad), "{bad}");
         }
         assert!(GithubDeliveries::new("https://api.github.com", "repos/x", Secret::new("t")).is_err());
+        assert!(GithubDeliveries::new("http://api.github.com", "app/hook", Secret::new("t")).is_err(), "plain http");
+        assert!(GithubDeliveries::new("http://localhost:5056", "app/hook", Secret::new("t")).is_ok());
     }
 
     #[test]

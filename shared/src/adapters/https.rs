@@ -6,17 +6,17 @@
 //! - [`ReqwestGetter`]: HTTPS GET for SNS certificates and subscription
 //!   confirmations. Only ever called with URLs that passed `verify::sns`
 //!   validation. No redirects are followed (a redirect could leave the
-//!   validated host), answers are size-limited, and timeouts keep the intake
-//!   within the providers' response deadlines.
+//!   validated host), answers are size-limited, and the function's
+//!   [`Timeouts`] keep the intake within the providers' response deadlines.
 //! - [`sdk_http_client`]: the AWS SDK's default HTTPS client for every SDK
 //!   client of a function (and aws-config's credential providers).
 //! - [`lazy_subscription_source`]: the Stripe API of `HOOKLEDGER_STRIPE_API_KEY`,
 //!   its key resolved on first use.
+//! - [`read_capped`]: a provider's answer, read up to a bound.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
@@ -26,6 +26,7 @@ use aws_smithy_runtime_api::shared::IntoShared;
 use aws_smithy_types::config_bag::ConfigBag;
 use url::Url;
 
+use crate::adapters::timeouts::Timeouts;
 use crate::config::ConfigError;
 use crate::projection::fetch::{ProviderError, SubscriptionFuture, SubscriptionSource};
 use crate::verify::sns::{FetchError, HttpsGet, MAX_CERTIFICATE_BYTES};
@@ -34,21 +35,26 @@ use crate::verify::sns::{FetchError, HttpsGet, MAX_CERTIFICATE_BYTES};
 /// deliveries ever fetch), and a failure to build it fails that fetch.
 pub struct ReqwestGetter {
     client: OnceLock<Result<reqwest::Client, String>>,
+    timeouts: Timeouts,
 }
 
+/// The largest answer the SNS getter reads (a certificate, or a
+/// subscription confirmation's answer).
+const MAX_SNS_ANSWER_BYTES: usize = MAX_CERTIFICATE_BYTES * 4;
+
 impl ReqwestGetter {
-    /// Creates nothing yet; never fails (the `Result` is kept for callers).
-    pub fn new() -> Result<Self, String> {
-        Ok(Self { client: OnceLock::new() })
+    /// Creates nothing yet: the client, within `timeouts` (the intake's),
+    /// is built by the first fetch.
+    pub fn new(timeouts: Timeouts) -> Self {
+        Self { client: OnceLock::new(), timeouts }
     }
 
     fn client(&self) -> Result<&reqwest::Client, FetchError> {
         let built = self.client.get_or_init(|| {
-            crate::adapters::tls::client_builder()
+            self.timeouts
+                .http_client_builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .https_only(true)
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(4))
                 .build()
                 .map_err(|e| e.to_string())
         });
@@ -64,16 +70,66 @@ impl HttpsGet for ReqwestGetter {
             if !resp.status().is_success() {
                 return Err(FetchError::Status(resp.status().as_u16()));
             }
-            let mut body = Vec::new();
-            while let Some(chunk) = resp.chunk().await.map_err(|e| FetchError::Failed(e.to_string()))? {
-                if body.len() + chunk.len() > MAX_CERTIFICATE_BYTES * 4 {
-                    return Err(FetchError::Failed("response too large".into()));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(body)
+            read_capped(&mut resp, MAX_SNS_ANSWER_BYTES).await.map_err(|e| FetchError::Failed(e.to_string()))
         })
     }
+}
+
+/// Whether `base` may be a provider API's base URL (the Stripe and GitHub
+/// clients send their key or token to it): `https://`, or plain `http://`
+/// to a loopback host only (127.0.0.0/8, `::1`, `localhost`: a fake
+/// provider on the same machine).
+pub fn check_api_base(base: &str) -> Result<(), String> {
+    let url = Url::parse(base).map_err(|e| format!("{base:?} is not a URL ({e})"))?;
+    match (url.scheme(), url.host()) {
+        ("https", Some(_)) => Ok(()),
+        ("http", Some(host)) if is_loopback(&host) => Ok(()),
+        ("http", Some(_)) => Err(format!("{base}: plain http only to a loopback host (127.0.0.1, ::1, localhost)")),
+        _ => Err(format!("{base}: expected an https:// URL")),
+    }
+}
+
+fn is_loopback(host: &url::Host<&str>) -> bool {
+    match host {
+        url::Host::Domain(name) => name.eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
+/// A failed provider request, told without its URL (which may carry a
+/// cursor or an id) and with every cause: a timeout reads
+/// "… operation timed out".
+pub fn request_failure(e: reqwest::Error) -> String {
+    crate::ledger::error_chain(&e.without_url())
+}
+
+/// Why a provider's answer could not be read whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// The answer is longer than the bound it is read to.
+    #[error("the answer is larger than the {limit}-byte bound")]
+    TooLarge { limit: usize },
+    /// The connection failed or timed out while the answer was read.
+    #[error("reading the answer: {0}")]
+    Read(String),
+}
+
+/// Reads an answer's body chunk by chunk, at most `limit` bytes of it: one
+/// longer (by its `Content-Length`, or once its chunks pass `limit`) is
+/// `TooLarge`, and nothing beyond the bound is read.
+pub async fn read_capped(resp: &mut reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(BodyError::TooLarge { limit });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| BodyError::Read(request_failure(e)))? {
+        if body.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// The HTTP client for `aws_config::from_env().http_client(..)`: the SDK's
@@ -122,6 +178,7 @@ impl HttpClient for OnFirstRequest {
 
 /// The Stripe subscription source of `HOOKLEDGER_STRIPE_API_KEY` (a secret
 /// reference) and `HOOKLEDGER_STRIPE_API_BASE`, or `None` when no key is set.
+/// Its client runs within `timeouts` (the function's).
 ///
 /// Nothing is read or built here: the key is resolved and the client built
 /// by the first subscription fetch (only subscription events and drift checks
@@ -132,6 +189,7 @@ impl HttpClient for OnFirstRequest {
 pub fn lazy_subscription_source(
     get: impl Fn(&str) -> Option<String>,
     secrets: Arc<dyn crate::config::SecretResolver>,
+    timeouts: Timeouts,
 ) -> Result<Option<Arc<dyn SubscriptionSource>>, ConfigError> {
     const KEY: &str = "HOOKLEDGER_STRIPE_API_KEY";
     let Some(reference) = get(KEY) else { return Ok(None) };
@@ -144,7 +202,7 @@ pub fn lazy_subscription_source(
         _ => return Err(invalid("expected a secret reference, env:NAME or ssm:/path".into())),
     }
     let base = get("HOOKLEDGER_STRIPE_API_BASE");
-    Ok(Some(Arc::new(LazyStripe { reference, base, secrets, api: tokio::sync::OnceCell::new() })))
+    Ok(Some(Arc::new(LazyStripe { reference, base, secrets, timeouts, api: tokio::sync::OnceCell::new() })))
 }
 
 struct LazyStripe {
@@ -152,6 +210,7 @@ struct LazyStripe {
     base: Option<String>,
     /// Reads the key on the first fetch (the wiring's resolver).
     secrets: Arc<dyn crate::config::SecretResolver>,
+    timeouts: Timeouts,
     api: tokio::sync::OnceCell<Arc<dyn SubscriptionSource>>,
 }
 
@@ -162,8 +221,9 @@ impl LazyStripe {
             "HOOKLEDGER_STRIPE_API_BASE" => self.base.clone(),
             _ => None,
         };
-        let source =
-            crate::adapters::stripe::source_from_env(vars, self.secrets.as_ref()).await.map_err(|e| e.to_string())?;
+        let source = crate::adapters::stripe::source_from_env(vars, self.secrets.as_ref(), self.timeouts)
+            .await
+            .map_err(|e| e.to_string())?;
         source.ok_or_else(|| "no Stripe API key".to_owned())
     }
 }
@@ -174,6 +234,48 @@ impl SubscriptionSource for LazyStripe {
             let api = self.api.get_or_try_init(|| self.build()).await.map_err(ProviderError::Unavailable)?;
             api.subscription(id).await
         })
+    }
+}
+
+/// Fake provider servers on loopback, for the tests of the clients.
+#[cfg(test)]
+pub(crate) mod test_servers {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// A server that accepts connections and never answers; its base URL.
+    pub(crate) fn silent() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let base = format!("http://{}", listener.local_addr().expect("its address"));
+        std::thread::spawn(move || {
+            let held: Vec<_> = listener.incoming().collect();
+            drop(held);
+        });
+        base
+    }
+
+    /// A server that answers one request 200 with `bytes` bytes of body,
+    /// streamed without a `Content-Length` (the client cannot know the size
+    /// before it reads); its base URL.
+    pub(crate) fn answering_bytes(bytes: usize) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let base = format!("http://{}", listener.local_addr().expect("its address"));
+        std::thread::spawn(move || {
+            let Ok((mut conn, _)) = listener.accept() else { return };
+            let _ = conn.read(&mut [0u8; 4096]);
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n");
+            let chunk = vec![b' '; 64 * 1024];
+            let mut left = bytes;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                // The client hangs up once the answer passes its bound.
+                if conn.write_all(&chunk[..n]).is_err() {
+                    return;
+                }
+                left -= n;
+            }
+        });
+        base
     }
 }
 
@@ -192,14 +294,14 @@ mod tests {
 
     #[test]
     fn no_key_no_source() {
-        assert!(lazy_subscription_source(vars(&[]), sdk()).unwrap().is_none());
+        assert!(lazy_subscription_source(vars(&[]), sdk(), Timeouts::PROCESSOR).unwrap().is_none());
     }
 
     #[test]
     fn a_bad_reference_still_fails_the_cold_start() {
         for reference in ["sk_live_inline", "env:", "ssm:", "vault:/x", "env:HOOKLEDGER_TEST_SURELY_UNSET_VAR"] {
             let get = |k: &str| (k == "HOOKLEDGER_STRIPE_API_KEY").then(|| reference.to_owned());
-            let err = lazy_subscription_source(get, sdk()).err();
+            let err = lazy_subscription_source(get, sdk(), Timeouts::PROCESSOR).err();
             assert!(
                 err.is_some_and(|e| e.to_string().contains("HOOKLEDGER_STRIPE_API_KEY")),
                 "{reference} was accepted"
@@ -210,9 +312,15 @@ mod tests {
     #[test]
     fn a_good_reference_is_not_read_until_a_fetch() {
         // PATH is always set; the source is built without reading it.
-        let source = lazy_subscription_source(vars(&[("HOOKLEDGER_STRIPE_API_KEY", "env:PATH")]), sdk()).unwrap();
+        let source =
+            lazy_subscription_source(vars(&[("HOOKLEDGER_STRIPE_API_KEY", "env:PATH")]), sdk(), Timeouts::PROCESSOR)
+                .unwrap();
         assert!(source.is_some());
-        let ssm = lazy_subscription_source(vars(&[("HOOKLEDGER_STRIPE_API_KEY", "ssm:/hookledger/stripe")]), sdk());
+        let ssm = lazy_subscription_source(
+            vars(&[("HOOKLEDGER_STRIPE_API_KEY", "ssm:/hookledger/stripe")]),
+            sdk(),
+            Timeouts::PROCESSOR,
+        );
         assert!(ssm.unwrap().is_some(), "no SSM call at construction");
     }
 
@@ -236,7 +344,7 @@ mod tests {
             "HOOKLEDGER_STRIPE_API_BASE" => Some(base.clone()),
             _ => None,
         };
-        let source = lazy_subscription_source(get, sdk()).unwrap().unwrap();
+        let source = lazy_subscription_source(get, sdk(), Timeouts::PROCESSOR).unwrap().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let fetched = rt.block_on(source.subscription("sub_1")).unwrap();
         assert_eq!(fetched.object.map(|s| (s.status, s.seats)), Some(("active".to_owned(), 3)));
@@ -247,8 +355,26 @@ mod tests {
     }
 
     #[test]
+    fn a_provider_api_base_is_https_or_http_to_loopback() {
+        for ok in [
+            "https://api.stripe.com",
+            "https://ghe.example.com/api/v3",
+            "http://127.0.0.1:9",
+            "http://[::1]:9",
+            "http://LOCALHOST",
+        ] {
+            assert_eq!(check_api_base(ok), Ok(()), "{ok}");
+        }
+        for bad in
+            ["http://api.stripe.com", "http://127.0.0.1.example.com", "ws://127.0.0.1", "file:///etc", "stripe", ""]
+        {
+            assert!(check_api_base(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn the_sns_getter_builds_no_client_until_a_fetch() {
-        let getter = ReqwestGetter::new().unwrap();
+        let getter = ReqwestGetter::new(Timeouts::INTAKE);
         assert!(getter.client.get().is_none());
     }
 }

@@ -4,18 +4,23 @@
 //! The base URL is configurable so tests and the local stack point it at a
 //! fake provider server. The fetched version is the fetch time (ms): Stripe
 //! subscriptions carry no revision, and a later read reflects later state.
+//! Each answer is read up to a bound ([`MAX_SUBSCRIPTION_BYTES`],
+//! [`MAX_EVENT_PAGE_BYTES`], the backfill's body limit for one event), and
+//! every request runs within the function's [`Timeouts`].
 
-use std::time::Duration;
-
+use crate::adapters::https::{BodyError, read_capped, request_failure};
+use crate::adapters::timeouts::Timeouts;
 use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
 use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture, SubscriptionSource};
 use crate::secret::Secret;
 
 /// The subscription source configured by `HOOKLEDGER_STRIPE_API_KEY` (a
-/// secret reference) and `HOOKLEDGER_STRIPE_API_BASE`; `None` when no key is set.
+/// secret reference) and `HOOKLEDGER_STRIPE_API_BASE`, within `timeouts`;
+/// `None` when no key is set.
 pub async fn source_from_env(
     get: impl Fn(&str) -> Option<String>,
     secrets: &dyn crate::config::SecretResolver,
+    timeouts: Timeouts,
 ) -> Result<Option<std::sync::Arc<dyn crate::projection::fetch::SubscriptionSource>>, crate::config::ConfigError> {
     use crate::config::ConfigError;
     let Some(reference) = get("HOOKLEDGER_STRIPE_API_KEY") else { return Ok(None) };
@@ -24,10 +29,19 @@ pub async fn source_from_env(
         .await
         .map_err(|reason| ConfigError::Invalid { name: "HOOKLEDGER_STRIPE_API_KEY".into(), reason })?;
     let base = get("HOOKLEDGER_STRIPE_API_BASE").unwrap_or_else(|| "https://api.stripe.com".into());
-    let api = StripeApi::new(base, key)
+    let api = StripeApi::new_within(base, key, timeouts)
         .map_err(|reason| ConfigError::Invalid { name: "HOOKLEDGER_STRIPE_API_BASE".into(), reason })?;
     Ok(Some(std::sync::Arc::new(api)))
 }
+
+/// The largest subscription answer read: 1 MiB (a subscription object is a
+/// few KiB); a larger one is refused.
+pub const MAX_SUBSCRIPTION_BYTES: usize = 1024 * 1024;
+
+/// The largest page of `GET /v1/events` read: 16 MiB, 100 events of 160 KiB
+/// each on average (Stripe's events are a few KiB to a few tens of KiB); a
+/// larger page fails the run.
+pub const MAX_EVENT_PAGE_BYTES: usize = 16 * 1024 * 1024;
 
 pub struct StripeApi {
     client: reqwest::Client,
@@ -37,16 +51,25 @@ pub struct StripeApi {
 }
 
 impl StripeApi {
+    /// The API at `base_url`, within the reconciler's [`Timeouts`].
     pub fn new(base_url: impl Into<String>, api_key: Secret) -> Result<Self, String> {
-        let client = crate::adapters::tls::client_builder()
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(5))
+        Self::new_within(base_url, api_key, Timeouts::RECONCILER)
+    }
+
+    /// The API at `base_url`, its requests within `timeouts` (the calling
+    /// function's).
+    /// The base must be `https://` (plain `http://` only to a loopback host).
+    pub fn new_within(base_url: impl Into<String>, api_key: Secret, timeouts: Timeouts) -> Result<Self, String> {
+        let base_url = base_url.into();
+        crate::adapters::https::check_api_base(&base_url)?;
+        let client = timeouts
+            .http_client_builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self {
             client,
-            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
             clock: std::sync::Arc::new(crate::clock::SystemClock),
         })
@@ -79,13 +102,13 @@ impl SubscriptionSource for StripeApi {
                 return Err(ProviderError::Rejected("subscription id has unexpected characters".into()));
             }
             let key = String::from_utf8_lossy(self.api_key.expose()).into_owned();
-            let resp = self
+            let mut resp = self
                 .client
                 .get(format!("{}/v1/subscriptions/{id}", self.base_url))
                 .bearer_auth(key)
                 .send()
                 .await
-                .map_err(|e| ProviderError::Unavailable(e.without_url().to_string()))?;
+                .map_err(|e| ProviderError::Unavailable(request_failure(e)))?;
             let version = self.clock.now_ms();
             let status = resp.status();
             if status == reqwest::StatusCode::NOT_FOUND {
@@ -97,7 +120,10 @@ impl SubscriptionSource for StripeApi {
             if !status.is_success() {
                 return Err(ProviderError::Rejected(format!("HTTP {status}")));
             }
-            let bytes = resp.bytes().await.map_err(|e| ProviderError::Unavailable(e.without_url().to_string()))?;
+            let bytes = read_capped(&mut resp, MAX_SUBSCRIPTION_BYTES).await.map_err(|e| match e {
+                BodyError::TooLarge { .. } => ProviderError::Rejected(format!("subscription {id}: {e}")),
+                BodyError::Read(_) => ProviderError::Unavailable(e.to_string()),
+            })?;
             let body: serde_json::Value = serde_json::from_slice(&bytes)
                 .map_err(|_| ProviderError::Rejected("subscription is not JSON".into()))?;
             let sub = parse_subscription(&body)
@@ -117,20 +143,33 @@ pub struct StripeEvents {
 }
 
 impl StripeEvents {
+    /// The event list at `base_url`, within the reconciler's [`Timeouts`].
     pub fn new(base_url: impl Into<String>, api_key: Secret, account: Option<String>) -> Result<Self, String> {
+        Self::new_within(base_url, api_key, account, Timeouts::RECONCILER)
+    }
+
+    /// The event list at `base_url`, its requests within `timeouts` (the
+    /// calling function's, or the CLI's).
+    pub fn new_within(
+        base_url: impl Into<String>,
+        api_key: Secret,
+        account: Option<String>,
+        timeouts: Timeouts,
+    ) -> Result<Self, String> {
         Ok(Self {
-            api: StripeApi::new(base_url, api_key)?,
+            api: StripeApi::new_within(base_url, api_key, timeouts)?,
             account,
             max_body_bytes: crate::ports::DEFAULT_MAX_BACKFILL_BODY_BYTES,
         })
     }
 
-    /// Reads an event fetched alone up to `bytes` (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`).
+    /// Stamps each fetch with this clock's time.
     pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
         self.api = self.api.with_clock(clock);
         self
     }
 
+    /// Reads an event fetched alone up to `bytes` (`HOOKLEDGER_MAX_BACKFILL_BODY_BYTES`).
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = bytes;
         self
@@ -158,6 +197,15 @@ fn event_answer(status: u16, headers: &reqwest::header::HeaderMap) -> SourceErro
             cause: crate::ports::Unfetchable::Status(status),
             detail: format!("Stripe answered HTTP {status} for the event"),
         },
+    }
+}
+
+/// A page that could not be read whole: too large (the run stops, naming
+/// the bound), or cut off (try again later).
+fn page_error(e: &BodyError) -> SourceError {
+    match e {
+        BodyError::TooLarge { .. } => SourceError::Rejected(format!("the event page: {e}")),
+        BodyError::Read(_) => SourceError::Unavailable(e.to_string()),
     }
 }
 
@@ -225,7 +273,7 @@ impl BackfillSource for StripeEvents {
         }
         let url = url::Url::parse_with_params(&format!("{}/v1/events", self.api.base_url), &query)
             .map_err(|e| SourceError::Rejected(format!("Stripe API base: {e}")))?;
-        let resp = self.get(url).send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let mut resp = self.get(url).send().await.map_err(|e| SourceError::Unavailable(request_failure(e)))?;
         let status = resp.status();
         if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
             return Err(rate_limited(resp.headers()));
@@ -236,7 +284,7 @@ impl BackfillSource for StripeEvents {
         if !status.is_success() {
             return Err(SourceError::Rejected(format!("HTTP {status}")));
         }
-        let bytes = resp.bytes().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let bytes = read_capped(&mut resp, MAX_EVENT_PAGE_BYTES).await.map_err(|e| page_error(&e))?;
         parse_event_page(&bytes)
     }
 
@@ -252,7 +300,7 @@ impl BackfillSource for StripeEvents {
         }
         let url = url::Url::parse(&format!("{}/v1/events/{id}", self.api.base_url))
             .map_err(|e| SourceError::Rejected(format!("Stripe API base: {e}")))?;
-        let resp = self.get(url).send().await.map_err(|e| SourceError::Unavailable(e.without_url().to_string()))?;
+        let resp = self.get(url).send().await.map_err(|e| SourceError::Unavailable(request_failure(e)))?;
         let status = resp.status();
         if !status.is_success() {
             return Err(event_answer(status.as_u16(), resp.headers()));
@@ -267,7 +315,77 @@ impl BackfillSource for StripeEvents {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::adapters::https::test_servers;
+
+    /// A function's profile, shortened so that the test takes a moment.
+    const SHORT: Timeouts = Timeouts {
+        connect: Duration::from_millis(200),
+        attempt: Duration::from_millis(200),
+        operation: Duration::from_millis(500),
+    };
+
+    fn key() -> Secret {
+        Secret::new("sk_test_fake")
+    }
+
+    fn window() -> Window {
+        Window { since_s: 0, until_s: 1, types: vec![] }
+    }
+
+    /// Issue 21.5: a Stripe API that accepts the connection and never
+    /// answers fails the fetch and the page with a timeout.
+    #[tokio::test]
+    async fn a_stripe_call_that_never_answers_fails_with_a_timeout() {
+        let base = test_servers::silent();
+        let api = StripeApi::new_within(base.clone(), key(), SHORT).unwrap();
+        let fetch = tokio::time::timeout(Duration::from_secs(10), api.subscription("sub_1")).await;
+        match fetch.expect("the client's own timeout ends the fetch") {
+            Err(ProviderError::Unavailable(m)) => assert!(m.contains("timed out"), "{m}"),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("a silent server answered"),
+        }
+        let events = StripeEvents::new_within(base, key(), None, SHORT).unwrap();
+        let page = tokio::time::timeout(Duration::from_secs(10), events.page(&window(), None)).await;
+        match page.expect("the client's own timeout ends the page") {
+            Err(SourceError::Unavailable(m)) => assert!(m.contains("timed out"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 21.7: a subscription or an event page longer than its bound is
+    /// refused as it is read (the answer carries no length), naming the bound.
+    #[tokio::test]
+    async fn a_stripe_answer_over_its_bound_is_refused() {
+        let api = StripeApi::new(test_servers::answering_bytes(MAX_SUBSCRIPTION_BYTES + 1), key()).unwrap();
+        match api.subscription("sub_1").await {
+            Err(ProviderError::Rejected(m)) => assert!(m.contains("larger than the 1048576-byte bound"), "{m}"),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("an oversize answer was taken"),
+        }
+        let at_bound = StripeApi::new(test_servers::answering_bytes(MAX_SUBSCRIPTION_BYTES), key()).unwrap();
+        match at_bound.subscription("sub_1").await {
+            Err(ProviderError::Rejected(m)) => assert_eq!(m, "subscription is not JSON", "read whole, then parsed"),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("spaces are not a subscription"),
+        }
+        let events = StripeEvents::new(test_servers::answering_bytes(MAX_EVENT_PAGE_BYTES + 1), key(), None).unwrap();
+        match events.page(&window(), None).await {
+            Err(SourceError::Rejected(m)) => {
+                assert!(m.contains("the event page") && m.contains("larger than the 16777216-byte bound"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plain_http_base_is_refused_unless_on_loopback() {
+        assert!(StripeApi::new("http://api.stripe.com", key()).is_err());
+        assert!(StripeEvents::new("http://10.1.2.3", key(), None).is_err());
+        assert!(StripeApi::new("http://127.0.0.1:5056", key()).is_ok());
+    }
 
     #[test]
     fn parses_the_subscription_fixture() {

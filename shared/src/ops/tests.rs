@@ -218,7 +218,7 @@ async fn a_replay_queues_the_key_before_it_writes_its_history() {
 
     let err = ops.replay(&k, "alice", "fixed", NOW).await.unwrap_err();
     assert!(matches!(err, OpsError::Storage(PortError::Unavailable { .. })), "{err:?}");
-    assert_eq!(queue.keys(), [k.clone()], "queued although its history entry failed");
+    assert_eq!(queue.keys(), std::slice::from_ref(&k), "queued although its history entry failed");
     assert_eq!(status_of(&ledger, &k), "RETRYABLE");
     assert_eq!(ledger.row(&k).unwrap()["last_replay_by"], "alice");
 }

@@ -82,7 +82,12 @@ impl DynamoLedger {
 
     /// Where projections read and write: this table, these shards.
     pub fn projection_context(&self) -> ProjectionContext {
-        ProjectionContext { ddb: self.client().clone(), table: self.table().to_owned(), shards: self.shards() }
+        ProjectionContext {
+            ddb: self.client().clone(),
+            table: self.table().to_owned(),
+            shards: self.shards(),
+            retention_days: self.retention_days,
+        }
     }
 }
 
@@ -156,19 +161,6 @@ pub(crate) fn commit_cancelled(codes: &[&str], owner: &[usize]) -> Result<Commit
         });
     }
     Ok(CommitResult::Contention)
-}
-
-#[cfg(test)]
-mod caller_tests {
-    use super::*;
-
-    #[test]
-    fn a_commit_cancelled_for_a_validation_reason_is_a_caller_error() {
-        let got = commit_cancelled(&["None", "ValidationError", "None"], &[0, 1]);
-        assert!(matches!(got, Err(PortError::Caller { ref code, .. }) if code == "TransactionCanceled:ValidationError"), "{got:?}");
-        assert!(matches!(commit_cancelled(&["None", "TransactionConflict", "None"], &[0, 1]), Ok(CommitResult::Contention)));
-        assert!(matches!(commit_cancelled(&["None", "None", "ConditionalCheckFailed"], &[0, 1]), Ok(CommitResult::Fenced)));
-    }
 }
 
 /// Whether a refused exit from PROCESSING met our own exit (our retried
@@ -293,5 +285,18 @@ impl WorkLedger for DynamoLedger {
 
     async fn predecessor_applied(&self, at: &Position) -> Result<bool, PortError> {
         sequence::predecessor_applied(&self.projection_context(), at).await.map_err(projection_error)
+    }
+}
+
+#[cfg(test)]
+mod caller_tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_cancelled_for_a_validation_reason_is_a_caller_error() {
+        let got = commit_cancelled(&["None", "ValidationError", "None"], &[0, 1]);
+        assert!(matches!(got, Err(PortError::Caller { ref code, .. }) if code == "TransactionCanceled:ValidationError"), "{got:?}");
+        assert!(matches!(commit_cancelled(&["None", "TransactionConflict", "None"], &[0, 1]), Ok(CommitResult::Contention)));
+        assert!(matches!(commit_cancelled(&["None", "None", "ConditionalCheckFailed"], &[0, 1]), Ok(CommitResult::Fenced)));
     }
 }
