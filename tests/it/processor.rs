@@ -149,6 +149,34 @@ async fn failure_after_the_claim_leaves_the_event_retryable() {
     assert_eq!(n(&stack.record(&key).await, "attempts"), 2);
 }
 
+/// An active entitlement is the revision guard: it never expires and stays
+/// in the re-check partition. One of a canceled or deleted subscription
+/// leaves the re-check partition at once (nothing left to drift) and
+/// expires after the retention.
+#[tokio::test]
+async fn an_ended_subscriptions_entitlement_leaves_the_rechecks_and_expires_after_the_retention() {
+    let stack = Stack::new().await;
+    stack.map_customer("cus_e", "acct_e").await;
+    let (fake, source) = stripe_source().await;
+    let p = stack.processor(fast_settings(), Some(source), None);
+    fake.set("sub_e", "cus_e", "active", 2);
+    let key = stack.claim("stripe", "stripe-a", "evt_e1", None, &sub_updated("evt_e1", "sub_e", "cus_e")).await;
+    assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
+    let active = stack.state(&entitlement_pk("t1", "sub_e")).await.unwrap();
+    assert!(active.contains_key("due_shard") && !active.contains_key("expires_at"), "{active:?}");
+
+    fake.set("sub_e", "cus_e", "canceled", 0);
+    let key = stack.claim("stripe", "stripe-a", "evt_e2", None, &sub_updated("evt_e2", "sub_e", "cus_e")).await;
+    let at = now_ms();
+    assert_eq!(p.process(&key, at).await.unwrap().outcome, Outcome::Applied);
+    let ended = stack.state(&entitlement_pk("t1", "sub_e")).await.unwrap();
+    assert_eq!(s(&ended, "status"), "canceled");
+    assert!(!ended.contains_key("due_shard") && !ended.contains_key("due_at"), "left the re-checks: {ended:?}");
+    let retention_s = i64::from(fast_settings().retention_days) * 86_400;
+    let expires = n(&ended, "expires_at");
+    assert!((at / 1000 + retention_s - 60..=at / 1000 + retention_s + 60).contains(&expires), "{expires}");
+}
+
 #[tokio::test]
 async fn crash_after_domain_commit_before_acknowledgement_converges() {
     let stack = Stack::new().await;

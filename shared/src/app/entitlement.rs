@@ -28,6 +28,10 @@ pub struct Entitlements {
 /// which moves both layouts to today's `chk#NNN`).
 pub const LEGACY_DRIFT_SHARD_PREFIX: &str = "ent";
 
+/// Subscription statuses after which nothing changes any more (`deleted`:
+/// Stripe no longer knows it).
+pub const ENDED: [&str; 3] = ["canceled", "incomplete_expired", "deleted"];
+
 pub fn entitlement_pk(tenant: &str, subscription: &str) -> String {
     format!("proj#entitlement#{tenant}#{subscription}")
 }
@@ -68,8 +72,12 @@ impl Projection for Entitlements {
             // The reconciler compares this item with Stripe once it is due
             // (the `due` index's re-check partitions `chk#NNN`; `due_at` is the next
             // check: the fetch time plus the default drift interval, then the
-            // reconciler's own interval after each check).
-            let attrs = HashMap::from([
+            // reconciler's own interval after each check). An ended
+            // subscription has nothing left to drift: it leaves the
+            // re-checks and expires after the retention. A live one never
+            // expires: it is the revision guard.
+            let ended = ENDED.contains(&status.as_str());
+            let mut attrs = HashMap::from([
                 ("account".to_owned(), s(&account)),
                 ("subscription".to_owned(), s(sub_id)),
                 ("customer".to_owned(), s(customer)),
@@ -78,12 +86,14 @@ impl Projection for Entitlements {
                 ("event_id".to_owned(), s(&ev.event_id)),
                 ("endpoint".to_owned(), s(&ev.endpoint)),
                 ("tenant".to_owned(), s(&ev.tenant)),
-                (
-                    "due_shard".to_owned(),
-                    s(due_shard_named(DuePartition::Checks.prefix(), shard_of(sub_id, cx.shards))),
-                ),
-                ("due_at".to_owned(), n(fetched.version + DEFAULT_DRIFT_INTERVAL_MS)),
             ]);
+            if ended {
+                attrs.insert("expires_at".to_owned(), n(crate::policy::expires_at(fetched.version, cx.retention_days)));
+            } else {
+                let shard = due_shard_named(DuePartition::Checks.prefix(), shard_of(sub_id, cx.shards));
+                attrs.insert("due_shard".to_owned(), s(shard));
+                attrs.insert("due_at".to_owned(), n(fetched.version + DEFAULT_DRIFT_INTERVAL_MS));
+            }
             let pk = entitlement_pk(&ev.tenant, sub_id);
             let mut op = replace_if_newer(&cx.table, &pk, Version { generation: 0, revision: fetched.version }, attrs);
             if let Some(topic) = &self.notify_topic {

@@ -134,6 +134,9 @@ pub struct ProjectionContext {
     pub table: String,
     /// Shards of the `due` index, for projections the reconciler checks.
     pub shards: u32,
+    /// `HOOKLEDGER_RETENTION_DAYS`: how long state that stops mattering
+    /// (an ended subscription's entitlement) is kept.
+    pub retention_days: u32,
 }
 
 impl ProjectionContext {
