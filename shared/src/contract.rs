@@ -50,6 +50,8 @@ pub trait Backend: Send + Sync {
     /// Writes an item as it is, unconditionally (a record left by an
     /// earlier release, a projection's state).
     fn put(&self, item: Item) -> impl Future<Output = ()> + Send;
+    /// The item at `(pk, sk)` as stored (a strongly consistent read).
+    fn get(&self, pk: &str, sk: &str) -> impl Future<Output = Option<Item>> + Send;
     /// The work queue (a fresh one).
     fn queue(&self) -> Self::Queue;
     /// Receives up to `max` visible messages, as the processor's trigger does.
@@ -575,6 +577,10 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert_eq!(item.attempts, 2);
     assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes);
     assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes, "our retry");
+    let sent = b.get(a, crate::adapters::dynamodb::outbox::OUTBOX_SK).await.expect("the sent item");
+    let expires = sent.get("expires_at").and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+    let retention_s = i64::from(crate::policy::DEFAULT_RETENTION_DAYS) * 86_400;
+    assert_eq!(expires, Some((T0 + 5_001) / 1000 + retention_s), "a sent item expires after the retention");
     assert_eq!(o.claim(a, "d-4", T0 + 90_000, T0 + 120_000).await.unwrap(), OutboxClaim::Skipped, "sent");
     assert!(!o.due(0, i64::MAX / 2, 10).await.unwrap().contains(a), "a sent item leaves the index");
 
@@ -831,6 +837,10 @@ mod tests {
 
         async fn put(&self, item: Item) {
             self.0.state().table.insert(item);
+        }
+
+        async fn get(&self, pk: &str, sk: &str) -> Option<Item> {
+            self.0.state().table.get(pk, sk).cloned()
         }
 
         type Queue = MemQueue;

@@ -73,6 +73,12 @@ impl Backend for Dynamo {
         self.ddb.put_item().table_name(&self.table).set_item(Some(item)).send().await.expect("put");
     }
 
+    async fn get(&self, pk: &str, sk: &str) -> Option<Item> {
+        let key = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.to_owned());
+        let out = self.ddb.get_item().table_name(&self.table).key("pk", key(pk)).key("sk", key(sk));
+        out.consistent_read(true).send().await.expect("get").item
+    }
+
     type Queue = SqsQueue;
 
     fn queue(&self) -> SqsQueue {

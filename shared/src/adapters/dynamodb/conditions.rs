@@ -636,14 +636,20 @@ fn dispatch_fenced(name: &'static str, token: &str) -> Update {
 /// retry after a lost acknowledgement meets SENT with our token: done. A
 /// dispatcher whose claim lapsed and was taken over has published anyway;
 /// the new owner publishes again with the same key.
-pub fn outbox_sent(token: &str, now_ms: i64) -> Update {
+///
+/// A sent item is kept for the retention (`expires_at`), as the identity of
+/// the event that wrote it is: a redelivery within it still finds the
+/// outcome, and nothing is kept forever.
+pub fn outbox_sent(token: &str, now_ms: i64, expires_at: i64) -> Update {
     dispatch_fenced("outbox_sent", token)
         .set("#st = :sent")
         .set("sent_at = :now")
+        .set("expires_at = :exp")
         .remove("due_shard")
         .remove("due_at")
         .value(":sent", s(SENT))
         .value(":now", n(now_ms))
+        .value(":exp", n(expires_at))
 }
 
 /// Timeline guarded: only the claim's holder records its failure; our own
@@ -859,7 +865,7 @@ mod tests {
             reschedule("t", 1),
             note_redriven(1),
             outbox_claim("t", 1, 2),
-            outbox_sent("t", 1),
+            outbox_sent("t", 1, 2),
             outbox_back_off("t", 1, "e", 1),
             outbox_dead("t", "attn#000", "e", 1),
             migrate_attention("DEAD", "attn#001", 5),

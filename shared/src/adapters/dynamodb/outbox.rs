@@ -162,7 +162,8 @@ impl OutboxStore for DynamoOutbox {
     }
 
     async fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> Result<Held, PortError> {
-        self.fenced_write(id, token, cond::outbox_sent(token, now_ms)).await
+        let expires_at = crate::policy::expires_at(now_ms, self.ledger.retention_days);
+        self.fenced_write(id, token, cond::outbox_sent(token, now_ms, expires_at)).await
     }
 
     async fn back_off(

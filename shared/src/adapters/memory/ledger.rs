@@ -1078,7 +1078,8 @@ impl OutboxStore for MemOutbox {
     }
 
     async fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> Result<Held, PortError> {
-        self.fenced("outbox.mark_sent", id, token, &cond::outbox_sent(token, now_ms))
+        let expires_at = crate::policy::expires_at(now_ms, self.0.retention_days);
+        self.fenced("outbox.mark_sent", id, token, &cond::outbox_sent(token, now_ms, expires_at))
     }
 
     async fn back_off(
