@@ -12,10 +12,14 @@
 //! - each global secondary index whose entry appears, changes or disappears
 //!   costs a write of the entry's size (its keys, the table's keys and the
 //!   projected attributes); an entry whose index key changes costs two (a
-//!   delete and a put);
+//!   delete and a put), each in the partition it leaves or enters;
 //! - a strongly consistent read costs 1 read unit per started 4 KB (a missing
 //!   item 1), an eventually consistent one (index queries) half; a query is
 //!   billed on the total size of the items it returns.
+//!
+//! Index writes are also counted by the partition they land in: the index
+//! and the prefix of the entry's partition-key value (`due#007` in the `due`
+//! index: `due/due`), the partition kinds whose shards share the load.
 //!
 //! The items before and after a write are read by a client that does not
 //! pass through this recorder. Requests to SQS and SNS are counted, not
@@ -125,6 +129,9 @@ pub struct Tally {
     pub table_wcu: f64,
     /// Write units on the indexes.
     pub index_wcu: f64,
+    /// [`Tally::index_wcu`] by the partition kind each write lands in
+    /// ([`partition_kind`]: `due/out` for an `out#007` entry of the `due` index).
+    pub index_wcu_by_partition: BTreeMap<String, f64>,
     pub rcu: f64,
 }
 
@@ -163,6 +170,25 @@ impl std::fmt::Debug for Capacity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Capacity")
     }
+}
+
+/// The partition kind of an index entry: the index's name and the prefix of
+/// the entry's partition-key value before its `#` (`due` and `out#007` →
+/// `due/out`; a value without `#` is its own kind).
+pub fn partition_kind(index: &str, value: Option<&AttributeValue>) -> String {
+    let value = match value {
+        Some(AttributeValue::S(s)) => s.as_str(),
+        _ => "",
+    };
+    format!("{index}/{}", value.split('#').next().unwrap_or_default())
+}
+
+/// The shards a partition kind needs so that none of its partition keys
+/// takes more than `max_per_key` write units a second, when each event
+/// writes `units_per_event` into the kind at `events_per_second` (spread
+/// evenly over the shards by the keys' hash; at least 1).
+pub fn shards_needed(units_per_event: f64, events_per_second: f64, max_per_key: f64) -> u32 {
+    ((units_per_event * events_per_second / max_per_key).ceil() as u32).max(1)
 }
 
 /// Size of one attribute value by DynamoDB's rules.
@@ -322,24 +348,27 @@ impl Capacity {
         f(st.tallies.entry(scope).or_default());
     }
 
-    /// The index writes from `old` to `new`.
-    fn index_units(&self, old: Option<&Item>, new: Option<&Item>) -> f64 {
-        let mut units = 0.0;
+    /// The index writes from `old` to `new`, each with the partition kind it
+    /// lands in.
+    fn index_units(&self, old: Option<&Item>, new: Option<&Item>) -> Vec<(String, f64)> {
+        let mut units = Vec::new();
         for index in self.indexes.iter() {
+            let kind = |entry: &Item| partition_kind(&index.name, entry.get(&index.hash));
             let before = old.and_then(|i| index.entry(i));
             let after = new.and_then(|i| index.entry(i));
-            units += match (before, after) {
-                (None, None) => 0.0,
-                (Some(b), None) => write_units(item_size(&b)),
-                (None, Some(a)) => write_units(item_size(&a)),
-                (Some(b), Some(a)) if b == a => 0.0,
+            match (before, after) {
+                (None, None) => {}
+                (Some(b), None) => units.push((kind(&b), write_units(item_size(&b)))),
+                (None, Some(a)) => units.push((kind(&a), write_units(item_size(&a)))),
+                (Some(b), Some(a)) if b == a => {}
                 (Some(b), Some(a))
                     if b.get(&index.hash) != a.get(&index.hash) || b.get(&index.range) != a.get(&index.range) =>
                 {
-                    write_units(item_size(&b)) + write_units(item_size(&a))
+                    units.push((kind(&b), write_units(item_size(&b))));
+                    units.push((kind(&a), write_units(item_size(&a))));
                 }
-                (Some(b), Some(a)) => write_units(item_size(&b).max(item_size(&a))),
-            };
+                (Some(b), Some(a)) => units.push((kind(&a), write_units(item_size(&b).max(item_size(&a))))),
+            }
         }
         units
     }
@@ -424,14 +453,14 @@ impl HttpConnector for CapacityConnector {
                 let factor = if transact { 2.0 } else { 1.0 };
                 if !writes.is_empty() {
                     let ok = status == 200;
-                    let (mut table, mut index) = (0.0, 0.0);
+                    let (mut table, mut index) = (0.0, Vec::new());
                     for (w, old) in writes.iter().zip(&before) {
                         let new = if ok { model.image(&w.key).await } else { old.clone() };
                         let size = |i: &Option<Item>| i.as_ref().map_or(0, item_size);
                         let put = w.put.as_ref().map_or(0, item_size);
                         if ok {
                             table += factor * write_units(size(old).max(size(&new)).max(put));
-                            index += model.index_units(old.as_ref(), new.as_ref());
+                            index.extend(model.index_units(old.as_ref(), new.as_ref()));
                         } else {
                             // A failed condition (or a cancelled transaction's prepare).
                             table += write_units(size(old).max(put));
@@ -439,7 +468,10 @@ impl HttpConnector for CapacityConnector {
                     }
                     model.add(|t| {
                         t.table_wcu += table;
-                        t.index_wcu += index;
+                        for (kind, units) in index {
+                            t.index_wcu += units;
+                            *t.index_wcu_by_partition.entry(kind).or_default() += units;
+                        }
                     });
                 }
                 let reads = match operation.as_str() {
@@ -511,5 +543,21 @@ mod tests {
         item.insert("due_at".into(), AttributeValue::N("5".into()));
         let entry = index.entry(&item).unwrap();
         assert!(!entry.contains_key("status") && entry.contains_key("due_at"));
+    }
+
+    #[test]
+    fn index_writes_are_attributed_to_the_partition_kind_they_land_in() {
+        let shard = |v: &str| AttributeValue::S(v.into());
+        assert_eq!(partition_kind("due", Some(&shard("out#007"))), "due/out");
+        assert_eq!(partition_kind("attention", Some(&shard("attn#000"))), "attention/attn");
+        assert_eq!(partition_kind("due", Some(&shard("plain"))), "due/plain");
+    }
+
+    #[test]
+    fn shards_keep_every_partition_key_under_its_limit() {
+        // 2 units per event at 10,000 events/s: 20,000 units/s, 40 keys of 500.
+        assert_eq!(shards_needed(2.0, 10_000.0, 500.0), 40);
+        assert_eq!(shards_needed(2.01, 10_000.0, 500.0), 41);
+        assert_eq!(shards_needed(0.0, 10_000.0, 500.0), 1);
     }
 }

@@ -60,7 +60,7 @@ struct Global {
     #[arg(long, global = true, env = "HOOKLEDGER_PAYLOAD_BUCKET")]
     payload_bucket: Option<String>,
     /// Index shards; must match the functions' HOOKLEDGER_INDEX_SHARDS.
-    #[arg(long, global = true, env = "HOOKLEDGER_INDEX_SHARDS", default_value_t = 16)]
+    #[arg(long, global = true, env = "HOOKLEDGER_INDEX_SHARDS", default_value_t = hookledger::policy::DEFAULT_INDEX_SHARDS)]
     shards: u32,
     /// Machine-readable output.
     #[arg(long, global = true)]

@@ -578,7 +578,7 @@ mod tests {
     #[test]
     fn settings_have_defaults_and_bounds() {
         let s = settings_from(env(&[("HOOKLEDGER_TABLE", "t"), ("HOOKLEDGER_QUEUE_URL", "q")])).unwrap();
-        assert_eq!((s.max_body_bytes, s.retention_days, s.index_shards), (256 * 1024, 30, 16));
+        assert_eq!((s.max_body_bytes, s.retention_days, s.index_shards), (256 * 1024, 30, DEFAULT_INDEX_SHARDS));
         assert_eq!(settings_from(env(&[("HOOKLEDGER_QUEUE_URL", "q")])), Err(ConfigError::Missing("HOOKLEDGER_TABLE")));
         let too_big = settings_from(env(&[
             ("HOOKLEDGER_TABLE", "t"),

@@ -5,7 +5,14 @@
 //! - requests and sequential round trips per event, by flow;
 //! - modelled write units (table and indexes) and read units per event;
 //! - events/s through the code, against what the emulator alone sustains
-//!   replaying the same recorded requests.
+//!   replaying the same recorded requests;
+//! - the index capacity at the design rate (`index_capacity`): index write
+//!   units per event of each contract by the partition kind they land in
+//!   (records, outbox, re-checks, attention), and the shards each kind needs
+//!   so that no partition key takes more than 500 write units/s at 10,000
+//!   events/s of its worst contract;
+//! - what an idle reconciler run costs (`idle_reconciler`): its queries and
+//!   read units at 16 shards and at the default.
 //!
 //! Not a test: `scripts/bench-pipeline` starts the emulator and runs it
 //! (`cargo test --release -p hookledger-it --test it bench::pipeline --
@@ -15,15 +22,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use hookledger::adapters::dynamodb::{DynamoLedger, table_definition};
+use aws_sdk_dynamodb::types::AttributeValue;
+use hookledger::adapters::dynamodb::{
+    ATTENTION_INDEX, DUE_INDEX, DynamoLedger, attention_shard, due_partition, table_definition,
+};
 use hookledger::adapters::sqs::{SqsQueue, WorkMessage};
 use hookledger::adapters::stripe::StripeApi;
 use hookledger::config::ProcessorSettings;
 use hookledger::identity::EventKey;
 use hookledger::intake::{Intake, IntakeRequest};
+use hookledger::ledger::DuePartition;
+use hookledger::policy::DEFAULT_INDEX_SHARDS;
 use hookledger::secret::Secret;
 use hookledger::verify::{standard, stripe};
-use hookledger_it::capacity::{Capacity, Tally};
+use hookledger_it::capacity::{Capacity, Tally, partition_kind, shards_needed};
 use hookledger_it::faults::emulator_http_client;
 use http::{HeaderMap, HeaderValue, Method};
 use serde_json::json;
@@ -31,6 +43,14 @@ use serde_json::json;
 use crate::fake_provider::FakeStripe;
 use crate::processor::{inventory, pi_succeeded, sub_updated};
 use crate::support::{STRIPE_SECRET, SVIX_SECRET, Stack};
+
+/// The reference app's contracts, in the order the bench drives them.
+const CONTRACTS: [&str; 4] = ["payment", "seats_4k", "inventory", "subscription"];
+/// The design rate: events per second of one contract.
+const DESIGN_EVENTS_PER_SECOND: f64 = 10_000.0;
+/// Write units per second one index partition key may take: half of
+/// DynamoDB's 1,000, a margin for uneven hashing and retries.
+const MAX_WCU_PER_PARTITION_KEY: f64 = 500.0;
 
 fn events() -> usize {
     std::env::var("BENCH_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(20)
@@ -111,8 +131,97 @@ fn per_event(t: &Tally, n: usize) -> serde_json::Value {
         "write_units": t.wcu() / n,
         "table_write_units": t.table_wcu / n,
         "index_write_units": t.index_wcu / n,
+        "index_write_units_by_partition":
+            t.index_wcu_by_partition.iter().map(|(k, v)| (k.clone(), json!(v / n))).collect::<BTreeMap<_, _>>(),
         "read_units": t.rcu / n,
     })
+}
+
+/// The index partition kinds by name, each with its key in
+/// [`Tally::index_wcu_by_partition`] (from the partition names the adapter writes).
+fn partition_kinds() -> Vec<(&'static str, String)> {
+    let kind = |index: &str, partition: String| partition_kind(index, Some(&AttributeValue::S(partition)));
+    DuePartition::ALL
+        .iter()
+        .map(|&p| (p.name(), kind(DUE_INDEX, due_partition(p, 0))))
+        .chain([("attention", kind(ATTENTION_INDEX, attention_shard(0)))])
+        .collect()
+}
+
+/// Index write units per event of each contract by partition kind (every
+/// flow of the contract: the new event, its processing, its duplicate), and
+/// the shards each kind needs at the design rate of its worst contract.
+fn index_capacity(tallies: &BTreeMap<String, Tally>, n: usize) -> serde_json::Value {
+    let kinds = partition_kinds();
+    let mut per_contract = BTreeMap::new();
+    for contract in CONTRACTS {
+        let mut units: BTreeMap<String, f64> = kinds.iter().map(|(name, _)| ((*name).to_owned(), 0.0)).collect();
+        for (_, tally) in tallies.iter().filter(|(scope, _)| scope.rsplit('/').next() == Some(contract)) {
+            for (key, u) in &tally.index_wcu_by_partition {
+                let name = kinds.iter().find(|(_, k)| k == key).map_or(key.as_str(), |(name, _)| name);
+                *units.entry(name.to_owned()).or_default() += u / n as f64;
+            }
+        }
+        per_contract.insert(contract, units);
+    }
+    let mut needed = serde_json::Map::new();
+    let mut at_default = serde_json::Map::new();
+    let mut worst_kind = 1;
+    for name in per_contract.values().flat_map(|u| u.keys()).collect::<std::collections::BTreeSet<_>>() {
+        let of = |c: &str| per_contract[c].get(name).copied().unwrap_or(0.0);
+        let units = CONTRACTS.iter().map(|c| of(c)).fold(0.0, f64::max);
+        let worst: Vec<_> = CONTRACTS.iter().filter(|c| units > 0.0 && of(c) == units).collect();
+        let shards = shards_needed(units, DESIGN_EVENTS_PER_SECOND, MAX_WCU_PER_PARTITION_KEY);
+        worst_kind = worst_kind.max(shards);
+        needed
+            .insert(name.clone(), json!({"shards": shards, "worst_contracts": worst, "write_units_per_event": units}));
+        at_default.insert(name.clone(), json!(units * DESIGN_EVENTS_PER_SECOND / f64::from(DEFAULT_INDEX_SHARDS)));
+    }
+    json!({
+        "events_per_second": DESIGN_EVENTS_PER_SECOND,
+        "max_write_units_per_partition_key": MAX_WCU_PER_PARTITION_KEY,
+        "write_units_per_event": per_contract,
+        "shards_needed": needed,
+        "shards_needed_by_the_worst_kind": worst_kind,
+        "default_shards": DEFAULT_INDEX_SHARDS,
+        "default_carries_every_kind": DEFAULT_INDEX_SHARDS >= worst_kind,
+        "write_units_per_partition_key_at_the_default": at_default,
+    })
+}
+
+/// One reconciler run over an empty table at each shard count: its
+/// requests (all queries), modelled read units and seconds against the emulator.
+async fn idle_reconciler(capacity: &Capacity, measured: &aws_config::SdkConfig) -> serde_json::Value {
+    use hookledger::reconciler::Reconciler;
+    let idle = Stack::new().await;
+    let ddb = aws_sdk_dynamodb::Client::new(measured);
+    let mut runs = serde_json::Map::new();
+    let mut counts = vec![16, DEFAULT_INDEX_SHARDS];
+    counts.dedup();
+    for shards in counts {
+        let dispatcher =
+            hookledger::wiring::dispatcher(ddb.clone(), aws_sdk_sns::Client::new(measured), idle.table.clone());
+        let reconciler = Reconciler::new(
+            DynamoLedger::new(ddb.clone(), &idle.table).with_shards(shards),
+            SqsQueue::new(aws_sdk_sqs::Client::new(measured), &idle.queue_url),
+            Some(dispatcher),
+            None,
+            hookledger::config::ReconcilerSettings::default(),
+        );
+        let scope = format!("reconciler_idle/{shards}");
+        capacity.scope(&scope);
+        let started = Instant::now();
+        let summary = reconciler.run(now_ms(), Instant::now() + std::time::Duration::from_secs(300)).await;
+        let seconds = started.elapsed().as_secs_f64();
+        assert!(summary.complete && summary.errors.is_empty(), "{summary:?}");
+        let tally = capacity.tallies().remove(&scope).unwrap_or_default();
+        runs.insert(
+            shards.to_string(),
+            json!({"requests": tally.requests, "by_operation": tally.by_operation, "read_units": tally.rcu,
+                "seconds_against_the_emulator": seconds}),
+        );
+    }
+    serde_json::Value::Object(runs)
 }
 
 /// Replays recorded requests against the emulator, one after another (a
@@ -176,7 +285,7 @@ async fn pipeline() {
     let mut total_events = 0usize;
     let run = uuid::Uuid::new_v4().simple().to_string()[..6].to_owned();
     capacity.record_requests(true);
-    for contract in ["payment", "seats_4k", "inventory", "subscription"] {
+    for contract in CONTRACTS {
         let batch = contract_events(contract, n, &run);
         if contract == "subscription" {
             for (i, _) in batch.iter().enumerate() {
@@ -264,6 +373,8 @@ async fn pipeline() {
         "events_per_second": code_rate,
         "emulator_alone_events_per_second": emulator_rate,
         "code_vs_emulator_alone": code_rate / emulator_rate,
+        "index_capacity": index_capacity(&tallies, n),
+        "idle_reconciler": idle_reconciler(&capacity, &measured).await,
     });
     println!("{}", serde_json::to_string_pretty(&out).unwrap());
 }

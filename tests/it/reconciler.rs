@@ -339,7 +339,8 @@ fn reconciler_with<Q: WorkQueue>(
 ) -> Reconciler<Q, DynamoLedger, hookledger::wiring::LiveDispatcher> {
     let dispatcher =
         hookledger::wiring::dispatcher(ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
-    Reconciler::new(DynamoLedger::new(ddb, &stack.table), queue, Some(dispatcher), source, settings)
+    // The stack's shards (16), as its intake writes them.
+    Reconciler::new(DynamoLedger::new(ddb, &stack.table).with_shards(16), queue, Some(dispatcher), source, settings)
 }
 
 fn sqs_queue(stack: &Stack) -> SqsQueue {
@@ -468,8 +469,9 @@ async fn a_redrive_whose_send_fails_does_not_mark_the_record_sent() {
     assert!(!record.contains_key("enqueued_at"), "marked sent though the send failed: {record:?} (run: {failed})");
     assert_eq!(failed["errors"]["redrive"], 1);
     // It stays re-drivable: after the backoff a healthy run sends it, still as never sent.
+    // (The backoff counts from when the run reached it: a minute later is past it.)
     let r = reconciler_with(&stack, stack.ddb.clone(), sqs_queue(&stack), None, ReconcilerSettings::default());
-    let next = run_json(&r, at + ReconcilerSettings::default().redrive_backoff_ms).await;
+    let next = run_json(&r, at + ReconcilerSettings::default().redrive_backoff_ms + 60_000).await;
     assert_eq!(next["redriven"]["never_sent"], 1, "{next}");
     assert_eq!(stack.drain_queue().await.len(), 1);
     assert!(stack.record(&key).await.contains_key("enqueued_at"));
@@ -562,7 +564,9 @@ async fn a_provider_outage_is_counted_and_the_drift_check_retried_after_the_back
     fake.fail.store(false, Ordering::SeqCst);
     let soon = run_json(&r, t1 + 1_000).await;
     assert_eq!(soon["drift_checked"], 0, "not before the backoff: {soon}");
-    let after = run_json(&r, t1 + settings.redrive_backoff_ms + 1).await;
+    // The backoff counts from when the run reached it (a claim is taken at
+    // the clock's current time): a minute later is past it.
+    let after = run_json(&r, t1 + settings.redrive_backoff_ms + 60_000).await;
     assert_eq!((after["drift_found"].clone(), after["errors"].get("drift").cloned()), (1.into(), None), "{after}");
     assert!(stack.drain_queue().await.iter().any(|b| b.contains("recon:sub_po:")));
 }

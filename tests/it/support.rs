@@ -133,8 +133,10 @@ impl Stack {
         config::build_endpoints(specs, &TestSecrets, certs).await.unwrap()
     }
 
+    /// The ledger on this stack's shards (`settings().index_shards`: 16, not
+    /// the deployed default, so the tests' reconciler runs stay short).
     pub fn ledger(&self) -> DynamoLedger {
-        DynamoLedger::new(self.ddb.clone(), &self.table)
+        DynamoLedger::new(self.ddb.clone(), &self.table).with_shards(16)
     }
 
     pub async fn intake(&self) -> Intake<DynamoLedger, SqsQueue> {
