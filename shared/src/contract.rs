@@ -386,7 +386,7 @@ pub async fn a_gap_wakes_its_waiter_and_nothing_else<B: Backend>(b: &B) {
     // The waiter's pointer and the stream's position.
     let at = Position { stream: "seq#acct_1".into(), seq: 2 };
     assert_eq!(l.waiter(&at).await.unwrap(), None);
-    l.register_waiter(&at, &e.key, T0 / 1000 + 60).await.unwrap();
+    l.register_waiter(&at, &e.key, T0 / 1000 + 60, None).await.unwrap();
     assert_eq!(l.waiter(&at).await.unwrap(), Some(e.key.clone()));
     assert!(!l.predecessor_applied(&at).await.unwrap());
     let (l2, first) = leased(b, "seq-1", "tok-1").await;
@@ -402,6 +402,48 @@ pub async fn a_gap_wakes_its_waiter_and_nothing_else<B: Backend>(b: &B) {
         CommitResult::Conflicts(vec![0]),
         "sequence 1 applies once"
     );
+}
+
+/// A record parked at the gap bound leaves its pointer due in the records
+/// partition (`register_waiter` with a look): the reconciler finds it,
+/// claims it, and each look wakes the record only once its predecessor has
+/// committed (`waiter_settled` takes the pointer out of the index); a
+/// pointer whose record no longer waits leaves the index too.
+pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_once<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "parked-waiter", "tok-1").await;
+    let at = Position { stream: "seq#acct_w".into(), seq: 2 };
+    l.register_waiter(&at, &e.key, T0 / 1000 + 60, Some(T0 + 5)).await.unwrap();
+    let park = Exit::Park { reason: crate::ledger::GAP, subject: None };
+    assert!(l.leave(&e.key, "tok-1", &park, T0 + 5).await.unwrap());
+    assert_eq!(l.waiter(&at).await.unwrap(), Some(e.key.clone()), "still the commit's pointer");
+    let waiters = |page: crate::ledger::DuePage| -> Vec<crate::ledger::WaiterItem> {
+        page.items.into_iter().filter_map(|d| if let Due::Waiter(w) = d { Some(w) } else { None }).collect()
+    };
+    let due = waiters(l.due(DuePartition::Records, 0, T0 + 5, 10, None).await.unwrap());
+    assert_eq!(due.len(), 1, "{due:?}");
+    let w = &due[0];
+    assert_eq!((w.key.clone(), w.seq, w.due_at_ms), (e.key.clone(), 2, T0 + 5));
+    let item = DueItem::Waiter { stream: &w.stream, sk: &w.sk };
+    assert!(l.claim_due(item, w.due_at_ms, T0 + 300_000).await.unwrap().is_some());
+    assert_eq!(l.look_at_waiter(w, T0 + 6).await.unwrap(), crate::ledger::WaiterCheck::Waiting);
+    assert_eq!(text(&row(&l, &e.key).await, "status"), Some("PARKED"), "not woken before its predecessor");
+    assert!(waiters(l.due(DuePartition::Records, 0, T0 + 5, 10, None).await.unwrap()).is_empty(), "claimed: later");
+    let later = waiters(l.due(DuePartition::Records, 0, T0 + 300_000, 10, None).await.unwrap());
+    assert_eq!(later.len(), 1, "due again at its next look");
+
+    // The predecessor commits (its processor then dies before waking it).
+    let (l2, first) = leased(b, "parked-waiter-1", "tok-1").await;
+    let apply = sequence::apply_next(&b.table(), "seq#acct_w", 1, "balance", 5, Default::default());
+    assert!(matches!(
+        l2.commit(&first.key, "tok-1", &[apply], "applied", None, T0).await.unwrap(),
+        CommitResult::Committed { .. }
+    ));
+    assert_eq!(l.look_at_waiter(&later[0], T0 + 300_001).await.unwrap(), crate::ledger::WaiterCheck::Woken);
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "status"), num(&r, "due_at")), (Some("RETRYABLE"), Some(T0 + 300_001)));
+    assert!(waiters(l.due(DuePartition::Records, 0, i64::MAX / 2, 10, None).await.unwrap()).is_empty(), "settled");
+    assert_eq!(l.look_at_waiter(&later[0], T0 + 300_002).await.unwrap(), crate::ledger::WaiterCheck::Gone, "once");
+    assert_eq!(text(&row(&l, &e.key).await, "status"), Some("RETRYABLE"));
 }
 
 // -------------------------------------------------------------- reconciler
@@ -775,6 +817,7 @@ macro_rules! contract_scenarios {
         $run!(the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox);
         $run!(the_exits_are_fenced_and_recognise_their_retries);
         $run!(a_gap_wakes_its_waiter_and_nothing_else);
+        $run!(a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_once);
         $run!(due_items_are_paged_claimed_once_and_rescheduled);
         $run!(the_attention_index_counts_what_needs_an_operator);
         $run!(operator_transitions_leave_only_their_statuses);

@@ -436,6 +436,38 @@ pub enum Due {
     },
     /// An entitlement due for its next drift check.
     Drift(DriftItem),
+    /// The waiter pointer of a record parked at the gap bound: due for a
+    /// look at its stream (has the predecessor committed since?).
+    Waiter(WaiterItem),
+}
+
+/// A waiter pointer in the records partition (`(stream pk, wait#<seq>)`):
+/// left by a record parked at the gap bound, so that a predecessor whose
+/// processor died between its commit and the wake-up is still found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaiterItem {
+    /// The stream's state item `pk` (the pointer's `pk`).
+    pub stream: String,
+    /// The pointer's `sk` (`wait#<seq>`).
+    pub sk: String,
+    /// The waiting event's place in its stream.
+    pub seq: i64,
+    /// The waiting event.
+    pub key: EventKey,
+    pub due_at_ms: i64,
+}
+
+/// What a look at a parked waiter found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaiterCheck {
+    /// Its predecessor has not committed: it waits (looked at again later).
+    Waiting,
+    /// Its predecessor committed: the record is RETRYABLE and due now; the
+    /// pointer has left the index.
+    Woken,
+    /// The record no longer waits on the gap (replayed, resolved, gone):
+    /// the pointer has left the index.
+    Gone,
 }
 
 impl Due {
@@ -444,6 +476,7 @@ impl Due {
             Due::Record(r) => r.due_at_ms,
             Due::Outbox { due_at_ms, .. } => *due_at_ms,
             Due::Drift(e) => e.due_at_ms,
+            Due::Waiter(w) => w.due_at_ms,
         }
     }
 }
@@ -528,6 +561,8 @@ pub struct DriftItem {
 pub enum DueItem<'a> {
     Record(&'a EventKey),
     Drift(&'a str),
+    /// A waiter pointer: its stream `pk` and its `sk`.
+    Waiter { stream: &'a str, sk: &'a str },
 }
 
 /// A stored item as JSON, for operators (binary values shown as their size).

@@ -24,7 +24,7 @@ use crate::identity::EventKey;
 use crate::ledger::Release;
 use crate::ledger::{
     Attention, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition, Exit, LeaseResult, NewEvent,
-    OperatorAction, PortError, Row, SendLease, Status, Transitioned,
+    OperatorAction, PortError, Row, SendLease, Status, Transitioned, WaiterCheck, WaiterItem,
 };
 use crate::message::{Dispatched, Held, OutboxClaim};
 use crate::projection::Op;
@@ -198,11 +198,15 @@ pub trait WorkLedger: Send + Sync {
         now_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Leaves the pointer that lets the commit of `at.seq - 1` wake `key`.
+    /// `look_at`: the pointer is also due then in the records partition of
+    /// `key`'s shard (a record parked at the gap bound), so the reconciler
+    /// looks at its stream even if the predecessor's wake-up never comes.
     fn register_waiter(
         &self,
         at: &Position,
         key: &EventKey,
         expires_at: i64,
+        look_at: Option<i64>,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
     /// The event waiting at `at`, if one left a pointer.
     fn waiter(&self, at: &Position) -> impl Future<Output = Result<Option<EventKey>, PortError>> + Send;
@@ -306,6 +310,12 @@ pub trait DueLedger: Ledger {
     /// DEAD and PARKED records and DEAD outbox items (all shards; one query
     /// per shard).
     fn attention(&self) -> impl Future<Output = Result<Attention, PortError>> + Send;
+    /// A look at a parked waiter ([`Due::Waiter`](crate::ledger::Due::Waiter), claimed): if its
+    /// predecessor committed, the record is woken (RETRYABLE, due now) and
+    /// the pointer leaves the index; if the record no longer waits on the
+    /// gap, the pointer leaves the index too.
+    fn look_at_waiter(&self, waiter: &WaiterItem, now_ms: i64)
+    -> impl Future<Output = Result<WaiterCheck, PortError>> + Send;
 }
 
 /// Which records an operator lists.

@@ -509,7 +509,18 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
     ) -> Result<Report, PortError> {
         let key = &record.key;
         let left = self.settings.gap_bound_ms - (now_ms - record.window_start());
+        let expires_at = crate::policy::expires_at(now_ms, self.settings.retention_days);
         if left <= 0 {
+            // Parked, it is woken by the commit of its predecessor; should
+            // that processor die between its commit and the wake-up, the
+            // pointer (due now in the records partition) has the reconciler
+            // look at the stream. Pointer first, then park: a crash between
+            // leaves a pointer whose record the reconciler finds not parked.
+            if let Some(at) = &gap.waiter {
+                if let Err(e) = self.ledger.register_waiter(at, key, expires_at, Some(now_ms)).await {
+                    tracing::warn!(key = %key, error = %e, "could not leave a waiter pointer; parked without it");
+                }
+            }
             if !self.ledger.leave(key, token, &Exit::Park { reason: GAP, subject }, now_ms).await? {
                 return Ok(Report::done(Outcome::Fenced));
             }
@@ -521,8 +532,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         // Pointer first, then leave PROCESSING, then look at the stream once
         // more: a predecessor committed in between is seen by one side.
         if let Some(at) = &gap.waiter {
-            let expires_at = crate::policy::expires_at(now_ms, self.settings.retention_days);
-            if let Err(e) = self.ledger.register_waiter(at, key, expires_at).await {
+            if let Err(e) = self.ledger.register_waiter(at, key, expires_at, None).await {
                 tracing::warn!(key = %key, error = %e, "could not leave a waiter pointer; the retry timer remains");
             }
         }

@@ -47,6 +47,7 @@ use crate::config::ReconcilerSettings;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{
     Claim, DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, NewEvent, PortError, SendLease, Status,
+    WaiterCheck, WaiterItem,
 };
 use crate::message::Dispatched;
 use crate::policy::SEND_LEASE_MS;
@@ -93,6 +94,9 @@ pub struct Summary {
     pub outbox_dead: u64,
     /// Expired leases seen (each also counted in `redriven.lease_expired`).
     pub stuck_leases: u64,
+    /// Records parked at the gap bound whose predecessor had committed
+    /// without waking them (its processor died in between): woken.
+    pub gaps_woken: u64,
     /// The oldest open record's age: max(now − received) over the open
     /// records due up to the look-ahead; a lower bound when
     /// `incomplete_shards` > 0.
@@ -448,6 +452,9 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     Due::Drift(item) => {
                         self.drift_one(item, at, allowance, summary, &mut run.phases).await;
                     }
+                    Due::Waiter(waiter) => {
+                        self.waiter_one(waiter, at, allowance, summary, &mut run.phases).await;
+                    }
                 }
                 if partition != DuePartition::Records && run.failures(partition).stopped {
                     return PhaseEnd::Stopped;
@@ -525,6 +532,51 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
         *summary.redriven.entry(reason.to_owned()).or_default() += 1;
         tracing::info!(key = %key, reason, "re-driven");
+        true
+    }
+
+    /// Looks at the stream of one record parked at the gap bound (its waiter
+    /// pointer is due): woken and queued if its predecessor committed (whose
+    /// processor may have died before waking it), else looked at again
+    /// after the re-drive backoff. `true` when it moved out of this run's range.
+    async fn waiter_one(
+        &self,
+        w: &WaiterItem,
+        now_ms: i64,
+        budget: &mut usize,
+        summary: &mut Summary,
+        phases: &mut Phases,
+    ) -> bool {
+        let failures = &mut phases.redrive;
+        let id = format!("{}#{}", w.stream, w.sk);
+        if failures.stopped || failures.failed_before(&id) {
+            return false;
+        }
+        let next = now_ms + self.settings.redrive_backoff_ms;
+        match self.ledger.claim_due(DueItem::Waiter { stream: &w.stream, sk: &w.sk }, w.due_at_ms, next).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return false,
+            Err(e) => {
+                failures.item("redrive", &id, &e, summary);
+                return false;
+            }
+        }
+        *budget -= 1;
+        match self.ledger.look_at_waiter(w, now_ms).await {
+            Ok(WaiterCheck::Woken) => {
+                failures.ok();
+                summary.gaps_woken += 1;
+                tracing::info!(key = %w.key, "a parked gap waiter's predecessor had committed: woken");
+                // Best effort: woken, it is due now and the next run re-drives it anyway.
+                if let Err(e) = self.queue.send(&w.key).await {
+                    failures.item("redrive", w.key.as_str(), &e, summary);
+                }
+            }
+            Ok(WaiterCheck::Waiting | WaiterCheck::Gone) => failures.ok(),
+            Err(e) => {
+                failures.item("redrive", &id, &e, summary);
+            }
+        }
         true
     }
 

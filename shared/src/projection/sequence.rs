@@ -85,23 +85,48 @@ pub fn apply_next(
 
 /// Leaves the pointer that lets the commit of `at.seq - 1` wake `key`
 /// (idempotent: a repeat writes the same item). Kept until `expires_at`.
+/// `due`: the due-index partition and time it is also due at (a record
+/// parked at the gap bound: the reconciler looks at its stream).
 pub async fn register_waiter(
     cx: &ProjectionContext,
     at: &Position,
     key: &EventKey,
     expires_at: i64,
+    due: Option<(String, i64)>,
 ) -> Result<(), ProjectionError> {
     cx.ddb
         .put_item()
         .table_name(&cx.table)
-        .item("pk", s(&at.stream))
-        .item("sk", s(waiter_sk(at.seq)))
-        .item("event_key", s(key.as_str()))
-        .item("expires_at", n(expires_at))
+        .set_item(Some(waiter_item(at, key, expires_at, due)))
         .send()
         .await
         .map_err(|e| ProjectionError::Unavailable(error_chain(&e)))?;
     Ok(())
+}
+
+/// The waiter pointer item (see [`register_waiter`]).
+pub fn waiter_item(
+    at: &Position,
+    key: &EventKey,
+    expires_at: i64,
+    due: Option<(String, i64)>,
+) -> HashMap<String, AttributeValue> {
+    let mut item = HashMap::from([
+        ("pk".to_owned(), s(&at.stream)),
+        ("sk".to_owned(), s(waiter_sk(at.seq))),
+        ("event_key".to_owned(), s(key.as_str())),
+        ("expires_at".to_owned(), n(expires_at)),
+    ]);
+    if let Some((partition, due_at)) = due {
+        item.insert("due_shard".to_owned(), s(partition));
+        item.insert("due_at".to_owned(), n(due_at));
+    }
+    item
+}
+
+/// The sequence number of a waiter pointer's `sk` (`wait#<seq>`).
+pub fn waiter_seq(sk: &str) -> Option<i64> {
+    sk.strip_prefix("wait#")?.parse().ok()
 }
 
 /// The event waiting at `at`, if one left a pointer (strongly consistent).

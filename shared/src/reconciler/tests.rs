@@ -986,6 +986,40 @@ async fn skipped_outbox_items_spend_no_budget() {
     assert!(summary.errors.is_empty());
 }
 
+/// A record parked at the gap bound whose predecessor committed, but whose
+/// predecessor's processor died before waking it: the waiter pointer it
+/// left due has the next run look at the stream, wake it and queue it; a
+/// run before the predecessor committed leaves it parked, to look again.
+#[tokio::test]
+async fn a_parked_gap_waiter_whose_predecessor_committed_is_woken_by_the_next_run() {
+    use crate::ports::WorkLedger as _;
+    use crate::projection::sequence::Position;
+    let w = Harness::new();
+    let k = key("evt_waiting");
+    w.ledger().add(&k, Status::Parked, NOW - 1_000_000, json!({"park_reason": "gap"}));
+    let at = Position { stream: "seq#acct_r".into(), seq: 3 };
+    memory::ready(w.ledger().register_waiter(&at, &k, NOW / 1000 + 86_400, Some(NOW - 1_000))).unwrap();
+
+    let before = w.run(NOW).await;
+    assert_eq!(before.gaps_woken, 0, "its predecessor has not committed");
+    assert_eq!(w.status(&k), Status::Parked);
+    // Seq 2 commits; its processor dies before the wake-up.
+    use aws_sdk_dynamodb::types::AttributeValue as Av;
+    let state: Item = [("pk", Av::S("seq#acct_r".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("2".into()))]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    w.world.state().table.insert(state);
+    let soon = w.run(NOW + 1_000).await;
+    assert_eq!(soon.gaps_woken, 0, "looked at again after the backoff, not at every run");
+    let after = w.run(NOW + settings().redrive_backoff_ms + 60_000).await;
+    assert_eq!(after.gaps_woken, 1, "{after:?}");
+    assert_eq!(w.status(&k), Status::Retryable);
+    assert_eq!(w.world.queue().keys(), [k.clone()], "queued at once");
+    let again = w.run(NOW + 10 * settings().redrive_backoff_ms).await;
+    assert_eq!(again.gaps_woken, 0, "once");
+}
+
 /// A long run claims each item at the clock's current time, not at the
 /// run's start: a claim taken 100 s into the run lasts its whole lease from
 /// then, so a concurrent run cannot take the same item while it is held.

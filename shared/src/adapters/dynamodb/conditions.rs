@@ -110,6 +110,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "release_parked",
     "migrate_attention",
     "migrate_due_partition",
+    "waiter_settled",
 ];
 
 /// A conditional update: its expressions and their values.
@@ -565,6 +566,14 @@ pub fn claim_due(seen: i64, next: i64, token: &str) -> Update {
         .value(":seen", n(seen))
         .value(":tok", s(token))
         .value(":one", n(1))
+}
+
+/// A waiter pointer leaves the due index: its record was woken, or no
+/// longer waits on the gap. Only an existing pointer (a pointer expired by
+/// its TTL is not recreated); a repeat meets an item already out of the
+/// index and writes the same.
+pub fn waiter_settled() -> Update {
+    Update::when("waiter_settled", "attribute_exists(event_key)").remove("due_shard").remove("due_at")
 }
 
 /// Timeline guarded: another run may have claimed the item since; its token

@@ -17,7 +17,8 @@ use super::{
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{
-    Attention, DriftItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, PortError, Status,
+    Attention, DriftItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, GAP, PortError, Status,
+    WaiterCheck, WaiterItem,
 };
 use crate::ports::DueLedger;
 use crate::projection::STATE_SK;
@@ -107,6 +108,13 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
             received_at_ms: get_n(i, attr::RECEIVED_AT).unwrap_or(at),
             lease_expires_at_ms: get_n(i, "lease_expires_at"),
         })),
+        sk if sk.starts_with("wait#") => Some(Due::Waiter(WaiterItem {
+            stream: pk.to_owned(),
+            sk: sk.to_owned(),
+            seq: crate::projection::sequence::waiter_seq(sk)?,
+            key: get_s(i, "event_key").and_then(EventKey::from_stored)?,
+            due_at_ms: at,
+        })),
         STATE_SK => Some(Due::Drift(DriftItem {
             pk: pk.to_owned(),
             due_at_ms: at,
@@ -127,11 +135,28 @@ pub(crate) fn claimed_by(met: Option<&Item>, token: &str) -> bool {
     met.is_some_and(|m| get_s(m, cond::CLAIM_TOKEN) == Some(token))
 }
 
-pub(crate) fn item_of(item: DueItem<'_>) -> (&str, &'static str) {
+pub(crate) fn item_of(item: DueItem<'_>) -> (&str, &str) {
     match item {
         DueItem::Record(key) => (key.as_str(), META_SK),
         DueItem::Drift(pk) => (pk, STATE_SK),
+        DueItem::Waiter { stream, sk } => (stream, sk),
     }
+}
+
+/// Whether a record (as stored) still waits on a sequence gap: RETRYABLE
+/// `gap`, or PARKED `gap` (what `wake` may move).
+pub(crate) fn waits_on_gap(record: Option<&Item>) -> bool {
+    let Some(r) = record else { return false };
+    match get_s(r, attr::STATUS) {
+        Some("RETRYABLE") => get_s(r, "error_code") == Some(GAP),
+        Some("PARKED") => get_s(r, "park_reason") == Some(GAP),
+        _ => false,
+    }
+}
+
+/// Whether the stream (its state item, as stored) has reached `seq - 1`.
+pub(crate) fn predecessor_committed(state: Option<&Item>, seq: i64) -> bool {
+    state.and_then(|s| get_n(s, "last_seq")).unwrap_or(0) >= seq - 1
 }
 
 impl DueLedger for DynamoLedger {
@@ -193,6 +218,20 @@ impl DueLedger for DynamoLedger {
     async fn reschedule(&self, item: DueItem<'_>, token: &str, at: i64) -> Result<(), PortError> {
         let (pk, sk) = item_of(item);
         self.conditional_ok(pk, sk, cond::reschedule(token, at)).await.map(|_| ())
+    }
+
+    async fn look_at_waiter(&self, w: &WaiterItem, now_ms: i64) -> Result<WaiterCheck, PortError> {
+        let record = self.read_item(w.key.as_str(), META_SK).await?;
+        let check = if !waits_on_gap(record.as_ref()) {
+            WaiterCheck::Gone
+        } else if !predecessor_committed(self.read_item(&w.stream, STATE_SK).await?.as_ref(), w.seq) {
+            return Ok(WaiterCheck::Waiting);
+        } else {
+            let wake = cond::wake(GAP, now_ms, w.key.shard(self.shards()));
+            if self.conditional_ok(w.key.as_str(), META_SK, wake).await? { WaiterCheck::Woken } else { WaiterCheck::Gone }
+        };
+        self.conditional_ok(&w.stream, &w.sk, cond::waiter_settled()).await?;
+        Ok(check)
     }
 
     async fn note_enqueued(&self, key: &EventKey, now_ms: i64) -> Result<(), PortError> {

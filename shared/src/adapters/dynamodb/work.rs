@@ -275,8 +275,15 @@ impl WorkLedger for DynamoLedger {
         Ok(())
     }
 
-    async fn register_waiter(&self, at: &Position, key: &EventKey, expires_at: i64) -> Result<(), PortError> {
-        sequence::register_waiter(&self.projection_context(), at, key, expires_at).await.map_err(projection_error)
+    async fn register_waiter(
+        &self,
+        at: &Position,
+        key: &EventKey,
+        expires_at: i64,
+        look_at: Option<i64>,
+    ) -> Result<(), PortError> {
+        let due = look_at.map(|t| (super::due_shard(key.shard(self.shards())), t));
+        sequence::register_waiter(&self.projection_context(), at, key, expires_at, due).await.map_err(projection_error)
     }
 
     async fn waiter(&self, at: &Position) -> Result<Option<EventKey>, PortError> {

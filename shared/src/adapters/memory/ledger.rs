@@ -3,8 +3,6 @@
 //! backfill, outbox}`) with the same expressions and the same reading of
 //! what a refused write met.
 
-use std::collections::HashMap;
-
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::table::{Refusal, TransactError, Write};
@@ -15,7 +13,7 @@ use crate::adapters::dynamodb::backfill::{
 };
 use crate::adapters::dynamodb::claim::{PAYLOAD_IN, adopted_already, claim_met, send_lease_ours};
 use crate::adapters::dynamodb::conditions::{self as cond, Placed, Update};
-use crate::adapters::dynamodb::due::{claimed_by, due_of, item_of};
+use crate::adapters::dynamodb::due::{claimed_by, due_of, item_of, predecessor_committed, waits_on_gap};
 use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_refused};
 use crate::adapters::dynamodb::outbox::{
     OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text,
@@ -28,7 +26,7 @@ use crate::adapters::dynamodb::{
 use crate::identity::EventKey;
 use crate::ledger::{
     Attention, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition, Exit, GAP, LeaseResult, NewEvent,
-    OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned, WorkRecord,
+    OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned, WaiterCheck, WaiterItem, WorkRecord,
 };
 use crate::message::{Held, OutboxClaim};
 use crate::ports::{
@@ -600,13 +598,15 @@ impl WorkLedger for MemLedger {
         self.0.call_on("work.append_history", key.as_str(), |_, st| st.put(item.clone()))
     }
 
-    async fn register_waiter(&self, at: &Position, key: &EventKey, expires_at: i64) -> Result<(), PortError> {
-        let item = HashMap::from([
-            ("pk".to_owned(), AttributeValue::S(at.stream.clone())),
-            ("sk".to_owned(), AttributeValue::S(waiter_sk(at.seq))),
-            ("event_key".to_owned(), AttributeValue::S(key.as_str().to_owned())),
-            ("expires_at".to_owned(), AttributeValue::N(expires_at.to_string())),
-        ]);
+    async fn register_waiter(
+        &self,
+        at: &Position,
+        key: &EventKey,
+        expires_at: i64,
+        look_at: Option<i64>,
+    ) -> Result<(), PortError> {
+        let due = look_at.map(|t| (due_shard(key.shard(self.0.shards)), t));
+        let item = crate::projection::sequence::waiter_item(at, key, expires_at, due);
         self.0.call_on("work.register_waiter", key.as_str(), |_, st| st.put(item.clone()))
     }
 
@@ -708,6 +708,24 @@ impl DueLedger for MemLedger {
     async fn reschedule(&self, item: DueItem<'_>, token: &str, at: i64) -> Result<(), PortError> {
         let (pk, sk) = item_of(item);
         self.0.call_on("due.reschedule", pk, |_, st| st.conditional(pk, sk, &cond::reschedule(token, at)).map(|_| ()))
+    }
+
+    async fn look_at_waiter(&self, w: &WaiterItem, now_ms: i64) -> Result<WaiterCheck, PortError> {
+        let shard = w.key.shard(self.0.shards);
+        self.0.call_on("due.look_at_waiter", w.key.as_str(), |_, st| {
+            let check = if !waits_on_gap(st.table.get(w.key.as_str(), META_SK)) {
+                WaiterCheck::Gone
+            } else if !predecessor_committed(st.table.get(&w.stream, STATE_SK), w.seq) {
+                return Ok(WaiterCheck::Waiting);
+            } else {
+                match st.conditional(w.key.as_str(), META_SK, &cond::wake(GAP, now_ms, shard))? {
+                    Written::Applied(_) => WaiterCheck::Woken,
+                    Written::Refused(_) => WaiterCheck::Gone,
+                }
+            };
+            st.conditional(&w.stream, &w.sk, &cond::waiter_settled())?;
+            Ok(check)
+        })
     }
 
     async fn note_enqueued(&self, key: &EventKey, now_ms: i64) -> Result<(), PortError> {
