@@ -401,7 +401,8 @@ impl Stack {
 
     /// Runs the CLI in-process against this stack; returns (ok, output).
     pub async fn cli(&self, args: &[&str]) -> (Result<(), String>, String) {
-        let mut argv = vec!["hookledger", "--table", &self.table, "--queue-url", &self.queue_url];
+        // The stack's shards (16), as its intake and ledger use them.
+        let mut argv = vec!["hookledger", "--table", &self.table, "--queue-url", &self.queue_url, "--shards", "16"];
         argv.extend_from_slice(args);
         let mut out: Vec<u8> = Vec::new();
         let r = hookledger_cli::run(argv, &mut out).await.map_err(|e| e.to_string());
