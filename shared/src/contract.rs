@@ -446,6 +446,26 @@ pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_onc
     assert_eq!(text(&row(&l, &e.key).await, "status"), Some("RETRYABLE"));
 }
 
+/// `dead_refused`: RECEIVED, RETRYABLE or an expired lease → DEAD
+/// `caller_error` (in the attention index, out of the due index); a live
+/// lease or a terminal record is left alone; a repeat changes nothing.
+pub async fn a_record_whose_redrive_is_refused_as_invalid_is_dead_unless_a_worker_holds_it<B: Backend>(b: &B) {
+    let (l, e) = claimed(b, "refused").await;
+    assert!(l.dead_refused(&e.key, "sqs refused the request (InvalidMessageContents): x", T0 + 1).await.unwrap());
+    let r = row(&l, &e.key).await;
+    assert_eq!((text(&r, "status"), text(&r, "dead_reason")), (Some("DEAD"), Some("caller_error")));
+    assert!(text(&r, "error_message").is_some_and(|m| m.contains("InvalidMessageContents")));
+    assert_eq!((text(&r, "due_shard"), text(&r, "attn_shard").is_some()), (None, true));
+    assert!(!l.dead_refused(&e.key, "again", T0 + 2).await.unwrap(), "dead already");
+    assert_eq!(l.attention().await.unwrap().dead_letters, 1);
+
+    let (l, held) = leased(b, "refused-held", "tok-1").await;
+    assert!(!l.dead_refused(&held.key, "m", T0 + 1).await.unwrap(), "a live lease: its worker decides");
+    assert_eq!(text(&row(&l, &held.key).await, "status"), Some("PROCESSING"));
+    assert!(l.dead_refused(&held.key, "m", T0 + 10_000_000).await.unwrap(), "its lease long expired");
+    assert!(!l.dead_refused(&EventKey::new("stripe", "contract", "nobody"), "m", T0).await.unwrap());
+}
+
 // -------------------------------------------------------------- reconciler
 
 /// `claim_due`, `reschedule`, `note_redriven`, and the due index's pages.
@@ -818,6 +838,7 @@ macro_rules! contract_scenarios {
         $run!(the_exits_are_fenced_and_recognise_their_retries);
         $run!(a_gap_wakes_its_waiter_and_nothing_else);
         $run!(a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_once);
+        $run!(a_record_whose_redrive_is_refused_as_invalid_is_dead_unless_a_worker_holds_it);
         $run!(due_items_are_paged_claimed_once_and_rescheduled);
         $run!(the_attention_index_counts_what_needs_an_operator);
         $run!(operator_transitions_leave_only_their_statuses);

@@ -310,6 +310,11 @@ pub trait DueLedger: Ledger {
     /// DEAD and PARKED records and DEAD outbox items (all shards; one query
     /// per shard).
     fn attention(&self) -> impl Future<Output = Result<Attention, PortError>> + Send;
+    /// A record whose re-drive was refused as invalid (a caller error)
+    /// ends DEAD `caller_error` with `message`, if no worker holds it.
+    /// `Ok(false)`: it moved on meanwhile (or is gone).
+    fn dead_refused(&self, key: &EventKey, message: &str, now_ms: i64)
+    -> impl Future<Output = Result<bool, PortError>> + Send;
     /// A look at a parked waiter ([`Due::Waiter`](crate::ledger::Due::Waiter), claimed): if its
     /// predecessor committed, the record is woken (RETRYABLE, due now) and
     /// the pointer leaves the index; if the record no longer waits on the

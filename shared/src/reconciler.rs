@@ -97,6 +97,9 @@ pub struct Summary {
     /// Records parked at the gap bound whose predecessor had committed
     /// without waking them (its processor died in between): woken.
     pub gaps_woken: u64,
+    /// Records whose re-drive was refused as invalid (a caller error):
+    /// DEAD `caller_error`.
+    pub caller_dead: u64,
     /// The oldest open record's age: max(now − received) over the open
     /// records due up to the look-ahead; a lower bound when
     /// `incomplete_shards` > 0.
@@ -516,6 +519,20 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
         *budget -= 1;
         if let Err(e) = self.queue.send(key).await {
+            if let PortError::Caller { .. } = &e {
+                // The same send is refused on every look: dead now, with the answer.
+                match self.ledger.dead_refused(key, &e.to_string(), now_ms).await {
+                    Ok(true) => {
+                        summary.caller_dead += 1;
+                        tracing::error!(key = %key, error = %e, "re-drive refused as invalid; dead");
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        failures.item("redrive", key.as_str(), &e, summary);
+                    }
+                }
+                return true;
+            }
             failures.item("redrive", key.as_str(), &e, summary);
             return true;
         }

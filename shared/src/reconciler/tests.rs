@@ -1020,6 +1020,22 @@ async fn a_parked_gap_waiter_whose_predecessor_committed_is_woken_by_the_next_ru
     assert_eq!(again.gaps_woken, 0, "once");
 }
 
+/// A re-drive the queue refuses as invalid (a caller error) would be refused
+/// at every look: the record is DEAD `caller_error` with the answer, not
+/// re-driven forever; a transient failure leaves it due, as before.
+#[tokio::test]
+async fn a_redrive_refused_as_invalid_ends_the_record_dead_caller_error() {
+    let w = Harness::new();
+    let k = w.record("evt_refused", Status::Received, None, NOW - 1);
+    w.world.inject("queue.send", 0, Some(1), Fault::Invalid);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.caller_dead, 1, "{summary:?}");
+    assert_eq!(w.status(&k), Status::Dead);
+    assert_eq!(w.text(&k, "dead_reason").as_deref(), Some("caller_error"));
+    assert!(w.text(&k, "error_message").is_some_and(|m| m.contains("ValidationException")));
+    assert!(w.sent().is_empty());
+}
+
 /// A long run claims each item at the clock's current time, not at the
 /// run's start: a claim taken 100 s into the run lasts its whole lease from
 /// then, so a concurrent run cannot take the same item while it is held.

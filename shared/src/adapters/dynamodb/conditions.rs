@@ -111,6 +111,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "migrate_attention",
     "migrate_due_partition",
     "waiter_settled",
+    "dead_refused",
 ];
 
 /// A conditional update: its expressions and their values.
@@ -593,6 +594,29 @@ pub fn note_redriven(now_ms: i64) -> Update {
     Update::when("note_redriven", "attribute_exists(pk) AND attribute_not_exists(enqueued_at)")
         .set("enqueued_at = :now")
         .value(":now", n(now_ms))
+}
+
+/// Timeline guarded: a record the reconciler could not re-drive because the
+/// request itself was refused as invalid (a caller error: the same send is
+/// refused again) ends DEAD `caller_error`, but only while no worker holds
+/// it (RECEIVED, RETRYABLE, or PROCESSING with its lease expired). A retry
+/// after a lost acknowledgement meets a DEAD record: nothing written twice.
+pub fn dead_refused(message: &str, now_ms: i64, shard: u32) -> Update {
+    Update::when(
+        "dead_refused",
+        "attribute_exists(pk) AND (#st = :received OR #st = :retryable \
+         OR (#st = :processing AND lease_expires_at < :now))",
+    )
+    .to(Status::Dead, shard, Due::Leave)
+    .set("dead_reason = :reason")
+    .set("error_message = :msg")
+    .set("dead_at = :now")
+    .value(":received", s(Status::Received.as_str()))
+    .value(":retryable", s(Status::Retryable.as_str()))
+    .value(":processing", s(Status::Processing.as_str()))
+    .value(":reason", s("caller_error"))
+    .value(":msg", s(bounded(message)))
+    .value(":now", n(now_ms))
 }
 
 // ------------------------------------------------------------ outbox (outbox.rs)

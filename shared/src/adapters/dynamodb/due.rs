@@ -220,6 +220,11 @@ impl DueLedger for DynamoLedger {
         self.conditional_ok(pk, sk, cond::reschedule(token, at)).await.map(|_| ())
     }
 
+    async fn dead_refused(&self, key: &EventKey, message: &str, now_ms: i64) -> Result<bool, PortError> {
+        let update = cond::dead_refused(message, now_ms, key.shard(self.shards()));
+        self.conditional_ok(key.as_str(), META_SK, update).await
+    }
+
     async fn look_at_waiter(&self, w: &WaiterItem, now_ms: i64) -> Result<WaiterCheck, PortError> {
         let record = self.read_item(w.key.as_str(), META_SK).await?;
         let check = if !waits_on_gap(record.as_ref()) {

@@ -710,6 +710,13 @@ impl DueLedger for MemLedger {
         self.0.call_on("due.reschedule", pk, |_, st| st.conditional(pk, sk, &cond::reschedule(token, at)).map(|_| ()))
     }
 
+    async fn dead_refused(&self, key: &EventKey, message: &str, now_ms: i64) -> Result<bool, PortError> {
+        let update = cond::dead_refused(message, now_ms, key.shard(self.0.shards));
+        self.0.call_on("due.dead_refused", key.as_str(), |_, st| {
+            Ok(matches!(st.conditional(key.as_str(), META_SK, &update)?, Written::Applied(_)))
+        })
+    }
+
     async fn look_at_waiter(&self, w: &WaiterItem, now_ms: i64) -> Result<WaiterCheck, PortError> {
         let shard = w.key.shard(self.0.shards);
         self.0.call_on("due.look_at_waiter", w.key.as_str(), |_, st| {
