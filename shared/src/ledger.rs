@@ -562,7 +562,10 @@ pub enum DueItem<'a> {
     Record(&'a EventKey),
     Drift(&'a str),
     /// A waiter pointer: its stream `pk` and its `sk`.
-    Waiter { stream: &'a str, sk: &'a str },
+    Waiter {
+        stream: &'a str,
+        sk: &'a str,
+    },
 }
 
 /// A stored item as JSON, for operators (binary values shown as their size).

@@ -313,14 +313,21 @@ pub trait DueLedger: Ledger {
     /// A record whose re-drive was refused as invalid (a caller error)
     /// ends DEAD `caller_error` with `message`, if no worker holds it.
     /// `Ok(false)`: it moved on meanwhile (or is gone).
-    fn dead_refused(&self, key: &EventKey, message: &str, now_ms: i64)
-    -> impl Future<Output = Result<bool, PortError>> + Send;
+    fn dead_refused(
+        &self,
+        key: &EventKey,
+        message: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
     /// A look at a parked waiter ([`Due::Waiter`](crate::ledger::Due::Waiter), claimed): if its
     /// predecessor committed, the record is woken (RETRYABLE, due now) and
     /// the pointer leaves the index; if the record no longer waits on the
     /// gap, the pointer leaves the index too.
-    fn look_at_waiter(&self, waiter: &WaiterItem, now_ms: i64)
-    -> impl Future<Output = Result<WaiterCheck, PortError>> + Send;
+    fn look_at_waiter(
+        &self,
+        waiter: &WaiterItem,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<WaiterCheck, PortError>> + Send;
 }
 
 /// Which records an operator lists.

@@ -98,7 +98,9 @@ fn backfill_tenants(
 ) -> Result<(), String> {
     let Some((first, _)) = schedules.iter().next() else { return Ok(()) };
     let Some(endpoints) = endpoints else {
-        return Err(format!("{first} is backfilled, but HOOKLEDGER_ENDPOINTS is not set (the reconciler reads the endpoints' tenants from it)"));
+        return Err(format!(
+            "{first} is backfilled, but HOOKLEDGER_ENDPOINTS is not set (the reconciler reads the endpoints' tenants from it)"
+        ));
     };
     for (name, schedule) in schedules {
         let Some(spec) = endpoints.get(name) else {
@@ -592,7 +594,11 @@ mod tests {
     #[test]
     fn a_backfill_schedule_that_disagrees_with_its_endpoint_fails_the_cold_start() {
         let cases = [
-            (r#"{"stripe-a": {"provider": "stripe", "tenant": "other"}}"#, Some(ENDPOINTS), vec!["\"other\"", "\"acme\""]),
+            (
+                r#"{"stripe-a": {"provider": "stripe", "tenant": "other"}}"#,
+                Some(ENDPOINTS),
+                vec!["\"other\"", "\"acme\""],
+            ),
             (r#"{"stripe-b": {"provider": "stripe"}}"#, Some(ENDPOINTS), vec!["stripe-b", "gh, stripe-a"]),
             (r#"{"gh": {"provider": "stripe"}}"#, Some(ENDPOINTS), vec!["gh", "github"]),
             (r#"{"stripe-a": {"provider": "stripe"}}"#, None, vec!["stripe-a", "HOOKLEDGER_ENDPOINTS"]),

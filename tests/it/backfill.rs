@@ -750,7 +750,9 @@ fn scheduled(
         "HOOKLEDGER_QUEUE_URL" => Some(queue.clone()),
         "HOOKLEDGER_INDEX_SHARDS" => Some(SHARDS.to_string()),
         // The endpoints the world's intake serves (their tenants; no secret is resolved).
-        "HOOKLEDGER_ENDPOINTS" => Some(env("HOOKLEDGER_ENDPOINTS").unwrap_or_else(|| crate::support::ENDPOINTS.to_owned())),
+        "HOOKLEDGER_ENDPOINTS" => {
+            Some(env("HOOKLEDGER_ENDPOINTS").unwrap_or_else(|| crate::support::ENDPOINTS.to_owned()))
+        }
         other => env(other),
     })?;
     // The code under test's clients: through the world's fault plan (and its trace).

@@ -212,7 +212,12 @@ fn cx() -> ProjectionContext {
         .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
         .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
         .build();
-    ProjectionContext { ddb: aws_sdk_dynamodb::Client::from_conf(conf), table: "t".into(), shards: 4, retention_days: 30 }
+    ProjectionContext {
+        ddb: aws_sdk_dynamodb::Client::from_conf(conf),
+        table: "t".into(),
+        shards: 4,
+        retention_days: 30,
+    }
 }
 
 pub(crate) type TestProcessor = Processor<MemLedger, MemQueue, Dispatcher<MemOutbox, MemPublisher>>;

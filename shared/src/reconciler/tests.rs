@@ -1005,17 +1005,18 @@ async fn a_parked_gap_waiter_whose_predecessor_committed_is_woken_by_the_next_ru
     assert_eq!(w.status(&k), Status::Parked);
     // Seq 2 commits; its processor dies before the wake-up.
     use aws_sdk_dynamodb::types::AttributeValue as Av;
-    let state: Item = [("pk", Av::S("seq#acct_r".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("2".into()))]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
+    let state: Item =
+        [("pk", Av::S("seq#acct_r".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("2".into()))]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
     w.world.state().table.insert(state);
     let soon = w.run(NOW + 1_000).await;
     assert_eq!(soon.gaps_woken, 0, "looked at again after the backoff, not at every run");
     let after = w.run(NOW + settings().redrive_backoff_ms + 60_000).await;
     assert_eq!(after.gaps_woken, 1, "{after:?}");
     assert_eq!(w.status(&k), Status::Retryable);
-    assert_eq!(w.world.queue().keys(), [k.clone()], "queued at once");
+    assert_eq!(w.world.queue().keys(), std::slice::from_ref(&k), "queued at once");
     let again = w.run(NOW + 10 * settings().redrive_backoff_ms).await;
     assert_eq!(again.gaps_woken, 0, "once");
 }

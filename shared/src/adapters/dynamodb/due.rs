@@ -233,7 +233,11 @@ impl DueLedger for DynamoLedger {
             return Ok(WaiterCheck::Waiting);
         } else {
             let wake = cond::wake(GAP, now_ms, w.key.shard(self.shards()));
-            if self.conditional_ok(w.key.as_str(), META_SK, wake).await? { WaiterCheck::Woken } else { WaiterCheck::Gone }
+            if self.conditional_ok(w.key.as_str(), META_SK, wake).await? {
+                WaiterCheck::Woken
+            } else {
+                WaiterCheck::Gone
+            }
         };
         self.conditional_ok(&w.stream, &w.sk, cond::waiter_settled()).await?;
         Ok(check)

@@ -302,8 +302,17 @@ mod caller_tests {
     #[test]
     fn a_commit_cancelled_for_a_validation_reason_is_a_caller_error() {
         let got = commit_cancelled(&["None", "ValidationError", "None"], &[0, 1]);
-        assert!(matches!(got, Err(PortError::Caller { ref code, .. }) if code == "TransactionCanceled:ValidationError"), "{got:?}");
-        assert!(matches!(commit_cancelled(&["None", "TransactionConflict", "None"], &[0, 1]), Ok(CommitResult::Contention)));
-        assert!(matches!(commit_cancelled(&["None", "None", "ConditionalCheckFailed"], &[0, 1]), Ok(CommitResult::Fenced)));
+        assert!(
+            matches!(got, Err(PortError::Caller { ref code, .. }) if code == "TransactionCanceled:ValidationError"),
+            "{got:?}"
+        );
+        assert!(matches!(
+            commit_cancelled(&["None", "TransactionConflict", "None"], &[0, 1]),
+            Ok(CommitResult::Contention)
+        ));
+        assert!(matches!(
+            commit_cancelled(&["None", "None", "ConditionalCheckFailed"], &[0, 1]),
+            Ok(CommitResult::Fenced)
+        ));
     }
 }
