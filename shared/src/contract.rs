@@ -442,6 +442,11 @@ pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_onc
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), num(&r, "due_at")), (Some("RETRYABLE"), Some(T0 + 300_001)));
     assert!(waiters(l.due(DuePartition::Records, 0, i64::MAX / 2, 10, None).await.unwrap()).is_empty(), "settled");
+    assert_eq!(
+        l.look_at_waiter(&later[0], T0 + 300_001).await.unwrap(),
+        crate::ledger::WaiterCheck::Woken,
+        "our own retry after a lost acknowledgement"
+    );
     assert_eq!(l.look_at_waiter(&later[0], T0 + 300_002).await.unwrap(), crate::ledger::WaiterCheck::Gone, "once");
     assert_eq!(text(&row(&l, &e.key).await, "status"), Some("RETRYABLE"));
 }
@@ -456,7 +461,11 @@ pub async fn a_record_whose_redrive_is_refused_as_invalid_is_dead_unless_a_worke
     assert_eq!((text(&r, "status"), text(&r, "dead_reason")), (Some("DEAD"), Some("caller_error")));
     assert!(text(&r, "error_message").is_some_and(|m| m.contains("InvalidMessageContents")));
     assert_eq!((text(&r, "due_shard"), text(&r, "attn_shard").is_some()), (None, true));
-    assert!(!l.dead_refused(&e.key, "again", T0 + 2).await.unwrap(), "dead already");
+    assert!(
+        l.dead_refused(&e.key, "sqs refused the request (InvalidMessageContents): x", T0 + 1).await.unwrap(),
+        "our own retry after a lost acknowledgement"
+    );
+    assert!(!l.dead_refused(&e.key, "another refusal", T0 + 2).await.unwrap(), "dead already");
     assert_eq!(l.attention().await.unwrap().dead_letters, 1);
 
     let (l, held) = leased(b, "refused-held", "tok-1").await;

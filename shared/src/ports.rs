@@ -312,7 +312,8 @@ pub trait DueLedger: Ledger {
     fn attention(&self) -> impl Future<Output = Result<Attention, PortError>> + Send;
     /// A record whose re-drive was refused as invalid (a caller error)
     /// ends DEAD `caller_error` with `message`, if no worker holds it.
-    /// `Ok(false)`: it moved on meanwhile (or is gone).
+    /// `Ok(false)`: it moved on meanwhile (or is gone); our own retry after
+    /// a lost acknowledgement meets our write and is `Ok(true)`.
     fn dead_refused(
         &self,
         key: &EventKey,

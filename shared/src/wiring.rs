@@ -80,10 +80,10 @@ pub struct Settings {
 }
 
 /// A provider API base: the variable `name`, else `default`; `https://`, or
-/// `http://` to a loopback host only (see [`crate::adapters::https::check_api_base`]).
+/// `http://` to a loopback host only (see [`crate::adapters::provider_http::check_api_base`]).
 fn api_base(get: impl Fn(&str) -> Option<String>, name: &str, default: &str) -> Result<String, ConfigError> {
     let Some(base) = get(name) else { return Ok(default.to_owned()) };
-    crate::adapters::https::check_api_base(&base)
+    crate::adapters::provider_http::check_api_base(&base)
         .map_err(|reason| ConfigError::Invalid { name: name.to_owned(), reason })?;
     Ok(base)
 }
@@ -626,7 +626,7 @@ mod tests {
     async fn an_sdk_call_that_never_answers_fails_with_a_timeout() {
         use aws_sdk_dynamodb::config::{Credentials, Region};
         let aws = aws_loader(SHORT)
-            .endpoint_url(crate::adapters::https::test_servers::silent())
+            .endpoint_url(crate::adapters::provider_http::test_servers::silent())
             .region(Region::new("eu-west-1"))
             .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
             .load()

@@ -12,7 +12,7 @@
 //! limit for a delivery), and every request runs within the function's
 //! [`Timeouts`].
 
-use crate::adapters::https::{BodyError, read_capped, request_failure};
+use crate::adapters::provider_http::{BodyError, read_capped, request_failure};
 use crate::adapters::timeouts::Timeouts;
 use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
 use crate::secret::Secret;
@@ -59,7 +59,7 @@ impl GithubDeliveries {
             ));
         }
         let api_base = api_base.into();
-        crate::adapters::https::check_api_base(&api_base)?;
+        crate::adapters::provider_http::check_api_base(&api_base)?;
         let client = timeouts
             .http_client_builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -263,7 +263,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::adapters::https::test_servers;
+    use crate::adapters::provider_http::test_servers;
 
     /// A function's profile, shortened so that the test takes a moment.
     const SHORT: Timeouts = Timeouts {

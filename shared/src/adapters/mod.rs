@@ -10,6 +10,7 @@ pub mod github;
 pub mod https;
 #[cfg(any(test, feature = "testkit"))]
 pub mod memory;
+pub mod provider_http;
 pub mod s3;
 pub mod secrets;
 pub mod sns;

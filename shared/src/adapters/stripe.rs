@@ -8,7 +8,7 @@
 //! [`MAX_EVENT_PAGE_BYTES`], the backfill's body limit for one event), and
 //! every request runs within the function's [`Timeouts`].
 
-use crate::adapters::https::{BodyError, read_capped, request_failure};
+use crate::adapters::provider_http::{BodyError, read_capped, request_failure};
 use crate::adapters::timeouts::Timeouts;
 use crate::ports::{BackfillSource, SourceError, SourceEvent, SourcePage, Window};
 use crate::projection::fetch::{Fetched, ProviderError, Subscription, SubscriptionFuture, SubscriptionSource};
@@ -61,7 +61,7 @@ impl StripeApi {
     /// The base must be `https://` (plain `http://` only to a loopback host).
     pub fn new_within(base_url: impl Into<String>, api_key: Secret, timeouts: Timeouts) -> Result<Self, String> {
         let base_url = base_url.into();
-        crate::adapters::https::check_api_base(&base_url)?;
+        crate::adapters::provider_http::check_api_base(&base_url)?;
         let client = timeouts
             .http_client_builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -318,7 +318,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::adapters::https::test_servers;
+    use crate::adapters::provider_http::test_servers;
 
     /// A function's profile, shortened so that the test takes a moment.
     const SHORT: Timeouts = Timeouts {

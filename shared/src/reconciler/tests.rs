@@ -1037,6 +1037,42 @@ async fn a_redrive_refused_as_invalid_ends_the_record_dead_caller_error() {
     assert!(w.sent().is_empty());
 }
 
+/// The new writes recognise their own retry: a `dead_refused` or a waiter
+/// look whose acknowledgement was lost (the write landed, the adapter's
+/// retry meets it) still counts as done, once; a run that dies right after
+/// leaves a state the next run finishes (the waiter's pointer still due
+/// with its record already woken: settled, not woken twice).
+#[tokio::test]
+async fn the_caller_dead_and_the_waiter_look_recognise_their_own_retry() {
+    use crate::ports::WorkLedger as _;
+    use crate::projection::sequence::Position;
+    let w = Harness::new();
+    let k = w.record("evt_refused", Status::Received, None, NOW - 1);
+    w.world.inject("queue.send", 0, Some(1), Fault::Invalid);
+    w.world.inject("due.dead_refused", 0, Some(1), Fault::LoseAckOnce);
+    assert_eq!(w.run(NOW).await.caller_dead, 1);
+    assert_eq!(w.status(&k), Status::Dead);
+
+    let waiting = key("evt_waiting");
+    w.ledger().add(&waiting, Status::Parked, NOW - 1_000_000, json!({"park_reason": "gap"}));
+    let at = Position { stream: "seq#acct_l".into(), seq: 2 };
+    memory::ready(w.ledger().register_waiter(&at, &waiting, NOW / 1000 + 86_400, Some(NOW - 1_000))).unwrap();
+    use aws_sdk_dynamodb::types::AttributeValue as Av;
+    let state: Item =
+        [("pk", Av::S("seq#acct_l".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("1".into()))]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+    w.world.state().table.insert(state);
+    w.world.inject("due.look_at_waiter", 0, Some(1), Fault::LoseAckOnce);
+    let first = w.run(NOW + 1).await;
+    assert_eq!(first.gaps_woken, 1, "{first:?}");
+    assert_eq!(w.status(&waiting), Status::Retryable);
+    assert_eq!(w.world.queue().keys(), std::slice::from_ref(&waiting));
+    let later = w.run(NOW + 10 * settings().redrive_backoff_ms).await;
+    assert_eq!(later.gaps_woken, 0, "settled: not looked at again");
+}
+
 /// A long run claims each item at the clock's current time, not at the
 /// run's start: a claim taken 100 s into the run lasts its whole lease from
 /// then, so a concurrent run cannot take the same item while it is held.

@@ -154,6 +154,22 @@ pub(crate) fn waits_on_gap(record: Option<&Item>) -> bool {
     }
 }
 
+/// Whether a record was woken at `now_ms` (`wake` writes `woken_at`): the
+/// look's own retry after a lost acknowledgement meets its own wake-up.
+pub(crate) fn woken_at(record: Option<&Item>, now_ms: i64) -> bool {
+    record.and_then(|r| get_n(r, "woken_at")) == Some(now_ms)
+}
+
+/// Whether a refused `dead_refused` met its own earlier write (our retry
+/// after a lost acknowledgement): DEAD `caller_error` with this message.
+pub(crate) fn dead_refused_by(met: Option<&Item>, message: &str) -> bool {
+    met.is_some_and(|m| {
+        get_s(m, attr::STATUS) == Some("DEAD")
+            && get_s(m, "dead_reason") == Some("caller_error")
+            && get_s(m, "error_message") == Some(cond::bounded(message).as_str())
+    })
+}
+
 /// Whether the stream (its state item, as stored) has reached `seq - 1`.
 pub(crate) fn predecessor_committed(state: Option<&Item>, seq: i64) -> bool {
     state.and_then(|s| get_n(s, "last_seq")).unwrap_or(0) >= seq - 1
@@ -222,12 +238,18 @@ impl DueLedger for DynamoLedger {
 
     async fn dead_refused(&self, key: &EventKey, message: &str, now_ms: i64) -> Result<bool, PortError> {
         let update = cond::dead_refused(message, now_ms, key.shard(self.shards()));
-        self.conditional_ok(key.as_str(), META_SK, update).await
+        match self.conditional(key.as_str(), META_SK, update, false).await? {
+            Written::Applied(_) => Ok(true),
+            Written::Refused(met) => Ok(dead_refused_by(met.as_ref(), message)),
+        }
     }
 
     async fn look_at_waiter(&self, w: &WaiterItem, now_ms: i64) -> Result<WaiterCheck, PortError> {
         let record = self.read_item(w.key.as_str(), META_SK).await?;
-        let check = if !waits_on_gap(record.as_ref()) {
+        let check = if woken_at(record.as_ref(), now_ms) {
+            // Our own wake-up, whose acknowledgement was lost.
+            WaiterCheck::Woken
+        } else if !waits_on_gap(record.as_ref()) {
             WaiterCheck::Gone
         } else if !predecessor_committed(self.read_item(&w.stream, STATE_SK).await?.as_ref(), w.seq) {
             return Ok(WaiterCheck::Waiting);

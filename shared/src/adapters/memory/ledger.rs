@@ -13,7 +13,9 @@ use crate::adapters::dynamodb::backfill::{
 };
 use crate::adapters::dynamodb::claim::{PAYLOAD_IN, adopted_already, claim_met, send_lease_ours};
 use crate::adapters::dynamodb::conditions::{self as cond, Placed, Update};
-use crate::adapters::dynamodb::due::{claimed_by, due_of, item_of, predecessor_committed, waits_on_gap};
+use crate::adapters::dynamodb::due::{
+    claimed_by, dead_refused_by, due_of, item_of, predecessor_committed, waits_on_gap, woken_at,
+};
 use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_refused};
 use crate::adapters::dynamodb::outbox::{
     OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text,
@@ -713,14 +715,20 @@ impl DueLedger for MemLedger {
     async fn dead_refused(&self, key: &EventKey, message: &str, now_ms: i64) -> Result<bool, PortError> {
         let update = cond::dead_refused(message, now_ms, key.shard(self.0.shards));
         self.0.call_on("due.dead_refused", key.as_str(), |_, st| {
-            Ok(matches!(st.conditional(key.as_str(), META_SK, &update)?, Written::Applied(_)))
+            Ok(match st.conditional(key.as_str(), META_SK, &update)? {
+                Written::Applied(_) => true,
+                Written::Refused(met) => dead_refused_by(met.as_ref(), message),
+            })
         })
     }
 
     async fn look_at_waiter(&self, w: &WaiterItem, now_ms: i64) -> Result<WaiterCheck, PortError> {
         let shard = w.key.shard(self.0.shards);
         self.0.call_on("due.look_at_waiter", w.key.as_str(), |_, st| {
-            let check = if !waits_on_gap(st.table.get(w.key.as_str(), META_SK)) {
+            let record = st.table.get(w.key.as_str(), META_SK);
+            let check = if woken_at(record, now_ms) {
+                WaiterCheck::Woken
+            } else if !waits_on_gap(record) {
                 WaiterCheck::Gone
             } else if !predecessor_committed(st.table.get(&w.stream, STATE_SK), w.seq) {
                 return Ok(WaiterCheck::Waiting);
