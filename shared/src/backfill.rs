@@ -40,8 +40,8 @@ use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{
-    BackfillLedger, BackfillProgress, BackfillSource, ScheduleState, SourceError, SourceEvent, Unfetchable,
-    UnfetchedEvent, Window, WorkQueue,
+    BackfillLedger, BackfillProgress, BackfillSource, Outgoing, SEND_BATCH_MAX, ScheduleState, SourceError,
+    SourceEvent, Unfetchable, UnfetchedEvent, Window, WorkQueue,
 };
 
 /// The endpoint whose events are recovered: the identity's provider and
@@ -302,17 +302,28 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
                 Err(failure) => return stop(summary, failure.why()),
             };
             summary.pages += 1;
+            let mut sends = Vec::new();
             for ev in &page.events {
                 if !in_window(ev, window) || !seen.insert(ev.event_id.clone()) {
                     continue;
                 }
                 summary.seen += 1;
-                if let Err(why) = self.recover(target, ev, dry_run, now_ms, deadline, &mut waits, &mut summary).await {
-                    // Transient: the page's cursor is not saved, the next run reads it again.
-                    summary.failed += 1;
-                    return stop(summary, why);
+                let recovered = self.recover(target, ev, dry_run, now_ms, deadline, &mut waits, &mut summary).await;
+                match recovered {
+                    Ok(Some(send)) => sends.push(send),
+                    Ok(None) => {}
+                    Err(why) => {
+                        // Transient: the page's cursor is not saved, the next run reads it again.
+                        self.send_recovered(std::mem::take(&mut sends), &mut summary).await;
+                        summary.failed += 1;
+                        return stop(summary, why);
+                    }
+                }
+                if sends.len() >= SEND_BATCH_MAX {
+                    self.send_recovered(std::mem::take(&mut sends), &mut summary).await;
                 }
             }
+            self.send_recovered(sends, &mut summary).await;
             progress.seen += page.events.len() as u64;
             progress.cursor = page.next.clone();
             progress.done = page.next.is_none();
@@ -331,6 +342,12 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             }
         }
     }
+}
+
+/// An event a backfill recorded, to be sent with its page's others.
+struct Recovered {
+    event: NewEvent,
+    body: Vec<u8>,
 }
 
 /// One scheduled run of an endpoint ([`Backfill::scheduled_run`]).
@@ -405,9 +422,32 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
         ScheduledRun { ran: Some((window, summary)), state: Some(state), error: None }
     }
 
-    /// One listed event: already recorded, or recorded now (imported), or
-    /// asked for again (redelivered), or parked (its source cannot serve
-    /// it). `Err`: a transient failure; stop the run here.
+    /// Sends the events a page recorded, together (`SendMessageBatch`), each
+    /// in its tenant's group. One not sent is durable: its send lease is
+    /// given back and the reconciler sends it after the grace period.
+    async fn send_recovered(&self, sends: Vec<Recovered>, summary: &mut Summary) {
+        if sends.is_empty() {
+            return;
+        }
+        let messages: Vec<Outgoing<'_>> = sends
+            .iter()
+            .map(|r| Outgoing { key: &r.event.key, tenant: &r.event.tenant, payload: Some(&r.body) })
+            .collect();
+        for (r, result) in sends.iter().zip(self.queue.send_all(&messages).await) {
+            let Err(e) = result else { continue };
+            let event = &r.event;
+            summary.send_deferred += 1;
+            tracing::warn!(key = %event.key, error = %e, "backfilled event not queued; the reconciler sends it");
+            if let Err(e) = self.ledger.release_send_lease(&event.key, &event.send).await {
+                tracing::warn!(key = %event.key, error = %e, "send lease not released; it lapses");
+            }
+        }
+    }
+
+    /// One listed event: already recorded, or recorded now (imported, and
+    /// returned to be sent with the page's others), or asked for again
+    /// (redelivered), or parked (its source cannot serve it). `Err`: a
+    /// transient failure; stop the run here.
     #[allow(clippy::too_many_arguments)]
     async fn recover(
         &self,
@@ -418,7 +458,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
         deadline: Instant,
         waits: &mut u32,
         summary: &mut Summary,
-    ) -> Result<(), String> {
+    ) -> Result<Option<Recovered>, String> {
         let key = EventKey::new(&target.provider, &target.endpoint, &ev.event_id);
         // Without the body at hand (or to ask for a redelivery), look first:
         // a recorded event costs one read, not a fetch.
@@ -427,11 +467,11 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             let recorded = self.ledger.recorded(&key).await.map_err(|e| format!("ledger unavailable: {e}"))?;
             if recorded {
                 summary.already_recorded += 1;
-                return Ok(());
+                return Ok(None);
             }
             if dry_run {
                 summary.recovered += 1;
-                return Ok(());
+                return Ok(None);
             }
         }
         if target.mode == Mode::Redeliver {
@@ -439,7 +479,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             match self.limited(deadline, waits, summary, || self.source.redeliver(ev)).await {
                 Ok(()) => {}
                 Err(Failure::Unfetchable(cause, detail)) => {
-                    return self.park(target, ev, cause, &detail, now_ms, summary).await;
+                    return self.park(target, ev, cause, &detail, now_ms, summary).await.map(|()| None);
                 }
                 Err(failure) => return Err(failure.why()),
             }
@@ -448,12 +488,12 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
                 .await
                 .map_err(|e| format!("redelivery asked for, not noted: {e}"))?;
             summary.redeliveries_requested += 1;
-            return Ok(());
+            return Ok(None);
         }
         let body = match self.body(ev, deadline, waits, summary).await {
             Ok(body) => body,
             Err(Failure::Unfetchable(cause, detail)) => {
-                return self.park(target, ev, cause, &detail, now_ms, summary).await;
+                return self.park(target, ev, cause, &detail, now_ms, summary).await.map(|()| None);
             }
             Err(failure) => return Err(failure.why()),
         };
@@ -462,14 +502,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             Ok(Claim::Existing(_)) => summary.already_recorded += 1,
             Ok(Claim::New) => {
                 summary.recovered += 1;
-                if let Err(e) = self.queue.send_with_payload(&event.key, &body).await {
-                    // Durable: the reconciler sends it after the grace period.
-                    summary.send_deferred += 1;
-                    tracing::warn!(key = %event.key, error = %e, "backfilled event not queued; the reconciler sends it");
-                    if let Err(e) = self.ledger.release_send_lease(&event.key, &event.send).await {
-                        tracing::warn!(key = %event.key, error = %e, "send lease not released; it lapses");
-                    }
-                }
+                return Ok(Some(Recovered { event, body }));
             }
             // Larger, stored, than the ledger takes: no payload bucket here.
             Err(PortError::TooLarge { size, limit }) => {
@@ -477,11 +510,11 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
                     "{size} bytes stored exceed the {limit} a ledger item takes, and no payload bucket \
                      (HOOKLEDGER_PAYLOAD_BUCKET) is configured"
                 );
-                return self.park(target, ev, Unfetchable::TooLarge, &detail, now_ms, summary).await;
+                return self.park(target, ev, Unfetchable::TooLarge, &detail, now_ms, summary).await.map(|()| None);
             }
             Err(e) => return Err(format!("ledger unavailable: {e}")),
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The event's body: the one the list carried, or fetched, and checked
@@ -691,8 +724,8 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             Err(failure) => return Err(failure.why()),
         };
         let event = new_event(target, &parked.event, &body, now_ms, self.ambient.token());
-        match self.ledger.release(&event, &body, &format!("operator {operator}")).await {
-            Ok(Release::Released) => {}
+        let tenant = match self.ledger.release(&event, &body, &format!("operator {operator}")).await {
+            Ok(Release::Released { tenant }) => tenant,
             Ok(Release::NotAwaiting) => return Ok(Released::NotAwaiting),
             Err(PortError::TooLarge { size, limit }) => {
                 let detail = format!(
@@ -702,10 +735,10 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
                 return still(Unfetchable::TooLarge, detail);
             }
             Err(e) => return Err(format!("ledger unavailable: {e}")),
-        }
+        };
         let detail = format!("by {operator}: {reason} (fetched again from the provider; was {})", parked.reason);
         let noted = self.ledger.note(&event.key, "replay", &detail, now_ms).await;
-        let queued = match self.queue.send_with_payload(&event.key, &body).await {
+        let queued = match self.queue.send_with_payload(&event.key, &tenant, &body).await {
             Ok(()) => true,
             Err(e) => {
                 // Durable and RECEIVED: the reconciler sends it after the grace period.

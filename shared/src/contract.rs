@@ -155,9 +155,11 @@ pub async fn the_claim_is_new_once_and_its_retry_is_ours<B: Backend>(b: &B) {
         let e = event(name, &bytes, "send-1");
         assert_eq!(Ledger::claim(&l, &e, &bytes).await.unwrap(), Claim::New, "{name}");
         assert_eq!(Ledger::claim(&l, &e, &bytes).await.unwrap(), Claim::New, "{name}: our own retry");
-        let other = event(name, &bytes, "send-2");
+        // Configured for another tenant since: the record's tenant holds.
+        let other = NewEvent { tenant: "t2".into(), ..event(name, &bytes, "send-2") };
         match Ledger::claim(&l, &other, &bytes).await.unwrap() {
             Claim::Existing(r) => {
+                assert_eq!(r.tenant, "t1", "{name}: the tenant the record was claimed for");
                 assert_eq!(r.status, Status::Received, "{name}");
                 assert_eq!(r.payload_hash, e.payload_hash, "{name}");
                 assert!(r.payload_stored && r.enqueued_at_ms.is_none(), "{name}: {r:?}");
@@ -364,7 +366,7 @@ pub async fn a_gap_wakes_its_waiter_and_nothing_else<B: Backend>(b: &B) {
     let (l, e) = leased(b, "gap", "tok-1").await;
     let gap = Exit::Retry { next_at_ms: T0 + 600_000, code: crate::ledger::GAP, message: "waiting", failure: false };
     assert!(l.leave(&e.key, "tok-1", &gap, T0 + 1).await.unwrap());
-    assert!(l.wake(&e.key, T0 + 10).await.unwrap());
+    assert_eq!(l.wake(&e.key, T0 + 10).await.unwrap().as_deref(), Some("t1"), "woken, with its tenant");
     let r = row(&l, &e.key).await;
     assert_eq!(
         (text(&r, "status"), num(&r, "due_at"), num(&r, "next_attempt_at")),
@@ -374,14 +376,14 @@ pub async fn a_gap_wakes_its_waiter_and_nothing_else<B: Backend>(b: &B) {
     assert!(matches!(l.lease(&e.key, "tok-2", T0 + 10, 1_000).await.unwrap(), LeaseResult::Leased(_)));
     let park = Exit::Park { reason: crate::ledger::GAP, subject: None };
     assert!(l.leave(&e.key, "tok-2", &park, T0 + 11).await.unwrap());
-    assert!(l.wake(&e.key, T0 + 12).await.unwrap(), "parked at the gap bound, still woken");
+    assert!(l.wake(&e.key, T0 + 12).await.unwrap().is_some(), "parked at the gap bound, still woken");
     assert_eq!(text(&row(&l, &e.key).await, "attn_shard"), None, "out of the attention index");
 
     let (l, other) = leased(b, "not-gap", "tok-1").await;
     let retry = Exit::Retry { next_at_ms: T0 + 600_000, code: "transient", message: "m", failure: false };
     assert!(l.leave(&other.key, "tok-1", &retry, T0 + 1).await.unwrap());
-    assert!(!l.wake(&other.key, T0 + 2).await.unwrap(), "not waiting on a gap");
-    assert!(!l.wake(&EventKey::new("stripe", "contract", "nobody"), T0).await.unwrap());
+    assert_eq!(l.wake(&other.key, T0 + 2).await.unwrap(), None, "not waiting on a gap");
+    assert_eq!(l.wake(&EventKey::new("stripe", "contract", "nobody"), T0).await.unwrap(), None);
 
     // The waiter's pointer and the stream's position.
     let at = Position { stream: "seq#acct_1".into(), seq: 2 };
@@ -438,13 +440,16 @@ pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_onc
         l2.commit(&first.key, "tok-1", &[apply], "applied", None, T0).await.unwrap(),
         CommitResult::Committed { .. }
     ));
-    assert_eq!(l.look_at_waiter(&later[0], T0 + 300_001).await.unwrap(), crate::ledger::WaiterCheck::Woken);
+    assert_eq!(
+        l.look_at_waiter(&later[0], T0 + 300_001).await.unwrap(),
+        crate::ledger::WaiterCheck::Woken { tenant: "t1".into() }
+    );
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), num(&r, "due_at")), (Some("RETRYABLE"), Some(T0 + 300_001)));
     assert!(waiters(l.due(DuePartition::Records, 0, i64::MAX / 2, 10, None).await.unwrap()).is_empty(), "settled");
     assert_eq!(
         l.look_at_waiter(&later[0], T0 + 300_001).await.unwrap(),
-        crate::ledger::WaiterCheck::Woken,
+        crate::ledger::WaiterCheck::Woken { tenant: "t1".into() },
         "our own retry after a lost acknowledgement"
     );
     assert_eq!(l.look_at_waiter(&later[0], T0 + 300_002).await.unwrap(), crate::ledger::WaiterCheck::Gone, "once");
@@ -502,6 +507,7 @@ pub async fn due_items_are_paged_claimed_once_and_rescheduled<B: Backend>(b: &B)
     assert_eq!(ids(&second), keys[2..].to_vec());
     let Due::Record(rec) = &first.items[0] else { panic!() };
     assert!(!rec.enqueued && rec.status == Status::Received);
+    assert_eq!(rec.tenant, "t1", "a due record names its tenant");
     assert_eq!(rec.redrive_reason(up_to), Some("never_sent"));
 
     let seen = rec.due_at_ms;
@@ -550,7 +556,7 @@ pub async fn the_attention_index_counts_what_needs_an_operator<B: Backend>(b: &B
     assert_eq!(l.count(Status::Dead).await.unwrap(), 1);
     assert_eq!(
         l.transition(&dead.key, OperatorAction::Replay, "op", "fixed", T0 + 1).await.unwrap(),
-        Transitioned::Done
+        Transitioned::Done { tenant: "t1".into() }
     );
     assert_eq!(l.attention().await.unwrap().dead_letters, 0, "a replayed record leaves the index");
 }
@@ -570,13 +576,13 @@ pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     let op = b.ledger(21);
     assert_eq!(
         op.transition(&e.key, OperatorAction::Replay, "alice", "fixed", T0 + 1).await.unwrap(),
-        Transitioned::Done
+        Transitioned::Done { tenant: "t1".into() }
     );
     // The same command drawing the same token: our own retried update.
     let retry = b.ledger(21);
     assert_eq!(
         retry.transition(&e.key, OperatorAction::Replay, "alice", "fixed", T0 + 1).await.unwrap(),
-        Transitioned::Done
+        Transitioned::Done { tenant: "t1".into() }
     );
     assert_eq!(
         b.ledger(22).transition(&e.key, OperatorAction::Replay, "bob", "again", T0 + 2).await.unwrap(),
@@ -585,11 +591,14 @@ pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), num(&r, "attempts"), num(&r, "failures")), (Some("RETRYABLE"), Some(0), Some(0)));
     assert_eq!((num(&r, "due_at"), num(&r, "replays")), (Some(T0 + 1), Some(1)));
-    assert_eq!(l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0 + 3).await.unwrap(), Transitioned::Done);
+    assert_eq!(
+        l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0 + 3).await.unwrap(),
+        Transitioned::Done { tenant: "t1".into() }
+    );
     assert_eq!(text(&row(&l, &e.key).await, "park_reason"), Some("operator alice: hold"));
     assert_eq!(
         l.transition(&e.key, OperatorAction::Resolve, "alice", "done by hand", T0 + 4).await.unwrap(),
-        Transitioned::Done
+        Transitioned::Done { tenant: "t1".into() }
     );
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), text(&r, "outcome")), (Some("PROCESSED"), Some("resolved")));
@@ -714,10 +723,13 @@ pub async fn backfill_cursors_parked_records_and_their_release<B: Backend>(b: &B
         send: SendLease { token: "send-3".into(), until_ms: T0 + 10_000 },
         via: Via::Webhook,
         received_at_ms: T0 + 100,
+        // Configured for another tenant since: the record's tenant holds.
+        tenant: "t9".into(),
         ..e.clone()
     };
-    assert_eq!(l.release(&delivered, &bytes, "webhook").await.unwrap(), Release::Released);
-    assert_eq!(l.release(&delivered, &bytes, "webhook").await.unwrap(), Release::Released, "our own retry");
+    let released = Release::Released { tenant: "t1".into() };
+    assert_eq!(l.release(&delivered, &bytes, "webhook").await.unwrap(), released);
+    assert_eq!(l.release(&delivered, &bytes, "webhook").await.unwrap(), released, "our own retry");
     let late = NewEvent { send: SendLease { token: "send-4".into(), until_ms: T0 }, ..delivered.clone() };
     assert_eq!(Ledger::release_parked(&l, &late, &bytes, "webhook").await.unwrap(), Release::NotAwaiting);
     let (rec, history, payload) = l.show(&e.key, true).await.unwrap().unwrap();
@@ -750,12 +762,14 @@ pub async fn backfill_cursors_parked_records_and_their_release<B: Backend>(b: &B
 pub async fn the_work_queue_carries_keys_payloads_and_receive_counts<B: Backend>(b: &B) {
     let q = b.queue();
     let (k1, k2) = (EventKey::new("stripe", "contract", "q-1"), EventKey::new("stripe", "contract", "q-2"));
-    q.send(&k1).await.unwrap();
-    q.send_with_payload(&k2, &body("q-2")).await.unwrap();
+    q.send(&k1, "acme").await.unwrap();
+    q.send_with_payload(&k2, "globex", &body("q-2")).await.unwrap();
     let mut got = b.receive(10).await;
     got.sort_by_key(|r| r.work.as_ref().map(|w| w.0.as_str().to_owned()));
     let work: Vec<_> = got.iter().map(|r| r.work.clone()).collect();
     assert_eq!(work, vec![Some((k1.clone(), None)), Some((k2.clone(), Some(body("q-2"))))]);
+    let groups: Vec<_> = got.iter().map(|r| r.group.as_deref()).collect();
+    assert_eq!(groups, [Some("acme"), Some("globex")], "each message in its tenant's group");
     assert!(got.iter().all(|r| !r.last_receive && r.receipt.is_some()));
     assert!(b.receive(10).await.is_empty(), "received messages are hidden");
     q.show_again(got[0].receipt.as_deref().unwrap(), 0).await.unwrap();
@@ -766,12 +780,57 @@ pub async fn the_work_queue_carries_keys_payloads_and_receive_counts<B: Backend>
     assert!(q.show_again("not-a-receipt", 1_000).await.is_err(), "an unknown receipt is refused");
 }
 
+/// Several messages sent at once (`SendMessageBatch` on SQS: more than one
+/// request for more than ten, or for bodies that together exceed one
+/// message) arrive each once, with its payload and in its tenant's group,
+/// and each send is answered in order.
+pub async fn messages_sent_together_arrive_each_in_its_tenants_group<B: Backend>(b: &B) {
+    use crate::ports::Outgoing;
+    let q = b.queue();
+    let keys: Vec<_> = (0..12).map(|i| EventKey::new("stripe", "contract", &format!("batch-{i:02}"))).collect();
+    let tenants: Vec<String> = (0..12).map(|i| format!("tenant-{}", i % 3)).collect();
+    // Two bodies of 150 KB: together more than one message may be, each one fits.
+    let big = vec![b'x'; 150_000];
+    let payloads: Vec<Option<Vec<u8>>> = (0..12)
+        .map(|i| match i {
+            3 | 4 => Some(big.clone()),
+            i if i % 2 == 0 => Some(body(&format!("b-{i}"))),
+            _ => None,
+        })
+        .collect();
+    let out: Vec<Outgoing<'_>> =
+        (0..12).map(|i| Outgoing { key: &keys[i], tenant: &tenants[i], payload: payloads[i].as_deref() }).collect();
+    let results = q.send_all(&out).await;
+    assert_eq!(results.len(), 12);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.extend(b.receive(10).await);
+        if got.len() >= 12 {
+            break;
+        }
+    }
+    let mut seen: Vec<_> = got
+        .iter()
+        .map(|r| {
+            let (k, p) = r.work.clone().expect("a work message");
+            (k.as_str().to_owned(), p, r.group.clone())
+        })
+        .collect();
+    seen.sort();
+    let mut want: Vec<_> =
+        (0..12).map(|i| (keys[i].as_str().to_owned(), payloads[i].clone(), Some(tenants[i].clone()))).collect();
+    want.sort();
+    assert_eq!(seen, want);
+    assert!(q.send_all(&[]).await.is_empty());
+}
+
 /// A message received [`MAX_RECEIVES`] times and never deleted moves to the
 /// dead-letter queue on its next receive, and is no longer delivered.
 pub async fn a_message_received_too_often_moves_to_the_dead_letter_queue<B: Backend>(b: &B) {
     let q = b.queue();
     let k = EventKey::new("stripe", "contract", "dlq-1");
-    q.send(&k).await.unwrap();
+    q.send(&k, "acme").await.unwrap();
     for n in 1..=MAX_RECEIVES {
         let got = b.receive(10).await;
         assert_eq!(got.len(), 1, "receive {n}");
@@ -855,6 +914,7 @@ macro_rules! contract_scenarios {
         $run!(backfill_cursors_parked_records_and_their_release);
         $run!(the_work_queue_carries_keys_payloads_and_receive_counts);
         $run!(a_message_received_too_often_moves_to_the_dead_letter_queue);
+        $run!(messages_sent_together_arrive_each_in_its_tenants_group);
     };
 }
 

@@ -297,7 +297,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         };
         match claim {
             // Round trip 2: the key, with the payload, on the queue.
-            Claim::New => match self.queue.send_with_payload(key, req.body).await {
+            Claim::New => match self.queue.send_with_payload(key, &event.tenant, req.body).await {
                 Ok(()) => Outcome::Accepted,
                 Err(e) => {
                     self.release(key, &event.send).await;
@@ -322,8 +322,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     /// released it first, or an operator settled it, this is a duplicate.
     async fn release_parked(&self, event: &NewEvent, body: &[u8]) -> Outcome {
         let key = &event.key;
-        match self.ledger.release_parked(event, body, "webhook").await {
-            Ok(Release::Released) => {}
+        let tenant = match self.ledger.release_parked(event, body, "webhook").await {
+            Ok(Release::Released { tenant }) => tenant,
             // Its releaser holds the send lease; the reconciler re-drives it if that one dies.
             Ok(Release::NotAwaiting) => return Outcome::Duplicate { resent: false, conflict: false },
             Err(PortError::TooLarge { limit, .. }) => return Outcome::TooLarge { limit },
@@ -332,9 +332,9 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 self.release(key, &event.send).await;
                 return self.unavailable("release", key, e);
             }
-        }
+        };
         tracing::info!(key = %key, "delivery released a record a backfill parked without its payload");
-        match self.queue.send_with_payload(key, body).await {
+        match self.queue.send_with_payload(key, &tenant, body).await {
             Ok(()) => Outcome::Accepted,
             Err(e) => {
                 self.release(key, &event.send).await;
@@ -398,7 +398,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 Ok(false) => return Outcome::Duplicate { resent: false, conflict },
                 Err(e) => return self.unavailable("send_lease", key, e),
             }
-            return match self.queue.send(key).await {
+            return match self.queue.send(key, &existing.tenant).await {
                 Ok(()) => Outcome::Duplicate { resent: true, conflict },
                 Err(e) => {
                     self.release(key, &event.send).await;

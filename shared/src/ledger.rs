@@ -145,6 +145,8 @@ pub struct ExistingRecord {
     pub payload_stored: bool,
     /// How the record's first arrival came.
     pub via: Via,
+    /// The tenant the record was claimed for (its messages' group).
+    pub tenant: String,
 }
 
 impl ExistingRecord {
@@ -165,10 +167,11 @@ pub const BACKFILL_UNRECOVERABLE: &str = "backfill_unrecoverable:";
 pub const NO_PAYLOAD_HASH: &str = "none";
 
 /// What releasing a record parked without its payload did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Release {
-    /// The payload is stored and the record RECEIVED, its send lease ours.
-    Released,
+    /// The payload is stored and the record RECEIVED, its send lease ours;
+    /// the record's tenant (its message's group).
+    Released { tenant: String },
     /// It no longer awaits a payload (released by another delivery, or
     /// settled by an operator): nothing written.
     NotAwaiting,
@@ -382,9 +385,10 @@ impl OperatorAction {
 }
 
 /// What an operator transition met.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transitioned {
-    Done,
+    /// Moved; the record's tenant (a replay queues it in that group).
+    Done { tenant: String },
     /// No such record.
     Missing,
     /// The record is in a status the action may not leave.
@@ -396,6 +400,8 @@ pub enum Transitioned {
 pub struct DueRecord {
     pub key: EventKey,
     pub status: Status,
+    /// The record's tenant (a re-drive queues it in that group).
+    pub tenant: String,
     /// Whether any delivery or re-drive has noted handing it to the queue.
     pub enqueued: bool,
     /// The `due_at` read: a claim moves it only from this value.
@@ -458,13 +464,13 @@ pub struct WaiterItem {
 }
 
 /// What a look at a parked waiter found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaiterCheck {
     /// Its predecessor has not committed: it waits (looked at again later).
     Waiting,
     /// Its predecessor committed: the record is RETRYABLE and due now; the
-    /// pointer has left the index.
-    Woken,
+    /// pointer has left the index. With the record's tenant.
+    Woken { tenant: String },
     /// The record no longer waits on the gap (replayed, resolved, gone):
     /// the pointer has left the index.
     Gone,

@@ -132,7 +132,7 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
         self.ledger.show(key, with_payload).await?.ok_or_else(|| OpsError::UnknownEvent(key.to_string()))
     }
 
-    /// One audited, conditional transition.
+    /// One audited, conditional transition; the record's tenant.
     async fn transition(
         &self,
         key: &EventKey,
@@ -140,9 +140,9 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
         operator: &str,
         reason: &str,
         now_ms: i64,
-    ) -> Result<(), OpsError> {
-        match self.ledger.transition(key, action, operator, reason, now_ms).await? {
-            Transitioned::Done => {}
+    ) -> Result<String, OpsError> {
+        let tenant = match self.ledger.transition(key, action, operator, reason, now_ms).await? {
+            Transitioned::Done { tenant } => tenant,
             Transitioned::Missing => return Err(OpsError::UnknownEvent(key.to_string())),
             // PARKED may be replayed, unless a backfill parked it without its payload.
             Transitioned::Refused(Status::Parked) if action == OperatorAction::Replay => {
@@ -161,11 +161,11 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
                     allowed: action.allowed(),
                 });
             }
-        }
+        };
         if action != OperatorAction::Replay {
             self.history(key, action, operator, reason, now_ms).await?;
         }
-        Ok(())
+        Ok(tenant)
     }
 
     async fn history(
@@ -186,11 +186,11 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
     /// is refused ([`OpsError::needs_its_source`]): `hookledger replay`
     /// fetches it from its provider again (`backfill::Backfill::release`).
     pub async fn replay(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
-        self.transition(key, OperatorAction::Replay, operator, reason, now_ms).await?;
+        let tenant = self.transition(key, OperatorAction::Replay, operator, reason, now_ms).await?;
         // Sent first: a history write that fails (or dies) leaves it queued,
         // and the record names who replayed it already. A failed send is
         // still audited (the reconciler re-drives the record, due now).
-        let sent = self.queue.send(key).await;
+        let sent = self.queue.send(key, &tenant).await;
         let audited = self.history(key, OperatorAction::Replay, operator, reason, now_ms).await;
         sent?;
         audited
@@ -198,13 +198,13 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
 
     /// RECEIVED, RETRYABLE or DEAD → PARKED: stop working on it until replayed.
     pub async fn park(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
-        self.transition(key, OperatorAction::Park, operator, reason, now_ms).await
+        self.transition(key, OperatorAction::Park, operator, reason, now_ms).await.map(drop)
     }
 
     /// DEAD or PARKED → PROCESSED with outcome `resolved`: the operator
     /// settled the outcome outside Hookledger.
     pub async fn resolve(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
-        self.transition(key, OperatorAction::Resolve, operator, reason, now_ms).await
+        self.transition(key, OperatorAction::Resolve, operator, reason, now_ms).await.map(drop)
     }
 }
 

@@ -111,16 +111,51 @@ pub trait Ledger: Send + Sync {
     }
 }
 
-/// The work queue between intake and processor (SQS in production).
+/// One message for the work queue: the key, the tenant whose fair share it
+/// is served from (SQS fair queues: its `MessageGroupId`), read from the
+/// record, and the payload when it travels with the key.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub key: &'a EventKey,
+    pub tenant: &'a str,
+    pub payload: Option<&'a [u8]>,
+}
+
+/// The most messages one `send_all` request carries (SQS `SendMessageBatch`).
+pub const SEND_BATCH_MAX: usize = 10;
+
+/// The work queue between intake and processor (SQS in production). Every
+/// message carries its record's tenant, so one tenant's flood is served
+/// after the quiet tenants' messages, not before them.
 pub trait WorkQueue: Send + Sync {
     /// Sends the key alone (the processor reads the payload item).
-    fn send(&self, key: &EventKey) -> impl Future<Output = Result<(), PortError>> + Send;
+    fn send(&self, key: &EventKey, tenant: &str) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Sends the key with the payload, so the processor need not read it
     /// (it checks it against the record's hash). A queue that cannot carry
     /// this payload sends the key alone.
-    fn send_with_payload(&self, key: &EventKey, payload: &[u8]) -> impl Future<Output = Result<(), PortError>> + Send {
+    fn send_with_payload(
+        &self,
+        key: &EventKey,
+        tenant: &str,
+        payload: &[u8],
+    ) -> impl Future<Output = Result<(), PortError>> + Send {
         let _ = payload;
-        self.send(key)
+        self.send(key, tenant)
+    }
+    /// Sends several messages, [`SEND_BATCH_MAX`] to a request; one result
+    /// per message, in order (a batch may fail for some of its messages
+    /// only).
+    fn send_all(&self, messages: &[Outgoing<'_>]) -> impl Future<Output = Vec<Result<(), PortError>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(messages.len());
+            for m in messages {
+                out.push(match m.payload {
+                    Some(p) => self.send_with_payload(m.key, m.tenant, p).await,
+                    None => self.send(m.key, m.tenant).await,
+                });
+            }
+            out
+        }
     }
 }
 
@@ -137,6 +172,8 @@ pub struct Received {
     /// Whether this is the message's last receive before the queue moves it
     /// to the dead-letter queue.
     pub last_receive: bool,
+    /// The message's group (its tenant), when the queue reported it.
+    pub group: Option<String>,
 }
 
 /// The received side of the work queue: a message left on the queue comes
@@ -187,8 +224,9 @@ pub trait WorkLedger: Send + Sync {
         now_ms: i64,
     ) -> impl Future<Output = Result<bool, PortError>> + Send;
     /// A gap closed: a record still waiting on it (RETRYABLE `gap`, or
-    /// PARKED `gap`) becomes RETRYABLE and due now. `Ok(false)`: not waiting.
-    fn wake(&self, key: &EventKey, now_ms: i64) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// PARKED `gap`) becomes RETRYABLE and due now; `Ok(Some(tenant))`,
+    /// the record's tenant. `Ok(None)`: not waiting.
+    fn wake(&self, key: &EventKey, now_ms: i64) -> impl Future<Output = Result<Option<String>, PortError>> + Send;
     /// Appends an audit entry to the record's history (evidence, not state).
     fn append_history(
         &self,

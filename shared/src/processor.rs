@@ -545,7 +545,7 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         metrics::counter!("retried", "provider" => record.provider.clone(), "code" => GAP).increment(1);
         if let Some(at) = &gap.waiter {
             let woken = match self.ledger.predecessor_applied(at).await {
-                Ok(true) => self.ledger.wake(key, now_ms).await.map_err(|e| e.to_string()),
+                Ok(true) => self.ledger.wake(key, now_ms).await.map(|t| t.is_some()).map_err(|e| e.to_string()),
                 Ok(false) => Ok(false),
                 Err(e) => Err(e.to_string()),
             };
@@ -575,17 +575,17 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             }
         };
         match self.ledger.wake(&waiter, now_ms).await {
-            Ok(true) => {
+            Ok(Some(tenant)) => {
                 self.history(&waiter, "woken", &format!("predecessor seq {} committed", at.seq), now_ms).await;
                 metrics::counter!("gap_woken").increment(1);
                 tracing::info!(key = %waiter, seq = next.seq, "gap closed; waiter due now");
                 if let Some(q) = &self.queue {
-                    if let Err(e) = q.send(&waiter).await {
+                    if let Err(e) = q.send(&waiter, &tenant).await {
                         tracing::warn!(key = %waiter, error = %e, "could not queue the woken waiter; the reconciler will");
                     }
                 }
             }
-            Ok(false) => {}
+            Ok(None) => {}
             Err(e) => tracing::warn!(key = %waiter, error = %e, "could not wake the waiter; its timer remains"),
         }
     }

@@ -51,7 +51,7 @@ use crate::ledger::{
 };
 use crate::message::Dispatched;
 use crate::policy::SEND_LEASE_MS;
-use crate::ports::{Dispatch, DueLedger, WorkQueue};
+use crate::ports::{Dispatch, DueLedger, Outgoing, SEND_BATCH_MAX, WorkQueue};
 use crate::projection::fetch::SubscriptionSource;
 
 /// A phase stops after this many item failures in a row (its dependency is
@@ -161,6 +161,10 @@ enum PhaseEnd {
 struct Run {
     phases: Phases,
     gauge: Gauge,
+    /// Records claimed for a re-drive and not yet sent: sent together
+    /// (`SendMessageBatch`), [`SEND_BATCH_MAX`] at a time and at the end
+    /// of each shard.
+    sends: Vec<Redrive>,
     /// The run's time (`now_ms` given to [`Reconciler::run`]) and the
     /// monotonic instant it started at: an item is claimed at the run's
     /// time plus what has elapsed since ([`Run::now`]).
@@ -170,7 +174,7 @@ struct Run {
 
 impl Run {
     fn new(start_ms: i64, started: Instant) -> Self {
-        Self { phases: Phases::default(), gauge: Gauge::default(), start_ms, started }
+        Self { phases: Phases::default(), gauge: Gauge::default(), sends: Vec::new(), start_ms, started }
     }
 
     /// The clock's current time on the run's time axis: a claim taken late
@@ -187,6 +191,15 @@ impl Run {
             DuePartition::Checks => &self.phases.drift,
         }
     }
+}
+
+/// A record claimed for a re-drive, to be sent.
+struct Redrive {
+    key: EventKey,
+    tenant: String,
+    reason: &'static str,
+    /// When it was claimed.
+    at: i64,
 }
 
 /// The oldest open record: max(now − `received_at`) over the open records
@@ -360,7 +373,9 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         let mut end = PhaseEnd::Done;
         for i in 0..shards {
             let shard = (first + i) % shards;
-            match self.shard(partition, shard, now_ms, deadline, allowance, summary, run).await {
+            let end_of_shard = self.shard(partition, shard, now_ms, deadline, allowance, summary, run).await;
+            self.send_redrives(run, summary).await;
+            match end_of_shard {
                 PhaseEnd::Done => {}
                 PhaseEnd::Budget => end = PhaseEnd::Budget,
                 // The records phase reads every shard for the oldest age
@@ -443,7 +458,10 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 let at = run.now(&self.ambient);
                 match due {
                     Due::Record(record) => {
-                        self.redrive_one(record, at, allowance, summary, &mut run.phases).await;
+                        self.redrive_one(record, at, allowance, summary, run).await;
+                        if run.sends.len() >= SEND_BATCH_MAX {
+                            self.send_redrives(run, summary).await;
+                        }
                     }
                     // Outbox items and entitlements in the records partition
                     // (a table not yet migrated) are acted on by their phase.
@@ -478,16 +496,17 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
     }
 
-    /// Re-drives one due record; `true` when it moved out of this run's range.
+    /// Claims one due record for a re-drive and adds it to the run's sends;
+    /// `true` when it moved out of this run's range.
     async fn redrive_one(
         &self,
         record: &DueRecord,
         now_ms: i64,
         budget: &mut usize,
         summary: &mut Summary,
-        phases: &mut Phases,
+        run: &mut Run,
     ) -> bool {
-        let failures = &mut phases.redrive;
+        let failures = &mut run.phases.redrive;
         let key = &record.key;
         if failures.stopped || failures.failed_before(key.as_str()) {
             return false;
@@ -518,7 +537,35 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             }
         }
         *budget -= 1;
-        if let Err(e) = self.queue.send(key).await {
+        run.sends.push(Redrive { key: key.clone(), tenant: record.tenant.clone(), reason, at: now_ms });
+        true
+    }
+
+    /// Sends the records claimed for a re-drive, together, each in its
+    /// tenant's group.
+    async fn send_redrives(&self, run: &mut Run, summary: &mut Summary) {
+        if run.sends.is_empty() {
+            return;
+        }
+        let sends = std::mem::take(&mut run.sends);
+        let messages: Vec<Outgoing<'_>> =
+            sends.iter().map(|s| Outgoing { key: &s.key, tenant: &s.tenant, payload: None }).collect();
+        let results = self.queue.send_all(&messages).await;
+        for (sent, result) in sends.iter().zip(results) {
+            self.redriven(sent, result, summary, &mut run.phases.redrive).await;
+        }
+    }
+
+    /// What follows one re-drive's send.
+    async fn redriven(
+        &self,
+        sent: &Redrive,
+        result: Result<(), PortError>,
+        summary: &mut Summary,
+        failures: &mut Failures,
+    ) {
+        let (key, reason, now_ms) = (&sent.key, sent.reason, sent.at);
+        if let Err(e) = result {
             if let PortError::Caller { .. } = &e {
                 // The same send is refused on every look: dead now, with the answer.
                 match self.ledger.dead_refused(key, &e.to_string(), now_ms).await {
@@ -531,10 +578,10 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                         failures.item("redrive", key.as_str(), &e, summary);
                     }
                 }
-                return true;
+                return;
             }
             failures.item("redrive", key.as_str(), &e, summary);
-            return true;
+            return;
         }
         failures.ok();
         if reason == "never_sent" {
@@ -549,7 +596,6 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
         *summary.redriven.entry(reason.to_owned()).or_default() += 1;
         tracing::info!(key = %key, reason, "re-driven");
-        true
     }
 
     /// Looks at the stream of one record parked at the gap bound (its waiter
@@ -580,12 +626,12 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
         *budget -= 1;
         match self.ledger.look_at_waiter(w, now_ms).await {
-            Ok(WaiterCheck::Woken) => {
+            Ok(WaiterCheck::Woken { tenant }) => {
                 failures.ok();
                 summary.gaps_woken += 1;
                 tracing::info!(key = %w.key, "a parked gap waiter's predecessor had committed: woken");
                 // Best effort: woken, it is due now and the next run re-drives it anyway.
-                if let Err(e) = self.queue.send(&w.key).await {
+                if let Err(e) = self.queue.send(&w.key, &tenant).await {
                     failures.item("redrive", w.key.as_str(), &e, summary);
                 }
             }
@@ -756,19 +802,20 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         // or a run that died before storing or sending. "Already exists"
         // never means "done": a missing payload is stored and a record never
         // sent is sent (a duplicate on the queue is absorbed by the lease).
-        let (store, send) = match self.ledger.claim(&event, &body).await? {
+        let (store, send, tenant) = match self.ledger.claim(&event, &body).await? {
             // The claim wrote the payload with the record.
-            Claim::New => (false, true),
+            Claim::New => (false, true, event.tenant.clone()),
             Claim::Existing(old) => (
                 !old.payload_stored && old.payload_hash == hash && !old.status.is_terminal(),
                 old.status == Status::Received && old.enqueued_at_ms.is_none(),
+                old.tenant,
             ),
         };
         if store {
             self.ledger.store_payload(&key, &hash, &body, expires_at).await?;
         }
         if send {
-            self.queue.send_with_payload(&key, &body).await?;
+            self.queue.send_with_payload(&key, &tenant, &body).await?;
             self.ledger.mark_enqueued(&key, now_ms).await?;
             metrics::counter!("drift_repaired", "projection" => "entitlements").increment(1);
             return Ok(Drift::Repaired);

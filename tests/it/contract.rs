@@ -93,6 +93,7 @@ impl Backend for Dynamo {
             .queue_url(&self.queue_url)
             .max_number_of_messages(max.clamp(1, 10) as i32)
             .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId)
             .visibility_timeout(hookledger::adapters::sqs::WORK_QUEUE_VISIBILITY_SECS)
             .send()
             .await
@@ -105,7 +106,17 @@ impl Backend for Dynamo {
                     .attributes()
                     .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount))
                     .cloned();
-                received(m.message_id.unwrap_or_default(), m.receipt_handle, m.body.as_deref(), count.as_deref())
+                let group = m
+                    .attributes()
+                    .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId))
+                    .cloned();
+                received(
+                    m.message_id.unwrap_or_default(),
+                    m.receipt_handle,
+                    m.body.as_deref(),
+                    count.as_deref(),
+                    group.as_deref(),
+                )
             })
             .collect()
     }
@@ -126,7 +137,7 @@ impl Backend for Dynamo {
         out.messages
             .unwrap_or_default()
             .into_iter()
-            .filter_map(|m| received(m.message_id.unwrap_or_default(), None, m.body.as_deref(), None).work)
+            .filter_map(|m| received(m.message_id.unwrap_or_default(), None, m.body.as_deref(), None, None).work)
             .map(|(k, _)| k)
             .collect()
     }

@@ -381,7 +381,7 @@ impl World {
         if send {
             // As the intake sends it: the key with the payload.
             SqsQueue::new(self.stack.sqs.clone(), &self.stack.queue_url)
-                .send_with_payload(&key, body)
+                .send_with_payload(&key, &event.tenant, body)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             ledger.mark_enqueued(&key, self.now).await.unwrap_or_else(|e| panic!("{e}"));

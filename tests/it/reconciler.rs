@@ -322,11 +322,11 @@ struct RefusingQueue {
 }
 
 impl WorkQueue for RefusingQueue {
-    async fn send(&self, key: &EventKey) -> Result<(), PortError> {
+    async fn send(&self, key: &EventKey, tenant: &str) -> Result<(), PortError> {
         if key.as_str().contains(self.refuse) {
             return Err(PortError::Unavailable { service: "sqs", message: "injected: access denied".into() });
         }
-        self.inner.send(key).await
+        self.inner.send(key, tenant).await
     }
 }
 

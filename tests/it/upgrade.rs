@@ -78,7 +78,7 @@ async fn a_record_and_a_message_of_an_earlier_release_are_processed() {
         .send()
         .await
         .unwrap();
-    SqsQueue::new(stack.sqs.clone(), &stack.queue_url).send(&key).await.unwrap();
+    SqsQueue::new(stack.sqs.clone(), &stack.queue_url).send(&key, "t").await.unwrap();
     let sent = stack.drain_queue().await;
     assert_eq!(sent.len(), 1);
     assert!(!sent[0].contains("\"body\""), "an earlier release's message: the key alone");

@@ -32,7 +32,8 @@ pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBa
             .filter(|m| !m.is_empty())
             .ok_or_else(|| FunctionError::new(FailureKind::BadEvent, "SQS record without messageId"))?;
         let count = record.attributes.get("ApproximateReceiveCount").map(String::as_str);
-        batch.push(sqs::received(id, record.receipt_handle, record.body.as_deref(), count));
+        let group = record.attributes.get("MessageGroupId").map(String::as_str);
+        batch.push(sqs::received(id, record.receipt_handle, record.body.as_deref(), count, group));
     }
     let stay = hookledger::batch::process(app.processor.clone(), app.queue.clone(), batch)
         .await

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::EventKey;
 use crate::ledger::PortError;
-use crate::ports::{Received, Redelivery, WorkQueue};
+use crate::ports::{Outgoing, Received, Redelivery, SEND_BATCH_MAX, WorkQueue};
 
 /// The queue message body: the key, and the payload when it fits, so the
 /// processor need not read the payload item (it checks the payload against
@@ -67,34 +67,149 @@ impl SqsQueue {
     }
 }
 
-impl SqsQueue {
-    async fn send_message(&self, message: &WorkMessage) -> Result<(), PortError> {
-        let encode = |m: &WorkMessage| {
-            serde_json::to_string(m).map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() })
-        };
-        let mut body = encode(message)?;
-        if body.len() > MAX_MESSAGE_BYTES {
-            // Too large to carry: the processor reads the payload item.
-            body = encode(&WorkMessage { v: message.v, key: message.key.clone(), body: None, body_b64: None })?;
+/// The body sent for `message`: with its payload when that fits in
+/// [`MAX_MESSAGE_BYTES`], else the key alone (the processor reads the
+/// payload item).
+pub fn message_body(message: &WorkMessage) -> Result<String, PortError> {
+    let encode = |m: &WorkMessage| {
+        serde_json::to_string(m).map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() })
+    };
+    let body = encode(message)?;
+    if body.len() <= MAX_MESSAGE_BYTES {
+        return Ok(body);
+    }
+    encode(&WorkMessage { v: message.v, key: message.key.clone(), body: None, body_b64: None })
+}
+
+/// The work message for one outgoing send.
+pub fn work_message(m: &Outgoing<'_>) -> WorkMessage {
+    match m.payload {
+        Some(p) => WorkMessage::with_payload(m.key, p),
+        None => WorkMessage::new(m.key),
+    }
+}
+
+/// Cuts `bodies` into the requests of a `SendMessageBatch`: at most
+/// [`SEND_BATCH_MAX`] messages and [`MAX_MESSAGE_BYTES`] of bodies each (a
+/// body alone is never larger). Returns index ranges, in order.
+pub fn batches(bodies: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, &len) in bodies.iter().enumerate() {
+        if i > start && (i - start == SEND_BATCH_MAX || bytes + len > MAX_MESSAGE_BYTES) {
+            out.push(start..i);
+            (start, bytes) = (i, 0);
         }
+        bytes += len;
+    }
+    if start < bodies.len() {
+        out.push(start..bodies.len());
+    }
+    out
+}
+
+impl SqsQueue {
+    /// One `SendMessage`; `MessageGroupId` = the tenant (a fair queue).
+    async fn send_message(&self, message: &WorkMessage, tenant: &str) -> Result<(), PortError> {
         self.client
             .send_message()
             .queue_url(&self.queue_url)
-            .message_body(body)
+            .message_body(message_body(message)?)
+            .message_group_id(tenant)
             .send()
             .await
             .map_err(|e| super::port_error("sqs", &e))?;
         Ok(())
     }
+
+    /// One `SendMessageBatch` of `bodies` (with their tenants); one result
+    /// each, in order.
+    async fn send_batch(&self, bodies: &[(String, &str)]) -> Vec<Result<(), PortError>> {
+        use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+        let mut entries = Vec::with_capacity(bodies.len());
+        for (i, (body, tenant)) in bodies.iter().enumerate() {
+            let entry = SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(body)
+                .message_group_id(*tenant)
+                .build()
+                .map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() });
+            match entry {
+                Ok(e) => entries.push(e),
+                Err(e) => {
+                    return bodies
+                        .iter()
+                        .map(|_| Err(PortError::Unavailable { service: "sqs", message: e.to_string() }))
+                        .collect();
+                }
+            }
+        }
+        let out =
+            match self.client.send_message_batch().queue_url(&self.queue_url).set_entries(Some(entries)).send().await {
+                Ok(out) => out,
+                Err(e) => return bodies.iter().map(|_| Err(super::port_error("sqs", &e))).collect(),
+            };
+        let mut results: Vec<Result<(), PortError>> = bodies
+            .iter()
+            .map(|_| Err(PortError::Unavailable { service: "sqs", message: "no result for the batch entry".into() }))
+            .collect();
+        for ok in out.successful {
+            if let Some(r) = ok.id.parse::<usize>().ok().and_then(|i| results.get_mut(i)) {
+                *r = Ok(());
+            }
+        }
+        for failed in out.failed {
+            let Some(r) = failed.id.parse::<usize>().ok().and_then(|i| results.get_mut(i)) else { continue };
+            let message = failed.message.unwrap_or_default();
+            *r = Err(if failed.sender_fault {
+                PortError::Caller { service: "sqs", code: failed.code, message }
+            } else {
+                PortError::Unavailable { service: "sqs", message: format!("{}: {message}", failed.code) }
+            });
+        }
+        results
+    }
 }
 
 impl WorkQueue for SqsQueue {
-    async fn send(&self, key: &EventKey) -> Result<(), PortError> {
-        self.send_message(&WorkMessage::new(key)).await
+    async fn send(&self, key: &EventKey, tenant: &str) -> Result<(), PortError> {
+        self.send_message(&WorkMessage::new(key), tenant).await
     }
 
-    async fn send_with_payload(&self, key: &EventKey, payload: &[u8]) -> Result<(), PortError> {
-        self.send_message(&WorkMessage::with_payload(key, payload)).await
+    async fn send_with_payload(&self, key: &EventKey, tenant: &str, payload: &[u8]) -> Result<(), PortError> {
+        self.send_message(&WorkMessage::with_payload(key, payload), tenant).await
+    }
+
+    /// One `SendMessage` for a single message, else `SendMessageBatch`es.
+    async fn send_all(&self, messages: &[Outgoing<'_>]) -> Vec<Result<(), PortError>> {
+        if let [one] = messages {
+            return vec![self.send_message(&work_message(one), one.tenant).await];
+        }
+        let mut bodies = Vec::with_capacity(messages.len());
+        for m in messages {
+            match message_body(&work_message(m)) {
+                Ok(b) => bodies.push(Some((b, m.tenant))),
+                Err(_) => bodies.push(None),
+            }
+        }
+        let sendable: Vec<(usize, (String, &str))> =
+            bodies.into_iter().enumerate().filter_map(|(i, b)| b.map(|b| (i, b))).collect();
+        let mut by_index: Vec<Option<Result<(), PortError>>> = messages.iter().map(|_| None).collect();
+        let lens: Vec<usize> = sendable.iter().map(|(_, (b, _))| b.len()).collect();
+        for range in batches(&lens) {
+            let chunk: Vec<(String, &str)> = sendable[range.clone()].iter().map(|(_, b)| b.clone()).collect();
+            for (j, r) in range.zip(self.send_batch(&chunk).await) {
+                by_index[sendable[j].0] = Some(r);
+            }
+        }
+        by_index
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(PortError::Unavailable { service: "sqs", message: "the message could not be encoded".into() })
+                })
+            })
+            .collect()
     }
 }
 
@@ -136,11 +251,12 @@ pub fn received(
     receipt: Option<String>,
     body: Option<&str>,
     receive_count: Option<&str>,
+    group: Option<&str>,
 ) -> Received {
     let work = body
         .and_then(|b| serde_json::from_str::<WorkMessage>(b).ok())
         .and_then(|m| EventKey::from_stored(&m.key).map(|k| (k, m.payload())));
-    Received { message_id, receipt, work, last_receive: last_receive(receive_count) }
+    Received { message_id, receipt, work, last_receive: last_receive(receive_count), group: group.map(str::to_owned) }
 }
 
 /// The work queue's visibility timeout: at least 6 x the processor timeout (20 s).
@@ -237,6 +353,17 @@ mod tests {
 #[cfg(test)]
 mod redelivery_tests {
     use super::*;
+
+    #[test]
+    fn batches_hold_ten_messages_and_never_more_than_a_message_of_bytes() {
+        assert_eq!(batches(&[]), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(batches(&[10; 3]), vec![std::ops::Range { start: 0, end: 3 }]);
+        assert_eq!(batches(&[10; 21]), [0..10, 10..20, 20..21]);
+        let big = MAX_MESSAGE_BYTES / 2 + 1;
+        assert_eq!(batches(&[big, big, big]), [0..1, 1..2, 2..3], "two halves and a byte do not fit one request");
+        assert_eq!(batches(&[MAX_MESSAGE_BYTES, 1]), [0..1, 1..2]);
+        assert_eq!(batches(&[MAX_MESSAGE_BYTES / 2, MAX_MESSAGE_BYTES / 2, 1]), [0..2, 2..3]);
+    }
 
     #[test]
     fn visibility_delay_is_rounded_up_never_early() {

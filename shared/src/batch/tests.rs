@@ -26,11 +26,11 @@ async fn a_batch_deletes_what_is_done_and_shows_again_what_must_come_back() {
     // The batch as the queue hands it over: ok, held, unreadable, last (its
     // last receive), ok again.
     let q = h.queue.clone();
-    q.send(&ok).await.unwrap();
-    q.send(&held).await.unwrap();
+    q.send(&ok, "t").await.unwrap();
+    q.send(&held, "t").await.unwrap();
     q.send_raw("not a work message");
-    q.send(&last).await.unwrap();
-    q.send(&ok).await.unwrap();
+    q.send(&last, "t").await.unwrap();
+    q.send(&ok, "t").await.unwrap();
     h.world.state().queue.messages[3].receives = crate::adapters::sqs::MAX_RECEIVE_COUNT.unsigned_abs() - 1;
     let batch = q.receive(10);
     assert_eq!(batch.iter().map(|r| r.last_receive).collect::<Vec<_>>(), [false, false, false, true, false]);

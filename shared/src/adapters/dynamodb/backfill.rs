@@ -81,8 +81,8 @@ impl DynamoLedger {
             s3.put(&event.key, &event.payload_hash, &stored).await?;
             Placed::S3
         };
-        match self.conditional(event.key.as_str(), META_SK, cond::release_parked(event, by, placed), false).await? {
-            Written::Applied(_) => Ok(Release::Released),
+        match self.conditional(event.key.as_str(), META_SK, cond::release_parked(event, by, placed), true).await? {
+            Written::Applied(new) => Ok(released(&new.unwrap_or_default())),
             // Our own retried update after a lost acknowledgement.
             Written::Refused(met) => Ok(release_refused(met.as_ref(), event)),
         }
@@ -157,13 +157,18 @@ pub(crate) fn progress_from(item: &super::Item) -> BackfillProgress {
 
 /// The release's outcome, given what a refused release met: our own
 /// retried update (our send token, no longer parked) released it.
+/// A release done, from the record after it.
+pub(crate) fn released(record: &super::Item) -> Release {
+    Release::Released { tenant: get_s(record, attr::TENANT).unwrap_or_default().to_owned() }
+}
+
 pub(crate) fn release_refused(met: Option<&super::Item>, event: &NewEvent) -> Release {
     match met {
         Some(met)
             if get_s(met, attr::SEND_TOKEN) == Some(event.send.token.as_str())
                 && get_s(met, attr::STATUS) != Some(Status::Parked.as_str()) =>
         {
-            Release::Released
+            released(met)
         }
         _ => Release::NotAwaiting,
     }

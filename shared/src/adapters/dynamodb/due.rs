@@ -103,6 +103,7 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
         META_SK => Some(Due::Record(DueRecord {
             key: EventKey::from_stored(pk)?,
             status: get_s(i, attr::STATUS).and_then(Status::parse)?,
+            tenant: field(attr::TENANT),
             enqueued: i.contains_key(attr::ENQUEUED_AT),
             due_at_ms: at,
             received_at_ms: get_n(i, attr::RECEIVED_AT).unwrap_or(at),
@@ -246,9 +247,10 @@ impl DueLedger for DynamoLedger {
 
     async fn look_at_waiter(&self, w: &WaiterItem, now_ms: i64) -> Result<WaiterCheck, PortError> {
         let record = self.read_item(w.key.as_str(), META_SK).await?;
+        let tenant = || record.as_ref().and_then(|r| get_s(r, attr::TENANT)).unwrap_or_default().to_owned();
         let check = if woken_at(record.as_ref(), now_ms) {
             // Our own wake-up, whose acknowledgement was lost.
-            WaiterCheck::Woken
+            WaiterCheck::Woken { tenant: tenant() }
         } else if !waits_on_gap(record.as_ref()) {
             WaiterCheck::Gone
         } else if !predecessor_committed(self.read_item(&w.stream, STATE_SK).await?.as_ref(), w.seq) {
@@ -256,7 +258,7 @@ impl DueLedger for DynamoLedger {
         } else {
             let wake = cond::wake(GAP, now_ms, w.key.shard(self.shards()));
             if self.conditional_ok(w.key.as_str(), META_SK, wake).await? {
-                WaiterCheck::Woken
+                WaiterCheck::Woken { tenant: tenant() }
             } else {
                 WaiterCheck::Gone
             }

@@ -161,6 +161,23 @@ impl DynamoLedger {
         }
     }
 
+    /// Sends one conditional update whose refusal needs no look at the item,
+    /// returning the item after it: `Ok(Some(item))` applied, `Ok(None)`
+    /// refused.
+    async fn conditional_new(&self, pk: &str, sk: &str, update: Update) -> Result<Option<Item>, PortError> {
+        let req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::item_key(pk, sk)))
+            .return_values(ReturnValue::AllNew);
+        match update.apply(req).send().await {
+            Ok(out) => Ok(Some(out.attributes.unwrap_or_default())),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception()) => Ok(None),
+            Err(e) => Err(port_error("dynamodb", &e)),
+        }
+    }
+
     /// Sends one conditional update whose refusal needs no look at the item:
     /// `Ok(true)` applied, `Ok(false)` refused.
     async fn conditional_ok(&self, pk: &str, sk: &str, update: Update) -> Result<bool, PortError> {
@@ -235,6 +252,7 @@ pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<Exis
         send_lease_until_ms: get_n(item, attr::SEND_LEASE_UNTIL),
         payload_stored: item.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
         via: crate::ledger::Via::parse(get_s(item, attr::VIA)),
+        tenant: get_s(item, attr::TENANT).unwrap_or_default().to_owned(),
     })
 }
 

@@ -43,10 +43,15 @@ fn value_json(v: &AttributeValue) -> serde_json::Value {
 /// What a refused operator transition met: nothing (`Missing`), our own
 /// retried update after a lost acknowledgement (`Done`), or a status the
 /// action may not leave.
+/// A transition done, from the record after it.
+pub(crate) fn transitioned(record: &Item) -> Transitioned {
+    Transitioned::Done { tenant: get_s(record, attr::TENANT).unwrap_or_default().to_owned() }
+}
+
 pub(crate) fn transition_refused(met: Option<&Item>, token: &str) -> Transitioned {
     match met {
         None => Transitioned::Missing,
-        Some(met) if get_s(met, cond::OPERATOR_TOKEN) == Some(token) => Transitioned::Done,
+        Some(met) if get_s(met, cond::OPERATOR_TOKEN) == Some(token) => transitioned(met),
         Some(met) => match get_s(met, attr::STATUS).and_then(Status::parse) {
             Some(st) => Transitioned::Refused(st),
             None => Transitioned::Missing,
@@ -239,8 +244,8 @@ impl OperatorLedger for DynamoLedger {
     ) -> Result<Transitioned, PortError> {
         let token = self.ambient.token();
         let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.shards()));
-        match self.conditional(key.as_str(), META_SK, update, false).await? {
-            Written::Applied(_) => Ok(Transitioned::Done),
+        match self.conditional(key.as_str(), META_SK, update, true).await? {
+            Written::Applied(new) => Ok(transitioned(&new.unwrap_or_default())),
             Written::Refused(met) => Ok(transition_refused(met.as_ref(), &token)),
         }
     }

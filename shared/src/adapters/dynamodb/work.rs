@@ -257,8 +257,10 @@ impl WorkLedger for DynamoLedger {
         }
     }
 
-    async fn wake(&self, key: &EventKey, now_ms: i64) -> Result<bool, PortError> {
-        self.conditional_ok(key.as_str(), META_SK, cond::wake(GAP, now_ms, key.shard(self.shards()))).await
+    async fn wake(&self, key: &EventKey, now_ms: i64) -> Result<Option<String>, PortError> {
+        let update = cond::wake(GAP, now_ms, key.shard(self.shards()));
+        let tenant = |r: &Item| super::get_s(r, attr::TENANT).unwrap_or_default().to_owned();
+        Ok(self.conditional_new(key.as_str(), META_SK, update).await?.map(|new| tenant(&new)))
     }
 
     /// Appends an entry to the record's history (`sk = hist#<ms>#<id>`), shown

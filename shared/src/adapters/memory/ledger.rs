@@ -16,7 +16,7 @@ use crate::adapters::dynamodb::conditions::{self as cond, Placed, Update};
 use crate::adapters::dynamodb::due::{
     claimed_by, dead_refused_by, due_of, item_of, predecessor_committed, waits_on_gap, woken_at,
 };
-use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_refused};
+use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_refused, transitioned};
 use crate::adapters::dynamodb::outbox::{
     OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text,
 };
@@ -54,6 +54,15 @@ fn get_n(item: &Item, k: &str) -> Option<i64> {
 enum Written {
     Applied(Item),
     Refused(Option<Item>),
+}
+
+/// The tenant a stored record names.
+fn tenant_of(record: Option<&Item>) -> String {
+    record
+        .and_then(|r| r.get(crate::adapters::dynamodb::attr::TENANT))
+        .and_then(|v| v.as_s().ok())
+        .cloned()
+        .unwrap_or_default()
 }
 
 impl State {
@@ -490,7 +499,7 @@ fn release(st: &mut State, event: &NewEvent, body: &[u8], by: &str) -> Result<Re
         Placed::S3
     };
     Ok(match st.conditional(event.key.as_str(), META_SK, &cond::release_parked(event, by, placed))? {
-        Written::Applied(_) => Release::Released,
+        Written::Applied(new) => crate::adapters::dynamodb::backfill::released(&new),
         Written::Refused(met) => release_refused(met.as_ref(), event),
     })
 }
@@ -587,10 +596,13 @@ impl WorkLedger for MemLedger {
         })
     }
 
-    async fn wake(&self, key: &EventKey, now_ms: i64) -> Result<bool, PortError> {
+    async fn wake(&self, key: &EventKey, now_ms: i64) -> Result<Option<String>, PortError> {
         let shard = key.shard(self.0.shards);
         self.0.call_on("work.wake", key.as_str(), |_, st| {
-            Ok(matches!(st.conditional(key.as_str(), META_SK, &cond::wake(GAP, now_ms, shard))?, Written::Applied(_)))
+            Ok(match st.conditional(key.as_str(), META_SK, &cond::wake(GAP, now_ms, shard))? {
+                Written::Applied(new) => Some(tenant_of(Some(&new))),
+                Written::Refused(_) => None,
+            })
         })
     }
 
@@ -726,15 +738,16 @@ impl DueLedger for MemLedger {
         let shard = w.key.shard(self.0.shards);
         self.0.call_on("due.look_at_waiter", w.key.as_str(), |_, st| {
             let record = st.table.get(w.key.as_str(), META_SK);
+            let tenant = tenant_of(record);
             let check = if woken_at(record, now_ms) {
-                WaiterCheck::Woken
+                WaiterCheck::Woken { tenant }
             } else if !waits_on_gap(record) {
                 WaiterCheck::Gone
             } else if !predecessor_committed(st.table.get(&w.stream, STATE_SK), w.seq) {
                 return Ok(WaiterCheck::Waiting);
             } else {
                 match st.conditional(w.key.as_str(), META_SK, &cond::wake(GAP, now_ms, shard))? {
-                    Written::Applied(_) => WaiterCheck::Woken,
+                    Written::Applied(_) => WaiterCheck::Woken { tenant },
                     Written::Refused(_) => WaiterCheck::Gone,
                 }
             };
@@ -863,7 +876,7 @@ impl OperatorLedger for MemLedger {
         let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.0.shards));
         self.0.call_on("operator.transition", key.as_str(), |_, st| {
             Ok(match st.conditional(key.as_str(), META_SK, &update)? {
-                Written::Applied(_) => Transitioned::Done,
+                Written::Applied(new) => transitioned(&new),
                 Written::Refused(met) => transition_refused(met.as_ref(), &token),
             })
         })

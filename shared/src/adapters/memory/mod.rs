@@ -588,7 +588,7 @@ mod tests {
     async fn the_queue_moves_a_message_to_its_dead_letter_queue_after_its_receives() {
         let w = world();
         let q = w.queue().with_max_receives(2);
-        crate::ports::WorkQueue::send(&q, &event("a").key).await.unwrap();
+        crate::ports::WorkQueue::send(&q, &event("a").key, "t").await.unwrap();
         for _ in 0..2 {
             assert_eq!(q.receive(10).len(), 1);
             w.advance(std::time::Duration::from_secs(121));

@@ -5,10 +5,12 @@
 //! the dead-letter queue instead of being delivered.
 
 use super::World;
-use crate::adapters::sqs::{MAX_MESSAGE_BYTES, MAX_RECEIVE_COUNT, WORK_QUEUE_VISIBILITY_SECS, WorkMessage, received};
+use crate::adapters::sqs::{
+    MAX_RECEIVE_COUNT, WORK_QUEUE_VISIBILITY_SECS, WorkMessage, message_body, received, work_message,
+};
 use crate::identity::EventKey;
 use crate::ledger::PortError;
-use crate::ports::{Received, Redelivery, WorkQueue};
+use crate::ports::{Outgoing, Received, Redelivery, WorkQueue};
 
 /// One message on the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +21,8 @@ pub struct Message {
     pub receives: u32,
     /// The receipt of its latest receive.
     pub receipt: Option<String>,
+    /// Its `MessageGroupId` (the tenant).
+    pub group: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +65,17 @@ impl MemQueue {
         st.queue.messages.iter().chain(&st.queue.dead).filter_map(|m| key_of(&m.body)).collect()
     }
 
+    /// The event keys sent with the group (tenant) each was sent under, in order.
+    pub fn groups(&self) -> Vec<(EventKey, Option<String>)> {
+        let st = self.world.state();
+        st.queue
+            .messages
+            .iter()
+            .chain(&st.queue.dead)
+            .filter_map(|m| Some((key_of(&m.body)?, m.group.clone())))
+            .collect()
+    }
+
     /// Messages waiting or in flight.
     pub fn len(&self) -> usize {
         self.world.state().queue.messages.len()
@@ -98,7 +113,7 @@ impl MemQueue {
             m.visible_at_ms = now + self.visibility_ms;
             m.receipt = Some(receipt.clone());
             let count = m.receives.to_string();
-            out.push(received(m.id.clone(), Some(receipt), Some(&m.body), Some(&count)));
+            out.push(received(m.id.clone(), Some(receipt), Some(&m.body), Some(&count), m.group.as_deref()));
             i += 1;
         }
         out
@@ -111,7 +126,14 @@ impl MemQueue {
         let mut st = self.world.state();
         st.queue.sent += 1;
         let id = format!("m-{:06}", st.queue.sent);
-        st.queue.messages.push(Message { id, body: body.to_owned(), visible_at_ms: now, receives: 0, receipt: None });
+        st.queue.messages.push(Message {
+            id,
+            body: body.to_owned(),
+            visible_at_ms: now,
+            receives: 0,
+            receipt: None,
+            group: None,
+        });
     }
 
     /// Deletes a received message (the batch's success); a stale receipt
@@ -123,22 +145,20 @@ impl MemQueue {
         st.queue.messages.len() != before
     }
 
-    fn send_body(&self, message: &WorkMessage) -> Result<(), PortError> {
-        let encode = |m: &WorkMessage| {
-            serde_json::to_string(m).map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() })
-        };
-        let mut body = encode(message)?;
-        if body.len() > MAX_MESSAGE_BYTES {
-            body = encode(&WorkMessage::new(
-                &EventKey::from_stored(&message.key)
-                    .ok_or_else(|| PortError::Unavailable { service: "sqs", message: "not an event key".into() })?,
-            ))?;
-        }
+    fn send_body(&self, message: &WorkMessage, tenant: &str) -> Result<(), PortError> {
+        let body = message_body(message)?;
         let now = self.world.ambient().clock.now_ms();
         self.world.call_on("queue.send", &message.key, |_, st| {
             st.queue.sent += 1;
             let id = format!("m-{:06}", st.queue.sent);
-            st.queue.messages.push(Message { id, body: body.clone(), visible_at_ms: now, receives: 0, receipt: None });
+            st.queue.messages.push(Message {
+                id,
+                body: body.clone(),
+                visible_at_ms: now,
+                receives: 0,
+                receipt: None,
+                group: Some(tenant.to_owned()),
+            });
             Ok(())
         })
     }
@@ -148,13 +168,20 @@ fn key_of(body: &str) -> Option<EventKey> {
     serde_json::from_str::<WorkMessage>(body).ok().and_then(|m| EventKey::from_stored(&m.key))
 }
 
+/// Each message of a `send_all` is one `queue.send` call of the world, so a
+/// fault injected on one key fails that entry alone, as `SendMessageBatch`
+/// reports failures per entry.
 impl WorkQueue for MemQueue {
-    async fn send(&self, key: &EventKey) -> Result<(), PortError> {
-        self.send_body(&WorkMessage::new(key))
+    async fn send(&self, key: &EventKey, tenant: &str) -> Result<(), PortError> {
+        self.send_body(&WorkMessage::new(key), tenant)
     }
 
-    async fn send_with_payload(&self, key: &EventKey, payload: &[u8]) -> Result<(), PortError> {
-        self.send_body(&WorkMessage::with_payload(key, payload))
+    async fn send_with_payload(&self, key: &EventKey, tenant: &str, payload: &[u8]) -> Result<(), PortError> {
+        self.send_body(&WorkMessage::with_payload(key, payload), tenant)
+    }
+
+    async fn send_all(&self, messages: &[Outgoing<'_>]) -> Vec<Result<(), PortError>> {
+        messages.iter().map(|m| self.send_body(&work_message(m), m.tenant)).collect()
     }
 }
 
