@@ -31,6 +31,12 @@ Asserts, each with a clear message:
   SSM reference under `/aws/reference/secretsmanager/` also
   `secretsmanager:GetSecretValue`; and no data-service action is granted
   that no operation needs (ALLOWED_UNUSED lists the reasoned exceptions);
+- the work queue's fair-queue metrics are alarmed on (a noisy tenant, and
+  the age of the quiet tenants' oldest message), each notifying someone;
+  the functions get HOOKLEDGER_TENANT_METRICS from the TenantMetrics
+  parameter; the webhook API's default route throttling is the
+  IngressRateLimit/IngressBurstLimit parameters, and absent when no limit
+  is set;
 - no secret value appears in the template;
 - every alarm says how it treats missing data; alarms on the project's own
   metrics never read missing data as healthy (no `notBreaching`), name only
@@ -168,6 +174,9 @@ def needed_actions(operations):
                 add("s3:ListBucket", "bucket")
             elif service == "s3":
                 add(op, "objects")
+            elif op == "sqs:SendMessageBatch":
+                # Authorised as SendMessage, entry by entry.
+                add("sqs:SendMessage", kind)
             elif op == "ssm:GetParameter" and kind == "parameter:secretsmanager":
                 add("ssm:GetParameter", "parameter")
                 add("secretsmanager:GetSecretValue", "secret")
@@ -260,6 +269,53 @@ def account_administers(statement):
     roots = as_list(principal.get("AWS", [])) if isinstance(principal, dict) else []
     root = "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"
     return any(sub_text(r) == root for r in roots) and covers(as_list(statement.get("Action", [])), "kms:*")
+
+
+# The fair-queue metrics of the work queue that must be alarmed on.
+FAIR_QUEUE_ALARMS = {
+    "ApproximateNumberOfNoisyGroups": "a tenant holding a disproportionate share of the processor",
+    "ApproximateAgeOfOldestMessageInQuietGroups": "the quiet tenants' oldest message waiting",
+}
+
+
+def check_tenants(template, res):
+    """Fair queues, per-tenant metrics and the ingress limit, as documented."""
+    checks = 0
+    for metric, what in FAIR_QUEUE_ALARMS.items():
+        found = [
+            name for name, r in res.items()
+            if r["Type"] == "AWS::CloudWatch::Alarm"
+            and r["Properties"].get("Namespace") == "AWS/SQS"
+            and r["Properties"].get("MetricName") == metric
+            and any(
+                d.get("Name") == "QueueName" and "WorkQueue" in referenced(d.get("Value"))
+                for d in r["Properties"].get("Dimensions", [])
+            )
+        ]
+        if not found:
+            fail(f"no alarm on the work queue's {metric} ({what})")
+        for name in found:
+            if not res[name]["Properties"].get("AlarmActions"):
+                fail(f"{name}: alarm notifies no one (AlarmActions)")
+        checks += 1
+    env = template.get("Globals", {}).get("Function", {}).get("Environment", {}).get("Variables", {})
+    if "TenantMetrics" not in referenced(env.get("HOOKLEDGER_TENANT_METRICS")):
+        fail("the functions' HOOKLEDGER_TENANT_METRICS is not the TenantMetrics parameter")
+    if template.get("Parameters", {}).get("TenantMetrics", {}).get("Default", None) != "":
+        fail("TenantMetrics must default to none (each tenant's metrics cost every month)")
+    checks += 1
+    settings = res["WebhookApi"].get("Properties", {}).get("DefaultRouteSettings")
+    if not isinstance(settings, dict) or "Fn::If" not in settings:
+        fail("WebhookApi: DefaultRouteSettings must be set from IngressRateLimit only when a limit is given (Fn::If)")
+    cond, limited, unlimited = settings["Fn::If"]
+    if unlimited != {"Ref": "AWS::NoValue"}:
+        fail("WebhookApi: without IngressRateLimit there must be no throttling of ours (AWS::NoValue)")
+    if limited.get("ThrottlingRateLimit") != {"Ref": "IngressRateLimit"} or limited.get("ThrottlingBurstLimit") != {"Ref": "IngressBurstLimit"}:
+        fail(f"WebhookApi: throttling must be IngressRateLimit/IngressBurstLimit (got {limited})")
+    if "IngressRateLimit" not in referenced(template.get("Conditions", {}).get(cond)):
+        fail(f"WebhookApi: condition {cond} does not test IngressRateLimit")
+    checks += 1
+    return checks
 
 
 def main():
@@ -448,6 +504,8 @@ def main():
         checks += 1
     if not alarm_topics:
         fail("no alarm notifies an SNS topic of the template")
+
+    checks += check_tenants(template, res)
 
     iam_path = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "iam-actions.json")
     checks += check_iam(res, json.load(open(iam_path)))

@@ -85,7 +85,9 @@ enum Command {
     Send(send::SendArgs),
     /// Throughput, outcomes, latency and the duplicate rate from the functions'
     /// metrics; what is open, dead or parked now. Costs O(shards), never O(records).
-    Stats(WindowArgs),
+    /// With --tenant: that tenant's records from the ledger's sparse sets, and its
+    /// own metrics if it is listed in TenantMetrics.
+    Stats(StatsArgs),
     /// Top failing types, subjects failing repeatedly, reasons, stuck leases,
     /// the oldest unprocessed event, the duplicate-rate trend and drift repairs.
     Failures(FailuresArgs),
@@ -205,6 +207,15 @@ struct ConsoleArgs {
     /// Metrics namespace (the functions' HOOKLEDGER_METRICS_NAMESPACE).
     #[arg(long, env = "HOOKLEDGER_METRICS_NAMESPACE", default_value = "Hookledger")]
     namespace: String,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    #[command(flatten)]
+    window: WindowArgs,
+    /// One tenant's figures only.
+    #[arg(long)]
+    tenant: Option<String>,
 }
 
 #[derive(Args)]
@@ -438,7 +449,19 @@ where
             demo::run(args, &ctx.wiring, &ctx.table()?, stack, json, out).await.map_err(CliError::Failed)?
         }
         Command::Send(args) => send::run(args, &ctx.wiring, out).await.map_err(CliError::Failed)?,
-        Command::Stats(w) => {
+        Command::Stats(StatsArgs { window: w, tenant: Some(tenant) }) => {
+            if !hookledger::config::valid_tenant(&tenant) {
+                return Err(CliError::Failed(format!("--tenant {tenant:?}: {}", hookledger::config::TENANT_RULE)));
+            }
+            let now = now_ms();
+            let stats = ctx.insight(&w)?.tenant_stats(&tenant, &w.window(now)?, now).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&stats).unwrap_or_default())?;
+            } else {
+                table::tenant_stats(out, &stats)?;
+            }
+        }
+        Command::Stats(StatsArgs { window: w, tenant: None }) => {
             let now = now_ms();
             let stats = ctx.insight(&w)?.stats(&w.window(now)?, now).await?;
             if json {

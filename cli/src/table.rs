@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use hookledger::insight::{Count, Failures, Standing, Stats};
+use hookledger::insight::{Count, Failures, Standing, Stats, TenantStats};
 use hookledger::ledger::Row;
 
 fn get(item: &Row, k: &str) -> String {
@@ -81,6 +81,34 @@ fn standing(out: &mut (dyn Write + Send), now: &Standing) -> io::Result<()> {
         writeln!(out, "(some shard held more rows than the cap: these counts are lower bounds)")?;
     }
     writeln!(out, "oldest unprocessed: {}; stuck leases: {}", age(now.oldest_unprocessed_age_ms), now.stuck_leases)
+}
+
+pub fn tenant_stats(out: &mut (dyn Write + Send), s: &TenantStats) -> io::Result<()> {
+    writeln!(out, "tenant {}", s.tenant)?;
+    match &s.metrics {
+        Some(m) => {
+            writeln!(out, "last {} (its own metrics)", span(s.until_ms - s.since_ms))?;
+            let rows = vec![
+                vec!["received".to_owned(), m.received.to_string()],
+                vec!["processed".into(), m.processed.to_string()],
+                vec!["dead-lettered".into(), m.dead.to_string()],
+            ];
+            columns(out, &["FIGURE", "VALUE"], &rows)?;
+            writeln!(
+                out,
+                "receipt to completion: mean {}, max {}",
+                ms(m.receipt_to_completion.mean_ms),
+                ms(m.receipt_to_completion.max_ms)
+            )?;
+        }
+        None => writeln!(
+            out,
+            "no metrics of its own in the last {} (list it in TenantMetrics for received, processed, dead and latency)",
+            span(s.until_ms - s.since_ms)
+        )?,
+    }
+    writeln!(out)?;
+    standing(out, &s.now)
 }
 
 pub fn stats(out: &mut (dyn Write + Send), s: &Stats) -> io::Result<()> {

@@ -405,14 +405,21 @@ fn valid_name(name: &str) -> bool {
         && name.as_bytes()[0].is_ascii_alphanumeric()
 }
 
+/// What a tenant may be: also a valid SQS `MessageGroupId` (at most 128
+/// characters of punctuation and alphanumerics).
+pub const TENANT_RULE: &str = "tenant must be 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'";
+
+pub fn valid_tenant(t: &str) -> bool {
+    (1..=128).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}
+
 fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
     if !valid_name(name) {
         return Err("name must be 1-64 characters of a-z, 0-9, '-' or '_' starting with a letter or digit".into());
     }
     if let Some(t) = &spec.tenant {
-        let ok = (1..=128).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
-        if !ok {
-            return Err("tenant must be 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'".into());
+        if !valid_tenant(t) {
+            return Err(TENANT_RULE.into());
         }
     }
     if let Some(tol) = spec.tolerance_secs {

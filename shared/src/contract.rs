@@ -617,10 +617,24 @@ pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     assert_eq!(rows.iter().filter_map(|r| text(r, "pk")).collect::<Vec<_>>(), vec![open.key.as_str()]);
     let by_endpoint = RowFilter { endpoint: Some("elsewhere"), ..all.clone() };
     assert!(l.rows(Status::Received, 0, &by_endpoint, 10).await.unwrap().is_empty());
+    // By tenant, from every set (the attention index does not carry it).
+    let tenant = |t| RowFilter { tenant: Some(t), ..all.clone() };
+    assert_eq!(l.rows(Status::Received, 0, &tenant("t1"), 10).await.unwrap().len(), 1);
+    assert!(l.rows(Status::Received, 0, &tenant("t2"), 10).await.unwrap().is_empty());
     assert_eq!(l.open_rows(0).await.unwrap().len(), 1);
     let (_, history, payload) = l.show(&open.key, true).await.unwrap().unwrap();
     assert_eq!(history.iter().filter_map(|h| text(h, "kind")).collect::<Vec<_>>(), vec!["note"]);
     assert_eq!(payload, Some(body("op-open")));
+    let parked_now = l.transition(&open.key, OperatorAction::Park, "alice", "hold", T0 + 8).await.unwrap();
+    assert_eq!(parked_now, Transitioned::Done { tenant: "t1".into() });
+    let parked = l.rows(Status::Parked, 0, &all, 10).await.unwrap();
+    assert!(parked.iter().any(|r| text(r, "pk") == Some(open.key.as_str())), "{parked:?}");
+    let of_t1 = l.rows(Status::Parked, 0, &tenant("t1"), 10).await.unwrap();
+    assert_eq!(
+        of_t1.iter().map(|r| text(r, "pk")).collect::<Vec<_>>(),
+        parked.iter().map(|r| text(r, "pk")).collect::<Vec<_>>()
+    );
+    assert!(l.rows(Status::Parked, 0, &tenant("t2"), 10).await.unwrap().is_empty());
 }
 
 // ------------------------------------------------------------------ outbox

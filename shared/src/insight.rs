@@ -113,6 +113,33 @@ impl Stats {
     }
 }
 
+/// One tenant's figures (`hookledger stats --tenant T`): what is open,
+/// dead or parked now, from the ledger's sparse sets; and, for a tenant
+/// listed in `TenantMetrics`, its own metrics over the window.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct TenantStats {
+    pub tenant: String,
+    pub since_ms: i64,
+    pub until_ms: i64,
+    /// `None`: the tenant has no metrics of its own in the window (it is
+    /// not listed in `TenantMetrics`, or nothing happened).
+    pub metrics: Option<TenantFigures>,
+    pub now: Standing,
+}
+
+/// A listed tenant's own metrics over the window.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct TenantFigures {
+    pub received: u64,
+    pub processed: u64,
+    pub dead: u64,
+    pub receipt_to_completion: Latency,
+}
+
+/// The metrics written for the tenants listed in `TenantMetrics`.
+pub const TENANT_METRIC_NAMES: [&str; 4] =
+    ["tenant_received", "tenant_processed", "tenant_dead", "tenant_queue_to_complete"];
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Count {
     pub key: String,
@@ -203,7 +230,12 @@ impl<L: OperatorLedger, M: MetricsReader> Insight<L, M> {
 
     /// DEAD and PARKED (at most `cap` each per shard) and every open record.
     pub async fn sparse(&self) -> Result<Sparse, PortError> {
-        let all = RowFilter { until_ms: i64::MAX, ..RowFilter::default() };
+        self.sparse_of(None).await
+    }
+
+    /// [`Self::sparse`], of one tenant's records only.
+    async fn sparse_of(&self, tenant: Option<&str>) -> Result<Sparse, PortError> {
+        let all = RowFilter { until_ms: i64::MAX, tenant, ..RowFilter::default() };
         let mut out = Sparse::default();
         for shard in 0..self.ledger.shards() {
             for status in [Status::Dead, Status::Parked] {
@@ -211,7 +243,10 @@ impl<L: OperatorLedger, M: MetricsReader> Insight<L, M> {
                 out.truncated |= rows.len() >= self.cap_per_shard;
                 out.rows.extend(rows.into_iter().take(self.cap_per_shard));
             }
-            let open = self.ledger.open_rows(shard).await?;
+            let mut open = self.ledger.open_rows(shard).await?;
+            if let Some(t) = tenant {
+                open.retain(|r| text(r, "tenant") == Some(t));
+            }
             out.truncated |= open.len() > self.cap_per_shard;
             out.rows.extend(open.into_iter().take(self.cap_per_shard));
         }
@@ -229,6 +264,19 @@ impl<L: OperatorLedger, M: MetricsReader> Insight<L, M> {
         let series = self.metrics.read(&METRIC_NAMES, window).await?;
         let sparse = self.sparse().await?;
         Ok((stats_from(&series, &sparse, window, now_ms), failures_from(&series, &sparse, window, now_ms, self.top)))
+    }
+
+    /// One tenant's figures: its standing from the sparse sets, filtered by
+    /// tenant, and its own metrics when it has any.
+    pub async fn tenant_stats(
+        &self,
+        tenant: &str,
+        window: &MetricWindow,
+        now_ms: i64,
+    ) -> Result<TenantStats, PortError> {
+        let series = self.metrics.read(&TENANT_METRIC_NAMES, window).await?;
+        let sparse = self.sparse_of(Some(tenant)).await?;
+        Ok(tenant_stats_from(tenant, &series, &sparse, window, now_ms))
     }
 
     pub async fn failures(&self, window: &MetricWindow, now_ms: i64) -> Result<Failures, PortError> {
@@ -268,6 +316,32 @@ fn latency(series: &[MetricSeries], name: &str) -> Latency {
 fn rate(dups: u64, received: u64) -> f64 {
     let deliveries = dups + received;
     if deliveries == 0 { 0.0 } else { dups as f64 / deliveries as f64 }
+}
+
+/// One tenant's figures from its metric series (those with its `tenant`
+/// dimension) and its rows of the sparse sets.
+pub fn tenant_stats_from(
+    tenant: &str,
+    series: &[MetricSeries],
+    sparse: &Sparse,
+    window: &MetricWindow,
+    now_ms: i64,
+) -> TenantStats {
+    let own: Vec<MetricSeries> =
+        series.iter().filter(|s| s.dimensions.iter().any(|(k, v)| k == "tenant" && v == tenant)).cloned().collect();
+    let metrics = (!own.is_empty()).then(|| TenantFigures {
+        received: total(&own, "tenant_received"),
+        processed: total(&own, "tenant_processed"),
+        dead: total(&own, "tenant_dead"),
+        receipt_to_completion: latency(&own, "tenant_queue_to_complete"),
+    });
+    TenantStats {
+        tenant: tenant.to_owned(),
+        since_ms: window.since_ms,
+        until_ms: window.until_ms,
+        metrics,
+        now: standing(sparse, now_ms),
+    }
 }
 
 fn standing(sparse: &Sparse, now_ms: i64) -> Standing {
@@ -495,6 +569,77 @@ mod tests {
                 "lease_expires_at": NOW + 20_000, "attempts": 1, "received_at": NOW - 5_000})),
         ];
         (series, Sparse { rows, truncated: false })
+    }
+
+    /// Issue 22.2: one tenant's figures come from its own series only (the
+    /// `tenant` dimension), and from its rows of every sparse set.
+    #[test]
+    fn tenant_stats_read_its_own_series_only() {
+        let (_, sparse) = sample();
+        let series = vec![
+            series("tenant_received", &[("tenant", "acme")], &[(NOW - 600_000, 4.0, 4.0, 1.0)]),
+            series("tenant_received", &[("tenant", "globex")], &[(NOW - 600_000, 9.0, 9.0, 1.0)]),
+            series("tenant_processed", &[("tenant", "acme")], &[(NOW - 300_000, 3.0, 3.0, 1.0)]),
+            series("tenant_dead", &[("tenant", "acme")], &[(NOW - 300_000, 1.0, 1.0, 1.0)]),
+            series("tenant_queue_to_complete", &[("tenant", "acme")], &[(NOW - 300_000, 900.0, 3.0, 500.0)]),
+        ];
+        let s = tenant_stats_from("acme", &series, &sparse, &WINDOW, NOW);
+        let m = s.metrics.expect("acme has metrics");
+        assert_eq!((m.received, m.processed, m.dead), (4, 3, 1));
+        assert_eq!(m.receipt_to_completion, Latency { mean_ms: Some(300.0), max_ms: Some(500.0) });
+        assert_eq!(tenant_stats_from("initech", &series, &sparse, &WINDOW, NOW).metrics, None, "not listed");
+    }
+
+    struct Fixed(Vec<MetricSeries>);
+
+    impl MetricsReader for Fixed {
+        async fn read(&self, names: &[&str], _: &MetricWindow) -> Result<Vec<MetricSeries>, PortError> {
+            Ok(self.0.iter().filter(|s| names.contains(&s.name.as_str())).cloned().collect())
+        }
+    }
+
+    /// `stats --tenant`: the standing counts that tenant's open, dead and
+    /// parked records only.
+    #[tokio::test]
+    async fn a_tenants_standing_counts_its_records_only() {
+        use crate::ledger::{Exit, NewEvent, SendLease, Via};
+        use crate::ports::{Ledger, WorkLedger};
+        let w = crate::adapters::memory::World::new(crate::clock::Ambient::fixed(NOW, 3)).with_shards(2);
+        let l = w.ledger();
+        let claim = |id: &str, tenant: &str| {
+            let key = crate::identity::EventKey::new("stripe", "e", id);
+            NewEvent {
+                shard: key.shard(2),
+                key,
+                provider: "stripe".into(),
+                endpoint: "e".into(),
+                tenant: tenant.into(),
+                event_id: id.into(),
+                event_type: Some("invoice.paid".into()),
+                payload_hash: "h".into(),
+                content_hash: "h".into(),
+                received_at_ms: NOW - 60_000,
+                expires_at: NOW / 1000 + 86_400,
+                send: SendLease { token: "s".into(), until_ms: NOW },
+                via: Via::Webhook,
+            }
+        };
+        for (id, tenant) in [("1", "acme"), ("2", "acme"), ("3", "globex"), ("4", "globex")] {
+            Ledger::claim(&l, &claim(id, tenant), b"{}").await.unwrap();
+        }
+        for (id, token) in [("2", "t-2"), ("4", "t-4")] {
+            let key = crate::identity::EventKey::new("stripe", "e", id);
+            assert!(matches!(l.lease(&key, token, NOW, 30_000).await.unwrap(), crate::ledger::LeaseResult::Leased(_)));
+            assert!(l.leave(&key, token, &Exit::Dead { reason: "r", message: "m" }, NOW).await.unwrap());
+        }
+        let insight = Insight::new(l, Fixed(Vec::new()));
+        let acme = insight.tenant_stats("acme", &WINDOW, NOW).await.unwrap();
+        assert_eq!((acme.now.by_status["RECEIVED"], acme.now.by_status["DEAD"]), (1, 1), "{acme:?}");
+        assert_eq!(acme.metrics, None);
+        let nobody = insight.tenant_stats("initech", &WINDOW, NOW).await.unwrap();
+        assert_eq!(nobody.now.by_status.values().sum::<u64>(), 0);
+        let all = insight.stats(&WINDOW, NOW).await.unwrap();
+        assert_eq!((all.now.by_status["RECEIVED"], all.now.by_status["DEAD"]), (2, 2));
     }
 
     #[test]

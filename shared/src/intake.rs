@@ -30,6 +30,7 @@ use crate::identity::EventKey;
 use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, WorkQueue};
+use crate::telemetry::TenantMetrics;
 use crate::verify::hashes::{self, delivery_hashes};
 use crate::verify::{Action, Verified, VerifyError};
 
@@ -123,6 +124,7 @@ pub struct Intake<L, Q> {
     ledger: L,
     queue: Q,
     ambient: Ambient,
+    tenant_metrics: TenantMetrics,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -131,7 +133,20 @@ fn unix_ms(t: SystemTime) -> i64 {
 
 impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     pub fn new(endpoints: BTreeMap<String, Endpoint>, settings: Settings, ledger: L, queue: Q) -> Self {
-        Self { endpoints, settings, ledger, queue, ambient: Ambient::system() }
+        Self {
+            endpoints,
+            settings,
+            ledger,
+            queue,
+            ambient: Ambient::system(),
+            tenant_metrics: TenantMetrics::default(),
+        }
+    }
+
+    /// Counts the new events of these tenants in their own metrics.
+    pub fn with_tenant_metrics(mut self, tenants: TenantMetrics) -> Self {
+        self.tenant_metrics = tenants;
+        self
     }
 
     /// Draws its send-lease tokens from `ambient` and times requests on it
@@ -206,6 +221,9 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let endpoint_name = endpoint.map_or("unknown", |e| e.name.as_str());
         let duration_ms = (self.ambient.instant() - started).as_secs_f64() * 1000.0;
         record_outcome(provider, endpoint_name, &outcome, duration_ms);
+        if let (Outcome::Accepted, Some(e)) = (&outcome, endpoint) {
+            self.tenant_metrics.received(&e.tenant);
+        }
         let (event_id, event_type) =
             verified.as_ref().map_or(("", ""), |v| (v.event_id.as_str(), v.event_type.as_deref().unwrap_or("")));
         if answer.status >= 500 {

@@ -92,6 +92,7 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
         let hi = filter.cursor.as_ref().map_or(i64::MAX, |c| c.0).min(filter.until_ms.unwrap_or(i64::MAX));
         let rows = RowFilter {
             endpoint: filter.endpoint.as_deref(),
+            tenant: None,
             event_type: filter.event_type.as_deref(),
             subject: filter.subject.as_deref(),
             since_ms: filter.since_ms.unwrap_or(0),

@@ -373,6 +373,8 @@ pub trait DueLedger: Ledger {
 #[derive(Debug, Clone, Default)]
 pub struct RowFilter<'a> {
     pub endpoint: Option<&'a str>,
+    /// Only this tenant's records.
+    pub tenant: Option<&'a str>,
     pub event_type: Option<&'a str>,
     pub subject: Option<&'a str>,
     /// Receive time range, inclusive.

@@ -23,6 +23,7 @@ use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, WorkRecord}
 use crate::ports::{Dispatch, WorkLedger, WorkQueue};
 use crate::projection::sequence::Position;
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
+use crate::telemetry::TenantMetrics;
 
 /// Where a crash is injected in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,6 +106,7 @@ pub struct Processor<L, Q, D> {
     queue: Option<Q>,
     settings: ProcessorSettings,
     ambient: Ambient,
+    tenant_metrics: TenantMetrics,
     pub fault: ProcessorFault,
 }
 
@@ -154,8 +156,15 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             queue: None,
             settings,
             ambient: Ambient::system(),
+            tenant_metrics: TenantMetrics::default(),
             fault: ProcessorFault::None,
         }
+    }
+
+    /// Counts these tenants' outcomes and latency in their own metrics.
+    pub fn with_tenant_metrics(mut self, tenants: TenantMetrics) -> Self {
+        self.tenant_metrics = tenants;
+        self
     }
 
     /// Reads time and draws tokens and jitter from `ambient`.
@@ -219,11 +228,14 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         metrics::histogram!("processing_duration", "provider" => provider.clone())
             .record((self.ambient.instant() - started).as_secs_f64() * 1000.0);
         if let Some(r) = &record {
-            if report.retry_after_ms.is_none()
-                && matches!(report.outcome, Outcome::Applied | Outcome::Stale | Outcome::Duplicate | Outcome::Ignored)
-            {
-                metrics::histogram!("queue_to_complete", "provider" => provider)
-                    .record((now_ms - r.received_at_ms).max(0) as f64);
+            let completed = report.retry_after_ms.is_none()
+                && matches!(report.outcome, Outcome::Applied | Outcome::Stale | Outcome::Duplicate | Outcome::Ignored);
+            let latency = completed.then(|| (now_ms - r.received_at_ms).max(0) as f64);
+            if let Some(ms) = latency {
+                metrics::histogram!("queue_to_complete", "provider" => provider).record(ms);
+            }
+            if completed || report.outcome == Outcome::Dead {
+                self.tenant_metrics.finished(&r.tenant, report.outcome == Outcome::Dead, latency);
             }
             tracing::info!(key = %key, provider = %r.provider, endpoint = %r.endpoint, event_id = %r.event_id,
                 event_type = r.event_type.as_deref().unwrap_or(""), attempt = r.attempts, outcome = report.outcome.label(),

@@ -16,6 +16,70 @@ pub fn init_metrics(function: &'static str) -> Result<&'static metrics_cloudwatc
     Ok(collector)
 }
 
+/// The most tenants [`TenantMetrics`] takes: each one's series are custom
+/// metrics, billed every month.
+pub const MAX_TENANT_METRICS: usize = 50;
+
+/// The tenants whose own metrics are written (`HOOKLEDGER_TENANT_METRICS`,
+/// template parameter `TenantMetrics`: a comma-separated list, default
+/// none): `tenant_received` (intake), `tenant_processed`, `tenant_dead` and
+/// `tenant_queue_to_complete` (processor), with a `tenant` dimension. Every
+/// other tenant is answered by `hookledger stats --tenant` from the ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantMetrics(std::collections::BTreeSet<String>);
+
+impl TenantMetrics {
+    /// Parses the list; every name must be a valid tenant.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let mut set = std::collections::BTreeSet::new();
+        for t in raw.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            if !crate::config::valid_tenant(t) {
+                return Err(format!("{t:?}: {}", crate::config::TENANT_RULE));
+            }
+            set.insert(t.to_owned());
+        }
+        if set.len() > MAX_TENANT_METRICS {
+            return Err(format!(
+                "{} tenants listed; at most {MAX_TENANT_METRICS} (each one's metrics cost every month)",
+                set.len()
+            ));
+        }
+        Ok(Self(set))
+    }
+
+    pub fn covers(&self, tenant: &str) -> bool {
+        self.0.contains(tenant)
+    }
+
+    pub fn tenants(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+
+    /// A new event accepted for `tenant`.
+    pub fn received(&self, tenant: &str) {
+        if self.covers(tenant) {
+            metrics::counter!("tenant_received", "tenant" => tenant.to_owned()).increment(1);
+        }
+    }
+
+    /// An event of `tenant` finished (`dead`: dead-lettered), and, if it
+    /// completed, its receipt-to-completion time.
+    pub fn finished(&self, tenant: &str, dead: bool, queue_to_complete_ms: Option<f64>) {
+        if !self.covers(tenant) {
+            return;
+        }
+        let t = tenant.to_owned();
+        if dead {
+            metrics::counter!("tenant_dead", "tenant" => t).increment(1);
+            return;
+        }
+        metrics::counter!("tenant_processed", "tenant" => t.clone()).increment(1);
+        if let Some(ms) = queue_to_complete_ms {
+            metrics::histogram!("tenant_queue_to_complete", "tenant" => t).record(ms);
+        }
+    }
+}
+
 /// Writes the metrics gathered during one invocation as EMF to stdout.
 pub fn flush(collector: &metrics_cloudwatch_embedded::Collector) {
     if let Err(e) = collector.flush(std::io::stdout()) {
@@ -28,6 +92,11 @@ pub fn describe() {
     metrics::describe_histogram!("intake_duration", metrics::Unit::Milliseconds, "intake handling time");
     metrics::describe_histogram!("processing_duration", metrics::Unit::Milliseconds, "processor time per event");
     metrics::describe_histogram!("queue_to_complete", metrics::Unit::Milliseconds, "receipt to completion");
+    metrics::describe_histogram!(
+        "tenant_queue_to_complete",
+        metrics::Unit::Milliseconds,
+        "receipt to completion of a listed tenant"
+    );
     metrics::describe_histogram!("reconcile_duration", metrics::Unit::Milliseconds, "reconciler run time");
     metrics::describe_gauge!(
         "oldest_unprocessed_age",

@@ -29,6 +29,7 @@ use crate::processor::Processor;
 use crate::projection::fetch::SubscriptionSource;
 use crate::reconciler::Reconciler;
 use crate::secret::Secret;
+use crate::telemetry::TenantMetrics;
 use crate::verify::sns::CertificateCache;
 
 /// The use cases as deployed: on DynamoDB, SQS and SNS.
@@ -77,6 +78,8 @@ pub struct Settings {
     /// `HOOKLEDGER_GITHUB_TOKEN` (a secret reference) and `HOOKLEDGER_GITHUB_API_BASE`
     pub github_token: Option<String>,
     pub github_api_base: String,
+    /// `HOOKLEDGER_TENANT_METRICS`: the tenants with metrics of their own.
+    pub tenant_metrics: TenantMetrics,
 }
 
 /// A provider API base: the variable `name`, else `default`; `https://`, or
@@ -195,6 +198,11 @@ impl Settings {
             stripe_api_base: api_base(get, "HOOKLEDGER_STRIPE_API_BASE", STRIPE_API_BASE)?,
             github_token,
             github_api_base: api_base(get, "HOOKLEDGER_GITHUB_API_BASE", GITHUB_API_BASE)?,
+            tenant_metrics: get("HOOKLEDGER_TENANT_METRICS")
+                .map(|raw| TenantMetrics::parse(&raw))
+                .transpose()
+                .map_err(|reason| invalid("HOOKLEDGER_TENANT_METRICS", reason))?
+                .unwrap_or_default(),
         })
     }
 
@@ -337,7 +345,7 @@ impl Wiring {
             if config::uses_ssm(&specs) { Box::new(self.secrets()) } else { Box::new(config::EnvSecrets) };
         let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates).await?;
         let intake = Intake::new(endpoints, self.settings.intake()?, self.ledger()?, self.queue()?);
-        Ok(intake.with_ambient(self.ambient.clone()))
+        Ok(intake.with_ambient(self.ambient.clone()).with_tenant_metrics(self.settings.tenant_metrics.clone()))
     }
 
     /// The processor with the reference projections, the dispatcher and the
@@ -353,7 +361,9 @@ impl Wiring {
         registry: crate::projection::Registry,
         dispatcher: Option<LiveDispatcher>,
     ) -> Result<LiveProcessor, ConfigError> {
-        Ok(processor(self.ledger()?, registry, dispatcher, self.settings.processor).with_ambient(self.ambient.clone()))
+        Ok(processor(self.ledger()?, registry, dispatcher, self.settings.processor)
+            .with_ambient(self.ambient.clone())
+            .with_tenant_metrics(self.settings.tenant_metrics.clone()))
     }
 
     /// The reconciler with its configured settings.
@@ -675,5 +685,25 @@ mod tests {
         }
         let github = Settings::from_lookup(vars(&[("HOOKLEDGER_GITHUB_API_BASE", "http://127.0.0.1:5056")])).unwrap();
         assert_eq!(github.github_api_base, "http://127.0.0.1:5056");
+    }
+
+    /// Issue 22.2: the tenants with metrics of their own, none by default;
+    /// a name that cannot be a tenant, or too many, is refused at load.
+    #[test]
+    fn tenant_metrics_are_for_the_tenants_listed_only() {
+        let none = Settings::from_lookup(vars(&[])).unwrap();
+        assert_eq!(none.tenant_metrics, TenantMetrics::default());
+        let listed = Settings::from_lookup(vars(&[("HOOKLEDGER_TENANT_METRICS", " acme, globex ,acme,")])).unwrap();
+        assert_eq!(listed.tenant_metrics.tenants().collect::<Vec<_>>(), ["acme", "globex"]);
+        assert!(listed.tenant_metrics.covers("acme") && !listed.tenant_metrics.covers("initech"));
+        let with =
+            |raw: String| Settings::from_lookup(move |k| (k == "HOOKLEDGER_TENANT_METRICS").then(|| raw.clone()));
+        for bad in ["acme,has space".to_owned(), "caf\u{e9}".to_owned(), "x".repeat(129)] {
+            let err = with(bad.clone()).unwrap_err().to_string();
+            assert!(err.contains("HOOKLEDGER_TENANT_METRICS") && err.contains("tenant must be"), "{bad}: {err}");
+        }
+        let many: Vec<String> = (0..=crate::telemetry::MAX_TENANT_METRICS).map(|i| format!("t{i}")).collect();
+        let err = with(many.join(",")).unwrap_err();
+        assert!(err.to_string().contains("at most 50"), "{err}");
     }
 }

@@ -69,9 +69,14 @@ pub(crate) fn row(item: &Item) -> Row {
 /// and cursor.
 pub(crate) fn passes(item: &Item, filter: &RowFilter<'_>) -> bool {
     let at = get_n(item, attr::RECEIVED_AT).unwrap_or(0);
-    [("endpoint", filter.endpoint), ("event_type", filter.event_type), ("subject", filter.subject)]
-        .into_iter()
-        .all(|(name, want)| want.is_none_or(|w| get_s(item, name) == Some(w)))
+    [
+        ("endpoint", filter.endpoint),
+        (attr::TENANT, filter.tenant),
+        ("event_type", filter.event_type),
+        ("subject", filter.subject),
+    ]
+    .into_iter()
+    .all(|(name, want)| want.is_none_or(|w| get_s(item, name) == Some(w)))
         && (filter.since_ms..=filter.until_ms).contains(&at)
         && filter.is_after(at, get_s(item, attr::PK).unwrap_or(""))
 }
@@ -105,12 +110,38 @@ impl DynamoLedger {
                 .send()
                 .await
                 .map_err(|e| port_error("dynamodb", &e))?;
-            out.extend(page.items.unwrap_or_default().iter().filter(|i| passes(i, filter)).map(row));
+            let mut items = page.items.unwrap_or_default();
+            if filter.tenant.is_some() {
+                // The index does not carry the tenant: read the records.
+                items = self.in_order(items).await?;
+            }
+            out.extend(items.iter().filter(|i| passes(i, filter)).map(row));
             match page.last_evaluated_key {
                 Some(k) if out.len() < want => start = Some(k),
                 _ => return Ok(out),
             }
         }
+    }
+
+    /// The records of index items, read in one batch, in the items' order
+    /// (those gone meanwhile left out).
+    async fn in_order(&self, items: Vec<Item>) -> Result<Vec<Item>, PortError> {
+        let key = |i: &Item| {
+            (get_s(i, attr::PK).unwrap_or_default().to_owned(), get_s(i, attr::SK).unwrap_or_default().to_owned())
+        };
+        let order: Vec<(String, String)> = items.iter().map(key).collect();
+        let keys = order
+            .iter()
+            .map(|(pk, sk)| {
+                HashMap::from([
+                    (attr::PK.to_owned(), AttributeValue::S(pk.clone())),
+                    (attr::SK.to_owned(), AttributeValue::S(sk.clone())),
+                ])
+            })
+            .collect();
+        let mut read: HashMap<(String, String), Item> =
+            self.batch_read(keys).await?.into_iter().map(|i| (key(&i), i)).collect();
+        Ok(order.iter().filter_map(|k| read.remove(k)).collect())
     }
 
     /// Every open record of the shard in one of `statuses`, newest first.
