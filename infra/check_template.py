@@ -281,16 +281,25 @@ FAIR_QUEUE_ALARMS = {
 def check_tenants(template, res):
     """Fair queues, per-tenant metrics and the ingress limit, as documented."""
     checks = 0
+    def on_work_queue(m):
+        return m.get("Namespace") == "AWS/SQS" and any(
+            d.get("Name") == "QueueName" and "WorkQueue" in referenced(d.get("Value")) for d in m.get("Dimensions", [])
+        )
+
+    def alarmed_metrics(props):
+        """(namespace/dimensions dict, metric name) of an alarm: its own, or its metric math inputs."""
+        if "MetricName" in props:
+            yield props, props["MetricName"]
+        for m in props.get("Metrics", []):
+            metric = m.get("MetricStat", {}).get("Metric")
+            if metric:
+                yield metric, metric.get("MetricName")
+
     for metric, what in FAIR_QUEUE_ALARMS.items():
         found = [
             name for name, r in res.items()
             if r["Type"] == "AWS::CloudWatch::Alarm"
-            and r["Properties"].get("Namespace") == "AWS/SQS"
-            and r["Properties"].get("MetricName") == metric
-            and any(
-                d.get("Name") == "QueueName" and "WorkQueue" in referenced(d.get("Value"))
-                for d in r["Properties"].get("Dimensions", [])
-            )
+            and any(on_work_queue(m) and n == metric for m, n in alarmed_metrics(r["Properties"]))
         ]
         if not found:
             fail(f"no alarm on the work queue's {metric} ({what})")

@@ -784,6 +784,11 @@ pub async fn the_work_queue_carries_keys_payloads_and_receive_counts<B: Backend>
     assert_eq!(work, vec![Some((k1.clone(), None)), Some((k2.clone(), Some(body("q-2"))))]);
     let groups: Vec<_> = got.iter().map(|r| r.group.as_deref()).collect();
     assert_eq!(groups, [Some("acme"), Some("globex")], "each message in its tenant's group");
+    // A record without a tenant: sent, in no group, rather than refused.
+    let k3 = EventKey::new("stripe", "contract", "q-3");
+    q.send(&k3, "").await.unwrap();
+    let lone = b.receive(10).await;
+    assert_eq!(lone.iter().map(|r| (r.work.clone(), r.group.clone())).collect::<Vec<_>>(), [(Some((k3, None)), None)]);
     assert!(got.iter().all(|r| !r.last_receive && r.receipt.is_some()));
     assert!(b.receive(10).await.is_empty(), "received messages are hidden");
     q.show_again(got[0].receipt.as_deref().unwrap(), 0).await.unwrap();

@@ -221,9 +221,6 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let endpoint_name = endpoint.map_or("unknown", |e| e.name.as_str());
         let duration_ms = (self.ambient.instant() - started).as_secs_f64() * 1000.0;
         record_outcome(provider, endpoint_name, &outcome, duration_ms);
-        if let (Outcome::Accepted, Some(e)) = (&outcome, endpoint) {
-            self.tenant_metrics.received(&e.tenant);
-        }
         let (event_id, event_type) =
             verified.as_ref().map_or(("", ""), |v| (v.event_id.as_str(), v.event_type.as_deref().unwrap_or("")));
         if answer.status >= 500 {
@@ -316,7 +313,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         match claim {
             // Round trip 2: the key, with the payload, on the queue.
             Claim::New => match self.queue.send_with_payload(key, &event.tenant, req.body).await {
-                Ok(()) => Outcome::Accepted,
+                Ok(()) => {
+                    self.tenant_metrics.received(&event.tenant);
+                    Outcome::Accepted
+                }
                 Err(e) => {
                     self.release(key, &event.send).await;
                     self.unavailable("enqueue", key, e)
@@ -353,7 +353,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         };
         tracing::info!(key = %key, "delivery released a record a backfill parked without its payload");
         match self.queue.send_with_payload(key, &tenant, body).await {
-            Ok(()) => Outcome::Accepted,
+            Ok(()) => {
+                self.tenant_metrics.received(&tenant);
+                Outcome::Accepted
+            }
             Err(e) => {
                 self.release(key, &event.send).await;
                 self.unavailable("enqueue", key, e)

@@ -28,4 +28,5 @@ mod shards;
 mod sqs_handler;
 mod support;
 mod sweep;
+mod tenants;
 mod upgrade;

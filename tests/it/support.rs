@@ -161,6 +161,35 @@ impl Stack {
     pub async fn drain_queue(&self) -> Vec<String> {
         self.drain(&self.queue_url).await
     }
+
+    /// Drains the work queue: each message's body with its `MessageGroupId`.
+    pub async fn drain_queue_grouped(&self) -> Vec<(String, Option<String>)> {
+        self.drain_grouped(&self.queue_url).await
+    }
+
+    /// An intake over this stack with the endpoints of `endpoints` (JSON as
+    /// `HOOKLEDGER_ENDPOINTS` holds it) instead of [`ENDPOINTS`].
+    pub async fn intake_for(&self, endpoints: &str) -> Intake<DynamoLedger, SqsQueue> {
+        let specs = config::parse_endpoints(endpoints).unwrap();
+        let certs = Arc::new(CertificateCache::new(self.sns_getter.clone()));
+        let endpoints = config::build_endpoints(specs, &TestSecrets, certs).await.unwrap();
+        Intake::new(endpoints, self.settings(), self.ledger(), SqsQueue::new(self.sqs.clone(), &self.queue_url))
+    }
+}
+
+/// The (event key, group) of each drained message, sorted: its body's `key`
+/// (a [`sqs::WorkMessage`]) and its `MessageGroupId`.
+pub fn key_groups(drained: &[(String, Option<String>)]) -> Vec<(String, Option<String>)> {
+    let mut out: Vec<(String, Option<String>)> = drained
+        .iter()
+        .map(|(body, group)| {
+            let m: sqs::WorkMessage =
+                serde_json::from_str(body).unwrap_or_else(|e| panic!("not a work message ({e}): {body}"));
+            (m.key, group.clone())
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 impl Stack {
@@ -174,6 +203,35 @@ impl Stack {
         event_type: Option<&str>,
         body: &[u8],
     ) -> EventKey {
+        let now_ms = now_s() * 1000;
+        self.claim_as("t1", provider, endpoint, event_id, event_type, body, now_ms).await
+    }
+
+    /// As [`Stack::claim`], for `tenant` (whatever the endpoint's
+    /// configuration says), its send lease already lapsed.
+    pub async fn claim_in(
+        &self,
+        tenant: &str,
+        provider: &str,
+        endpoint: &str,
+        event_id: &str,
+        body: &[u8],
+    ) -> EventKey {
+        let lapsed = now_s() * 1000 - 1_000;
+        self.claim_as(tenant, provider, endpoint, event_id, None, body, lapsed).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_as(
+        &self,
+        tenant: &str,
+        provider: &str,
+        endpoint: &str,
+        event_id: &str,
+        event_type: Option<&str>,
+        body: &[u8],
+        lease_until_ms: i64,
+    ) -> EventKey {
         let key = EventKey::new(provider, endpoint, event_id);
         let hash = hookledger::identity::payload_hash(body);
         let now_ms = now_s() * 1000;
@@ -181,7 +239,7 @@ impl Stack {
             key: key.clone(),
             provider: provider.into(),
             endpoint: endpoint.into(),
-            tenant: "t1".into(),
+            tenant: tenant.into(),
             event_id: event_id.into(),
             event_type: event_type.map(str::to_owned),
             payload_hash: hash.clone(),
@@ -189,7 +247,7 @@ impl Stack {
             received_at_ms: now_ms,
             expires_at: now_s() + 86_400,
             shard: key.shard(16),
-            send: SendLease { token: "test".into(), until_ms: now_ms },
+            send: SendLease { token: "test".into(), until_ms: lease_until_ms },
             via: hookledger::ledger::Via::Webhook,
         };
         let ledger = self.ledger();
@@ -264,6 +322,34 @@ impl Stack {
                 return bodies;
             }
             bodies.extend(msgs.into_iter().filter_map(|m| m.body));
+        }
+    }
+
+    /// Drains any queue; returns each message's body with its
+    /// `MessageGroupId` (the tenant it was sent for).
+    pub async fn drain_grouped(&self, queue_url: &str) -> Vec<(String, Option<String>)> {
+        use aws_sdk_sqs::types::MessageSystemAttributeName;
+        let mut messages = Vec::new();
+        loop {
+            let out = self
+                .sqs
+                .receive_message()
+                .queue_url(queue_url)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+                .send()
+                .await
+                .unwrap();
+            let msgs = out.messages.unwrap_or_default();
+            if msgs.is_empty() {
+                return messages;
+            }
+            messages.extend(msgs.into_iter().filter_map(|m| {
+                let group = m.attributes.as_ref().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId));
+                let group = group.cloned();
+                m.body.map(|body| (body, group))
+            }));
         }
     }
 

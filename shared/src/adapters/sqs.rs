@@ -108,6 +108,13 @@ pub fn batches(bodies: &[usize]) -> Vec<std::ops::Range<usize>> {
     out
 }
 
+/// The `MessageGroupId` a tenant's messages are sent with. A record without
+/// a tenant (none is ever written so) is sent without one, as its own group,
+/// rather than refused by SQS and taken for the caller's fault.
+pub fn group(tenant: &str) -> Option<String> {
+    (!tenant.is_empty()).then(|| tenant.to_owned())
+}
+
 impl SqsQueue {
     /// One `SendMessage`; `MessageGroupId` = the tenant (a fair queue).
     async fn send_message(&self, message: &WorkMessage, tenant: &str) -> Result<(), PortError> {
@@ -115,7 +122,7 @@ impl SqsQueue {
             .send_message()
             .queue_url(&self.queue_url)
             .message_body(message_body(message)?)
-            .message_group_id(tenant)
+            .set_message_group_id(group(tenant))
             .send()
             .await
             .map_err(|e| super::port_error("sqs", &e))?;
@@ -131,7 +138,7 @@ impl SqsQueue {
             let entry = SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(body)
-                .message_group_id(*tenant)
+                .set_message_group_id(group(tenant))
                 .build()
                 .map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() });
             match entry {

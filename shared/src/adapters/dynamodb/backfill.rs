@@ -155,13 +155,13 @@ pub(crate) fn progress_from(item: &super::Item) -> BackfillProgress {
     }
 }
 
-/// The release's outcome, given what a refused release met: our own
-/// retried update (our send token, no longer parked) released it.
-/// A release done, from the record after it.
+/// A release done, from the record after it (its tenant).
 pub(crate) fn released(record: &super::Item) -> Release {
     Release::Released { tenant: get_s(record, attr::TENANT).unwrap_or_default().to_owned() }
 }
 
+/// The release's outcome, given what a refused release met: our own
+/// retried update (our send token, no longer parked) released it.
 pub(crate) fn release_refused(met: Option<&super::Item>, event: &NewEvent) -> Release {
     match met {
         Some(met)

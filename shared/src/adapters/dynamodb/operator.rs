@@ -38,16 +38,14 @@ fn value_json(v: &AttributeValue) -> serde_json::Value {
     }
 }
 
-/// The row of an item: its attributes as JSON, and `st_at`, the receive
-/// time rows are sorted and paged by.
-/// What a refused operator transition met: nothing (`Missing`), our own
-/// retried update after a lost acknowledgement (`Done`), or a status the
-/// action may not leave.
-/// A transition done, from the record after it.
+/// A transition done, from the record after it (its tenant).
 pub(crate) fn transitioned(record: &Item) -> Transitioned {
     Transitioned::Done { tenant: get_s(record, attr::TENANT).unwrap_or_default().to_owned() }
 }
 
+/// What a refused operator transition met: nothing (`Missing`), our own
+/// retried update after a lost acknowledgement (`Done`), or a status the
+/// action may not leave.
 pub(crate) fn transition_refused(met: Option<&Item>, token: &str) -> Transitioned {
     match met {
         None => Transitioned::Missing,
@@ -59,6 +57,8 @@ pub(crate) fn transition_refused(met: Option<&Item>, token: &str) -> Transitione
     }
 }
 
+/// The row of an item: its attributes as JSON, and `st_at`, the receive
+/// time rows are sorted and paged by.
 pub(crate) fn row(item: &Item) -> Row {
     let mut r = item_json(item);
     r.insert("st_at".into(), get_n(item, attr::RECEIVED_AT).unwrap_or(0).into());

@@ -157,7 +157,7 @@ impl MemQueue {
                 visible_at_ms: now,
                 receives: 0,
                 receipt: None,
-                group: Some(tenant.to_owned()),
+                group: crate::adapters::sqs::group(tenant),
             });
             Ok(())
         })
