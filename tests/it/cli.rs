@@ -100,6 +100,21 @@ async fn exhausted_attempts_are_visible_in_list_and_stats() {
     let (r, out) = stack.cli(&["failures"]).await;
     r.unwrap();
     assert!(out.contains("FAILING (PROVIDER TYPE)") && out.contains("attempts_exhausted"), "{out}");
+    // One tenant's: its records only (the attention index does not carry
+    // the tenant; the records behind it are read).
+    let dead_tenant =
+        s(&stack.record(&hookledger::identity::EventKey::new("stripe", "stripe-b", "evt_dead")).await, "tenant");
+    let (r, out) = stack.cli(&["stats", "--tenant", &dead_tenant, "--json"]).await;
+    r.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["tenant"].as_str(), v["now"]["by_status"]["DEAD"].as_u64()), (Some(dead_tenant.as_str()), Some(1)));
+    assert!(v["metrics"].is_null(), "not listed in TenantMetrics: {out}");
+    let (r, out) = stack.cli(&["stats", "--tenant", "nobody-here"]).await;
+    r.unwrap();
+    assert!(out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["DEAD", "0"]), "{out}");
+    assert!(out.contains("no metrics of its own"), "{out}");
+    let (r, _) = stack.cli(&["stats", "--tenant", "two words"]).await;
+    assert!(r.unwrap_err().contains("tenant must be"));
     let (r, _) = stack.cli(&["stats", "--since", "3w"]).await;
     assert!(r.unwrap_err().to_string().contains("unknown unit"));
     let (r, _) = stack.cli(&["stats", "--period", "90"]).await;

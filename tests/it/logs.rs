@@ -51,7 +51,14 @@ impl std::io::Write for Buffer {
 
 /// A `metrics` recorder writing one EMF document per recorded value.
 #[derive(Clone, Default)]
-struct MetricDocs(Arc<Mutex<Vec<String>>>);
+pub(crate) struct MetricDocs(Arc<Mutex<Vec<String>>>);
+
+impl MetricDocs {
+    /// The documents recorded so far.
+    pub(crate) fn docs(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
 
 struct Handle {
     docs: MetricDocs,

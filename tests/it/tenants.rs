@@ -439,3 +439,50 @@ async fn intake_an_sns_dead_letter_replay_is_queued_in_the_records_tenant() {
     assert_eq!(s(&stack.record(&lost_key).await, "tenant"), "mail-co");
     assert_eq!(queued(&stack).await, expected(&[(&lost_key, "mail-co"), (&arrived_key, "legacy-co")]));
 }
+
+// --- per-tenant metrics --------------------------------------------------------
+
+/// The tenant-dimensioned documents of `name` recorded: their tenants.
+fn tenant_docs(docs: &[String], name: &str) -> Vec<String> {
+    let mut out: Vec<String> = docs
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|d| d.get(name).is_some())
+        .filter_map(|d| d.get("tenant").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Issue 22.2: the metrics of their own (received at the intake; processed,
+/// dead and receipt-to-completion at the processor) are written for the
+/// tenants `TenantMetrics` lists and for no other.
+#[tokio::test]
+async fn tenant_metrics_are_written_for_the_listed_tenants_only() {
+    use hookledger::telemetry::TenantMetrics;
+    let stack = Stack::new().await;
+    let listed = TenantMetrics::parse("tenant-a").unwrap();
+    let intake = stack.intake().await.with_tenant_metrics(listed.clone());
+    let p = stack.processor(fast_settings(), None, None).with_tenant_metrics(listed);
+    let docs = crate::logs::MetricDocs::default();
+    {
+        let _metrics = metrics::set_default_local_recorder(&docs);
+        for (endpoint, id) in [("stripe-a", "evt_tm_a"), ("stripe-b", "evt_tm_b")] {
+            let body = stripe_event(id);
+            assert_eq!(crate::intake::post(&intake, endpoint, &stripe_headers(&body), &body).await, 202);
+            let key = EventKey::new("stripe", endpoint, id);
+            let report = p.process(&key, now_ms()).await.unwrap();
+            assert!(report.retry_after_ms.is_none(), "{endpoint}: {:?}", report.outcome);
+        }
+        // A duplicate is no new event.
+        let again = stripe_event("evt_tm_a");
+        assert_eq!(crate::intake::post(&intake, "stripe-a", &stripe_headers(&again), &again).await, 200);
+    }
+    let docs = docs.docs();
+    assert_eq!(tenant_docs(&docs, "tenant_received"), ["tenant-a"]);
+    assert_eq!(tenant_docs(&docs, "tenant_processed"), ["tenant-a"]);
+    assert_eq!(tenant_docs(&docs, "tenant_queue_to_complete"), ["tenant-a"]);
+    assert!(tenant_docs(&docs, "tenant_dead").is_empty());
+    assert!(docs.iter().all(|d| !d.contains("tenant-b")), "nothing of an unlisted tenant");
+    assert_eq!(docs.iter().filter(|d| d.contains("\"received\"")).count(), 2, "the usual metrics for both");
+}
