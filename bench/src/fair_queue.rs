@@ -35,7 +35,7 @@
 //! of n messages takes `batch_ms + message_ms × n` (assumed 40 + 15 ms: the
 //! processor's 2 to 4 sequential DynamoDB requests per event, docs/measurements.md,
 //! at a few ms each in-region; not measured), then its messages are deleted.
-//! Every other assumption is printed by [`assumptions`].
+//! Every other assumption is printed by `assumptions`.
 
 use serde_json::{Value, json};
 use std::collections::VecDeque;
