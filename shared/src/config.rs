@@ -21,6 +21,7 @@ use crate::policy::{DEFAULT_INDEX_SHARDS, DEFAULT_RETENTION_DAYS};
 use crate::secret::Secret;
 use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
 use crate::verify::github::GithubVerifier;
+use crate::verify::quiltt::{self, QuilttVerifier};
 use crate::verify::sns::{CertificateCache, SnsVerifier};
 use crate::verify::standard::{self, StandardWebhooksVerifier};
 use crate::verify::stripe::{self, StripeVerifier};
@@ -153,6 +154,7 @@ pub enum ProviderKind {
     StandardWebhooks,
     Sns,
     Hmac,
+    Quiltt,
 }
 
 impl ProviderKind {
@@ -163,6 +165,7 @@ impl ProviderKind {
             Self::StandardWebhooks => "standard_webhooks",
             Self::Sns => "sns",
             Self::Hmac => "hmac",
+            Self::Quiltt => "quiltt",
         }
     }
 }
@@ -251,6 +254,7 @@ pub enum EndpointVerifier {
     StandardWebhooks(StandardWebhooksVerifier),
     Sns(SnsVerifier),
     Hmac(GenericHmacVerifier),
+    Quiltt(QuilttVerifier),
 }
 
 /// Runtime settings other than endpoints.
@@ -524,6 +528,10 @@ pub async fn build_endpoints(
                 ))
             }
             ProviderKind::Sns => EndpointVerifier::Sns(SnsVerifier::new(spec.topic_arns.clone(), certificates.clone())),
+            ProviderKind::Quiltt => EndpointVerifier::Quiltt(QuilttVerifier::new(
+                resolved,
+                spec.tolerance_secs.unwrap_or(quiltt::DEFAULT_TOLERANCE_SECS),
+            )),
             ProviderKind::Hmac => {
                 let h = spec.hmac.clone().ok_or_else(|| endpoint_err("missing hmac section".into()))?;
                 let header = |n: &str| {

@@ -29,10 +29,10 @@ use crate::config::{Endpoint, EndpointVerifier, Settings};
 use crate::identity::EventKey;
 use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status};
 use crate::policy::SEND_LEASE_MS;
-use crate::ports::{Ledger, WorkQueue};
+use crate::ports::{Ledger, Outgoing, WorkQueue};
 use crate::telemetry::TenantMetrics;
 use crate::verify::hashes::{self, delivery_hashes};
-use crate::verify::{Action, Verified, VerifyError};
+use crate::verify::{Action, BatchEvent, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.
 pub const RETRY_AFTER_SECS: u32 = 5;
@@ -47,17 +47,31 @@ pub struct IntakeRequest<'a> {
 }
 
 /// What happened to one delivery; `answer()` turns it into HTTP.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Outcome {
     Accepted,
-    Duplicate { resent: bool, conflict: bool },
+    Duplicate {
+        resent: bool,
+        conflict: bool,
+    },
+    /// A batch delivery whose every event is recorded: `new` of them now,
+    /// the others before (`conflicts` of those with other content).
+    Batch {
+        new: u32,
+        duplicates: u32,
+        conflicts: u32,
+    },
     SubscriptionConfirmed,
     Unsubscribed,
     MethodNotAllowed,
     UnknownEndpoint,
-    TooLarge { limit: usize },
+    TooLarge {
+        limit: usize,
+    },
     Rejected(VerifyError),
-    Unavailable { stage: &'static str },
+    Unavailable {
+        stage: &'static str,
+    },
 }
 
 /// An HTTP answer: status, a stable `code` and a human `detail`.
@@ -80,6 +94,8 @@ impl Outcome {
         match self {
             Self::Accepted => "accepted",
             Self::Duplicate { .. } => "duplicate",
+            Self::Batch { new: 0, .. } => "batch_duplicate",
+            Self::Batch { .. } => "batch_accepted",
             Self::SubscriptionConfirmed => "subscription_confirmed",
             Self::Unsubscribed => "unsubscribed",
             Self::MethodNotAllowed => "method_not_allowed",
@@ -100,6 +116,14 @@ impl Outcome {
                 "event id already recorded with a different payload; the first is kept".into(),
             ),
             Self::Duplicate { .. } => a(200, "duplicate", "event already recorded".into()),
+            Self::Batch { new: 0, duplicates, .. } => {
+                a(200, "duplicate", format!("all {duplicates} events of the batch already recorded"))
+            }
+            Self::Batch { new, duplicates, .. } => a(
+                202,
+                "accepted",
+                format!("{new} events of the batch recorded and queued, {duplicates} already recorded"),
+            ),
             Self::SubscriptionConfirmed => a(200, "subscription_confirmed", "subscription confirmed".into()),
             Self::Unsubscribed => a(200, "unsubscribed", "unsubscribe confirmation noted".into()),
             Self::MethodNotAllowed => a(405, "method_not_allowed", "webhooks are delivered with POST".into()),
@@ -271,6 +295,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             EndpointVerifier::StandardWebhooks(v) => v.verify(req.body, req.headers, now_s),
             EndpointVerifier::Hmac(v) => v.verify(req.body, req.headers, now_s),
             EndpointVerifier::Sns(v) => v.verify(req.body, req.headers, now_s).await,
+            EndpointVerifier::Quiltt(v) => v.verify(req.body, req.headers, now_s),
         };
         let verified = match verified {
             Ok(v) => v,
@@ -278,6 +303,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         };
         let outcome = match &verified.action {
             Action::Record => self.record(endpoint, &verified, req).await,
+            Action::Batch(events) => self.record_batch(endpoint, events, req).await,
             Action::Unsubscribed => Outcome::Unsubscribed,
             Action::ConfirmSubscription { subscribe_url } => {
                 let EndpointVerifier::Sns(sns) = &endpoint.verifier else { unreachable!("only SNS confirms") };
@@ -327,6 +353,61 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             Claim::Existing(existing) if existing.awaits_payload() => self.release_parked(&event, req.body).await,
             Claim::Existing(existing) => self.duplicate(&event, existing, req.body).await,
         }
+    }
+
+    /// A delivery carrying several events. Round trip 1: every event is
+    /// claimed, at most [`BATCH_CLAIMS_IN_FLIGHT`] at once, each with its own
+    /// bytes (its slice of the body) as its payload. Round trip 2: the new
+    /// ones are sent together (`SendMessageBatch`). An event met again is a
+    /// duplicate as for a single delivery (its payload made good, a record
+    /// never sent handed over). The answer is 202 if any event is new, 200
+    /// if all were recorded before, and 503 if any could not be recorded
+    /// (the sender's retry meets the others as duplicates).
+    async fn record_batch(&self, endpoint: &Endpoint, events: &[BatchEvent], req: &IntakeRequest<'_>) -> Outcome {
+        let prepared: Vec<(NewEvent, &[u8])> = events
+            .iter()
+            .map(|e| {
+                let bytes = &req.body[e.bytes.clone()];
+                let verified = Verified::record(e.event_id.clone(), e.event_type.clone());
+                (new_event(endpoint, &self.settings, &verified, bytes, req.now, self.ambient.token()), bytes)
+            })
+            .collect();
+        let mut claims: Vec<Result<Claim, PortError>> = Vec::with_capacity(prepared.len());
+        for chunk in prepared.chunks(BATCH_CLAIMS_IN_FLIGHT) {
+            let pending: Vec<_> = chunk.iter().map(|(event, bytes)| self.ledger.claim(event, bytes)).collect();
+            claims.extend(futures::future::join_all(pending).await);
+        }
+        let mut outcomes = Vec::with_capacity(prepared.len());
+        let mut new = Vec::new();
+        for ((event, bytes), claim) in prepared.iter().zip(claims) {
+            match claim {
+                Ok(Claim::New) => new.push((event, *bytes)),
+                Ok(Claim::Existing(existing)) if existing.awaits_payload() => {
+                    outcomes.push(self.release_parked(event, bytes).await);
+                }
+                Ok(Claim::Existing(existing)) => outcomes.push(self.duplicate(event, existing, bytes).await),
+                Err(PortError::TooLarge { limit, .. }) => outcomes.push(Outcome::TooLarge { limit }),
+                Err(e) => {
+                    self.release(&event.key, &event.send).await;
+                    outcomes.push(self.unavailable("claim", &event.key, e));
+                }
+            }
+        }
+        let messages: Vec<Outgoing<'_>> =
+            new.iter().map(|(e, bytes)| Outgoing { key: &e.key, tenant: &e.tenant, payload: Some(bytes) }).collect();
+        for ((event, _), sent) in new.iter().zip(self.queue.send_all(&messages).await) {
+            outcomes.push(match sent {
+                Ok(()) => {
+                    self.tenant_metrics.received(&event.tenant);
+                    Outcome::Accepted
+                }
+                Err(e) => {
+                    self.release(&event.key, &event.send).await;
+                    self.unavailable("enqueue", &event.key, e)
+                }
+            });
+        }
+        batch_outcome(outcomes)
     }
 
     /// A delivery of an identity a backfill parked without its payload
@@ -492,6 +573,32 @@ pub fn new_event(
     }
 }
 
+/// The most claims of one batch delivery in flight at once.
+pub const BATCH_CLAIMS_IN_FLIGHT: usize = 10;
+
+/// One answer for a batch's events: the first that could not be recorded
+/// (503, or 413), else 202 when any is new, else 200.
+fn batch_outcome(outcomes: Vec<Outcome>) -> Outcome {
+    if let Some(failed) = outcomes.iter().find(|o| matches!(o, Outcome::Unavailable { .. })) {
+        return failed.clone();
+    }
+    if let Some(large) = outcomes.iter().find(|o| matches!(o, Outcome::TooLarge { .. })) {
+        return large.clone();
+    }
+    let (mut new, mut duplicates, mut conflicts) = (0, 0, 0);
+    for o in &outcomes {
+        match o {
+            Outcome::Accepted => new += 1,
+            Outcome::Duplicate { conflict, .. } => {
+                duplicates += 1;
+                conflicts += u32::from(*conflict);
+            }
+            _ => {}
+        }
+    }
+    Outcome::Batch { new, duplicates, conflicts }
+}
+
 /// Counts one intake outcome and records its duration.
 fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, duration_ms: f64) {
     // A data point on every invocation, so its alarm reads "none" as 0, not as missing.
@@ -501,6 +608,16 @@ fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, dur
     match outcome {
         Outcome::Accepted => {
             metrics::counter!("received", "provider" => provider.clone(), "endpoint" => endpoint.clone()).increment(1)
+        }
+        Outcome::Batch { new, duplicates, conflicts } => {
+            let (p, e) = (provider.clone(), endpoint.clone());
+            metrics::counter!("received", "provider" => p.clone(), "endpoint" => e.clone()).increment(u64::from(*new));
+            metrics::counter!("duplicate", "provider" => p.clone(), "endpoint" => e.clone())
+                .increment(u64::from(*duplicates));
+            if *conflicts > 0 {
+                metrics::counter!("payload_conflict", "provider" => p, "endpoint" => e)
+                    .increment(u64::from(*conflicts));
+            }
         }
         Outcome::Duplicate { conflict, .. } => {
             metrics::counter!("duplicate", "provider" => provider.clone(), "endpoint" => endpoint.clone()).increment(1);

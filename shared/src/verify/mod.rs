@@ -10,6 +10,7 @@ pub mod github;
 pub mod hashes;
 mod headers;
 pub(crate) mod json;
+pub mod quiltt;
 pub mod sns;
 pub mod standard;
 pub mod stripe;
@@ -31,6 +32,18 @@ pub enum Action {
     ConfirmSubscription { subscribe_url: url::Url },
     /// An SNS unsubscribe confirmation: acknowledged, nothing recorded.
     Unsubscribed,
+    /// A delivery carrying several events (Quiltt): each is claimed and
+    /// handed to the processor as an event of its own.
+    Batch(Vec<BatchEvent>),
+}
+
+/// One event of a batch delivery: its identity, and which bytes of the
+/// signed body are the event (its payload: a slice, never re-serialised).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchEvent {
+    pub event_id: String,
+    pub event_type: Option<String>,
+    pub bytes: Range<usize>,
 }
 
 /// The authenticated facts a verifier extracts from a delivery.
@@ -66,7 +79,7 @@ pub enum Content {
 }
 
 /// Why a delivery was not accepted by its verifier.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum VerifyError {
     #[error("missing header {0}")]
     MissingHeader(&'static str),
