@@ -639,10 +639,11 @@ mod tests {
         "gh": {"provider": "github", "secrets": ["env:A"]},
         "svix": {"provider": "standard_webhooks", "secrets": ["env:W"], "tolerance_secs": 600},
         "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses"]},
-        "quiltt": {"provider": "hmac", "secrets": ["env:A"], "hmac": {
-            "signature_header": "Quiltt-Signature", "encoding": "base64",
-            "timestamp_header": "Quiltt-Timestamp", "signed_content": "{timestamp}{body}",
-            "id": {"json_pointer": "/eventId"}, "type": {"json_pointer": "/type"}}}
+        "quiltt": {"provider": "quiltt", "secrets": ["env:A"]},
+        "cashfree": {"provider": "hmac", "secrets": ["env:A"], "hmac": {
+            "signature_header": "x-webhook-signature", "encoding": "base64",
+            "timestamp_header": "x-webhook-timestamp", "signed_content": "{timestamp}{body}",
+            "id": {"json_pointer": "/data/order/order_id"}, "type": {"json_pointer": "/type"}}}
     }"#;
 
     #[test]
@@ -656,8 +657,9 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let built =
             rt.block_on(build_endpoints(specs, &secrets, Arc::new(CertificateCache::new(Arc::new(NoFetch))))).unwrap();
-        assert_eq!(built.len(), 5);
+        assert_eq!(built.len(), 6);
         assert_eq!(built["stripe-eu"].tenant, "acme");
+        assert!(matches!(built["quiltt"].verifier, EndpointVerifier::Quiltt(_)));
         assert_eq!(built["gh"].tenant, "gh");
         assert!(matches!(built["ses"].verifier, EndpointVerifier::Sns(_)));
     }

@@ -3,7 +3,7 @@
 //! A seed draws a scenario and a fault schedule, and the world runs it on a
 //! virtual clock against the emulator, through the real SDK clients:
 //! - events of every provider (Stripe, GitHub, Standard Webhooks, SNS/SES, a
-//!   Quiltt-style HMAC sender) for all five contracts, sent in random order,
+//!   Quiltt, its events in batches as Quiltt signs them) for all five contracts, sent in random order,
 //!   some in bursts at one instant, some sent twice by their provider;
 //!   providers retry a failed delivery on their own schedules (GitHub never);
 //! - up to 8 processor invocations at once, each on its own message; some
@@ -47,11 +47,10 @@ use hookledger::ledger::PortError;
 use hookledger::ops::OpsError;
 use hookledger::processor::Report;
 use hookledger::secret::Secret;
-use hookledger::verify::generic::{self, Encoding, GenericHmacConfig, SignedContent, Source};
 use hookledger::verify::sns::{SnsMessage, signing};
-use hookledger::verify::{github, standard, stripe};
+use hookledger::verify::{github, quiltt, standard, stripe};
 use hookledger_it::faults::{Attempts, Chaos, Crashed, Fault, mix};
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderMap, HeaderValue, Method};
 use serde_json::json;
 
 use crate::explore::{
@@ -127,7 +126,7 @@ impl Event {
     fn retry_after(&self, attempt: usize) -> Option<i64> {
         match self.provider {
             "stripe" => STRIPE_RETRIES_MS.get(attempt).copied(),
-            "standard_webhooks" | "hmac" => SVIX_RETRIES_MS.get(attempt).copied(),
+            "standard_webhooks" | "quiltt" => SVIX_RETRIES_MS.get(attempt).copied(),
             "sns" => SNS_RETRIES_MS.get(attempt).copied(),
             _ => None, // GitHub never retries a failed delivery.
         }
@@ -181,19 +180,6 @@ pub fn sns_envelope(message_id: &str, message: &str, now_s: i64) -> Vec<u8> {
     serde_json::to_vec(&msg).unwrap()
 }
 
-fn hmac_config() -> GenericHmacConfig {
-    GenericHmacConfig {
-        signature_header: HeaderName::from_static("quiltt-signature"),
-        prefix: String::new(),
-        encoding: Encoding::Base64,
-        timestamp_header: Some(HeaderName::from_static("quiltt-timestamp")),
-        tolerance_secs: 300,
-        signed_content: SignedContent::parse("{timestamp}{body}").unwrap(),
-        id: Source::JsonPointer("/eventId".into()),
-        event_type: Some(Source::JsonPointer("/type".into())),
-    }
-}
-
 impl Scenario {
     fn draw(seed: u64, start_ms: i64) -> Self {
         let mut rng = Rng(mix(seed ^ 0xC4A0_5EED));
@@ -244,10 +230,15 @@ impl Scenario {
         for seq in 1..=rng.range(1, 3) {
             let delta = rng.range(-5, 10);
             let id = format!("qt_{seq}");
-            let body = json!({"eventId": id, "type": "inventory.adjusted", "data": {"sku": "sku-q", "seq": seq, "delta": delta}});
+            // As Quiltt sends: a batch (here of one), the event inside it.
+            let event = json!({"id": id, "type": "inventory.adjusted", "at": "2026-11-30T12:00:00Z",
+                "profile": {"id": "p_chaos"}, "record": {"id": "rec_chaos"},
+                "data": {"sku": "sku-q", "seq": seq, "delta": delta}});
+            let body = json!({"environment": {"id": "env_chaos", "mode": "sandbox"},
+                "eventTypes": ["inventory.adjusted"], "events": [event]});
             events.push(Event {
                 endpoint: "quiltt",
-                provider: "hmac",
+                provider: "quiltt",
                 event_id: id,
                 body: body.to_string().into_bytes(),
                 fact: Fact::Inventory { endpoint: "quiltt", delta },
@@ -438,9 +429,9 @@ fn headers(e: &Event, body: &[u8], now_s: i64) -> HeaderMap {
             h.insert(github::DELIVERY_HEADER, v(&e.event_id));
             h.insert(github::EVENT_HEADER, v("push"));
         }
-        "hmac" => {
-            h.insert("quiltt-signature", v(&generic::sign(&hmac_config(), &Secret::new(HMAC_SECRET), now_s, body)));
-            h.insert("quiltt-timestamp", HeaderValue::from(now_s));
+        "quiltt" => {
+            h.insert(quiltt::SIGNATURE_HEADER, v(&quiltt::sign(&Secret::new(HMAC_SECRET), now_s, body)));
+            h.insert(quiltt::TIMESTAMP_HEADER, HeaderValue::from(now_s));
         }
         "sns" => {
             h.insert("x-amz-sns-message-type", v("Notification"));
@@ -634,7 +625,9 @@ impl<'w> Run<'w> {
         let header_maps: Vec<HeaderMap> =
             deliveries.iter().zip(&bodies).map(|(p, b)| headers(&self.sc.events[p.event], b, now / 1000)).collect();
         for h in &header_maps {
-            for name in [stripe::SIGNATURE_HEADER, "webhook-signature", github::SIGNATURE_HEADER, "quiltt-signature"] {
+            for name in
+                [stripe::SIGNATURE_HEADER, "webhook-signature", github::SIGNATURE_HEADER, quiltt::SIGNATURE_HEADER]
+            {
                 if let Some(v) = h.get(name).and_then(|v| v.to_str().ok()) {
                     self.w.sent_signatures.push(v.to_owned());
                 }

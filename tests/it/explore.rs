@@ -36,13 +36,13 @@ use hookledger::ports::{Ledger, WorkQueue};
 use hookledger::reconciler::Reconciler;
 use hookledger::secret::Secret;
 use hookledger::verify::hashes::content_hash;
-use hookledger::verify::{standard, stripe};
+use hookledger::verify::{quiltt, standard, stripe};
 use hookledger_it::faults::{self, Fault, FaultPlan, Rule};
 use http::{HeaderMap, HeaderValue, Method};
 
 use crate::fake_provider::FakeStripe;
 use crate::processor::{inventory, pi_succeeded, seats, ses, sub_updated};
-use crate::support::{STRIPE_SECRET, SVIX_SECRET, Stack, n, s};
+use crate::support::{HMAC_SECRET, STRIPE_SECRET, SVIX_SECRET, Stack, n, s};
 
 /// Stripe's retry schedule after a failed delivery (virtual ms after the
 /// previous attempt), shortened to its first steps: enough to converge.
@@ -69,11 +69,24 @@ pub struct Delivery {
 
 impl Delivery {
     fn provider(&self) -> &'static str {
-        if self.endpoint.starts_with("stripe") { "stripe" } else { "standard_webhooks" }
+        match self.endpoint {
+            e if e.starts_with("stripe") => "stripe",
+            "quiltt" => "quiltt",
+            _ => "standard_webhooks",
+        }
     }
 
     pub fn key(&self) -> EventKey {
         EventKey::new(self.provider(), self.endpoint, &self.event_id)
+    }
+
+    /// The events the delivery carries: its own, or each of a batch's.
+    pub fn keys(&self) -> Vec<EventKey> {
+        if self.provider() != "quiltt" {
+            return vec![self.key()];
+        }
+        let events = quiltt::events(&self.body).unwrap_or_else(|e| panic!("a batch: {e}"));
+        events.iter().map(|e| EventKey::new("quiltt", self.endpoint, &e.event_id)).collect()
     }
 
     fn headers(&self, now_s: i64) -> HeaderMap {
@@ -81,6 +94,10 @@ impl Delivery {
         if self.provider() == "stripe" {
             let sig = stripe::sign(&Secret::new(STRIPE_SECRET), now_s, &self.body);
             h.insert(stripe::SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap_or_else(|_| unreachable!()));
+        } else if self.provider() == "quiltt" {
+            let sig = quiltt::sign(&Secret::new(HMAC_SECRET), now_s, &self.body);
+            h.insert(quiltt::SIGNATURE_HEADER, HeaderValue::from_str(&sig).unwrap_or_else(|_| unreachable!()));
+            h.insert(quiltt::TIMESTAMP_HEADER, HeaderValue::from(now_s));
         } else {
             let key = standard::decode_secret(&Secret::new(SVIX_SECRET)).unwrap_or_else(|e| panic!("{e}"));
             let sig = standard::sign(&key, &self.event_id, now_s, &self.body);
@@ -298,8 +315,10 @@ impl World {
         let answer = answer.map(|a| a.status);
         match answer {
             Some(status) if (200..300).contains(&status) => {
-                self.check_durable(&delivery.key()).await;
-                self.acknowledged.push(delivery.key());
+                for key in delivery.keys() {
+                    self.check_durable(&key).await;
+                    self.acknowledged.push(key);
+                }
             }
             _ => {
                 if let Some(after) = delivery.retry_after(attempts_before) {
@@ -614,6 +633,9 @@ pub enum Flow {
     /// payload is adopted.
     IntakeChangedRetryOfUnstored,
     IntakeHashConflict,
+    /// A Quiltt batch of three ordered inventory deltas: three claims at
+    /// once, then one `SendMessageBatch`.
+    IntakeBatch,
     ApplyEntitlement,
     ApplySeats,
     ApplyEmailStatus,
@@ -635,7 +657,7 @@ pub enum Flow {
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 24] = [
+pub const FLOWS: [Flow; 25] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -643,6 +665,7 @@ pub const FLOWS: [Flow; 24] = [
     Flow::IntakeNeverSentDuplicate,
     Flow::IntakeChangedRetryOfUnstored,
     Flow::IntakeHashConflict,
+    Flow::IntakeBatch,
     Flow::ApplyEntitlement,
     Flow::ApplySeats,
     Flow::ApplyEmailStatus,
@@ -661,6 +684,21 @@ pub const FLOWS: [Flow; 24] = [
     Flow::OperatorPark,
     Flow::OperatorResolve,
 ];
+
+/// A Quiltt delivery of three ordered inventory deltas for `sku-b`.
+fn quiltt_batch() -> Delivery {
+    let events: Vec<serde_json::Value> = [(1, 4), (2, 5), (3, 6)]
+        .iter()
+        .map(|(seq, delta)| {
+            serde_json::json!({"id": format!("qt_b{seq}"), "type": "inventory.adjusted", "at": "2026-11-30T12:00:00Z",
+                "profile": {"id": "p_x"}, "record": {"id": "rec_x"},
+                "data": {"sku": "sku-b", "seq": seq, "delta": delta}})
+        })
+        .collect();
+    let body =
+        serde_json::json!({"environment": {"id": "env_x"}, "eventTypes": ["inventory.adjusted"], "events": events});
+    Delivery { endpoint: "quiltt", event_id: "qt_b1".into(), body: body.to_string().into_bytes() }
+}
 
 fn payment(id: &str, amount: i64) -> Delivery {
     Delivery { endpoint: "stripe-a", event_id: id.into(), body: pi_succeeded(id, "pi_x", Some("cus_x"), amount) }
@@ -734,6 +772,10 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
     match flow {
         Flow::IntakeNew => {
             let d = payment("evt_new", 500);
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::IntakeBatch => {
+            let d = quiltt_batch();
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
         Flow::IntakeNewLarge | Flow::IntakeNewHuge => {
@@ -885,7 +927,8 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::IntakeDuplicate
         | Flow::IntakeNeverSentDuplicate
         | Flow::IntakeChangedRetryOfUnstored
-        | Flow::IntakeHashConflict => {
+        | Flow::IntakeHashConflict
+        | Flow::IntakeBatch => {
             let d = ctx.delivery.clone().unwrap_or_else(|| unreachable!("intake flows deliver"));
             w.deliver(d, 0).await;
         }
@@ -977,6 +1020,12 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             let (balance, entries) = b.as_ref().map_or((0, 0), |b| (n(b, "balance"), n(b, "entries")));
             w.expect_count("ledger entries", entries, 1);
             w.expect_state("balance", balance, 500);
+        }
+        Flow::IntakeBatch => {
+            let st = w.state(&hookledger::app::inventory::inventory_pk("quiltt", "sku-b")).await;
+            w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 4 + 5 + 6);
+            let records = w.records().await.iter().filter(|r| s(r, "provider") == "quiltt").count();
+            w.expect_count("records of the batch", records as i64, 3);
         }
         Flow::ApplyInventory | Flow::ProcessorGap => {
             let st = w
@@ -1157,7 +1206,7 @@ async fn explore_and_assert(flows: &[Flow], honour_tokens: bool) {
     assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
 }
 
-const INTAKE_FLOWS: [Flow; 7] = [
+const INTAKE_FLOWS: [Flow; 8] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -1165,6 +1214,7 @@ const INTAKE_FLOWS: [Flow; 7] = [
     Flow::IntakeNeverSentDuplicate,
     Flow::IntakeChangedRetryOfUnstored,
     Flow::IntakeHashConflict,
+    Flow::IntakeBatch,
 ];
 const CONTRACT_FLOWS: [Flow; 5] =
     [Flow::ApplyEntitlement, Flow::ApplySeats, Flow::ApplyEmailStatus, Flow::ApplyLedger, Flow::ApplyInventory];

@@ -22,6 +22,7 @@ mod logs;
 mod ops_faults;
 mod processor;
 mod queues;
+mod quiltt;
 mod race;
 mod reconciler;
 mod shards;

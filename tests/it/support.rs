@@ -34,10 +34,7 @@ pub const ENDPOINTS: &str = r#"{
     "gh": {"provider": "github", "secrets": ["env:GITHUB"]},
     "svix": {"provider": "standard_webhooks", "secrets": ["env:SVIX"]},
     "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses-events"]},
-    "quiltt": {"provider": "hmac", "secrets": ["env:HMAC"], "hmac": {
-        "signature_header": "Quiltt-Signature", "prefix": "", "encoding": "base64",
-        "timestamp_header": "Quiltt-Timestamp", "signed_content": "{timestamp}{body}",
-        "id": {"json_pointer": "/eventId"}, "type": {"json_pointer": "/type"}}}
+    "quiltt": {"provider": "quiltt", "secrets": ["env:HMAC"]}
 }"#;
 
 pub fn testdata(rel: &str) -> String {

@@ -1,4 +1,4 @@
-//! Generic HMAC-SHA256 senders (Quiltt-, Shopify-, Cashfree-style): the
+//! Generic HMAC-SHA256 senders (Shopify- and Cashfree-style; Quiltt has its own, `quiltt`): the
 //! signature header, an optional prefix (`sha256=`), hex or base64, an
 //! optional timestamp header with tolerance, a signed-content template, and
 //! the identity taken from a header or a JSON pointer into the body.
@@ -226,12 +226,12 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn quiltt_like() -> GenericHmacConfig {
+    fn cashfree_like() -> GenericHmacConfig {
         GenericHmacConfig {
-            signature_header: HeaderName::from_static("quiltt-signature"),
+            signature_header: HeaderName::from_static("x-webhook-signature"),
             prefix: String::new(),
             encoding: Encoding::Base64,
-            timestamp_header: Some(HeaderName::from_static("quiltt-timestamp")),
+            timestamp_header: Some(HeaderName::from_static("x-webhook-timestamp")),
             tolerance_secs: 300,
             signed_content: SignedContent::parse("{timestamp}{body}").unwrap(),
             id: Source::JsonPointer("/eventId".into()),
@@ -262,23 +262,23 @@ mod tests {
 
     #[test]
     fn timestamped_sender_verifies_and_reads_identity_from_the_body() {
-        let c = quiltt_like();
+        let c = cashfree_like();
         let body = br#"{"eventId":"qe_1","type":"connection.synced"}"#;
         let now = 1_700_000_000;
         let sig = sign(&c, &Secret::new("s1"), now, body);
         let v = GenericHmacVerifier::new(c, vec![Secret::new("s2"), Secret::new("s1")]);
         let got = v
-            .verify(body, &h(&[("quiltt-signature", sig.clone()), ("quiltt-timestamp", now.to_string())]), now)
+            .verify(body, &h(&[("x-webhook-signature", sig.clone()), ("x-webhook-timestamp", now.to_string())]), now)
             .unwrap();
         assert_eq!((got.event_id.as_str(), got.event_type.as_deref()), ("qe_1", Some("connection.synced")));
-        let hdrs = h(&[("quiltt-signature", sig), ("quiltt-timestamp", now.to_string())]);
+        let hdrs = h(&[("x-webhook-signature", sig), ("x-webhook-timestamp", now.to_string())]);
         assert_eq!(v.verify(body, &hdrs, now + 301), Err(VerifyError::StaleTimestamp));
         assert_eq!(v.verify(body, &hdrs, now - 301), Err(VerifyError::FutureTimestamp));
         assert_eq!(v.verify(br#"{"eventId":"qe_2"}"#, &hdrs, now), Err(VerifyError::SignatureMismatch));
         // The timestamp is signed: moving it breaks the signature.
         let moved = h(&[
-            ("quiltt-signature", hdrs["quiltt-signature"].to_str().unwrap().to_owned()),
-            ("quiltt-timestamp", (now + 1).to_string()),
+            ("x-webhook-signature", hdrs["x-webhook-signature"].to_str().unwrap().to_owned()),
+            ("x-webhook-timestamp", (now + 1).to_string()),
         ]);
         assert_eq!(v.verify(body, &moved, now), Err(VerifyError::SignatureMismatch));
     }
@@ -303,16 +303,16 @@ mod tests {
 
     #[test]
     fn missing_pieces_are_typed_errors() {
-        let v = GenericHmacVerifier::new(quiltt_like(), vec![Secret::new("s")]);
+        let v = GenericHmacVerifier::new(cashfree_like(), vec![Secret::new("s")]);
         assert!(matches!(v.verify(b"{}", &HeaderMap::new(), 0), Err(VerifyError::MissingHeader(_))));
-        let no_ts = h(&[("quiltt-signature", "AAAA".into())]);
+        let no_ts = h(&[("x-webhook-signature", "AAAA".into())]);
         assert!(matches!(v.verify(b"{}", &no_ts, 0), Err(VerifyError::MissingHeader(_))));
-        let empty = h(&[("quiltt-signature", "".into()), ("quiltt-timestamp", "1".into())]);
+        let empty = h(&[("x-webhook-signature", "".into()), ("x-webhook-timestamp", "1".into())]);
         assert!(matches!(v.verify(b"{}", &empty, 1), Err(VerifyError::MalformedHeader(_))));
         // Signed correctly, but the configured id is absent.
-        let c = quiltt_like();
+        let c = cashfree_like();
         let sig = sign(&c, &Secret::new("s"), 5, b"{}");
-        let hdrs = h(&[("quiltt-signature", sig), ("quiltt-timestamp", "5".into())]);
+        let hdrs = h(&[("x-webhook-signature", sig), ("x-webhook-timestamp", "5".into())]);
         assert!(matches!(v.verify(b"{}", &hdrs, 5), Err(VerifyError::MalformedPayload(_))));
     }
 
@@ -347,12 +347,13 @@ mod tests {
             ("eventId", None),
         ];
         for (pointer, expected) in cases {
-            let mut c = quiltt_like();
+            let mut c = cashfree_like();
             c.id = Source::JsonPointer((*pointer).into());
             c.event_type = Some(Source::JsonPointer((*pointer).into()));
             let sig = sign(&c, &Secret::new("s"), now, body);
             let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]);
-            let got = v.verify(body, &h(&[("quiltt-signature", sig), ("quiltt-timestamp", now.to_string())]), now);
+            let got =
+                v.verify(body, &h(&[("x-webhook-signature", sig), ("x-webhook-timestamp", now.to_string())]), now);
             // Before: a full parse, then Value::pointer.
             let parsed: serde_json::Value = serde_json::from_slice(body).unwrap();
             let old = match parsed.pointer(pointer) {
@@ -370,10 +371,10 @@ mod tests {
             }
         }
         // A body that is not JSON has no identity in it, whatever the pointer.
-        let c = quiltt_like();
+        let c = cashfree_like();
         let sig = sign(&c, &Secret::new("s"), now, b"{\"eventId\":\"x\"");
         let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]);
-        let hdrs = h(&[("quiltt-signature", sig), ("quiltt-timestamp", now.to_string())]);
+        let hdrs = h(&[("x-webhook-signature", sig), ("x-webhook-timestamp", now.to_string())]);
         assert!(matches!(v.verify(b"{\"eventId\":\"x\"", &hdrs, now), Err(VerifyError::MalformedPayload(_))));
     }
 
@@ -394,9 +395,9 @@ mod tests {
             let mut hex = shopify_like();
             hex.encoding = Encoding::Hex;
             hex.prefix = "sha256=".into();
-            let mut v1 = quiltt_like();
+            let mut v1 = cashfree_like();
             v1.signed_content = SignedContent::parse("v1:{timestamp}.{body}").unwrap();
-            vec![quiltt_like(), shopify_like(), hex, v1]
+            vec![cashfree_like(), shopify_like(), hex, v1]
         }
 
         proptest! {
