@@ -835,6 +835,7 @@ pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64, se
         expires_at: crate::policy::expires_at(now_ms, target.retention_days),
         send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
         via: Via::Backfill,
+        batch_hash: None,
     }
 }
 

@@ -92,6 +92,7 @@ fn event(name: &str, body: &[u8], token: &str) -> NewEvent {
         send: SendLease { token: token.into(), until_ms: T0 + 10_000 },
         via: Via::Webhook,
         key,
+        batch_hash: None,
     }
 }
 

@@ -364,12 +364,14 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     /// if all were recorded before, and 503 if any could not be recorded
     /// (the sender's retry meets the others as duplicates).
     async fn record_batch(&self, endpoint: &Endpoint, events: &[BatchEvent], req: &IntakeRequest<'_>) -> Outcome {
+        let batch_hash = crate::identity::payload_hash(req.body);
         let prepared: Vec<(NewEvent, &[u8])> = events
             .iter()
             .map(|e| {
                 let bytes = &req.body[e.bytes.clone()];
                 let verified = Verified::record(e.event_id.clone(), e.event_type.clone());
-                (new_event(endpoint, &self.settings, &verified, bytes, req.now, self.ambient.token()), bytes)
+                let event = new_event(endpoint, &self.settings, &verified, bytes, req.now, self.ambient.token());
+                (NewEvent { batch_hash: Some(batch_hash.clone()), ..event }, bytes)
             })
             .collect();
         let mut claims: Vec<Result<Claim, PortError>> = Vec::with_capacity(prepared.len());
@@ -570,6 +572,7 @@ pub fn new_event(
         shard,
         send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
         via: crate::ledger::Via::Webhook,
+        batch_hash: None,
     }
 }
 

@@ -118,6 +118,9 @@ pub struct NewEvent {
     pub send: SendLease,
     /// Provenance.
     pub via: Via,
+    /// The hash of the whole delivery, for an event that came in a batch
+    /// (its own payload is its slice of that body).
+    pub batch_hash: Option<String>,
 }
 
 /// Who may hand a record to the queue right now, and until when.

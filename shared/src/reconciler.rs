@@ -795,6 +795,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             shard: key.shard(self.ledger.shards()),
             send: SendLease { token: self.ambient.token(), until_ms: now_ms + SEND_LEASE_MS },
             via: crate::ledger::Via::Reconciliation,
+            batch_hash: None,
         };
         // The repair's identity is fixed by the drift instance, so any
         // earlier attempt at this repair claimed the same record: our own

@@ -81,6 +81,7 @@ async fn a_quiltt_batch_is_three_records_and_again_nothing_new() {
         let r = stack.record(k).await;
         assert_eq!(s(&r, "payload_hash"), payload_hash(&body[e.bytes.clone()]), "{k}: the event's own bytes");
         assert_eq!(s(&r, "event_type"), "connection.synced.successful");
+        assert_eq!(s(&r, "batch_hash"), payload_hash(&body), "{k}: the delivery it came in");
     }
     let mut want: Vec<_> = keys.iter().map(|k| (k.as_str().to_owned(), Some("quiltt".to_owned()))).collect();
     want.sort();

@@ -246,6 +246,7 @@ impl Stack {
             shard: key.shard(16),
             send: SendLease { token: "test".into(), until_ms: lease_until_ms },
             via: hookledger::ledger::Via::Webhook,
+            batch_hash: None,
         };
         let ledger = self.ledger();
         ledger.claim(&event, body).await.unwrap();

@@ -86,6 +86,7 @@ async fn claimed(stack: &Stack, id: &str, received_at: i64) -> EventKey {
         shard: key.shard(SHARDS),
         send: SendLease { token: "intake".into(), until_ms: received_at },
         via: Via::Webhook,
+        batch_hash: None,
     };
     ledger(stack).claim(&event, &body).await.unwrap();
     key

@@ -36,6 +36,7 @@ fn event(key: &EventKey, body: &[u8], received_at_ms: i64) -> NewEvent {
         shard: key.shard(16),
         send: SendLease { token: "earlier-release".into(), until_ms: received_at_ms },
         via: hookledger::ledger::Via::Webhook,
+        batch_hash: None,
     }
 }
 

@@ -454,6 +454,7 @@ mod ports {
                 shard: 0,
                 send: SendLease { token: "old".into(), until_ms: NOW_MS - 590_000 },
                 via: crate::ledger::Via::Webhook,
+                batch_hash: None,
             };
             h.world.ledger().arrange(&e, b"", |i| {
                 i.remove("body");
@@ -553,6 +554,7 @@ mod ports {
             shard: 0,
             send: SendLease { token: "backfill".into(), until_ms: NOW_MS - 1_000 },
             via: crate::ledger::Via::Backfill,
+            batch_hash: None,
         };
         let u = crate::ports::UnfetchedEvent {
             reason: "backfill_unrecoverable:no_payload",
@@ -604,6 +606,7 @@ mod ports {
                 Some(crate::identity::payload_hash(&body[e.bytes.clone()]))
             );
             assert_eq!(h.world.ledger().field(&k, "event_type").as_deref(), Some("account.created"));
+            assert_eq!(h.world.ledger().field(&k, "batch_hash"), Some(crate::identity::payload_hash(&body)), "{k}");
         }
         let mut sent = h.world.queue().keys();
         sent.sort_by(|a, b| a.as_str().cmp(b.as_str()));

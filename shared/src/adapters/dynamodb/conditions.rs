@@ -937,6 +937,7 @@ mod tests {
             expires_at: 9,
             send: SendLease { token: "tok".into(), until_ms: 2_000 },
             via: crate::ledger::Via::Webhook,
+            batch_hash: None,
         }
     }
 

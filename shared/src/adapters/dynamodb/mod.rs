@@ -286,6 +286,9 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::SEND_TOKEN.into(), s(&event.send.token));
     item.insert(attr::SEND_LEASE_UNTIL.into(), n(event.send.until_ms));
     item.insert(attr::VIA.into(), s(event.via.as_str()));
+    if let Some(h) = &event.batch_hash {
+        item.insert("batch_hash".into(), s(h));
+    }
     item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
     item.insert(attr::DUE_AT.into(), n(event.received_at_ms + REDRIVE_GRACE_MS));
     item

@@ -192,6 +192,7 @@ impl MemLedger {
             shard,
             send: SendLease { token: format!("send-{event_id}"), until_ms: received_at + 10_000 },
             via: crate::ledger::Via::Webhook,
+            batch_hash: None,
         };
         let mut item = new_record_item(&event);
         let n = |v: i64| AttributeValue::N(v.to_string());

@@ -495,6 +495,7 @@ mod tests {
             shard: 0,
             send: SendLease { token: format!("send-{id}"), until_ms: NOW + 10_000 },
             via: Via::Webhook,
+            batch_hash: None,
         }
     }
 
