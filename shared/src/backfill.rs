@@ -34,14 +34,15 @@
 
 use std::time::{Duration, Instant};
 
+use crate::admission::{Admission, Admitted};
 use crate::backoff::Backoff;
 use crate::clock::Ambient;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{
-    BackfillLedger, BackfillProgress, BackfillSource, Outgoing, SEND_BATCH_MAX, ScheduleState, SourceError,
-    SourceEvent, Unfetchable, UnfetchedEvent, Window, WorkQueue,
+    BackfillLedger, BackfillProgress, BackfillSource, Ledger, SEND_BATCH_MAX, ScheduleState, SourceError, SourceEvent,
+    Unfetchable, UnfetchedEvent, Window, WorkQueue,
 };
 
 /// The endpoint whose events are recovered: the identity's provider and
@@ -241,7 +242,7 @@ pub struct Backfill<L, Q, S> {
     ambient: Ambient,
 }
 
-impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
+impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
     pub fn new(ledger: L, queue: Q, source: S, settings: BackfillSettings) -> Self {
         Self { ledger, queue, source, settings, ambient: Ambient::system() }
     }
@@ -344,7 +345,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
     }
 }
 
-/// An event a backfill recorded, to be sent with its page's others.
+/// An event a backfill read, to be admitted with its page's others.
 struct Recovered {
     event: NewEvent,
     body: Vec<u8>,
@@ -361,7 +362,7 @@ pub struct ScheduledRun {
     pub error: Option<String>,
 }
 
-impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
+impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
     /// One scheduled run for `target`: reads the window due (resuming the
     /// one in progress) and, when it is complete, moves the high-water mark
     /// to its end. `None`: nothing was due.
@@ -422,24 +423,19 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
         ScheduledRun { ran: Some((window, summary)), state: Some(state), error: None }
     }
 
+    fn admission(&self) -> Admission<'_, L, Q> {
+        Admission { ledger: &self.ledger, queue: &self.queue, by: "backfill" }
+    }
+
     /// Sends the events a page recorded, together (`SendMessageBatch`), each
     /// in its tenant's group. One not sent is durable: its send lease is
     /// given back and the reconciler sends it after the grace period.
     async fn send_recovered(&self, sends: Vec<Recovered>, summary: &mut Summary) {
-        if sends.is_empty() {
-            return;
-        }
-        let messages: Vec<Outgoing<'_>> = sends
-            .iter()
-            .map(|r| Outgoing { key: &r.event.key, tenant: &r.event.tenant, payload: Some(&r.body) })
-            .collect();
-        for (r, result) in sends.iter().zip(self.queue.send_all(&messages).await) {
-            let Err(e) = result else { continue };
-            let event = &r.event;
-            summary.send_deferred += 1;
-            tracing::warn!(key = %event.key, error = %e, "backfilled event not queued; the reconciler sends it");
-            if let Err(e) = self.ledger.release_send_lease(&event.key, &event.send).await {
-                tracing::warn!(key = %event.key, error = %e, "send lease not released; it lapses");
+        let events: Vec<(NewEvent, &[u8])> = sends.iter().map(|r| (r.event.clone(), r.body.as_slice())).collect();
+        for (r, sent) in sends.iter().zip(self.admission().send(&events).await) {
+            if let Admitted::Failed { error, .. } = sent {
+                summary.send_deferred += 1;
+                tracing::warn!(key = %r.event.key, error = %error, "backfilled event not queued; the reconciler sends it");
             }
         }
     }
@@ -498,23 +494,30 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             Err(failure) => return Err(failure.why()),
         };
         let event = new_event(target, ev, &body, now_ms, self.ambient.token());
-        match self.ledger.claim(&event, &body).await {
-            Ok(Claim::Existing(_)) => summary.already_recorded += 1,
-            Ok(Claim::New) => {
+        // The one admission path's first step; the page sends the new ones together.
+        match self.admission().claim(&event, &body).await {
+            None => {
                 summary.recovered += 1;
-                return Ok(Some(Recovered { event, body }));
+                Ok(Some(Recovered { event, body }))
+            }
+            Some(Admitted::New | Admitted::Released { .. }) => {
+                summary.recovered += 1;
+                Ok(None)
+            }
+            Some(Admitted::Duplicate { .. }) => {
+                summary.already_recorded += 1;
+                Ok(None)
             }
             // Larger, stored, than the ledger takes: no payload bucket here.
-            Err(PortError::TooLarge { size, limit }) => {
+            Some(Admitted::TooLarge { size, limit }) => {
                 let detail = format!(
                     "{size} bytes stored exceed the {limit} a ledger item takes, and no payload bucket \
                      (HOOKLEDGER_PAYLOAD_BUCKET) is configured"
                 );
-                return self.park(target, ev, Unfetchable::TooLarge, &detail, now_ms, summary).await.map(|()| None);
+                self.park(target, ev, Unfetchable::TooLarge, &detail, now_ms, summary).await.map(|()| None)
             }
-            Err(e) => return Err(format!("ledger unavailable: {e}")),
+            Some(Admitted::Failed { error, .. }) => Err(format!("ledger unavailable: {error}")),
         }
-        Ok(None)
     }
 
     /// The event's body: the one the list carried, or fetched, and checked
@@ -697,7 +700,7 @@ pub enum Released {
     NotAwaiting,
 }
 
-impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
+impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
     /// Replays a record a backfill parked without its payload: asks its
     /// source for that one event again (same identity, `via = backfill`)
     /// and, if it serves it now, stores the payload and releases the record
@@ -743,7 +746,7 @@ impl<L: BackfillLedger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
             Err(e) => {
                 // Durable and RECEIVED: the reconciler sends it after the grace period.
                 tracing::warn!(key = %event.key, error = %e, "released event not queued; the reconciler sends it");
-                if let Err(e) = self.ledger.release_send_lease(&event.key, &event.send).await {
+                if let Err(e) = BackfillLedger::release_send_lease(&self.ledger, &event.key, &event.send).await {
                     tracing::warn!(key = %event.key, error = %e, "send lease not released; it lapses");
                 }
                 false

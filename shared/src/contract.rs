@@ -845,6 +845,75 @@ pub async fn messages_sent_together_arrive_each_in_its_tenants_group<B: Backend>
     assert!(q.send_all(&[]).await.is_empty());
 }
 
+/// The one admission path (the intake's, the backfill's, the drift
+/// repair's): new events claimed and sent together with their payloads; an
+/// event met again is a duplicate whose record, never sent and let go of,
+/// is handed over once; a record parked without its payload is released
+/// with the one offered; each answer in order.
+pub async fn the_admission_path_claims_hands_over_and_sends_each_once<B: Backend>(b: &B) {
+    use crate::admission::{Admission, Admitted};
+    let l = b.ledger(seed("admission"));
+    let q = b.queue();
+    let admission = Admission { ledger: &l, queue: &q, by: "contract" };
+    let (a, c) = (body("adm-a"), body("adm-c"));
+    let ea = event("adm-a", &a, "send-a");
+    let ec = event("adm-c", &c, "send-c");
+    let first = admission.admit(&[(ea.clone(), a.as_slice()), (ec.clone(), c.as_slice())]).await;
+    assert!(matches!(first[..], [Admitted::New, Admitted::New]), "{first:?}");
+    // Again, after the send leases lapsed: neither is known to be sent (the
+    // intake does not note its sends), so each is handed over once.
+    let later = |e: &NewEvent, token: &str| NewEvent {
+        send: SendLease { token: token.into(), until_ms: T0 + 40_000 },
+        received_at_ms: T0 + 30_000,
+        ..e.clone()
+    };
+    let again = admission.admit(&[(later(&ea, "send-a2"), a.as_slice()), (later(&ec, "send-c2"), c.as_slice())]).await;
+    assert!(
+        matches!(
+            again[..],
+            [
+                Admitted::Duplicate { resent: true, conflict: false },
+                Admitted::Duplicate { resent: true, conflict: false }
+            ]
+        ),
+        "{again:?}"
+    );
+    // And within the new holder's send lease: nothing more.
+    let third = admission.admit(&[(later(&ea, "send-a3"), a.as_slice())]).await;
+    assert!(matches!(third[..], [Admitted::Duplicate { resent: false, conflict: false }]), "{third:?}");
+    // A record a backfill parked without its payload is released with this one.
+    let parked = NewEvent {
+        payload_hash: crate::ledger::NO_PAYLOAD_HASH.into(),
+        content_hash: String::new(),
+        via: Via::Backfill,
+        ..event("adm-p", &[], "send-p")
+    };
+    let unfetched = crate::ports::UnfetchedEvent {
+        reason: "backfill_unrecoverable:no_payload",
+        detail: "listed without a payload",
+        handle: None,
+        origin: None,
+        created_s: 1,
+    };
+    assert_eq!(BackfillLedger::park(&l, &parked, &unfetched).await.unwrap(), Claim::New);
+    let p = body("adm-p");
+    let delivered = event("adm-p", &p, "send-p2");
+    let released = admission.admit(&[(delivered, p.as_slice())]).await;
+    assert!(matches!(&released[..], [Admitted::Released { tenant }] if tenant == "t1"), "{released:?}");
+    assert_eq!(text(&row(&l, &parked.key).await, "status"), Some("RECEIVED"));
+    // On the queue: each event twice (sent, then handed over), the released one once.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(b.receive(10).await);
+    }
+    let mut keys: Vec<String> = got.iter().filter_map(|r| r.work.as_ref().map(|w| w.0.as_str().to_owned())).collect();
+    keys.sort();
+    let mut want = vec![ea.key.as_str(), ea.key.as_str(), ec.key.as_str(), ec.key.as_str(), parked.key.as_str()];
+    want.sort_unstable();
+    assert_eq!(keys, want);
+    assert!(got.iter().all(|r| r.group.as_deref() == Some("t1")));
+}
+
 /// A message received [`MAX_RECEIVES`] times and never deleted moves to the
 /// dead-letter queue on its next receive, and is no longer delivered.
 pub async fn a_message_received_too_often_moves_to_the_dead_letter_queue<B: Backend>(b: &B) {
@@ -935,6 +1004,7 @@ macro_rules! contract_scenarios {
         $run!(the_work_queue_carries_keys_payloads_and_receive_counts);
         $run!(a_message_received_too_often_moves_to_the_dead_letter_queue);
         $run!(messages_sent_together_arrive_each_in_its_tenants_group);
+        $run!(the_admission_path_claims_hands_over_and_sends_each_once);
     };
 }
 

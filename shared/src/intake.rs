@@ -24,14 +24,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, Method};
 
+use crate::admission::{Admission, Admitted};
 use crate::clock::Ambient;
 use crate::config::{Endpoint, EndpointVerifier, Settings};
 use crate::identity::EventKey;
-use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status};
+use crate::ledger::{NewEvent, PortError, SendLease};
 use crate::policy::SEND_LEASE_MS;
-use crate::ports::{Ledger, Outgoing, WorkQueue};
+use crate::ports::{Ledger, WorkQueue};
 use crate::telemetry::TenantMetrics;
-use crate::verify::hashes::{self, delivery_hashes};
+use crate::verify::hashes::delivery_hashes;
 use crate::verify::{Action, BatchEvent, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.
@@ -321,48 +322,22 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
 
     async fn record(&self, endpoint: &Endpoint, verified: &Verified, req: &IntakeRequest<'_>) -> Outcome {
         let event = new_event(endpoint, &self.settings, verified, req.body, req.now, self.ambient.token());
-        let key = &event.key;
-        // Round trip 1: the record and its payload, in one transaction.
-        let claim = match self.ledger.claim(&event, req.body).await {
-            Ok(c) => c,
-            // Larger, stored, than the ledger takes (no payload bucket).
-            Err(PortError::TooLarge { limit, .. }) => return Outcome::TooLarge { limit },
-            Err(e) => {
-                // The claim may have committed with every acknowledgement
-                // lost: give back the send lease it may hold, so the
-                // provider's retry can send at once instead of meeting a dead
-                // holder.
-                self.release(key, &event.send).await;
-                return self.unavailable("claim", key, e);
-            }
-        };
-        match claim {
-            // Round trip 2: the key, with the payload, on the queue.
-            Claim::New => match self.queue.send_with_payload(key, &event.tenant, req.body).await {
-                Ok(()) => {
-                    self.tenant_metrics.received(&event.tenant);
-                    Outcome::Accepted
-                }
-                Err(e) => {
-                    self.release(key, &event.send).await;
-                    self.unavailable("enqueue", key, e)
-                }
-            },
-            // A backfill parked it because its provider would not serve it:
-            // this delivery supplies the payload.
-            Claim::Existing(existing) if existing.awaits_payload() => self.release_parked(&event, req.body).await,
-            Claim::Existing(existing) => self.duplicate(&event, existing, req.body).await,
-        }
+        // Round trip 1: the record and its payload, in one write; round trip
+        // 2: the key, with the payload, on the queue.
+        let admitted = self.admission().admit(&[(event.clone(), req.body)]).await;
+        let Some(a) = admitted.into_iter().next() else { return Outcome::Unavailable { stage: "claim" } };
+        self.outcome(&event, a)
     }
 
     /// A delivery carrying several events. Round trip 1: every event is
-    /// claimed, at most [`BATCH_CLAIMS_IN_FLIGHT`] at once, each with its own
-    /// bytes (its slice of the body) as its payload. Round trip 2: the new
-    /// ones are sent together (`SendMessageBatch`). An event met again is a
-    /// duplicate as for a single delivery (its payload made good, a record
-    /// never sent handed over). The answer is 202 if any event is new, 200
-    /// if all were recorded before, and 503 if any could not be recorded
-    /// (the sender's retry meets the others as duplicates).
+    /// claimed, at most [`crate::admission::CLAIMS_IN_FLIGHT`] at once, each with
+    /// its own bytes (its slice of the body) as its payload and the
+    /// delivery's hash as `batch_hash`. Round trip 2: the new ones are sent
+    /// together (`SendMessageBatch`). An event met again is a duplicate as
+    /// for a single delivery (its payload made good, a record never sent
+    /// handed over). The answer is 202 if any event is new, 200 if all were
+    /// recorded before, and 503 if any could not be recorded (the sender's
+    /// retry meets the others as duplicates).
     async fn record_batch(&self, endpoint: &Endpoint, events: &[BatchEvent], req: &IntakeRequest<'_>) -> Outcome {
         let batch_hash = crate::identity::payload_hash(req.body);
         let prepared: Vec<(NewEvent, &[u8])> = events
@@ -374,143 +349,31 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 (NewEvent { batch_hash: Some(batch_hash.clone()), ..event }, bytes)
             })
             .collect();
-        let mut claims: Vec<Result<Claim, PortError>> = Vec::with_capacity(prepared.len());
-        for chunk in prepared.chunks(BATCH_CLAIMS_IN_FLIGHT) {
-            let pending: Vec<_> = chunk.iter().map(|(event, bytes)| self.ledger.claim(event, bytes)).collect();
-            claims.extend(futures::future::join_all(pending).await);
-        }
-        let mut outcomes = Vec::with_capacity(prepared.len());
-        let mut new = Vec::new();
-        for ((event, bytes), claim) in prepared.iter().zip(claims) {
-            match claim {
-                Ok(Claim::New) => new.push((event, *bytes)),
-                Ok(Claim::Existing(existing)) if existing.awaits_payload() => {
-                    outcomes.push(self.release_parked(event, bytes).await);
-                }
-                Ok(Claim::Existing(existing)) => outcomes.push(self.duplicate(event, existing, bytes).await),
-                Err(PortError::TooLarge { limit, .. }) => outcomes.push(Outcome::TooLarge { limit }),
-                Err(e) => {
-                    self.release(&event.key, &event.send).await;
-                    outcomes.push(self.unavailable("claim", &event.key, e));
-                }
-            }
-        }
-        let messages: Vec<Outgoing<'_>> =
-            new.iter().map(|(e, bytes)| Outgoing { key: &e.key, tenant: &e.tenant, payload: Some(bytes) }).collect();
-        for ((event, _), sent) in new.iter().zip(self.queue.send_all(&messages).await) {
-            outcomes.push(match sent {
-                Ok(()) => {
-                    self.tenant_metrics.received(&event.tenant);
-                    Outcome::Accepted
-                }
-                Err(e) => {
-                    self.release(&event.key, &event.send).await;
-                    self.unavailable("enqueue", &event.key, e)
-                }
-            });
-        }
+        let admitted = self.admission().admit(&prepared).await;
+        let outcomes = prepared.iter().zip(admitted).map(|((event, _), a)| self.outcome(event, a)).collect();
         batch_outcome(outcomes)
     }
 
-    /// A delivery of an identity a backfill parked without its payload
-    /// (PARKED `backfill_unrecoverable:…`): its body becomes the record's
-    /// payload and the record is released — RECEIVED, in the reconciler's
-    /// index, our send lease — in one conditional write after the payload is
-    /// stored (in the record when small), then the key is queued with the
-    /// payload: answered as an accepted event. After the failed claim this
-    /// costs the release (and a payload item or S3 object when the body does
-    /// not fit in the record) and the send. If another delivery or a replay
-    /// released it first, or an operator settled it, this is a duplicate.
-    async fn release_parked(&self, event: &NewEvent, body: &[u8]) -> Outcome {
-        let key = &event.key;
-        let tenant = match self.ledger.release_parked(event, body, "webhook").await {
-            Ok(Release::Released { tenant }) => tenant,
-            // Its releaser holds the send lease; the reconciler re-drives it if that one dies.
-            Ok(Release::NotAwaiting) => return Outcome::Duplicate { resent: false, conflict: false },
-            Err(PortError::TooLarge { limit, .. }) => return Outcome::TooLarge { limit },
-            Err(e) => {
-                // The release may have committed with its acknowledgement lost.
-                self.release(key, &event.send).await;
-                return self.unavailable("release", key, e);
+    fn admission(&self) -> Admission<'_, L, Q> {
+        Admission { ledger: &self.ledger, queue: &self.queue, by: "webhook" }
+    }
+
+    /// The intake's outcome of one admitted event (counted, and logged when it failed).
+    fn outcome(&self, event: &NewEvent, admitted: Admitted) -> Outcome {
+        match admitted {
+            Admitted::New => {
+                self.tenant_metrics.received(&event.tenant);
+                Outcome::Accepted
             }
-        };
-        tracing::info!(key = %key, "delivery released a record a backfill parked without its payload");
-        match self.queue.send_with_payload(key, &tenant, body).await {
-            Ok(()) => {
+            Admitted::Released { tenant } => {
+                tracing::info!(key = %event.key, "delivery released a record a backfill parked without its payload");
                 self.tenant_metrics.received(&tenant);
                 Outcome::Accepted
             }
-            Err(e) => {
-                self.release(key, &event.send).await;
-                self.unavailable("enqueue", key, e)
-            }
+            Admitted::Duplicate { resent, conflict } => Outcome::Duplicate { resent, conflict },
+            Admitted::TooLarge { limit, .. } => Outcome::TooLarge { limit },
+            Admitted::Failed { stage, error } => self.unavailable(stage, &event.key, error),
         }
-    }
-
-    /// A delivery of an identity that is already claimed (by an earlier or a
-    /// concurrent delivery). "Already exists" never means "done": a 2xx is
-    /// answered only once the payload is durable and the key is on the queue
-    /// or certain to be re-driven (every non-terminal record is in the
-    /// reconciler's index), whoever's claim it is.
-    ///
-    /// The common case, a record whose payload is durable and that is
-    /// finished or still held by its sender, costs nothing beyond the failed
-    /// claim: no write (duplicates are counted in the `duplicate` metric).
-    async fn duplicate(&self, event: &NewEvent, existing: ExistingRecord, body: &[u8]) -> Outcome {
-        let key = &event.key;
-        let now_ms = event.received_at_ms;
-        let same_bytes = existing.payload_hash == event.payload_hash;
-        let same_content = same_bytes
-            || existing
-                .content_hash
-                .as_deref()
-                .is_some_and(|stored| hashes::same_content(stored, &event.content_hash, &event.provider, body));
-        // A body fetched by a backfill is rendered anew by the provider's
-        // API: its bytes never match the webhook's, and that is no conflict.
-        let conflict = !same_content && existing.via.compares_bytes_with(event.via);
-        let mut flag = conflict;
-        if !existing.payload_stored {
-            // A record of the previous release whose first delivery died (or
-            // is still working) before its payload was durable: make good the
-            // payload with ours.
-            let stored = if same_bytes {
-                self.ledger.store_payload(key, &event.payload_hash, body, event.expires_at).await.map(|()| true)
-            } else {
-                self.ledger
-                    .adopt_payload(key, &existing.payload_hash, &event.payload_hash, body, event.expires_at, conflict)
-                    .await
-            };
-            match stored {
-                // Ours is the record's payload now (the adoption counted a conflict, if any).
-                Ok(true) => flag = false,
-                // The first payload became durable meanwhile and is kept.
-                Ok(false) => {}
-                Err(e) => return self.unavailable("store_payload", key, e),
-            }
-        }
-        if flag {
-            self.flag_conflict(key, &event.payload_hash, now_ms).await;
-        }
-        // A record not known to be on the queue whose sender let go of it
-        // (its send failed, or it died) is handed over now. A live send lease
-        // means another delivery is doing it right now; if it dies, the
-        // reconciler re-drives the record, whose payload is durable.
-        let lease_free = existing.send_lease_until_ms.is_none_or(|until| until < now_ms);
-        if existing.status == Status::Received && existing.enqueued_at_ms.is_none() && lease_free {
-            match self.ledger.take_send_lease(key, &event.send, now_ms).await {
-                Ok(true) => {}
-                Ok(false) => return Outcome::Duplicate { resent: false, conflict },
-                Err(e) => return self.unavailable("send_lease", key, e),
-            }
-            return match self.queue.send(key, &existing.tenant).await {
-                Ok(()) => Outcome::Duplicate { resent: true, conflict },
-                Err(e) => {
-                    self.release(key, &event.send).await;
-                    self.unavailable("enqueue", key, e)
-                }
-            };
-        }
-        Outcome::Duplicate { resent: false, conflict }
     }
 
     /// 503: the sender retries. A request the service refused as invalid
@@ -525,18 +388,6 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             tracing::warn!(stage, error = %e, key = %key, "intake dependency failed");
         }
         Outcome::Unavailable { stage }
-    }
-
-    async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) {
-        if let Err(e) = self.ledger.flag_conflict(key, other_hash, at_ms).await {
-            tracing::warn!(error = %e, key = %key, "could not flag payload conflict");
-        }
-    }
-
-    async fn release(&self, key: &EventKey, lease: &SendLease) {
-        if let Err(e) = self.ledger.release_send_lease(key, lease).await {
-            tracing::warn!(error = %e, key = %key, "could not release send lease; it lapses by itself");
-        }
     }
 }
 
@@ -575,9 +426,6 @@ pub fn new_event(
         batch_hash: None,
     }
 }
-
-/// The most claims of one batch delivery in flight at once.
-pub const BATCH_CLAIMS_IN_FLIGHT: usize = 10;
 
 /// One answer for a batch's events: the first that could not be recorded
 /// (503, or 413), else 202 when any is new, else 200.

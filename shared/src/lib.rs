@@ -14,7 +14,8 @@
 //!    reference projections) and `seed001`;
 //! 3. adapters: `adapters` (DynamoDB ledger, work records and outbox items,
 //!    SQS, Secrets/SSM, HTTPS, Stripe) and `telemetry` (the metrics collector);
-//! 4. use cases: `intake`, `backfill` (recovery from providers' event
+//! 4. use cases: `admission` (one path by which the intake, the backfill
+//!    and the drift repair record an event), `intake`, `backfill` (recovery from providers' event
 //!    lists), `insight` (the operator's bounded figures), `ops`, `outbox`
 //!    (the dispatcher); then `processor` and
 //!    `reconciler`, which use the dispatcher. Use cases name ports, never
@@ -24,6 +25,7 @@
 //! 6. the functions and the CLI (other crates), which start at `wiring`.
 
 pub mod adapters;
+pub mod admission;
 pub mod app;
 pub mod backfill;
 pub mod backoff;
@@ -71,7 +73,7 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 26] = [
+    const ORDER: [&str; 27] = [
         "clock",
         "secret",
         "identity",
@@ -89,6 +91,7 @@ mod layers {
         "adapters",
         "telemetry",
         "contract",
+        "admission",
         "intake",
         "backfill",
         "insight",
@@ -150,7 +153,8 @@ mod layers {
     }
 
     /// The use cases, which name ports and never an adapter.
-    const USE_CASES: [&str; 8] = ["intake", "backfill", "insight", "ops", "outbox", "processor", "reconciler", "batch"];
+    const USE_CASES: [&str; 9] =
+        ["admission", "intake", "backfill", "insight", "ops", "outbox", "processor", "reconciler", "batch"];
 
     #[test]
     fn use_cases_name_no_adapter_and_only_the_wiring_builds_one() {

@@ -42,12 +42,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::admission::{Admission, Admitted};
 use crate::clock::Ambient;
 use crate::config::ReconcilerSettings;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{
-    Claim, DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, NewEvent, PortError, SendLease, Status,
-    WaiterCheck, WaiterItem,
+    DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, NewEvent, PortError, SendLease, Status, WaiterCheck,
+    WaiterItem,
 };
 use crate::message::Dispatched;
 use crate::policy::SEND_LEASE_MS;
@@ -799,27 +800,21 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         };
         // The repair's identity is fixed by the drift instance, so any
         // earlier attempt at this repair claimed the same record: our own
-        // claim whose acknowledgement was lost (the SDK retry then meets it),
-        // or a run that died before storing or sending. "Already exists"
-        // never means "done": a missing payload is stored and a record never
-        // sent is sent (a duplicate on the queue is absorbed by the lease).
-        let (store, send, tenant) = match self.ledger.claim(&event, &body).await? {
-            // The claim wrote the payload with the record.
-            Claim::New => (false, true, event.tenant.clone()),
-            Claim::Existing(old) => (
-                !old.payload_stored && old.payload_hash == hash && !old.status.is_terminal(),
-                old.status == Status::Received && old.enqueued_at_ms.is_none(),
-                old.tenant,
-            ),
-        };
-        if store {
-            self.ledger.store_payload(&key, &hash, &body, expires_at).await?;
-        }
-        if send {
-            self.queue.send_with_payload(&key, &tenant, &body).await?;
-            self.ledger.mark_enqueued(&key, now_ms).await?;
-            metrics::counter!("drift_repaired", "projection" => "entitlements").increment(1);
-            return Ok(Drift::Repaired);
+        // claim whose acknowledgement was lost (the claim recognises it), or
+        // a run that died before sending. "Already exists" never means
+        // "done": the admission makes good a missing payload and hands over a
+        // record never sent (a duplicate on the queue is absorbed by the lease).
+        let admission = Admission { ledger: &self.ledger, queue: &self.queue, by: "reconciler" };
+        let admitted = admission.admit(&[(event, &body)]).await.into_iter().next();
+        match admitted {
+            Some(a) if a.sent() => {
+                self.ledger.mark_enqueued(&key, now_ms).await?;
+                metrics::counter!("drift_repaired", "projection" => "entitlements").increment(1);
+                return Ok(Drift::Repaired);
+            }
+            Some(Admitted::Failed { error, .. }) => return Err(error),
+            Some(Admitted::TooLarge { size, limit }) => return Err(PortError::TooLarge { size, limit }),
+            Some(_) | None => {}
         }
         // An earlier run submitted this repair already.
         Ok(Drift::Found)

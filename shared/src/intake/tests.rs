@@ -566,7 +566,7 @@ mod ports {
         let l = h.world.ledger();
         assert_eq!(
             crate::adapters::memory::ready(crate::ports::BackfillLedger::park(&l, &parked, &u)).unwrap(),
-            Claim::New
+            crate::ledger::Claim::New
         );
         let a = h.deliver(&body("e1", 1), 0).await;
         assert_eq!((a.status, a.code), (202, "accepted"));

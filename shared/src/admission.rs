@@ -1,0 +1,246 @@
+//! One admission path: what the intake does with a verified delivery (or
+//! with each event of a batch), and what the backfill and the reconciler's
+//! drift repair do with an event they recover. Each event is claimed (its
+//! record and its payload in one write); "already exists" never means
+//! "done": a record met again has its payload made good, a record a
+//! backfill parked without its payload is released with this one, and a
+//! record never sent whose sender let go of it is handed over under the
+//! send lease. The new ones are then sent together, each with its payload.
+
+use crate::identity::EventKey;
+use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status};
+use crate::ports::{Ledger, Outgoing, WorkQueue};
+use crate::verify::hashes;
+
+/// The most claims of one admission in flight at once.
+pub const CLAIMS_IN_FLIGHT: usize = 10;
+
+/// What became of one event offered for admission.
+#[derive(Debug)]
+pub enum Admitted {
+    /// Claimed now and sent, with its payload.
+    New,
+    /// A record a backfill had parked without its payload: released with
+    /// this payload and sent (the record's tenant).
+    Released { tenant: String },
+    /// Recorded before: its payload is durable and it is on the queue or
+    /// certain to be re-driven; `resent` when this admission handed it over.
+    Duplicate { resent: bool, conflict: bool },
+    /// Larger, stored, than the ledger takes (no payload bucket).
+    TooLarge { size: usize, limit: usize },
+    /// Not recorded, or not sent, at `stage`: the send lease is given back
+    /// (the reconciler re-drives a durable record; the sender's retry meets
+    /// it as a duplicate).
+    Failed { stage: &'static str, error: PortError },
+}
+
+impl Admitted {
+    /// Whether this admission queued the event (new, released or handed over).
+    pub fn sent(&self) -> bool {
+        matches!(self, Self::New | Self::Released { .. } | Self::Duplicate { resent: true, .. })
+    }
+}
+
+fn failed(stage: &'static str, error: PortError) -> Admitted {
+    Admitted::Failed { stage, error }
+}
+
+/// A send answer missing from the queue (it answers one per message).
+fn lost() -> PortError {
+    PortError::Unavailable { service: "sqs", message: "no answer for the message".into() }
+}
+
+/// The admission path over a ledger and a work queue.
+pub struct Admission<'a, L, Q> {
+    pub ledger: &'a L,
+    pub queue: &'a Q,
+    /// Who releases a parked record (`webhook`, `backfill`, ...), for its history.
+    pub by: &'a str,
+}
+
+impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
+    /// Admits `events` (each with its payload): round trip 1, the claims, at
+    /// most [`CLAIMS_IN_FLIGHT`] at once; round trip 2, the new ones sent
+    /// together (`SendMessageBatch`; one `SendMessage` for one). One answer
+    /// per event, in order.
+    pub async fn admit(&self, events: &[(NewEvent, &[u8])]) -> Vec<Admitted> {
+        let mut claims: Vec<Result<Claim, PortError>> = Vec::with_capacity(events.len());
+        for chunk in events.chunks(CLAIMS_IN_FLIGHT) {
+            let pending: Vec<_> = chunk.iter().map(|(event, bytes)| self.ledger.claim(event, bytes)).collect();
+            claims.extend(futures::future::join_all(pending).await);
+        }
+        let mut out: Vec<Option<Admitted>> = Vec::with_capacity(events.len());
+        let mut new = Vec::new();
+        for (i, ((event, bytes), claim)) in events.iter().zip(claims).enumerate() {
+            let resolved = self.resolve(event, bytes, claim).await;
+            if resolved.is_none() {
+                new.push(events[i].clone());
+            }
+            out.push(resolved);
+        }
+        let mut sent = self.send(&new).await.into_iter();
+        out.into_iter().map(|a| a.unwrap_or_else(|| sent.next().unwrap_or_else(|| failed("enqueue", lost())))).collect()
+    }
+
+    /// The first step alone, for a caller that claims one event at a time
+    /// and sends the new ones together later ([`Self::send`]): `None` when
+    /// the event is new (claimed now, to be sent), else what became of it.
+    pub async fn claim(&self, event: &NewEvent, bytes: &[u8]) -> Option<Admitted> {
+        let claim = self.ledger.claim(event, bytes).await;
+        self.resolve(event, bytes, claim).await
+    }
+
+    /// The second step: sends events claimed new, together, each with its
+    /// payload in its tenant's group; one answer each, in order. One not
+    /// sent has its send lease given back (the reconciler re-drives it).
+    pub async fn send(&self, events: &[(NewEvent, &[u8])]) -> Vec<Admitted> {
+        if events.is_empty() {
+            return Vec::new();
+        }
+        let messages: Vec<Outgoing<'_>> =
+            events.iter().map(|(e, bytes)| Outgoing { key: &e.key, tenant: &e.tenant, payload: Some(bytes) }).collect();
+        let results = self.queue.send_all(&messages).await;
+        let mut out = Vec::with_capacity(events.len());
+        for ((event, _), result) in events.iter().zip(results) {
+            out.push(match result {
+                Ok(()) => Admitted::New,
+                Err(e) => {
+                    self.release(&event.key, &event.send).await;
+                    failed("enqueue", e)
+                }
+            });
+        }
+        out
+    }
+
+    /// What a claim's answer means for its event: `None` when it is new.
+    async fn resolve(&self, event: &NewEvent, bytes: &[u8], claim: Result<Claim, PortError>) -> Option<Admitted> {
+        Some(match claim {
+            Ok(Claim::New) => return None,
+            // A backfill parked it because its provider would not serve it:
+            // this payload is the one it waits for.
+            Ok(Claim::Existing(existing)) if existing.awaits_payload() => {
+                self.release_parked(event, bytes, self.by).await
+            }
+            Ok(Claim::Existing(existing)) => self.duplicate(event, existing, bytes).await,
+            Err(PortError::TooLarge { size, limit }) => Admitted::TooLarge { size, limit },
+            Err(e) => {
+                // The claim may have committed with every acknowledgement
+                // lost: give back the send lease it may hold, so the sender's
+                // retry can send at once instead of meeting a dead holder.
+                self.release(&event.key, &event.send).await;
+                failed("claim", e)
+            }
+        })
+    }
+
+    /// A delivery of an identity a backfill parked without its payload
+    /// (PARKED `backfill_unrecoverable:…`): its body becomes the record's
+    /// payload and the record is released — RECEIVED, in the reconciler's
+    /// index, our send lease — in one conditional write after the payload is
+    /// stored (in the record when small), then the key is queued with the
+    /// payload: answered as an accepted event. After the failed claim this
+    /// costs the release (and a payload item or S3 object when the body does
+    /// not fit in the record) and the send. If another delivery or a replay
+    /// released it first, or an operator settled it, this is a duplicate.
+    async fn release_parked(&self, event: &NewEvent, body: &[u8], by: &str) -> Admitted {
+        let key = &event.key;
+        let tenant = match self.ledger.release_parked(event, body, by).await {
+            Ok(Release::Released { tenant }) => tenant,
+            // Its releaser holds the send lease; the reconciler re-drives it if that one dies.
+            Ok(Release::NotAwaiting) => return Admitted::Duplicate { resent: false, conflict: false },
+            Err(PortError::TooLarge { size, limit }) => return Admitted::TooLarge { size, limit },
+            Err(e) => {
+                // The release may have committed with its acknowledgement lost.
+                self.release(key, &event.send).await;
+                return failed("release", e);
+            }
+        };
+        tracing::info!(key = %key, "delivery released a record a backfill parked without its payload");
+        match self.queue.send_with_payload(key, &tenant, body).await {
+            Ok(()) => Admitted::Released { tenant },
+            Err(e) => {
+                self.release(key, &event.send).await;
+                failed("enqueue", e)
+            }
+        }
+    }
+
+    /// A delivery of an identity that is already claimed (by an earlier or a
+    /// concurrent delivery). "Already exists" never means "done": a 2xx is
+    /// answered only once the payload is durable and the key is on the queue
+    /// or certain to be re-driven (every non-terminal record is in the
+    /// reconciler's index), whoever's claim it is.
+    ///
+    /// The common case, a record whose payload is durable and that is
+    /// finished or still held by its sender, costs nothing beyond the failed
+    /// claim: no write (duplicates are counted in the `duplicate` metric).
+    async fn duplicate(&self, event: &NewEvent, existing: ExistingRecord, body: &[u8]) -> Admitted {
+        let key = &event.key;
+        let now_ms = event.received_at_ms;
+        let same_bytes = existing.payload_hash == event.payload_hash;
+        let same_content = same_bytes
+            || existing
+                .content_hash
+                .as_deref()
+                .is_some_and(|stored| hashes::same_content(stored, &event.content_hash, &event.provider, body));
+        // A body fetched by a backfill is rendered anew by the provider's
+        // API: its bytes never match the webhook's, and that is no conflict.
+        let conflict = !same_content && existing.via.compares_bytes_with(event.via);
+        let mut flag = conflict;
+        if !existing.payload_stored {
+            // A record of the previous release whose first delivery died (or
+            // is still working) before its payload was durable: make good the
+            // payload with ours.
+            let stored = if same_bytes {
+                self.ledger.store_payload(key, &event.payload_hash, body, event.expires_at).await.map(|()| true)
+            } else {
+                self.ledger
+                    .adopt_payload(key, &existing.payload_hash, &event.payload_hash, body, event.expires_at, conflict)
+                    .await
+            };
+            match stored {
+                // Ours is the record's payload now (the adoption counted a conflict, if any).
+                Ok(true) => flag = false,
+                // The first payload became durable meanwhile and is kept.
+                Ok(false) => {}
+                Err(e) => return failed("store_payload", e),
+            }
+        }
+        if flag {
+            self.flag_conflict(key, &event.payload_hash, now_ms).await;
+        }
+        // A record not known to be on the queue whose sender let go of it
+        // (its send failed, or it died) is handed over now. A live send lease
+        // means another delivery is doing it right now; if it dies, the
+        // reconciler re-drives the record, whose payload is durable.
+        let lease_free = existing.send_lease_until_ms.is_none_or(|until| until < now_ms);
+        if existing.status == Status::Received && existing.enqueued_at_ms.is_none() && lease_free {
+            match self.ledger.take_send_lease(key, &event.send, now_ms).await {
+                Ok(true) => {}
+                Ok(false) => return Admitted::Duplicate { resent: false, conflict },
+                Err(e) => return failed("send_lease", e),
+            }
+            return match self.queue.send(key, &existing.tenant).await {
+                Ok(()) => Admitted::Duplicate { resent: true, conflict },
+                Err(e) => {
+                    self.release(key, &event.send).await;
+                    failed("enqueue", e)
+                }
+            };
+        }
+        Admitted::Duplicate { resent: false, conflict }
+    }
+
+    async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) {
+        if let Err(e) = self.ledger.flag_conflict(key, other_hash, at_ms).await {
+            tracing::warn!(error = %e, key = %key, "could not flag payload conflict");
+        }
+    }
+
+    async fn release(&self, key: &EventKey, lease: &SendLease) {
+        if let Err(e) = self.ledger.release_send_lease(key, lease).await {
+            tracing::warn!(error = %e, key = %key, "could not release send lease; it lapses by itself");
+        }
+    }
+}
