@@ -6,7 +6,7 @@ use clap::Args;
 use hookledger::config::{self, EndpointSpec, ProviderKind, SecretResolver};
 use hookledger::secret::Secret;
 use hookledger::verify::generic::{self, GenericHmacConfig, SignedContent, Source};
-use hookledger::verify::{github, quiltt, standard, stripe};
+use hookledger::verify::{github, quiltt, sns, standard, stripe};
 
 #[derive(Args)]
 pub struct SendArgs {
@@ -114,27 +114,10 @@ fn default_body(spec: &EndpointSpec, event_id: &str, event_type: &str, now: i64)
             v
         }
         // A batch of one event, in Quiltt's shape.
-        ProviderKind::Quiltt => return quiltt::batch(&[(event_id, event_type)], &rfc3339(now)),
+        ProviderKind::Quiltt => return quiltt::batch(&[(event_id, event_type)], &sns::format_timestamp(now)),
         _ => serde_json::json!({"type": event_type, "timestamp": now, "data": {}}),
     };
     value.to_string().into_bytes()
-}
-
-/// `now` (Unix seconds) as an RFC 3339 UTC time.
-fn rfc3339(now: i64) -> String {
-    let days = now.div_euclid(86_400);
-    let secs = now.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
 }
 
 fn set_pointer(root: &mut serde_json::Value, pointer: &str, value: &str) {
@@ -211,9 +194,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn times_are_written_as_rfc3339_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_764_504_000), "2025-11-30T12:00:00Z");
-        assert_eq!(rfc3339(951_782_400 + 86_399), "2000-02-29T23:59:59Z", "a leap day");
+    fn times_are_written_as_rfc3339_utc_and_read_back() {
+        for (secs, text) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (1_764_504_000, "2025-11-30T12:00:00Z"),
+            (951_782_400 + 86_399, "2000-02-29T23:59:59Z"),
+        ] {
+            assert_eq!(sns::format_timestamp(secs), text);
+            assert_eq!(sns::parse_timestamp(text), Some(secs), "{text}");
+        }
     }
 }

@@ -304,23 +304,7 @@ impl Stack {
 
     /// Drains any queue; returns the message bodies.
     pub async fn drain(&self, queue_url: &str) -> Vec<String> {
-        let mut bodies = Vec::new();
-        loop {
-            let out = self
-                .sqs
-                .receive_message()
-                .queue_url(queue_url)
-                .max_number_of_messages(10)
-                .visibility_timeout(60)
-                .send()
-                .await
-                .unwrap();
-            let msgs = out.messages.unwrap_or_default();
-            if msgs.is_empty() {
-                return bodies;
-            }
-            bodies.extend(msgs.into_iter().filter_map(|m| m.body));
-        }
+        self.drain_grouped(queue_url).await.into_iter().map(|(body, _)| body).collect()
     }
 
     /// Drains any queue; returns each message's body with its
