@@ -778,7 +778,7 @@ pub fn format_timestamp(secs: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-/// The date of a day since 1970-01-01 (inverse of [`days_from_civil`]).
+/// The date of a day since 1970-01-01 (the inverse of `days_from_civil`).
 pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
