@@ -15,6 +15,7 @@ use hookledger::adapters::sqs::SqsQueue;
 use hookledger::backfill::{Backfill, BackfillSettings, Mode, ParkedBackfill, Released, Summary, Target};
 use hookledger::config::{self, ProviderKind};
 use hookledger::ports::{BackfillSource, Window};
+use hookledger::verify::provider::BackfillList as SourceList;
 use hookledger::wiring::{LiveBackfill, SourceSpec, Wiring};
 
 #[derive(Args)]
@@ -108,8 +109,8 @@ pub async fn run(
         max_body_bytes: args.max_backfill_body_bytes,
         ..BackfillSettings::default()
     };
-    let summary = match spec.provider {
-        ProviderKind::Stripe => {
+    let summary = match spec.provider.backfill() {
+        Some(SourceList::StripeEvents) => {
             if args.redeliver {
                 return Err("Stripe cannot redeliver: run without --redeliver".into());
             }
@@ -117,16 +118,15 @@ pub async fn run(
             let source = wiring.provider_source(keys.stripe(args.account.clone())?).await?;
             execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
-        ProviderKind::Github => {
+        Some(SourceList::GithubDeliveries) => {
             let hook = args.github_hook.as_deref().ok_or("GitHub needs --github-hook")?;
             let source = wiring.provider_source(Keys::of_backfill(&args).github(hook)?).await?;
             execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
-        other => {
+        None => {
             return Err(format!(
                 "endpoint {:?} is {}: it keeps no list to backfill from (Stripe and GitHub do; for SNS, replay the subscription's dead-letter queue)",
-                args.endpoint,
-                other.as_str()
+                args.endpoint, spec.provider
             ));
         }
     };
@@ -168,14 +168,28 @@ impl<'a> Keys<'a> {
     fn stripe(&self, account: Option<String>) -> Result<SourceSpec<'a>, String> {
         let secret = self.api_key.ok_or("Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
         let base = Some(self.api_base);
-        Ok(SourceSpec { provider: "stripe", base, hook: None, account, secret, max_body_bytes: self.max_body_bytes })
+        Ok(SourceSpec {
+            list: SourceList::StripeEvents,
+            base,
+            hook: None,
+            account,
+            secret,
+            max_body_bytes: self.max_body_bytes,
+        })
     }
 
     /// A GitHub hook's deliveries.
     fn github(&self, hook: &'a str) -> Result<SourceSpec<'a>, String> {
         let secret = self.github_token.ok_or("GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
         let (base, hook) = (Some(self.github_api_base), Some(hook));
-        Ok(SourceSpec { provider: "github", base, hook, account: None, secret, max_body_bytes: self.max_body_bytes })
+        Ok(SourceSpec {
+            list: SourceList::GithubDeliveries,
+            base,
+            hook,
+            account: None,
+            secret,
+            max_body_bytes: self.max_body_bytes,
+        })
     }
 }
 
@@ -323,17 +337,18 @@ pub async fn replay_from_source(
         mode: Mode::Import,
     };
     let settings = BackfillSettings { max_body_bytes: args.max_backfill_body_bytes, ..BackfillSettings::default() };
-    let released = match parked.provider.as_str() {
-        "github" => {
+    let list = ProviderKind::named(&parked.provider).and_then(|p| p.backfill());
+    let released = match list {
+        Some(SourceList::GithubDeliveries) => {
             let hook = parked.origin.as_deref().ok_or("the record names no GitHub hook to ask")?;
             let source = wiring.provider_source(Keys::of_source(args).github(hook)?).await?;
             release(on(wiring, ledger, queue, source, settings), &target, &parked, operator, reason).await?
         }
-        "stripe" => {
+        Some(SourceList::StripeEvents) => {
             let source = wiring.provider_source(Keys::of_source(args).stripe(parked.origin.clone())?).await?;
             release(on(wiring, ledger, queue, source, settings), &target, &parked, operator, reason).await?
         }
-        other => return Err(format!("{other} keeps nothing to fetch it from")),
+        None => return Err(format!("{} keeps nothing to fetch it from", parked.provider)),
     };
     match released {
         Released::Released { queued: true } => Ok(format!("fetched again from {}, stored and queued", parked.provider)),

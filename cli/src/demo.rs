@@ -16,6 +16,9 @@ use hookledger::app::account_ledger::balance_pk;
 use hookledger::app::inventory::inventory_pk;
 use hookledger::app::seats::seats_pk;
 use hookledger::config::{self, SecretResolver};
+
+const STRIPE: ProviderKind = ProviderKind::STRIPE;
+use hookledger::config::ProviderKind;
 use serde_json::json;
 
 use crate::send::{Delivery, sign};
@@ -55,7 +58,7 @@ pub async fn run(
     let ddb = wiring.dynamodb_client();
     let run = wiring.ambient().entropy.token_simple()[..8].to_owned();
     let (customer, account, sku) = (format!("cus_{run}"), format!("acct_{run}"), format!("sku-{run}"));
-    hookledger::app::subjects::map_subject(&ddb, table, "stripe", "demo", &customer, &account).await?;
+    hookledger::app::subjects::map_subject(&ddb, table, STRIPE.as_str(), "demo", &customer, &account).await?;
 
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs() as i64;
@@ -403,7 +406,7 @@ impl Providers<'_> {
         hookledger::app::subjects::map_subject(
             self.ddb,
             self.table,
-            "stripe",
+            STRIPE.as_str(),
             "demo",
             &missed_customer,
             &missed_account,
@@ -416,7 +419,7 @@ impl Providers<'_> {
         let source = self
             .wiring
             .provider_source(hookledger::wiring::SourceSpec {
-                provider: "stripe",
+                list: hookledger::verify::provider::BackfillList::StripeEvents,
                 base: Some(&self.base),
                 hook: None,
                 account: None,
@@ -429,7 +432,7 @@ impl Providers<'_> {
             .backfill(source, hookledger::backfill::BackfillSettings::default())
             .map_err(|e| e.to_string())?;
         let target = hookledger::backfill::Target {
-            provider: "stripe".into(),
+            provider: STRIPE.as_str().to_owned(),
             endpoint: "stripe-demo".into(),
             tenant: "demo".into(),
             retention_days: self.wiring.settings.retention_days,

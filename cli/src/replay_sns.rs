@@ -220,7 +220,7 @@ pub async fn run(
     let mut specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
     specs.retain(|name, _| *name == args.endpoint);
     match specs.get(&args.endpoint) {
-        Some(spec) if spec.provider == ProviderKind::Sns => {}
+        Some(spec) if spec.provider == ProviderKind::SNS => {}
         Some(_) => return Err(format!("endpoint {:?} is not an sns endpoint", args.endpoint)),
         None => return Err(format!("no endpoint {:?} in HOOKLEDGER_ENDPOINTS", args.endpoint)),
     }

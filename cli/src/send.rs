@@ -5,8 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use clap::Args;
 use hookledger::config::{self, EndpointSpec, ProviderKind, SecretResolver};
 use hookledger::secret::Secret;
-use hookledger::verify::generic::{self, GenericHmacConfig, SignedContent, Source};
-use hookledger::verify::{github, quiltt, sns, standard, stripe};
+#[cfg(test)]
+use hookledger::verify::sns;
 
 #[derive(Args)]
 pub struct SendArgs {
@@ -52,7 +52,9 @@ pub async fn run(
     let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
     let spec = specs.get(&args.endpoint).ok_or_else(|| format!("endpoint {:?} is not configured", args.endpoint))?;
     let resolver = wiring.secrets();
-    let reference = spec.secrets.first().ok_or("sns endpoints are signed by AWS; the tool cannot sign for them")?;
+    let reference = spec.secrets.first().ok_or_else(|| {
+        format!("{} deliveries are not signed with a shared secret; the tool cannot sign them", spec.provider)
+    })?;
     let mut secret = resolver.resolve(reference).await.map_err(|e| format!("secret {reference}: {e}"))?;
     if args.bad_signature {
         secret = Secret::new(b"not-the-secret".to_vec());
@@ -62,7 +64,7 @@ pub async fn run(
     let body = match &args.body {
         Some(b) if b.starts_with('@') => std::fs::read(&b[1..]).map_err(|e| format!("{}: {e}", &b[1..]))?,
         Some(b) => b.clone().into_bytes(),
-        None => default_body(spec, &event_id, &args.event_type, now),
+        None => spec.provider.sample(spec, &event_id, &args.event_type, now),
     };
     let delivery = sign(spec, &secret, &event_id, &args.event_type, body, now)?;
 
@@ -87,52 +89,10 @@ pub async fn run(
 }
 
 fn fresh_id(provider: ProviderKind) -> String {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    match provider {
-        ProviderKind::Stripe => format!("evt_{}", &id[..24]),
-        ProviderKind::StandardWebhooks => format!("msg_{}", &id[..24]),
-        _ => uuid::Uuid::new_v4().to_string(),
-    }
+    provider.event_id(&uuid::Uuid::new_v4().simple().to_string())
 }
 
-fn default_body(spec: &EndpointSpec, event_id: &str, event_type: &str, now: i64) -> Vec<u8> {
-    let value = match spec.provider {
-        ProviderKind::Stripe => serde_json::json!({
-            "id": event_id, "object": "event", "type": event_type, "created": now,
-            "livemode": false, "data": {"object": {}}
-        }),
-        ProviderKind::Hmac => {
-            // Put the id and type where the endpoint is configured to read them.
-            let mut v = serde_json::json!({});
-            if let Some(h) = &spec.hmac {
-                for (source, value) in [(Some(&h.id), event_id), (h.event_type.as_ref(), event_type)] {
-                    if let Some(Source::JsonPointer(p)) = source {
-                        set_pointer(&mut v, p, value);
-                    }
-                }
-            }
-            v
-        }
-        // A batch of one event, in Quiltt's shape.
-        ProviderKind::Quiltt => return quiltt::batch(&[(event_id, event_type)], &sns::format_timestamp(now)),
-        _ => serde_json::json!({"type": event_type, "timestamp": now, "data": {}}),
-    };
-    value.to_string().into_bytes()
-}
-
-fn set_pointer(root: &mut serde_json::Value, pointer: &str, value: &str) {
-    let mut cur = root;
-    let parts: Vec<&str> = pointer.trim_start_matches('/').split('/').collect();
-    for (i, part) in parts.iter().enumerate() {
-        let obj = cur.as_object_mut().expect("objects all the way down");
-        if i + 1 == parts.len() {
-            obj.insert((*part).to_owned(), serde_json::Value::String(value.to_owned()));
-            return;
-        }
-        cur = obj.entry((*part).to_owned()).or_insert_with(|| serde_json::json!({}));
-    }
-}
-
+/// The provider's signed delivery of `body` (its headers, and the content type).
 pub(crate) fn sign(
     spec: &EndpointSpec,
     secret: &Secret,
@@ -142,50 +102,7 @@ pub(crate) fn sign(
     now: i64,
 ) -> Result<Delivery, String> {
     let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
-    match spec.provider {
-        ProviderKind::Stripe => headers.push((stripe::SIGNATURE_HEADER.into(), stripe::sign(secret, now, &body))),
-        ProviderKind::Github => {
-            headers.push((github::SIGNATURE_HEADER.into(), github::sign(secret, &body)));
-            headers.push((github::DELIVERY_HEADER.into(), event_id.to_owned()));
-            headers.push((github::EVENT_HEADER.into(), event_type.to_owned()));
-        }
-        ProviderKind::StandardWebhooks => {
-            let key = standard::decode_secret(secret).unwrap_or_else(|_| secret.clone());
-            headers.push(("webhook-id".into(), event_id.to_owned()));
-            headers.push(("webhook-timestamp".into(), now.to_string()));
-            headers.push(("webhook-signature".into(), standard::sign(&key, event_id, now, &body)));
-        }
-        ProviderKind::Hmac => {
-            let h = spec.hmac.as_ref().ok_or("hmac endpoint without hmac section")?;
-            let header =
-                |n: &str| http::HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).map_err(|e| e.to_string());
-            let cfg = GenericHmacConfig {
-                signature_header: header(&h.signature_header)?,
-                prefix: h.prefix.clone(),
-                encoding: h.encoding,
-                timestamp_header: h.timestamp_header.as_deref().map(header).transpose()?,
-                tolerance_secs: 300,
-                signed_content: SignedContent::parse(&h.signed_content)?,
-                id: h.id.clone(),
-                event_type: h.event_type.clone(),
-            };
-            headers.push((h.signature_header.clone(), generic::sign(&cfg, secret, now, &body)));
-            if let Some(t) = &h.timestamp_header {
-                headers.push((t.clone(), now.to_string()));
-            }
-            if let Source::Header(name) = &h.id {
-                headers.push((name.clone(), event_id.to_owned()));
-            }
-            if let Some(Source::Header(name)) = &h.event_type {
-                headers.push((name.clone(), event_type.to_owned()));
-            }
-        }
-        ProviderKind::Quiltt => {
-            headers.push(("Quiltt-Signature".into(), quiltt::sign(secret, now, &body)));
-            headers.push(("Quiltt-Timestamp".into(), now.to_string()));
-        }
-        ProviderKind::Sns => return Err("sns endpoints are signed by AWS; the tool cannot sign for them".into()),
-    }
+    headers.extend(spec.provider.sign(spec, secret, event_id, event_type, now, &body)?);
     Ok(Delivery { headers, body })
 }
 

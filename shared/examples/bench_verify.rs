@@ -19,10 +19,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hookledger::config::{Endpoint, EndpointVerifier, ProviderKind, Settings, settings_from};
+use hookledger::config::{Endpoint, ProviderKind, Settings, settings_from};
 use hookledger::intake::new_event;
 use hookledger::secret::Secret;
 use hookledger::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+use hookledger::verify::provider::Verifier;
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet, SnsMessage, SnsVerifier, signing};
 use hookledger::verify::{Verified, VerifyError, github, standard, stripe};
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -63,7 +64,7 @@ fn verify_identify(
     })
 }
 
-fn endpoint(provider: ProviderKind, verifier: EndpointVerifier) -> Endpoint {
+fn endpoint(provider: ProviderKind, verifier: Box<dyn Verifier>) -> Endpoint {
     Endpoint { name: "bench".into(), tenant: "bench".into(), provider, verifier }
 }
 
@@ -98,7 +99,7 @@ fn main() {
         HeaderValue::from_str(&stripe::sign(&Secret::new("whsec_bench"), now, &body)).unwrap(),
     );
     out.insert("stripe_valid_ns".into(), median_ns(|| assert!(sv.verify(&body, &h, now).is_ok())).into());
-    let ep = endpoint(ProviderKind::Stripe, EndpointVerifier::Stripe(sv.clone()));
+    let ep = endpoint(ProviderKind::STRIPE, Box::new(sv.clone()));
     out.insert(
         "stripe_verify_identify_ns".into(),
         verify_identify(&ep, &settings, &body, || sv.verify(&body, &h, now)).into(),
@@ -116,7 +117,7 @@ fn main() {
     h.insert(github::DELIVERY_HEADER, HeaderValue::from_static("72d3162e-cc78-11e3-81ab-4c9367dc0958"));
     h.insert(github::EVENT_HEADER, HeaderValue::from_static("customer.subscription.updated"));
     out.insert("github_valid_ns".into(), median_ns(|| assert!(gv.verify(&body, &h).is_ok())).into());
-    let ep = endpoint(ProviderKind::Github, EndpointVerifier::Github(gv.clone()));
+    let ep = endpoint(ProviderKind::GITHUB, Box::new(gv.clone()));
     out.insert(
         "github_verify_identify_ns".into(),
         verify_identify(&ep, &settings, &body, || gv.verify(&body, &h)).into(),
@@ -129,7 +130,7 @@ fn main() {
     h.insert("webhook-timestamp", HeaderValue::from_str(&now.to_string()).unwrap());
     h.insert("webhook-signature", HeaderValue::from_str(&standard::sign(&key, "msg_bench", now, &body)).unwrap());
     out.insert("standard_webhooks_valid_ns".into(), median_ns(|| assert!(wv.verify(&body, &h, now).is_ok())).into());
-    let ep = endpoint(ProviderKind::StandardWebhooks, EndpointVerifier::StandardWebhooks(wv.clone()));
+    let ep = endpoint(ProviderKind::STANDARD_WEBHOOKS, Box::new(wv.clone()));
     out.insert(
         "standard_webhooks_verify_identify_ns".into(),
         verify_identify(&ep, &settings, &body, || wv.verify(&body, &h, now)).into(),
@@ -155,7 +156,7 @@ fn main() {
     h.insert("x-bench-timestamp", HeaderValue::from_str(&now.to_string()).unwrap());
     let hv = GenericHmacVerifier::new(config, vec![secret]);
     out.insert("hmac_valid_ns".into(), median_ns(|| assert!(hv.verify(&body, &h, now).is_ok())).into());
-    let ep = endpoint(ProviderKind::Hmac, EndpointVerifier::Hmac(hv.clone()));
+    let ep = endpoint(ProviderKind::HMAC, Box::new(hv.clone()));
     out.insert(
         "hmac_verify_identify_ns".into(),
         verify_identify(&ep, &settings, &body, || hv.verify(&body, &h, now)).into(),

@@ -7,10 +7,57 @@
 //! record never sent whose sender let go of it is handed over under the
 //! send lease. The new ones are then sent together, each with its payload.
 
-use crate::identity::EventKey;
-use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status};
+use crate::identity::{EventKey, payload_hash};
+use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status, Via};
+use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, Outgoing, WorkQueue};
 use crate::verify::hashes;
+
+/// An event as any path offers it for admission: who sent it, which
+/// bytes are its payload, and what its record keeps.
+#[derive(Debug, Clone)]
+pub struct Arrival<'a> {
+    /// The provider's name, as records store it.
+    pub provider: &'a str,
+    pub endpoint: &'a str,
+    pub tenant: &'a str,
+    pub event_id: &'a str,
+    pub event_type: Option<&'a str>,
+    /// The event's payload: the delivery, or the event's bytes in a batch.
+    pub body: &'a [u8],
+    /// `(payload hash, content hash)`, when the verifier found them while
+    /// reading the identity; else computed here.
+    pub hashes: Option<(String, String)>,
+    pub via: Via,
+    /// The whole delivery's hash, for an event of a batch.
+    pub batch_hash: Option<String>,
+    pub retention_days: u32,
+    pub index_shards: u32,
+}
+
+/// The one constructor of the record an admission claims: its identity key,
+/// hashes, index shard, time to live and send lease.
+pub fn new_event(a: Arrival<'_>, now_ms: i64, send_token: String) -> NewEvent {
+    let key = EventKey::new(a.provider, a.endpoint, a.event_id);
+    let (payload_hash, content_hash) =
+        a.hashes.unwrap_or_else(|| (payload_hash(a.body), hashes::content_hash(a.provider, a.body)));
+    NewEvent {
+        shard: key.shard(a.index_shards),
+        key,
+        provider: a.provider.to_owned(),
+        endpoint: a.endpoint.to_owned(),
+        tenant: a.tenant.to_owned(),
+        event_id: a.event_id.to_owned(),
+        event_type: a.event_type.map(str::to_owned),
+        payload_hash,
+        content_hash,
+        received_at_ms: now_ms,
+        expires_at: crate::policy::expires_at(now_ms, a.retention_days),
+        send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
+        via: a.via,
+        batch_hash: a.batch_hash,
+    }
+}
 
 /// The most claims of one admission in flight at once.
 pub const CLAIMS_IN_FLIGHT: usize = 10;

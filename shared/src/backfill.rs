@@ -34,16 +34,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::admission::{Admission, Admitted};
+use crate::admission::{Admission, Admitted, Arrival};
 use crate::backoff::Backoff;
 use crate::clock::Ambient;
-use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, NewEvent, PortError, Release, SendLease, Status, Via};
-use crate::policy::SEND_LEASE_MS;
+use crate::config::ProviderKind;
+use crate::identity::EventKey;
+use crate::ledger::{Claim, NewEvent, PortError, Release, Status, Via};
 use crate::ports::{
     BackfillLedger, BackfillProgress, BackfillSource, Ledger, SEND_BATCH_MAX, ScheduleState, SourceError, SourceEvent,
     Unfetchable, UnfetchedEvent, Window, WorkQueue,
 };
+use crate::verify::provider::{BackfillList, REGISTRY};
 
 /// The endpoint whose events are recovered: the identity's provider and
 /// endpoint, and what its records carry.
@@ -74,8 +75,9 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Schedule {
-    /// `stripe` (the events list) or `github` (the hook's deliveries).
-    pub provider: String,
+    /// A provider that keeps a list to backfill from: `stripe` (the events
+    /// list) or `github` (the hook's deliveries).
+    pub provider: ProviderKind,
     /// The endpoint's tenant (as in `HOOKLEDGER_ENDPOINTS`; default: its name).
     #[serde(default)]
     pub tenant: Option<String>,
@@ -124,15 +126,24 @@ pub fn parse_schedules(json: &str) -> Result<std::collections::BTreeMap<String, 
         serde_json::from_str(json).map_err(|e| format!("HOOKLEDGER_BACKFILL: {e}"))?;
     for (endpoint, s) in &schedules {
         let bad = |why: &str| Err(format!("HOOKLEDGER_BACKFILL: {endpoint}: {why}"));
-        match (s.provider.as_str(), &s.hook) {
-            ("stripe", None) if s.mode == Mode::Redeliver => return bad("Stripe cannot redeliver"),
-            ("stripe", None) => {}
-            ("stripe", Some(_)) => return bad("\"hook\" is for GitHub"),
-            ("github", Some(hook)) if crate::ports::valid_github_hook(hook) => {}
-            ("github", _) => {
+        match (s.provider.backfill(), &s.hook) {
+            (Some(BackfillList::StripeEvents), None) if s.mode == Mode::Redeliver => {
+                return bad("Stripe cannot redeliver");
+            }
+            (Some(BackfillList::StripeEvents), None) => {}
+            (Some(BackfillList::StripeEvents), Some(_)) => return bad("\"hook\" is for GitHub"),
+            (Some(BackfillList::GithubDeliveries), Some(hook)) if crate::ports::valid_github_hook(hook) => {}
+            (Some(BackfillList::GithubDeliveries), _) => {
                 return bad("GitHub needs \"hook\": repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook");
             }
-            (other, _) => return bad(&format!("provider {other:?} keeps no list to backfill from (stripe, github)")),
+            (None, _) => {
+                let listed: Vec<&str> = REGISTRY.iter().filter(|p| p.backfill().is_some()).map(|p| p.name()).collect();
+                return bad(&format!(
+                    "provider {:?} keeps no list to backfill from ({})",
+                    s.provider.as_str(),
+                    listed.join(", ")
+                ));
+            }
         }
         let positive = s.lag_secs >= 0 && s.overlap_secs >= 0 && s.lookback_secs > 0 && s.max_window_secs > 0;
         if !positive {
@@ -145,7 +156,7 @@ pub fn parse_schedules(json: &str) -> Result<std::collections::BTreeMap<String, 
 impl Default for Schedule {
     fn default() -> Self {
         Self {
-            provider: "stripe".into(),
+            provider: ProviderKind::STRIPE,
             tenant: None,
             hook: None,
             account: None,
@@ -823,23 +834,20 @@ fn in_window(ev: &SourceEvent, window: &Window) -> bool {
 
 /// The record a fetched event claims: the webhook's identity, `via = backfill`.
 pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64, send_token: String) -> NewEvent {
-    let key = EventKey::new(&target.provider, &target.endpoint, &ev.event_id);
-    NewEvent {
-        shard: key.shard(target.index_shards),
-        key,
-        provider: target.provider.clone(),
-        endpoint: target.endpoint.clone(),
-        tenant: target.tenant.clone(),
-        event_id: ev.event_id.clone(),
-        event_type: ev.event_type.clone(),
-        payload_hash: payload_hash(body),
-        content_hash: crate::verify::hashes::content_hash(&target.provider, body),
-        received_at_ms: now_ms,
-        expires_at: crate::policy::expires_at(now_ms, target.retention_days),
-        send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
+    let arrival = Arrival {
+        provider: &target.provider,
+        endpoint: &target.endpoint,
+        tenant: &target.tenant,
+        event_id: &ev.event_id,
+        event_type: ev.event_type.as_deref(),
+        body,
+        hashes: None,
         via: Via::Backfill,
         batch_hash: None,
-    }
+        retention_days: target.retention_days,
+        index_shards: target.index_shards,
+    };
+    crate::admission::new_event(arrival, now_ms, send_token)
 }
 
 #[cfg(test)]

@@ -13,18 +13,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use http::HeaderName;
-use serde::Deserialize;
-
 use crate::backoff::Backoff;
 use crate::policy::{DEFAULT_INDEX_SHARDS, DEFAULT_RETENTION_DAYS};
 use crate::secret::Secret;
-use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
-use crate::verify::github::GithubVerifier;
-use crate::verify::quiltt::{self, QuilttVerifier};
-use crate::verify::sns::{CertificateCache, SnsVerifier};
-use crate::verify::standard::{self, StandardWebhooksVerifier};
-use crate::verify::stripe::{self, StripeVerifier};
+use crate::verify::provider::{BuildContext, Verifier};
+use crate::verify::sns::CertificateCache;
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
 /// Without a payload bucket, a payload lives in a DynamoDB item (at most
@@ -146,70 +139,7 @@ pub enum ConfigError {
     Secret { endpoint: String, reference: String, reason: String },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderKind {
-    Stripe,
-    Github,
-    StandardWebhooks,
-    Sns,
-    Hmac,
-    Quiltt,
-}
-
-impl ProviderKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stripe => "stripe",
-            Self::Github => "github",
-            Self::StandardWebhooks => "standard_webhooks",
-            Self::Sns => "sns",
-            Self::Hmac => "hmac",
-            Self::Quiltt => "quiltt",
-        }
-    }
-}
-
-/// Endpoint configuration as written in `HOOKLEDGER_ENDPOINTS`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EndpointSpec {
-    pub provider: ProviderKind,
-    /// The account/tenant this endpoint belongs to (defaults to its name).
-    #[serde(default)]
-    pub tenant: Option<String>,
-    /// Secret references, all active at once (rotation overlap).
-    #[serde(default)]
-    pub secrets: Vec<String>,
-    #[serde(default)]
-    pub tolerance_secs: Option<i64>,
-    /// SNS only: topics allowed to deliver (and to be subscribed to).
-    #[serde(default)]
-    pub topic_arns: Vec<String>,
-    /// Generic HMAC only.
-    #[serde(default)]
-    pub hmac: Option<HmacSpec>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HmacSpec {
-    pub signature_header: String,
-    #[serde(default)]
-    pub prefix: String,
-    pub encoding: Encoding,
-    #[serde(default)]
-    pub timestamp_header: Option<String>,
-    #[serde(default = "default_signed_content")]
-    pub signed_content: String,
-    pub id: Source,
-    #[serde(default, rename = "type")]
-    pub event_type: Option<Source>,
-}
-
-fn default_signed_content() -> String {
-    "{body}".to_owned()
-}
+pub use crate::verify::provider::{EndpointSpec, HmacSpec, ProviderKind};
 
 /// Resolves secret references (`env:`, `ssm:`). The AWS implementation lives
 /// in `adapters::secrets`; tests use a map.
@@ -245,16 +175,7 @@ pub struct Endpoint {
     pub name: String,
     pub tenant: String,
     pub provider: ProviderKind,
-    pub verifier: EndpointVerifier,
-}
-
-pub enum EndpointVerifier {
-    Stripe(StripeVerifier),
-    Github(GithubVerifier),
-    StandardWebhooks(StandardWebhooksVerifier),
-    Sns(SnsVerifier),
-    Hmac(GenericHmacVerifier),
-    Quiltt(QuilttVerifier),
+    pub verifier: Box<dyn Verifier>,
 }
 
 /// Runtime settings other than endpoints.
@@ -436,53 +357,14 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
             return Err("secrets must be references (env:NAME or ssm:/path), never inline values".into());
         }
     }
-    let needs_secrets = spec.provider != ProviderKind::Sns;
+    let needs_secrets = spec.provider.takes_secrets();
     if needs_secrets && spec.secrets.is_empty() {
-        return Err(format!("provider {} needs at least one secret", spec.provider.as_str()));
+        return Err(format!("provider {} needs at least one secret", spec.provider));
     }
     if !needs_secrets && !spec.secrets.is_empty() {
-        return Err("sns endpoints are verified with AWS certificates and take no secrets".into());
+        return Err(format!("{} endpoints are not verified with shared secrets and take no secrets", spec.provider));
     }
-    match spec.provider {
-        ProviderKind::Sns if spec.topic_arns.is_empty() => {
-            return Err("sns endpoints need topic_arns (the allow-list)".into());
-        }
-        ProviderKind::Sns => {
-            if let Some(bad) = spec.topic_arns.iter().find(|t| !t.starts_with("arn:aws") || t.split(':').count() != 6) {
-                return Err(format!("{bad:?} is not an SNS topic ARN"));
-            }
-        }
-        _ if !spec.topic_arns.is_empty() => return Err("topic_arns only applies to sns endpoints".into()),
-        _ => {}
-    }
-    match (spec.provider, &spec.hmac) {
-        (ProviderKind::Hmac, None) => return Err("hmac endpoints need an \"hmac\" section".into()),
-        (ProviderKind::Hmac, Some(h)) => {
-            HeaderName::from_bytes(h.signature_header.as_bytes())
-                .map_err(|_| "hmac.signature_header is not a header name")?;
-            if let Some(t) = &h.timestamp_header {
-                HeaderName::from_bytes(t.as_bytes()).map_err(|_| "hmac.timestamp_header is not a header name")?;
-            }
-            let content = SignedContent::parse(&h.signed_content)?;
-            if content.uses_timestamp() != h.timestamp_header.is_some() {
-                return Err("hmac.signed_content uses {timestamp} exactly when hmac.timestamp_header is set".into());
-            }
-            for s in std::iter::once(&h.id).chain(h.event_type.as_ref()) {
-                match s {
-                    Source::Header(n) if HeaderName::from_bytes(n.as_bytes()).is_err() => {
-                        return Err(format!("{n:?} is not a header name"));
-                    }
-                    Source::JsonPointer(p) if !p.starts_with('/') => {
-                        return Err(format!("{p:?} is not a JSON pointer"));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        (_, Some(_)) => return Err("the hmac section only applies to hmac endpoints".into()),
-        _ => {}
-    }
-    Ok(())
+    spec.provider.validate(spec)
 }
 
 /// Resolves secrets and builds every endpoint's verifier.
@@ -509,47 +391,11 @@ pub async fn build_endpoints(
             }
             resolved.push(secret);
         }
-        let endpoint_err = |reason: String| ConfigError::Endpoint { endpoint: name.clone(), reason };
-        let verifier = match spec.provider {
-            ProviderKind::Stripe => EndpointVerifier::Stripe(StripeVerifier::new(
-                resolved,
-                spec.tolerance_secs.unwrap_or(stripe::DEFAULT_TOLERANCE_SECS),
-            )),
-            ProviderKind::Github => EndpointVerifier::Github(GithubVerifier::new(resolved)),
-            ProviderKind::StandardWebhooks => {
-                let keys = resolved
-                    .iter()
-                    .map(standard::decode_secret)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| endpoint_err(e.to_owned()))?;
-                EndpointVerifier::StandardWebhooks(StandardWebhooksVerifier::new(
-                    keys,
-                    spec.tolerance_secs.unwrap_or(standard::DEFAULT_TOLERANCE_SECS),
-                ))
-            }
-            ProviderKind::Sns => EndpointVerifier::Sns(SnsVerifier::new(spec.topic_arns.clone(), certificates.clone())),
-            ProviderKind::Quiltt => EndpointVerifier::Quiltt(QuilttVerifier::new(
-                resolved,
-                spec.tolerance_secs.unwrap_or(quiltt::DEFAULT_TOLERANCE_SECS),
-            )),
-            ProviderKind::Hmac => {
-                let h = spec.hmac.clone().ok_or_else(|| endpoint_err("missing hmac section".into()))?;
-                let header = |n: &str| {
-                    HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).map_err(|e| endpoint_err(e.to_string()))
-                };
-                let config = GenericHmacConfig {
-                    signature_header: header(&h.signature_header)?,
-                    prefix: h.prefix,
-                    encoding: h.encoding,
-                    timestamp_header: h.timestamp_header.as_deref().map(header).transpose()?,
-                    tolerance_secs: spec.tolerance_secs.unwrap_or(300),
-                    signed_content: SignedContent::parse(&h.signed_content).map_err(endpoint_err)?,
-                    id: h.id,
-                    event_type: h.event_type,
-                };
-                EndpointVerifier::Hmac(GenericHmacVerifier::new(config, resolved))
-            }
-        };
+        let cx = BuildContext { certificates: certificates.clone() };
+        let verifier = spec
+            .provider
+            .verifier(&spec, resolved, &cx)
+            .map_err(|reason| ConfigError::Endpoint { endpoint: name.clone(), reason })?;
         let tenant = spec.tenant.clone().unwrap_or_else(|| name.clone());
         out.insert(name.clone(), Endpoint { name, tenant, provider: spec.provider, verifier });
     }
@@ -659,9 +505,14 @@ mod tests {
             rt.block_on(build_endpoints(specs, &secrets, Arc::new(CertificateCache::new(Arc::new(NoFetch))))).unwrap();
         assert_eq!(built.len(), 6);
         assert_eq!(built["stripe-eu"].tenant, "acme");
-        assert!(matches!(built["quiltt"].verifier, EndpointVerifier::Quiltt(_)));
+        assert_eq!(built["quiltt"].provider, ProviderKind::QUILTT);
         assert_eq!(built["gh"].tenant, "gh");
-        assert!(matches!(built["ses"].verifier, EndpointVerifier::Sns(_)));
+        assert_eq!(built["ses"].provider, ProviderKind::SNS);
+        // Every registered provider is configured in ALL.
+        let configured: Vec<&str> = built.values().map(|e| e.provider.as_str()).collect();
+        for p in crate::verify::provider::REGISTRY {
+            assert!(configured.contains(&p.name()), "{} is not in ALL", p.name());
+        }
     }
 
     #[test]
@@ -715,7 +566,15 @@ mod tests {
                 "{timestamp}",
             ),
             (r#"{"gh": {"provider": "github", "secrets": ["env:A"], "tolerance_secs": 0}}"#, "tolerance_secs"),
-            (r#"{"gh": {"provider": "gitlab", "secrets": ["env:A"]}}"#, "unknown variant"),
+            (r#"{"gh": {"provider": "paypal", "secrets": ["env:A"]}}"#, "unknown provider \"paypal\" (known: stripe,"),
+            (
+                r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "topic_arns": ["arn:aws:sns:r:1:t"]}}"#,
+                "topic_arns only applies to sns endpoints",
+            ),
+            (
+                r#"{"q": {"provider": "quiltt", "secrets": ["env:A"], "hmac": {"signature_header": "x", "encoding": "hex", "id": {"header": "x-id"}}}}"#,
+                "the hmac section only applies to hmac endpoints",
+            ),
             (r#"{"gh": {"provider": "github", "secrets": ["env:A"], "extra": 1}}"#, "unknown field"),
         ];
         for (json, needle) in cases {

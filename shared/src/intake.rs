@@ -24,12 +24,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, Method};
 
-use crate::admission::{Admission, Admitted};
+use crate::admission::{Admission, Admitted, Arrival};
 use crate::clock::Ambient;
-use crate::config::{Endpoint, EndpointVerifier, Settings};
+use crate::config::{Endpoint, ProviderKind, Settings};
 use crate::identity::EventKey;
-use crate::ledger::{NewEvent, PortError, SendLease};
-use crate::policy::SEND_LEASE_MS;
+use crate::ledger::{NewEvent, PortError, Via};
 use crate::ports::{Ledger, WorkQueue};
 use crate::telemetry::TenantMetrics;
 use crate::verify::hashes::delivery_hashes;
@@ -206,7 +205,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         letter: &DeadLetter<'_>,
         now: SystemTime,
     ) -> Result<Answer, DeadLetterRefusal> {
-        if !matches!(self.endpoints.get(endpoint).map(|e| &e.verifier), Some(EndpointVerifier::Sns(_))) {
+        if self.endpoints.get(endpoint).map(|e| e.provider) != Some(ProviderKind::SNS) {
             return Err(DeadLetterRefusal::NotAnSnsEndpoint);
         }
         #[derive(serde::Deserialize)]
@@ -290,14 +289,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             return (Outcome::TooLarge { limit: self.settings.max_body_bytes }, None);
         }
         let now_s = verify_at_s.unwrap_or(unix_ms(req.now) / 1000);
-        let verified = match &endpoint.verifier {
-            EndpointVerifier::Stripe(v) => v.verify(req.body, req.headers, now_s),
-            EndpointVerifier::Github(v) => v.verify(req.body, req.headers),
-            EndpointVerifier::StandardWebhooks(v) => v.verify(req.body, req.headers, now_s),
-            EndpointVerifier::Hmac(v) => v.verify(req.body, req.headers, now_s),
-            EndpointVerifier::Sns(v) => v.verify(req.body, req.headers, now_s).await,
-            EndpointVerifier::Quiltt(v) => v.verify(req.body, req.headers, now_s),
-        };
+        let verified = endpoint.verifier.verify(req.body, req.headers, now_s).await;
         let verified = match verified {
             Ok(v) => v,
             Err(e) => return (Outcome::Rejected(e), None),
@@ -306,16 +298,13 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             Action::Record => self.record(endpoint, &verified, req).await,
             Action::Batch(events) => self.record_batch(endpoint, events, req).await,
             Action::Unsubscribed => Outcome::Unsubscribed,
-            Action::ConfirmSubscription { subscribe_url } => {
-                let EndpointVerifier::Sns(sns) = &endpoint.verifier else { unreachable!("only SNS confirms") };
-                match sns.certificates().getter().get(subscribe_url).await {
-                    Ok(_) => Outcome::SubscriptionConfirmed,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "SNS subscription confirmation failed");
-                        Outcome::Unavailable { stage: "confirm_subscription" }
-                    }
+            Action::ConfirmSubscription { subscribe_url } => match endpoint.verifier.confirm(subscribe_url).await {
+                Ok(_) => Outcome::SubscriptionConfirmed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "SNS subscription confirmation failed");
+                    Outcome::Unavailable { stage: "confirm_subscription" }
                 }
-            }
+            },
         };
         (outcome, Some(verified))
     }
@@ -403,28 +392,20 @@ pub fn new_event(
     now: SystemTime,
     send_token: String,
 ) -> NewEvent {
-    let provider = endpoint.provider.as_str();
-    let key = EventKey::new(provider, &endpoint.name, &verified.event_id);
-    let now_ms = unix_ms(now);
-    let expires_at = crate::policy::expires_at(now_ms, settings.retention_days);
-    let shard = key.shard(settings.index_shards);
-    let (payload_hash, content_hash) = delivery_hashes(body, &verified.content);
-    NewEvent {
-        key,
-        provider: provider.to_owned(),
-        endpoint: endpoint.name.clone(),
-        tenant: endpoint.tenant.clone(),
-        event_id: verified.event_id.clone(),
-        event_type: verified.event_type.clone(),
-        payload_hash,
-        content_hash,
-        received_at_ms: now_ms,
-        expires_at,
-        shard,
-        send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
-        via: crate::ledger::Via::Webhook,
+    let arrival = Arrival {
+        provider: endpoint.provider.as_str(),
+        endpoint: &endpoint.name,
+        tenant: &endpoint.tenant,
+        event_id: &verified.event_id,
+        event_type: verified.event_type.as_deref(),
+        body,
+        hashes: Some(delivery_hashes(body, &verified.content)),
+        via: Via::Webhook,
         batch_hash: None,
-    }
+        retention_days: settings.retention_days,
+        index_shards: settings.index_shards,
+    };
+    crate::admission::new_event(arrival, unix_ms(now), send_token)
 }
 
 /// One answer for a batch's events: the first that could not be recorded

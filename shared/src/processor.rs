@@ -17,13 +17,13 @@
 
 use crate::clock::Ambient;
 use crate::config::ProcessorSettings;
-use crate::event::decode;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, WorkRecord};
 use crate::ports::{Dispatch, WorkLedger, WorkQueue};
 use crate::projection::sequence::Position;
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
 use crate::telemetry::TenantMetrics;
+use crate::verify::provider::decode;
 
 /// Where a crash is injected in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

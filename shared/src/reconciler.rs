@@ -42,16 +42,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::admission::{Admission, Admitted};
+use crate::admission::{Admission, Admitted, Arrival};
 use crate::clock::Ambient;
-use crate::config::ReconcilerSettings;
+use crate::config::{ProviderKind, ReconcilerSettings};
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{
-    DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, NewEvent, PortError, SendLease, Status, WaiterCheck,
-    WaiterItem,
+    DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, PortError, Status, WaiterCheck, WaiterItem,
 };
 use crate::message::Dispatched;
-use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Dispatch, DueLedger, Outgoing, SEND_BATCH_MAX, WorkQueue};
 use crate::projection::fetch::SubscriptionSource;
 
@@ -779,25 +777,21 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         })
         .to_string()
         .into_bytes();
-        let key = EventKey::new("stripe", &endpoint, &event_id);
-        let hash = payload_hash(&body);
-        let expires_at = crate::policy::expires_at(now_ms, self.settings.retention_days);
-        let event = NewEvent {
-            key: key.clone(),
-            provider: "stripe".into(),
-            endpoint,
-            tenant,
-            event_id,
-            event_type: Some("customer.subscription.reconciled".into()),
-            payload_hash: hash.clone(),
-            content_hash: crate::verify::hashes::content_hash("stripe", &body),
-            received_at_ms: now_ms,
-            expires_at,
-            shard: key.shard(self.ledger.shards()),
-            send: SendLease { token: self.ambient.token(), until_ms: now_ms + SEND_LEASE_MS },
+        let arrival = Arrival {
+            provider: ProviderKind::STRIPE.as_str(),
+            endpoint: &endpoint,
+            tenant: &tenant,
+            event_id: &event_id,
+            event_type: Some("customer.subscription.reconciled"),
+            body: &body,
+            hashes: None,
             via: crate::ledger::Via::Reconciliation,
             batch_hash: None,
+            retention_days: self.settings.retention_days,
+            index_shards: self.ledger.shards(),
         };
+        let event = crate::admission::new_event(arrival, now_ms, self.ambient.token());
+        let key = event.key.clone();
         // The repair's identity is fixed by the drift instance, so any
         // earlier attempt at this repair claimed the same record: our own
         // claim whose acknowledgement was lost (the claim recognises it), or

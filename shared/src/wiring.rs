@@ -30,6 +30,7 @@ use crate::projection::fetch::SubscriptionSource;
 use crate::reconciler::Reconciler;
 use crate::secret::Secret;
 use crate::telemetry::TenantMetrics;
+use crate::verify::provider::BackfillList;
 use crate::verify::sns::CertificateCache;
 
 /// The use cases as deployed: on DynamoDB, SQS and SNS.
@@ -110,7 +111,7 @@ fn backfill_tenants(
             let known: Vec<&str> = endpoints.keys().map(String::as_str).collect();
             return Err(format!("{name} is not an endpoint of HOOKLEDGER_ENDPOINTS ({})", known.join(", ")));
         };
-        if spec.provider.as_str() != schedule.provider {
+        if spec.provider != schedule.provider {
             return Err(format!(
                 "{name} is backfilled from {}, but HOOKLEDGER_ENDPOINTS says {name} is a {} endpoint",
                 schedule.provider,
@@ -169,8 +170,8 @@ impl Settings {
         let stripe_api_key = get(STRIPE_API_KEY);
         let github_token = get(GITHUB_TOKEN);
         for (endpoint, s) in &backfill_schedules {
-            let (needs, have) = match s.provider.as_str() {
-                "github" => (GITHUB_TOKEN, &github_token),
+            let (needs, have) = match s.provider.backfill() {
+                Some(BackfillList::GithubDeliveries) => (GITHUB_TOKEN, &github_token),
                 _ => (STRIPE_API_KEY, &stripe_api_key),
             };
             if have.is_none() {
@@ -396,7 +397,7 @@ impl Wiring {
         let key = self.secret(spec.secret).await.map_err(|e| format!("secret {}: {e}", spec.secret))?;
         let clock = self.ambient.clock.clone();
         let s = &self.settings;
-        if spec.provider == "github" {
+        if spec.list == BackfillList::GithubDeliveries {
             let base = spec.base.unwrap_or(&s.github_api_base);
             let api = GithubDeliveries::new_within(base, spec.hook.unwrap_or_default(), key, Timeouts::of(&self.aws))?;
             return Ok(ProviderSource::Github(api.with_max_body_bytes(spec.max_body_bytes).with_clock(clock)));
@@ -409,10 +410,11 @@ impl Wiring {
     /// The source of a scheduled backfill, with the configured key or token.
     pub async fn scheduled_source(&self, schedule: &Schedule) -> Result<ProviderSource, String> {
         let s = &self.settings;
-        let secret = if schedule.provider == "github" { &s.github_token } else { &s.stripe_api_key };
+        let list = schedule.provider.backfill().ok_or_else(|| format!("{} keeps no list", schedule.provider))?;
+        let secret = if list == BackfillList::GithubDeliveries { &s.github_token } else { &s.stripe_api_key };
         let secret = secret.as_deref().ok_or_else(|| format!("no secret for {}", schedule.provider))?;
         self.provider_source(SourceSpec {
-            provider: &schedule.provider,
+            list,
             base: None,
             hook: schedule.hook.as_deref(),
             account: schedule.account.clone(),
@@ -472,8 +474,8 @@ impl Wiring {
 
 /// Which provider list a backfill reads, and with what.
 pub struct SourceSpec<'a> {
-    /// `stripe` or `github`.
-    pub provider: &'a str,
+    /// The provider's list: Stripe's events or a GitHub hook's deliveries.
+    pub list: BackfillList,
     /// The API's base URL; `None`: the configured one.
     pub base: Option<&'a str>,
     /// GitHub: the hook whose deliveries are listed.

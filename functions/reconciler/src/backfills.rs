@@ -64,7 +64,7 @@ impl Backfills {
                 continue;
             };
             let target = Target {
-                provider: schedule.provider.clone(),
+                provider: schedule.provider.as_str().to_owned(),
                 endpoint: endpoint.clone(),
                 tenant,
                 retention_days: self.wiring.settings.retention_days,

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use super::{int_field, str_field, subjects};
+use crate::config::ProviderKind;
 use crate::projection::additive::{apply_many, apply_once};
 use crate::projection::{Decision, EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, s};
 
@@ -26,7 +27,8 @@ impl Projection for AccountLedger {
     }
 
     fn handles(&self, provider: &str, event_type: &str) -> bool {
-        provider == "stripe" && matches!(event_type, "payment_intent.succeeded" | "charge.refunded")
+        provider == ProviderKind::STRIPE.as_str()
+            && matches!(event_type, "payment_intent.succeeded" | "charge.refunded")
     }
 
     fn subject(&self, ev: &EventContext) -> Option<String> {
@@ -39,7 +41,8 @@ impl Projection for AccountLedger {
             let Some(customer) = obj["customer"].as_str() else {
                 return Ok(Decision::Park("payment has no customer".into()));
             };
-            let Some(account) = subjects::account_for(cx, "stripe", &ev.tenant, customer).await? else {
+            let Some(account) = subjects::account_for(cx, ProviderKind::STRIPE.as_str(), &ev.tenant, customer).await?
+            else {
                 return Ok(Decision::Park(format!("unknown stripe customer {customer}")));
             };
             let balance = balance_pk(&ev.tenant, &account);

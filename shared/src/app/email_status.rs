@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use super::str_field;
+use crate::config::ProviderKind;
 use crate::projection::precedence::advance;
 use crate::projection::{Decision, EventContext, PlanFuture, Projection, ProjectionContext, n, s};
 
@@ -32,7 +33,7 @@ impl Projection for EmailStatus {
     }
 
     fn handles(&self, provider: &str, event_type: &str) -> bool {
-        provider == "sns" && event_type.starts_with("ses.")
+        provider == ProviderKind::SNS.as_str() && event_type.starts_with("ses.")
     }
 
     fn subject(&self, ev: &EventContext) -> Option<String> {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::{str_field, subjects};
 use crate::config::DEFAULT_DRIFT_INTERVAL_MS;
+use crate::config::ProviderKind;
 use crate::identity::shard_of;
 use crate::ledger::DuePartition;
 use crate::message::OutboxMessage;
@@ -42,7 +43,7 @@ impl Projection for Entitlements {
     }
 
     fn handles(&self, provider: &str, event_type: &str) -> bool {
-        provider == "stripe" && event_type.starts_with("customer.subscription.")
+        provider == ProviderKind::STRIPE.as_str() && event_type.starts_with("customer.subscription.")
     }
 
     fn subject(&self, ev: &EventContext) -> Option<String> {
@@ -54,7 +55,8 @@ impl Projection for Entitlements {
             let obj = &ev.body["data"]["object"];
             let sub_id = str_field(obj, "/id")?;
             let customer = str_field(obj, "/customer")?;
-            let Some(account) = subjects::account_for(cx, "stripe", &ev.tenant, customer).await? else {
+            let Some(account) = subjects::account_for(cx, ProviderKind::STRIPE.as_str(), &ev.tenant, customer).await?
+            else {
                 return Ok(Decision::Park(format!("unknown stripe customer {customer}")));
             };
             let source = self

@@ -270,6 +270,7 @@ mod ports {
     use super::*;
     use crate::adapters::memory::{Fault, MemLedger, MemQueue, World};
     use crate::config::ProviderKind;
+    use crate::ledger::SendLease;
     use crate::secret::Secret;
     use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
 
@@ -299,8 +300,8 @@ mod ports {
         let endpoint = Endpoint {
             name: "ep".into(),
             tenant: "t1".into(),
-            provider: ProviderKind::Hmac,
-            verifier: EndpointVerifier::Hmac(verifier),
+            provider: ProviderKind::HMAC,
+            verifier: Box::new(verifier),
         };
         let settings = Settings {
             table_name: "memory".into(),
@@ -313,11 +314,8 @@ mod ports {
         let quiltt = Endpoint {
             name: "q".into(),
             tenant: "t1".into(),
-            provider: ProviderKind::Quiltt,
-            verifier: EndpointVerifier::Quiltt(crate::verify::quiltt::QuilttVerifier::new(
-                vec![Secret::new(SECRET)],
-                300,
-            )),
+            provider: ProviderKind::QUILTT,
+            verifier: Box::new(crate::verify::quiltt::QuilttVerifier::new(vec![Secret::new(SECRET)], 300)),
         };
         let endpoints = BTreeMap::from([("ep".to_owned(), endpoint), ("q".to_owned(), quiltt)]);
         let intake =

@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName};
 use serde::Deserialize;
 
 use super::headers::parse_unix_secs;
+use super::provider::{BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{
     MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json, mac_bytes,
     mac_matches,
@@ -219,6 +220,123 @@ pub fn sign(config: &GenericHmacConfig, secret: &Secret, timestamp: i64, body: &
         Encoding::Base64 => STANDARD.encode(mac),
     };
     format!("{}{encoded}", config.prefix)
+}
+
+/// The generic HMAC sender in the provider registry: everything is in the
+/// endpoint's `hmac` section.
+pub struct Hmac;
+
+/// Seconds a timestamped generic delivery may be from now, by default.
+pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
+
+impl Verifier for GenericHmacVerifier {
+    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
+        ready(GenericHmacVerifier::verify(self, body, headers, now_s))
+    }
+}
+
+/// The verifier's configuration from an endpoint's `hmac` section.
+fn config_of(spec: &EndpointSpec) -> Result<GenericHmacConfig, String> {
+    let h = spec.hmac.as_ref().ok_or("hmac endpoints need an \"hmac\" section")?;
+    let header = |what: &str, n: &str| {
+        HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes())
+            .map_err(|_| format!("hmac.{what} is not a header name"))
+    };
+    let signed_content = SignedContent::parse(&h.signed_content)?;
+    if signed_content.uses_timestamp() != h.timestamp_header.is_some() {
+        return Err("hmac.signed_content uses {timestamp} exactly when hmac.timestamp_header is set".into());
+    }
+    for s in std::iter::once(&h.id).chain(h.event_type.as_ref()) {
+        match s {
+            Source::Header(n) if HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).is_err() => {
+                return Err(format!("{n:?} is not a header name"));
+            }
+            Source::JsonPointer(p) if !p.starts_with('/') => return Err(format!("{p:?} is not a JSON pointer")),
+            _ => {}
+        }
+    }
+    Ok(GenericHmacConfig {
+        signature_header: header("signature_header", &h.signature_header)?,
+        prefix: h.prefix.clone(),
+        encoding: h.encoding,
+        timestamp_header: h.timestamp_header.as_deref().map(|t| header("timestamp_header", t)).transpose()?,
+        tolerance_secs: spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS),
+        signed_content,
+        id: h.id.clone(),
+        event_type: h.event_type.clone(),
+    })
+}
+
+impl Provider for Hmac {
+    fn name(&self) -> &'static str {
+        "hmac"
+    }
+
+    fn validate(&self, spec: &EndpointSpec) -> Result<(), String> {
+        if !spec.topic_arns.is_empty() {
+            return Err("topic_arns only applies to sns endpoints, not hmac".into());
+        }
+        config_of(spec).map(|_| ())
+    }
+
+    fn verifier(
+        &self,
+        spec: &EndpointSpec,
+        secrets: Vec<Secret>,
+        _: &BuildContext,
+    ) -> Result<Box<dyn Verifier>, String> {
+        Ok(Box::new(GenericHmacVerifier::new(config_of(spec)?, secrets)))
+    }
+
+    /// The id and type where the endpoint is configured to read them.
+    fn sample(&self, spec: &EndpointSpec, event_id: &str, event_type: &str, _: i64) -> Vec<u8> {
+        let mut v = serde_json::json!({});
+        if let Some(h) = &spec.hmac {
+            for (source, value) in [(Some(&h.id), event_id), (h.event_type.as_ref(), event_type)] {
+                if let Some(Source::JsonPointer(p)) = source {
+                    set_pointer(&mut v, p, value);
+                }
+            }
+        }
+        v.to_string().into_bytes()
+    }
+
+    fn sign(
+        &self,
+        spec: &EndpointSpec,
+        secret: &Secret,
+        event_id: &str,
+        event_type: &str,
+        now_s: i64,
+        body: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        let config = config_of(spec)?;
+        let mut headers = vec![(config.signature_header.as_str().to_owned(), sign(&config, secret, now_s, body))];
+        if let Some(t) = &config.timestamp_header {
+            headers.push((t.as_str().to_owned(), now_s.to_string()));
+        }
+        if let Source::Header(name) = &config.id {
+            headers.push((name.clone(), event_id.to_owned()));
+        }
+        if let Some(Source::Header(name)) = &config.event_type {
+            headers.push((name.clone(), event_type.to_owned()));
+        }
+        Ok(headers)
+    }
+}
+
+/// Sets `pointer` (`/a/b`) in `root` to the string `value`, making objects on the way.
+fn set_pointer(root: &mut serde_json::Value, pointer: &str, value: &str) {
+    let mut cur = root;
+    let parts: Vec<&str> = pointer.trim_start_matches('/').split('/').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let Some(obj) = cur.as_object_mut() else { return };
+        if i + 1 == parts.len() {
+            obj.insert((*part).to_owned(), serde_json::Value::String(value.to_owned()));
+            return;
+        }
+        cur = obj.entry((*part).to_owned()).or_insert_with(|| serde_json::json!({}));
+    }
 }
 
 #[cfg(test)]

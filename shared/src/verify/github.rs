@@ -5,7 +5,9 @@
 use http::HeaderMap;
 
 use super::headers::{list_items, single_header};
+use super::provider::{BackfillList, BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, checked_event_id, hmac_sha256, mac_bytes, mac_matches};
+use crate::event::DecodeError;
 use crate::secret::Secret;
 
 pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
@@ -48,6 +50,57 @@ impl GithubVerifier {
 /// Produces an `X-Hub-Signature-256` value, for tests and the developer tool.
 pub fn sign(secret: &Secret, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac_bytes(hmac_sha256(secret.expose(), &[body]))))
+}
+
+/// GitHub in the provider registry.
+pub struct Github;
+
+impl Verifier for GithubVerifier {
+    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, _now_s: i64) -> Verifying<'a> {
+        ready(GithubVerifier::verify(self, body, headers))
+    }
+}
+
+impl Provider for Github {
+    fn name(&self) -> &'static str {
+        "github"
+    }
+
+    fn verifier(&self, _: &EndpointSpec, secrets: Vec<Secret>, _: &BuildContext) -> Result<Box<dyn Verifier>, String> {
+        Ok(Box::new(GithubVerifier::new(secrets)))
+    }
+
+    /// Form-encoded deliveries carry the JSON in `payload=`.
+    fn decode(&self, stored_type: Option<&str>, payload: &[u8]) -> Result<(String, serde_json::Value), DecodeError> {
+        if !payload.starts_with(b"payload=") {
+            return crate::event::decode_json(stored_type, payload);
+        }
+        let decoded = url::form_urlencoded::parse(payload)
+            .find(|(k, _)| k == "payload")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        crate::event::decode_json(stored_type, decoded.as_bytes())
+    }
+
+    fn sign(
+        &self,
+        _: &EndpointSpec,
+        secret: &Secret,
+        event_id: &str,
+        event_type: &str,
+        _: i64,
+        body: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        Ok(vec![
+            (SIGNATURE_HEADER.into(), sign(secret, body)),
+            (DELIVERY_HEADER.into(), event_id.to_owned()),
+            (EVENT_HEADER.into(), event_type.to_owned()),
+        ])
+    }
+
+    fn backfill(&self) -> Option<BackfillList> {
+        Some(BackfillList::GithubDeliveries)
+    }
 }
 
 #[cfg(test)]

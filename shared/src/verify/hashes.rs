@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 
+use super::provider::ProviderKind;
 use super::{Content, stripe};
 use crate::identity::{hex_digest, payload_hash};
 
@@ -18,27 +19,28 @@ const STRIPE_CONTENT_PREFIX: &str = "c2:";
 /// recognised by [`same_content`].
 const LEGACY_STRIPE_CONTENT_PREFIX: &str = "c:";
 
-/// Hash of what a delivery says, as opposed to its exact bytes. Providers'
-/// retries of one fact may differ in fields that describe the delivery
-/// rather than the fact: Stripe re-renders `pending_webhooks` (the count of
-/// endpoints still owed this event) on every attempt. Such fields are masked;
-/// every other provider's content hash is its payload hash.
-///
-/// For a Stripe event (a JSON object) it is `c2:` and the SHA-256 of the body
-/// with the value of every top-level `pending_webhooks` member replaced by
-/// `0`: two bodies have the same content hash exactly when they are equal
-/// byte for byte outside those values. (The values are masked rather than
-/// the members cut out so that every other byte, whitespace included, keeps
-/// counting.)
+/// Hash of what a delivery of `provider` (by name, as records store it)
+/// says, as opposed to its exact bytes: the provider's
+/// [`Provider::content_hash`](super::provider::Provider::content_hash).
+/// Providers' retries of one fact may differ in fields that describe the
+/// delivery rather than the fact: Stripe re-renders `pending_webhooks` (the
+/// count of endpoints still owed this event) on every attempt; such fields
+/// are masked. A name no provider is registered under hashes the bytes.
 pub fn content_hash(provider: &str, body: &[u8]) -> String {
-    match stripe_content(provider, body) {
+    ProviderKind::named(provider).map_or_else(|| payload_hash(body), |p| p.content_hash(body))
+}
+
+/// A Stripe event's content hash. For a JSON object it is `c2:` and the
+/// SHA-256 of the body with the value of every top-level `pending_webhooks`
+/// member replaced by `0`: two bodies have the same content hash exactly
+/// when they are equal byte for byte outside those values. (The values are
+/// masked rather than the members cut out so that every other byte,
+/// whitespace included, keeps counting.) Anything else hashes its bytes.
+pub(crate) fn stripe_content_hash(body: &[u8]) -> String {
+    match stripe::content(body) {
         Some(content) => delivery_hashes(body, &content).1,
         None => payload_hash(body),
     }
-}
-
-fn stripe_content(provider: &str, body: &[u8]) -> Option<Content> {
-    if provider == "stripe" { stripe::content(body) } else { None }
 }
 
 /// `(payload_hash, content_hash)` of a verified body, computed together from
@@ -91,22 +93,27 @@ fn stripe_hashes(body: &[u8], masked: &[Range<usize>]) -> (String, String) {
     (hex_digest("", &payload.finalize()), hex_digest(STRIPE_CONTENT_PREFIX, &content.finalize()))
 }
 
-/// Whether a record's stored content hash says the same as this delivery's.
-/// Records written before `c2:` hashes carry a `c:` hash; for those the old
-/// hash of this body is computed (only here, on the duplicate path), so a
-/// retry that differs from such a record only in `pending_webhooks` is still
-/// a duplicate and not a conflict.
+/// Whether a record's stored content hash says the same as this delivery's
+/// (the provider's [`Provider::same_content`](super::provider::Provider::same_content)).
 pub fn same_content(stored: &str, ours: &str, provider: &str, body: &[u8]) -> bool {
+    match ProviderKind::named(provider) {
+        Some(p) => p.same_content(stored, ours, body),
+        None => stored == ours,
+    }
+}
+
+/// Stripe's: records written before `c2:` hashes carry a `c:` hash; for
+/// those the old hash of this body is computed (only here, on the duplicate
+/// path), so a retry that differs from such a record only in
+/// `pending_webhooks` is still a duplicate and not a conflict.
+pub(crate) fn same_stripe_content(stored: &str, ours: &str, body: &[u8]) -> bool {
     stored == ours
         || (stored.starts_with(LEGACY_STRIPE_CONTENT_PREFIX)
-            && legacy_stripe_content_hash(provider, body).is_some_and(|legacy| legacy == stored))
+            && legacy_stripe_content_hash(body).is_some_and(|legacy| legacy == stored))
 }
 
 /// The content hash as written before `c2:` (a full parse and re-serialization).
-fn legacy_stripe_content_hash(provider: &str, body: &[u8]) -> Option<String> {
-    if provider != "stripe" {
-        return None;
-    }
+fn legacy_stripe_content_hash(body: &[u8]) -> Option<String> {
     let serde_json::Value::Object(mut event) = serde_json::from_slice::<serde_json::Value>(body).ok()? else {
         return None;
     };
@@ -232,7 +239,7 @@ mod tests {
         // What the previous release stored for `first` (SHA-256 of
         // {"data":{"object":{"id":"pi_1"}},"id":"evt_1","object":"event"}).
         let stored = "c:28d3a07fa10a706a84a50ce920adac0fd7e7c17a8c3aec78a5a6ea3d6601c876";
-        assert_eq!(legacy_stripe_content_hash("stripe", first).as_deref(), Some(stored));
+        assert_eq!(legacy_stripe_content_hash(first).as_deref(), Some(stored));
         assert!(same_content(stored, &content_hash("stripe", retry), "stripe", retry));
         assert!(!same_content(stored, &content_hash("stripe", changed), "stripe", changed));
         // Current hashes compare as they are.

@@ -10,6 +10,7 @@ pub mod github;
 pub mod hashes;
 mod headers;
 pub(crate) mod json;
+pub mod provider;
 pub mod quiltt;
 pub mod sns;
 pub mod standard;

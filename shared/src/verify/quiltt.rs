@@ -16,6 +16,7 @@ use base64::Engine;
 use http::HeaderMap;
 
 use super::headers::{parse_unix_secs, single_header};
+use super::provider::{BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{Action, BatchEvent, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id};
 use super::{hmac_sha256, json, mac_bytes, mac_matches};
 use crate::secret::Secret;
@@ -147,6 +148,47 @@ pub fn batch(events: &[(&str, &str)], at: &str) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
+}
+
+/// Quiltt in the provider registry.
+pub struct Quiltt;
+
+impl Verifier for QuilttVerifier {
+    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
+        ready(QuilttVerifier::verify(self, body, headers, now_s))
+    }
+}
+
+impl Provider for Quiltt {
+    fn name(&self) -> &'static str {
+        "quiltt"
+    }
+
+    fn verifier(
+        &self,
+        spec: &EndpointSpec,
+        secrets: Vec<Secret>,
+        _: &BuildContext,
+    ) -> Result<Box<dyn Verifier>, String> {
+        Ok(Box::new(QuilttVerifier::new(secrets, spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS))))
+    }
+
+    /// A batch of one event, in Quiltt's shape.
+    fn sample(&self, _: &EndpointSpec, event_id: &str, event_type: &str, now_s: i64) -> Vec<u8> {
+        batch(&[(event_id, event_type)], &super::sns::format_timestamp(now_s))
+    }
+
+    fn sign(
+        &self,
+        _: &EndpointSpec,
+        secret: &Secret,
+        _: &str,
+        _: &str,
+        now_s: i64,
+        body: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        Ok(vec![(SIGNATURE_HEADER.into(), sign(secret, now_s, body)), (TIMESTAMP_HEADER.into(), now_s.to_string())])
+    }
 }
 
 #[cfg(test)]

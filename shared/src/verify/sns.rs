@@ -37,7 +37,10 @@ use serde::Deserialize;
 use url::Url;
 
 use super::headers::header_values;
+use super::provider::{self, BuildContext, EndpointSpec, Provider, Verifying};
 use super::{Action, Content, Verified, VerifyError, checked_event_id};
+use crate::event::DecodeError;
+use crate::secret::Secret;
 
 pub const MESSAGE_TYPE_HEADER: &str = "x-amz-sns-message-type";
 /// Certificates larger than this are not SNS signing certificates.
@@ -802,6 +805,77 @@ fn notification_type(message: &str) -> String {
             Some(format!("ses.{t}"))
         })
         .unwrap_or_else(|| "Notification".to_owned())
+}
+
+/// Amazon SNS (SES inside) in the provider registry.
+pub struct Sns;
+
+impl provider::Verifier for SnsVerifier {
+    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
+        Box::pin(SnsVerifier::verify(self, body, headers, now_s))
+    }
+
+    /// Visits the `SubscribeURL` (validated by the verifier before this).
+    fn confirm<'a>(&'a self, url: &'a Url) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
+        Box::pin(async move { self.certs.getter().get(url).await.map(|_| ()).map_err(|e| e.to_string()) })
+    }
+}
+
+impl Provider for Sns {
+    fn name(&self) -> &'static str {
+        "sns"
+    }
+
+    fn takes_secrets(&self) -> bool {
+        false
+    }
+
+    /// A topic allow-list of well-formed ARNs, and no HMAC section.
+    fn validate(&self, spec: &EndpointSpec) -> Result<(), String> {
+        if spec.topic_arns.is_empty() {
+            return Err("sns endpoints need topic_arns (the allow-list)".into());
+        }
+        if let Some(bad) = spec.topic_arns.iter().find(|t| !t.starts_with("arn:aws") || t.split(':').count() != 6) {
+            return Err(format!("{bad:?} is not an SNS topic ARN"));
+        }
+        if spec.hmac.is_some() {
+            return Err("the hmac section only applies to hmac endpoints, not sns".into());
+        }
+        Ok(())
+    }
+
+    fn verifier(
+        &self,
+        spec: &EndpointSpec,
+        _: Vec<Secret>,
+        cx: &BuildContext,
+    ) -> Result<Box<dyn provider::Verifier>, String> {
+        Ok(Box::new(SnsVerifier::new(spec.topic_arns.clone(), cx.certificates.clone())))
+    }
+
+    /// The event is the envelope's `Message` (JSON, or text as `{"message": …}`).
+    fn decode(&self, stored_type: Option<&str>, payload: &[u8]) -> Result<(String, serde_json::Value), DecodeError> {
+        let envelope: serde_json::Value =
+            serde_json::from_slice(payload).map_err(|e| DecodeError(format!("payload is not JSON: {e}")))?;
+        let message = envelope
+            .get("Message")
+            .and_then(|m| m.as_str())
+            .ok_or_else(|| DecodeError("SNS envelope has no Message".into()))?;
+        let body = serde_json::from_str(message).unwrap_or_else(|_| serde_json::json!({ "message": message }));
+        crate::event::typed(stored_type, body)
+    }
+
+    fn sign(
+        &self,
+        _: &EndpointSpec,
+        _: &Secret,
+        _: &str,
+        _: &str,
+        _: i64,
+        _: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        Err("sns endpoints are signed by AWS; they cannot be signed with a shared secret".into())
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use http::HeaderMap;
 
 use super::headers::{first_of, header_values, parse_unix_secs};
+use super::provider::{BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{
     MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields, hmac_sha256,
     mac_bytes, mac_matches,
@@ -108,6 +109,53 @@ pub fn sign(key: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
     let ts = timestamp.to_string();
     let mac = hmac_sha256(key.expose(), &[msg_id.as_bytes(), b".", ts.as_bytes(), b".", body]);
     format!("v1,{}", STANDARD.encode(mac_bytes(mac)))
+}
+
+/// Standard Webhooks (and Svix) in the provider registry.
+pub struct StandardWebhooks;
+
+impl Verifier for StandardWebhooksVerifier {
+    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
+        ready(StandardWebhooksVerifier::verify(self, body, headers, now_s))
+    }
+}
+
+impl Provider for StandardWebhooks {
+    fn name(&self) -> &'static str {
+        "standard_webhooks"
+    }
+
+    /// Each secret must decode ([`decode_secret`]): checked when the keys are built.
+    fn verifier(
+        &self,
+        spec: &EndpointSpec,
+        secrets: Vec<Secret>,
+        _: &BuildContext,
+    ) -> Result<Box<dyn Verifier>, String> {
+        let keys = secrets.iter().map(decode_secret).collect::<Result<Vec<_>, _>>().map_err(str::to_owned)?;
+        Ok(Box::new(StandardWebhooksVerifier::new(keys, spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS))))
+    }
+
+    fn event_id(&self, random_hex: &str) -> String {
+        format!("msg_{}", &random_hex[..24.min(random_hex.len())])
+    }
+
+    fn sign(
+        &self,
+        _: &EndpointSpec,
+        secret: &Secret,
+        event_id: &str,
+        _: &str,
+        now_s: i64,
+        body: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        let key = decode_secret(secret).map_err(str::to_owned)?;
+        Ok(vec![
+            (ID_HEADERS[0].into(), event_id.to_owned()),
+            (TIMESTAMP_HEADERS[0].into(), now_s.to_string()),
+            (SIGNATURE_HEADERS[0].into(), sign(&key, event_id, now_s, body)),
+        ])
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@ use std::borrow::Cow;
 
 use http::HeaderMap;
 
+use super::hashes;
 use super::headers::{list_items, parse_unix_secs};
+use super::provider::{BackfillList, BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{
     Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields,
     hmac_sha256, mac_bytes, mac_matches,
@@ -94,6 +96,68 @@ pub fn sign(secret: &Secret, timestamp: i64, body: &[u8]) -> String {
     let ts = timestamp.to_string();
     let mac = hmac_sha256(secret.expose(), &[ts.as_bytes(), b".", body]);
     format!("t={ts},v1={}", hex::encode(mac_bytes(mac)))
+}
+
+/// Stripe in the provider registry.
+pub struct Stripe;
+
+impl Verifier for StripeVerifier {
+    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
+        ready(StripeVerifier::verify(self, body, headers, now_s))
+    }
+}
+
+impl Provider for Stripe {
+    fn name(&self) -> &'static str {
+        "stripe"
+    }
+
+    fn verifier(
+        &self,
+        spec: &EndpointSpec,
+        secrets: Vec<Secret>,
+        _: &BuildContext,
+    ) -> Result<Box<dyn Verifier>, String> {
+        Ok(Box::new(StripeVerifier::new(secrets, spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS))))
+    }
+
+    /// `pending_webhooks` masked (see [`super::hashes::delivery_hashes`]).
+    fn content_hash(&self, body: &[u8]) -> String {
+        hashes::stripe_content_hash(body)
+    }
+
+    fn same_content(&self, stored: &str, ours: &str, body: &[u8]) -> bool {
+        hashes::same_stripe_content(stored, ours, body)
+    }
+
+    fn event_id(&self, random_hex: &str) -> String {
+        format!("evt_{}", &random_hex[..24.min(random_hex.len())])
+    }
+
+    fn sample(&self, _: &EndpointSpec, event_id: &str, event_type: &str, now_s: i64) -> Vec<u8> {
+        serde_json::json!({
+            "id": event_id, "object": "event", "type": event_type, "created": now_s,
+            "livemode": false, "data": {"object": {}}
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn sign(
+        &self,
+        _: &EndpointSpec,
+        secret: &Secret,
+        _: &str,
+        _: &str,
+        now_s: i64,
+        body: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        Ok(vec![(SIGNATURE_HEADER.into(), sign(secret, now_s, body))])
+    }
+
+    fn backfill(&self) -> Option<BackfillList> {
+        Some(BackfillList::StripeEvents)
+    }
 }
 
 #[cfg(test)]
