@@ -62,6 +62,22 @@ pub fn new_event(a: Arrival<'_>, now_ms: i64, send_token: String) -> NewEvent {
 /// The most claims of one admission in flight at once.
 pub const CLAIMS_IN_FLIGHT: usize = 10;
 
+/// The most events of one delivery that are claimed before its answer. A
+/// larger batch is claimed whole, as one record of type [`BATCH_TYPE`]
+/// under its body hash ([`batch_id`]), and the processor splits it into its
+/// events through this same path.
+pub const LARGE_BATCH: usize = 25;
+
+/// The event type of a large batch's own record (never a provider's type).
+pub const BATCH_TYPE: &str = "hookledger.batch";
+
+/// The identity of a large batch's record: its body hash (a retry with the
+/// same bytes meets it; one with other bytes is another batch record, whose
+/// events are met as duplicates when it is split).
+pub fn batch_id(batch_hash: &str) -> String {
+    format!("batch:{batch_hash}")
+}
+
 /// What became of one event offered for admission.
 #[derive(Debug)]
 pub enum Admitted {

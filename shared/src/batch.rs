@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::ports::{Dispatch, Received, Redelivery, WorkLedger, WorkQueue};
+use crate::ports::{Dispatch, Ledger, Received, Redelivery, WorkLedger, WorkQueue};
 use crate::processor::Processor;
 
 /// Processes a batch; returns the message ids that stay on the queue, or
@@ -27,7 +27,7 @@ pub async fn process<L, Q, D, R>(
     batch: Vec<Received>,
 ) -> Result<Vec<String>, String>
 where
-    L: WorkLedger + 'static,
+    L: WorkLedger + Ledger + 'static,
     Q: WorkQueue + 'static,
     D: Dispatch + 'static,
     R: Redelivery + 'static,
@@ -63,7 +63,7 @@ where
 }
 
 /// One message's fate: `true` delete it, `false` leave it on the queue.
-async fn one<L: WorkLedger, Q: WorkQueue, D: Dispatch, R: Redelivery>(
+async fn one<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch, R: Redelivery>(
     processor: &Processor<L, Q, D>,
     queue: &R,
     m: &Received,

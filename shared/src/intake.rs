@@ -24,7 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, Method};
 
-use crate::admission::{Admission, Admitted, Arrival};
+use crate::admission::{Admission, Admitted, Arrival, BATCH_TYPE, LARGE_BATCH, batch_id};
 use crate::clock::Ambient;
 use crate::config::{Endpoint, ProviderKind, Settings};
 use crate::identity::EventKey;
@@ -149,6 +149,7 @@ pub struct Intake<L, Q> {
     queue: Q,
     ambient: Ambient,
     tenant_metrics: TenantMetrics,
+    large_batch_over: usize,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -164,7 +165,15 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             queue,
             ambient: Ambient::system(),
             tenant_metrics: TenantMetrics::default(),
+            large_batch_over: LARGE_BATCH,
         }
+    }
+
+    /// Batches of more than `n` events go the large-batch way (default
+    /// [`LARGE_BATCH`]; tests and explorations lower it to exercise that
+    /// path with a few events).
+    pub fn set_large_batch_over(&mut self, n: usize) {
+        self.large_batch_over = n.max(1);
     }
 
     /// Counts the new events of these tenants in their own metrics.
@@ -329,6 +338,9 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     /// retry meets the others as duplicates).
     async fn record_batch(&self, endpoint: &Endpoint, events: &[BatchEvent], req: &IntakeRequest<'_>) -> Outcome {
         let batch_hash = crate::identity::payload_hash(req.body);
+        if events.len() > self.large_batch_over {
+            return self.record_large_batch(endpoint, events.len(), batch_hash, req).await;
+        }
         let prepared: Vec<(NewEvent, &[u8])> = events
             .iter()
             .map(|e| {
@@ -341,6 +353,45 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let admitted = self.admission().admit(&prepared).await;
         let outcomes = prepared.iter().zip(admitted).map(|((event, _), a)| self.outcome(event, a)).collect();
         batch_outcome(outcomes)
+    }
+
+    /// More than [`LARGE_BATCH`] events: the delivery is claimed whole, as
+    /// one record (its payload the body, its identity the body's hash) and
+    /// sent like any event, in two round trips; the processor splits it into
+    /// its events through the admission path. 202 when new, 200 when the
+    /// same bytes were recorded before.
+    async fn record_large_batch(
+        &self,
+        endpoint: &Endpoint,
+        count: usize,
+        batch_hash: String,
+        req: &IntakeRequest<'_>,
+    ) -> Outcome {
+        let event_id = batch_id(&batch_hash);
+        let arrival = Arrival {
+            provider: endpoint.provider.as_str(),
+            endpoint: &endpoint.name,
+            tenant: &endpoint.tenant,
+            event_id: &event_id,
+            event_type: Some(BATCH_TYPE),
+            body: req.body,
+            hashes: Some((batch_hash.clone(), batch_hash.clone())),
+            via: Via::Webhook,
+            batch_hash: Some(batch_hash),
+            retention_days: self.settings.retention_days,
+            index_shards: self.settings.index_shards,
+        };
+        let event = crate::admission::new_event(arrival, unix_ms(req.now), self.ambient.token());
+        let admitted = self.admission().admit(&[(event.clone(), req.body)]).await;
+        let Some(a) = admitted.into_iter().next() else { return Outcome::Unavailable { stage: "claim" } };
+        metrics::counter!("intake_large_batch").increment(1);
+        match a {
+            Admitted::New | Admitted::Released { .. } => {
+                Outcome::Batch { new: count as u32, duplicates: 0, conflicts: 0 }
+            }
+            Admitted::Duplicate { .. } => Outcome::Batch { new: 0, duplicates: count as u32, conflicts: 0 },
+            other => self.outcome(&event, other),
+        }
     }
 
     fn admission(&self) -> Admission<'_, L, Q> {

@@ -15,11 +15,13 @@
 //! first lease after receipt, replay or wake). A gap waiter is woken when
 //! its predecessor commits (see `projection::sequence`).
 
+use crate::admission::{Admission, Admitted, Arrival, BATCH_TYPE, batch_id};
 use crate::clock::Ambient;
 use crate::config::ProcessorSettings;
+use crate::config::ProviderKind;
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, WorkRecord};
-use crate::ports::{Dispatch, WorkLedger, WorkQueue};
+use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, NewEvent, PortError, Via, WorkRecord};
+use crate::ports::{Dispatch, Ledger, WorkLedger, WorkQueue};
 use crate::projection::sequence::Position;
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
 use crate::telemetry::TenantMetrics;
@@ -138,7 +140,26 @@ impl From<ProjectionError> for Failure {
     }
 }
 
-impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
+/// Whether a record is a large batch's own record: its type says so and its
+/// identity is its payload's hash (which no provider's event id can be).
+fn is_large_batch(record: &WorkRecord) -> bool {
+    record.event_type.as_deref() == Some(BATCH_TYPE) && record.event_id == batch_id(&record.payload_hash)
+}
+
+/// The queue of a processor built without one: sends nothing (the claimed
+/// events are re-driven by the reconciler).
+struct NoQueue;
+
+impl WorkQueue for NoQueue {
+    async fn send(&self, _: &EventKey, _: &str) -> Result<(), PortError> {
+        Err(PortError::Unavailable { service: "sqs", message: "no queue".into() })
+    }
+    async fn send_with_payload(&self, _: &EventKey, _: &str, _: &[u8]) -> Result<(), PortError> {
+        Err(PortError::Unavailable { service: "sqs", message: "no queue".into() })
+    }
+}
+
+impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
     /// The processor over any implementation of its ports; `cx` is where the
     /// projections read.
     pub fn with_ports(
@@ -285,6 +306,9 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     .await;
             }
         };
+        if is_large_batch(record) {
+            return self.split(record, token, &payload, now_ms).await;
+        }
         let (event_type, body) = match decode(&record.provider, record.event_type.as_deref(), &payload) {
             Ok(x) => x,
             Err(e) => return self.dead(record, token, "malformed_payload", &e.0, now_ms).await,
@@ -440,6 +464,74 @@ impl<L: WorkLedger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 }
             }
         }
+    }
+
+    /// A large batch's record (see [`crate::admission::LARGE_BATCH`]): its
+    /// events, each with its exact bytes in the batch, go through the
+    /// admission path (claimed, at most 10 at once, then sent together), and
+    /// the batch's record is completed once every one is recorded. A retry
+    /// (lost acknowledgement, crash between two calls) meets the events
+    /// claimed before as duplicates and hands over any never sent; without
+    /// a queue the claimed events wait for the reconciler's re-drive.
+    async fn split(&self, record: &WorkRecord, token: &str, payload: &[u8], now_ms: i64) -> Result<Report, PortError> {
+        let split = ProviderKind::named(&record.provider).and_then(|p| p.split(payload));
+        let events = match split {
+            Some(Ok(events)) => events,
+            Some(Err(e)) => return self.dead(record, token, "malformed_payload", &e.to_string(), now_ms).await,
+            None => {
+                return self.dead(record, token, "malformed_payload", "its provider sends no batches", now_ms).await;
+            }
+        };
+        let prepared: Vec<(NewEvent, &[u8])> = events
+            .iter()
+            .map(|e| {
+                let bytes = &payload[e.bytes.clone()];
+                let arrival = Arrival {
+                    provider: &record.provider,
+                    endpoint: &record.endpoint,
+                    tenant: &record.tenant,
+                    event_id: &e.event_id,
+                    event_type: e.event_type.as_deref(),
+                    body: bytes,
+                    hashes: None,
+                    via: Via::Webhook,
+                    batch_hash: Some(record.payload_hash.clone()),
+                    retention_days: self.settings.retention_days,
+                    index_shards: self.settings.index_shards,
+                };
+                (crate::admission::new_event(arrival, now_ms, self.ambient.token()), bytes)
+            })
+            .collect();
+        let admitted = match &self.queue {
+            Some(queue) => Admission { ledger: &self.ledger, queue, by: "batch" }.admit(&prepared).await,
+            None => {
+                let admission = Admission { ledger: &self.ledger, queue: &NoQueue, by: "batch" };
+                let mut out = Vec::with_capacity(prepared.len());
+                for (event, bytes) in &prepared {
+                    out.push(admission.claim(event, bytes).await.unwrap_or(Admitted::New));
+                }
+                out
+            }
+        };
+        let (mut new, mut failed) = (0u32, None);
+        for a in admitted {
+            match a {
+                Admitted::New | Admitted::Released { .. } => new += 1,
+                Admitted::Duplicate { .. } => {}
+                Admitted::TooLarge { size, limit } => {
+                    let message = format!("an event of {size} bytes is over the ledger's {limit}");
+                    return self.dead(record, token, "payload_too_large", &message, now_ms).await;
+                }
+                Admitted::Failed { stage, error } => failed = failed.or(Some((stage, error))),
+            }
+        }
+        if let Some((code, error)) = failed {
+            let f = Failure::Transient { code, message: error.to_string() };
+            return self.fail(record, token, f, now_ms).await;
+        }
+        tracing::info!(key = %record.key, events = prepared.len(), new, "large batch split");
+        metrics::counter!("batch_events_split", "provider" => record.provider.clone()).increment(prepared.len() as u64);
+        Ok(self.commit(record, token, Vec::new(), false, None, now_ms).await?.unwrap_or(Report::done(Outcome::Ignored)))
     }
 
     /// Publishes this commit's outbox items now; a failure leaves them for the sweeper.

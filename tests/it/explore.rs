@@ -315,9 +315,17 @@ impl World {
         let answer = answer.map(|a| a.status);
         match answer {
             Some(status) if (200..300).contains(&status) => {
-                for key in delivery.keys() {
-                    self.check_durable(&key).await;
-                    self.acknowledged.push(key);
+                if delivery.event_id.starts_with("batch:") {
+                    // A large batch: its own record is what the 2xx makes
+                    // durable; its events are owed once it is split.
+                    self.check_durable(&delivery.key()).await;
+                    self.acknowledged.push(delivery.key());
+                    self.acknowledged.extend(delivery.keys());
+                } else {
+                    for key in delivery.keys() {
+                        self.check_durable(&key).await;
+                        self.acknowledged.push(key);
+                    }
                 }
             }
             _ => {
@@ -637,6 +645,9 @@ pub enum Flow {
     /// A Quiltt batch of three ordered inventory deltas: three claims at
     /// once, then one `SendMessageBatch`.
     IntakeBatch,
+    /// A Quiltt batch larger than the intake claims event by event (the
+    /// threshold lowered to 2): claimed whole under its body hash, then sent.
+    IntakeLargeBatch,
     ApplyEntitlement,
     ApplySeats,
     ApplyEmailStatus,
@@ -646,6 +657,9 @@ pub enum Flow {
     ProcessorDead,
     ProcessorPark,
     ProcessorGap,
+    /// The processor splits a large batch's record into its events through
+    /// the admission path (claims, then `SendMessageBatch`), then completes it.
+    ProcessorSplit,
     OutboxDispatch,
     ReconcilerRedrive,
     ReconcilerOutboxSweep,
@@ -658,7 +672,7 @@ pub enum Flow {
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 25] = [
+pub const FLOWS: [Flow; 27] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -667,6 +681,7 @@ pub const FLOWS: [Flow; 25] = [
     Flow::IntakeChangedRetryOfUnstored,
     Flow::IntakeHashConflict,
     Flow::IntakeBatch,
+    Flow::IntakeLargeBatch,
     Flow::ApplyEntitlement,
     Flow::ApplySeats,
     Flow::ApplyEmailStatus,
@@ -676,6 +691,7 @@ pub const FLOWS: [Flow; 25] = [
     Flow::ProcessorDead,
     Flow::ProcessorPark,
     Flow::ProcessorGap,
+    Flow::ProcessorSplit,
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,
@@ -699,6 +715,25 @@ fn quiltt_batch() -> Delivery {
     let body =
         serde_json::json!({"environment": {"id": "env_x"}, "eventTypes": ["inventory.adjusted"], "events": events});
     Delivery { endpoint: "quiltt", event_id: "qt_b1".into(), body: body.to_string().into_bytes() }
+}
+
+/// A Quiltt delivery of three ordered inventory deltas for `sku-l`, as its
+/// large-batch record's delivery (`event_id`: the batch's identity).
+fn large_quiltt_batch() -> Delivery {
+    let events: Vec<serde_json::Value> = [(1, 1), (2, 2), (3, 3)]
+        .iter()
+        .map(|(seq, delta)| {
+            serde_json::json!({"id": format!("qt_l{seq}"), "type": "inventory.adjusted", "at": "2026-11-30T12:00:00Z",
+                "profile": {"id": "p_x"}, "record": {"id": "rec_x"},
+                "data": {"sku": "sku-l", "seq": seq, "delta": delta}})
+        })
+        .collect();
+    let body =
+        serde_json::json!({"environment": {"id": "env_x"}, "eventTypes": ["inventory.adjusted"], "events": events})
+            .to_string()
+            .into_bytes();
+    let event_id = hookledger::admission::batch_id(&payload_hash(&body));
+    Delivery { endpoint: "quiltt", event_id, body }
 }
 
 fn payment(id: &str, amount: i64) -> Delivery {
@@ -778,6 +813,17 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
         Flow::IntakeBatch => {
             let d = quiltt_batch();
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::IntakeLargeBatch => {
+            w.intake.set_large_batch_over(2);
+            let d = large_quiltt_batch();
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::ProcessorSplit => {
+            w.intake.set_large_batch_over(2);
+            let d = large_quiltt_batch();
+            w.deliver(d.clone(), 0).await;
+            Ctx { key: d.key(), delivery: None, outbox_pk: None }
         }
         Flow::IntakeNewLarge | Flow::IntakeNewHuge => {
             let mut d = payment(if flow == Flow::IntakeNewHuge { "evt_huge" } else { "evt_large" }, 500);
@@ -930,7 +976,8 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::IntakeNeverSentDuplicate
         | Flow::IntakeChangedRetryOfUnstored
         | Flow::IntakeHashConflict
-        | Flow::IntakeBatch => {
+        | Flow::IntakeBatch
+        | Flow::IntakeLargeBatch => {
             let d = ctx.delivery.clone().unwrap_or_else(|| unreachable!("intake flows deliver"));
             w.deliver(d, 0).await;
         }
@@ -942,7 +989,8 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::ProcessorRetry
         | Flow::ProcessorDead
         | Flow::ProcessorPark
-        | Flow::ProcessorGap => {
+        | Flow::ProcessorGap
+        | Flow::ProcessorSplit => {
             w.poll().await;
             let i = w.inflight.iter().position(|m| m.key == ctx.key).unwrap_or_else(|| panic!("no message"));
             w.process_one(i).await;
@@ -1028,6 +1076,18 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 4 + 5 + 6);
             let records = w.records().await.iter().filter(|r| s(r, "provider") == "quiltt").count();
             w.expect_count("records of the batch", records as i64, 3);
+        }
+        Flow::IntakeLargeBatch | Flow::ProcessorSplit => {
+            let st = w.state(&hookledger::app::inventory::inventory_pk("quiltt", "sku-l")).await;
+            w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 1 + 2 + 3);
+            let records = w.records().await;
+            let events =
+                records.iter().filter(|r| s(r, "provider") == "quiltt" && s(r, "event_id").starts_with("qt_l"));
+            w.expect_count("records of the batch's events", events.count() as i64, 3);
+            let batch = records.iter().find(|r| s(r, "pk") == ctx.key.as_str()).map(|r| s(r, "status"));
+            if batch.as_deref() != Some("PROCESSED") {
+                w.violation("lost", format!("the batch's record ended {batch:?}"));
+            }
         }
         Flow::ApplyInventory | Flow::ProcessorGap => {
             let st = w
@@ -1208,7 +1268,7 @@ async fn explore_and_assert(flows: &[Flow], honour_tokens: bool) {
     assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
 }
 
-const INTAKE_FLOWS: [Flow; 8] = [
+const INTAKE_FLOWS: [Flow; 9] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -1217,10 +1277,12 @@ const INTAKE_FLOWS: [Flow; 8] = [
     Flow::IntakeChangedRetryOfUnstored,
     Flow::IntakeHashConflict,
     Flow::IntakeBatch,
+    Flow::IntakeLargeBatch,
 ];
 const CONTRACT_FLOWS: [Flow; 5] =
     [Flow::ApplyEntitlement, Flow::ApplySeats, Flow::ApplyEmailStatus, Flow::ApplyLedger, Flow::ApplyInventory];
-const OUTCOME_FLOWS: [Flow; 4] = [Flow::ProcessorRetry, Flow::ProcessorDead, Flow::ProcessorPark, Flow::ProcessorGap];
+const OUTCOME_FLOWS: [Flow; 5] =
+    [Flow::ProcessorRetry, Flow::ProcessorDead, Flow::ProcessorPark, Flow::ProcessorGap, Flow::ProcessorSplit];
 const BACKGROUND_FLOWS: [Flow; 8] = [
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,

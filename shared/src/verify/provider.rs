@@ -138,6 +138,14 @@ pub trait Provider: Send + Sync + 'static {
         body: &[u8],
     ) -> Result<Vec<(String, String)>, String>;
 
+    /// The events of a stored payload that carries several (a batch:
+    /// each one's identity, type and bytes); `None` for a provider whose
+    /// deliveries are one event each. Runs on verified payloads only.
+    fn split(&self, payload: &[u8]) -> Option<Result<Vec<super::BatchEvent>, VerifyError>> {
+        let _ = payload;
+        None
+    }
+
     /// The list a backfill can read its past events from, if it keeps one.
     fn backfill(&self) -> Option<BackfillList> {
         None

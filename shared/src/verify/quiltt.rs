@@ -173,6 +173,10 @@ impl Provider for Quiltt {
         Ok(Box::new(QuilttVerifier::new(secrets, spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS))))
     }
 
+    fn split(&self, payload: &[u8]) -> Option<Result<Vec<BatchEvent>, VerifyError>> {
+        Some(events(payload))
+    }
+
     /// A batch of one event, in Quiltt's shape.
     fn sample(&self, _: &EndpointSpec, event_id: &str, event_type: &str, now_s: i64) -> Vec<u8> {
         batch(&[(event_id, event_type)], &super::sns::format_timestamp(now_s))
