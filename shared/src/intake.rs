@@ -339,7 +339,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     async fn record_batch(&self, endpoint: &Endpoint, events: &[BatchEvent], req: &IntakeRequest<'_>) -> Outcome {
         let batch_hash = crate::identity::payload_hash(req.body);
         if events.len() > self.large_batch_over {
-            return self.record_large_batch(endpoint, events.len(), batch_hash, req).await;
+            // Boxed where it is built, so the rare path stays out of every delivery's future.
+            let large: std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> =
+                Box::pin(self.record_large_batch(endpoint, events.len(), batch_hash, req));
+            return large.await;
         }
         let prepared: Vec<(NewEvent, &[u8])> = events
             .iter()

@@ -307,7 +307,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             }
         };
         if is_large_batch(record) {
-            return self.split(record, token, &payload, now_ms).await;
+            return self.split_boxed(record, token, &payload, now_ms).await;
         }
         let (event_type, body) = match decode(&record.provider, record.event_type.as_deref(), &payload) {
             Ok(x) => x,
@@ -464,6 +464,18 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 }
             }
         }
+    }
+
+    /// [`Self::split`], boxed where it is built: the rare path's future (and
+    /// its temporary) stays out of every event's future and stack frame.
+    fn split_boxed<'a>(
+        &'a self,
+        record: &'a WorkRecord,
+        token: &'a str,
+        payload: &'a [u8],
+        now_ms: i64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Report, PortError>> + Send + 'a>> {
+        Box::pin(self.split(record, token, payload, now_ms))
     }
 
     /// A large batch's record (see [`crate::admission::LARGE_BATCH`]): its

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use hookledger::adapters::sqs::WorkMessage;
+use hookledger::admission::BATCH_TYPE;
 use hookledger::app::{account_ledger, email_status, entitlement, inventory, seats};
 use hookledger::identity::EventKey;
 use hookledger::intake::IntakeRequest;
@@ -153,6 +154,8 @@ struct OperatorStep {
 /// and the operator's schedule.
 struct Scenario {
     events: Vec<Event>,
+    /// Batches of more than this many events go the large-batch way.
+    large_batch_over: usize,
     sends: Vec<(i64, usize)>,
     operator: Vec<OperatorStep>,
     subscription_seats: i64,
@@ -227,22 +230,38 @@ impl Scenario {
                 fact: Fact::Inventory { endpoint: "svix", delta },
             });
         }
-        for seq in 1..=rng.range(1, 3) {
-            let delta = rng.range(-5, 10);
-            let id = format!("qt_{seq}");
-            // As Quiltt sends: a batch (here of one), the event inside it.
-            let event = json!({"id": id, "type": "inventory.adjusted", "at": "2026-11-30T12:00:00Z",
-                "profile": {"id": "p_chaos"}, "record": {"id": "rec_chaos"},
-                "data": {"sku": "sku-q", "seq": seq, "delta": delta}});
+        // As Quiltt sends: batches of one to three events each (some seeds
+        // with the intake's large-batch threshold lowered, so that a batch
+        // of two or more is claimed whole and split by the processor). Each
+        // event's delivery is its batch: sending it sends its batch mates too.
+        let n_quiltt = rng.range(2, 6);
+        let mut seq = 1;
+        while seq <= n_quiltt {
+            let size = rng.range(1, 3).min(n_quiltt - seq + 1);
+            let members: Vec<(String, i64, i64)> =
+                (seq..seq + size).map(|q| (format!("qt_{q}"), q, rng.range(-5, 10))).collect();
+            let batch: Vec<serde_json::Value> = members
+                .iter()
+                .map(|(id, q, delta)| {
+                    json!({"id": id, "type": "inventory.adjusted", "at": "2026-11-30T12:00:00Z",
+                        "profile": {"id": "p_chaos"}, "record": {"id": "rec_chaos"},
+                        "data": {"sku": "sku-q", "seq": q, "delta": delta}})
+                })
+                .collect();
             let body = json!({"environment": {"id": "env_chaos", "mode": "sandbox"},
-                "eventTypes": ["inventory.adjusted"], "events": [event]});
-            events.push(Event {
-                endpoint: "quiltt",
-                provider: "quiltt",
-                event_id: id,
-                body: body.to_string().into_bytes(),
-                fact: Fact::Inventory { endpoint: "quiltt", delta },
-            });
+                "eventTypes": ["inventory.adjusted"], "events": batch})
+            .to_string()
+            .into_bytes();
+            for (id, _, delta) in members {
+                events.push(Event {
+                    endpoint: "quiltt",
+                    provider: "quiltt",
+                    event_id: id,
+                    body: body.clone(),
+                    fact: Fact::Inventory { endpoint: "quiltt", delta },
+                });
+            }
+            seq += size;
         }
         let mut statuses = ["Send", "DeliveryDelay", "Delivery", "Bounce", "Complaint"];
         rng.shuffle(&mut statuses);
@@ -314,6 +333,7 @@ impl Scenario {
         ];
         Self {
             events,
+            large_batch_over: if rng.chance(0.5) { 1 } else { hookledger::admission::LARGE_BATCH },
             sends,
             operator,
             subscription_seats: rng.range(1, 9),
@@ -382,6 +402,10 @@ pub struct SeedReport {
     pub lease_twins: usize,
     pub reconciler_runs: usize,
     pub operator_actions: usize,
+    /// Quiltt batches of more than one event, and how many went the
+    /// large-batch way (claimed whole, split by the processor).
+    pub quiltt_batches: usize,
+    pub large_batches: usize,
     pub faults: BTreeMap<String, u64>,
     pub lost: usize,
     pub doubled: usize,
@@ -442,9 +466,37 @@ fn headers(e: &Event, body: &[u8], now_s: i64) -> HeaderMap {
 }
 
 impl<'w> Run<'w> {
+    /// What a 2xx for this event's delivery promises: the records durable
+    /// now, and every key owed an outcome. A Quiltt delivery is its batch:
+    /// each event's record, or (over the threshold) the batch's own record
+    /// now and each event's once it is split.
+    fn promised(&self, event: usize) -> (Vec<EventKey>, Vec<EventKey>) {
+        let e = &self.sc.events[event];
+        if e.provider != "quiltt" {
+            return (vec![e.key()], vec![e.key()]);
+        }
+        let keys: Vec<EventKey> = quiltt::events(&e.body)
+            .unwrap_or_else(|err| panic!("a batch: {err}"))
+            .iter()
+            .map(|b| EventKey::new("quiltt", e.endpoint, &b.event_id))
+            .collect();
+        if keys.len() <= self.sc.large_batch_over {
+            return (keys.clone(), keys);
+        }
+        let batch = EventKey::new(
+            "quiltt",
+            e.endpoint,
+            &hookledger::admission::batch_id(&hookledger::identity::payload_hash(&e.body)),
+        );
+        let mut owed = keys;
+        owed.push(batch.clone());
+        (vec![batch], owed)
+    }
+
     fn new(w: &'w mut World, seed: u64) -> Self {
         let start = w.now;
         let sc = Scenario::draw(seed, start);
+        w.intake.set_large_batch_over(sc.large_batch_over);
         let pending = sc.sends.iter().map(|&(at, event)| Pending { at, event, attempts: 0 }).collect();
         let operator = sc.operator.clone();
         let report = SeedReport { seed, events: sc.events.len(), ..Default::default() };
@@ -706,14 +758,16 @@ impl<'w> Run<'w> {
         for d in done {
             match d {
                 Done::Delivered { pending, answer } => {
-                    let key = self.sc.events[pending.event].key();
                     let status = answer.as_ref().map(|a| a.0);
                     self.w.answers.extend(answer);
                     match status {
                         Some(st) if (200..300).contains(&st) => {
                             self.report.answered_2xx += 1;
-                            self.w.check_durable(&key).await;
-                            self.w.acknowledged.push(key);
+                            let (durable, owed) = self.promised(pending.event);
+                            for key in durable {
+                                self.w.check_durable(&key).await;
+                            }
+                            self.w.acknowledged.extend(owed);
                         }
                         _ => {
                             if let Some(after) = self.sc.events[pending.event].retry_after(pending.attempts) {
@@ -1019,6 +1073,18 @@ async fn run_seed_world_of(seed: u64, variant: Variant) -> (SeedReport, Vec<Stri
     run.check_outcomes().await;
     let faulted: Vec<String> =
         run.w.plan.faulted().into_iter().map(|(_, service, op, fault)| format!("{fault} {service}:{op}")).collect();
+    let batches: BTreeSet<&Vec<u8>> =
+        run.sc.events.iter().filter(|e| e.provider == "quiltt").map(|e| &e.body).collect();
+    let multi = batches.iter().filter(|b| quiltt::events(b).map_or(0, |e| e.len()) > 1).count();
+    run.report.quiltt_batches = multi;
+    run.report.large_batches = run
+        .w
+        .stack
+        .meta_items()
+        .await
+        .iter()
+        .filter(|r| r.get("event_type").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(BATCH_TYPE))
+        .count();
     let mut report = std::mem::take(&mut run.report);
     report.virtual_minutes = (run.w.now - run.start) / 60_000;
     for (kind, count) in run.w.plan.injected() {
@@ -1074,6 +1140,11 @@ fn variant_from_env() -> Variant {
 }
 
 async fn run_seeds_of(seeds: std::ops::RangeInclusive<u64>, variant: Variant) -> Vec<String> {
+    run_seeds_report(seeds, variant).await.0
+}
+
+/// The seeds' failures and their totals.
+async fn run_seeds_report(seeds: std::ops::RangeInclusive<u64>, variant: Variant) -> (Vec<String>, SeedReport) {
     let started = Instant::now();
     let (first, last) = (*seeds.start(), *seeds.end());
     let mut total = SeedReport::default();
@@ -1088,6 +1159,8 @@ async fn run_seeds_of(seeds: std::ops::RangeInclusive<u64>, variant: Variant) ->
         total.lease_twins += r.lease_twins;
         total.reconciler_runs += r.reconciler_runs;
         total.operator_actions += r.operator_actions;
+        total.quiltt_batches += r.quiltt_batches;
+        total.large_batches += r.large_batches;
         total.lost += r.lost;
         total.doubled += r.doubled;
         total.wrongly_dead += r.wrongly_dead;
@@ -1130,6 +1203,8 @@ async fn run_seeds_of(seeds: std::ops::RangeInclusive<u64>, variant: Variant) ->
         "lease_expired_twins": total.lease_twins,
         "reconciler_runs": total.reconciler_runs,
         "operator_actions": total.operator_actions,
+        "quiltt_batches": total.quiltt_batches,
+        "large_batches": total.large_batches,
         "faults_injected": total.faults,
         "lost": total.lost,
         "doubled": total.doubled,
@@ -1139,13 +1214,16 @@ async fn run_seeds_of(seeds: std::ops::RangeInclusive<u64>, variant: Variant) ->
         "slowest_seed": {"seed": slowest.0, "ms": slowest.1},
     });
     println!("chaos summary: {summary}");
-    failures
+    (failures, total)
 }
 
 /// The quick subset in the test command: 25 seeds (all 1,000: `scripts/chaos`).
 #[tokio::test]
 async fn chaos_25_seeds() {
-    let failures = run_seeds(seeds_from_env(1..=25)).await;
+    let (failures, total) = run_seeds_report(seeds_from_env(1..=25), variant_from_env()).await;
+    // The seeds send Quiltt batches of several events, some the large way.
+    let (batches, large) = (total.quiltt_batches, total.large_batches);
+    assert!(batches > 0 && large > 0, "{batches} Quiltt batches of several events, {large} large");
     assert!(failures.is_empty(), "{} failing seeds:\n{}", failures.len(), failures.join("\n"));
 }
 

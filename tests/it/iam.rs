@@ -106,7 +106,8 @@ async fn recorded() -> Actions {
         }
     };
     for flow in FLOWS {
-        let (_, w) = run_flow(flow, None, false).await;
+        // Boxed: each flow's future on the heap, not on the test thread's stack.
+        let (_, w) = Box::pin(run_flow(flow, None, false)).await;
         merge(w.iam);
     }
     for w in [crate::backfill::large_github_backfill().await, crate::backfill::scheduled_stripe_backfill().await] {

@@ -89,6 +89,9 @@ pub fn work_message(m: &Outgoing<'_>) -> WorkMessage {
     }
 }
 
+/// The most `SendMessageBatch` requests of one `send_all` in flight at once.
+pub const BATCHES_IN_FLIGHT: usize = 10;
+
 /// Cuts `bodies` into the requests of a `SendMessageBatch`: at most
 /// [`SEND_BATCH_MAX`] messages and [`MAX_MESSAGE_BYTES`] of bodies each (a
 /// body alone is never larger). Returns index ranges, in order.
@@ -203,9 +206,17 @@ impl WorkQueue for SqsQueue {
             bodies.into_iter().enumerate().filter_map(|(i, b)| b.map(|b| (i, b))).collect();
         let mut by_index: Vec<Option<Result<(), PortError>>> = messages.iter().map(|_| None).collect();
         let lens: Vec<usize> = sendable.iter().map(|(_, (b, _))| b.len()).collect();
-        for range in batches(&lens) {
-            let chunk: Vec<(String, &str)> = sendable[range.clone()].iter().map(|(_, b)| b.clone()).collect();
-            for (j, r) in range.zip(self.send_batch(&chunk).await) {
+        // Up to BATCHES_IN_FLIGHT requests at once: one round trip for up to
+        // 100 messages.
+        let ranges = batches(&lens);
+        let chunks: Vec<Vec<(String, &str)>> =
+            ranges.iter().map(|range| sendable[range.clone()].iter().map(|(_, b)| b.clone()).collect()).collect();
+        let mut answers = Vec::with_capacity(chunks.len());
+        for wave in chunks.chunks(BATCHES_IN_FLIGHT) {
+            answers.extend(futures::future::join_all(wave.iter().map(|chunk| self.send_batch(chunk))).await);
+        }
+        for (range, answer) in ranges.into_iter().zip(answers) {
+            for (j, r) in range.zip(answer) {
                 by_index[sendable[j].0] = Some(r);
             }
         }
