@@ -11,7 +11,7 @@ use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, Outgoing, WorkQueue};
-use crate::verify::hashes;
+use crate::verify::registry;
 
 /// An event as any path offers it for admission: who sent it, which
 /// bytes are its payload, and what its record keeps.
@@ -40,7 +40,7 @@ pub struct Arrival<'a> {
 pub fn new_event(a: Arrival<'_>, now_ms: i64, send_token: String) -> NewEvent {
     let key = EventKey::new(a.provider, a.endpoint, a.event_id);
     let (payload_hash, content_hash) =
-        a.hashes.unwrap_or_else(|| (payload_hash(a.body), hashes::content_hash(a.provider, a.body)));
+        a.hashes.unwrap_or_else(|| (payload_hash(a.body), registry::content_hash(a.provider, a.body)));
     NewEvent {
         shard: key.shard(a.index_shards),
         key,
@@ -246,7 +246,7 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
             || existing
                 .content_hash
                 .as_deref()
-                .is_some_and(|stored| hashes::same_content(stored, &event.content_hash, &event.provider, body));
+                .is_some_and(|stored| registry::same_content(stored, &event.content_hash, &event.provider, body));
         // A body fetched by a backfill is rendered anew by the provider's
         // API: its bytes never match the webhook's, and that is no conflict.
         let conflict = !same_content && existing.via.compares_bytes_with(event.via);

@@ -44,7 +44,8 @@ use crate::ports::{
     BackfillLedger, BackfillProgress, BackfillSource, Ledger, SEND_BATCH_MAX, ScheduleState, SourceError, SourceEvent,
     Unfetchable, UnfetchedEvent, Window, WorkQueue,
 };
-use crate::verify::provider::{BackfillList, REGISTRY};
+use crate::verify::provider::BackfillList;
+use crate::verify::registry::REGISTRY;
 
 /// The endpoint whose events are recovered: the identity's provider and
 /// endpoint, and what its records carry.

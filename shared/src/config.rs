@@ -510,7 +510,7 @@ mod tests {
         assert_eq!(built["ses"].provider, ProviderKind::SNS);
         // Every registered provider is configured in ALL.
         let configured: Vec<&str> = built.values().map(|e| e.provider.as_str()).collect();
-        for p in crate::verify::provider::REGISTRY {
+        for p in crate::verify::registry::REGISTRY {
             assert!(configured.contains(&p.name()), "{} is not in ALL", p.name());
         }
     }

@@ -106,7 +106,7 @@ pub struct NewEvent {
     pub payload_hash: String,
     /// Hash of the provider fact's content: equal for two deliveries whose
     /// bytes differ only where a provider's retries may change them (see
-    /// [`crate::verify::hashes::content_hash`]).
+    /// [`crate::verify::registry::content_hash`]).
     pub content_hash: String,
     pub received_at_ms: i64,
     /// TTL (epoch seconds) after which the identity may be forgotten.

@@ -25,7 +25,7 @@ use crate::ports::{Dispatch, Ledger, WorkLedger, WorkQueue};
 use crate::projection::sequence::Position;
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
 use crate::telemetry::TenantMetrics;
-use crate::verify::provider::decode;
+use crate::verify::registry::decode;
 
 /// Where a crash is injected in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

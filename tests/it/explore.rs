@@ -35,7 +35,7 @@ use hookledger::ops::Ops;
 use hookledger::ports::{Ledger, WorkQueue};
 use hookledger::reconciler::Reconciler;
 use hookledger::secret::Secret;
-use hookledger::verify::hashes::content_hash;
+use hookledger::verify::registry::content_hash;
 use hookledger::verify::{quiltt, standard, stripe};
 use hookledger_it::faults::{self, Fault, FaultPlan, Rule};
 use http::{HeaderMap, HeaderValue, Method};

@@ -15,7 +15,7 @@ use hookledger::ledger::{NewEvent, SendLease};
 use hookledger::message::OutboxMessage;
 use hookledger::ports::WorkQueue;
 use hookledger::processor::Outcome;
-use hookledger::verify::hashes::content_hash;
+use hookledger::verify::registry::content_hash;
 
 use crate::processor::pi_succeeded;
 use crate::support::{Stack, fast_settings, n, now_s, s};

@@ -6,39 +6,15 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use http::{HeaderMap, HeaderName};
-use serde::Deserialize;
 
 use super::headers::parse_unix_secs;
 use super::provider::{BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
+pub use super::provider::{Encoding, Source};
 use super::{
     MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json, mac_bytes,
     mac_matches,
 };
 use crate::secret::Secret;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Encoding {
-    Hex,
-    Base64,
-}
-
-/// Where a value comes from: a request header or a JSON pointer into the body.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Source {
-    Header(String),
-    JsonPointer(String),
-}
-
-impl Source {
-    fn json_pointer(&self) -> Option<&str> {
-        match self {
-            Self::JsonPointer(p) => Some(p),
-            Self::Header(_) => None,
-        }
-    }
-}
 
 /// The byte string that is signed, as literal pieces around the body.
 /// Parsed from a template such as `"{body}"`, `"{timestamp}.{body}"` or `"{timestamp}{body}"`.

@@ -1,10 +1,13 @@
-//! Signature verifiers, one module per sender protocol.
+//! Providers, one module each: its signature verifier and its `impl
+//! Provider` (`provider.rs`: the trait; `registry.rs`: every provider by
+//! name; `certificates.rs`: SNS's signing certificates).
 //!
 //! Every verifier takes the raw body bytes and the request headers, checks the
 //! signature before it interprets anything in the body, compares in constant
 //! time and returns a typed [`VerifyError`]. Only after a successful check does
 //! it read the event identity and type from the payload.
 
+pub mod certificates;
 pub mod generic;
 pub mod github;
 pub mod hashes;
@@ -12,6 +15,7 @@ mod headers;
 pub(crate) mod json;
 pub mod provider;
 pub mod quiltt;
+pub mod registry;
 pub mod sns;
 pub mod standard;
 pub mod stripe;

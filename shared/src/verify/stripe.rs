@@ -2,16 +2,18 @@
 //! over `"{t}.{raw body}"`, keyed with the endpoint secret's UTF-8 bytes.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use http::HeaderMap;
+use sha2::{Digest, Sha256};
 
-use super::hashes;
 use super::headers::{list_items, parse_unix_secs};
 use super::provider::{BackfillList, BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{
     Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields,
     hmac_sha256, mac_bytes, mac_matches,
 };
+use crate::identity::{hex_digest, payload_hash};
 use crate::secret::Secret;
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
@@ -91,6 +93,87 @@ fn parse_header(headers: &HeaderMap) -> Result<(i64, Vec<Vec<u8>>), VerifyError>
     Ok((timestamp, candidates))
 }
 
+/// Prefix of Stripe content hashes: SHA-256 of the event's bytes with the
+/// value of each top-level `pending_webhooks` member replaced by `0`.
+const CONTENT_PREFIX: &str = "c2:";
+/// Prefix of the Stripe content hashes written before `c2:` (SHA-256 of the
+/// event re-serialized by serde_json without `pending_webhooks`); still
+/// recognised by [`same_content`].
+const LEGACY_CONTENT_PREFIX: &str = "c:";
+
+/// A Stripe event's content hash. For a JSON object it is `c2:` and the
+/// SHA-256 of the body with the value of every top-level `pending_webhooks`
+/// member replaced by `0`: two bodies have the same content hash exactly
+/// when they are equal byte for byte outside those values. (The values are
+/// masked rather than the members cut out so that every other byte,
+/// whitespace included, keeps counting.) Anything else hashes its bytes.
+pub fn content_hash(body: &[u8]) -> String {
+    match content(body) {
+        Some(Content::StripeEvent { pending_webhooks }) => delivery_hashes(body, &pending_webhooks).1,
+        _ => payload_hash(body),
+    }
+}
+
+/// `(payload_hash, content_hash)` of a Stripe event whose `pending_webhooks`
+/// values are at `masked` (found by the verifier); ranges that do not fit
+/// this body (not the verified one) are found again.
+pub(crate) fn delivery_hashes(body: &[u8], masked: &[Range<usize>]) -> (String, String) {
+    let in_order =
+        masked.iter().try_fold(0, |at, r| (at <= r.start && r.start < r.end && r.end <= body.len()).then_some(r.end));
+    if in_order.is_some() {
+        return masked_hashes(body, masked);
+    }
+    match content(body) {
+        Some(Content::StripeEvent { pending_webhooks }) => masked_hashes(body, &pending_webhooks),
+        _ => {
+            let payload = payload_hash(body);
+            (payload.clone(), payload)
+        }
+    }
+}
+
+/// Hashes `body`, and `body` with each of `masked` (ordered, disjoint
+/// ranges) replaced by `0`, hashing the bytes before the first range once.
+fn masked_hashes(body: &[u8], masked: &[Range<usize>]) -> (String, String) {
+    let Some(first) = masked.first() else {
+        let digest = Sha256::digest(body);
+        return (hex_digest("", &digest), hex_digest(CONTENT_PREFIX, &digest));
+    };
+    let mut payload = Sha256::new();
+    payload.update(&body[..first.start]);
+    let mut content = payload.clone();
+    payload.update(&body[first.start..]);
+    let mut at = first.start;
+    for r in masked {
+        content.update(&body[at..r.start]);
+        content.update(b"0");
+        at = r.end;
+    }
+    content.update(&body[at..]);
+    (hex_digest("", &payload.finalize()), hex_digest(CONTENT_PREFIX, &content.finalize()))
+}
+
+/// Whether a record's stored content hash says the same as `ours` (this
+/// body's). Records written before `c2:` hashes carry a `c:` hash; for
+/// those the old hash of this body is computed (only here, on the duplicate
+/// path), so a retry that differs from such a record only in
+/// `pending_webhooks` is still a duplicate and not a conflict.
+pub fn same_content(stored: &str, ours: &str, body: &[u8]) -> bool {
+    stored == ours
+        || (stored.starts_with(LEGACY_CONTENT_PREFIX)
+            && legacy_content_hash(body).is_some_and(|legacy| legacy == stored))
+}
+
+/// The content hash as written before `c2:` (a full parse and re-serialization).
+pub(crate) fn legacy_content_hash(body: &[u8]) -> Option<String> {
+    let serde_json::Value::Object(mut event) = serde_json::from_slice::<serde_json::Value>(body).ok()? else {
+        return None;
+    };
+    event.remove("pending_webhooks");
+    let canonical = serde_json::Value::Object(event).to_string();
+    Some(hex_digest(LEGACY_CONTENT_PREFIX, &Sha256::digest(canonical.as_bytes())))
+}
+
 /// Produces a `Stripe-Signature` value, for tests and the developer tool.
 pub fn sign(secret: &Secret, timestamp: i64, body: &[u8]) -> String {
     let ts = timestamp.to_string();
@@ -121,13 +204,13 @@ impl Provider for Stripe {
         Ok(Box::new(StripeVerifier::new(secrets, spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS))))
     }
 
-    /// `pending_webhooks` masked (see [`super::hashes::delivery_hashes`]).
+    /// `pending_webhooks` masked (see [`content_hash`]).
     fn content_hash(&self, body: &[u8]) -> String {
-        hashes::stripe_content_hash(body)
+        content_hash(body)
     }
 
     fn same_content(&self, stored: &str, ours: &str, body: &[u8]) -> bool {
-        hashes::same_stripe_content(stored, ours, body)
+        same_content(stored, ours, body)
     }
 
     fn event_id(&self, random_hex: &str) -> String {
