@@ -22,11 +22,11 @@ use std::time::Instant;
 use hookledger::config::{Endpoint, ProviderKind, Settings, settings_from};
 use hookledger::intake::new_event;
 use hookledger::secret::Secret;
-use hookledger::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+use hookledger::verify::generic::{GenericHmacConfig, GenericHmacVerifier};
 use hookledger::verify::provider::Verifier;
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet, SnsMessage, SnsVerifier, signing};
 use hookledger::verify::{Verified, VerifyError, github, standard, stripe};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 
 const ROUNDS: usize = 7;
 
@@ -137,16 +137,12 @@ fn main() {
     );
 
     // Generic HMAC with a signed timestamp and the identity read from the body.
-    let config = GenericHmacConfig {
-        signature_header: HeaderName::from_static("x-bench-signature"),
-        prefix: "sha256=".into(),
-        encoding: Encoding::Hex,
-        timestamp_header: Some(HeaderName::from_static("x-bench-timestamp")),
-        tolerance_secs: 300,
-        signed_content: SignedContent::parse("{timestamp}.{body}").unwrap(),
-        id: Source::JsonPointer("/id".into()),
-        event_type: Some(Source::JsonPointer("/type".into())),
-    };
+    let spec: hookledger::verify::provider::HmacSpec = serde_json::from_value(serde_json::json!({
+        "signature_header": "x-bench-signature", "prefix": "sha256=", "encoding": "hex",
+        "timestamp_header": "x-bench-timestamp", "signed_content": "{timestamp}.{body}",
+        "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/type"}}))
+    .unwrap();
+    let config = GenericHmacConfig::from_spec(&spec, 300, None).unwrap();
     let secret = Secret::new("hmac-bench");
     let mut h = HeaderMap::new();
     h.insert(
@@ -154,12 +150,60 @@ fn main() {
         HeaderValue::from_str(&hookledger::verify::generic::sign(&config, &secret, now, &body)).unwrap(),
     );
     h.insert("x-bench-timestamp", HeaderValue::from_str(&now.to_string()).unwrap());
-    let hv = GenericHmacVerifier::new(config, vec![secret]);
+    let hv = GenericHmacVerifier::new(config, vec![secret]).unwrap();
     out.insert("hmac_valid_ns".into(), median_ns(|| assert!(hv.verify(&body, &h, now).is_ok())).into());
     let ep = endpoint(ProviderKind::HMAC, Box::new(hv.clone()));
     out.insert(
         "hmac_verify_identify_ns".into(),
         verify_identify(&ep, &settings, &body, || hv.verify(&body, &h, now)).into(),
+    );
+
+    // The generic verifier's other algorithms, a `t=…,v1=…` list, and
+    // Twilio's form canonicalisation (a 4.7 KB form body, the URL signed).
+    let generic_cases = [
+        (
+            "hmac_sha1_verify_identify_ns",
+            serde_json::json!({"signature_header": "x-s", "encoding": "hex", "algorithm": "sha1", "id": {"json_pointer": "/id"}}),
+        ),
+        (
+            "hmac_sha512_verify_identify_ns",
+            serde_json::json!({"signature_header": "x-s", "encoding": "hex", "algorithm": "sha512", "id": {"json_pointer": "/id"}}),
+        ),
+        (
+            "hmac_list_verify_identify_ns",
+            serde_json::json!({"signature_header": "x-s", "encoding": "hex", "list": {"signature": "v1", "timestamp": "t"}, "signed_content": "{timestamp}.{body}", "id": {"json_pointer": "/id"}}),
+        ),
+    ];
+    for (name, section) in generic_cases {
+        let spec: hookledger::verify::provider::HmacSpec = serde_json::from_value(section).unwrap();
+        let config = GenericHmacConfig::from_spec(&spec, 300, None).unwrap();
+        let secret = Secret::new("hmac-bench");
+        let mut h = HeaderMap::new();
+        for (k, v) in hookledger::verify::generic::sign_headers(&config, &secret, now, &body, &[]).unwrap() {
+            h.insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(&v).unwrap());
+        }
+        let v = GenericHmacVerifier::new(config, vec![secret]).unwrap();
+        let ep = endpoint(ProviderKind::HMAC, Box::new(v.clone()));
+        out.insert(name.into(), verify_identify(&ep, &settings, &body, || v.verify(&body, &h, now)).into());
+    }
+    let form: String = (0..body.len() / 24).map(|i| format!("Param{i:04}=value%2B{i:08}&")).collect();
+    let form = form.trim_end_matches('&').as_bytes().to_vec();
+    let spec: hookledger::verify::provider::HmacSpec = serde_json::from_value(serde_json::json!({
+        "signature_header": "x-twilio-signature", "encoding": "base64", "algorithm": "sha1",
+        "signed_content": "{url}{form_sorted}", "id": "body_hash"}))
+    .unwrap();
+    let config = GenericHmacConfig::from_spec(&spec, 300, Some("https://hooks.example.com/webhooks/tw")).unwrap();
+    let secret = Secret::new("twilio-bench");
+    let mut h = HeaderMap::new();
+    for (k, v) in hookledger::verify::generic::sign_headers(&config, &secret, now, &form, &[]).unwrap() {
+        h.insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(&v).unwrap());
+    }
+    let tv = GenericHmacVerifier::new(config, vec![secret]).unwrap();
+    let ep = endpoint(ProviderKind::HMAC, Box::new(tv.clone()));
+    out.insert("twilio_form_bytes".into(), form.len().into());
+    out.insert(
+        "twilio_form_sorted_verify_identify_ns".into(),
+        verify_identify(&ep, &settings, &form, || tv.verify(&form, &h, now)).into(),
     );
 
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/test-sns");

@@ -56,6 +56,29 @@ pub fn payload_hash(body: &[u8]) -> String {
     hex_digest("", &Sha256::digest(body))
 }
 
+/// `(payload hash, content hash)` of `body`: the SHA-256 of its bytes, and
+/// `prefix` + the SHA-256 of its bytes with each of `masked` (ordered,
+/// disjoint ranges) replaced by `0`, hashing the bytes before the first
+/// range once.
+pub fn masked_hashes(body: &[u8], masked: &[std::ops::Range<usize>], prefix: &str) -> (String, String) {
+    let Some(first) = masked.first() else {
+        let digest = Sha256::digest(body);
+        return (hex_digest("", &digest), hex_digest(prefix, &digest));
+    };
+    let mut payload = Sha256::new();
+    payload.update(&body[..first.start]);
+    let mut content = payload.clone();
+    payload.update(&body[first.start..]);
+    let mut at = first.start;
+    for r in masked {
+        content.update(&body[at..r.start]);
+        content.update(b"0");
+        at = r.end;
+    }
+    content.update(&body[at..]);
+    (hex_digest("", &payload.finalize()), hex_digest(prefix, &content.finalize()))
+}
+
 /// `prefix` followed by the lowercase hex of `digest`, in one allocation.
 pub(crate) fn hex_digest(prefix: &str, digest: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";

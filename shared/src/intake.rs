@@ -32,6 +32,7 @@ use crate::ledger::{NewEvent, PortError, Via};
 use crate::ports::{Ledger, WorkQueue};
 use crate::telemetry::TenantMetrics;
 use crate::verify::hashes::delivery_hashes;
+use crate::verify::provider::Delivery;
 use crate::verify::{Action, BatchEvent, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.
@@ -40,6 +41,8 @@ pub const RETRY_AFTER_SECS: u32 = 5;
 pub struct IntakeRequest<'a> {
     pub endpoint: &'a str,
     pub method: &'a Method,
+    /// The raw query string, without `?` (empty when there is none).
+    pub query: &'a str,
     pub headers: &'a HeaderMap,
     pub body: &'a [u8],
     pub now: SystemTime,
@@ -234,6 +237,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let mut headers = HeaderMap::new();
         headers.insert(crate::verify::sns::MESSAGE_TYPE_HEADER, http::HeaderValue::from_static("Notification"));
         let req = IntakeRequest {
+            query: "",
             endpoint,
             method: &Method::POST,
             headers: &headers,
@@ -298,7 +302,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             return (Outcome::TooLarge { limit: self.settings.max_body_bytes }, None);
         }
         let now_s = verify_at_s.unwrap_or(unix_ms(req.now) / 1000);
-        let verified = endpoint.verifier.verify(req.body, req.headers, now_s).await;
+        let delivery = Delivery { body: req.body, headers: req.headers, method: req.method, query: req.query };
+        let verified = endpoint.verifier.verify(delivery, now_s).await;
         let verified = match verified {
             Ok(v) => v,
             Err(e) => return (Outcome::Rejected(e), None),

@@ -292,6 +292,7 @@ mod github {
         h.insert(gh::DELIVERY_HEADER, HeaderValue::from_str(&guid(n)).unwrap());
         h.insert(gh::EVENT_HEADER, HeaderValue::from_static("push"));
         let req = IntakeRequest {
+            query: "",
             endpoint: "gh",
             method: &Method::POST,
             headers: &h,
@@ -832,6 +833,7 @@ mod sns_dead_letters {
         let mut h = http::HeaderMap::new();
         h.insert("x-amz-sns-message-type", http::HeaderValue::from_static("Notification"));
         let req = |body, now| hookledger::intake::IntakeRequest {
+            query: "",
             endpoint: "ses",
             method: &http::Method::POST,
             headers: &h,

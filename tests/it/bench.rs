@@ -299,6 +299,7 @@ async fn pipeline() {
             let headers = e.headers(now_s);
             capacity.scope(&format!("intake_new/{contract}"));
             let req = IntakeRequest {
+                query: "",
                 endpoint: e.endpoint,
                 method: &Method::POST,
                 headers: &headers,
@@ -328,6 +329,7 @@ async fn pipeline() {
             // The provider's retry of the same event.
             capacity.scope(&format!("intake_duplicate/{contract}"));
             let req = IntakeRequest {
+                query: "",
                 endpoint: e.endpoint,
                 method: &Method::POST,
                 headers: &headers,

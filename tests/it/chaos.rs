@@ -709,8 +709,15 @@ impl<'w> Run<'w> {
         let mut futures: Vec<Boxed<'_, Done>> = Vec::new();
         for ((p, body), (h, endpoint)) in deliveries.into_iter().zip(&bodies).zip(header_maps.iter().zip(&endpoints)) {
             futures.push(Box::pin(async move {
-                let req =
-                    IntakeRequest { endpoint, method: &Method::POST, headers: h, body, now: at, request_id: "chaos" };
+                let req = IntakeRequest {
+                    query: "",
+                    endpoint,
+                    method: &Method::POST,
+                    headers: h,
+                    body,
+                    now: at,
+                    request_id: "chaos",
+                };
                 let answer = w.plan.run(w.intake.handle(req)).await.ok().map(|a| (a.status, a.body_json()));
                 Done::Delivered { pending: p, answer }
             }));

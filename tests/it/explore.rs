@@ -301,6 +301,7 @@ impl World {
         let now = UNIX_EPOCH + Duration::from_millis(self.now as u64);
         self.plan.scope("intake");
         let req = IntakeRequest {
+            query: "",
             endpoint: delivery.endpoint,
             method: &Method::POST,
             headers: &headers,

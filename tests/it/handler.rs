@@ -91,6 +91,47 @@ async fn signed_delivery_is_accepted_then_acknowledged_as_duplicate() {
     assert_eq!(stack.drain_queue().await.len(), 1);
 }
 
+/// A sender that signs its URL (Twilio: the public URL with the query as
+/// received, then the sorted form parameters, HMAC-SHA1): the query string
+/// of the API Gateway event reaches the verifier.
+#[tokio::test]
+async fn the_query_string_reaches_a_verifier_that_signs_the_url() {
+    use hmac::{KeyInit, Mac};
+    let stack = Stack::new().await;
+    let endpoints = stack
+        .endpoints_from(
+            r#"{"tw": {"provider": "hmac", "secrets": ["env:HMAC"], "public_url": "https://hooks.example.com/webhooks/tw",
+            "hmac": {"signature_header": "x-twilio-signature", "encoding": "base64", "algorithm": "sha1",
+                     "signed_content": "{url}{form_sorted}", "id": {"header": "i-twilio-idempotency-token"}}}}"#,
+        )
+        .await;
+    let intake = hookledger::intake::Intake::new(
+        endpoints,
+        stack.settings(),
+        stack.ledger(),
+        SqsQueue::new(stack.sqs.clone(), &stack.queue_url),
+    );
+    let body = b"CallSid=CA1&From=%2B1555&To=%2B1666";
+    let signed = "https://hooks.example.com/webhooks/tw?x=1&y=2CallSidCA1From+1555To+1666";
+    let mut mac = hmac::Hmac::<sha1::Sha1>::new_from_slice(crate::support::HMAC_SECRET.as_bytes()).unwrap();
+    mac.update(signed.as_bytes());
+    let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    for (query, expected) in [("x=1&y=2", 202), ("x=1&y=3", 401), ("", 401)] {
+        let mut e = event_json(
+            NO_AUTHORIZER,
+            "POST",
+            "tw",
+            json!({"x-twilio-signature": sig, "i-twilio-idempotency-token": "tok-1"}),
+            body,
+            false,
+        );
+        e["rawQueryString"] = json!(query);
+        let req = lambda_http::request::from_str(&e.to_string()).unwrap();
+        let resp = intake::handler::handle(&intake, req).await.unwrap();
+        assert_eq!(resp.status(), expected, "query {query:?}: {:?}", body_json(&resp));
+    }
+}
+
 #[tokio::test]
 async fn base64_bodies_are_verified_on_the_decoded_raw_bytes() {
     let stack = Stack::new().await;

@@ -35,6 +35,7 @@ pub async fn post(
 ) -> u16 {
     intake
         .handle(IntakeRequest {
+            query: "",
             endpoint,
             method: &Method::POST,
             headers,
@@ -143,6 +144,7 @@ async fn sqs_failure_after_the_claim_answers_503_and_the_retry_sends_the_message
     let body = stripe_event("evt_sqs_down", "invoice.paid");
     let answer = broken
         .handle(IntakeRequest {
+            query: "",
             endpoint: "stripe-a",
             method: &Method::POST,
             headers: &stripe_headers(&body, STRIPE_SECRET),
@@ -205,6 +207,7 @@ async fn same_id_with_a_different_payload_is_flagged_not_overwritten() {
     assert_eq!(post(&intake, "stripe-a", &stripe_headers(&first, STRIPE_SECRET), &first).await, 202);
     let answer = intake
         .handle(IntakeRequest {
+            query: "",
             endpoint: "stripe-a",
             method: &Method::POST,
             headers: &stripe_headers(&second, STRIPE_SECRET),

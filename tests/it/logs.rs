@@ -393,8 +393,15 @@ async fn probes(sent: &mut Sent) {
                 sent.signatures.push(v.to_owned());
             }
         }
-        let req =
-            IntakeRequest { endpoint, method: &method, headers: &headers, body: &body, now: at, request_id: "probe" };
+        let req = IntakeRequest {
+            query: "",
+            endpoint,
+            method: &method,
+            headers: &headers,
+            body: &body,
+            now: at,
+            request_id: "probe",
+        };
         let answer = w.intake.handle(req).await;
         sent.answers.push((answer.status, answer.body_json()));
         sent.bodies.push(body);

@@ -40,6 +40,7 @@ async fn post(stack: &Stack, body: &[u8], secret: &str, signed_at: i64) -> (u16,
     headers.insert(quiltt::TIMESTAMP_HEADER, HeaderValue::from(signed_at));
     let a = intake
         .handle(IntakeRequest {
+            query: "",
             endpoint: "quiltt",
             method: &Method::POST,
             headers: &headers,
@@ -122,6 +123,7 @@ async fn a_tampered_wrongly_signed_or_stale_quiltt_batch_is_refused() {
     for (what, headers, b) in cases {
         let a = intake
             .handle(IntakeRequest {
+                query: "",
                 endpoint: "quiltt",
                 method: &Method::POST,
                 headers: &headers,

@@ -165,6 +165,7 @@ async fn eight_invocations_race_over_200_events_with_duplicates_and_converge() {
                 let Delivery(endpoint, headers, body) = &events[i];
                 let a = intake
                     .handle(IntakeRequest {
+                        query: "",
                         endpoint,
                         method: &Method::POST,
                         headers,

@@ -125,7 +125,13 @@ impl Stack {
     }
 
     pub async fn endpoints(&self) -> BTreeMap<String, Endpoint> {
-        let specs = config::parse_endpoints(ENDPOINTS).unwrap();
+        self.endpoints_from(ENDPOINTS).await
+    }
+
+    /// Endpoints from an `HOOKLEDGER_ENDPOINTS` value (secrets: `env:STRIPE`,
+    /// `env:GITHUB`, `env:SVIX`, `env:HMAC`, as the tests' constants).
+    pub async fn endpoints_from(&self, json: &str) -> BTreeMap<String, Endpoint> {
+        let specs = config::parse_endpoints(json).unwrap();
         let certs = Arc::new(CertificateCache::new(self.sns_getter.clone()));
         config::build_endpoints(specs, &TestSecrets, certs).await.unwrap()
     }

@@ -46,6 +46,7 @@ where
     let request_id = request_id(&req);
     let answer = intake
         .handle(IntakeRequest {
+            query: req.uri().query().unwrap_or(""),
             endpoint: &name,
             method: req.method(),
             headers: req.headers(),

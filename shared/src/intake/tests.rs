@@ -70,7 +70,7 @@ mod proptests {
 
     use super::*;
     use crate::secret::Secret;
-    use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+    use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, Source};
     use crate::verify::github::GithubVerifier;
     use crate::verify::sns::{CertificateCache, FetchError, HttpsGet, SnsVerifier};
     use crate::verify::standard::StandardWebhooksVerifier;
@@ -192,18 +192,20 @@ mod proptests {
     }
 
     fn generic(encoding: Encoding, timestamp: bool, id: Source) -> GenericHmacVerifier {
-        let config = GenericHmacConfig {
-            signature_header: HeaderName::from_static("x-sig"),
-            prefix: if encoding == Encoding::Hex { "sha256=".into() } else { String::new() },
-            encoding,
-            timestamp_header: timestamp.then(|| HeaderName::from_static("x-ts")),
-            tolerance_secs: 300,
-            signed_content: SignedContent::parse(if timestamp { "{timestamp}.{body}" } else { "{body}" })
-                .expect("valid template"),
-            id,
-            event_type: Some(Source::JsonPointer("/type".into())),
-        };
-        GenericHmacVerifier::new(config, vec![Secret::new("s")])
+        let mut section = serde_json::json!({
+            "signature_header": "x-sig",
+            "prefix": if encoding == Encoding::Hex { "sha256=" } else { "" },
+            "encoding": if encoding == Encoding::Hex { "hex" } else { "base64" },
+            "signed_content": if timestamp { "{timestamp}.{body}" } else { "{body}" },
+            "id": match &id { Source::Header(h) => serde_json::json!({"header": h}), Source::JsonPointer(p) => serde_json::json!({"json_pointer": p}), _ => unreachable!() },
+            "type": {"json_pointer": "/type"},
+        });
+        if timestamp {
+            section["timestamp_header"] = "x-ts".into();
+        }
+        let spec: crate::verify::provider::HmacSpec = serde_json::from_value(section).expect("a section");
+        let config = GenericHmacConfig::from_spec(&spec, 300, None).expect("valid");
+        GenericHmacVerifier::new(config, vec![Secret::new("s")]).expect("keys")
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -263,7 +265,7 @@ mod ports {
     use std::time::Duration;
 
     use hmac::{Hmac, KeyInit, Mac};
-    use http::{HeaderName, HeaderValue};
+    use http::HeaderValue;
     use serde_json::json;
     use sha2::Sha256;
 
@@ -272,7 +274,7 @@ mod ports {
     use crate::config::ProviderKind;
     use crate::ledger::SendLease;
     use crate::secret::Secret;
-    use crate::verify::generic::{Encoding, GenericHmacConfig, GenericHmacVerifier, SignedContent, Source};
+    use crate::verify::generic::{GenericHmacConfig, GenericHmacVerifier};
 
     const NOW_MS: i64 = 1_800_000_000_000;
     const SECRET: &str = "s3cret";
@@ -284,19 +286,12 @@ mod ports {
 
     fn harness() -> Harness {
         let world = World::new(Ambient::fixed(NOW_MS, 5)).with_shards(16);
-        let verifier = GenericHmacVerifier::new(
-            GenericHmacConfig {
-                signature_header: HeaderName::from_static("x-sig"),
-                prefix: "sha256=".into(),
-                encoding: Encoding::Hex,
-                timestamp_header: None,
-                tolerance_secs: 300,
-                signed_content: SignedContent::parse("{body}").expect("valid template"),
-                id: Source::JsonPointer("/id".into()),
-                event_type: Some(Source::JsonPointer("/type".into())),
-            },
-            vec![Secret::new(SECRET)],
-        );
+        let spec: crate::verify::provider::HmacSpec = serde_json::from_value(json!({
+            "signature_header": "x-sig", "prefix": "sha256=", "encoding": "hex",
+            "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/type"}}))
+        .expect("a section");
+        let config = GenericHmacConfig::from_spec(&spec, 300, None).expect("valid");
+        let verifier = GenericHmacVerifier::new(config, vec![Secret::new(SECRET)]).expect("keys");
         let endpoint = Endpoint {
             name: "ep".into(),
             tenant: "t1".into(),
@@ -336,8 +331,15 @@ mod ports {
             let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
             headers.insert("x-sig", HeaderValue::from_str(&sig).unwrap());
             let now = UNIX_EPOCH + Duration::from_millis((NOW_MS + after_ms) as u64);
-            let req =
-                IntakeRequest { endpoint: "ep", method: &Method::POST, headers: &headers, body, now, request_id: "r" };
+            let req = IntakeRequest {
+                query: "",
+                endpoint: "ep",
+                method: &Method::POST,
+                headers: &headers,
+                body,
+                now,
+                request_id: "r",
+            };
             self.intake.handle(req).await
         }
 
@@ -353,8 +355,15 @@ mod ports {
             headers.insert("quiltt-signature", HeaderValue::from_str(&sig).unwrap());
             headers.insert("quiltt-timestamp", HeaderValue::from(now_ms / 1000));
             let now = UNIX_EPOCH + Duration::from_millis(now_ms as u64);
-            let req =
-                IntakeRequest { endpoint: "q", method: &Method::POST, headers: &headers, body, now, request_id: "r" };
+            let req = IntakeRequest {
+                query: "",
+                endpoint: "q",
+                method: &Method::POST,
+                headers: &headers,
+                body,
+                now,
+                request_id: "r",
+            };
             self.intake.handle(req).await
         }
 

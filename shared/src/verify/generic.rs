@@ -1,23 +1,49 @@
-//! Generic HMAC-SHA256 senders (Shopify- and Cashfree-style; Quiltt has its own, `quiltt`): the
-//! signature header, an optional prefix (`sha256=`), hex or base64, an
-//! optional timestamp header with tolerance, a signed-content template, and
-//! the identity taken from a header or a JSON pointer into the body.
+//! Generic senders (Shopify-, Cashfree-, Linear-, GitLab-style; Quiltt has
+//! its own, `quiltt`), configured by an endpoint's `hmac` section:
+//!
+//! - **how it authenticates**: an HMAC (SHA-1, SHA-256 or SHA-512, the key
+//!   the secret's text, hex, base64 or `whsec_`), a shared token in a header,
+//!   or HTTP basic auth (both compared in constant time);
+//! - **where the signature is**: one header or several (any may match), a
+//!   `k=v` list in a header (`t=…,v1=…`, `ts=…;h1=…`, the timestamp then taken
+//!   from the same list), or a JSON pointer into the body; an optional
+//!   prefix (`sha256=`), hex or base64;
+//! - **the timestamp**: in seconds, milliseconds or RFC 3339, from a header,
+//!   the list or the body, checked against a tolerance once the signature
+//!   matched;
+//! - **what is signed**: a template of `{body}`, `{timestamp}`,
+//!   `{header:NAME}`, `{method}`, `{url}` (the endpoint's `public_url` with
+//!   the query as received), `{form_sorted}` (Twilio's sorted POST
+//!   parameters) and `{json:POINTER}` around literal text;
+//! - **the identity**: a header, a JSON pointer, a composite of several
+//!   (joined by `:`), or the body's hash; the type likewise; and `mask`, the
+//!   JSON pointers of values that change between retries (masked in the
+//!   content hash, so a retry is not a conflict).
+//!
+//! Everything is checked when the endpoint is loaded, with an error that
+//! names the option.
+
+use std::borrow::Cow;
+use std::ops::Range;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac as HmacOf, KeyInit, Mac};
 use http::{HeaderMap, HeaderName};
+use sha2::{Digest, Sha256, Sha512};
+use subtle::ConstantTimeEq;
 
 use super::headers::parse_unix_secs;
-use super::provider::{BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
-pub use super::provider::{Encoding, Source};
-use super::{
-    MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, hmac_sha256, json, mac_bytes,
-    mac_matches,
+use super::provider::{
+    Algorithm, Auth, BuildContext, Delivery, EndpointSpec, HmacSpec, KeyEncoding, Provider, SignatureList,
+    TimestampFormat, Verifier, Verifying, ready,
 };
+pub use super::provider::{Encoding, Source};
+use super::{Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, json, sns};
+use crate::identity::payload_hash;
 use crate::secret::Secret;
 
-/// The byte string that is signed, as literal pieces around the body.
-/// Parsed from a template such as `"{body}"`, `"{timestamp}.{body}"` or `"{timestamp}{body}"`.
+/// The byte string that is signed: literal pieces and placeholders.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedContent {
     pieces: Vec<Piece>,
@@ -28,33 +54,62 @@ enum Piece {
     Literal(String),
     Timestamp,
     Body,
+    Header(HeaderName),
+    Method,
+    Url,
+    FormSorted,
+    Json(String),
 }
+
+const PLACEHOLDERS: &str = "{body}, {timestamp}, {header:NAME}, {method}, {url}, {form_sorted}, {json:POINTER}";
 
 impl SignedContent {
     pub fn parse(template: &str) -> Result<Self, String> {
         let mut pieces = Vec::new();
         let mut rest = template;
         while !rest.is_empty() {
-            if let Some(r) = rest.strip_prefix("{body}") {
-                pieces.push(Piece::Body);
-                rest = r;
-            } else if let Some(r) = rest.strip_prefix("{timestamp}") {
-                pieces.push(Piece::Timestamp);
-                rest = r;
+            if let Some(r) = rest.strip_prefix('{') {
+                let end = r.find('}').ok_or_else(|| format!("signed_content {template:?} has an unclosed {{"))?;
+                let (name, after) = (&r[..end], &r[end + 1..]);
+                pieces.push(match name {
+                    "body" => Piece::Body,
+                    "timestamp" => Piece::Timestamp,
+                    "method" => Piece::Method,
+                    "url" => Piece::Url,
+                    "form_sorted" => Piece::FormSorted,
+                    _ if name.starts_with("header:") => {
+                        let h = &name["header:".len()..];
+                        Piece::Header(
+                            HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes())
+                                .map_err(|_| format!("signed_content: {h:?} is not a header name"))?,
+                        )
+                    }
+                    _ if name.starts_with("json:/") => Piece::Json(name["json:".len()..].to_owned()),
+                    _ => {
+                        return Err(format!(
+                            "signed_content {template:?} has an unknown placeholder {{{name}}} (known: {PLACEHOLDERS})"
+                        ));
+                    }
+                });
+                rest = after;
             } else {
-                // Past the first character (which may be more than one byte).
-                let first = rest.chars().next().map_or(1, char::len_utf8);
-                let next = rest[first..].find('{').map_or(rest.len(), |i| i + first);
-                pieces.push(Piece::Literal(rest[..next].to_owned()));
+                let next = rest.find('{').unwrap_or(rest.len());
+                let literal = &rest[..next];
+                if literal.contains('}') {
+                    return Err(format!("signed_content {template:?} has a }} without its {{"));
+                }
+                pieces.push(Piece::Literal(literal.to_owned()));
                 rest = &rest[next..];
             }
         }
-        if pieces.iter().filter(|p| **p == Piece::Body).count() != 1 {
-            return Err(format!("signed_content {template:?} must contain {{body}} exactly once"));
+        let count = |p: &Piece| pieces.iter().filter(|q| *q == p).count();
+        if count(&Piece::Body) > 1 || count(&Piece::FormSorted) > 1 {
+            return Err(format!("signed_content {template:?} may contain {{body}} and {{form_sorted}} once each"));
         }
-        if pieces.iter().any(|p| matches!(p, Piece::Literal(l) if l.contains('{') || l.contains('}'))) {
+        let covers = pieces.iter().any(|p| matches!(p, Piece::Body | Piece::FormSorted | Piece::Json(_)));
+        if !covers {
             return Err(format!(
-                "signed_content {template:?} has an unknown placeholder (known: {{body}}, {{timestamp}})"
+                "signed_content {template:?} must contain {{body}}, {{form_sorted}} or a {{json:…}} field"
             ));
         }
         Ok(Self { pieces })
@@ -64,68 +119,419 @@ impl SignedContent {
         self.pieces.contains(&Piece::Timestamp)
     }
 
-    fn parts<'a>(&'a self, timestamp: &'a str, body: &'a [u8]) -> Vec<&'a [u8]> {
-        self.pieces
+    fn uses_url(&self) -> bool {
+        self.pieces.contains(&Piece::Url)
+    }
+
+    /// The signed bytes' parts for this delivery.
+    fn parts<'a>(
+        &'a self,
+        d: &Delivery<'a>,
+        url: &'a str,
+        timestamp: &'a str,
+    ) -> Result<Vec<Cow<'a, [u8]>>, VerifyError> {
+        let mut out = Vec::with_capacity(self.pieces.len());
+        for p in &self.pieces {
+            out.push(match p {
+                Piece::Literal(l) => Cow::Borrowed(l.as_bytes()),
+                Piece::Timestamp => Cow::Borrowed(timestamp.as_bytes()),
+                Piece::Body => Cow::Borrowed(d.body),
+                Piece::Method => Cow::Borrowed(d.method.as_str().as_bytes()),
+                Piece::Url if d.query.is_empty() => Cow::Borrowed(url.as_bytes()),
+                Piece::Url => Cow::Owned(format!("{url}?{}", d.query).into_bytes()),
+                Piece::Header(name) => {
+                    let v = d.headers.get(name).ok_or(VerifyError::MissingHeader(SIGNED_HEADER))?;
+                    Cow::Borrowed(v.as_bytes())
+                }
+                Piece::FormSorted => Cow::Owned(form_sorted(d.body)),
+                Piece::Json(pointer) => {
+                    let [at] = json::pointers(d.body, [Some(pointer.as_str())]);
+                    let text =
+                        at.and_then(|r| json_text(d.body, &r)).ok_or(VerifyError::MissingHeader(SIGNED_FIELD))?;
+                    Cow::Owned(text.into_bytes())
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Twilio's canonical form: the POST parameters sorted by name, each name
+/// followed by its value, concatenated.
+fn form_sorted(body: &[u8]) -> Vec<u8> {
+    let mut params: Vec<(String, String)> = url::form_urlencoded::parse(body).into_owned().collect();
+    params.sort();
+    params.into_iter().flat_map(|(k, v)| [k, v]).collect::<String>().into_bytes()
+}
+
+/// The text of a JSON string or number at `at` in `body`.
+fn json_text(body: &[u8], at: &Range<usize>) -> Option<String> {
+    if let Some(text) = json::string_at(body, at) {
+        return Some(text.into_owned());
+    }
+    match serde_json::from_slice::<serde_json::Value>(body.get(at.clone())?).ok()? {
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// Where the timestamp is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TimestampAt {
+    Header(HeaderName),
+    List,
+    Pointer(String),
+}
+
+/// An endpoint's `hmac` section, checked and compiled.
+#[derive(Debug, Clone)]
+pub struct GenericHmacConfig {
+    auth: Auth,
+    signature_headers: Vec<HeaderName>,
+    signature_pointer: Option<String>,
+    list: Option<SignatureList>,
+    prefix: String,
+    encoding: Encoding,
+    algorithm: Algorithm,
+    key: KeyEncoding,
+    timestamp: Option<TimestampAt>,
+    timestamp_format: TimestampFormat,
+    tolerance_secs: i64,
+    signed_content: SignedContent,
+    url: String,
+    id: Source,
+    event_type: Option<Source>,
+    mask: Vec<String>,
+}
+
+/// Error labels for configured names (their values are in the endpoint config).
+const SIGNATURE: &str = "configured signature header";
+const TIMESTAMP: &str = "configured timestamp";
+const SIGNED_HEADER: &str = "configured signed header";
+const SIGNED_FIELD: &str = "configured signed field";
+const AUTHORIZATION: &str = "authorization";
+
+fn header_name(what: &str, n: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes())
+        .map_err(|_| format!("hmac.{what}: {n:?} is not a header name"))
+}
+
+fn pointer(what: &str, p: &str) -> Result<String, String> {
+    if p.starts_with('/') { Ok(p.to_owned()) } else { Err(format!("hmac.{what}: {p:?} is not a JSON pointer")) }
+}
+
+fn checked_source(what: &str, s: &Source, top: bool) -> Result<(), String> {
+    match s {
+        Source::Header(n) => header_name(what, n).map(|_| ()),
+        Source::JsonPointer(p) => pointer(what, p).map(|_| ()),
+        Source::Composite(parts) if top && what == "id" && !parts.is_empty() => {
+            parts.iter().try_for_each(|p| checked_source(what, p, false))
+        }
+        Source::BodyHash if top && what == "id" => Ok(()),
+        _ => Err(format!(
+            "hmac.{what}: a header or a json_pointer{}",
+            if what == "id" { ", a composite of those, or body_hash" } else { "" }
+        )),
+    }
+}
+
+/// A `public_url` as the provider calls it: https (http only for a local
+/// host), with no query or fragment.
+fn checked_public_url(raw: &str) -> Result<String, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("public_url {raw:?}: {e}"))?;
+    let local = matches!(url.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
+    if !(url.scheme() == "https" || (url.scheme() == "http" && local)) {
+        return Err(format!("public_url {raw:?} must be https"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("public_url {raw:?} must have no query or fragment"));
+    }
+    Ok(raw.to_owned())
+}
+
+impl GenericHmacConfig {
+    /// Checks and compiles an `hmac` section (`tolerance_secs` and
+    /// `public_url` are the endpoint's).
+    pub fn from_spec(h: &HmacSpec, tolerance_secs: i64, public_url: Option<&str>) -> Result<Self, String> {
+        let signature_headers = match &h.signature_header {
+            Some(names) => {
+                names.names().into_iter().map(|n| header_name("signature_header", n)).collect::<Result<Vec<_>, _>>()?
+            }
+            None => Vec::new(),
+        };
+        let signature_pointer = h.signature_pointer.as_deref().map(|p| pointer("signature_pointer", p)).transpose()?;
+        let mut timestamp = None;
+        if let Some(t) = &h.timestamp_header {
+            timestamp = Some(TimestampAt::Header(header_name("timestamp_header", t)?));
+        }
+        if let Some(p) = &h.timestamp_pointer {
+            if timestamp.is_some() {
+                return Err("hmac: timestamp_header and timestamp_pointer exclude each other".into());
+            }
+            timestamp = Some(TimestampAt::Pointer(pointer("timestamp_pointer", p)?));
+        }
+        if let Some(list) = &h.list {
+            if !matches!(list.separator.as_str(), "," | ";") {
+                return Err("hmac.list.separator is \",\" or \";\"".into());
+            }
+            if list.signature.is_empty() || list.timestamp.as_deref() == Some("") {
+                return Err("hmac.list: signature (and timestamp, when set) name the items' keys".into());
+            }
+            if list.timestamp.is_some() {
+                if timestamp.is_some() {
+                    return Err("hmac: the timestamp comes from one place: the list, a header or the body".into());
+                }
+                timestamp = Some(TimestampAt::List);
+            }
+        }
+        let signed_content = SignedContent::parse(&h.signed_content)?;
+        let url = match (signed_content.uses_url(), public_url) {
+            (true, Some(u)) => checked_public_url(u)?,
+            (true, None) => return Err("hmac.signed_content uses {url}: the endpoint needs its public_url".into()),
+            (false, _) => String::new(),
+        };
+        let encoding = match h.auth {
+            Auth::Hmac => {
+                if signature_headers.is_empty() == signature_pointer.is_none() {
+                    return Err(
+                        "hmac: the signature is in signature_header or at signature_pointer (one of them)".into()
+                    );
+                }
+                if h.list.is_some() && signature_headers.is_empty() {
+                    return Err("hmac.list reads the signature_header".into());
+                }
+                if signed_content.uses_timestamp() != timestamp.is_some() {
+                    return Err(
+                        "hmac.signed_content uses {timestamp} exactly when a timestamp is configured (timestamp_header, timestamp_pointer or list.timestamp): an unsigned timestamp proves nothing".into(),
+                    );
+                }
+                h.encoding.ok_or("hmac.encoding: hex or base64")?
+            }
+            Auth::Token | Auth::Basic => {
+                let extra = h.signature_pointer.is_some()
+                    || h.list.is_some()
+                    || timestamp.is_some()
+                    || h.encoding.is_some()
+                    || h.signed_content != "{body}"
+                    || h.algorithm != Algorithm::default()
+                    || h.key != KeyEncoding::default();
+                if extra {
+                    return Err(
+                        "hmac: token and basic endpoints take no signature, timestamp, encoding or key options".into(),
+                    );
+                }
+                match (h.auth, signature_headers.len()) {
+                    (Auth::Token, 1) | (Auth::Basic, 0) => {}
+                    (Auth::Token, _) => return Err("hmac: a token endpoint names one signature_header".into()),
+                    _ => return Err("hmac: a basic endpoint reads Authorization (no signature_header)".into()),
+                }
+                Encoding::Hex
+            }
+        };
+        checked_source("id", &h.id, true)?;
+        if let Some(t) = &h.event_type {
+            checked_source("type", t, true)?;
+        }
+        let mask = h.mask.iter().map(|p| pointer("mask", p)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            auth: h.auth,
+            signature_headers,
+            signature_pointer,
+            list: h.list.clone(),
+            prefix: h.prefix.clone(),
+            encoding,
+            algorithm: h.algorithm,
+            key: h.key,
+            timestamp,
+            timestamp_format: h.timestamp_format,
+            tolerance_secs,
+            signed_content,
+            url,
+            id: h.id.clone(),
+            event_type: h.event_type.clone(),
+            mask,
+        })
+    }
+
+    /// The HMAC keys of `secrets` as this endpoint decodes them.
+    pub fn keys(&self, secrets: &[Secret]) -> Result<Vec<Secret>, String> {
+        secrets
             .iter()
-            .map(|p| match p {
-                Piece::Literal(l) => l.as_bytes(),
-                Piece::Timestamp => timestamp.as_bytes(),
-                Piece::Body => body,
-            })
+            .enumerate()
+            .map(|(i, s)| decode_key(self.key, s).map_err(|why| format!("secret {}: {why}", i + 1)))
             .collect()
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct GenericHmacConfig {
-    pub signature_header: HeaderName,
-    pub prefix: String,
-    pub encoding: Encoding,
-    pub timestamp_header: Option<HeaderName>,
-    pub tolerance_secs: i64,
-    pub signed_content: SignedContent,
-    pub id: Source,
-    pub event_type: Option<Source>,
+fn decode_key(encoding: KeyEncoding, secret: &Secret) -> Result<Secret, &'static str> {
+    let text = || std::str::from_utf8(secret.expose()).map_err(|_| "not text").map(str::trim);
+    let bytes = match encoding {
+        KeyEncoding::Text => return Ok(secret.clone()),
+        KeyEncoding::Hex => hex::decode(text()?).map_err(|_| "not hex")?,
+        KeyEncoding::Base64 => STANDARD.decode(text()?).map_err(|_| "not base64")?,
+        KeyEncoding::Whsec => {
+            let t = text()?;
+            STANDARD.decode(t.strip_prefix("whsec_").unwrap_or(t)).map_err(|_| "not whsec_<base64>")?
+        }
+    };
+    if bytes.is_empty() {
+        return Err("empty");
+    }
+    Ok(Secret::new(bytes))
+}
+
+/// The MAC of `parts` under `key`.
+fn mac(algorithm: Algorithm, key: &[u8], parts: &[Cow<'_, [u8]>]) -> Vec<u8> {
+    fn run<M: Mac + KeyInit>(key: &[u8], parts: &[Cow<'_, [u8]>]) -> Vec<u8> {
+        // HMAC accepts keys of any length.
+        let mut m = <M as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+        for p in parts {
+            m.update(p);
+        }
+        m.finalize().into_bytes().to_vec()
+    }
+    match algorithm {
+        Algorithm::Sha1 => run::<HmacOf<sha1::Sha1>>(key, parts),
+        Algorithm::Sha256 => run::<HmacOf<Sha256>>(key, parts),
+        Algorithm::Sha512 => run::<HmacOf<Sha512>>(key, parts),
+    }
+}
+
+/// Constant-time equality of two secrets-derived byte strings of any length
+/// (their SHA-256 digests are compared).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    bool::from(Sha256::digest(a).ct_eq(&Sha256::digest(b)))
+}
+
+/// Seconds since the epoch of an RFC 3339 time (`Z` or `±HH:MM`, a fraction allowed).
+fn rfc3339_secs(text: &str) -> Option<i64> {
+    let t = text.trim();
+    if let Some(base) = t.strip_suffix(['Z', 'z']) {
+        return sns::parse_timestamp(&format!("{base}Z"));
+    }
+    let (base, offset) = t.split_at_checked(t.len().checked_sub(6)?)?;
+    let o = offset.as_bytes();
+    let sign = match o[0] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    if o[3] != b':' || !o[1..3].iter().chain(&o[4..6]).all(u8::is_ascii_digit) {
+        return None;
+    }
+    let (hh, mm) =
+        (i64::from(o[1] - b'0') * 10 + i64::from(o[2] - b'0'), i64::from(o[4] - b'0') * 10 + i64::from(o[5] - b'0'));
+    if hh > 23 || mm > 59 {
+        return None;
+    }
+    Some(sns::parse_timestamp(&format!("{base}Z"))? - sign * (hh * 3600 + mm * 60))
+}
+
+fn timestamp_secs(format: TimestampFormat, text: &str) -> Result<i64, VerifyError> {
+    match format {
+        TimestampFormat::Seconds => parse_unix_secs(text, TIMESTAMP),
+        TimestampFormat::Milliseconds => {
+            let digits = !text.is_empty() && text.len() <= 15 && text.bytes().all(|b| b.is_ascii_digit());
+            let ms: i64 = if digits {
+                text.parse().map_err(|_| VerifyError::MalformedHeader(TIMESTAMP))?
+            } else {
+                return Err(VerifyError::MalformedHeader(TIMESTAMP));
+            };
+            Ok(ms.div_euclid(1000))
+        }
+        TimestampFormat::Rfc3339 => rfc3339_secs(text).ok_or(VerifyError::MalformedHeader(TIMESTAMP)),
+    }
+}
+
+/// The timestamp text as it is signed, for `now_s`, in `format`.
+fn timestamp_text(format: TimestampFormat, now_s: i64) -> String {
+    match format {
+        TimestampFormat::Seconds => now_s.to_string(),
+        TimestampFormat::Milliseconds => (now_s * 1000).to_string(),
+        TimestampFormat::Rfc3339 => sns::format_timestamp(now_s),
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct GenericHmacVerifier {
     config: GenericHmacConfig,
+    /// HMAC keys (decoded), or the tokens / `user:password` pairs.
     secrets: Vec<Secret>,
 }
 
-/// Error labels for the configured headers (their names are in the endpoint config).
-const SIGNATURE: &str = "configured signature header";
-const TIMESTAMP: &str = "configured timestamp header";
-
 impl GenericHmacVerifier {
-    pub fn new(config: GenericHmacConfig, secrets: Vec<Secret>) -> Self {
-        Self { config, secrets }
+    /// `secrets` as resolved; decoded here per the endpoint's `key`.
+    pub fn new(config: GenericHmacConfig, secrets: Vec<Secret>) -> Result<Self, String> {
+        let secrets = config.keys(&secrets)?;
+        Ok(Self { config, secrets })
     }
 
+    /// Verifies a POST delivery with no query (tests and benches).
     pub fn verify(&self, body: &[u8], headers: &HeaderMap, now: i64) -> Result<Verified, VerifyError> {
-        let c = &self.config;
-        let values: Vec<&str> = headers
-            .get_all(&c.signature_header)
-            .iter()
-            .map(|v| v.to_str().map(str::trim))
-            .collect::<Result<_, _>>()
-            .map_err(|_| VerifyError::MalformedHeader(SIGNATURE))?;
-        if values.is_empty() {
-            return Err(VerifyError::MissingHeader(SIGNATURE));
+        self.verify_delivery(&Delivery { body, headers, method: &http::Method::POST, query: "" }, now)
+    }
+
+    pub fn verify_delivery(&self, d: &Delivery<'_>, now: i64) -> Result<Verified, VerifyError> {
+        match self.config.auth {
+            Auth::Hmac => self.check_hmac(d, now)?,
+            Auth::Token => self.check_token(d)?,
+            Auth::Basic => self.check_basic(d)?,
         }
-        // Several signatures may arrive comma-separated (rotation, or joined headers).
-        let candidates: Vec<Vec<u8>> = values
+        // Authenticated: read identity, type and the masked values.
+        self.identify(d)
+    }
+
+    fn header_values<'a>(&self, d: &Delivery<'a>) -> Result<Vec<&'a str>, VerifyError> {
+        let mut values = Vec::new();
+        for name in &self.config.signature_headers {
+            for v in d.headers.get_all(name) {
+                values.push(v.to_str().map_err(|_| VerifyError::MalformedHeader(SIGNATURE))?.trim());
+            }
+        }
+        Ok(values)
+    }
+
+    fn check_hmac(&self, d: &Delivery<'_>, now: i64) -> Result<(), VerifyError> {
+        let c = &self.config;
+        let mut raw: Vec<String> = Vec::new();
+        let mut listed_ts: Option<String> = None;
+        if let Some(p) = &c.signature_pointer {
+            let [at] = json::pointers(d.body, [Some(p.as_str())]);
+            raw.extend(at.and_then(|r| json_text(d.body, &r)));
+            if raw.is_empty() {
+                return Err(VerifyError::MissingHeader(SIGNATURE));
+            }
+        } else {
+            let values = self.header_values(d)?;
+            if values.is_empty() {
+                return Err(VerifyError::MissingHeader(SIGNATURE));
+            }
+            for v in values {
+                match &c.list {
+                    Some(list) => {
+                        for item in v.split(list.separator.as_str()).map(str::trim).filter(|i| !i.is_empty()) {
+                            let Some((k, val)) = item.split_once('=') else { continue };
+                            if k.trim() == list.signature {
+                                raw.push(val.trim().to_owned());
+                            } else if list.timestamp.as_deref() == Some(k.trim())
+                                && listed_ts.replace(val.trim().to_owned()).is_some()
+                            {
+                                return Err(VerifyError::MalformedHeader(TIMESTAMP));
+                            }
+                        }
+                    }
+                    None => raw.extend(v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)),
+                }
+            }
+        }
+        let candidates: Vec<Vec<u8>> = raw
             .iter()
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
             .take(MAX_SIGNATURE_CANDIDATES)
             .filter_map(|item| {
-                let raw = item.strip_prefix(c.prefix.as_str())?;
+                let encoded = item.strip_prefix(c.prefix.as_str())?;
                 match c.encoding {
-                    Encoding::Hex => hex::decode(raw).ok(),
-                    Encoding::Base64 => STANDARD.decode(raw).ok(),
+                    Encoding::Hex => hex::decode(encoded).ok(),
+                    Encoding::Base64 => STANDARD.decode(encoded).ok(),
                 }
             })
             .filter(|b| !b.is_empty())
@@ -133,26 +539,30 @@ impl GenericHmacVerifier {
         if candidates.is_empty() {
             return Err(VerifyError::MalformedHeader(SIGNATURE));
         }
-
-        let (ts_text, timestamp) = match &c.timestamp_header {
-            Some(name) => {
-                let mut all = headers.get_all(name).iter();
-                let text = match (all.next(), all.next()) {
+        let ts_text = match &c.timestamp {
+            None => None,
+            Some(TimestampAt::List) => Some(listed_ts.ok_or(VerifyError::MissingHeader(TIMESTAMP))?),
+            Some(TimestampAt::Header(name)) => {
+                let mut all = d.headers.get_all(name).iter();
+                match (all.next(), all.next()) {
                     (None, _) => return Err(VerifyError::MissingHeader(TIMESTAMP)),
                     (Some(v), None) => {
-                        v.to_str().map_err(|_| VerifyError::MalformedHeader(TIMESTAMP))?.trim().to_owned()
+                        Some(v.to_str().map_err(|_| VerifyError::MalformedHeader(TIMESTAMP))?.trim().to_owned())
                     }
                     (Some(_), Some(_)) => return Err(VerifyError::MalformedHeader(TIMESTAMP)),
-                };
-                let ts = parse_unix_secs(&text, TIMESTAMP)?;
-                (text, Some(ts))
+                }
             }
-            None => (String::new(), None),
+            Some(TimestampAt::Pointer(p)) => {
+                let [at] = json::pointers(d.body, [Some(p.as_str())]);
+                Some(at.and_then(|r| json_text(d.body, &r)).ok_or(VerifyError::MissingHeader(TIMESTAMP))?)
+            }
         };
-
-        let matched = self.secrets.iter().any(|secret| {
-            let mac = hmac_sha256(secret.expose(), &c.signed_content.parts(&ts_text, body));
-            candidates.iter().any(|cand| mac_matches(&mac, cand))
+        let timestamp = ts_text.as_deref().map(|t| timestamp_secs(c.timestamp_format, t)).transpose()?;
+        let parts = c.signed_content.parts(d, &c.url, ts_text.as_deref().unwrap_or(""))?;
+        let matched = self.secrets.iter().any(|key| {
+            let ours = mac(c.algorithm, key.expose(), &parts);
+            // Every candidate is compared (in constant time each).
+            candidates.iter().fold(false, |hit, cand| hit | bool::from(ours.as_slice().ct_eq(cand.as_slice())))
         });
         if !matched {
             return Err(VerifyError::SignatureMismatch);
@@ -160,42 +570,145 @@ impl GenericHmacVerifier {
         if let Some(ts) = timestamp {
             check_timestamp(ts, now, c.tolerance_secs)?;
         }
+        Ok(())
+    }
 
-        // Authenticated: read identity and type. Only the values the
-        // pointers name are parsed; the rest of the body is checked and
-        // skipped, in one pass for both.
-        let [id_at, type_at] =
-            json::pointers(body, [c.id.json_pointer(), c.event_type.as_ref().and_then(Source::json_pointer)]);
-        let read = |source: &Source, at: Option<std::ops::Range<usize>>| -> Option<String> {
-            match source {
-                Source::Header(name) => headers.get(name.as_str())?.to_str().ok().map(|s| s.trim().to_owned()),
-                Source::JsonPointer(_) => {
-                    let at = at?;
-                    if let Some(text) = json::string_at(body, &at) {
-                        return Some(text.into_owned());
-                    }
-                    match serde_json::from_slice::<serde_json::Value>(body.get(at)?).ok()? {
-                        serde_json::Value::Number(n) => Some(n.to_string()),
-                        _ => None,
-                    }
-                }
-            }
+    fn check_token(&self, d: &Delivery<'_>) -> Result<(), VerifyError> {
+        let values = self.header_values(d)?;
+        let [value] = values.as_slice() else {
+            return Err(if values.is_empty() {
+                VerifyError::MissingHeader(SIGNATURE)
+            } else {
+                VerifyError::MalformedHeader(SIGNATURE)
+            });
         };
-        let id = read(&c.id, id_at).ok_or(VerifyError::MalformedPayload("event id not found where configured"))?;
-        let event_type = c.event_type.as_ref().and_then(|source| read(source, type_at));
-        Ok(Verified::record(checked_event_id(&id)?, event_type))
+        let token = value.strip_prefix(self.config.prefix.as_str()).ok_or(VerifyError::SignatureMismatch)?;
+        let matched = self.secrets.iter().fold(false, |hit, s| hit | same_secret(s.expose(), token.as_bytes()));
+        if matched { Ok(()) } else { Err(VerifyError::SignatureMismatch) }
+    }
+
+    fn check_basic(&self, d: &Delivery<'_>) -> Result<(), VerifyError> {
+        let value = d.headers.get(http::header::AUTHORIZATION).ok_or(VerifyError::MissingHeader(AUTHORIZATION))?;
+        let value = value.to_str().map_err(|_| VerifyError::MalformedHeader(AUTHORIZATION))?.trim();
+        let (scheme, encoded) = value.split_once(' ').ok_or(VerifyError::MalformedHeader(AUTHORIZATION))?;
+        if !scheme.eq_ignore_ascii_case("basic") {
+            return Err(VerifyError::MalformedHeader(AUTHORIZATION));
+        }
+        let pair = STANDARD.decode(encoded.trim()).map_err(|_| VerifyError::MalformedHeader(AUTHORIZATION))?;
+        let matched = self.secrets.iter().fold(false, |hit, s| hit | same_secret(s.expose(), &pair));
+        if matched { Ok(()) } else { Err(VerifyError::SignatureMismatch) }
+    }
+
+    fn identify(&self, d: &Delivery<'_>) -> Result<Verified, VerifyError> {
+        let c = &self.config;
+        // The id's and the type's pointers in one pass over the body.
+        fn pointer(s: Option<&Source>) -> Option<&str> {
+            match s {
+                Some(Source::JsonPointer(p)) => Some(p.as_str()),
+                _ => None,
+            }
+        }
+        let [id_at, type_at] = json::pointers(d.body, [pointer(Some(&c.id)), pointer(c.event_type.as_ref())]);
+        let id = read(&c.id, d, id_at).ok_or(VerifyError::MalformedPayload("event id not found where configured"))?;
+        let event_type = c.event_type.as_ref().and_then(|source| read(source, d, type_at));
+        let mut verified = Verified::record(checked_event_id(&id)?, event_type);
+        if !c.mask.is_empty() {
+            let mut ranges: Vec<Range<usize>> =
+                c.mask.iter().filter_map(|p| json::pointers(d.body, [Some(p.as_str())])[0].clone()).collect();
+            ranges.sort_by_key(|r| r.start);
+            // Nested pointers: keep the outer value only.
+            ranges.dedup_by(|later, earlier| later.start < earlier.end);
+            verified.content = Content::Masked { ranges };
+        }
+        Ok(verified)
     }
 }
 
-/// Produces a signature header value for this configuration (tests, tools).
-pub fn sign(config: &GenericHmacConfig, secret: &Secret, timestamp: i64, body: &[u8]) -> String {
-    let ts = timestamp.to_string();
-    let mac = mac_bytes(hmac_sha256(secret.expose(), &config.signed_content.parts(&ts, body)));
-    let encoded = match config.encoding {
+/// The value `source` names in this delivery (`at`: where its pointer's
+/// value is, when already found).
+fn read(source: &Source, d: &Delivery<'_>, at: Option<Range<usize>>) -> Option<String> {
+    match source {
+        Source::Header(name) => d.headers.get(name.as_str())?.to_str().ok().map(|s| s.trim().to_owned()),
+        Source::JsonPointer(_) if at.is_some() => json_text(d.body, &at?),
+        Source::JsonPointer(p) => {
+            let [at] = json::pointers(d.body, [Some(p.as_str())]);
+            json_text(d.body, &at?)
+        }
+        Source::Composite(parts) => {
+            let values: Option<Vec<String>> = parts.iter().map(|p| read(p, d, None)).collect();
+            Some(values?.join(":"))
+        }
+        Source::BodyHash => Some(payload_hash(d.body)),
+    }
+}
+
+/// The headers a sender of this configuration sends with `body` at
+/// `now_s` (for tests and the developer tool): the signature (or token, or
+/// basic credentials), its timestamp, and the id and type where they are
+/// read from headers. `extra` are the other headers the delivery carries
+/// (read by `{header:NAME}`).
+pub fn sign_headers(
+    config: &GenericHmacConfig,
+    secret: &Secret,
+    now_s: i64,
+    body: &[u8],
+    extra: &[(String, String)],
+) -> Result<Vec<(String, String)>, String> {
+    let c = config;
+    let first = c.signature_headers.first().map(|h| h.as_str().to_owned());
+    match c.auth {
+        Auth::Token => {
+            return Ok(vec![(
+                first.unwrap_or_default(),
+                format!("{}{}", c.prefix, String::from_utf8_lossy(secret.expose())),
+            )]);
+        }
+        Auth::Basic => {
+            return Ok(vec![("authorization".into(), format!("Basic {}", STANDARD.encode(secret.expose())))]);
+        }
+        Auth::Hmac => {}
+    }
+    let Some(header) = first else {
+        return Err("this endpoint's signature is inside the body: sign it with the provider's own tools".into());
+    };
+    let ts = timestamp_text(c.timestamp_format, now_s);
+    let mut headers = HeaderMap::new();
+    for (k, v) in extra {
+        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), http::HeaderValue::from_str(v)) {
+            headers.append(k, v);
+        }
+    }
+    let d = Delivery { body, headers: &headers, method: &http::Method::POST, query: "" };
+    let parts = c.signed_content.parts(&d, &c.url, &ts).map_err(|e| e.to_string())?;
+    let key = decode_key(c.key, secret).map_err(str::to_owned)?;
+    let mac = mac(c.algorithm, key.expose(), &parts);
+    let encoded = match c.encoding {
         Encoding::Hex => hex::encode(mac),
         Encoding::Base64 => STANDARD.encode(mac),
     };
-    format!("{}{encoded}", config.prefix)
+    let signature = format!("{}{encoded}", c.prefix);
+    let mut out = Vec::new();
+    match (&c.list, &c.timestamp) {
+        (Some(list), Some(TimestampAt::List)) => {
+            let t = list.timestamp.as_deref().unwrap_or("t");
+            out.push((header, format!("{t}={ts}{}{}={signature}", list.separator, list.signature)));
+        }
+        (Some(list), _) => out.push((header, format!("{}={signature}", list.signature))),
+        (None, _) => out.push((header, signature)),
+    }
+    if let Some(TimestampAt::Header(t)) = &c.timestamp {
+        out.push((t.as_str().to_owned(), ts));
+    }
+    Ok(out)
+}
+
+/// The signature header value alone (tests, benches): see [`sign_headers`].
+pub fn sign(config: &GenericHmacConfig, secret: &Secret, timestamp: i64, body: &[u8]) -> String {
+    sign_headers(config, secret, timestamp, body, &[])
+        .ok()
+        .and_then(|h| h.into_iter().next())
+        .map(|(_, v)| v)
+        .unwrap_or_default()
 }
 
 /// The generic HMAC sender in the provider registry: everything is in the
@@ -206,41 +719,15 @@ pub struct Hmac;
 pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
 
 impl Verifier for GenericHmacVerifier {
-    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
-        ready(GenericHmacVerifier::verify(self, body, headers, now_s))
+    fn verify<'a>(&'a self, d: Delivery<'a>, now_s: i64) -> Verifying<'a> {
+        ready(self.verify_delivery(&d, now_s))
     }
 }
 
 /// The verifier's configuration from an endpoint's `hmac` section.
-fn config_of(spec: &EndpointSpec) -> Result<GenericHmacConfig, String> {
+pub fn config_of(spec: &EndpointSpec) -> Result<GenericHmacConfig, String> {
     let h = spec.hmac.as_ref().ok_or("hmac endpoints need an \"hmac\" section")?;
-    let header = |what: &str, n: &str| {
-        HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes())
-            .map_err(|_| format!("hmac.{what} is not a header name"))
-    };
-    let signed_content = SignedContent::parse(&h.signed_content)?;
-    if signed_content.uses_timestamp() != h.timestamp_header.is_some() {
-        return Err("hmac.signed_content uses {timestamp} exactly when hmac.timestamp_header is set".into());
-    }
-    for s in std::iter::once(&h.id).chain(h.event_type.as_ref()) {
-        match s {
-            Source::Header(n) if HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).is_err() => {
-                return Err(format!("{n:?} is not a header name"));
-            }
-            Source::JsonPointer(p) if !p.starts_with('/') => return Err(format!("{p:?} is not a JSON pointer")),
-            _ => {}
-        }
-    }
-    Ok(GenericHmacConfig {
-        signature_header: header("signature_header", &h.signature_header)?,
-        prefix: h.prefix.clone(),
-        encoding: h.encoding,
-        timestamp_header: h.timestamp_header.as_deref().map(|t| header("timestamp_header", t)).transpose()?,
-        tolerance_secs: spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS),
-        signed_content,
-        id: h.id.clone(),
-        event_type: h.event_type.clone(),
-    })
+    GenericHmacConfig::from_spec(h, spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS), spec.public_url.as_deref())
 }
 
 impl Provider for Hmac {
@@ -261,7 +748,7 @@ impl Provider for Hmac {
         secrets: Vec<Secret>,
         _: &BuildContext,
     ) -> Result<Box<dyn Verifier>, String> {
-        Ok(Box::new(GenericHmacVerifier::new(config_of(spec)?, secrets)))
+        Ok(Box::new(GenericHmacVerifier::new(config_of(spec)?, secrets)?))
     }
 
     /// The id and type where the endpoint is configured to read them.
@@ -287,16 +774,15 @@ impl Provider for Hmac {
         body: &[u8],
     ) -> Result<Vec<(String, String)>, String> {
         let config = config_of(spec)?;
-        let mut headers = vec![(config.signature_header.as_str().to_owned(), sign(&config, secret, now_s, body))];
-        if let Some(t) = &config.timestamp_header {
-            headers.push((t.as_str().to_owned(), now_s.to_string()));
-        }
+        let mut ids = Vec::new();
         if let Source::Header(name) = &config.id {
-            headers.push((name.clone(), event_id.to_owned()));
+            ids.push((name.clone(), event_id.to_owned()));
         }
         if let Some(Source::Header(name)) = &config.event_type {
-            headers.push((name.clone(), event_type.to_owned()));
+            ids.push((name.clone(), event_type.to_owned()));
         }
+        let mut headers = sign_headers(&config, secret, now_s, body, &ids)?;
+        headers.extend(ids);
         Ok(headers)
     }
 }
@@ -320,30 +806,25 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    /// A configuration from its `hmac` section's JSON.
+    pub(super) fn config(section: serde_json::Value) -> GenericHmacConfig {
+        config_at(section, None)
+    }
+
+    fn config_at(section: serde_json::Value, public_url: Option<&str>) -> GenericHmacConfig {
+        let spec: HmacSpec = serde_json::from_value(section).unwrap();
+        GenericHmacConfig::from_spec(&spec, 300, public_url).unwrap()
+    }
+
     fn cashfree_like() -> GenericHmacConfig {
-        GenericHmacConfig {
-            signature_header: HeaderName::from_static("x-webhook-signature"),
-            prefix: String::new(),
-            encoding: Encoding::Base64,
-            timestamp_header: Some(HeaderName::from_static("x-webhook-timestamp")),
-            tolerance_secs: 300,
-            signed_content: SignedContent::parse("{timestamp}{body}").unwrap(),
-            id: Source::JsonPointer("/eventId".into()),
-            event_type: Some(Source::JsonPointer("/type".into())),
-        }
+        config(serde_json::json!({"signature_header": "x-webhook-signature", "encoding": "base64",
+            "timestamp_header": "x-webhook-timestamp", "signed_content": "{timestamp}{body}",
+            "id": {"json_pointer": "/eventId"}, "type": {"json_pointer": "/type"}}))
     }
 
     fn shopify_like() -> GenericHmacConfig {
-        GenericHmacConfig {
-            signature_header: HeaderName::from_static("x-shopify-hmac-sha256"),
-            prefix: String::new(),
-            encoding: Encoding::Base64,
-            timestamp_header: None,
-            tolerance_secs: 300,
-            signed_content: SignedContent::parse("{body}").unwrap(),
-            id: Source::Header("x-shopify-webhook-id".into()),
-            event_type: Some(Source::Header("x-shopify-topic".into())),
-        }
+        config(serde_json::json!({"signature_header": "x-shopify-hmac-sha256", "encoding": "base64",
+            "id": {"header": "x-shopify-webhook-id"}, "type": {"header": "x-shopify-topic"}}))
     }
 
     fn h(pairs: &[(&'static str, String)]) -> HeaderMap {
@@ -360,7 +841,7 @@ mod tests {
         let body = br#"{"eventId":"qe_1","type":"connection.synced"}"#;
         let now = 1_700_000_000;
         let sig = sign(&c, &Secret::new("s1"), now, body);
-        let v = GenericHmacVerifier::new(c, vec![Secret::new("s2"), Secret::new("s1")]);
+        let v = GenericHmacVerifier::new(c, vec![Secret::new("s2"), Secret::new("s1")]).unwrap();
         let got = v
             .verify(body, &h(&[("x-webhook-signature", sig.clone()), ("x-webhook-timestamp", now.to_string())]), now)
             .unwrap();
@@ -385,7 +866,7 @@ mod tests {
         let body = b"{\"order\":1}";
         let sig = sign(&c, &Secret::new("k"), 0, body);
         assert!(sig.starts_with("sha256="));
-        let v = GenericHmacVerifier::new(c, vec![Secret::new("k")]);
+        let v = GenericHmacVerifier::new(c, vec![Secret::new("k")]).unwrap();
         let hdrs = h(&[
             ("x-shopify-hmac-sha256", sig),
             ("x-shopify-webhook-id", "wh-9".into()),
@@ -397,7 +878,7 @@ mod tests {
 
     #[test]
     fn missing_pieces_are_typed_errors() {
-        let v = GenericHmacVerifier::new(cashfree_like(), vec![Secret::new("s")]);
+        let v = GenericHmacVerifier::new(cashfree_like(), vec![Secret::new("s")]).unwrap();
         assert!(matches!(v.verify(b"{}", &HeaderMap::new(), 0), Err(VerifyError::MissingHeader(_))));
         let no_ts = h(&[("x-webhook-signature", "AAAA".into())]);
         assert!(matches!(v.verify(b"{}", &no_ts, 0), Err(VerifyError::MissingHeader(_))));
@@ -445,7 +926,7 @@ mod tests {
             c.id = Source::JsonPointer((*pointer).into());
             c.event_type = Some(Source::JsonPointer((*pointer).into()));
             let sig = sign(&c, &Secret::new("s"), now, body);
-            let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]);
+            let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]).unwrap();
             let got =
                 v.verify(body, &h(&[("x-webhook-signature", sig), ("x-webhook-timestamp", now.to_string())]), now);
             // Before: a full parse, then Value::pointer.
@@ -467,9 +948,303 @@ mod tests {
         // A body that is not JSON has no identity in it, whatever the pointer.
         let c = cashfree_like();
         let sig = sign(&c, &Secret::new("s"), now, b"{\"eventId\":\"x\"");
-        let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]);
+        let v = GenericHmacVerifier::new(c, vec![Secret::new("s")]).unwrap();
         let hdrs = h(&[("x-webhook-signature", sig), ("x-webhook-timestamp", now.to_string())]);
         assert!(matches!(v.verify(b"{\"eventId\":\"x\"", &hdrs, now), Err(VerifyError::MalformedPayload(_))));
+    }
+
+    fn verifier(section: serde_json::Value, public_url: Option<&str>, secret: &str) -> GenericHmacVerifier {
+        GenericHmacVerifier::new(config_at(section, public_url), vec![Secret::new(secret)]).unwrap()
+    }
+
+    fn raw_mac<M: Mac + KeyInit>(key: &[u8], msg: &[u8]) -> Vec<u8> {
+        let mut m = <M as KeyInit>::new_from_slice(key).unwrap();
+        m.update(msg);
+        m.finalize().into_bytes().to_vec()
+    }
+
+    /// Twilio's published example (its security docs): the URL with its
+    /// query, then the POST parameters sorted, HMAC-SHA1 with the auth token.
+    #[test]
+    fn twilios_documented_example_verifies_with_url_and_sorted_form() {
+        let v = verifier(
+            serde_json::json!({"signature_header": "x-twilio-signature", "encoding": "base64", "algorithm": "sha1",
+                "signed_content": "{url}{form_sorted}", "id": "body_hash"}),
+            Some("https://mycompany.com/myapp.php"),
+            "12345",
+        );
+        let body = b"CallSid=CA1234567890ABCDE&Caller=%2B12349013030&Digits=1234&From=%2B12349013030&To=%2B18005551212";
+        let hdrs = h(&[("x-twilio-signature", "0/KCTR6DLpKmkAf8muzZqo1nDgQ=".into())]);
+        let post = http::Method::POST;
+        let d = |query| Delivery { body, headers: &hdrs, method: &post, query };
+        let got = v.verify_delivery(&d("foo=1&bar=2"), 0).unwrap();
+        assert_eq!(got.event_id, payload_hash(body), "no id: the body's hash");
+        assert_eq!(v.verify_delivery(&d("foo=1&bar=3"), 0), Err(VerifyError::SignatureMismatch));
+        assert_eq!(v.verify_delivery(&d(""), 0), Err(VerifyError::SignatureMismatch));
+    }
+
+    /// A `t=…,v1=…` list, the timestamp taken from it: the same deliveries
+    /// the Stripe verifier's own signer makes.
+    #[test]
+    fn a_key_value_list_takes_its_timestamp_from_the_list() {
+        let v = verifier(
+            serde_json::json!({"signature_header": "stripe-signature", "encoding": "hex",
+                "list": {"signature": "v1", "timestamp": "t"}, "signed_content": "{timestamp}.{body}",
+                "id": {"json_pointer": "/id"}}),
+            None,
+            "whsec_test",
+        );
+        let body = br#"{"id":"evt_1","type":"x"}"#;
+        let now = 1_700_000_000;
+        let sig = super::super::stripe::sign(&Secret::new("whsec_test"), now, body);
+        let other = super::super::stripe::sign(&Secret::new("other"), now, body);
+        let both = format!("{sig},{}", other.split(',').nth(1).unwrap());
+        assert_eq!(v.verify(body, &h(&[("stripe-signature", both)]), now).unwrap().event_id, "evt_1");
+        assert_eq!(
+            v.verify(body, &h(&[("stripe-signature", sig.clone())]), now + 301),
+            Err(VerifyError::StaleTimestamp)
+        );
+        let moved = sig.replace(&format!("t={now}"), &format!("t={}", now + 1));
+        assert_eq!(v.verify(body, &h(&[("stripe-signature", moved)]), now), Err(VerifyError::SignatureMismatch));
+        let twice = format!("t={now},{sig}");
+        assert!(matches!(
+            v.verify(body, &h(&[("stripe-signature", twice)]), now),
+            Err(VerifyError::MalformedHeader(_))
+        ));
+        // `ts=…;h1=…` (Paddle's shape), signed `{timestamp}:{body}`.
+        let p = verifier(
+            serde_json::json!({"signature_header": "paddle-signature", "encoding": "hex",
+                "list": {"separator": ";", "signature": "h1", "timestamp": "ts"}, "signed_content": "{timestamp}:{body}",
+                "id": {"json_pointer": "/id"}}),
+            None,
+            "pdl_ntfset_k",
+        );
+        let mac = hex::encode(raw_mac::<HmacOf<Sha256>>(
+            b"pdl_ntfset_k",
+            format!("{now}:").as_bytes().iter().chain(body).copied().collect::<Vec<u8>>().as_slice(),
+        ));
+        assert!(p.verify(body, &h(&[("paddle-signature", format!("ts={now};h1={mac}"))]), now).is_ok());
+    }
+
+    #[test]
+    fn algorithms_keys_and_timestamp_formats() {
+        let body = br#"{"id":"e1","at":"2026-12-02T10:00:00+01:00"}"#;
+        let now = 1_796_202_000; // 2026-12-02T09:00:00Z
+        // SHA-512 with a hex key, the timestamp in milliseconds.
+        let v = verifier(
+            serde_json::json!({"signature_header": "x-sig", "encoding": "hex", "algorithm": "sha512", "key": "hex",
+                "timestamp_header": "x-ts", "timestamp_format": "milliseconds", "signed_content": "{timestamp}.{body}",
+                "id": {"json_pointer": "/id"}}),
+            None,
+            "00ff10",
+        );
+        let ms = (now * 1000 + 250).to_string();
+        let msg: Vec<u8> = format!("{ms}.").into_bytes().into_iter().chain(body.iter().copied()).collect();
+        let sig = hex::encode(raw_mac::<HmacOf<Sha512>>(&[0x00, 0xff, 0x10], &msg));
+        assert_eq!(v.verify(body, &h(&[("x-sig", sig.clone()), ("x-ts", ms.clone())]), now).unwrap().event_id, "e1");
+        assert_eq!(v.verify(body, &h(&[("x-sig", sig), ("x-ts", ms)]), now + 400), Err(VerifyError::StaleTimestamp));
+        // A whsec_ key, the RFC 3339 timestamp in the body (with an offset).
+        let w = verifier(
+            serde_json::json!({"signature_header": "x-sig", "encoding": "base64", "key": "whsec",
+                "timestamp_pointer": "/at", "timestamp_format": "rfc3339", "signed_content": "{timestamp}{body}",
+                "id": {"json_pointer": "/id"}}),
+            None,
+            "whsec_AAECAw==",
+        );
+        let msg: Vec<u8> = b"2026-12-02T10:00:00+01:00".iter().chain(body).copied().collect();
+        let sig = STANDARD.encode(raw_mac::<HmacOf<Sha256>>(&[0, 1, 2, 3], &msg));
+        assert!(w.verify(body, &h(&[("x-sig", sig.clone())]), now).is_ok());
+        assert_eq!(w.verify(body, &h(&[("x-sig", sig)]), now - 3600), Err(VerifyError::FutureTimestamp));
+        assert_eq!(rfc3339_secs("2026-12-02T09:00:00Z"), Some(now));
+        assert_eq!(rfc3339_secs("2026-12-02T04:00:00.5-05:00"), Some(now));
+        assert_eq!(rfc3339_secs("2026-12-02T09:00:00+25:00"), None);
+        // A key that does not decode is refused when the endpoint is built.
+        let bad = GenericHmacVerifier::new(
+            config(serde_json::json!({"signature_header": "x", "encoding": "hex", "key": "hex", "id": "body_hash"})),
+            vec![Secret::new("zz")],
+        );
+        assert_eq!(bad.err().as_deref(), Some("secret 1: not hex"));
+    }
+
+    /// Several signature headers (any may match), a signature in the body
+    /// over fields of the body (Mailgun's shape), a signed header.
+    #[test]
+    fn signatures_in_several_headers_or_in_the_body() {
+        let body = b"{\"id\":\"m1\"}";
+        let v = verifier(
+            serde_json::json!({"signature_header": ["x-new-sig", "x-old-sig"], "encoding": "hex",
+                "signed_content": "{header:x-request-id}.{method}.{body}", "id": {"header": "x-request-id"}}),
+            None,
+            "k",
+        );
+        let msg: Vec<u8> = b"r-1.POST.".iter().chain(body.iter()).copied().collect();
+        let sig = hex::encode(raw_mac::<HmacOf<Sha256>>(b"k", &msg));
+        assert_eq!(
+            v.verify(body, &h(&[("x-old-sig", sig.clone()), ("x-request-id", "r-1".into())]), 0).unwrap().event_id,
+            "r-1"
+        );
+        assert_eq!(
+            v.verify(body, &h(&[("x-old-sig", sig), ("x-request-id", "r-2".into())]), 0),
+            Err(VerifyError::SignatureMismatch)
+        );
+
+        let mailgun = verifier(
+            serde_json::json!({"signature_pointer": "/signature/signature", "encoding": "hex",
+                "timestamp_pointer": "/signature/timestamp", "signed_content": "{timestamp}{json:/signature/token}",
+                "id": {"json_pointer": "/event-data/id"}}),
+            None,
+            "mg-key",
+        );
+        let now = 1_700_000_000i64;
+        let sig = hex::encode(raw_mac::<HmacOf<Sha256>>(b"mg-key", format!("{now}tok-1").as_bytes()));
+        let body = serde_json::json!({"signature": {"timestamp": now.to_string(), "token": "tok-1", "signature": sig},
+            "event-data": {"id": "ev-9", "event": "delivered"}})
+        .to_string();
+        assert_eq!(mailgun.verify(body.as_bytes(), &HeaderMap::new(), now).unwrap().event_id, "ev-9");
+        let forged = body.replace("tok-1", "tok-2");
+        assert_eq!(mailgun.verify(forged.as_bytes(), &HeaderMap::new(), now), Err(VerifyError::SignatureMismatch));
+    }
+
+    #[test]
+    fn shared_tokens_and_basic_auth_are_compared_whole() {
+        let gitlab = verifier(
+            serde_json::json!({"auth": "token", "signature_header": "x-gitlab-token", "id": {"header": "x-gitlab-event-uuid"}}),
+            None,
+            "glpat-secret",
+        );
+        let ok = h(&[("x-gitlab-token", "glpat-secret".into()), ("x-gitlab-event-uuid", "u-1".into())]);
+        assert_eq!(gitlab.verify(b"{}", &ok, 0).unwrap().event_id, "u-1");
+        for wrong in ["glpat-secre", "glpat-secretx", "", "GLPAT-SECRET"] {
+            let bad = h(&[("x-gitlab-token", wrong.into()), ("x-gitlab-event-uuid", "u-1".into())]);
+            assert_eq!(gitlab.verify(b"{}", &bad, 0), Err(VerifyError::SignatureMismatch), "{wrong:?}");
+        }
+        assert!(matches!(gitlab.verify(b"{}", &HeaderMap::new(), 0), Err(VerifyError::MissingHeader(_))));
+        let postmark =
+            verifier(serde_json::json!({"auth": "basic", "id": {"json_pointer": "/MessageID"}}), None, "hook:pa55");
+        let auth = |pair: &str| h(&[("authorization", format!("Basic {}", STANDARD.encode(pair)))]);
+        assert_eq!(postmark.verify(br#"{"MessageID":"pm-1"}"#, &auth("hook:pa55"), 0).unwrap().event_id, "pm-1");
+        assert_eq!(
+            postmark.verify(br#"{"MessageID":"pm-1"}"#, &auth("hook:pa56"), 0),
+            Err(VerifyError::SignatureMismatch)
+        );
+        let bearer = h(&[("authorization", "Bearer hook:pa55".into())]);
+        assert!(matches!(postmark.verify(b"{}", &bearer, 0), Err(VerifyError::MalformedHeader(_))));
+    }
+
+    /// A composite identity; the retry counter masked: a retry has the same
+    /// content hash, a changed fact does not.
+    #[test]
+    fn composite_identities_and_masked_retry_counters() {
+        let v = verifier(
+            serde_json::json!({"signature_header": "x-sig", "encoding": "hex",
+                "id": {"composite": [{"json_pointer": "/portalId"}, {"json_pointer": "/eventId"}]},
+                "mask": ["/attemptNumber"]}),
+            None,
+            "k",
+        );
+        let signed = |body: &[u8]| h(&[("x-sig", hex::encode(raw_mac::<HmacOf<Sha256>>(b"k", body)))]);
+        let first = br#"{"portalId":7,"eventId":"e5","attemptNumber":0,"x":1}"#;
+        let retry = br#"{"portalId":7,"eventId":"e5","attemptNumber":3,"x":1}"#;
+        let other = br#"{"portalId":7,"eventId":"e5","attemptNumber":3,"x":2}"#;
+        let hashes = |body: &[u8]| {
+            let got = v.verify(body, &signed(body), 0).unwrap();
+            assert_eq!(got.event_id, "7:e5");
+            super::super::hashes::delivery_hashes(body, &got.content)
+        };
+        let (a, b, c) = (hashes(first), hashes(retry), hashes(other));
+        assert_ne!(a.0, b.0, "the bytes differ");
+        assert_eq!(a.1, b.1, "the fact does not");
+        assert!(a.1.starts_with("m:"));
+        assert_ne!(a.1, c.1);
+    }
+
+    #[test]
+    fn each_option_is_checked_when_the_endpoint_is_loaded() {
+        let cases = [
+            (serde_json::json!({"encoding": "hex", "id": "body_hash"}), "signature_header or at signature_pointer"),
+            (serde_json::json!({"signature_header": "x", "id": "body_hash"}), "hmac.encoding"),
+            (serde_json::json!({"signature_header": "x y", "encoding": "hex", "id": "body_hash"}), "not a header name"),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "timestamp_header": "t", "id": "body_hash"}),
+                "unsigned timestamp",
+            ),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "signed_content": "{url}{body}", "id": "body_hash"}),
+                "public_url",
+            ),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "signed_content": "{nonce}{body}", "id": "body_hash"}),
+                "unknown placeholder {nonce}",
+            ),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "list": {"separator": "|", "signature": "v1"}, "id": "body_hash"}),
+                "separator",
+            ),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "id": {"json_pointer": "id"}}),
+                "not a JSON pointer",
+            ),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "id": "body_hash", "type": "body_hash"}),
+                "hmac.type",
+            ),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "id": {"composite": [{"composite": []}]}}),
+                "hmac.id",
+            ),
+            (
+                serde_json::json!({"auth": "token", "signature_header": "x", "encoding": "hex", "id": "body_hash"}),
+                "token and basic",
+            ),
+            (serde_json::json!({"auth": "basic", "signature_header": "x", "id": "body_hash"}), "Authorization"),
+            (
+                serde_json::json!({"signature_header": "x", "encoding": "hex", "id": "body_hash", "mask": ["n"]}),
+                "hmac.mask",
+            ),
+        ];
+        for (section, needle) in cases {
+            let spec: HmacSpec = serde_json::from_value(section.clone()).unwrap();
+            let err =
+                GenericHmacConfig::from_spec(&spec, 300, None).err().unwrap_or_else(|| panic!("accepted {section}"));
+            assert!(err.contains(needle), "{section}: {err}");
+        }
+        let spec: HmacSpec = serde_json::from_value(serde_json::json!({"signature_header": "x", "encoding": "hex",
+            "signed_content": "{url}{body}", "id": "body_hash"}))
+        .unwrap();
+        for (url, ok) in [
+            ("https://h.example/webhooks/e", true),
+            ("http://h.example/w", false),
+            ("http://localhost:9000/w", true),
+            ("https://h.example/w?x=1", false),
+        ] {
+            assert_eq!(GenericHmacConfig::from_spec(&spec, 300, Some(url)).is_ok(), ok, "{url}");
+        }
+    }
+
+    /// The tool's signer and the verifier agree for every shape it can sign.
+    #[test]
+    fn what_the_tool_signs_verifies() {
+        let now = 1_700_000_000;
+        let body = br#"{"id":"s1","type":"t"}"#;
+        for section in [
+            serde_json::json!({"signature_header": "x-sig", "encoding": "hex", "prefix": "sha256=", "id": {"json_pointer": "/id"}}),
+            serde_json::json!({"signature_header": "x-sig", "encoding": "base64", "algorithm": "sha1", "timestamp_header": "x-ts", "timestamp_format": "milliseconds", "signed_content": "{timestamp}.{body}", "id": {"json_pointer": "/id"}}),
+            serde_json::json!({"signature_header": "x-sig", "encoding": "hex", "list": {"signature": "v1", "timestamp": "t"}, "signed_content": "{timestamp}.{body}", "id": {"json_pointer": "/id"}}),
+            serde_json::json!({"signature_header": "x-sig", "encoding": "hex", "algorithm": "sha512", "timestamp_header": "x-ts", "timestamp_format": "rfc3339", "signed_content": "{timestamp}{header:x-id}{body}", "id": {"header": "x-id"}}),
+            serde_json::json!({"auth": "token", "signature_header": "x-token", "prefix": "Bearer ", "id": {"json_pointer": "/id"}}),
+            serde_json::json!({"auth": "basic", "id": {"json_pointer": "/id"}}),
+        ] {
+            let c = config(section.clone());
+            let extra = vec![("x-id".to_owned(), "s1".to_owned())];
+            let mut pairs = sign_headers(&c, &Secret::new("sec:ret"), now, body, &extra).unwrap();
+            pairs.extend(extra);
+            let hdrs = h(&pairs
+                .iter()
+                .map(|(k, v)| (Box::leak(k.clone().into_boxed_str()) as &'static str, v.clone()))
+                .collect::<Vec<_>>());
+            let v = GenericHmacVerifier::new(c, vec![Secret::new("sec:ret")]).unwrap();
+            assert_eq!(v.verify(body, &hdrs, now).map(|v| v.event_id), Ok("s1".to_owned()), "{section}");
+        }
     }
 
     /// Regression (found by `templates_never_panic`, minimal input `"€"`): a
@@ -491,7 +1266,12 @@ mod tests {
             hex.prefix = "sha256=".into();
             let mut v1 = cashfree_like();
             v1.signed_content = SignedContent::parse("v1:{timestamp}.{body}").unwrap();
-            vec![cashfree_like(), shopify_like(), hex, v1]
+            let sha1 = config(serde_json::json!({"signature_header": "x-hub-signature", "prefix": "sha1=",
+                "encoding": "hex", "algorithm": "sha1", "id": {"header": "x-shopify-webhook-id"}}));
+            let sha512_ms = config(serde_json::json!({"signature_header": "x-sig", "encoding": "base64",
+                "algorithm": "sha512", "timestamp_header": "x-ts", "timestamp_format": "milliseconds",
+                "signed_content": "{timestamp}.{method}.{body}", "id": {"json_pointer": "/eventId"}}));
+            vec![cashfree_like(), shopify_like(), hex, v1, sha1, sha512_ms]
         }
 
         proptest! {
@@ -506,7 +1286,7 @@ mod tests {
             /// in the body or the MAC is rejected; random headers are typed errors.
             #[test]
             fn signed_bodies_round_trip_and_mutations_are_rejected(
-                which in 0usize..4,
+                which in 0usize..6,
                 id in "[a-zA-Z0-9_]{1,40}",
                 extra in prop::collection::vec(any::<u8>(), 0..64),
                 ts in 0i64..4_000_000_000,
@@ -517,10 +1297,9 @@ mod tests {
                 let c = configs().swap_remove(which);
                 let body = format!(r#"{{"eventId":"{id}","type":"t","x":"{}"}}"#, hex::encode(&extra)).into_bytes();
                 let sig = sign(&c, &Secret::new("k"), ts, &body);
-                let mut hdrs = vec![(c.signature_header.as_str().to_owned(), sig.clone()), ("x-shopify-webhook-id".to_owned(), id.clone())];
-                if let Some(t) = &c.timestamp_header {
-                    hdrs.push((t.as_str().to_owned(), ts.to_string()));
-                }
+                // The signature first, then its timestamp, then the id.
+                let mut hdrs = sign_headers(&c, &Secret::new("k"), ts, &body, &[]).unwrap();
+                hdrs.push(("x-shopify-webhook-id".to_owned(), id.clone()));
                 let map = |pairs: &[(String, String)]| {
                     let mut m = HeaderMap::new();
                     for (k, v) in pairs {
@@ -528,7 +1307,7 @@ mod tests {
                     }
                     m
                 };
-                let v = GenericHmacVerifier::new(c.clone(), vec![Secret::new("k")]);
+                let v = GenericHmacVerifier::new(c.clone(), vec![Secret::new("k")]).unwrap();
                 prop_assert_eq!(v.verify(&body, &map(&hdrs), ts).unwrap().event_id, id);
 
                 let mut tampered = body.clone();

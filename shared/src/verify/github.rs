@@ -5,7 +5,7 @@
 use http::HeaderMap;
 
 use super::headers::{list_items, single_header};
-use super::provider::{BackfillList, BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
+use super::provider::{BackfillList, BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, checked_event_id, hmac_sha256, mac_bytes, mac_matches};
 use crate::event::DecodeError;
 use crate::secret::Secret;
@@ -56,8 +56,8 @@ pub fn sign(secret: &Secret, body: &[u8]) -> String {
 pub struct Github;
 
 impl Verifier for GithubVerifier {
-    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, _now_s: i64) -> Verifying<'a> {
-        ready(GithubVerifier::verify(self, body, headers))
+    fn verify<'a>(&'a self, d: Delivery<'a>, _now_s: i64) -> Verifying<'a> {
+        ready(GithubVerifier::verify(self, d.body, d.headers))
     }
 }
 

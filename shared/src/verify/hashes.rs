@@ -5,7 +5,10 @@
 //! of a stored body, by provider name, is `verify::registry::content_hash`.
 
 use super::{Content, stripe};
-use crate::identity::payload_hash;
+use crate::identity::{masked_hashes, payload_hash};
+
+/// Prefix of the content hashes of bodies with masked values (an endpoint's `mask`).
+const MASKED_PREFIX: &str = "m:";
 
 /// `(payload_hash, content_hash)` of a verified body, computed together from
 /// what its verifier found in it ([`crate::verify::Verified::content`]), so
@@ -20,5 +23,14 @@ pub fn delivery_hashes(body: &[u8], content: &Content) -> (String, String) {
             (payload.clone(), payload)
         }
         Content::StripeEvent { pending_webhooks } => stripe::delivery_hashes(body, pending_webhooks),
+        Content::Masked { ranges } => {
+            let fits = ranges
+                .iter()
+                .try_fold(0, |at, r| (at <= r.start && r.start < r.end && r.end <= body.len()).then_some(r.end));
+            match fits {
+                Some(_) => masked_hashes(body, ranges, MASKED_PREFIX),
+                None => delivery_hashes(body, &Content::Bytes),
+            }
+        }
     }
 }

@@ -81,6 +81,9 @@ pub enum Content {
     /// top-level `pending_webhooks` members, which Stripe re-renders on each
     /// attempt.
     StripeEvent { pending_webhooks: Vec<Range<usize>> },
+    /// Every byte but these values (ordered, disjoint): the fields an
+    /// endpoint's `mask` names, which its provider changes between retries.
+    Masked { ranges: Vec<Range<usize>> },
 }
 
 /// Why a delivery was not accepted by its verifier.

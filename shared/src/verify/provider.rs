@@ -28,10 +28,21 @@ use crate::secret::Secret;
 /// certificate).
 pub type Verifying<'a> = Pin<Box<dyn Future<Output = Result<Verified, VerifyError>> + Send + 'a>>;
 
-/// A configured endpoint's verifier: raw bytes and headers in, the
-/// authenticated facts (one event or several) out.
+/// A delivery as a verifier sees it: the raw bytes, the headers, the method
+/// and the query string as received (some providers sign the URL).
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    pub body: &'a [u8],
+    pub headers: &'a HeaderMap,
+    pub method: &'a http::Method,
+    /// The raw query string, without `?` (empty when there is none).
+    pub query: &'a str,
+}
+
+/// A configured endpoint's verifier: a delivery in, the authenticated facts
+/// (one event or several) out, judged at `now_s`.
 pub trait Verifier: Send + Sync {
-    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a>;
+    fn verify<'a>(&'a self, delivery: Delivery<'a>, now_s: i64) -> Verifying<'a>;
 
     /// Completes a subscription the provider asked for (SNS: the visit to
     /// the validated `SubscribeURL`). Providers that never ask refuse.
@@ -207,26 +218,106 @@ pub struct EndpointSpec {
     /// Generic HMAC only.
     #[serde(default)]
     pub hmac: Option<HmacSpec>,
+    /// The URL the provider is configured to call (`https://…/webhooks/<name>`),
+    /// for providers that sign it (`{url}`).
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
+/// The `hmac` section of a generic endpoint (see docs/configuration.md for
+/// each option); checked and compiled by `verify::generic`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HmacSpec {
-    pub signature_header: String,
+    /// How the sender authenticates: an HMAC (default), a shared token in a
+    /// header, or HTTP basic auth.
+    #[serde(default)]
+    pub auth: Auth,
+    /// The header(s) carrying the signature (any may match), or the token.
+    #[serde(default)]
+    pub signature_header: Option<OneOrMany>,
+    /// A JSON pointer to the signature in the body (instead of a header).
+    #[serde(default)]
+    pub signature_pointer: Option<String>,
+    /// The header value is a `k=v` list (`t=…,v1=…`, `ts=…;h1=…`).
+    #[serde(default)]
+    pub list: Option<SignatureList>,
     #[serde(default)]
     pub prefix: String,
-    pub encoding: Encoding,
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// How the secret's text becomes the HMAC key.
+    #[serde(default)]
+    pub key: KeyEncoding,
     #[serde(default)]
     pub timestamp_header: Option<String>,
+    /// A JSON pointer to the timestamp in the body.
+    #[serde(default)]
+    pub timestamp_pointer: Option<String>,
+    #[serde(default)]
+    pub timestamp_format: TimestampFormat,
     #[serde(default = "default_signed_content")]
     pub signed_content: String,
     pub id: Source,
     #[serde(default, rename = "type")]
     pub event_type: Option<Source>,
+    /// JSON pointers of values that change between a provider's retries
+    /// (attempt counters): masked in the content hash.
+    #[serde(default)]
+    pub mask: Vec<String>,
 }
 
 fn default_signed_content() -> String {
     "{body}".to_owned()
+}
+
+/// One header name, or several.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn names(&self) -> Vec<&str> {
+        match self {
+            Self::One(n) => vec![n.as_str()],
+            Self::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// How a generic sender authenticates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Auth {
+    #[default]
+    Hmac,
+    /// The secret itself in `signature_header` (after `prefix`), compared in constant time.
+    Token,
+    /// `Authorization: Basic …`, the secret being `user:password`.
+    Basic,
+}
+
+/// A signature header of `k=v` items.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignatureList {
+    /// Between items: `,` (default) or `;`.
+    #[serde(default = "default_separator")]
+    pub separator: String,
+    /// The key of the signature items (`v1`, `h1`); several may match.
+    pub signature: String,
+    /// The key of the timestamp item (`t`, `ts`), which is then signed.
+    #[serde(default)]
+    pub timestamp: Option<String>,
+}
+
+fn default_separator() -> String {
+    ",".to_owned()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -236,21 +327,47 @@ pub enum Encoding {
     Base64,
 }
 
-/// Where a value comes from: a request header or a JSON pointer into the body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    Sha1,
+    #[default]
+    Sha256,
+    Sha512,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyEncoding {
+    /// The secret's bytes (default).
+    #[default]
+    Text,
+    Hex,
+    Base64,
+    /// `whsec_<base64>` (the prefix optional).
+    Whsec,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimestampFormat {
+    #[default]
+    Seconds,
+    Milliseconds,
+    /// `2026-12-02T10:00:00Z` (a fraction and an offset allowed).
+    Rfc3339,
+}
+
+/// Where a value comes from: a request header, a JSON pointer into the
+/// body, several of those joined by `:` (an identity built from several
+/// fields), or the body's hash (for senders that give no id).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     Header(String),
     JsonPointer(String),
-}
-
-impl Source {
-    pub(crate) fn json_pointer(&self) -> Option<&str> {
-        match self {
-            Self::JsonPointer(p) => Some(p),
-            Self::Header(_) => None,
-        }
-    }
+    Composite(Vec<Source>),
+    BodyHash,
 }
 
 /// The provider-specific sections a provider without any refuses.
@@ -260,6 +377,9 @@ pub fn no_sections(name: &str, spec: &EndpointSpec) -> Result<(), String> {
     }
     if spec.hmac.is_some() {
         return Err(format!("the hmac section only applies to hmac endpoints, not {name}"));
+    }
+    if spec.public_url.is_some() {
+        return Err(format!("public_url is for providers that sign their URL, not {name}"));
     }
     Ok(())
 }

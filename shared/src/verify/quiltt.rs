@@ -16,7 +16,7 @@ use base64::Engine;
 use http::HeaderMap;
 
 use super::headers::{parse_unix_secs, single_header};
-use super::provider::{BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
+use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{Action, BatchEvent, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id};
 use super::{hmac_sha256, json, mac_bytes, mac_matches};
 use crate::secret::Secret;
@@ -154,8 +154,8 @@ pub fn batch(events: &[(&str, &str)], at: &str) -> Vec<u8> {
 pub struct Quiltt;
 
 impl Verifier for QuilttVerifier {
-    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
-        ready(QuilttVerifier::verify(self, body, headers, now_s))
+    fn verify<'a>(&'a self, d: Delivery<'a>, now_s: i64) -> Verifying<'a> {
+        ready(QuilttVerifier::verify(self, d.body, d.headers, now_s))
     }
 }
 

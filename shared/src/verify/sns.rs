@@ -31,7 +31,7 @@ use url::Url;
 
 pub use super::certificates::*;
 use super::headers::header_values;
-use super::provider::{self, BuildContext, EndpointSpec, Provider, Verifying};
+use super::provider::{self, BuildContext, Delivery, EndpointSpec, Provider, Verifying};
 use super::{Action, Content, Verified, VerifyError, checked_event_id};
 use crate::event::DecodeError;
 use crate::secret::Secret;
@@ -285,8 +285,8 @@ fn notification_type(message: &str) -> String {
 pub struct Sns;
 
 impl provider::Verifier for SnsVerifier {
-    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
-        Box::pin(SnsVerifier::verify(self, body, headers, now_s))
+    fn verify<'a>(&'a self, d: Delivery<'a>, now_s: i64) -> Verifying<'a> {
+        Box::pin(SnsVerifier::verify(self, d.body, d.headers, now_s))
     }
 
     /// Visits the `SubscribeURL` (validated by the verifier before this).
@@ -312,8 +312,8 @@ impl Provider for Sns {
         if let Some(bad) = spec.topic_arns.iter().find(|t| !t.starts_with("arn:aws") || t.split(':').count() != 6) {
             return Err(format!("{bad:?} is not an SNS topic ARN"));
         }
-        if spec.hmac.is_some() {
-            return Err("the hmac section only applies to hmac endpoints, not sns".into());
+        if spec.hmac.is_some() || spec.public_url.is_some() {
+            return Err("the hmac section and public_url do not apply to sns endpoints".into());
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use http::HeaderMap;
 
 use super::headers::{first_of, header_values, parse_unix_secs};
-use super::provider::{BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
+use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{
     MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields, hmac_sha256,
     mac_bytes, mac_matches,
@@ -115,8 +115,8 @@ pub fn sign(key: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
 pub struct StandardWebhooks;
 
 impl Verifier for StandardWebhooksVerifier {
-    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
-        ready(StandardWebhooksVerifier::verify(self, body, headers, now_s))
+    fn verify<'a>(&'a self, d: Delivery<'a>, now_s: i64) -> Verifying<'a> {
+        ready(StandardWebhooksVerifier::verify(self, d.body, d.headers, now_s))
     }
 }
 

@@ -8,12 +8,12 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use super::headers::{list_items, parse_unix_secs};
-use super::provider::{BackfillList, BuildContext, EndpointSpec, Provider, Verifier, Verifying, ready};
+use super::provider::{BackfillList, BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
 use super::{
     Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields,
     hmac_sha256, mac_bytes, mac_matches,
 };
-use crate::identity::{hex_digest, payload_hash};
+use crate::identity::{hex_digest, masked_hashes, payload_hash};
 use crate::secret::Secret;
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
@@ -121,36 +121,15 @@ pub(crate) fn delivery_hashes(body: &[u8], masked: &[Range<usize>]) -> (String, 
     let in_order =
         masked.iter().try_fold(0, |at, r| (at <= r.start && r.start < r.end && r.end <= body.len()).then_some(r.end));
     if in_order.is_some() {
-        return masked_hashes(body, masked);
+        return masked_hashes(body, masked, CONTENT_PREFIX);
     }
     match content(body) {
-        Some(Content::StripeEvent { pending_webhooks }) => masked_hashes(body, &pending_webhooks),
+        Some(Content::StripeEvent { pending_webhooks }) => masked_hashes(body, &pending_webhooks, CONTENT_PREFIX),
         _ => {
             let payload = payload_hash(body);
             (payload.clone(), payload)
         }
     }
-}
-
-/// Hashes `body`, and `body` with each of `masked` (ordered, disjoint
-/// ranges) replaced by `0`, hashing the bytes before the first range once.
-fn masked_hashes(body: &[u8], masked: &[Range<usize>]) -> (String, String) {
-    let Some(first) = masked.first() else {
-        let digest = Sha256::digest(body);
-        return (hex_digest("", &digest), hex_digest(CONTENT_PREFIX, &digest));
-    };
-    let mut payload = Sha256::new();
-    payload.update(&body[..first.start]);
-    let mut content = payload.clone();
-    payload.update(&body[first.start..]);
-    let mut at = first.start;
-    for r in masked {
-        content.update(&body[at..r.start]);
-        content.update(b"0");
-        at = r.end;
-    }
-    content.update(&body[at..]);
-    (hex_digest("", &payload.finalize()), hex_digest(CONTENT_PREFIX, &content.finalize()))
 }
 
 /// Whether a record's stored content hash says the same as `ours` (this
@@ -185,8 +164,8 @@ pub fn sign(secret: &Secret, timestamp: i64, body: &[u8]) -> String {
 pub struct Stripe;
 
 impl Verifier for StripeVerifier {
-    fn verify<'a>(&'a self, body: &'a [u8], headers: &'a HeaderMap, now_s: i64) -> Verifying<'a> {
-        ready(StripeVerifier::verify(self, body, headers, now_s))
+    fn verify<'a>(&'a self, d: Delivery<'a>, now_s: i64) -> Verifying<'a> {
+        ready(StripeVerifier::verify(self, d.body, d.headers, now_s))
     }
 }
 
