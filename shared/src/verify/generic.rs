@@ -512,7 +512,10 @@ impl GenericHmacVerifier {
                         for item in v.split(list.separator.as_str()).map(str::trim).filter(|i| !i.is_empty()) {
                             let Some((k, val)) = item.split_once('=') else { continue };
                             if k.trim() == list.signature {
-                                raw.push(val.trim().to_owned());
+                                // At most MAX_SIGNATURE_CANDIDATES are kept (a stuffed header buys nothing).
+                                if raw.len() < MAX_SIGNATURE_CANDIDATES {
+                                    raw.push(val.trim().to_owned());
+                                }
                             } else if list.timestamp.as_deref() == Some(k.trim())
                                 && listed_ts.replace(val.trim().to_owned()).is_some()
                             {
@@ -520,7 +523,10 @@ impl GenericHmacVerifier {
                             }
                         }
                     }
-                    None => raw.extend(v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned)),
+                    None => {
+                        let room = MAX_SIGNATURE_CANDIDATES.saturating_sub(raw.len());
+                        raw.extend(v.split(',').map(str::trim).filter(|s| !s.is_empty()).take(room).map(str::to_owned));
+                    }
                 }
             }
         }
@@ -1245,6 +1251,20 @@ mod tests {
             let v = GenericHmacVerifier::new(c, vec![Secret::new("sec:ret")]).unwrap();
             assert_eq!(v.verify(body, &hdrs, now).map(|v| v.event_id), Ok("s1".to_owned()), "{section}");
         }
+    }
+
+    /// A header stuffed with entries buys at most MAX_SIGNATURE_CANDIDATES
+    /// comparisons: a good signature behind them is not looked at.
+    #[test]
+    fn signature_candidates_are_bounded() {
+        let v = GenericHmacVerifier::new(shopify_like(), vec![Secret::new("k")]).unwrap();
+        let body = b"{}";
+        let good = sign(&shopify_like(), &Secret::new("k"), 0, body);
+        let filler = vec!["AAAA"; MAX_SIGNATURE_CANDIDATES].join(",");
+        let late = h(&[("x-shopify-hmac-sha256", format!("{filler},{good}")), ("x-shopify-webhook-id", "w".into())]);
+        assert_eq!(v.verify(body, &late, 0), Err(VerifyError::SignatureMismatch));
+        let early = h(&[("x-shopify-hmac-sha256", format!("{good},{filler}")), ("x-shopify-webhook-id", "w".into())]);
+        assert!(v.verify(body, &early, 0).is_ok());
     }
 
     /// Regression (found by `templates_never_panic`, minimal input `"€"`): a
