@@ -83,6 +83,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Sign a delivery for a configured endpoint and send it.
     Send(send::SendArgs),
+    /// The providers an endpoint can name: each preset, how it signs and
+    /// identifies an event, and what its endpoint may set.
+    Providers,
     /// Throughput, outcomes, latency and the duplicate rate from the functions'
     /// metrics; what is open, dead or parked now. Costs O(shards), never O(records).
     /// With --tenant: that tenant's records from the ledger's sparse sets, and its
@@ -449,6 +452,7 @@ where
             demo::run(args, &ctx.wiring, &ctx.table()?, stack, json, out).await.map_err(CliError::Failed)?
         }
         Command::Send(args) => send::run(args, &ctx.wiring, out).await.map_err(CliError::Failed)?,
+        Command::Providers => send::providers(json, out).map_err(CliError::Failed)?,
         Command::Stats(StatsArgs { window: w, tenant: Some(tenant) }) => {
             if !hookledger::config::valid_tenant(&tenant) {
                 return Err(CliError::Failed(format!("--tenant {tenant:?}: {}", hookledger::config::TENANT_RULE)));

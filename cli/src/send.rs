@@ -37,6 +37,12 @@ pub struct SendArgs {
     /// Print only the HTTP status codes, one per line.
     #[arg(long)]
     quiet: bool,
+    /// Print the signed delivery (JSON: method, headers, body in base64) instead of sending it.
+    #[arg(long)]
+    print: bool,
+    /// Sign as of this Unix time (seconds) instead of now.
+    #[arg(long)]
+    now: Option<i64>,
 }
 
 pub(crate) struct Delivery {
@@ -59,7 +65,10 @@ pub async fn run(
     if args.bad_signature {
         secret = Secret::new(b"not-the-secret".to_vec());
     }
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs() as i64;
+    let now = match args.now {
+        Some(t) => t,
+        None => SystemTime::now().duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs() as i64,
+    };
     let event_id = args.event_id.clone().unwrap_or_else(|| fresh_id(spec.provider));
     let body = match &args.body {
         Some(b) if b.starts_with('@') => std::fs::read(&b[1..]).map_err(|e| format!("{}: {e}", &b[1..]))?,
@@ -68,6 +77,14 @@ pub async fn run(
     };
     let delivery = sign(spec, &secret, &event_id, &args.event_type, body, now)?;
 
+    if args.print {
+        let headers: Vec<[&str; 2]> = delivery.headers.iter().map(|(k, v)| [k.as_str(), v.as_str()]).collect();
+        let printed = serde_json::json!({
+            "method": "POST", "event_id": event_id, "now": now, "headers": headers,
+            "body_base64": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &delivery.body),
+        });
+        return writeln!(out, "{printed}").map_err(|e| e.to_string());
+    }
     let url = format!("{}/webhooks/{}", args.url.trim_end_matches('/'), args.endpoint);
     let client = reqwest::Client::new();
     for _ in 0..args.repeat {
@@ -88,6 +105,30 @@ pub async fn run(
     Ok(())
 }
 
+/// `hookledger providers`: every provider an endpoint can name.
+pub fn providers(json: bool, out: &mut (dyn std::io::Write + Send)) -> Result<(), String> {
+    let all: Vec<&dyn hookledger::verify::provider::Provider> = hookledger::verify::registry::providers().collect();
+    let text = if json {
+        let rows: Vec<serde_json::Value> = all
+            .iter()
+            .map(|p| serde_json::json!({"provider": p.name(), "options": p.options(), "summary": p.summary()}))
+            .collect();
+        serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
+    } else {
+        let width = all.iter().map(|p| p.name().len()).max().unwrap_or(0);
+        let mut lines =
+            vec![format!("{:width$}  {}", "PROVIDER", "HOW IT SIGNS AND IDENTIFIES · WHAT ITS ENDPOINT MAY SET")];
+        for p in &all {
+            let takes = if p.takes_secrets() { "secrets" } else { "no secrets" };
+            let options = p.options();
+            let sets = if options.is_empty() { takes.to_owned() } else { format!("{takes}, {options}") };
+            lines.push(format!("{:width$}  {} · {sets}", p.name(), p.summary()));
+        }
+        lines.join("\n")
+    };
+    writeln!(out, "{text}").map_err(|e| e.to_string())
+}
+
 fn fresh_id(provider: ProviderKind) -> String {
     provider.event_id(&uuid::Uuid::new_v4().simple().to_string())
 }
@@ -101,7 +142,8 @@ pub(crate) fn sign(
     body: Vec<u8>,
     now: i64,
 ) -> Result<Delivery, String> {
-    let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+    let body = spec.provider.seal(spec, secret, now, body)?;
+    let mut headers = vec![("content-type".to_owned(), spec.provider.content_type().to_owned())];
     headers.extend(spec.provider.sign(spec, secret, event_id, event_type, now, &body)?);
     Ok(Delivery { headers, body })
 }

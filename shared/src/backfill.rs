@@ -45,7 +45,7 @@ use crate::ports::{
     Unfetchable, UnfetchedEvent, Window, WorkQueue,
 };
 use crate::verify::provider::BackfillList;
-use crate::verify::registry::REGISTRY;
+use crate::verify::registry::providers;
 
 /// The endpoint whose events are recovered: the identity's provider and
 /// endpoint, and what its records carry.
@@ -138,7 +138,7 @@ pub fn parse_schedules(json: &str) -> Result<std::collections::BTreeMap<String, 
                 return bad("GitHub needs \"hook\": repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook");
             }
             (None, _) => {
-                let listed: Vec<&str> = REGISTRY.iter().filter(|p| p.backfill().is_some()).map(|p| p.name()).collect();
+                let listed: Vec<&str> = providers().filter(|p| p.backfill().is_some()).map(|p| p.name()).collect();
                 return bad(&format!(
                     "provider {:?} keeps no list to backfill from ({})",
                     s.provider.as_str(),

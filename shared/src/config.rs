@@ -494,7 +494,19 @@ mod tests {
 
     #[test]
     fn every_provider_kind_builds() {
-        let specs = parse_endpoints(ALL).unwrap();
+        // The presets, each as its provider needs it.
+        let mut all: serde_json::Map<String, serde_json::Value> = serde_json::from_str(ALL).unwrap();
+        for p in crate::verify::presets::PRESETS {
+            let mut spec = serde_json::json!({"provider": p.name, "secrets": ["env:A"]});
+            if p.public_url {
+                spec["public_url"] = format!("https://hooks.example.com/webhooks/{}", p.name).into();
+            }
+            all.insert(format!("preset-{}", p.name.replace('_', "-")), spec);
+        }
+        for a in crate::verify::presets::ALIASES {
+            all.insert(format!("alias-{}", a.name), serde_json::json!({"provider": a.name, "secrets": ["env:W"]}));
+        }
+        let specs = parse_endpoints(&serde_json::Value::Object(all).to_string()).unwrap();
         let secrets = MapSecrets(HashMap::from([
             ("env:A", "a"),
             ("env:B", "b"),
@@ -503,14 +515,14 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let built =
             rt.block_on(build_endpoints(specs, &secrets, Arc::new(CertificateCache::new(Arc::new(NoFetch))))).unwrap();
-        assert_eq!(built.len(), 6);
+        assert_eq!(built.len(), 6 + crate::verify::presets::PRESETS.len() + crate::verify::presets::ALIASES.len());
         assert_eq!(built["stripe-eu"].tenant, "acme");
         assert_eq!(built["quiltt"].provider, ProviderKind::QUILTT);
         assert_eq!(built["gh"].tenant, "gh");
         assert_eq!(built["ses"].provider, ProviderKind::SNS);
         // Every registered provider is configured in ALL.
         let configured: Vec<&str> = built.values().map(|e| e.provider.as_str()).collect();
-        for p in crate::verify::registry::REGISTRY {
+        for p in crate::verify::registry::providers() {
             assert!(configured.contains(&p.name()), "{} is not in ALL", p.name());
         }
     }

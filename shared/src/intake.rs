@@ -355,7 +355,9 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 let bytes = &req.body[e.bytes.clone()];
                 let verified = Verified::record(e.event_id.clone(), e.event_type.clone());
                 let event = new_event(endpoint, &self.settings, &verified, bytes, req.now, self.ambient.token());
-                (NewEvent { batch_hash: Some(batch_hash.clone()), ..event }, bytes)
+                // The provider's content hash of the event (its retry counters masked).
+                let content_hash = endpoint.provider.content_hash(bytes);
+                (NewEvent { batch_hash: Some(batch_hash.clone()), content_hash, ..event }, bytes)
             })
             .collect();
         let admitted = self.admission().admit(&prepared).await;

@@ -119,6 +119,11 @@ impl SignedContent {
         self.pieces.contains(&Piece::Timestamp)
     }
 
+    /// Whether the body's bytes are signed whole (so a timestamp inside it is signed too).
+    fn uses_body(&self) -> bool {
+        self.pieces.contains(&Piece::Body)
+    }
+
     fn uses_url(&self) -> bool {
         self.pieces.contains(&Piece::Url)
     }
@@ -165,7 +170,7 @@ fn form_sorted(body: &[u8]) -> Vec<u8> {
 }
 
 /// The text of a JSON string or number at `at` in `body`.
-fn json_text(body: &[u8], at: &Range<usize>) -> Option<String> {
+pub(super) fn json_text(body: &[u8], at: &Range<usize>) -> Option<String> {
     if let Some(text) = json::string_at(body, at) {
         return Some(text.into_owned());
     }
@@ -224,13 +229,13 @@ fn checked_source(what: &str, s: &Source, top: bool) -> Result<(), String> {
     match s {
         Source::Header(n) => header_name(what, n).map(|_| ()),
         Source::JsonPointer(p) => pointer(what, p).map(|_| ()),
-        Source::Composite(parts) if top && what == "id" && !parts.is_empty() => {
+        Source::Composite(parts) if top && matches!(what, "id" | "type") && !parts.is_empty() => {
             parts.iter().try_for_each(|p| checked_source(what, p, false))
         }
         Source::BodyHash if top && what == "id" => Ok(()),
         _ => Err(format!(
-            "hmac.{what}: a header or a json_pointer{}",
-            if what == "id" { ", a composite of those, or body_hash" } else { "" }
+            "hmac.{what}: a header, a json_pointer{}",
+            if what == "id" { ", a composite of those, or body_hash" } else { " or a composite of those" }
         )),
     }
 }
@@ -300,10 +305,17 @@ impl GenericHmacConfig {
                 if h.list.is_some() && signature_headers.is_empty() {
                     return Err("hmac.list reads the signature_header".into());
                 }
-                if signed_content.uses_timestamp() != timestamp.is_some() {
+                // A timestamp read from a body that is signed whole is signed.
+                let in_signed_body = matches!(timestamp, Some(TimestampAt::Pointer(_))) && signed_content.uses_body();
+                if signed_content.uses_timestamp() != timestamp.is_some() && !in_signed_body {
                     return Err(
-                        "hmac.signed_content uses {timestamp} exactly when a timestamp is configured (timestamp_header, timestamp_pointer or list.timestamp): an unsigned timestamp proves nothing".into(),
+                        "hmac.signed_content uses {timestamp} exactly when a timestamp is configured (timestamp_header, timestamp_pointer or list.timestamp; a timestamp_pointer into a body signed whole needs none): an unsigned timestamp proves nothing".into(),
                     );
+                }
+                if signature_pointer.is_some()
+                    && (signed_content.uses_body() || signed_content.pieces.contains(&Piece::FormSorted))
+                {
+                    return Err("hmac: a signature inside the body cannot sign the whole body ({body}, {form_sorted}): sign {json:POINTER} fields".into());
                 }
                 h.encoding.ok_or("hmac.encoding: hex or base64")?
             }
@@ -351,6 +363,18 @@ impl GenericHmacConfig {
             event_type: h.event_type.clone(),
             mask,
         })
+    }
+
+    /// Whether a timestamp is checked (so a stale delivery is refused).
+    pub fn timestamped(&self) -> bool {
+        self.timestamp.is_some()
+    }
+
+    /// Whether the bytes of the body are authenticated (not so for token
+    /// and basic-auth senders, nor for a signature inside the body).
+    pub fn signs_body(&self) -> bool {
+        self.auth == Auth::Hmac
+            && self.signed_content.pieces.iter().any(|p| matches!(p, Piece::Body | Piece::FormSorted))
     }
 
     /// The HMAC keys of `secrets` as this endpoint decodes them.
@@ -619,15 +643,20 @@ impl GenericHmacVerifier {
         let event_type = c.event_type.as_ref().and_then(|source| read(source, d, type_at));
         let mut verified = Verified::record(checked_event_id(&id)?, event_type);
         if !c.mask.is_empty() {
-            let mut ranges: Vec<Range<usize>> =
-                c.mask.iter().filter_map(|p| json::pointers(d.body, [Some(p.as_str())])[0].clone()).collect();
-            ranges.sort_by_key(|r| r.start);
-            // Nested pointers: keep the outer value only.
-            ranges.dedup_by(|later, earlier| later.start < earlier.end);
-            verified.content = Content::Masked { ranges };
+            verified.content = Content::Masked { ranges: mask_ranges(d.body, &c.mask) };
         }
         Ok(verified)
     }
+}
+
+/// Where the values at the `mask` pointers are in `body`: ordered and
+/// disjoint (of nested pointers, the outer value is kept).
+pub fn mask_ranges<S: AsRef<str>>(body: &[u8], mask: &[S]) -> Vec<Range<usize>> {
+    let mut ranges: Vec<Range<usize>> =
+        mask.iter().filter_map(|p| json::pointers(body, [Some(p.as_ref())])[0].clone()).collect();
+    ranges.sort_by_key(|r| r.start);
+    ranges.dedup_by(|later, earlier| later.start < earlier.end);
+    ranges
 }
 
 /// The value `source` names in this delivery (`at`: where its pointer's
@@ -675,7 +704,8 @@ pub fn sign_headers(
         Auth::Hmac => {}
     }
     let Some(header) = first else {
-        return Err("this endpoint's signature is inside the body: sign it with the provider's own tools".into());
+        // The signature is inside the body ([`seal`] writes it); nothing goes in the headers.
+        return Ok(Vec::new());
     };
     let ts = timestamp_text(c.timestamp_format, now_s);
     let mut headers = HeaderMap::new();
@@ -706,6 +736,34 @@ pub fn sign_headers(
         out.push((t.as_str().to_owned(), ts));
     }
     Ok(out)
+}
+
+/// `body` with the signature (and its timestamp) written inside it, as a
+/// sender whose signature is in the body sends it (Mailgun): the timestamp
+/// at `timestamp_pointer` is set to `now_s`, then the signature at
+/// `signature_pointer`. A configuration whose signature is in a header
+/// returns the body as it is.
+pub fn seal(config: &GenericHmacConfig, secret: &Secret, now_s: i64, body: Vec<u8>) -> Result<Vec<u8>, String> {
+    let c = config;
+    let Some(at) = &c.signature_pointer else { return Ok(body) };
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| format!("the body to sign is not JSON: {e}"))?;
+    let ts = timestamp_text(c.timestamp_format, now_s);
+    if let Some(TimestampAt::Pointer(p)) = &c.timestamp {
+        set_pointer(&mut doc, p, &ts);
+    }
+    let with_ts = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
+    let headers = HeaderMap::new();
+    let d = Delivery { body: &with_ts, headers: &headers, method: &http::Method::POST, query: "" };
+    let parts = c.signed_content.parts(&d, &c.url, &ts).map_err(|e| e.to_string())?;
+    let key = decode_key(c.key, secret).map_err(str::to_owned)?;
+    let mac = mac(c.algorithm, key.expose(), &parts);
+    let encoded = match c.encoding {
+        Encoding::Hex => hex::encode(mac),
+        Encoding::Base64 => STANDARD.encode(mac),
+    };
+    set_pointer(&mut doc, at, &format!("{}{encoded}", c.prefix));
+    serde_json::to_vec(&doc).map_err(|e| e.to_string())
 }
 
 /// The signature header value alone (tests, benches): see [`sign_headers`].
@@ -768,6 +826,18 @@ impl Provider for Hmac {
             }
         }
         v.to_string().into_bytes()
+    }
+
+    fn seal(&self, spec: &EndpointSpec, secret: &Secret, now_s: i64, body: Vec<u8>) -> Result<Vec<u8>, String> {
+        seal(&config_of(spec)?, secret, now_s, body)
+    }
+
+    fn summary(&self) -> &'static str {
+        "any HMAC (SHA-1/256/512), shared token or basic-auth sender, as its hmac section says"
+    }
+
+    fn options(&self) -> String {
+        "hmac (required), public_url, tolerance_secs".into()
     }
 
     fn sign(

@@ -66,6 +66,15 @@ impl Provider for Github {
         "github"
     }
 
+    /// GitHub signs no timestamp: nothing but the secrets.
+    fn options(&self) -> String {
+        String::new()
+    }
+
+    fn summary(&self) -> &'static str {
+        "X-Hub-Signature-256: sha256= hex HMAC-SHA256 of the body; id X-GitHub-Delivery"
+    }
+
     fn verifier(&self, _: &EndpointSpec, secrets: Vec<Secret>, _: &BuildContext) -> Result<Box<dyn Verifier>, String> {
         Ok(Box::new(GithubVerifier::new(secrets)))
     }

@@ -13,6 +13,7 @@ pub mod github;
 pub mod hashes;
 mod headers;
 pub(crate) mod json;
+pub mod presets;
 pub mod provider;
 pub mod quiltt;
 pub mod registry;

@@ -139,6 +139,30 @@ pub trait Provider: Send + Sync + 'static {
         body: &[u8],
     ) -> Result<Vec<(String, String)>, String>;
 
+    /// `body` as the provider sends it once signed with `secret`: most send
+    /// it as it is; a provider whose signature is inside the body (Mailgun)
+    /// writes it there. Called before [`Provider::sign`].
+    fn seal(&self, spec: &EndpointSpec, secret: &Secret, now_s: i64, body: Vec<u8>) -> Result<Vec<u8>, String> {
+        let _ = (spec, secret, now_s);
+        Ok(body)
+    }
+
+    /// The content type its deliveries carry.
+    fn content_type(&self) -> &'static str {
+        "application/json"
+    }
+
+    /// One line on how it signs and what identifies an event (`hookledger providers`).
+    fn summary(&self) -> &'static str {
+        ""
+    }
+
+    /// What an endpoint of this provider may set besides `provider`,
+    /// `tenant` and `secrets` (`hookledger providers`).
+    fn options(&self) -> String {
+        "tolerance_secs".into()
+    }
+
     /// The events of a stored payload that carries several (a batch:
     /// each one's identity, type and bytes); `None` for a provider whose
     /// deliveries are one event each. Runs on verified payloads only.

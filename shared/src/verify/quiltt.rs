@@ -164,6 +164,10 @@ impl Provider for Quiltt {
         "quiltt"
     }
 
+    fn summary(&self) -> &'static str {
+        "Quiltt-Signature: base64 HMAC-SHA256 of \"1\" + Quiltt-Timestamp + body; a batch, each event identified by its id"
+    }
+
     fn verifier(
         &self,
         spec: &EndpointSpec,

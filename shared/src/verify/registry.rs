@@ -8,7 +8,9 @@ use super::provider::{Provider, ProviderKind};
 use crate::event::DecodeError;
 use crate::identity::payload_hash;
 
-/// Every provider an endpoint can name, in the order `docs/providers.md` lists them.
+/// The providers with modules of their own, in the order `docs/providers.md`
+/// lists them; the presets on the generic verifier follow them
+/// ([`providers`]).
 pub const REGISTRY: &[&dyn Provider] = &[
     &super::stripe::Stripe,
     &super::github::Github,
@@ -17,6 +19,14 @@ pub const REGISTRY: &[&dyn Provider] = &[
     &super::quiltt::Quiltt,
     &super::generic::Hmac,
 ];
+
+/// Every provider an endpoint can name: [`REGISTRY`], then the HMAC
+/// presets and the Standard Webhooks aliases (`verify::presets`).
+pub fn providers() -> impl Iterator<Item = &'static dyn Provider> {
+    let presets = super::presets::PRESETS.iter().map(|p| p as &'static dyn Provider);
+    let aliases = super::presets::ALIASES.iter().map(|p| p as &'static dyn Provider);
+    REGISTRY.iter().copied().chain(presets).chain(aliases)
+}
 
 impl ProviderKind {
     pub const STRIPE: Self = Self::of(&super::stripe::Stripe);
@@ -28,12 +38,12 @@ impl ProviderKind {
 
     /// The registered provider of this name.
     pub fn named(name: &str) -> Option<Self> {
-        REGISTRY.iter().find(|p| p.name() == name).map(|p| Self::of(*p))
+        providers().find(|p| p.name() == name).map(Self::of)
     }
 
     /// The names of every registered provider, for error messages.
     pub fn names() -> String {
-        REGISTRY.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+        providers().map(|p| p.name()).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -86,13 +96,14 @@ mod tests {
 
     #[test]
     fn every_provider_is_registered_once_and_found_by_its_name() {
-        let mut names: Vec<&str> = REGISTRY.iter().map(|p| p.name()).collect();
+        let mut names: Vec<&str> = providers().map(|p| p.name()).collect();
+        let count = names.len();
         for name in &names {
             assert_eq!(ProviderKind::named(name).map(ProviderKind::as_str), Some(*name));
         }
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), REGISTRY.len(), "two providers share a name");
+        assert_eq!(names.len(), count, "two providers share a name");
         for k in [
             ProviderKind::STRIPE,
             ProviderKind::GITHUB,
@@ -111,8 +122,7 @@ mod tests {
     #[test]
     fn every_registered_provider_has_its_row_in_the_docs() {
         let docs = include_str!("../../../docs/providers.md");
-        let missing: Vec<&str> = REGISTRY
-            .iter()
+        let missing: Vec<&str> = providers()
             .map(|p| p.name())
             .filter(|n| !docs.lines().any(|l| l.starts_with("| ") && l.contains(&format!("`{n}`"))))
             .collect();
@@ -177,7 +187,7 @@ mod tests {
             /// the typed (permanent) decode error; never a panic.
             #[test]
             fn decoding_never_panics_and_errors_are_typed(
-                provider in prop::sample::select(REGISTRY.iter().map(|p| p.name()).chain(["other"]).collect::<Vec<_>>()),
+                provider in prop::sample::select(providers().map(|p| p.name()).chain(["other"]).collect::<Vec<_>>()),
                 stored_type in prop::option::of("[a-z.]{0,10}"),
                 payload in payload(),
             ) {
@@ -192,7 +202,7 @@ mod tests {
 
 #[cfg(test)]
 mod registry_only {
-    use super::REGISTRY;
+    use super::providers;
 
     fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -224,7 +234,7 @@ mod registry_only {
             }
             let text = std::fs::read_to_string(&file).unwrap();
             let production = text.split("#[cfg(test)]").next().unwrap_or_default();
-            for p in REGISTRY {
+            for p in providers() {
                 let quoted = format!("\"{}\"", p.name());
                 let own = production.contains(&format!("fn name(&self) -> &'static str {{\n        {quoted}"));
                 let matches = [

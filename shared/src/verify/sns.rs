@@ -300,6 +300,14 @@ impl Provider for Sns {
         "sns"
     }
 
+    fn summary(&self) -> &'static str {
+        "AWS's RSA signature (v1 SHA-1, v2 SHA-256) with a validated SNS certificate; id MessageId; SES inside"
+    }
+
+    fn options(&self) -> String {
+        "topic_arns (required)".into()
+    }
+
     fn takes_secrets(&self) -> bool {
         false
     }

@@ -125,6 +125,10 @@ impl Provider for StandardWebhooks {
         "standard_webhooks"
     }
 
+    fn summary(&self) -> &'static str {
+        "webhook-signature (or svix-signature): v1, base64 HMAC-SHA256 of \"{id}.{timestamp}.{body}\" with the whsec_ secret; id webhook-id"
+    }
+
     /// Each secret must decode ([`decode_secret`]): checked when the keys are built.
     fn verifier(
         &self,

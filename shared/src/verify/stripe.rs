@@ -174,6 +174,10 @@ impl Provider for Stripe {
         "stripe"
     }
 
+    fn summary(&self) -> &'static str {
+        "Stripe-Signature: t=…,v1=… hex HMAC-SHA256 of \"{t}.{body}\"; id event id (evt_…); pending_webhooks masked"
+    }
+
     fn verifier(
         &self,
         spec: &EndpointSpec,

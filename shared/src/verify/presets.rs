@@ -1,0 +1,732 @@
+//! Providers by name on the generic verifier: each preset is a fixed `hmac`
+//! section (what an operator would otherwise write for an `hmac`
+//! endpoint), the fields its provider changes between retries, and a body
+//! in the provider's shape for `hookledger send`; Clerk and Resend send
+//! through Svix, so they are Standard Webhooks under their own names.
+//!
+//! Adding a preset is one entry in [`PRESETS`] (or [`ALIASES`]), its
+//! vectors under `shared/testdata/providers/<name>/` and its row in
+//! `docs/providers.md`. Every section is checked by the same code that
+//! checks an operator's (`GenericHmacConfig::from_spec`), in a test.
+
+use std::ops::Range;
+
+use super::generic::{self, GenericHmacConfig, GenericHmacVerifier, json_text};
+use super::provider::{
+    BuildContext, Delivery, EndpointSpec, HmacSpec, Provider, Source, Verifier, Verifying, no_sections, ready,
+};
+use super::{Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, json, standard};
+use crate::secret::Secret;
+
+/// A delivery carrying several events as a JSON array (HubSpot's).
+#[derive(Debug)]
+pub struct Batch {
+    /// Pointers into each element, joined by `:`, that identify it.
+    pub id: &'static [&'static str],
+    /// Where each element names its type.
+    pub event_type: Option<&'static str>,
+}
+
+/// How a preset's events are named by `hookledger send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdStyle {
+    /// The random hex digits.
+    Hex,
+    /// A UUID made of them.
+    Uuid,
+    /// A decimal number made of the first 12 of them.
+    Number,
+}
+
+/// A provider that signs with an HMAC (or a token), as a fixed `hmac` section.
+#[derive(Debug)]
+pub struct Preset {
+    pub name: &'static str,
+    /// How it signs and identifies, in a line (`hookledger providers`).
+    pub summary: &'static str,
+    /// The `hmac` section, as an `hmac` endpoint would write it (no `mask`).
+    pub hmac: &'static str,
+    /// JSON pointers of the values it changes between retries of one event
+    /// (masked in the content hash; for a batch, inside each element).
+    pub mask: &'static [&'static str],
+    /// The provider signs the URL it calls: the endpoint names its `public_url`.
+    pub public_url: bool,
+    /// Its documented timestamp window, where it names one (else 300 s).
+    pub tolerance_secs: i64,
+    pub content_type: &'static str,
+    /// A body in its shape, with `{{id}}`, `{{type}}`, `{{ts}}`, `{{ms}}`,
+    /// `{{rfc3339}}`, `{{number}}` and `{{token}}` put in by `hookledger send`.
+    pub sample: &'static str,
+    /// Headers it sends besides the signature, the timestamp and the ids.
+    pub headers: &'static [(&'static str, &'static str)],
+    pub id_style: IdStyle,
+    pub batch: Option<Batch>,
+}
+
+const JSON: &str = "application/json";
+const FORM: &str = "application/x-www-form-urlencoded";
+const DEFAULT_TOLERANCE: i64 = generic::DEFAULT_TOLERANCE_SECS;
+
+/// Every HMAC preset, in the order `docs/providers.md` lists them.
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "shopify",
+        summary: "X-Shopify-Hmac-Sha256: base64 HMAC-SHA256 of the body; id X-Shopify-Event-Id",
+        hmac: r#"{"signature_header": "X-Shopify-Hmac-Sha256", "encoding": "base64",
+            "id": {"header": "X-Shopify-Event-Id"}, "type": {"header": "X-Shopify-Topic"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"id":{{number}},"email":"jon@example.com","total_price":"199.00","updated_at":"{{rfc3339}}"}"#,
+        headers: &[("X-Shopify-Shop-Domain", "demo.myshopify.com"), ("X-Shopify-API-Version", "2025-10")],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "twilio",
+        summary: "X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters; id I-Twilio-Idempotency-Token",
+        hmac: r#"{"signature_header": "X-Twilio-Signature", "algorithm": "sha1", "encoding": "base64",
+            "signed_content": "{url}{form_sorted}", "id": {"header": "I-Twilio-Idempotency-Token"}}"#,
+        mask: &[],
+        public_url: true,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: FORM,
+        sample: "AccountSid=AC00000000000000000000000000000001&ApiVersion=2010-04-01&From=%2B15017122661&MessageSid=SM{{id}}&MessageStatus={{type}}&SmsStatus={{type}}&To=%2B15558675310",
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "square",
+        summary: "x-square-hmacsha256-signature: base64 HMAC-SHA256 of the notification URL and the body; id event_id",
+        hmac: r#"{"signature_header": "x-square-hmacsha256-signature", "encoding": "base64",
+            "signed_content": "{url}{body}", "id": {"json_pointer": "/event_id"}, "type": {"json_pointer": "/type"}}"#,
+        mask: &[],
+        public_url: true,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"merchant_id":"6SSW7HV8K2ST5","type":"{{type}}","event_id":"{{id}}","created_at":"{{rfc3339}}","data":{"type":"payment","id":"KkAkhdMsgzn59SM8A89WgKwekxLZY","object":{"payment":{"id":"KkAkhdMsgzn59SM8A89WgKwekxLZY","status":"COMPLETED"}}}}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "razorpay",
+        summary: "X-Razorpay-Signature: hex HMAC-SHA256 of the body; id x-razorpay-event-id",
+        hmac: r#"{"signature_header": "X-Razorpay-Signature", "encoding": "hex",
+            "id": {"header": "x-razorpay-event-id"}, "type": {"json_pointer": "/event"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"entity":"event","account_id":"acc_BFQ7uQEaa7j2z7","event":"{{type}}","contains":["payment"],"payload":{"payment":{"entity":{"id":"pay_DESlfW9H8K9uqM","amount":100,"currency":"INR","status":"captured"}}},"created_at":{{ts}}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "paddle",
+        summary: "Paddle-Signature: ts=…;h1=… hex HMAC-SHA256 of \"{ts}:{body}\"; id event_id",
+        hmac: r#"{"signature_header": "Paddle-Signature", "list": {"separator": ";", "signature": "h1", "timestamp": "ts"},
+            "encoding": "hex", "signed_content": "{timestamp}:{body}",
+            "id": {"json_pointer": "/event_id"}, "type": {"json_pointer": "/event_type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: 5,
+        content_type: JSON,
+        sample: r#"{"event_id":"evt_{{id}}","event_type":"{{type}}","occurred_at":"{{rfc3339}}","notification_id":"ntf_01h8bkrfe7w1vwf8xmytwn51e7","data":{"id":"sub_01h8bkrb3ykxjh6z0j2dr2qb0m","status":"active"}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "hubspot",
+        summary: "X-HubSpot-Signature-v3: base64 HMAC-SHA256 of method, URL, body and the millisecond timestamp; a batch, each event identified by subscriptionId:eventId:occurredAt",
+        hmac: r#"{"signature_header": "X-HubSpot-Signature-v3", "encoding": "base64",
+            "timestamp_header": "X-HubSpot-Request-Timestamp", "timestamp_format": "milliseconds",
+            "signed_content": "{method}{url}{body}{timestamp}", "id": "body_hash"}"#,
+        mask: &["/attemptNumber"],
+        public_url: true,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"[{"eventId":{{number}},"subscriptionId":2881778,"portalId":62515,"appId":1160452,"occurredAt":{{ms}},"subscriptionType":"{{type}}","attemptNumber":0,"objectId":1246965,"propertyName":"lifecyclestage","propertyValue":"subscriber","changeSource":"CRM_UI"}]"#,
+        headers: &[],
+        id_style: IdStyle::Number,
+        batch: Some(Batch {
+            id: &["/subscriptionId", "/eventId", "/occurredAt"],
+            event_type: Some("/subscriptionType"),
+        }),
+    },
+    Preset {
+        name: "mailgun",
+        summary: "in the body: signature.signature, hex HMAC-SHA256 of signature.timestamp and signature.token (the event itself is not signed); id event-data.id",
+        hmac: r#"{"signature_pointer": "/signature/signature", "encoding": "hex",
+            "timestamp_pointer": "/signature/timestamp", "signed_content": "{timestamp}{json:/signature/token}",
+            "id": {"json_pointer": "/event-data/id"}, "type": {"json_pointer": "/event-data/event"}}"#,
+        mask: &["/signature"],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"signature":{"timestamp":"{{ts}}","token":"{{token}}","signature":""},"event-data":{"id":"{{id}}","event":"{{type}}","timestamp":{{ts}},"recipient":"alice@example.com","message":{"headers":{"message-id":"20130503182626.18666.16540@example.com"}}}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "linear",
+        summary: "Linear-Signature: hex HMAC-SHA256 of the body, webhookTimestamp (ms) in it within 60 s; id type:action:data.id:createdAt",
+        hmac: r#"{"signature_header": "Linear-Signature", "encoding": "hex",
+            "timestamp_pointer": "/webhookTimestamp", "timestamp_format": "milliseconds",
+            "id": {"composite": [{"json_pointer": "/type"}, {"json_pointer": "/action"}, {"json_pointer": "/data/id"}, {"json_pointer": "/createdAt"}]},
+            "type": {"composite": [{"json_pointer": "/type"}, {"json_pointer": "/action"}]}}"#,
+        mask: &["/webhookTimestamp"],
+        public_url: false,
+        tolerance_secs: 60,
+        content_type: JSON,
+        sample: r#"{"action":"create","type":"{{type}}","createdAt":"{{rfc3339}}","data":{"id":"{{id}}","title":"Demo issue","priority":2},"url":"https://linear.app/demo/issue/DEM-1","organizationId":"0c9c0e14-0d5f-4c4e-8b5a-6b8f6f2e1a00","webhookTimestamp":{{ms}},"webhookId":"5b0c3e0e-8f1e-4a0a-9e49-2b3c4d5e6f70"}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "intercom",
+        summary: "X-Hub-Signature: sha1= hex HMAC-SHA1 of the body; id id (notif_…)",
+        hmac: r#"{"signature_header": "X-Hub-Signature", "prefix": "sha1=", "algorithm": "sha1", "encoding": "hex",
+            "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/topic"}}"#,
+        mask: &["/delivery_attempts", "/delivery_status", "/delivered_at"],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"type":"notification_event","app_id":"abc123","data":{"type":"notification_event_data","item":{"type":"contact","id":"6762f0d51bb69f9f2193bb7f"}},"id":"notif_{{id}}","topic":"{{type}}","delivery_status":"pending","delivery_attempts":1,"delivered_at":0,"first_sent_at":{{ts}},"created_at":{{ts}},"self":null}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "calendly",
+        summary: "Calendly-Webhook-Signature: t=…,v1=… hex HMAC-SHA256 of \"{t}.{body}\"; id event:payload.uri",
+        hmac: r#"{"signature_header": "Calendly-Webhook-Signature", "list": {"signature": "v1", "timestamp": "t"},
+            "encoding": "hex", "signed_content": "{timestamp}.{body}",
+            "id": {"composite": [{"json_pointer": "/event"}, {"json_pointer": "/payload/uri"}]}, "type": {"json_pointer": "/event"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: 180,
+        content_type: JSON,
+        sample: r#"{"created_at":"{{rfc3339}}","created_by":"https://api.calendly.com/users/AAAAAAAAAAAAAAAA","event":"{{type}}","payload":{"uri":"https://api.calendly.com/scheduled_events/GBGBDCAADAEDCRZ2/invitees/{{id}}","email":"test@example.com","status":"active"}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "mux",
+        summary: "Mux-Signature: t=…,v1=… hex HMAC-SHA256 of \"{t}.{body}\"; id id",
+        hmac: r#"{"signature_header": "Mux-Signature", "list": {"signature": "v1", "timestamp": "t"},
+            "encoding": "hex", "signed_content": "{timestamp}.{body}",
+            "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/type"}}"#,
+        mask: &["/attempts"],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"type":"{{type}}","id":"{{id}}","created_at":"{{rfc3339}}","object":{"type":"asset","id":"0201p02fGKPE7MrbC269XRD7LpcHhrmbu0002"},"environment":{"name":"Production","id":"j0863n"},"data":{"status":"ready"},"attempts":[],"accessor_source":null,"accessor":null,"request_id":null}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "typeform",
+        summary: "Typeform-Signature: sha256= base64 HMAC-SHA256 of the body; id event_id",
+        hmac: r#"{"signature_header": "Typeform-Signature", "prefix": "sha256=", "encoding": "base64",
+            "id": {"json_pointer": "/event_id"}, "type": {"json_pointer": "/event_type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"event_id":"{{id}}","event_type":"{{type}}","form_response":{"form_id":"lT4Z3j","token":"a3a12ec67a1365927098a606107fac15","submitted_at":"{{rfc3339}}","answers":[]}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "coinbase_commerce",
+        summary: "X-CC-Webhook-Signature: hex HMAC-SHA256 of the body; id event.id",
+        hmac: r#"{"signature_header": "X-CC-Webhook-Signature", "encoding": "hex",
+            "id": {"json_pointer": "/event/id"}, "type": {"json_pointer": "/event/type"}}"#,
+        mask: &["/id", "/attempt_number", "/scheduled_for"],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"id":1,"scheduled_for":"{{rfc3339}}","attempt_number":1,"event":{"id":"{{id}}","resource":"event","type":"{{type}}","api_version":"2018-03-22","created_at":"{{rfc3339}}","data":{"code":"66BEOV2A","name":"The Sovereign Individual","pricing_type":"no_price"}}}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "sentry",
+        summary: "Sentry-Hook-Signature: hex HMAC-SHA256 of the body; no event id: the body hash",
+        hmac: r#"{"signature_header": "Sentry-Hook-Signature", "encoding": "hex", "id": "body_hash",
+            "type": {"composite": [{"header": "Sentry-Hook-Resource"}, {"json_pointer": "/action"}]}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"action":"created","installation":{"uuid":"7a485448-a9e2-4c85-8a3c-4f44175783c9"},"data":{"issue":{"id":"{{number}}","title":"{{type}}","status":"unresolved"}},"actor":{"type":"application","id":"sentry","name":"Sentry"}}"#,
+        headers: &[("Sentry-Hook-Resource", "issue")],
+        id_style: IdStyle::Number,
+        batch: None,
+    },
+    Preset {
+        name: "lemonsqueezy",
+        summary: "X-Signature: hex HMAC-SHA256 of the body; id meta.event_name:data.type:data.id:data.attributes.updated_at",
+        hmac: r#"{"signature_header": "X-Signature", "encoding": "hex",
+            "id": {"composite": [{"json_pointer": "/meta/event_name"}, {"json_pointer": "/data/type"}, {"json_pointer": "/data/id"}, {"json_pointer": "/data/attributes/updated_at"}]},
+            "type": {"json_pointer": "/meta/event_name"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"meta":{"event_name":"{{type}}","custom_data":null},"data":{"type":"subscriptions","id":"{{number}}","attributes":{"status":"active","updated_at":"{{rfc3339}}"}}}"#,
+        headers: &[],
+        id_style: IdStyle::Number,
+        batch: None,
+    },
+    Preset {
+        name: "box",
+        summary: "BOX-SIGNATURE-PRIMARY / -SECONDARY: base64 HMAC-SHA256 of the body and BOX-DELIVERY-TIMESTAMP (RFC 3339, 10 minutes); id id",
+        hmac: r#"{"signature_header": ["BOX-SIGNATURE-PRIMARY", "BOX-SIGNATURE-SECONDARY"], "encoding": "base64",
+            "timestamp_header": "BOX-DELIVERY-TIMESTAMP", "timestamp_format": "rfc3339", "signed_content": "{body}{timestamp}",
+            "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/trigger"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: 600,
+        content_type: JSON,
+        sample: r#"{"type":"webhook_event","id":"{{id}}","created_at":"{{rfc3339}}","trigger":"{{type}}","webhook":{"id":"1234567890","type":"webhook"},"created_by":{"type":"user","id":"2","name":"Demo","login":"demo@example.com"},"source":{"id":"12345","type":"file","name":"demo.txt"}}"#,
+        headers: &[("BOX-SIGNATURE-VERSION", "1"), ("BOX-SIGNATURE-ALGORITHM", "HmacSHA256")],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "zendesk",
+        summary: "X-Zendesk-Webhook-Signature: base64 HMAC-SHA256 of X-Zendesk-Webhook-Signature-Timestamp (RFC 3339) and the body; id X-Zendesk-Webhook-Invocation-Id",
+        hmac: r#"{"signature_header": "X-Zendesk-Webhook-Signature", "encoding": "base64",
+            "timestamp_header": "X-Zendesk-Webhook-Signature-Timestamp", "timestamp_format": "rfc3339",
+            "signed_content": "{timestamp}{body}", "id": {"header": "X-Zendesk-Webhook-Invocation-Id"},
+            "type": {"json_pointer": "/type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"type":"{{type}}","account_id":12514403,"id":"{{id}}","time":"{{rfc3339}}","zendesk_event_version":"2022-11-06","subject":"zen:ticket:1","detail":{"id":"1","status":"OPEN"},"event":{}}"#,
+        headers: &[],
+        id_style: IdStyle::Number,
+        batch: None,
+    },
+    Preset {
+        name: "docusign",
+        summary: "X-DocuSign-Signature-1…10 (one per Connect key): base64 HMAC-SHA256 of the body; id event:data.envelopeId:generatedDateTime",
+        hmac: r#"{"signature_header": ["X-DocuSign-Signature-1", "X-DocuSign-Signature-2", "X-DocuSign-Signature-3",
+                "X-DocuSign-Signature-4", "X-DocuSign-Signature-5", "X-DocuSign-Signature-6", "X-DocuSign-Signature-7",
+                "X-DocuSign-Signature-8", "X-DocuSign-Signature-9", "X-DocuSign-Signature-10"],
+            "encoding": "base64",
+            "id": {"composite": [{"json_pointer": "/event"}, {"json_pointer": "/data/envelopeId"}, {"json_pointer": "/generatedDateTime"}]},
+            "type": {"json_pointer": "/event"}}"#,
+        mask: &["/retryCount"],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"event":"{{type}}","apiVersion":"v2.1","uri":"/restapi/v2.1/accounts/00000000-0000-4000-8000-000000000001/envelopes/{{id}}","retryCount":0,"configurationId":10418,"generatedDateTime":"{{rfc3339}}","data":{"accountId":"00000000-0000-4000-8000-000000000001","userId":"00000000-0000-4000-8000-000000000002","envelopeId":"{{id}}"}}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "vercel",
+        summary: "x-vercel-signature: hex HMAC-SHA1 of the body; id id",
+        hmac: r#"{"signature_header": "x-vercel-signature", "algorithm": "sha1", "encoding": "hex",
+            "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"id":"{{id}}","type":"{{type}}","createdAt":{{ms}},"payload":{"deployment":{"id":"dpl_2euZBFqxYdDMDG1jTrHFnNZ2eUVa","url":"demo.vercel.app"}},"region":"sfo1"}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "segment",
+        summary: "X-Signature: hex HMAC-SHA1 of the body; id messageId",
+        hmac: r#"{"signature_header": "X-Signature", "algorithm": "sha1", "encoding": "hex",
+            "id": {"json_pointer": "/messageId"}, "type": {"json_pointer": "/type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"messageId":"{{id}}","type":"{{type}}","event":"Order Completed","userId":"u_1","timestamp":"{{rfc3339}}","properties":{"revenue":19.99}}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "gitlab",
+        summary: "X-Gitlab-Token: the secret itself (no signature), compared in constant time; id Idempotency-Key",
+        hmac: r#"{"auth": "token", "signature_header": "X-Gitlab-Token",
+            "id": {"header": "Idempotency-Key"}, "type": {"header": "X-Gitlab-Event"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"object_kind":"push","event_name":"push","ref":"refs/heads/main","checkout_sha":"da1560886d4f094c3e6c9ef40349f7d38b5d27d7","project":{"id":15,"path_with_namespace":"demo/app"},"commits":[]}"#,
+        headers: &[("X-Gitlab-Instance", "https://gitlab.com")],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+    Preset {
+        name: "bitbucket",
+        summary: "X-Hub-Signature: sha256= hex HMAC-SHA256 of the body; no stable event id: the body hash",
+        hmac: r#"{"signature_header": "X-Hub-Signature", "prefix": "sha256=", "encoding": "hex", "id": "body_hash",
+            "type": {"header": "X-Event-Key"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"push":{"changes":[{"new":{"type":"branch","name":"main","target":{"hash":"{{id}}"}}}]},"repository":{"full_name":"demo/app","uuid":"{00000000-0000-4000-8000-000000000003}"},"actor":{"display_name":"Demo"}}"#,
+        headers: &[("X-Hook-UUID", "00000000-0000-4000-8000-000000000004")],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "jira",
+        summary: "X-Hub-Signature: sha256= hex HMAC-SHA256 of the body; id X-Atlassian-Webhook-Identifier",
+        hmac: r#"{"signature_header": "X-Hub-Signature", "prefix": "sha256=", "encoding": "hex",
+            "id": {"header": "X-Atlassian-Webhook-Identifier"}, "type": {"json_pointer": "/webhookEvent"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"timestamp":{{ms}},"webhookEvent":"{{type}}","issue_event_type_name":"issue_created","issue":{"id":"10001","key":"DEMO-1","fields":{"summary":"Demo"}},"user":{"accountId":"5b10a2844c20165700ede21g"}}"#,
+        headers: &[],
+        id_style: IdStyle::Number,
+        batch: None,
+    },
+    Preset {
+        name: "cashfree",
+        summary: "x-webhook-signature: base64 HMAC-SHA256 of x-webhook-timestamp (ms) and the body; no event id common to every type: the body hash",
+        hmac: r#"{"signature_header": "x-webhook-signature", "encoding": "base64",
+            "timestamp_header": "x-webhook-timestamp", "timestamp_format": "milliseconds",
+            "signed_content": "{timestamp}{body}", "id": "body_hash", "type": {"json_pointer": "/type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"data":{"order":{"order_id":"order_{{id}}","order_amount":2.00,"order_currency":"INR"},"payment":{"cf_payment_id":{{number}},"payment_status":"SUCCESS","payment_amount":2.00}},"event_time":"{{rfc3339}}","type":"{{type}}"}"#,
+        headers: &[("x-webhook-version", "2023-08-01")],
+        id_style: IdStyle::Hex,
+        batch: None,
+    },
+    Preset {
+        name: "postmark",
+        summary: "HTTP basic auth in the webhook URL (no signature), compared in constant time; no event id for every record type: the body hash",
+        hmac: r#"{"auth": "basic", "id": "body_hash", "type": {"json_pointer": "/RecordType"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"RecordType":"{{type}}","ServerID":23,"MessageStream":"outbound","MessageID":"{{id}}","Recipient":"john@example.com","Tag":"welcome","DeliveredAt":"{{rfc3339}}","Details":"Test delivery webhook details","Metadata":{}}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: None,
+    },
+];
+
+/// Senders that sign as Standard Webhooks (through Svix), by their own names.
+#[derive(Debug)]
+pub struct Alias {
+    pub name: &'static str,
+    pub summary: &'static str,
+    pub sample: &'static str,
+}
+
+pub const ALIASES: &[Alias] = &[
+    Alias {
+        name: "clerk",
+        summary: "Svix: svix-id, svix-timestamp, svix-signature (v1, HMAC-SHA256 with the whsec_ secret); id svix-id",
+        sample: r#"{"data":{"id":"user_29w83sxmDNGwOuEthce5gg56FcC","object":"user","email_addresses":[]},"object":"event","type":"{{type}}","timestamp":{{ms}},"instance_id":"ins_123"}"#,
+    },
+    Alias {
+        name: "resend",
+        summary: "Svix: svix-id, svix-timestamp, svix-signature (v1, HMAC-SHA256 with the whsec_ secret); id svix-id",
+        sample: r#"{"type":"{{type}}","created_at":"{{rfc3339}}","data":{"email_id":"56761188-7520-42d8-8898-ff6fc54ce618","from":"Acme <onboarding@resend.dev>","to":["delivered@resend.dev"],"subject":"Sending this example"}}"#,
+    },
+];
+
+/// The sample `template` with its placeholders filled.
+fn fill(template: &str, event_id: &str, event_type: &str, now_s: i64) -> Vec<u8> {
+    let digits: String = event_id.chars().filter(char::is_ascii_hexdigit).take(12).collect();
+    let number = u64::from_str_radix(&digits, 16).unwrap_or(1) % 1_000_000_000_000 + 1;
+    let token: String = event_id.chars().filter(char::is_ascii_hexdigit).cycle().take(50).collect();
+    template
+        .replace("{{id}}", event_id)
+        .replace("{{type}}", event_type)
+        .replace("{{ts}}", &now_s.to_string())
+        .replace("{{ms}}", &(now_s * 1000).to_string())
+        .replace("{{rfc3339}}", &super::sns::format_timestamp(now_s))
+        .replace("{{number}}", &number.to_string())
+        .replace("{{token}}", if token.is_empty() { "0" } else { &token })
+        .into_bytes()
+}
+
+fn styled(style: IdStyle, hex: &str) -> String {
+    match style {
+        IdStyle::Hex => hex.to_owned(),
+        IdStyle::Uuid if hex.len() >= 32 => {
+            format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+        }
+        IdStyle::Uuid => hex.to_owned(),
+        IdStyle::Number => {
+            let digits: String = hex.chars().filter(char::is_ascii_hexdigit).take(12).collect();
+            (u64::from_str_radix(&digits, 16).unwrap_or(0) % 1_000_000_000_000 + 1).to_string()
+        }
+    }
+}
+
+impl Preset {
+    /// The preset's `hmac` section, with its mask.
+    pub fn section(&self) -> HmacSpec {
+        let mut spec: HmacSpec = serde_json::from_str(self.hmac)
+            .unwrap_or_else(|e| panic!("the {} preset's hmac section does not parse: {e}", self.name));
+        spec.mask = self.mask.iter().map(|m| (*m).to_owned()).collect();
+        spec
+    }
+
+    /// The verifier's configuration for an endpoint of this preset.
+    pub fn config(&self, spec: &EndpointSpec) -> Result<GenericHmacConfig, String> {
+        let section = self.section();
+        let tolerance = spec.tolerance_secs.unwrap_or(self.tolerance_secs);
+        GenericHmacConfig::from_spec(&section, tolerance, spec.public_url.as_deref())
+    }
+}
+
+/// A preset's verifier: the generic one, and a batch split where the
+/// provider sends several events at once.
+struct PresetVerifier {
+    inner: GenericHmacVerifier,
+    batch: Option<&'static Batch>,
+}
+
+impl PresetVerifier {
+    fn verify_now(&self, d: &Delivery<'_>, now_s: i64) -> Result<Verified, VerifyError> {
+        let verified = self.inner.verify_delivery(d, now_s)?;
+        match self.batch {
+            None => Ok(verified),
+            Some(batch) => split(d.body, batch).map(|events| Verified {
+                action: Action::Batch(events),
+                content: Content::Bytes,
+                ..verified
+            }),
+        }
+    }
+}
+
+impl Verifier for PresetVerifier {
+    fn verify<'a>(&'a self, d: Delivery<'a>, now_s: i64) -> Verifying<'a> {
+        ready(self.verify_now(&d, now_s))
+    }
+}
+
+/// The most events one delivery may carry.
+pub const MAX_BATCH_EVENTS: usize = super::quiltt::MAX_BATCH_EVENTS;
+
+/// The events of a verified batch body (a JSON array): each element's id
+/// (its `batch.id` values joined by `:`), type and bytes. An element without
+/// its id refuses the whole delivery.
+pub fn split(body: &[u8], batch: &Batch) -> Result<Vec<BatchEvent>, VerifyError> {
+    let mut elements: Vec<Range<usize>> = Vec::new();
+    let kind = json::scan(body, |e| elements.push(e.value)).map_err(|_| VerifyError::MalformedPayload("not JSON"))?;
+    if kind != json::Kind::Array {
+        return Err(VerifyError::MalformedPayload("the batch is not a JSON array"));
+    }
+    if elements.is_empty() {
+        return Err(VerifyError::MalformedPayload("the batch has no events"));
+    }
+    if elements.len() > MAX_BATCH_EVENTS {
+        return Err(VerifyError::MalformedPayload("the batch has more events than a delivery may carry"));
+    }
+    let mut out: Vec<BatchEvent> = Vec::with_capacity(elements.len());
+    for range in elements {
+        let event = &body[range.clone()];
+        let mut parts = Vec::with_capacity(batch.id.len());
+        for p in batch.id {
+            let [at] = json::pointers(event, [Some(*p)]);
+            parts.push(
+                at.and_then(|r| json_text(event, &r))
+                    .ok_or(VerifyError::MalformedPayload("an event of the batch has no id"))?,
+            );
+        }
+        let event_id = checked_event_id(&parts.join(":"))?;
+        if out.iter().any(|e| e.event_id == event_id) {
+            return Err(VerifyError::MalformedPayload("two events of the batch have the same id"));
+        }
+        let event_type = batch.event_type.and_then(|p| {
+            let [at] = json::pointers(event, [Some(p)]);
+            json_text(event, &at?)
+        });
+        out.push(BatchEvent { event_id, event_type, bytes: range });
+    }
+    Ok(out)
+}
+
+impl Provider for Preset {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn summary(&self) -> &'static str {
+        self.summary
+    }
+
+    fn options(&self) -> String {
+        let url = if self.public_url { "public_url (required), " } else { "" };
+        let signed_ts = serde_json::from_str::<HmacSpec>(self.hmac).is_ok_and(|h| {
+            h.timestamp_header.is_some()
+                || h.timestamp_pointer.is_some()
+                || h.list.is_some_and(|l| l.timestamp.is_some())
+        });
+        if signed_ts {
+            format!("{url}tolerance_secs (default {})", self.tolerance_secs)
+        } else {
+            url.trim_end_matches(", ").to_owned()
+        }
+    }
+
+    fn validate(&self, spec: &EndpointSpec) -> Result<(), String> {
+        let mut common = spec.clone();
+        common.public_url = None;
+        no_sections(self.name, &common)
+            .map_err(|e| format!("{e} (a preset's hmac section is fixed: use provider hmac to change it)"))?;
+        match (self.public_url, spec.public_url.is_some()) {
+            (true, false) => {
+                return Err(format!("{} signs the URL it calls: the endpoint needs its public_url", self.name));
+            }
+            (false, true) => return Err(format!("public_url is for providers that sign their URL, not {}", self.name)),
+            _ => {}
+        }
+        self.config(spec).map(|_| ())
+    }
+
+    fn verifier(
+        &self,
+        spec: &EndpointSpec,
+        secrets: Vec<Secret>,
+        _: &BuildContext,
+    ) -> Result<Box<dyn Verifier>, String> {
+        let inner = GenericHmacVerifier::new(self.config(spec)?, secrets)?;
+        let batch: Option<&'static Batch> = preset_batch(self.name);
+        Ok(Box::new(PresetVerifier { inner, batch }))
+    }
+
+    /// The masked values do not count: a retry whose counters changed says the same.
+    fn content_hash(&self, body: &[u8]) -> String {
+        if self.mask.is_empty() {
+            return crate::identity::payload_hash(body);
+        }
+        let ranges = generic::mask_ranges(body, self.mask);
+        super::hashes::delivery_hashes(body, &Content::Masked { ranges }).1
+    }
+
+    fn event_id(&self, random_hex: &str) -> String {
+        styled(self.id_style, random_hex)
+    }
+
+    fn sample(&self, _: &EndpointSpec, event_id: &str, event_type: &str, now_s: i64) -> Vec<u8> {
+        fill(self.sample, event_id, event_type, now_s)
+    }
+
+    fn content_type(&self) -> &'static str {
+        self.content_type
+    }
+
+    fn seal(&self, spec: &EndpointSpec, secret: &Secret, now_s: i64, body: Vec<u8>) -> Result<Vec<u8>, String> {
+        generic::seal(&self.config(spec)?, secret, now_s, body)
+    }
+
+    fn sign(
+        &self,
+        spec: &EndpointSpec,
+        secret: &Secret,
+        event_id: &str,
+        event_type: &str,
+        now_s: i64,
+        body: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        let section = self.section();
+        let mut extra: Vec<(String, String)> =
+            self.headers.iter().map(|(k, v)| ((*k).to_ascii_lowercase(), (*v).to_owned())).collect();
+        if let Source::Header(name) = &section.id {
+            extra.push((name.to_ascii_lowercase(), event_id.to_owned()));
+        }
+        if let Some(Source::Header(name)) = &section.event_type {
+            extra.push((name.to_ascii_lowercase(), event_type.to_owned()));
+        }
+        let mut headers = generic::sign_headers(&self.config(spec)?, secret, now_s, body, &extra)?;
+        headers.extend(extra);
+        Ok(headers)
+    }
+
+    fn split(&self, payload: &[u8]) -> Option<Result<Vec<BatchEvent>, VerifyError>> {
+        self.batch.as_ref().map(|b| split(payload, b))
+    }
+}
+
+/// The batch shape of the preset of this name (a `'static` borrow of the table).
+fn preset_batch(name: &str) -> Option<&'static Batch> {
+    PRESETS.iter().find(|p| p.name == name).and_then(|p| p.batch.as_ref())
+}
+
+impl Provider for Alias {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn summary(&self) -> &'static str {
+        self.summary
+    }
+
+    fn validate(&self, spec: &EndpointSpec) -> Result<(), String> {
+        no_sections(self.name, spec)
+    }
+
+    fn verifier(
+        &self,
+        spec: &EndpointSpec,
+        secrets: Vec<Secret>,
+        cx: &BuildContext,
+    ) -> Result<Box<dyn Verifier>, String> {
+        standard::StandardWebhooks.verifier(spec, secrets, cx)
+    }
+
+    fn event_id(&self, random_hex: &str) -> String {
+        standard::StandardWebhooks.event_id(random_hex)
+    }
+
+    fn sample(&self, _: &EndpointSpec, event_id: &str, event_type: &str, now_s: i64) -> Vec<u8> {
+        fill(self.sample, event_id, event_type, now_s)
+    }
+
+    /// As Svix sends: the `svix-*` names of the Standard Webhooks headers.
+    fn sign(
+        &self,
+        spec: &EndpointSpec,
+        secret: &Secret,
+        event_id: &str,
+        event_type: &str,
+        now_s: i64,
+        body: &[u8],
+    ) -> Result<Vec<(String, String)>, String> {
+        let headers = standard::StandardWebhooks.sign(spec, secret, event_id, event_type, now_s, body)?;
+        Ok(headers.into_iter().map(|(k, v)| (k.replacen("webhook-", "svix-", 1), v)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;
