@@ -688,4 +688,6 @@ mod dead_letter_tests {
 }
 
 #[cfg(test)]
+mod preset_tests;
+#[cfg(test)]
 mod tests;

@@ -365,6 +365,11 @@ impl GenericHmacConfig {
         })
     }
 
+    /// Whether the signature is hex (read in either case).
+    pub fn hex(&self) -> bool {
+        self.encoding == Encoding::Hex
+    }
+
     /// Whether a timestamp is checked (so a stale delivery is refused).
     pub fn timestamped(&self) -> bool {
         self.timestamp.is_some()

@@ -79,7 +79,11 @@ pub const PRESETS: &[Preset] = &[
         tolerance_secs: DEFAULT_TOLERANCE,
         content_type: JSON,
         sample: r#"{"id":{{number}},"email":"jon@example.com","total_price":"199.00","updated_at":"{{rfc3339}}"}"#,
-        headers: &[("X-Shopify-Shop-Domain", "demo.myshopify.com"), ("X-Shopify-API-Version", "2025-10")],
+        headers: &[
+            ("X-Shopify-Shop-Domain", "demo.myshopify.com"),
+            ("X-Shopify-API-Version", "2025-10"),
+            ("X-Shopify-Webhook-Id", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"),
+        ],
         id_style: IdStyle::Uuid,
         batch: None,
     },

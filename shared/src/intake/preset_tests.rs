@@ -1,0 +1,305 @@
+//! Issue 24: every preset's vectors (`shared/testdata/providers/<name>/`,
+//! written by `scripts/provider-vectors` and named in each folder's MANIFEST)
+//! through the intake on the memory world: each delivery is accepted (202)
+//! and its redelivery is a duplicate (200); the provider's retry of the same
+//! event is a duplicate with no conflict; a tampered body, a wrong secret
+//! and a stale timestamp are refused (401); and what our `sign` produced for
+//! the provider's own verifier is what it produces today.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+
+use super::*;
+use crate::adapters::memory::World;
+use crate::config::ProviderKind;
+use crate::secret::Secret;
+use crate::verify::certificates::{CertificateCache, FetchError, HttpsGet};
+use crate::verify::presets::{ALIASES, PRESETS};
+use crate::verify::provider::{BuildContext, EndpointSpec};
+
+#[derive(Debug, Deserialize)]
+struct Expect {
+    id: String,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SignedByUs {
+    event_id: String,
+    #[serde(rename = "type")]
+    event_type: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Vector {
+    preset: String,
+    what: String,
+    secrets: Vec<String>,
+    public_url: Option<String>,
+    now: i64,
+    query: String,
+    headers: Vec<(String, String)>,
+    body_base64: String,
+    expect: Vec<Expect>,
+    #[serde(default)]
+    same_event_as: Option<String>,
+    #[serde(default)]
+    signed_by_us: Option<SignedByUs>,
+    #[serde(default)]
+    accepted_by: Vec<String>,
+}
+
+impl Vector {
+    fn body(&self) -> Vec<u8> {
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &self.body_base64).unwrap()
+    }
+
+    fn header_map(&self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in &self.headers {
+            h.append(
+                HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn spec(&self) -> EndpointSpec {
+        let mut v = serde_json::json!({"provider": self.preset, "secrets": ["env:V"]});
+        if let Some(u) = &self.public_url {
+            v["public_url"] = u.clone().into();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+}
+
+struct NoFetch;
+impl HttpsGet for NoFetch {
+    fn get<'a>(
+        &'a self,
+        _: &'a url::Url,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
+        Box::pin(async { Err(FetchError::Failed("no network in tests".into())) })
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/providers")
+}
+
+fn preset_names() -> Vec<&'static str> {
+    PRESETS.iter().map(|p| p.name).chain(ALIASES.iter().map(|a| a.name)).collect()
+}
+
+fn vectors(name: &str) -> Vec<(String, Vector)> {
+    let mut out: Vec<(String, Vector)> = std::fs::read_dir(root().join(name))
+        .unwrap_or_else(|e| panic!("{name}: no vectors ({e}); run scripts/provider-vectors"))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".json"))
+        .map(|f| {
+            let text = std::fs::read_to_string(root().join(name).join(&f)).unwrap();
+            let v: Vector = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}/{f}: {e}"));
+            (f, v)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// An intake with one endpoint, `ep`, of the vector's preset and `secret`.
+fn intake_for(
+    v: &Vector,
+    secret: &str,
+) -> (World, Intake<crate::adapters::memory::MemLedger, crate::adapters::memory::MemQueue>) {
+    let world = World::new(crate::clock::Ambient::fixed(v.now * 1000, 5)).with_shards(16);
+    let provider = ProviderKind::named(&v.preset).unwrap_or_else(|| panic!("{} is not registered", v.preset));
+    let spec = v.spec();
+    provider.validate(&spec).unwrap();
+    let cx = BuildContext { certificates: Arc::new(CertificateCache::new(Arc::new(NoFetch))) };
+    let verifier = provider.verifier(&spec, vec![Secret::new(secret)], &cx).unwrap();
+    let endpoint = Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier };
+    let settings = Settings {
+        table_name: "memory".into(),
+        queue_url: "memory".into(),
+        max_body_bytes: 1024 * 1024,
+        retention_days: 30,
+        index_shards: 16,
+        payload_bucket: None,
+    };
+    let intake = Intake::new(BTreeMap::from([("ep".to_owned(), endpoint)]), settings, world.ledger(), world.queue())
+        .with_ambient(world.ambient().clone());
+    (world, intake)
+}
+
+async fn deliver(
+    intake: &Intake<crate::adapters::memory::MemLedger, crate::adapters::memory::MemQueue>,
+    v: &Vector,
+    body: &[u8],
+    headers: &HeaderMap,
+    now: i64,
+) -> Answer {
+    let req = IntakeRequest {
+        query: &v.query,
+        endpoint: "ep",
+        method: &Method::POST,
+        headers,
+        body,
+        now: UNIX_EPOCH + Duration::from_secs(now as u64),
+        request_id: "r",
+    };
+    intake.handle(req).await
+}
+
+#[test]
+fn every_preset_has_its_vectors_named_in_its_manifest() {
+    for name in preset_names() {
+        let dir = root().join(name);
+        let manifest = std::fs::read_to_string(dir.join("MANIFEST"))
+            .unwrap_or_else(|e| panic!("{name}: no MANIFEST ({e}); run scripts/provider-vectors"));
+        let mut listed: Vec<&str> = Vec::new();
+        for line in manifest.lines().filter(|l| !l.trim().is_empty()) {
+            let (file, source) = line.split_once("  ").unwrap_or_else(|| panic!("{name}/MANIFEST: {line:?}"));
+            assert!(source.trim().len() > 10, "{name}/MANIFEST: {file} names no source");
+            listed.push(file);
+        }
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|f| f != "MANIFEST")
+            .collect();
+        files.sort();
+        listed.sort_unstable();
+        assert_eq!(listed, files, "{name}: the MANIFEST names every file, once");
+        for required in ["independent.json", "ours.json", "retry.json"] {
+            assert!(files.iter().any(|f| f == required), "{name}: no {required}");
+        }
+        // Where the provider publishes a verifier, our sign was checked by it.
+        let ours = vectors(name).into_iter().find(|(f, _)| f == "ours.json").unwrap().1;
+        let line = manifest.lines().find(|l| l.starts_with("ours.json")).unwrap();
+        for by in &ours.accepted_by {
+            assert!(line.contains(by.as_str()), "{name}: {by} missing from the MANIFEST");
+            assert!(by.contains('@'), "{name}: {by} names no package@version");
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_vector_is_accepted_once_and_forgeries_are_refused() {
+    for name in preset_names() {
+        let provider = ProviderKind::named(name).unwrap();
+        let config = PRESETS.iter().find(|p| p.name == name).map(|p| p.config(&vectors(name)[0].1.spec()).unwrap());
+        // Standard Webhooks aliases sign their timestamps and bodies.
+        let (signs_body, timestamped) = config.as_ref().map_or((true, true), |c| (c.signs_body(), c.timestamped()));
+        let tolerance = PRESETS.iter().find(|p| p.name == name).map_or(300, |p| p.tolerance_secs);
+        for (file, v) in vectors(name) {
+            let what = format!("{name}/{file}");
+            let secret = std::str::from_utf8(&Secret::new(v.secrets[0].as_str()).expose().to_vec()).unwrap().to_owned();
+            let (world, intake) = intake_for(&v, &secret);
+            let (body, headers) = (v.body(), v.header_map());
+            let a = deliver(&intake, &v, &body, &headers, v.now).await;
+            assert_eq!((a.status, a.code), (202, "accepted"), "{what}: {}", a.detail);
+            for e in &v.expect {
+                let key = crate::identity::EventKey::new(name, "ep", &e.id);
+                assert_eq!(world.ledger().field(&key, "status").as_deref(), Some("RECEIVED"), "{what}: {key}");
+                assert_eq!(world.ledger().field(&key, "event_type"), e.event_type.clone(), "{what}: type of {key}");
+            }
+            assert_eq!(world.queue().keys().len(), v.expect.len(), "{what}: one message per event");
+            let again = deliver(&intake, &v, &body, &headers, v.now + 1).await;
+            assert_eq!((again.status, again.code), (200, "duplicate"), "{what}: {}", again.detail);
+
+            // A wrong secret.
+            let wrong_secret =
+                if secret.starts_with("whsec_") { "whsec_bm90LXRoZS1zZWNyZXQ=" } else { "not-the-secret" };
+            let (_, wrong) = intake_for(&v, wrong_secret);
+            let a = deliver(&wrong, &v, &body, &headers, v.now).await;
+            assert_eq!(a.status, 401, "{what}: wrong secret: {}", a.code);
+            // One byte of the body changed.
+            let mut tampered = body.clone();
+            let at = tampered.iter().rposition(u8::is_ascii_alphanumeric).unwrap();
+            tampered[at] = if tampered[at] == b'1' { b'2' } else { b'1' };
+            let (_, fresh) = intake_for(&v, &secret);
+            let a = deliver(&fresh, &v, &tampered, &headers, v.now).await;
+            if signs_body {
+                assert_eq!((a.status, a.code), (401, "signature_mismatch"), "{what}: tampered body");
+            } else {
+                assert!(matches!(name, "gitlab" | "postmark" | "mailgun"), "{what}: {}", a.status);
+            }
+            // Stale, where a timestamp is signed.
+            if timestamped {
+                let a = deliver(&fresh, &v, &body, &headers, v.now + tolerance + 1).await;
+                assert_eq!((a.status, a.code), (401, "stale_timestamp"), "{what}: stale");
+            }
+
+            // What our sign produced for the provider's verifier, it produces today.
+            if let Some(us) = &v.signed_by_us {
+                let spec = v.spec();
+                let s = Secret::new(secret.as_str());
+                let resealed = provider.seal(&spec, &s, v.now, body.clone()).unwrap();
+                assert_eq!(resealed, body, "{what}: our seal changed");
+                let mut signed = provider.sign(&spec, &s, &us.event_id, &us.event_type, v.now, &body).unwrap();
+                signed.push(("content-type".into(), provider.content_type().into()));
+                let norm = |h: &[(String, String)]| {
+                    let mut h: Vec<(String, String)> =
+                        h.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.clone())).collect();
+                    h.sort();
+                    h
+                };
+                assert_eq!(
+                    norm(&signed),
+                    norm(&v.headers),
+                    "{what}: our sign changed since the provider's verifier accepted it"
+                );
+            }
+            assert!(v.what.len() > 2);
+        }
+    }
+}
+
+/// The provider's retry of an event (a new timestamp and signature, retry
+/// counters changed) is the recorded event: a duplicate, no conflict.
+#[tokio::test]
+async fn a_providers_retry_is_the_same_event_with_no_conflict() {
+    for name in preset_names() {
+        let all = vectors(name);
+        for (file, retry) in all.iter().filter(|(_, v)| v.same_event_as.is_some()) {
+            let first = &all.iter().find(|(f, _)| Some(f) == retry.same_event_as.as_ref()).unwrap().1;
+            let secret = first.secrets[0].clone();
+            let (world, intake) = intake_for(first, &secret);
+            let a = deliver(&intake, first, &first.body(), &first.header_map(), first.now).await;
+            assert_eq!(a.status, 202, "{name}: {}", a.detail);
+            let ids: Vec<&str> = retry.expect.iter().map(|e| e.id.as_str()).collect();
+            let first_ids: Vec<&str> = first.expect.iter().map(|e| e.id.as_str()).collect();
+            assert_eq!(ids, first_ids, "{name}/{file}: the same events");
+            let body = retry.body();
+            let a = deliver(&intake, retry, &body, &retry.header_map(), retry.now).await;
+            assert_eq!((a.status, a.code), (200, "duplicate"), "{name}/{file}: {}", a.detail);
+            // For a batch the answer does not say; the stored content hashes do.
+            let provider = ProviderKind::named(name).unwrap();
+            let events = match provider.split(&body) {
+                Some(events) => events.unwrap().into_iter().map(|e| (e.event_id, body[e.bytes].to_vec())).collect(),
+                None => vec![(retry.expect[0].id.clone(), body.clone())],
+            };
+            for (id, bytes) in events {
+                let key = crate::identity::EventKey::new(name, "ep", &id);
+                let stored = world.ledger().field(&key, "content_hash").unwrap();
+                assert!(
+                    crate::verify::registry::same_content(&stored, &provider.content_hash(&bytes), name, &bytes),
+                    "{name}/{file}: {key}: the retry's content differs from the recorded"
+                );
+            }
+            // (A record still unprocessed may be handed over again: the same key.)
+            let mut sent = world.queue().keys();
+            sent.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            sent.dedup();
+            assert_eq!(sent.len(), retry.expect.len(), "{name}: no other event sent");
+        }
+    }
+}
