@@ -140,7 +140,7 @@ def twilio_body(ev, now):
 def twilio_sign(s, b, now, ev, url=TWILIO_URL):
     params = sorted(urllib.parse.parse_qsl(b.decode()))
     signed = url + "".join(k + v for k, v in params)
-    return [("X-Twilio-Signature", b64(mac(s, signed.encode(), hashlib.sha1))), ("I-Twilio-Idempotency-Token", ev),
+    return [("X-Twilio-Signature", b64(mac(s, signed.encode(), hashlib.sha1))),
             ("Content-Type", "application/x-www-form-urlencoded")]
 
 
@@ -152,14 +152,13 @@ def twilio_sdk_verify(s, url, h, b):
 def twilio_sdk_sign(s, url, b, now, ev):
     from twilio.request_validator import RequestValidator
     sig = RequestValidator(s).compute_signature(url, dict(urllib.parse.parse_qsl(b.decode())))
-    return [("X-Twilio-Signature", sig), ("I-Twilio-Idempotency-Token", ev),
-            ("Content-Type", "application/x-www-form-urlencoded")]
+    return [("X-Twilio-Signature", sig), ("Content-Type", "application/x-www-form-urlencoded")]
 
 
 P["twilio"] = dict(
     doc="https://www.twilio.com/docs/usage/webhooks/webhooks-security#validating-signatures-from-twilio",
     secret="12345", url=TWILIO_URL, body=twilio_body, sign=twilio_sign,
-    ids=lambda b, h: [(hdr(h, "I-Twilio-Idempotency-Token"), None)],
+    ids=lambda b, h: [(body_hash(b), None)],
     retry=lambda b, now: b,
     sdk_verify=twilio_sdk_verify, sdk_name=lambda: pkg("twilio") + " twilio.request_validator.RequestValidator.validate",
     sdk_sign=twilio_sdk_sign, sdk_sign_name=lambda: pkg("twilio") + " twilio.request_validator.RequestValidator.compute_signature",
@@ -838,14 +837,13 @@ def sdk_checks(name, p, headers, body):
 PUBLISHED = {
     "twilio": dict(
         source="https://www.twilio.com/docs/usage/webhooks/webhooks-security (the example: auth token 12345, "
-               "https://mycompany.com/myapp.php?foo=1&bar=2, signature 0/KCTR6DLpKmkAf8muzZqo1nDgQ=); the "
-               "I-Twilio-Idempotency-Token header, which is not signed, is added for the identity",
+               "https://mycompany.com/myapp.php?foo=1&bar=2, signature 0/KCTR6DLpKmkAf8muzZqo1nDgQ=)",
         secret="12345", url="https://mycompany.com/myapp.php", query="foo=1&bar=2",
         body=b"CallSid=CA1234567890ABCDE&Caller=%2B12349013030&Digits=1234&From=%2B12349013030&To=%2B18005551212",
         headers=[("X-Twilio-Signature", "0/KCTR6DLpKmkAf8muzZqo1nDgQ="),
-                 ("I-Twilio-Idempotency-Token", "3e2ff5ba-2bdf-4d8e-b58f-0b5e3c5c1a10"),
                  ("Content-Type", "application/x-www-form-urlencoded")],
-        expect=[("3e2ff5ba-2bdf-4d8e-b58f-0b5e3c5c1a10", None)],
+        expect=[(hashlib.sha256(b"CallSid=CA1234567890ABCDE&Caller=%2B12349013030&Digits=1234&From=%2B12349013030"
+                                b"&To=%2B18005551212").hexdigest(), None)],
     ),
 }
 

@@ -22,8 +22,9 @@ use std::time::Instant;
 use hookledger::config::{Endpoint, ProviderKind, Settings, settings_from};
 use hookledger::intake::new_event;
 use hookledger::secret::Secret;
+use hookledger::verify::Action;
 use hookledger::verify::generic::{GenericHmacConfig, GenericHmacVerifier};
-use hookledger::verify::provider::Verifier;
+use hookledger::verify::provider::{BuildContext, Delivery, EndpointSpec, Provider, Verifier};
 use hookledger::verify::sns::{CertificateCache, FetchError, HttpsGet, SnsMessage, SnsVerifier, signing};
 use hookledger::verify::{Verified, VerifyError, github, standard, stripe};
 use http::{HeaderMap, HeaderValue};
@@ -66,6 +67,94 @@ fn verify_identify(
 
 fn endpoint(provider: ProviderKind, verifier: Box<dyn Verifier>) -> Endpoint {
     Endpoint { name: "bench".into(), tenant: "bench".into(), provider, verifier }
+}
+
+/// A body in the preset's shape (its `hookledger send` sample), padded to `len` bytes.
+fn preset_body(p: &dyn Provider, spec: &EndpointSpec, len: usize, now: i64) -> Vec<u8> {
+    let sample = String::from_utf8(p.sample(spec, "0f8fad5bd9cb469fa16570867728950e", "bench.event", now)).unwrap();
+    let pad = "x".repeat(len.saturating_sub(sample.len() + 12));
+    let padded = if let Some(head) = sample.strip_suffix("}]") {
+        format!("{head},\"note\":\"{pad}\"}}]")
+    } else if let Some(head) = sample.strip_suffix('}') {
+        format!("{head},\"note\":\"{pad}\"}}")
+    } else {
+        format!("{sample}&Note={pad}")
+    };
+    padded.into_bytes()
+}
+
+/// Every preset's verify + identify for a body of `len` bytes in its shape.
+fn presets(settings: &Settings, len: usize, now: i64) -> serde_json::Map<String, serde_json::Value> {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let cx = BuildContext { certificates: Arc::new(CertificateCache::new(Arc::new(Pem(Vec::new())))) };
+    let mut out = serde_json::Map::new();
+    for p in hookledger::verify::registry::providers()
+        .filter(|p| p.options() != "hmac (required), public_url, tolerance_secs")
+    {
+        let is_preset = hookledger::verify::presets::PRESETS.iter().any(|x| x.name == p.name())
+            || hookledger::verify::presets::ALIASES.iter().any(|x| x.name == p.name());
+        if !is_preset {
+            continue;
+        }
+        let mut spec = serde_json::json!({"provider": p.name(), "secrets": ["env:A"]});
+        if p.options().contains("public_url") {
+            spec["public_url"] = "https://hooks.example.com/webhooks/bench".into();
+        }
+        let spec: EndpointSpec = serde_json::from_value(spec).unwrap();
+        let secret = Secret::new(if p.name() == "clerk" || p.name() == "resend" {
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        } else {
+            "preset-bench"
+        });
+        let body = p.seal(&spec, &secret, now, preset_body(p, &spec, len, now)).unwrap();
+        let mut h = HeaderMap::new();
+        for (k, v) in p.sign(&spec, &secret, "0f8fad5bd9cb469fa16570867728950e", "bench.event", now, &body).unwrap() {
+            h.append(
+                http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap(),
+                HeaderValue::from_str(&v).unwrap(),
+            );
+        }
+        let v = p.verifier(&spec, vec![secret.clone()], &cx).unwrap();
+        let kind = ProviderKind::named(p.name()).unwrap();
+        let ep = endpoint(kind, p.verifier(&spec, vec![secret], &cx).unwrap());
+        let post = http::Method::POST;
+        let d = Delivery { body: &body, headers: &h, method: &post, query: "" };
+        let stamp = std::time::SystemTime::now();
+        let ns = median_ns(|| {
+            let verified = rt.block_on(v.verify(d, now)).unwrap();
+            match &verified.action {
+                Action::Batch(events) => {
+                    for e in events {
+                        let bytes = &body[e.bytes.clone()];
+                        let one = Verified {
+                            content: e.content.clone(),
+                            ..Verified::record(e.event_id.clone(), e.event_type.clone())
+                        };
+                        std::hint::black_box(new_event(
+                            &ep,
+                            settings,
+                            &one,
+                            bytes,
+                            stamp,
+                            uuid::Uuid::new_v4().to_string(),
+                        ));
+                    }
+                }
+                _ => {
+                    std::hint::black_box(new_event(
+                        &ep,
+                        settings,
+                        &verified,
+                        &body,
+                        stamp,
+                        uuid::Uuid::new_v4().to_string(),
+                    ));
+                }
+            }
+        });
+        out.insert(p.name().into(), ns.into());
+    }
+    out
 }
 
 struct Pem(Vec<u8>);
@@ -205,6 +294,8 @@ fn main() {
         "twilio_form_sorted_verify_identify_ns".into(),
         verify_identify(&ep, &settings, &form, || tv.verify(&form, &h, now)).into(),
     );
+
+    out.insert("presets_verify_identify_ns".into(), presets(&settings, body.len(), now).into());
 
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/test-sns");
     let pem = std::fs::read(format!("{dir}/SimpleNotificationService-0000test0000.pem")).expect("test cert");

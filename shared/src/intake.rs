@@ -353,11 +353,13 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             .iter()
             .map(|e| {
                 let bytes = &req.body[e.bytes.clone()];
-                let verified = Verified::record(e.event_id.clone(), e.event_type.clone());
+                // The event's content: its retry counters masked, where its provider has them.
+                let verified = Verified {
+                    content: e.content.clone(),
+                    ..Verified::record(e.event_id.clone(), e.event_type.clone())
+                };
                 let event = new_event(endpoint, &self.settings, &verified, bytes, req.now, self.ambient.token());
-                // The provider's content hash of the event (its retry counters masked).
-                let content_hash = endpoint.provider.content_hash(bytes);
-                (NewEvent { batch_hash: Some(batch_hash.clone()), content_hash, ..event }, bytes)
+                (NewEvent { batch_hash: Some(batch_hash.clone()), ..event }, bytes)
             })
             .collect();
         let admitted = self.admission().admit(&prepared).await;

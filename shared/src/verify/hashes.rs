@@ -23,6 +23,7 @@ pub fn delivery_hashes(body: &[u8], content: &Content) -> (String, String) {
             (payload.clone(), payload)
         }
         Content::StripeEvent { pending_webhooks } => stripe::delivery_hashes(body, pending_webhooks),
+        Content::Hashed { payload } => (payload.clone(), payload.clone()),
         Content::Masked { ranges } => {
             let fits = ranges
                 .iter()

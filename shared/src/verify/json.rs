@@ -159,6 +159,37 @@ pub(crate) fn pointers<const N: usize>(body: &[u8], pointers: [Option<&str>; N])
     found
 }
 
+/// [`pointers`] for a number of pointers known only at run time (an
+/// endpoint's configured fields): one pass over the body for all of them.
+pub(crate) fn pointers_many<S: AsRef<str>>(body: &[u8], pointers: &[S]) -> Vec<Option<Range<usize>>> {
+    let mut found: Vec<Option<Range<usize>>> = vec![None; pointers.len()];
+    if pointers.is_empty() {
+        return found;
+    }
+    let steps: Vec<Option<Step<'_>>> = pointers.iter().map(|p| Step::of(p.as_ref())).collect();
+    let scanned = scan(body, |e| {
+        for (n, step) in steps.iter().enumerate() {
+            if let Some(Step::Path { first, .. }) = step {
+                if matches_token(&e.key, first) {
+                    found[n] = Some(e.value.clone());
+                }
+            }
+        }
+    });
+    if scanned.is_err() {
+        return vec![None; pointers.len()];
+    }
+    for (n, step) in steps.iter().enumerate() {
+        found[n] = match step {
+            None => None,
+            Some(Step::Whole) => Some(trimmed(body, 0..body.len())),
+            Some(Step::Path { rest: None, .. }) => found[n].take(),
+            Some(Step::Path { rest: Some(rest), .. }) => found[n].take().and_then(|at| descend(body, at, rest)),
+        };
+    }
+    found
+}
+
 /// A pointer, split into its first step and the rest.
 enum Step<'p> {
     /// The empty pointer: the whole document.
@@ -985,6 +1016,7 @@ mod tests {
                 prop_assert_eq!(scan(&doc, |_| {}).is_ok(), parsed.is_ok());
                 let ptrs = ["/id", "/type", "/data/id", "/0", "/data/0/type", "/a~1b", "/m~0n", ""];
                 let found = pointers(&doc, ptrs.map(Some));
+                prop_assert_eq!(pointers_many(&doc, &ptrs), found.to_vec(), "the run-time reader agrees");
                 for (p, at) in ptrs.iter().zip(found) {
                     let expected = parsed.as_ref().ok().and_then(|v| v.pointer(p));
                     match (expected, at) {

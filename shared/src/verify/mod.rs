@@ -50,6 +50,8 @@ pub struct BatchEvent {
     pub event_id: String,
     pub event_type: Option<String>,
     pub bytes: Range<usize>,
+    /// What the event's bytes say (ranges relative to the event's bytes).
+    pub content: Content,
 }
 
 /// The authenticated facts a verifier extracts from a delivery.
@@ -85,6 +87,9 @@ pub enum Content {
     /// Every byte but these values (ordered, disjoint): the fields an
     /// endpoint's `mask` names, which its provider changes between retries.
     Masked { ranges: Vec<Range<usize>> },
+    /// Every byte, whose payload hash the verifier already computed (an
+    /// identity that is the body's hash).
+    Hashed { payload: String },
 }
 
 /// Why a delivery was not accepted by its verifier.

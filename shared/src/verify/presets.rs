@@ -89,9 +89,9 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "twilio",
-        summary: "X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters; id I-Twilio-Idempotency-Token",
+        summary: "X-Twilio-Signature: base64 HMAC-SHA1 of the URL and the sorted POST parameters; no documented event id: the body hash",
         hmac: r#"{"signature_header": "X-Twilio-Signature", "algorithm": "sha1", "encoding": "base64",
-            "signed_content": "{url}{form_sorted}", "id": {"header": "I-Twilio-Idempotency-Token"}}"#,
+            "signed_content": "{url}{form_sorted}", "id": "body_hash"}"#,
         mask: &[],
         public_url: true,
         tolerance_secs: DEFAULT_TOLERANCE,
@@ -516,19 +516,17 @@ impl Preset {
 struct PresetVerifier {
     inner: GenericHmacVerifier,
     batch: Option<&'static Batch>,
+    mask: &'static [&'static str],
 }
 
 impl PresetVerifier {
     fn verify_now(&self, d: &Delivery<'_>, now_s: i64) -> Result<Verified, VerifyError> {
-        let verified = self.inner.verify_delivery(d, now_s)?;
-        match self.batch {
-            None => Ok(verified),
-            Some(batch) => split(d.body, batch).map(|events| Verified {
-                action: Action::Batch(events),
-                content: Content::Bytes,
-                ..verified
-            }),
-        }
+        let Some(batch) = self.batch else { return self.inner.verify_delivery(d, now_s) };
+        // A batch: each event is identified by itself.
+        self.inner.authenticate(d, now_s)?;
+        let events = split_masked(d.body, batch, self.mask)?;
+        let first = events.first().map(|e| e.event_id.clone()).unwrap_or_default();
+        Ok(Verified { action: Action::Batch(events), ..Verified::record(first, None) })
     }
 }
 
@@ -542,9 +540,14 @@ impl Verifier for PresetVerifier {
 pub const MAX_BATCH_EVENTS: usize = super::quiltt::MAX_BATCH_EVENTS;
 
 /// The events of a verified batch body (a JSON array): each element's id
-/// (its `batch.id` values joined by `:`), type and bytes. An element without
-/// its id refuses the whole delivery.
+/// (its `batch.id` values joined by `:`), type, bytes and content (the
+/// preset's `mask` inside it). An element without its id refuses the whole
+/// delivery.
 pub fn split(body: &[u8], batch: &Batch) -> Result<Vec<BatchEvent>, VerifyError> {
+    split_masked(body, batch, &[])
+}
+
+fn split_masked(body: &[u8], batch: &Batch, mask: &[&str]) -> Result<Vec<BatchEvent>, VerifyError> {
     let mut elements: Vec<Range<usize>> = Vec::new();
     let kind = json::scan(body, |e| elements.push(e.value)).map_err(|_| VerifyError::MalformedPayload("not JSON"))?;
     if kind != json::Kind::Array {
@@ -556,14 +559,19 @@ pub fn split(body: &[u8], batch: &Batch) -> Result<Vec<BatchEvent>, VerifyError>
     if elements.len() > MAX_BATCH_EVENTS {
         return Err(VerifyError::MalformedPayload("the batch has more events than a delivery may carry"));
     }
+    // Every field of an element in one pass over it: the id's, the type, the mask.
+    let fields: Vec<&str> = batch.id.iter().copied().chain(batch.event_type).chain(mask.iter().copied()).collect();
+    let type_at = batch.id.len();
+    let mask_at = type_at + usize::from(batch.event_type.is_some());
     let mut out: Vec<BatchEvent> = Vec::with_capacity(elements.len());
     for range in elements {
         let event = &body[range.clone()];
+        let found = json::pointers_many(event, &fields);
         let mut parts = Vec::with_capacity(batch.id.len());
-        for p in batch.id {
-            let [at] = json::pointers(event, [Some(*p)]);
+        for at in &found[..type_at] {
             parts.push(
-                at.and_then(|r| json_text(event, &r))
+                at.as_ref()
+                    .and_then(|r| json_text(event, r))
                     .ok_or(VerifyError::MalformedPayload("an event of the batch has no id"))?,
             );
         }
@@ -571,11 +579,16 @@ pub fn split(body: &[u8], batch: &Batch) -> Result<Vec<BatchEvent>, VerifyError>
         if out.iter().any(|e| e.event_id == event_id) {
             return Err(VerifyError::MalformedPayload("two events of the batch have the same id"));
         }
-        let event_type = batch.event_type.and_then(|p| {
-            let [at] = json::pointers(event, [Some(p)]);
-            json_text(event, &at?)
-        });
-        out.push(BatchEvent { event_id, event_type, bytes: range });
+        let event_type = found[type_at..mask_at].first().and_then(|at| json_text(event, at.as_ref()?));
+        let content = if mask.is_empty() {
+            Content::Bytes
+        } else {
+            let mut ranges: Vec<Range<usize>> = found[mask_at..].iter().flatten().cloned().collect();
+            ranges.sort_by_key(|r| r.start);
+            ranges.dedup_by(|later, earlier| later.start < earlier.end);
+            Content::Masked { ranges }
+        };
+        out.push(BatchEvent { event_id, event_type, bytes: range, content });
     }
     Ok(out)
 }
@@ -625,8 +638,8 @@ impl Provider for Preset {
         _: &BuildContext,
     ) -> Result<Box<dyn Verifier>, String> {
         let inner = GenericHmacVerifier::new(self.config(spec)?, secrets)?;
-        let batch: Option<&'static Batch> = preset_batch(self.name);
-        Ok(Box::new(PresetVerifier { inner, batch }))
+        let (batch, mask) = preset_batch(self.name);
+        Ok(Box::new(PresetVerifier { inner, batch, mask }))
     }
 
     /// The masked values do not count: a retry whose counters changed says the same.
@@ -678,13 +691,13 @@ impl Provider for Preset {
     }
 
     fn split(&self, payload: &[u8]) -> Option<Result<Vec<BatchEvent>, VerifyError>> {
-        self.batch.as_ref().map(|b| split(payload, b))
+        self.batch.as_ref().map(|b| split_masked(payload, b, self.mask))
     }
 }
 
-/// The batch shape of the preset of this name (a `'static` borrow of the table).
-fn preset_batch(name: &str) -> Option<&'static Batch> {
-    PRESETS.iter().find(|p| p.name == name).and_then(|p| p.batch.as_ref())
+/// The batch shape and mask of the preset of this name (`'static` borrows of the table).
+fn preset_batch(name: &str) -> (Option<&'static Batch>, &'static [&'static str]) {
+    PRESETS.iter().find(|p| p.name == name).map_or((None, &[]), |p| (p.batch.as_ref(), p.mask))
 }
 
 impl Provider for Alias {

@@ -17,7 +17,9 @@ use http::HeaderMap;
 
 use super::headers::{parse_unix_secs, single_header};
 use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
-use super::{Action, BatchEvent, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id};
+use super::{
+    Action, BatchEvent, Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
+};
 use super::{hmac_sha256, json, mac_bytes, mac_matches};
 use crate::secret::Secret;
 
@@ -113,7 +115,7 @@ pub fn events(body: &[u8]) -> Result<Vec<BatchEvent>, VerifyError> {
             return Err(VerifyError::MalformedPayload("two events of the batch have the same id"));
         }
         let event_type = kind.and_then(|r| json::string_at(event, &r)).map(|t| t.into_owned());
-        out.push(BatchEvent { event_id, event_type, bytes: range });
+        out.push(BatchEvent { event_id, event_type, bytes: range, content: Content::Bytes });
     }
     Ok(out)
 }

@@ -23,7 +23,8 @@ pub(super) fn spec_of(name: &str) -> EndpointSpec {
 
 fn verifier(p: &Preset, spec: &EndpointSpec, secret: &str) -> PresetVerifier {
     let inner = GenericHmacVerifier::new(p.config(spec).unwrap(), vec![Secret::new(secret)]).unwrap();
-    PresetVerifier { inner, batch: preset_batch(p.name) }
+    let (batch, mask) = preset_batch(p.name);
+    PresetVerifier { inner, batch, mask }
 }
 
 fn header_map(pairs: &[(String, String)]) -> HeaderMap {
