@@ -152,6 +152,61 @@ pub(crate) fn sign(
 mod tests {
     use super::*;
 
+    struct NoFetch;
+    impl sns::HttpsGet for NoFetch {
+        fn get<'a>(
+            &'a self,
+            _: &'a reqwest::Url,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, sns::FetchError>> + Send + 'a>>
+        {
+            Box::pin(async { Err(sns::FetchError::Failed("no network in tests".into())) })
+        }
+    }
+
+    /// `hookledger send` signs for every provider that takes a shared
+    /// secret, the presets among them: what it would send verifies.
+    #[tokio::test]
+    async fn the_tool_signs_every_provider_with_a_secret() {
+        let cx = hookledger::verify::provider::BuildContext {
+            certificates: std::sync::Arc::new(sns::CertificateCache::new(std::sync::Arc::new(NoFetch))),
+        };
+        let now = 1_800_000_000;
+        let mut signed = 0;
+        for p in hookledger::verify::registry::providers().filter(|p| p.takes_secrets() && p.name() != "hmac") {
+            let mut v = serde_json::json!({"provider": p.name(), "secrets": ["env:A"]});
+            if p.options().contains("public_url (required)") {
+                v["public_url"] = "https://hooks.example.com/webhooks/x".into();
+            }
+            let spec: EndpointSpec = serde_json::from_value(v).unwrap();
+            let secret = Secret::new(if p.name().contains("standard") || ["clerk", "resend"].contains(&p.name()) {
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+            } else {
+                "tool-secret"
+            });
+            let id = fresh_id(spec.provider);
+            let body = p.sample(&spec, &id, "tool.test", now);
+            let d = sign(&spec, &secret, &id, "tool.test", body, now).unwrap_or_else(|e| panic!("{}: {e}", p.name()));
+            let mut headers = http::HeaderMap::new();
+            for (k, v) in &d.headers {
+                headers.append(
+                    http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap(),
+                    http::HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            assert_eq!(headers["content-type"], p.content_type(), "{}", p.name());
+            let verifier = p.verifier(&spec, vec![secret], &cx).unwrap();
+            let delivery = hookledger::verify::provider::Delivery {
+                body: &d.body,
+                headers: &headers,
+                method: &http::Method::POST,
+                query: "",
+            };
+            verifier.verify(delivery, now).await.unwrap_or_else(|e| panic!("{}: {e}", p.name()));
+            signed += 1;
+        }
+        assert!(signed >= 31, "the four with modules and the 27 presets: {signed}");
+    }
+
     #[test]
     fn times_are_written_as_rfc3339_utc_and_read_back() {
         for (secs, text) in [
