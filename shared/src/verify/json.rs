@@ -160,34 +160,77 @@ pub(crate) fn pointers<const N: usize>(body: &[u8], pointers: [Option<&str>; N])
 }
 
 /// [`pointers`] for a number of pointers known only at run time (an
-/// endpoint's configured fields): one pass over the body for all of them.
+/// endpoint's configured fields), with the same answers: one pass over the
+/// body for all of them, and one pass over each nested value that several
+/// share (`/event/id` and `/event/type` read the `event` object once).
 pub(crate) fn pointers_many<S: AsRef<str>>(body: &[u8], pointers: &[S]) -> Vec<Option<Range<usize>>> {
     let mut found: Vec<Option<Range<usize>>> = vec![None; pointers.len()];
-    if pointers.is_empty() {
+    // Each pointer's unescaped tokens (`None`: it names nothing).
+    let tokens: Vec<Option<Vec<Cow<'_, str>>>> = pointers
+        .iter()
+        .map(|p| {
+            let p = p.as_ref();
+            if p.is_empty() {
+                return Some(Vec::new());
+            }
+            Some(p.strip_prefix('/')?.split('/').map(unescape).collect())
+        })
+        .collect();
+    if tokens.iter().all(Option::is_none) {
         return found;
     }
-    let steps: Vec<Option<Step<'_>>> = pointers.iter().map(|p| Step::of(p.as_ref())).collect();
-    let scanned = scan(body, |e| {
-        for (n, step) in steps.iter().enumerate() {
-            if let Some(Step::Path { first, .. }) = step {
-                if matches_token(&e.key, first) {
-                    found[n] = Some(e.value.clone());
+    let paths: Vec<usize> =
+        (0..pointers.len()).filter(|&i| tokens[i].as_ref().is_some_and(|t| !t.is_empty())).collect();
+    // The top-level pass also checks the whole body.
+    if resolve(body, 0..body.len(), &tokens, &paths, 0, &mut found).is_err() {
+        return vec![None; pointers.len()];
+    }
+    for (i, t) in tokens.iter().enumerate() {
+        if t.as_ref().is_some_and(Vec::is_empty) {
+            found[i] = Some(trimmed(body, 0..body.len()));
+        }
+    }
+    found
+}
+
+/// Takes step `depth` of each pointer in `idx` inside the value at `at`, in
+/// one pass over it, then goes on inside each value found, once per value.
+fn resolve(
+    body: &[u8],
+    at: Range<usize>,
+    tokens: &[Option<Vec<Cow<'_, str>>>],
+    idx: &[usize],
+    depth: usize,
+    found: &mut [Option<Range<usize>>],
+) -> Result<(), NotJson> {
+    let mut child: Vec<Option<Range<usize>>> = vec![None; idx.len()];
+    let base = at.start;
+    scan(&body[at], |e| {
+        for (j, &i) in idx.iter().enumerate() {
+            if let Some(t) = &tokens[i] {
+                if matches_token(&e.key, &t[depth]) {
+                    // The last of duplicate names wins, as a parser into a map keeps it.
+                    child[j] = Some(base + e.value.start..base + e.value.end);
                 }
             }
         }
-    });
-    if scanned.is_err() {
-        return vec![None; pointers.len()];
+    })?;
+    let mut deeper: Vec<(Range<usize>, Vec<usize>)> = Vec::new();
+    for (j, &i) in idx.iter().enumerate() {
+        let (Some(t), Some(range)) = (&tokens[i], child[j].take()) else { continue };
+        if t.len() == depth + 1 {
+            found[i] = Some(range);
+        } else if let Some((_, group)) = deeper.iter_mut().find(|(r, _)| *r == range) {
+            group.push(i);
+        } else {
+            deeper.push((range, vec![i]));
+        }
     }
-    for (n, step) in steps.iter().enumerate() {
-        found[n] = match step {
-            None => None,
-            Some(Step::Whole) => Some(trimmed(body, 0..body.len())),
-            Some(Step::Path { rest: None, .. }) => found[n].take(),
-            Some(Step::Path { rest: Some(rest), .. }) => found[n].take().and_then(|at| descend(body, at, rest)),
-        };
+    for (range, group) in deeper {
+        // A value inside a checked body is JSON: a scalar just has nothing inside.
+        let _ = resolve(body, range, tokens, &group, depth + 1, found);
     }
-    found
+    Ok(())
 }
 
 /// A pointer, split into its first step and the rest.
