@@ -708,6 +708,56 @@ P["postmark"] = dict(
 )
 
 
+# Slack -----------------------------------------------------------------------
+def slack_body(ev, now):
+    return compact({"token": "XXYYZZ", "team_id": "T061EG9R6", "api_app_id": "A0PNCHHK2",
+                    "event": {"type": "app_mention", "channel": "C0LAN2Q65", "user": "U061F7AUR",
+                              "text": "<@U0LAN0Z89> is it everything a river should be?", "ts": "1515449522.000016"},
+                    "type": "event_callback", "event_id": "Ev" + ev[:10].upper(), "event_time": now})
+
+
+def slack_sign(s, b, now, ev, retry=0):
+    sig = "v0=" + mac(s, f"v0:{now}:".encode() + b).hex()
+    out = [("X-Slack-Signature", sig), ("X-Slack-Request-Timestamp", str(now))]
+    if retry:
+        out += [("X-Slack-Retry-Num", str(retry)), ("X-Slack-Retry-Reason", "http_timeout")]
+    return out
+
+
+def slack_sdk_verify(s, url, h, b):
+    from slack_sdk.signature import SignatureVerifier
+    return SignatureVerifier(s).is_valid(body=b.decode(), timestamp=hdr(h, "X-Slack-Request-Timestamp"),
+                                         signature=hdr(h, "X-Slack-Signature"))
+
+
+def slack_sdk_sign(s, url, b, now, ev):
+    from slack_sdk.signature import SignatureVerifier
+    sig = SignatureVerifier(s).generate_signature(timestamp=str(now), body=b.decode())
+    return [("X-Slack-Signature", sig), ("X-Slack-Request-Timestamp", str(now))]
+
+
+P["slack"] = dict(
+    doc="https://api.slack.com/authentication/verifying-requests-from-slack",
+    secret="8f742231b10e8888abcd99yyyzzz85a5", body=slack_body,
+    sign=slack_sign,
+    ids=lambda b, h: [(json_id(b, "/event_id"), json_id(b, "/event/type"))],
+    retry=lambda b, now: b, retry_sign=lambda s, b, now, ev: slack_sign(s, b, now, ev, retry=1),
+    sdk_verify=slack_sdk_verify, sdk_name=lambda: pkg("slack_sdk") + " slack_sdk.signature.SignatureVerifier.is_valid",
+    sdk_sign=slack_sdk_sign, sdk_sign_name=lambda: pkg("slack_sdk") + " slack_sdk.signature.SignatureVerifier.generate_signature",
+    # Messages that are not events: answered as Slack needs, nothing recorded.
+    replies=[
+        ("handshake-url_verification.json", "https://api.slack.com/events/url_verification",
+         compact({"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
+                  "type": "url_verification"}),
+         {"status": 200, "code": "handshake", "text": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}),
+        ("notice-app_rate_limited.json", "https://api.slack.com/events/app_rate_limited",
+         compact({"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "type": "app_rate_limited", "team_id": "T123456",
+                  "minute_rate_limited": 1518467820, "api_app_id": "A123456"}),
+         {"status": 200, "code": "acknowledged", "text": None}),
+    ],
+)
+
+
 # Clerk and Resend (Svix) -----------------------------------------------------
 def svix_sign(s, b, now, ev):
     key = base64.b64decode(s.removeprefix("whsec_"))
@@ -886,7 +936,7 @@ def main():
         rb = p["retry"](b, later)
         if "seal" in p:
             rb = p["seal"](p["secret"], rb, later)
-        rh = p["sign"](p["secret"], rb, later, ev2)
+        rh = p.get("retry_sign", p["sign"])(p["secret"], rb, later, ev2)
         # Headers the provider renews per attempt (a new delivery id) stay as they are generated.
         files["retry.json"] = vector(name, p, "retry", rh, rb, later, p["ids"](rb, rh),
                                      p["doc"], same_event_as="independent.json")
@@ -899,6 +949,14 @@ def main():
             h3 = p["sdk_sign"](p["secret"], p.get("url"), b3, NOW, ev3)
             files["sdk.json"] = vector(name, p, "sdk", h3, b3, NOW, p["ids"](b3, h3), p["sdk_sign_name"]())
             manifest.append(("sdk.json", "signed by " + p["sdk_sign_name"]()))
+
+        # Messages that are not events (handshakes, notices), signed by the documented formula.
+        for fname, doc, rbody, answer in p.get("replies", []):
+            rh2 = p["sign"](p["secret"], rbody, NOW, "")
+            checked3 = sdk_checks(name, p, rh2, rbody)
+            files[fname] = vector(name, p, "reply", rh2, rbody, NOW, [], doc, answer=answer, accepted_by=checked3)
+            manifest.append((fname, f"the message of {doc}, signed by the documented formula"
+                             + (f"; accepted by {'; '.join(checked3)}" if checked3 else "")))
 
         if name in PUBLISHED:
             pub = PUBLISHED[name]

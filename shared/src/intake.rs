@@ -66,6 +66,14 @@ pub enum Outcome {
     },
     SubscriptionConfirmed,
     Unsubscribed,
+    /// A provider's handshake, answered with this text; nothing recorded.
+    Handshake {
+        text: String,
+    },
+    /// A message without an identity by design, acknowledged; nothing recorded.
+    Acknowledged {
+        what: &'static str,
+    },
     MethodNotAllowed,
     UnknownEndpoint,
     TooLarge {
@@ -84,11 +92,21 @@ pub struct Answer {
     pub code: &'static str,
     pub detail: String,
     pub retry_after: Option<u32>,
+    /// A handshake's answer: this text, as `text/plain`, instead of the JSON body.
+    pub text: Option<String>,
 }
 
 impl Answer {
     pub fn body_json(&self) -> String {
         serde_json::json!({ "code": self.code, "detail": self.detail }).to_string()
+    }
+
+    /// `(content type, body)` of the HTTP answer.
+    pub fn body(&self) -> (&'static str, String) {
+        match &self.text {
+            Some(t) => ("text/plain; charset=utf-8", t.clone()),
+            None => ("application/json", self.body_json()),
+        }
     }
 }
 
@@ -101,6 +119,8 @@ impl Outcome {
             Self::Batch { .. } => "batch_accepted",
             Self::SubscriptionConfirmed => "subscription_confirmed",
             Self::Unsubscribed => "unsubscribed",
+            Self::Handshake { .. } => "handshake",
+            Self::Acknowledged { .. } => "acknowledged",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::UnknownEndpoint => "unknown_endpoint",
             Self::TooLarge { .. } => "payload_too_large",
@@ -110,7 +130,7 @@ impl Outcome {
     }
 
     pub fn answer(&self) -> Answer {
-        let a = |status, code, detail: String| Answer { status, code, detail, retry_after: None };
+        let a = |status, code, detail: String| Answer { status, code, detail, retry_after: None, text: None };
         match self {
             Self::Accepted => a(202, "accepted", "event recorded and queued".into()),
             Self::Duplicate { conflict: true, .. } => a(
@@ -129,6 +149,10 @@ impl Outcome {
             ),
             Self::SubscriptionConfirmed => a(200, "subscription_confirmed", "subscription confirmed".into()),
             Self::Unsubscribed => a(200, "unsubscribed", "unsubscribe confirmation noted".into()),
+            Self::Handshake { text } => {
+                Answer { text: Some(text.clone()), ..a(200, "handshake", "handshake answered".into()) }
+            }
+            Self::Acknowledged { what } => a(200, "acknowledged", format!("{what}: acknowledged, nothing recorded")),
             Self::MethodNotAllowed => a(405, "method_not_allowed", "webhooks are delivered with POST".into()),
             Self::UnknownEndpoint => a(404, "unknown_endpoint", "no such webhook endpoint".into()),
             Self::TooLarge { limit } => a(413, "payload_too_large", format!("body exceeds {limit} bytes")),
@@ -139,6 +163,7 @@ impl Outcome {
                 code: "unavailable",
                 detail: "temporarily unable to record the event; retry later".into(),
                 retry_after: Some(RETRY_AFTER_SECS),
+                text: None,
             },
             Self::Rejected(e) => a(401, e.reason(), e.to_string()),
         }
@@ -312,6 +337,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             Action::Record => self.record(endpoint, &verified, req).await,
             Action::Batch(events) => self.record_batch(endpoint, events, req).await,
             Action::Unsubscribed => Outcome::Unsubscribed,
+            Action::Reply { body } => Outcome::Handshake { text: body.clone() },
+            Action::Acknowledge { what } => Outcome::Acknowledged { what },
             Action::ConfirmSubscription { subscribe_url } => match endpoint.verifier.confirm(subscribe_url).await {
                 Ok(_) => Outcome::SubscriptionConfirmed,
                 Err(e) => {
@@ -527,6 +554,9 @@ fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, dur
         Outcome::SubscriptionConfirmed | Outcome::Unsubscribed => {
             metrics::counter!("subscription", "provider" => provider.clone(), "outcome" => outcome.label())
                 .increment(1);
+        }
+        Outcome::Handshake { .. } | Outcome::Acknowledged { .. } => {
+            metrics::counter!("handshake", "provider" => provider.clone(), "outcome" => outcome.label()).increment(1);
         }
         other => {
             metrics::counter!("rejected", "provider" => provider.clone(), "reason" => other.label()).increment(1);

@@ -132,6 +132,41 @@ async fn the_query_string_reaches_a_verifier_that_signs_the_url() {
     }
 }
 
+/// Slack's handshake through the handler on the emulator: answered with
+/// its challenge as text (nosniff), nothing written, nothing sent; forged,
+/// it is refused and nothing is echoed.
+#[tokio::test]
+async fn slacks_handshake_is_answered_with_its_challenge_and_writes_nothing() {
+    let stack = Stack::new().await;
+    let intake = stack.intake_for(r#"{"sl": {"provider": "slack", "secrets": ["env:HMAC"]}}"#).await;
+    let slack = hookledger::config::ProviderKind::named("slack").unwrap();
+    let spec: hookledger::config::EndpointSpec =
+        serde_json::from_value(json!({"provider": "slack", "secrets": ["env:HMAC"]})).unwrap();
+    let challenge = "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P";
+    let body = json!({"token": "t", "challenge": challenge, "type": "url_verification"}).to_string();
+    for (secret, status) in [(crate::support::HMAC_SECRET, 200), ("not-the-secret", 401)] {
+        let headers = slack.sign(&spec, &Secret::new(secret), "", "", now_s(), body.as_bytes()).unwrap();
+        let headers: serde_json::Map<String, Value> = headers.into_iter().map(|(k, v)| (k, json!(v))).collect();
+        let e = event_json(NO_AUTHORIZER, "POST", "sl", Value::Object(headers), body.as_bytes(), false);
+        let req = lambda_http::request::from_str(&e.to_string()).unwrap();
+        let resp = intake::handler::handle(&intake, req).await.unwrap();
+        assert_eq!(resp.status(), status);
+        assert_eq!(resp.headers()["x-content-type-options"], "nosniff");
+        let text = match resp.body() {
+            Body::Text(t) => t.clone(),
+            other => panic!("{other:?}"),
+        };
+        if status == 200 {
+            assert_eq!(resp.headers()["content-type"], "text/plain; charset=utf-8");
+            assert_eq!(text, challenge);
+        } else {
+            assert!(!text.contains(challenge), "a forged handshake is not echoed: {text}");
+        }
+    }
+    assert!(stack.items().await.is_empty(), "a handshake writes nothing");
+    assert!(stack.drain_queue().await.is_empty(), "a handshake sends nothing");
+}
+
 #[tokio::test]
 async fn base64_bodies_are_verified_on_the_decoded_raw_bytes() {
     let stack = Stack::new().await;

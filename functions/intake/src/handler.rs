@@ -55,11 +55,15 @@ where
             request_id: &request_id,
         })
         .await;
-    let mut resp = Response::builder().status(answer.status).header("content-type", "application/json");
+    let (content_type, body) = answer.body();
+    let mut resp = Response::builder()
+        .status(answer.status)
+        .header("content-type", content_type)
+        .header("x-content-type-options", "nosniff");
     if let Some(secs) = answer.retry_after {
         resp = resp.header("retry-after", secs.to_string());
     }
-    resp.body(Body::Text(answer.body_json())).map_err(|e| FunctionError::new(FailureKind::Response, e))
+    resp.body(Body::Text(body)).map_err(|e| FunctionError::new(FailureKind::Response, e))
 }
 
 #[derive(serde::Deserialize)]

@@ -677,7 +677,8 @@ impl GenericHmacVerifier {
         if matched { Ok(()) } else { Err(VerifyError::SignatureMismatch) }
     }
 
-    fn identify(&self, d: &Delivery<'_>) -> Result<Verified, VerifyError> {
+    /// The identity, type and content of an authenticated delivery.
+    pub fn identify(&self, d: &Delivery<'_>) -> Result<Verified, VerifyError> {
         let c = &self.config;
         // Every configured field in one pass over the body.
         let found = json::pointers_many(d.body, &c.fields);

@@ -41,6 +41,13 @@ pub enum Action {
     /// A delivery carrying several events (Quiltt): each is claimed and
     /// handed to the processor as an event of its own.
     Batch(Vec<BatchEvent>),
+    /// A handshake the provider asked for (Slack's `url_verification`),
+    /// authenticated: answered 200 with `body` as `text/plain`, nothing recorded.
+    Reply { body: String },
+    /// A message a provider sends without an identity by design (Slack's
+    /// `app_rate_limited`), authenticated: acknowledged (200), counted,
+    /// nothing recorded.
+    Acknowledge { what: &'static str },
 }
 
 /// One event of a batch delivery: its identity, and which bytes of the

@@ -27,6 +27,30 @@ pub struct Batch {
     pub event_type: Option<&'static str>,
 }
 
+/// What a preset answers to a message that is not an event: a handshake or
+/// a notice, recognised (once authenticated) by a value in its body.
+#[derive(Debug)]
+pub struct Reply {
+    /// The message: the body's value at `pointer` is `equals`.
+    pub pointer: &'static str,
+    pub equals: &'static str,
+    pub with: ReplyWith,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum ReplyWith {
+    /// 200 with the value at this pointer, as text: letters, digits and
+    /// `._~-` only, at most 256 of them (anything else is refused).
+    Echo(&'static str),
+    /// 200, nothing recorded (counted as `handshake`, outcome `acknowledged`).
+    Acknowledge,
+}
+
+/// What an echoed value may be.
+fn echoable(v: &str) -> bool {
+    (1..=256).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-".contains(&b))
+}
+
 /// How a preset's events are named by `hookledger send`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdStyle {
@@ -61,6 +85,8 @@ pub struct Preset {
     pub headers: &'static [(&'static str, &'static str)],
     pub id_style: IdStyle,
     pub batch: Option<Batch>,
+    /// Its handshakes and notices (checked before the identity is read).
+    pub replies: &'static [Reply],
 }
 
 const JSON: &str = "application/json";
@@ -86,6 +112,7 @@ pub const PRESETS: &[Preset] = &[
         ],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "twilio",
@@ -100,6 +127,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "square",
@@ -114,6 +142,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "razorpay",
@@ -128,6 +157,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "paddle",
@@ -143,6 +173,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "hubspot",
@@ -156,6 +187,7 @@ pub const PRESETS: &[Preset] = &[
         content_type: JSON,
         sample: r#"[{"eventId":{{number}},"subscriptionId":2881778,"portalId":62515,"appId":1160452,"occurredAt":{{ms}},"subscriptionType":"{{type}}","attemptNumber":0,"objectId":1246965,"propertyName":"lifecyclestage","propertyValue":"subscriber","changeSource":"CRM_UI"}]"#,
         headers: &[],
+        replies: &[],
         id_style: IdStyle::Number,
         batch: Some(Batch {
             id: &["/subscriptionId", "/eventId", "/occurredAt"],
@@ -176,6 +208,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "linear",
@@ -192,6 +225,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "intercom",
@@ -206,6 +240,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "calendly",
@@ -221,6 +256,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "mux",
@@ -236,6 +272,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "typeform",
@@ -250,6 +287,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "coinbase_commerce",
@@ -264,6 +302,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "sentry",
@@ -278,6 +317,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[("Sentry-Hook-Resource", "issue")],
         id_style: IdStyle::Number,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "lemonsqueezy",
@@ -293,6 +333,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Number,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "box",
@@ -308,6 +349,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[("BOX-SIGNATURE-VERSION", "1"), ("BOX-SIGNATURE-ALGORITHM", "HmacSHA256")],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "zendesk",
@@ -324,6 +366,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Number,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "docusign",
@@ -342,6 +385,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "vercel",
@@ -356,6 +400,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "segment",
@@ -370,6 +415,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "gitlab",
@@ -384,6 +430,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[("X-Gitlab-Instance", "https://gitlab.com")],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "bitbucket",
@@ -398,6 +445,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[("X-Hook-UUID", "00000000-0000-4000-8000-000000000004")],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "jira",
@@ -412,6 +460,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Number,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "cashfree",
@@ -427,6 +476,7 @@ pub const PRESETS: &[Preset] = &[
         headers: &[("x-webhook-version", "2023-08-01")],
         id_style: IdStyle::Hex,
         batch: None,
+        replies: &[],
     },
     Preset {
         name: "postmark",
@@ -440,6 +490,26 @@ pub const PRESETS: &[Preset] = &[
         headers: &[],
         id_style: IdStyle::Uuid,
         batch: None,
+        replies: &[],
+    },
+    Preset {
+        name: "slack",
+        summary: "X-Slack-Signature: v0= hex HMAC-SHA256 of \"v0:{X-Slack-Request-Timestamp}:{body}\", 5 min; id event_id; url_verification answered with its challenge, app_rate_limited acknowledged",
+        hmac: r#"{"signature_header": "X-Slack-Signature", "prefix": "v0=", "encoding": "hex",
+            "timestamp_header": "X-Slack-Request-Timestamp", "signed_content": "v0:{timestamp}:{body}",
+            "id": {"json_pointer": "/event_id"}, "type": {"json_pointer": "/event/type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"token":"XXYYZZ","team_id":"T061EG9R6","api_app_id":"A0PNCHHK2","event":{"type":"{{type}}","channel":"C0LAN2Q65","user":"U061F7AUR","text":"<@U0LAN0Z89> is it everything a river should be?","ts":"1515449522.000016","event_ts":"1515449522000016"},"type":"event_callback","authorizations":[{"team_id":"T061EG9R6","user_id":"U0LAN0Z89","is_bot":false}],"event_id":"Ev{{id}}","event_time":{{ts}}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+        replies: &[
+            Reply { pointer: "/type", equals: "url_verification", with: ReplyWith::Echo("/challenge") },
+            Reply { pointer: "/type", equals: "app_rate_limited", with: ReplyWith::Acknowledge },
+        ],
     },
 ];
 
@@ -517,16 +587,61 @@ struct PresetVerifier {
     inner: GenericHmacVerifier,
     batch: Option<&'static Batch>,
     mask: &'static [&'static str],
+    replies: &'static [Reply],
 }
 
 impl PresetVerifier {
     fn verify_now(&self, d: &Delivery<'_>, now_s: i64) -> Result<Verified, VerifyError> {
-        let Some(batch) = self.batch else { return self.inner.verify_delivery(d, now_s) };
-        // A batch: each event is identified by itself.
+        if self.batch.is_none() && self.replies.is_empty() {
+            return self.inner.verify_delivery(d, now_s);
+        }
         self.inner.authenticate(d, now_s)?;
+        // Authenticated: a handshake or a notice is answered, not recorded.
+        if let Some(reply) = self.reply(d.body)? {
+            return Ok(reply);
+        }
+        let Some(batch) = self.batch else { return self.inner.identify(d) };
+        // A batch: each event is identified by itself.
         let events = split_masked(d.body, batch, self.mask)?;
         let first = events.first().map(|e| e.event_id.clone()).unwrap_or_default();
         Ok(Verified { action: Action::Batch(events), ..Verified::record(first, None) })
+    }
+
+    /// The answer to an authenticated body that is one of the preset's
+    /// handshakes or notices, if it is one.
+    fn reply(&self, body: &[u8]) -> Result<Option<Verified>, VerifyError> {
+        if self.replies.is_empty() {
+            return Ok(None);
+        }
+        let mut wanted: Vec<&str> = Vec::new();
+        for r in self.replies {
+            wanted.push(r.pointer);
+            if let ReplyWith::Echo(p) = r.with {
+                wanted.push(p);
+            }
+        }
+        let found = json::pointers_many(body, &wanted);
+        let text =
+            |p: &str| wanted.iter().position(|w| *w == p).and_then(|i| json::string_at(body, found[i].as_ref()?));
+        let Some(r) = self.replies.iter().find(|r| text(r.pointer).as_deref() == Some(r.equals)) else {
+            return Ok(None);
+        };
+        let action = match r.with {
+            ReplyWith::Echo(p) => {
+                let value = text(p).ok_or(VerifyError::MalformedPayload("the handshake carries no value to answer"))?;
+                if !echoable(&value) {
+                    return Err(VerifyError::MalformedPayload("the handshake's value is not one to echo"));
+                }
+                Action::Reply { body: value.into_owned() }
+            }
+            ReplyWith::Acknowledge => Action::Acknowledge { what: r.equals },
+        };
+        Ok(Some(Verified {
+            event_id: String::new(),
+            event_type: Some(r.equals.to_owned()),
+            action,
+            content: Content::Bytes,
+        }))
     }
 }
 
@@ -638,8 +753,8 @@ impl Provider for Preset {
         _: &BuildContext,
     ) -> Result<Box<dyn Verifier>, String> {
         let inner = GenericHmacVerifier::new(self.config(spec)?, secrets)?;
-        let (batch, mask) = preset_batch(self.name);
-        Ok(Box::new(PresetVerifier { inner, batch, mask }))
+        let (batch, mask, replies) = preset_batch(self.name);
+        Ok(Box::new(PresetVerifier { inner, batch, mask, replies }))
     }
 
     /// The masked values do not count: a retry whose counters changed says the same.
@@ -695,9 +810,10 @@ impl Provider for Preset {
     }
 }
 
-/// The batch shape and mask of the preset of this name (`'static` borrows of the table).
-fn preset_batch(name: &str) -> (Option<&'static Batch>, &'static [&'static str]) {
-    PRESETS.iter().find(|p| p.name == name).map_or((None, &[]), |p| (p.batch.as_ref(), p.mask))
+/// The batch shape, mask and replies of the preset of this name (`'static` borrows of the table).
+#[allow(clippy::type_complexity)]
+fn preset_batch(name: &str) -> (Option<&'static Batch>, &'static [&'static str], &'static [Reply]) {
+    PRESETS.iter().find(|p| p.name == name).map_or((None, &[], &[]), |p| (p.batch.as_ref(), p.mask, p.replies))
 }
 
 impl Provider for Alias {

@@ -23,8 +23,8 @@ pub(super) fn spec_of(name: &str) -> EndpointSpec {
 
 fn verifier(p: &Preset, spec: &EndpointSpec, secret: &str) -> PresetVerifier {
     let inner = GenericHmacVerifier::new(p.config(spec).unwrap(), vec![Secret::new(secret)]).unwrap();
-    let (batch, mask) = preset_batch(p.name);
-    PresetVerifier { inner, batch, mask }
+    let (batch, mask, replies) = preset_batch(p.name);
+    PresetVerifier { inner, batch, mask, replies }
 }
 
 fn header_map(pairs: &[(String, String)]) -> HeaderMap {
@@ -261,6 +261,38 @@ fn aliases_send_svix_headers_and_verify_as_standard_webhooks() {
         let ok = v.verify(&body, &header_map(&headers), NOW).unwrap();
         assert_eq!((ok.event_id.as_str(), ok.event_type.as_deref()), ("msg_1", Some("user.created")));
     }
+}
+
+#[test]
+fn slacks_handshake_is_answered_only_when_signed_and_only_with_a_plain_value() {
+    let p = PRESETS.iter().find(|p| p.name == "slack").unwrap();
+    let spec = spec_of("slack");
+    let v = verifier(p, &spec, SECRET);
+    let handshake = |challenge: &str| {
+        serde_json::json!({"token": "t", "challenge": challenge, "type": "url_verification"}).to_string().into_bytes()
+    };
+    let body = handshake("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P");
+    let (body, headers) = deliver(p, &spec, body, NOW);
+    let ok = check(&v, &body, &headers, NOW).unwrap();
+    assert_eq!(ok.action, Action::Reply { body: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P".into() });
+    // Forged: nothing is echoed.
+    let forged = verifier(p, &spec, "not-the-secret");
+    assert_eq!(check(&forged, &body, &headers, NOW).unwrap_err(), VerifyError::SignatureMismatch);
+    assert_eq!(check(&v, &body, &headers, NOW + 301).unwrap_err(), VerifyError::StaleTimestamp);
+    // Signed, but not a value to echo.
+    for bad in ["<script>alert(1)</script>", "", &"a".repeat(257), "a b", "caf\u{e9}"] {
+        let (body, headers) = deliver(p, &spec, handshake(bad), NOW);
+        assert!(matches!(check(&v, &body, &headers, NOW), Err(VerifyError::MalformedPayload(_))), "{bad:?}");
+    }
+    // A notice without an identity: acknowledged.
+    let notice =
+        br#"{"token":"t","type":"app_rate_limited","team_id":"T1","minute_rate_limited":1518467820,"api_app_id":"A1"}"#;
+    let (body, headers) = deliver(p, &spec, notice.to_vec(), NOW);
+    assert_eq!(check(&v, &body, &headers, NOW).unwrap().action, Action::Acknowledge { what: "app_rate_limited" });
+    // An event is an event.
+    let (body, headers) = deliver(p, &spec, p.sample(&spec, EVENT, "app_mention", NOW), NOW);
+    let event = check(&v, &body, &headers, NOW).unwrap();
+    assert_eq!((event.action, event.event_id.as_str()), (Action::Record, format!("Ev{EVENT}").as_str()));
 }
 
 mod proptests {
