@@ -758,6 +758,89 @@ P["slack"] = dict(
 )
 
 
+# Zoom ------------------------------------------------------------------------
+ZOOM_SECRET = "zoom-webhook-secret-token"
+
+
+def zoom_body(ev, now):
+    return compact({"event": "meeting.started",
+                    "payload": {"account_id": "AAAAAABBBB",
+                                "object": {"uuid": "4444AAAiAAAAAiAiAiiAii==", "id": str(int(ev[:9], 16)),
+                                           "host_id": "x1yCzABCDEfg23HiJKl4mN", "topic": "My Meeting", "type": 2,
+                                           "start_time": rfc3339(now), "duration": 60,
+                                           "timezone": "America/Los_Angeles"}},
+                    "event_ts": now * 1000})
+
+
+def zoom_sign(s, b, now, ev):
+    return [("x-zm-signature", "v0=" + mac(s, f"v0:{now}:".encode() + b).hex()), ("x-zm-request-timestamp", str(now)),
+            ("x-zm-trackingid", "v=2.0&s=1&u=demo")]
+
+
+ZOOM_PLAIN = "qgg8vlvZRS6UYooatFL8Aw"
+P["zoom"] = dict(
+    doc="https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events",
+    secret=ZOOM_SECRET, body=zoom_body, sign=zoom_sign,
+    ids=lambda b, h: [(body_hash(b), json_id(b, "/event"))],
+    retry=lambda b, now: b,
+    replies=[
+        ("handshake-endpoint.url_validation.json", "https://developers.zoom.us/docs/api/webhooks/#validate-your-webhook-endpoint",
+         compact({"payload": {"plainToken": ZOOM_PLAIN}, "event_ts": 1654503849680, "event": "endpoint.url_validation"}),
+         {"status": 200, "code": "handshake", "json": {"plainToken": ZOOM_PLAIN,
+                                                     "encryptedToken": mac(ZOOM_SECRET, ZOOM_PLAIN.encode()).hex()}}),
+    ],
+)
+
+
+# Twitch ----------------------------------------------------------------------
+def twitch_body(ev, now):
+    return compact({"subscription": {"id": "f1c2a387-161a-49f9-a165-0f21d7a4e1c4", "status": "enabled",
+                                     "type": "channel.follow", "version": "2", "cost": 0,
+                                     "condition": {"broadcaster_user_id": "12826", "moderator_user_id": "12826"},
+                                     "transport": {"method": "webhook", "callback": "https://example.com/webhooks/callback"},
+                                     "created_at": "2019-11-16T10:11:12.634234626Z"},
+                    "event": {"user_id": "1337", "user_login": "awesome_user", "user_name": "Awesome_User",
+                              "broadcaster_user_id": "12826", "broadcaster_user_login": "twitch",
+                              "broadcaster_user_name": "Twitch", "followed_at": rfc3339(now)}})
+
+
+def twitch_ts(now):
+    # Twitch writes nanoseconds.
+    return datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + ".634234626Z"
+
+
+def twitch_sign(s, b, now, ev, kind="notification", retry=0):
+    mid = str(uuid.UUID(ev)) if len(ev) == 32 else ev
+    ts = twitch_ts(now)
+    return [("Twitch-Eventsub-Message-Id", mid), ("Twitch-Eventsub-Message-Retry", str(retry)),
+            ("Twitch-Eventsub-Message-Type", kind), ("Twitch-Eventsub-Message-Timestamp", ts),
+            ("Twitch-Eventsub-Message-Signature", "sha256=" + mac(s, mid.encode() + ts.encode() + b).hex()),
+            ("Twitch-Eventsub-Subscription-Type", "channel.follow"), ("Twitch-Eventsub-Subscription-Version", "2")]
+
+
+TWITCH_CHALLENGE = "pogchamp-kappa-360noscope-vohiyo"
+P["twitch"] = dict(
+    doc="https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#verifying-the-event-message",
+    secret="twitch-eventsub-secret-0123456789", body=twitch_body,
+    sign=lambda s, b, now, ev: twitch_sign(s, b, now, ev or "e0ffb5a4-1a4f-4e7a-9a49-7c0c5e2bca3d",
+                                           kind="webhook_callback_verification" if b"challenge" in b else "notification"),
+    retry_sign=lambda s, b, now, ev: twitch_sign(s, b, now, ev, retry=1),
+    ids=lambda b, h: [(hdr(h, "Twitch-Eventsub-Message-Id"), hdr(h, "Twitch-Eventsub-Subscription-Type"))],
+    retry=lambda b, now: b,
+    replies=[
+        ("handshake-webhook_callback_verification.json",
+         "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#responding-to-a-challenge-request",
+         compact({"challenge": TWITCH_CHALLENGE,
+                  "subscription": {"id": "f1c2a387-161a-49f9-a165-0f21d7a4e1c4", "status": "webhook_callback_verification_pending",
+                                   "type": "channel.follow", "version": "2", "cost": 1,
+                                   "condition": {"broadcaster_user_id": "12826", "moderator_user_id": "12826"},
+                                   "transport": {"method": "webhook", "callback": "https://example.com/webhooks/callback"},
+                                   "created_at": "2019-11-16T10:11:12.634234626Z"}}),
+         {"status": 200, "code": "handshake", "text": TWITCH_CHALLENGE}),
+    ],
+)
+
+
 # Clerk and Resend (Svix) -----------------------------------------------------
 def svix_sign(s, b, now, ev):
     key = base64.b64decode(s.removeprefix("whsec_"))

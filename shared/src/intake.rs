@@ -66,9 +66,10 @@ pub enum Outcome {
     },
     SubscriptionConfirmed,
     Unsubscribed,
-    /// A provider's handshake, answered with this text; nothing recorded.
+    /// A provider's handshake, answered with this body; nothing recorded.
     Handshake {
-        text: String,
+        content_type: &'static str,
+        body: String,
     },
     /// A message without an identity by design, acknowledged; nothing recorded.
     Acknowledged {
@@ -92,8 +93,8 @@ pub struct Answer {
     pub code: &'static str,
     pub detail: String,
     pub retry_after: Option<u32>,
-    /// A handshake's answer: this text, as `text/plain`, instead of the JSON body.
-    pub text: Option<String>,
+    /// A handshake's answer: `(content type, body)` instead of the JSON body.
+    pub raw: Option<(&'static str, String)>,
 }
 
 impl Answer {
@@ -103,8 +104,8 @@ impl Answer {
 
     /// `(content type, body)` of the HTTP answer.
     pub fn body(&self) -> (&'static str, String) {
-        match &self.text {
-            Some(t) => ("text/plain; charset=utf-8", t.clone()),
+        match &self.raw {
+            Some((content_type, body)) => (content_type, body.clone()),
             None => ("application/json", self.body_json()),
         }
     }
@@ -130,7 +131,7 @@ impl Outcome {
     }
 
     pub fn answer(&self) -> Answer {
-        let a = |status, code, detail: String| Answer { status, code, detail, retry_after: None, text: None };
+        let a = |status, code, detail: String| Answer { status, code, detail, retry_after: None, raw: None };
         match self {
             Self::Accepted => a(202, "accepted", "event recorded and queued".into()),
             Self::Duplicate { conflict: true, .. } => a(
@@ -149,8 +150,8 @@ impl Outcome {
             ),
             Self::SubscriptionConfirmed => a(200, "subscription_confirmed", "subscription confirmed".into()),
             Self::Unsubscribed => a(200, "unsubscribed", "unsubscribe confirmation noted".into()),
-            Self::Handshake { text } => {
-                Answer { text: Some(text.clone()), ..a(200, "handshake", "handshake answered".into()) }
+            Self::Handshake { content_type, body } => {
+                Answer { raw: Some((content_type, body.clone())), ..a(200, "handshake", "handshake answered".into()) }
             }
             Self::Acknowledged { what } => a(200, "acknowledged", format!("{what}: acknowledged, nothing recorded")),
             Self::MethodNotAllowed => a(405, "method_not_allowed", "webhooks are delivered with POST".into()),
@@ -163,7 +164,7 @@ impl Outcome {
                 code: "unavailable",
                 detail: "temporarily unable to record the event; retry later".into(),
                 retry_after: Some(RETRY_AFTER_SECS),
-                text: None,
+                raw: None,
             },
             Self::Rejected(e) => a(401, e.reason(), e.to_string()),
         }
@@ -337,7 +338,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             Action::Record => self.record(endpoint, &verified, req).await,
             Action::Batch(events) => self.record_batch(endpoint, events, req).await,
             Action::Unsubscribed => Outcome::Unsubscribed,
-            Action::Reply { body } => Outcome::Handshake { text: body.clone() },
+            Action::Reply { content_type, body } => Outcome::Handshake { content_type, body: body.clone() },
             Action::Acknowledge { what } => Outcome::Acknowledged { what },
             Action::ConfirmSubscription { subscribe_url } => match endpoint.verifier.confirm(subscribe_url).await {
                 Ok(_) => Outcome::SubscriptionConfirmed,

@@ -33,7 +33,12 @@ struct Expect {
 struct ExpectAnswer {
     status: u16,
     code: String,
+    /// The answer's body, as text (`text/plain`)…
+    #[serde(default)]
     text: Option<String>,
+    /// …or as JSON (`application/json`).
+    #[serde(default)]
+    json: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -217,11 +222,17 @@ async fn every_vector_is_accepted_once_and_forgeries_are_refused() {
             let a = deliver(&intake, &v, &body, &headers, v.now).await;
             if let Some(expected) = &v.answer {
                 // A handshake or a notice: its answer, and nothing written or sent.
-                assert_eq!(
-                    (a.status, a.code, a.text.clone()),
-                    (expected.status, expected.code.as_str(), expected.text.clone()),
-                    "{what}"
-                );
+                assert_eq!((a.status, a.code), (expected.status, expected.code.as_str()), "{what}: {}", a.detail);
+                match (&expected.json, &a.raw) {
+                    (Some(json), Some(("application/json", body))) => {
+                        assert_eq!(&serde_json::from_str::<serde_json::Value>(body).unwrap(), json, "{what}")
+                    }
+                    (Some(_), other) => panic!("{what}: answered {other:?}, not JSON"),
+                    (None, raw) => assert_eq!(raw.as_ref().map(|(_, b)| b.clone()), expected.text, "{what}"),
+                }
+                if expected.text.is_some() {
+                    assert_eq!(a.raw.as_ref().map(|(t, _)| *t), Some("text/plain; charset=utf-8"), "{what}");
+                }
                 assert_eq!(world.state().table.writes(), 0, "{what}: nothing recorded");
                 assert!(world.queue().keys().is_empty(), "{what}: nothing sent");
             } else {
@@ -243,7 +254,7 @@ async fn every_vector_is_accepted_once_and_forgeries_are_refused() {
                 if secret.starts_with("whsec_") { "whsec_bm90LXRoZS1zZWNyZXQ=" } else { "not-the-secret" };
             let (_, wrong) = intake_for(&v, wrong_secret);
             let a = deliver(&wrong, &v, &body, &headers, v.now).await;
-            assert_eq!((a.status, a.text), (401, None), "{what}: wrong secret: {}", a.code);
+            assert_eq!((a.status, a.raw), (401, None), "{what}: wrong secret: {}", a.code);
             // One byte of the body changed.
             let mut tampered = body.clone();
             let at = tampered.iter().rposition(u8::is_ascii_alphanumeric).unwrap();

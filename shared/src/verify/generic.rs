@@ -543,6 +543,15 @@ impl GenericHmacVerifier {
         self.identify(d)
     }
 
+    /// Hex HMAC of `msg` under the endpoint's first secret, with its
+    /// algorithm (a provider's handshake that proves the secret: Zoom's).
+    pub fn first_mac_hex(&self, msg: &[u8]) -> String {
+        self.secrets
+            .first()
+            .map(|k| hex::encode(mac(self.config.algorithm, k.expose(), &[Cow::Borrowed(msg)])))
+            .unwrap_or_default()
+    }
+
     /// The signature (or token, or credentials) and the timestamp alone,
     /// for a caller that reads the identities itself (a batch).
     pub fn authenticate(&self, d: &Delivery<'_>, now: i64) -> Result<(), VerifyError> {

@@ -42,8 +42,8 @@ pub enum Action {
     /// handed to the processor as an event of its own.
     Batch(Vec<BatchEvent>),
     /// A handshake the provider asked for (Slack's `url_verification`),
-    /// authenticated: answered 200 with `body` as `text/plain`, nothing recorded.
-    Reply { body: String },
+    /// authenticated: answered 200 with `body` as `content_type`, nothing recorded.
+    Reply { content_type: &'static str, body: String },
     /// A message a provider sends without an identity by design (Slack's
     /// `app_rate_limited`), authenticated: acknowledged (200), counted,
     /// nothing recorded.

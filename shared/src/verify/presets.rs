@@ -28,20 +28,31 @@ pub struct Batch {
 }
 
 /// What a preset answers to a message that is not an event: a handshake or
-/// a notice, recognised (once authenticated) by a value in its body.
+/// a notice, recognised (once authenticated) by a value in its body or a header.
 #[derive(Debug)]
 pub struct Reply {
-    /// The message: the body's value at `pointer` is `equals`.
-    pub pointer: &'static str,
+    /// The message: the value at `at` is `equals`.
+    pub at: Field,
     pub equals: &'static str,
     pub with: ReplyWith,
 }
 
+/// A value of a delivery: a JSON pointer into its body, or a header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Json(&'static str),
+    Header(&'static str),
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum ReplyWith {
-    /// 200 with the value at this pointer, as text: letters, digits and
+    /// 200 with the value at this field, as `text/plain`: letters, digits and
     /// `._~-` only, at most 256 of them (anything else is refused).
-    Echo(&'static str),
+    Echo(Field),
+    /// 200 with `{"plainToken": v, "encryptedToken": hex HMAC-SHA256(secret, v)}`
+    /// for the value `v` at this pointer (Zoom's validation; the endpoint's
+    /// first secret).
+    SignedToken(&'static str),
     /// 200, nothing recorded (counted as `handshake`, outcome `acknowledged`).
     Acknowledge,
 }
@@ -507,9 +518,58 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[
-            Reply { pointer: "/type", equals: "url_verification", with: ReplyWith::Echo("/challenge") },
-            Reply { pointer: "/type", equals: "app_rate_limited", with: ReplyWith::Acknowledge },
+            Reply {
+                at: Field::Json("/type"),
+                equals: "url_verification",
+                with: ReplyWith::Echo(Field::Json("/challenge")),
+            },
+            Reply { at: Field::Json("/type"), equals: "app_rate_limited", with: ReplyWith::Acknowledge },
         ],
+    },
+    Preset {
+        name: "zoom",
+        summary: "x-zm-signature: v0= hex HMAC-SHA256 of \"v0:{x-zm-request-timestamp}:{body}\", 5 min; no event id: the body hash; endpoint.url_validation answered with its plainToken and their HMAC",
+        hmac: r#"{"signature_header": "x-zm-signature", "prefix": "v0=", "encoding": "hex",
+            "timestamp_header": "x-zm-request-timestamp", "signed_content": "v0:{timestamp}:{body}",
+            "id": "body_hash", "type": {"json_pointer": "/event"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"event":"{{type}}","payload":{"account_id":"AAAAAABBBB","object":{"uuid":"4444AAAiAAAAAiAiAiiAii==","id":"{{number}}","host_id":"x1yCzABCDEfg23HiJKl4mN","topic":"My Meeting","type":2,"start_time":"{{rfc3339}}","duration":60,"timezone":"America/Los_Angeles"}},"event_ts":{{ms}}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+        replies: &[Reply {
+            at: Field::Json("/event"),
+            equals: "endpoint.url_validation",
+            with: ReplyWith::SignedToken("/payload/plainToken"),
+        }],
+    },
+    Preset {
+        name: "twitch",
+        summary: "Twitch-Eventsub-Message-Signature: sha256= hex HMAC-SHA256 of message id, Twitch-Eventsub-Message-Timestamp (RFC 3339) and body, 10 min; id Twitch-Eventsub-Message-Id; webhook_callback_verification answered with its challenge",
+        hmac: r#"{"signature_header": "Twitch-Eventsub-Message-Signature", "prefix": "sha256=", "encoding": "hex",
+            "timestamp_header": "Twitch-Eventsub-Message-Timestamp", "timestamp_format": "rfc3339",
+            "signed_content": "{header:Twitch-Eventsub-Message-Id}{timestamp}{body}",
+            "id": {"header": "Twitch-Eventsub-Message-Id"}, "type": {"header": "Twitch-Eventsub-Subscription-Type"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: 600,
+        content_type: JSON,
+        sample: r#"{"subscription":{"id":"f1c2a387-161a-49f9-a165-0f21d7a4e1c4","status":"enabled","type":"{{type}}","version":"1","cost":0,"condition":{"broadcaster_user_id":"12826"},"transport":{"method":"webhook","callback":"https://example.com/webhooks/callback"},"created_at":"{{rfc3339}}"},"event":{"user_id":"1337","user_login":"awesome_user","user_name":"Awesome_User","broadcaster_user_id":"12826","broadcaster_user_login":"twitch","broadcaster_user_name":"Twitch","followed_at":"{{rfc3339}}"}}"#,
+        headers: &[
+            ("Twitch-Eventsub-Message-Type", "notification"),
+            ("Twitch-Eventsub-Message-Retry", "0"),
+            ("Twitch-Eventsub-Subscription-Version", "1"),
+        ],
+        id_style: IdStyle::Uuid,
+        batch: None,
+        replies: &[Reply {
+            at: Field::Header("twitch-eventsub-message-type"),
+            equals: "webhook_callback_verification",
+            with: ReplyWith::Echo(Field::Json("/challenge")),
+        }],
     },
 ];
 
@@ -597,7 +657,7 @@ impl PresetVerifier {
         }
         self.inner.authenticate(d, now_s)?;
         // Authenticated: a handshake or a notice is answered, not recorded.
-        if let Some(reply) = self.reply(d.body)? {
+        if let Some(reply) = self.reply(d)? {
             return Ok(reply);
         }
         let Some(batch) = self.batch else { return self.inner.identify(d) };
@@ -607,32 +667,48 @@ impl PresetVerifier {
         Ok(Verified { action: Action::Batch(events), ..Verified::record(first, None) })
     }
 
-    /// The answer to an authenticated body that is one of the preset's
+    /// The answer to an authenticated delivery that is one of the preset's
     /// handshakes or notices, if it is one.
-    fn reply(&self, body: &[u8]) -> Result<Option<Verified>, VerifyError> {
+    fn reply(&self, d: &Delivery<'_>) -> Result<Option<Verified>, VerifyError> {
         if self.replies.is_empty() {
             return Ok(None);
         }
         let mut wanted: Vec<&str> = Vec::new();
         for r in self.replies {
-            wanted.push(r.pointer);
-            if let ReplyWith::Echo(p) = r.with {
-                wanted.push(p);
+            for f in [Some(r.at), reply_field(r.with)].into_iter().flatten() {
+                if let Field::Json(p) = f {
+                    wanted.push(p);
+                }
             }
         }
-        let found = json::pointers_many(body, &wanted);
-        let text =
-            |p: &str| wanted.iter().position(|w| *w == p).and_then(|i| json::string_at(body, found[i].as_ref()?));
-        let Some(r) = self.replies.iter().find(|r| text(r.pointer).as_deref() == Some(r.equals)) else {
+        let found = json::pointers_many(d.body, &wanted);
+        let value = |f: Field| -> Option<String> {
+            match f {
+                Field::Json(p) => {
+                    let at = wanted.iter().position(|w| *w == p)?;
+                    json::string_at(d.body, found[at].as_ref()?).map(std::borrow::Cow::into_owned)
+                }
+                Field::Header(h) => d.headers.get(h)?.to_str().ok().map(|v| v.trim().to_owned()),
+            }
+        };
+        let Some(r) = self.replies.iter().find(|r| value(r.at).as_deref() == Some(r.equals)) else {
             return Ok(None);
         };
+        let plain = |f: Field| -> Result<String, VerifyError> {
+            let v = value(f).ok_or(VerifyError::MalformedPayload("the handshake carries no value to answer"))?;
+            if echoable(&v) {
+                Ok(v)
+            } else {
+                Err(VerifyError::MalformedPayload("the handshake's value is not one to echo"))
+            }
+        };
         let action = match r.with {
-            ReplyWith::Echo(p) => {
-                let value = text(p).ok_or(VerifyError::MalformedPayload("the handshake carries no value to answer"))?;
-                if !echoable(&value) {
-                    return Err(VerifyError::MalformedPayload("the handshake's value is not one to echo"));
-                }
-                Action::Reply { body: value.into_owned() }
+            ReplyWith::Echo(f) => Action::Reply { content_type: "text/plain; charset=utf-8", body: plain(f)? },
+            ReplyWith::SignedToken(p) => {
+                let token = plain(Field::Json(p))?;
+                let encrypted = self.inner.first_mac_hex(token.as_bytes());
+                let body = serde_json::json!({"plainToken": token, "encryptedToken": encrypted}).to_string();
+                Action::Reply { content_type: "application/json", body }
             }
             ReplyWith::Acknowledge => Action::Acknowledge { what: r.equals },
         };
@@ -642,6 +718,15 @@ impl PresetVerifier {
             action,
             content: Content::Bytes,
         }))
+    }
+}
+
+/// The field a reply answers with, if any.
+fn reply_field(with: ReplyWith) -> Option<Field> {
+    match with {
+        ReplyWith::Echo(f) => Some(f),
+        ReplyWith::SignedToken(p) => Some(Field::Json(p)),
+        ReplyWith::Acknowledge => None,
     }
 }
 

@@ -274,7 +274,13 @@ fn slacks_handshake_is_answered_only_when_signed_and_only_with_a_plain_value() {
     let body = handshake("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P");
     let (body, headers) = deliver(p, &spec, body, NOW);
     let ok = check(&v, &body, &headers, NOW).unwrap();
-    assert_eq!(ok.action, Action::Reply { body: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P".into() });
+    assert_eq!(
+        ok.action,
+        Action::Reply {
+            content_type: "text/plain; charset=utf-8",
+            body: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P".into()
+        }
+    );
     // Forged: nothing is echoed.
     let forged = verifier(p, &spec, "not-the-secret");
     assert_eq!(check(&forged, &body, &headers, NOW).unwrap_err(), VerifyError::SignatureMismatch);
