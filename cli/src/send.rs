@@ -169,6 +169,7 @@ mod tests {
     async fn the_tool_signs_every_provider_with_a_secret() {
         let cx = hookledger::verify::provider::BuildContext {
             certificates: std::sync::Arc::new(sns::CertificateCache::new(std::sync::Arc::new(NoFetch))),
+            verify_token: Some(Secret::new("tool-verify-token")),
         };
         let now = 1_800_000_000;
         let mut signed = 0;

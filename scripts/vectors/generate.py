@@ -841,6 +841,70 @@ P["twitch"] = dict(
 )
 
 
+# Meta (WhatsApp, Instagram, Messenger) -----------------------------------------
+def meta_body(ev, now):
+    return compact({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398", "changes": [{
+        "value": {"messaging_product": "whatsapp",
+                  "metadata": {"display_phone_number": "15550783881", "phone_number_id": "106540352242922"},
+                  "contacts": [{"profile": {"name": "Kerry Fisher"}, "wa_id": "16505551234"}],
+                  "messages": [{"from": "16505551234", "id": "wamid." + ev[:24].upper(), "timestamp": str(now),
+                                "text": {"body": "Hello"}, "type": "text"}]},
+        "field": "messages"}]}]})
+
+
+META_TOKEN = "meatyhamhock"
+P["meta"] = dict(
+    doc="https://developers.facebook.com/docs/graph-api/webhooks/getting-started#event-notifications",
+    secret="meta-app-secret-0123456789abcdef", body=meta_body, verify_token=META_TOKEN,
+    sign=lambda s, b, now, ev: [("X-Hub-Signature-256", "sha256=" + mac(s, b).hex())],
+    ids=lambda b, h: [(body_hash(b), json_id(b, "/object"))],
+    retry=lambda b, now: b,
+    gets=[("get-verification.json", "https://developers.facebook.com/docs/graph-api/webhooks/getting-started#verification-requests",
+           f"hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token={META_TOKEN}",
+           {"status": 200, "code": "handshake", "text": "1158201444"})],
+)
+
+
+# Dropbox -----------------------------------------------------------------------
+P["dropbox"] = dict(
+    doc="https://www.dropbox.com/developers/reference/webhooks#documentation",
+    secret="dropbox-app-secret",
+    body=lambda ev, now: compact({"list_folder": {"accounts": ["dbid:AAH4f99T0taONIb-" + ev[:20]]},
+                                  "delta": {"users": [int(ev[:7], 16)]}}),
+    sign=lambda s, b, now, ev: [("X-Dropbox-Signature", mac(s, b).hex())],
+    ids=lambda b, h: [(body_hash(b), None)],
+    retry=lambda b, now: b,
+    gets=[("get-verification.json", "https://www.dropbox.com/developers/reference/webhooks#documentation",
+           "challenge=tHiSiSaChAlLeNgE-1234", {"status": 200, "code": "handshake", "text": "tHiSiSaChAlLeNgE-1234"})],
+)
+
+
+# Xero ----------------------------------------------------------------------------
+def xero_body(ev, now):
+    rid = str(uuid.UUID(ev))
+    return compact({"events": [{"resourceUrl": f"https://api.xero.com/api.xro/2.0/Contacts/{rid}", "resourceId": rid,
+                                "eventDateUtc": rfc3339(now), "eventType": "UPDATE", "eventCategory": "CONTACT",
+                                "tenantId": "c2cc9b6e-9458-4c7d-93cc-f02b81b0594f", "tenantType": "ORGANISATION"}],
+                    "lastEventSequence": 1, "firstEventSequence": 1, "entropy": "S0m3r4Nd0mt3xt"})
+
+
+def xero_ids(b, h):
+    return [(":".join([e["tenantId"], e["eventCategory"], e["resourceId"], e["eventType"], e["eventDateUtc"]]),
+             e["eventType"]) for e in json.loads(b)["events"]]
+
+
+P["xero"] = dict(
+    doc="https://developer.xero.com/documentation/guides/webhooks/configuring-your-server/",
+    secret="xero-webhooks-key-0123456789", body=xero_body,
+    sign=lambda s, b, now, ev: [("x-xero-signature", b64(mac(s, b)))],
+    ids=xero_ids, retry=lambda b, now: b,
+    replies=[("handshake-intent-to-receive.json",
+              "https://developer.xero.com/documentation/guides/webhooks/configuring-your-server/#intent-to-receive",
+              compact({"events": [], "firstEventSequence": 0, "lastEventSequence": 0, "entropy": "KSOTLMBFNVNKQBMKXCOZ"}),
+              {"status": 200, "code": "acknowledged", "text": ""})],
+)
+
+
 # Clerk and Resend (Svix) -----------------------------------------------------
 def svix_sign(s, b, now, ev):
     key = base64.b64decode(s.removeprefix("whsec_"))
@@ -914,7 +978,9 @@ def ours(name, p, ev):
     spec = {"provider": name, "secrets": ["env:VECTOR_SECRET"]}
     if p.get("url"):
         spec["public_url"] = p["url"]
-    env = dict(os.environ, VECTOR_SECRET=p["secret"])
+    if p.get("verify_token"):
+        spec["verify_token"] = "env:VECTOR_TOKEN"
+    env = dict(os.environ, VECTOR_SECRET=p["secret"], VECTOR_TOKEN=p.get("verify_token") or "")
     out = subprocess.run([CLI, "send", "--print", "--now", str(NOW), "--endpoint", "v", "--event-id", ev,
                           "--type", "demo.event", "--endpoints", json.dumps({"v": spec})],
                          env=env, capture_output=True, check=True, timeout=60).stdout
@@ -926,6 +992,8 @@ def vector(name, p, what, headers, body, now, expect, source, **extra):
     v = {"preset": name, "what": what, "source": source, "secrets": [p["secret"]], "public_url": p.get("url"),
          "now": now, "method": "POST", "query": "", "headers": [list(h) for h in headers], "body_base64": b64(body),
          "expect": [{"id": i, "type": t} for i, t in expect]}
+    if p.get("verify_token"):
+        v["verify_token"] = p["verify_token"]
     v.update(extra)
     return v
 
@@ -1040,6 +1108,12 @@ def main():
             files[fname] = vector(name, p, "reply", rh2, rbody, NOW, [], doc, answer=answer, accepted_by=checked3)
             manifest.append((fname, f"the message of {doc}, signed by the documented formula"
                              + (f"; accepted by {'; '.join(checked3)}" if checked3 else "")))
+
+        # The provider's GET check of the endpoint (no body; nothing signed).
+        for fname, doc, query, answer in p.get("gets", []):
+            files[fname] = vector(name, p, "get", [], b"", NOW, [], doc, answer=answer, method="GET", query=query,
+                                  verify_token=p.get("verify_token"))
+            manifest.append((fname, f"the GET check of {doc}"))
 
         if name in PUBLISHED:
             pub = PUBLISHED[name]

@@ -357,6 +357,21 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
             return Err("secrets must be references (env:NAME or ssm:/path), never inline values".into());
         }
     }
+    match (&spec.verify_token, spec.provider.takes_verify_token()) {
+        (Some(r), true) if !(r.starts_with("env:") || r.starts_with("ssm:")) => {
+            return Err("verify_token must be a reference (env:NAME or ssm:/path), never an inline value".into());
+        }
+        (Some(_), false) => {
+            return Err(format!(
+                "verify_token is for providers that check the endpoint with a GET, not {}",
+                spec.provider
+            ));
+        }
+        (None, true) => {
+            return Err(format!("{} endpoints need a verify_token (the value given to the provider)", spec.provider));
+        }
+        _ => {}
+    }
     let needs_secrets = spec.provider.takes_secrets();
     if needs_secrets && spec.secrets.is_empty() {
         return Err(format!("provider {} needs at least one secret", spec.provider));
@@ -391,7 +406,15 @@ pub async fn build_endpoints(
             }
             resolved.push(secret);
         }
-        let cx = BuildContext { certificates: certificates.clone() };
+        let verify_token = match &spec.verify_token {
+            Some(reference) => Some(secrets.resolve(reference).await.map_err(|reason| ConfigError::Secret {
+                endpoint: name.clone(),
+                reference: reference.clone(),
+                reason,
+            })?),
+            None => None,
+        };
+        let cx = BuildContext { certificates: certificates.clone(), verify_token };
         let verifier = spec
             .provider
             .verifier(&spec, resolved, &cx)
@@ -500,6 +523,9 @@ mod tests {
             let mut spec = serde_json::json!({"provider": p.name, "secrets": ["env:A"]});
             if p.public_url {
                 spec["public_url"] = format!("https://hooks.example.com/webhooks/{}", p.name).into();
+            }
+            if crate::verify::provider::Provider::takes_verify_token(p) {
+                spec["verify_token"] = "env:B".into();
             }
             all.insert(format!("preset-{}", p.name.replace('_', "-")), spec);
         }

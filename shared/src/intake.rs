@@ -154,7 +154,9 @@ impl Outcome {
                 Answer { raw: Some((content_type, body.clone())), ..a(200, "handshake", "handshake answered".into()) }
             }
             Self::Acknowledged { what } => a(200, "acknowledged", format!("{what}: acknowledged, nothing recorded")),
-            Self::MethodNotAllowed => a(405, "method_not_allowed", "webhooks are delivered with POST".into()),
+            Self::MethodNotAllowed => {
+                a(405, "method_not_allowed", "this endpoint's provider does not call it with this method".into())
+            }
             Self::UnknownEndpoint => a(404, "unknown_endpoint", "no such webhook endpoint".into()),
             Self::TooLarge { limit } => a(413, "payload_too_large", format!("body exceeds {limit} bytes")),
             Self::Rejected(e @ VerifyError::TopicNotAllowed) => a(403, e.reason(), e.to_string()),
@@ -278,7 +280,18 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let started = self.ambient.instant();
         let endpoint = self.endpoints.get(req.endpoint);
         let (outcome, verified) = self.run(endpoint, &req, verify_at_s).await;
-        let answer = outcome.answer();
+        let mut answer = outcome.answer();
+        // The answer the provider needs for a delivery it will not send again.
+        let recorded = matches!(
+            outcome,
+            Outcome::Accepted | Outcome::Duplicate { .. } | Outcome::Batch { .. } | Outcome::Acknowledged { .. }
+        );
+        if let (true, Some(success)) = (recorded, endpoint.and_then(|e| e.provider.success())) {
+            answer.status = success.status;
+            if let Some((content_type, body)) = success.body {
+                answer.raw = Some((content_type, body.to_owned()));
+            }
+        }
 
         let provider = endpoint.map_or("unknown", |e| e.provider.as_str());
         let endpoint_name = endpoint.map_or("unknown", |e| e.name.as_str());
@@ -320,10 +333,13 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         req: &IntakeRequest<'_>,
         verify_at_s: Option<i64>,
     ) -> (Outcome, Option<Verified>) {
-        if req.method != Method::POST {
+        if req.method != Method::POST && req.method != Method::GET {
             return (Outcome::MethodNotAllowed, None);
         }
         let Some(endpoint) = endpoint else { return (Outcome::UnknownEndpoint, None) };
+        if !endpoint.provider.methods().contains(req.method) {
+            return (Outcome::MethodNotAllowed, None);
+        }
         if req.body.len() > self.settings.max_body_bytes {
             return (Outcome::TooLarge { limit: self.settings.max_body_bytes }, None);
         }

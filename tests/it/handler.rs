@@ -167,6 +167,37 @@ async fn slacks_handshake_is_answered_with_its_challenge_and_writes_nothing() {
     assert!(stack.drain_queue().await.is_empty(), "a handshake sends nothing");
 }
 
+/// Meta's GET check through the handler: the challenge with the right
+/// verify token, 401 with another; a GET to a POST-only provider is 405.
+#[tokio::test]
+async fn metas_get_check_is_answered_through_the_handler_and_other_providers_refuse_get() {
+    let stack = Stack::new().await;
+    let intake = stack
+        .intake_for(
+            r#"{"m": {"provider": "meta", "secrets": ["env:HMAC"], "verify_token": "env:HMAC"},
+                "s": {"provider": "shopify", "secrets": ["env:HMAC"]}}"#,
+        )
+        .await;
+    let token = crate::support::HMAC_SECRET;
+    for (endpoint, query, status) in [
+        ("m", format!("hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token={token}"), 200),
+        ("m", "hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=guess".to_owned(), 401),
+        ("s", "challenge=1".to_owned(), 405),
+    ] {
+        let mut e = event_json(NO_AUTHORIZER, "GET", endpoint, json!({}), b"", false);
+        e["rawQueryString"] = json!(query);
+        let req = lambda_http::request::from_str(&e.to_string()).unwrap();
+        let resp = intake::handler::handle(&intake, req).await.unwrap();
+        assert_eq!(resp.status(), status, "{endpoint} {query}");
+        let text = match resp.body() {
+            Body::Text(t) => t.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(text == "1158201444", status == 200, "{endpoint}: {text}");
+    }
+    assert!(stack.items().await.is_empty(), "a GET check writes nothing");
+}
+
 #[tokio::test]
 async fn base64_bodies_are_verified_on_the_decoded_raw_bytes() {
     let stack = Stack::new().await;

@@ -67,6 +67,15 @@ struct Vector {
     accepted_by: Vec<String>,
     #[serde(default)]
     answer: Option<ExpectAnswer>,
+    /// The endpoint's verify token (a provider that checks it with a GET).
+    #[serde(default)]
+    verify_token: Option<String>,
+    #[serde(default = "post")]
+    method: String,
+}
+
+fn post() -> String {
+    "POST".into()
 }
 
 impl Vector {
@@ -89,6 +98,9 @@ impl Vector {
         let mut v = serde_json::json!({"provider": self.preset, "secrets": ["env:V"]});
         if let Some(u) = &self.public_url {
             v["public_url"] = u.clone().into();
+        }
+        if self.verify_token.is_some() {
+            v["verify_token"] = "env:T".into();
         }
         serde_json::from_value(v).unwrap()
     }
@@ -137,7 +149,10 @@ fn intake_for(
     let provider = ProviderKind::named(&v.preset).unwrap_or_else(|| panic!("{} is not registered", v.preset));
     let spec = v.spec();
     provider.validate(&spec).unwrap();
-    let cx = BuildContext { certificates: Arc::new(CertificateCache::new(Arc::new(NoFetch))) };
+    let cx = BuildContext {
+        certificates: Arc::new(CertificateCache::new(Arc::new(NoFetch))),
+        verify_token: v.verify_token.as_deref().map(Secret::new),
+    };
     let verifier = provider.verifier(&spec, vec![Secret::new(secret)], &cx).unwrap();
     let endpoint = Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier };
     let settings = Settings {
@@ -160,16 +175,49 @@ async fn deliver(
     headers: &HeaderMap,
     now: i64,
 ) -> Answer {
+    let method = Method::from_bytes(v.method.as_bytes()).unwrap();
     let req = IntakeRequest {
         query: &v.query,
         endpoint: "ep",
-        method: &Method::POST,
+        method: &method,
         headers,
         body,
         now: UNIX_EPOCH + Duration::from_secs(now as u64),
         request_id: "r",
     };
     intake.handle(req).await
+}
+
+/// `v` sent with another query string.
+async fn deliver_query(
+    intake: &Intake<crate::adapters::memory::MemLedger, crate::adapters::memory::MemQueue>,
+    v: &Vector,
+    query: &str,
+) -> Answer {
+    let method = Method::from_bytes(v.method.as_bytes()).unwrap();
+    let (body, headers) = (v.body(), v.header_map());
+    let req = IntakeRequest {
+        query,
+        endpoint: "ep",
+        method: &method,
+        headers: &headers,
+        body: &body,
+        now: UNIX_EPOCH + Duration::from_secs(v.now as u64),
+        request_id: "r",
+    };
+    intake.handle(req).await
+}
+
+/// A method its provider does not use is answered 405 before anything is read.
+#[tokio::test]
+async fn a_method_the_provider_does_not_use_is_405() {
+    for (file, v) in vectors("shopify").into_iter().filter(|(f, _)| f == "independent.json") {
+        let (world, intake) = intake_for(&v, &v.secrets[0]);
+        let get = Vector { method: "GET".into(), ..v };
+        let a = deliver(&intake, &get, &get.body(), &get.header_map(), get.now).await;
+        assert_eq!((a.status, a.code), (405, "method_not_allowed"), "{file}");
+        assert_eq!(world.state().table.writes(), 0);
+    }
 }
 
 #[test]
@@ -236,7 +284,15 @@ async fn every_vector_is_accepted_once_and_forgeries_are_refused() {
                 assert_eq!(world.state().table.writes(), 0, "{what}: nothing recorded");
                 assert!(world.queue().keys().is_empty(), "{what}: nothing sent");
             } else {
-                assert_eq!((a.status, a.code), (202, "accepted"), "{what}: {}", a.detail);
+                let status = provider.success().map_or(202, |s| s.status);
+                assert_eq!((a.status, a.code), (status, "accepted"), "{what}: {}", a.detail);
+                if let Some(body) = provider.success().and_then(|s| s.body) {
+                    assert_eq!(
+                        a.raw.as_ref().map(|(t, b)| (*t, b.as_str())),
+                        Some(body),
+                        "{what}: the provider's own answer"
+                    );
+                }
             }
             for e in &v.expect {
                 let key = crate::identity::EventKey::new(name, "ep", &e.id);
@@ -247,6 +303,16 @@ async fn every_vector_is_accepted_once_and_forgeries_are_refused() {
             if v.answer.is_none() {
                 let again = deliver(&intake, &v, &body, &headers, v.now + 1).await;
                 assert_eq!((again.status, again.code), (200, "duplicate"), "{what}: {}", again.detail);
+            }
+            if v.method == "GET" {
+                // A GET check proves the verify token (where the provider has one), no secret.
+                if v.verify_token.is_some() {
+                    let forged = v.query.replace(v.verify_token.as_deref().unwrap(), "not-the-token");
+                    let (_, fresh) = intake_for(&v, &secret);
+                    let a = deliver_query(&fresh, &v, &forged).await;
+                    assert_eq!((a.status, a.raw), (401, None), "{what}: a wrong verify token");
+                }
+                continue;
             }
 
             // A wrong secret.
@@ -308,7 +374,9 @@ async fn a_providers_retry_is_the_same_event_with_no_conflict() {
             let secret = first.secrets[0].clone();
             let (world, intake) = intake_for(first, &secret);
             let a = deliver(&intake, first, &first.body(), &first.header_map(), first.now).await;
-            assert_eq!(a.status, 202, "{name}: {}", a.detail);
+            let provider = ProviderKind::named(name).unwrap();
+            assert_eq!(a.status, provider.success().map_or(202, |s| s.status), "{name}: {}", a.detail);
+            assert_eq!(a.code, "accepted", "{name}: {}", a.detail);
             let ids: Vec<&str> = retry.expect.iter().map(|e| e.id.as_str()).collect();
             let first_ids: Vec<&str> = first.expect.iter().map(|e| e.id.as_str()).collect();
             assert_eq!(ids, first_ids, "{name}/{file}: the same events");
@@ -316,7 +384,6 @@ async fn a_providers_retry_is_the_same_event_with_no_conflict() {
             let a = deliver(&intake, retry, &body, &retry.header_map(), retry.now).await;
             assert_eq!((a.status, a.code), (200, "duplicate"), "{name}/{file}: {}", a.detail);
             // For a batch the answer does not say; the stored content hashes do.
-            let provider = ProviderKind::named(name).unwrap();
             let events = match provider.split(&body) {
                 Some(events) => events.unwrap().into_iter().map(|e| (e.event_id, body[e.bytes].to_vec())).collect(),
                 None => vec![(retry.expect[0].id.clone(), body.clone())],

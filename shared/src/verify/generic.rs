@@ -465,7 +465,7 @@ fn mac(algorithm: Algorithm, key: &[u8], parts: &[Cow<'_, [u8]>]) -> Vec<u8> {
 
 /// Constant-time equality of two secrets-derived byte strings of any length
 /// (their SHA-256 digests are compared).
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn same_secret(a: &[u8], b: &[u8]) -> bool {
     bool::from(Sha256::digest(a).ct_eq(&Sha256::digest(b)))
 }
 

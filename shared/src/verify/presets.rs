@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use super::generic::{self, GenericHmacConfig, GenericHmacVerifier, json_text};
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, HmacSpec, Provider, Source, Verifier, Verifying, no_sections, ready,
+    BuildContext, Delivery, EndpointSpec, HmacSpec, Provider, Source, Success, Verifier, Verifying, no_sections, ready,
 };
 use super::{Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, json, standard};
 use crate::secret::Secret;
@@ -21,10 +21,15 @@ use crate::secret::Secret;
 /// A delivery carrying several events as a JSON array (HubSpot's).
 #[derive(Debug)]
 pub struct Batch {
+    /// Where the array is: `""` for the body itself (HubSpot), a pointer (Xero's `/events`).
+    pub at: &'static str,
     /// Pointers into each element, joined by `:`, that identify it.
     pub id: &'static [&'static str],
     /// Where each element names its type.
     pub event_type: Option<&'static str>,
+    /// An empty batch is a notice (Xero's Intent to Receive): acknowledged,
+    /// nothing recorded. Otherwise it is refused.
+    pub empty_is_notice: bool,
 }
 
 /// What a preset answers to a message that is not an event: a handshake or
@@ -98,6 +103,21 @@ pub struct Preset {
     pub batch: Option<Batch>,
     /// Its handshakes and notices (checked before the identity is read).
     pub replies: &'static [Reply],
+    /// Its check of the endpoint with a GET, if it makes one.
+    pub get: Option<GetCheck>,
+    /// Its own success answer, if not the intake's 202 or 200.
+    pub success: Option<Success>,
+}
+
+/// A provider's check of the endpoint with a GET (no body, nothing recorded).
+#[derive(Debug)]
+pub enum GetCheck {
+    /// Meta: `mode` is `subscribe` and `token` equals the endpoint's
+    /// `verify_token` (compared in constant time): `challenge` is echoed.
+    VerifyToken { mode: &'static str, token: &'static str, challenge: &'static str },
+    /// Dropbox: `challenge` is echoed, unauthenticated (Dropbox signs nothing
+    /// on its GET), so only a plain value is.
+    Echo { challenge: &'static str },
 }
 
 const JSON: &str = "application/json";
@@ -124,6 +144,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "twilio",
@@ -139,6 +161,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "square",
@@ -154,6 +178,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "razorpay",
@@ -169,6 +195,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "paddle",
@@ -185,6 +213,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "hubspot",
@@ -201,9 +231,13 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         id_style: IdStyle::Number,
         batch: Some(Batch {
+            at: "",
             id: &["/subscriptionId", "/eventId", "/occurredAt"],
             event_type: Some("/subscriptionType"),
+            empty_is_notice: false,
         }),
+        get: None,
+        success: None,
     },
     Preset {
         name: "mailgun",
@@ -220,6 +254,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "linear",
@@ -237,6 +273,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "intercom",
@@ -252,6 +290,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "calendly",
@@ -268,6 +308,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "mux",
@@ -284,6 +326,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "typeform",
@@ -299,6 +343,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "coinbase_commerce",
@@ -314,6 +360,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "sentry",
@@ -329,6 +377,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "lemonsqueezy",
@@ -345,6 +395,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "box",
@@ -361,6 +413,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "zendesk",
@@ -378,6 +432,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "docusign",
@@ -397,6 +453,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "vercel",
@@ -412,6 +470,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "segment",
@@ -427,6 +487,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "gitlab",
@@ -442,6 +504,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "bitbucket",
@@ -457,6 +521,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "jira",
@@ -472,6 +538,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "cashfree",
@@ -488,6 +556,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "postmark",
@@ -502,6 +572,8 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        get: None,
+        success: None,
     },
     Preset {
         name: "slack",
@@ -525,6 +597,8 @@ pub const PRESETS: &[Preset] = &[
             },
             Reply { at: Field::Json("/type"), equals: "app_rate_limited", with: ReplyWith::Acknowledge },
         ],
+        get: None,
+        success: Some(Success { status: 200, body: None }),
     },
     Preset {
         name: "zoom",
@@ -545,6 +619,8 @@ pub const PRESETS: &[Preset] = &[
             equals: "endpoint.url_validation",
             with: ReplyWith::SignedToken("/payload/plainToken"),
         }],
+        get: None,
+        success: Some(Success { status: 200, body: None }),
     },
     Preset {
         name: "twitch",
@@ -570,6 +646,62 @@ pub const PRESETS: &[Preset] = &[
             equals: "webhook_callback_verification",
             with: ReplyWith::Echo(Field::Json("/challenge")),
         }],
+        get: None,
+        success: None,
+    },
+    Preset {
+        name: "meta",
+        summary: "X-Hub-Signature-256: sha256= hex HMAC-SHA256 of the body with the app secret; no event id: the body hash; the GET check (hub.mode, hub.verify_token, hub.challenge) answered with its challenge when the verify token matches",
+        hmac: r#"{"signature_header": "X-Hub-Signature-256", "prefix": "sha256=", "encoding": "hex",
+            "id": "body_hash", "type": {"json_pointer": "/object"}}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"object":"whatsapp_business_account","entry":[{"id":"102290129340398","changes":[{"value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},"messages":[{"from":"16505551234","id":"wamid.{{id}}","timestamp":"{{ts}}","text":{"body":"Hello"},"type":"text"}]},"field":"messages"}]}]}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+        replies: &[],
+        get: Some(GetCheck::VerifyToken { mode: "hub.mode", token: "hub.verify_token", challenge: "hub.challenge" }),
+        success: Some(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
+    },
+    Preset {
+        name: "dropbox",
+        summary: "X-Dropbox-Signature: hex HMAC-SHA256 of the body with the app secret; no event id: the body hash; the GET check answered with its challenge (plain values only)",
+        hmac: r#"{"signature_header": "X-Dropbox-Signature", "encoding": "hex", "id": "body_hash"}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"list_folder":{"accounts":["dbid:AAH4f99T0taONIb-{{id}}"]},"delta":{"users":[{{number}}]}}"#,
+        headers: &[],
+        id_style: IdStyle::Hex,
+        batch: None,
+        replies: &[],
+        get: Some(GetCheck::Echo { challenge: "challenge" }),
+        success: Some(Success { status: 200, body: None }),
+    },
+    Preset {
+        name: "xero",
+        summary: "x-xero-signature: base64 HMAC-SHA256 of the body with the webhook key; a batch (events), each identified by tenantId:eventCategory:resourceId:eventType:eventDateUtc; an empty batch (Intent to Receive) acknowledged; 200 with no body",
+        hmac: r#"{"signature_header": "x-xero-signature", "encoding": "base64", "id": "body_hash"}"#,
+        mask: &[],
+        public_url: false,
+        tolerance_secs: DEFAULT_TOLERANCE,
+        content_type: JSON,
+        sample: r#"{"events":[{"resourceUrl":"https://api.xero.com/api.xro/2.0/Contacts/{{id}}","resourceId":"{{id}}","eventDateUtc":"{{rfc3339}}","eventType":"{{type}}","eventCategory":"CONTACT","tenantId":"c2cc9b6e-9458-4c7d-93cc-f02b81b0594f","tenantType":"ORGANISATION"}],"lastEventSequence":1,"firstEventSequence":1,"entropy":"S0m3r4Nd0mt3xt"}"#,
+        headers: &[],
+        id_style: IdStyle::Uuid,
+        batch: Some(Batch {
+            at: "/events",
+            id: &["/tenantId", "/eventCategory", "/resourceId", "/eventType", "/eventDateUtc"],
+            event_type: Some("/eventType"),
+            empty_is_notice: true,
+        }),
+        replies: &[],
+        get: None,
+        success: Some(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
     },
 ];
 
@@ -648,10 +780,15 @@ struct PresetVerifier {
     batch: Option<&'static Batch>,
     mask: &'static [&'static str],
     replies: &'static [Reply],
+    get: Option<&'static GetCheck>,
+    verify_token: Option<Secret>,
 }
 
 impl PresetVerifier {
     fn verify_now(&self, d: &Delivery<'_>, now_s: i64) -> Result<Verified, VerifyError> {
+        if d.method == http::Method::GET {
+            return self.get_check(d);
+        }
         if self.batch.is_none() && self.replies.is_empty() {
             return self.inner.verify_delivery(d, now_s);
         }
@@ -661,10 +798,48 @@ impl PresetVerifier {
             return Ok(reply);
         }
         let Some(batch) = self.batch else { return self.inner.identify(d) };
+        if batch.empty_is_notice && is_empty_batch(d.body, batch) {
+            return Ok(notice("an empty batch"));
+        }
         // A batch: each event is identified by itself.
         let events = split_masked(d.body, batch, self.mask)?;
         let first = events.first().map(|e| e.event_id.clone()).unwrap_or_default();
         Ok(Verified { action: Action::Batch(events), ..Verified::record(first, None) })
+    }
+
+    /// The provider's GET check of the endpoint: its challenge echoed, once
+    /// whatever it proves is checked; nothing recorded.
+    fn get_check(&self, d: &Delivery<'_>) -> Result<Verified, VerifyError> {
+        let Some(check) = self.get else { return Err(VerifyError::MalformedEnvelope("this provider sends no GET")) };
+        let params: Vec<(std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)> =
+            url::form_urlencoded::parse(d.query.as_bytes()).collect();
+        let param = |name: &str| {
+            let mut all = params.iter().filter(|(k, _)| k == name);
+            match (all.next(), all.next()) {
+                (Some((_, v)), None) => Some(v.as_ref()),
+                _ => None,
+            }
+        };
+        let challenge = match check {
+            GetCheck::VerifyToken { mode, token, challenge } => {
+                let expected = self.verify_token.as_ref().ok_or(VerifyError::SignatureMismatch)?;
+                let offered = param(token).ok_or(VerifyError::MissingHeader("verify token"))?;
+                if !generic::same_secret(expected.expose(), offered.as_bytes()) {
+                    return Err(VerifyError::SignatureMismatch);
+                }
+                if param(mode) != Some("subscribe") {
+                    return Err(VerifyError::MalformedPayload("the check is not a subscription"));
+                }
+                param(challenge)
+            }
+            GetCheck::Echo { challenge } => param(challenge),
+        };
+        let challenge = challenge.ok_or(VerifyError::MalformedPayload("the check carries no challenge"))?;
+        if !echoable(challenge) {
+            return Err(VerifyError::MalformedPayload("the challenge is not a value to echo"));
+        }
+        let action = Action::Reply { content_type: "text/plain; charset=utf-8", body: challenge.to_owned() };
+        Ok(Verified { event_id: String::new(), event_type: Some("get_check".into()), action, content: Content::Bytes })
     }
 
     /// The answer to an authenticated delivery that is one of the preset's
@@ -721,6 +896,25 @@ impl PresetVerifier {
     }
 }
 
+/// Whether the batch's array is there and empty.
+fn is_empty_batch(body: &[u8], batch: &Batch) -> bool {
+    let at = if batch.at.is_empty() { Some(0..body.len()) } else { json::pointers(body, [Some(batch.at)])[0].clone() };
+    at.is_some_and(|r| {
+        let mut n = 0;
+        json::scan(&body[r], |_| n += 1) == Ok(json::Kind::Array) && n == 0
+    })
+}
+
+/// A notice without an identity: acknowledged, nothing recorded.
+fn notice(what: &'static str) -> Verified {
+    Verified {
+        event_id: String::new(),
+        event_type: None,
+        action: Action::Acknowledge { what },
+        content: Content::Bytes,
+    }
+}
+
 /// The field a reply answers with, if any.
 fn reply_field(with: ReplyWith) -> Option<Field> {
     match with {
@@ -748,8 +942,15 @@ pub fn split(body: &[u8], batch: &Batch) -> Result<Vec<BatchEvent>, VerifyError>
 }
 
 fn split_masked(body: &[u8], batch: &Batch, mask: &[&str]) -> Result<Vec<BatchEvent>, VerifyError> {
+    let list = if batch.at.is_empty() {
+        0..body.len()
+    } else {
+        let [at] = json::pointers(body, [Some(batch.at)]);
+        at.ok_or(VerifyError::MalformedPayload("the delivery has no array of events where its provider puts them"))?
+    };
     let mut elements: Vec<Range<usize>> = Vec::new();
-    let kind = json::scan(body, |e| elements.push(e.value)).map_err(|_| VerifyError::MalformedPayload("not JSON"))?;
+    let kind = json::scan(&body[list.clone()], |e| elements.push(e.value.start + list.start..e.value.end + list.start))
+        .map_err(|_| VerifyError::MalformedPayload("not JSON"))?;
     if kind != json::Kind::Array {
         return Err(VerifyError::MalformedPayload("the batch is not a JSON array"));
     }
@@ -835,11 +1036,34 @@ impl Provider for Preset {
         &self,
         spec: &EndpointSpec,
         secrets: Vec<Secret>,
-        _: &BuildContext,
+        cx: &BuildContext,
     ) -> Result<Box<dyn Verifier>, String> {
         let inner = GenericHmacVerifier::new(self.config(spec)?, secrets)?;
         let (batch, mask, replies) = preset_batch(self.name);
-        Ok(Box::new(PresetVerifier { inner, batch, mask, replies }))
+        let get = PRESETS.iter().find(|p| p.name == self.name).and_then(|p| p.get.as_ref());
+        Ok(Box::new(PresetVerifier { inner, batch, mask, replies, get, verify_token: cx.verify_token.clone() }))
+    }
+
+    /// A JSON body, or a form's parameters as a JSON object (Twilio); the
+    /// type stored at intake, else `<preset>.delivery` for a provider that
+    /// names none (Dropbox, Twilio).
+    fn decode(
+        &self,
+        stored_type: Option<&str>,
+        payload: &[u8],
+    ) -> Result<(String, serde_json::Value), crate::event::DecodeError> {
+        let body = if self.content_type == FORM {
+            let params: serde_json::Map<String, serde_json::Value> = url::form_urlencoded::parse(payload)
+                .into_owned()
+                .map(|(k, v)| (k, serde_json::Value::String(v)))
+                .collect();
+            serde_json::Value::Object(params)
+        } else {
+            serde_json::from_slice(payload)
+                .map_err(|e| crate::event::DecodeError(format!("payload is not JSON: {e}")))?
+        };
+        let ty = stored_type.map_or_else(|| format!("{}.delivery", self.name), str::to_owned);
+        Ok((ty, body))
     }
 
     /// The masked values do not count: a retry whose counters changed says the same.
@@ -861,6 +1085,18 @@ impl Provider for Preset {
 
     fn content_type(&self) -> &'static str {
         self.content_type
+    }
+
+    fn methods(&self) -> &'static [http::Method] {
+        if self.get.is_some() { &[http::Method::POST, http::Method::GET] } else { &[http::Method::POST] }
+    }
+
+    fn takes_verify_token(&self) -> bool {
+        matches!(self.get, Some(GetCheck::VerifyToken { .. }))
+    }
+
+    fn success(&self) -> Option<Success> {
+        self.success
     }
 
     fn seal(&self, spec: &EndpointSpec, secret: &Secret, now_s: i64, body: Vec<u8>) -> Result<Vec<u8>, String> {

@@ -61,9 +61,19 @@ pub enum BackfillList {
     GithubDeliveries,
 }
 
+/// A provider's own success answer ([`Provider::success`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Success {
+    pub status: u16,
+    /// `(content type, body)` instead of the intake's JSON body.
+    pub body: Option<(&'static str, &'static str)>,
+}
+
 /// What [`Provider::verifier`] may use besides the endpoint's secrets.
 pub struct BuildContext {
     pub certificates: Arc<CertificateCache>,
+    /// The endpoint's `verify_token`, resolved (for a provider that takes one).
+    pub verify_token: Option<Secret>,
 }
 
 /// Everything about one provider (or family of senders) that the rest of
@@ -171,6 +181,25 @@ pub trait Provider: Send + Sync + 'static {
         None
     }
 
+    /// The methods its deliveries and handshakes use (POST; GET too for a
+    /// provider that checks the endpoint with a GET, as Meta and Dropbox do).
+    /// Any other method is answered 405.
+    fn methods(&self) -> &'static [http::Method] {
+        &[http::Method::POST]
+    }
+
+    /// Whether its endpoint names a `verify_token` (a secret reference: the
+    /// value the operator gave the provider, which it echoes on its GET check).
+    fn takes_verify_token(&self) -> bool {
+        false
+    }
+
+    /// The answer it needs when a delivery is recorded (or was before), if
+    /// not the intake's 202 or 200 with a JSON body (Xero: 200 with no body).
+    fn success(&self) -> Option<Success> {
+        None
+    }
+
     /// The list a backfill can read its past events from, if it keeps one.
     fn backfill(&self) -> Option<BackfillList> {
         None
@@ -246,6 +275,10 @@ pub struct EndpointSpec {
     /// for providers that sign it (`{url}`).
     #[serde(default)]
     pub public_url: Option<String>,
+    /// A secret reference: the verify token the operator gave a provider
+    /// that checks the endpoint with a GET (Meta).
+    #[serde(default)]
+    pub verify_token: Option<String>,
 }
 
 /// The `hmac` section of a generic endpoint (see docs/configuration.md for

@@ -18,13 +18,17 @@ pub(super) fn spec_of(name: &str) -> EndpointSpec {
     if p.is_some_and(|p| p.public_url) {
         v["public_url"] = format!("https://hooks.example.com/webhooks/{name}").into();
     }
+    if p.is_some_and(|p| p.takes_verify_token()) {
+        v["verify_token"] = "env:T".into();
+    }
     serde_json::from_value(v).unwrap()
 }
 
 fn verifier(p: &Preset, spec: &EndpointSpec, secret: &str) -> PresetVerifier {
     let inner = GenericHmacVerifier::new(p.config(spec).unwrap(), vec![Secret::new(secret)]).unwrap();
     let (batch, mask, replies) = preset_batch(p.name);
-    PresetVerifier { inner, batch, mask, replies }
+    let get = PRESETS.iter().find(|x| x.name == p.name).and_then(|x| x.get.as_ref());
+    PresetVerifier { inner, batch, mask, replies, get, verify_token: Some(Secret::new("meta-verify-token")) }
 }
 
 fn header_map(pairs: &[(String, String)]) -> HeaderMap {
@@ -211,6 +215,32 @@ fn a_retry_is_the_same_event_with_the_same_content() {
     }
 }
 
+/// What the processor hands a projection: every preset's stored payload
+/// decodes (a form as its parameters), with a type even where the provider
+/// names none; nothing a preset records can go DEAD for want of one.
+#[test]
+fn every_presets_stored_payload_decodes_with_a_type() {
+    for p in PRESETS {
+        let spec = spec_of(p.name);
+        let (body, headers) = deliver(p, &spec, p.sample(&spec, EVENT, "demo.event", NOW), NOW);
+        let v = check(&verifier(p, &spec, SECRET), &body, &headers, NOW).unwrap();
+        let stored: Vec<(Option<String>, Vec<u8>)> = match &v.action {
+            Action::Batch(events) => {
+                events.iter().map(|e| (e.event_type.clone(), body[e.bytes.clone()].to_vec())).collect()
+            }
+            _ => vec![(v.event_type.clone(), body.clone())],
+        };
+        for (ty, payload) in stored {
+            let (got, json) = p.decode(ty.as_deref(), &payload).unwrap_or_else(|e| panic!("{}: {e}", p.name));
+            assert!(!got.is_empty() && (json.is_object() || json.is_array()), "{}", p.name);
+            assert_eq!(ty.is_none(), got == format!("{}.delivery", p.name), "{}: {got}", p.name);
+        }
+    }
+    let twilio = PRESETS.iter().find(|p| p.name == "twilio").unwrap();
+    let (_, json) = twilio.decode(None, b"MessageSid=SM1&MessageStatus=delivered&To=%2B1555").unwrap();
+    assert_eq!((json["MessageSid"].as_str(), json["To"].as_str()), (Some("SM1"), Some("+1555")));
+}
+
 #[test]
 fn stored_content_hashes_match_the_intakes() {
     // The processor's split and the backfill hash stored payloads by provider
@@ -299,6 +329,63 @@ fn slacks_handshake_is_answered_only_when_signed_and_only_with_a_plain_value() {
     let (body, headers) = deliver(p, &spec, p.sample(&spec, EVENT, "app_mention", NOW), NOW);
     let event = check(&v, &body, &headers, NOW).unwrap();
     assert_eq!((event.action, event.event_id.as_str()), (Action::Record, format!("Ev{EVENT}").as_str()));
+}
+
+fn get(v: &PresetVerifier, query: &str) -> Result<Verified, VerifyError> {
+    let headers = HeaderMap::new();
+    v.verify_now(&Delivery { body: b"", headers: &headers, method: &http::Method::GET, query }, NOW)
+}
+
+fn echoed(r: Result<Verified, VerifyError>) -> Option<String> {
+    match r.ok()?.action {
+        Action::Reply { content_type: "text/plain; charset=utf-8", body } => Some(body),
+        _ => None,
+    }
+}
+
+#[test]
+fn metas_get_check_echoes_only_with_the_verify_token_and_dropbox_only_plain_values() {
+    let meta = PRESETS.iter().find(|p| p.name == "meta").unwrap();
+    let v = verifier(meta, &spec_of("meta"), SECRET);
+    let ok = "hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-token";
+    assert_eq!(echoed(get(&v, ok)).as_deref(), Some("1158201444"));
+    assert_eq!(get(&v, &ok.replace("meta-verify-token", "guess")).unwrap_err(), VerifyError::SignatureMismatch);
+    assert_eq!(get(&v, "hub.mode=subscribe&hub.challenge=1").unwrap_err(), VerifyError::MissingHeader("verify token"));
+    let twice = format!("{ok}&hub.verify_token=meta-verify-token");
+    assert!(get(&v, &twice).is_err(), "a parameter given twice is not read");
+    assert!(matches!(get(&v, &ok.replace("subscribe", "unsubscribe")), Err(VerifyError::MalformedPayload(_))));
+    assert!(matches!(get(&v, &ok.replace("1158201444", "%3Cscript%3E")), Err(VerifyError::MalformedPayload(_))));
+    assert!(meta.takes_verify_token() && meta.methods().contains(&http::Method::GET));
+
+    let dropbox = PRESETS.iter().find(|p| p.name == "dropbox").unwrap();
+    let v = verifier(dropbox, &spec_of("dropbox"), SECRET);
+    assert_eq!(echoed(get(&v, "challenge=Cw8hPz1Ai_W-0J.m~")).as_deref(), Some("Cw8hPz1Ai_W-0J.m~"));
+    for bad in ["", "challenge=", "challenge=a%20b", "challenge=%3Cb%3E", "other=1"] {
+        assert!(matches!(get(&v, bad), Err(VerifyError::MalformedPayload(_))), "{bad:?}");
+    }
+    assert!(!dropbox.takes_verify_token());
+
+    // A POST-only preset has no GET check.
+    let shopify = PRESETS.iter().find(|p| p.name == "shopify").unwrap();
+    assert_eq!(shopify.methods(), &[http::Method::POST]);
+}
+
+#[test]
+fn xeros_intent_to_receive_is_acknowledged_only_when_signed() {
+    let p = PRESETS.iter().find(|p| p.name == "xero").unwrap();
+    let spec = spec_of("xero");
+    let v = verifier(p, &spec, SECRET);
+    let itr = br#"{"events":[],"firstEventSequence":0,"lastEventSequence":0,"entropy":"KSOTLMBFNVNKQBMKXCOZ"}"#;
+    let (body, headers) = deliver(p, &spec, itr.to_vec(), NOW);
+    assert_eq!(check(&v, &body, &headers, NOW).unwrap().action, Action::Acknowledge { what: "an empty batch" });
+    let forged = verifier(p, &spec, "not-the-key");
+    assert_eq!(check(&forged, &body, &headers, NOW).unwrap_err(), VerifyError::SignatureMismatch);
+    assert_eq!(p.success(), Some(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }));
+    // Events: each its own record.
+    let (body, headers) = deliver(p, &spec, p.sample(&spec, EVENT, "UPDATE", NOW), NOW);
+    let Action::Batch(events) = check(&v, &body, &headers, NOW).unwrap().action else { panic!("not a batch") };
+    assert_eq!(events.len(), 1);
+    assert!(events[0].event_id.starts_with("c2cc9b6e-9458-4c7d-93cc-f02b81b0594f:CONTACT:"), "{}", events[0].event_id);
 }
 
 mod proptests {
