@@ -16,6 +16,7 @@ use hookledger::app::account_ledger::balance_pk;
 use hookledger::app::inventory::inventory_pk;
 use hookledger::app::seats::seats_pk;
 use hookledger::config::{self, SecretResolver};
+use hookledger::secret::Secret;
 
 const STRIPE: ProviderKind = ProviderKind::STRIPE;
 use hookledger::config::ProviderKind;
@@ -154,6 +155,45 @@ pub async fn run(
     statuses.sort_unstable_by(|a, b| b.cmp(a));
     answers.push(("concurrent burst (16 at once)".to_owned(), statuses));
 
+    // Slack, when the stack serves it: its handshake (answered with the
+    // challenge, nothing recorded), a forged one, and an event sent twice.
+    let mut slack_keys = Vec::new();
+    let mut slack_problems = Vec::new();
+    if let Some(slack) = specs.get("slack-demo") {
+        let secret = resolver.resolve(slack.secrets.first().ok_or("slack-demo needs a secret")?).await?;
+        let url = format!("{}/webhooks/slack-demo", args.url.trim_end_matches('/'));
+        let challenge = format!("demo-challenge-{run}");
+        let handshake = json!({"token": "demo", "challenge": challenge, "type": "url_verification"}).to_string();
+        for (scenario, key) in [
+            ("Slack handshake (url_verification)", secret.clone()),
+            ("Slack forged handshake", Secret::new("not-the-secret")),
+        ] {
+            let d = sign(slack, &key, "", "", handshake.clone().into_bytes(), now)?;
+            let mut req = client.post(&url).body(d.body);
+            for (k, v) in d.headers {
+                req = req.header(k, v);
+            }
+            let resp = req.send().await.map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            if (status == 200) != (text == challenge) {
+                slack_problems.push(format!("{scenario}: answered {status} {text:?}"));
+            }
+            answers.push((scenario.to_owned(), vec![status]));
+        }
+        let event_id = format!("Ev{run}");
+        let event = json!({"token": "demo", "team_id": "T0DEMO", "api_app_id": "A0DEMO", "type": "event_callback",
+            "event_id": event_id, "event_time": now,
+            "event": {"type": "app_mention", "user": "U0DEMO", "text": "<@U0BOT> hello", "channel": "C0DEMO"}});
+        let mut statuses = Vec::new();
+        for _ in 0..2 {
+            let d = sign(slack, &secret, &event_id, "app_mention", event.to_string().into_bytes(), now)?;
+            statuses.push(post(d, "slack-demo").await?);
+        }
+        answers.push(("Slack event (x2)".to_owned(), statuses));
+        slack_keys.push(format!("evt#{}#slack-demo#{event_id}", slack.provider));
+    }
+
     // Wait for every record of this run to reach a final state.
     let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
     let keys: Vec<String> = [
@@ -166,7 +206,9 @@ pub async fn run(
         format!("evt#standard_webhooks#svix-demo#msg_{run}_seq3"),
         format!("evt#github#github-demo#{delivery_id}"),
     ]
-    .to_vec();
+    .into_iter()
+    .chain(slack_keys)
+    .collect();
     let mut records: HashMap<String, HashMap<String, AttributeValue>> = HashMap::new();
     loop {
         records.clear();
@@ -194,7 +236,7 @@ pub async fn run(
         "inventory_on_hand": inventory.as_ref().map(|i| number(i, "on_hand")),
         "records": keys.iter().map(|k| (k.clone(), records.get(k).map(|r| format!("{} {}", text(r, "status"), text(r, "outcome"))).unwrap_or_else(|| "missing".into()))).collect::<HashMap<_, _>>(),
     });
-    let mut problems = Vec::new();
+    let mut problems = slack_problems;
     let providers = match (std::env::var("HOOKLEDGER_STRIPE_API_BASE").ok(), stack) {
         (Some(base), Some(wiring)) => {
             let stripe = specs.get("stripe-demo").ok_or("endpoint stripe-demo is not configured")?;
@@ -216,13 +258,25 @@ pub async fn run(
         ("malformed (signed, no id)", &[400]),
         ("bad signature", &[401]),
     ];
-    for (scenario, want) in expected_answers {
+    // Slack needs a 200 for an event, new or not (its own success answer).
+    let slack_answers: &[(&str, &[u16])] = &[
+        ("Slack handshake (url_verification)", &[200]),
+        ("Slack forged handshake", &[401]),
+        ("Slack event (x2)", &[200, 200]),
+    ];
+    let expected_answers: Vec<(&str, &[u16])> = expected_answers
+        .iter()
+        .copied()
+        .chain(slack_answers.iter().copied().filter(|_| specs.contains_key("slack-demo")))
+        .collect();
+    for (scenario, want) in &expected_answers {
         let got = answers.iter().find(|(s, _)| s == scenario).map(|(_, v)| v.as_slice()).unwrap_or(&[]);
         if got != *want {
             problems.push(format!("{scenario}: answers {got:?}, expected {want:?}"));
         }
     }
-    let burst = &answers.last().map(|a| a.1.clone()).unwrap_or_default();
+    let burst =
+        &answers.iter().find(|a| a.0 == "concurrent burst (16 at once)").map(|a| a.1.clone()).unwrap_or_default();
     if burst.iter().filter(|s| **s == 202).count() != 1 || burst.iter().filter(|s| **s == 200).count() != 15 {
         problems.push(format!("burst: answers {burst:?}, expected one 202 and fifteen 200"));
     }
