@@ -509,6 +509,7 @@ mod tests {
         "svix": {"provider": "standard_webhooks", "secrets": ["env:W"], "tolerance_secs": 600},
         "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses"]},
         "quiltt": {"provider": "quiltt", "secrets": ["env:A"]},
+        "discord": {"provider": "discord", "secrets": ["env:D"]},
         "cashfree": {"provider": "hmac", "secrets": ["env:A"], "hmac": {
             "signature_header": "x-webhook-signature", "encoding": "base64",
             "timestamp_header": "x-webhook-timestamp", "signed_content": "{timestamp}{body}",
@@ -537,11 +538,12 @@ mod tests {
             ("env:A", "a"),
             ("env:B", "b"),
             ("env:W", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            ("env:D", "ea4a6c63e29c520abef5507b132ec5f9954776aebebe7b92421eea691446d22c"),
         ]));
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let built =
             rt.block_on(build_endpoints(specs, &secrets, Arc::new(CertificateCache::new(Arc::new(NoFetch))))).unwrap();
-        assert_eq!(built.len(), 6 + crate::verify::presets::PRESETS.len() + crate::verify::presets::ALIASES.len());
+        assert_eq!(built.len(), 7 + crate::verify::presets::PRESETS.len() + crate::verify::presets::ALIASES.len());
         assert_eq!(built["stripe-eu"].tenant, "acme");
         assert_eq!(built["quiltt"].provider, ProviderKind::QUILTT);
         assert_eq!(built["gh"].tenant, "gh");

@@ -286,7 +286,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             outcome,
             Outcome::Accepted | Outcome::Duplicate { .. } | Outcome::Batch { .. } | Outcome::Acknowledged { .. }
         );
-        if let (true, Some(success)) = (recorded, endpoint.and_then(|e| e.provider.success())) {
+        let event_type = verified.as_ref().and_then(|v| v.event_type.as_deref());
+        if let (true, Some(success)) = (recorded, endpoint.and_then(|e| e.provider.success(event_type))) {
             answer.status = success.status;
             if let Some((content_type, body)) = success.body {
                 answer.raw = Some((content_type, body.to_owned()));

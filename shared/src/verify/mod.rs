@@ -8,6 +8,7 @@
 //! it read the event identity and type from the payload.
 
 pub mod certificates;
+pub mod discord;
 pub mod generic;
 pub mod github;
 pub mod hashes;

@@ -1095,7 +1095,7 @@ impl Provider for Preset {
         matches!(self.get, Some(GetCheck::VerifyToken { .. }))
     }
 
-    fn success(&self) -> Option<Success> {
+    fn success(&self, _: Option<&str>) -> Option<Success> {
         self.success
     }
 

@@ -194,10 +194,18 @@ pub trait Provider: Send + Sync + 'static {
         false
     }
 
-    /// The answer it needs when a delivery is recorded (or was before), if
-    /// not the intake's 202 or 200 with a JSON body (Xero: 200 with no body).
-    fn success(&self) -> Option<Success> {
+    /// The answer it needs when a delivery (of this type) is recorded, or
+    /// was before, if not the intake's 202 or 200 with a JSON body (Xero:
+    /// 200 with no body; Discord: a deferred interaction response).
+    fn success(&self, event_type: Option<&str>) -> Option<Success> {
+        let _ = event_type;
         None
+    }
+
+    /// Whether `hookledger send` can sign its deliveries with the endpoint's
+    /// secrets (not Discord's: it signs with a private key of its own).
+    fn tool_signs(&self) -> bool {
+        self.takes_secrets()
     }
 
     /// The list a backfill can read its past events from, if it keeps one.

@@ -17,6 +17,7 @@ pub const REGISTRY: &[&dyn Provider] = &[
     &super::standard::StandardWebhooks,
     &super::sns::Sns,
     &super::quiltt::Quiltt,
+    &super::discord::Discord,
     &super::generic::Hmac,
 ];
 
