@@ -616,6 +616,13 @@ mod tests {
                 "the hmac section only applies to hmac endpoints",
             ),
             (r#"{"gh": {"provider": "github", "secrets": ["env:A"], "extra": 1}}"#, "unknown field"),
+            (r#"{"m": {"provider": "meta", "secrets": ["env:A"]}}"#, "need a verify_token"),
+            (r#"{"m": {"provider": "meta", "secrets": ["env:A"], "verify_token": "hunter2"}}"#, "never an inline value"),
+            (
+                r#"{"s": {"provider": "shopify", "secrets": ["env:A"], "verify_token": "env:T"}}"#,
+                "verify_token is for providers that check the endpoint with a GET",
+            ),
+            (r#"{"t": {"provider": "twilio", "secrets": ["env:A"]}}"#, "needs its public_url"),
         ];
         for (json, needle) in cases {
             let err = parse_endpoints(json).err().unwrap_or_else(|| panic!("accepted {json}"));
