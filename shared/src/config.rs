@@ -617,7 +617,10 @@ mod tests {
             ),
             (r#"{"gh": {"provider": "github", "secrets": ["env:A"], "extra": 1}}"#, "unknown field"),
             (r#"{"m": {"provider": "meta", "secrets": ["env:A"]}}"#, "need a verify_token"),
-            (r#"{"m": {"provider": "meta", "secrets": ["env:A"], "verify_token": "hunter2"}}"#, "never an inline value"),
+            (
+                r#"{"m": {"provider": "meta", "secrets": ["env:A"], "verify_token": "hunter2"}}"#,
+                "never an inline value",
+            ),
             (
                 r#"{"s": {"provider": "shopify", "secrets": ["env:A"], "verify_token": "env:T"}}"#,
                 "verify_token is for providers that check the endpoint with a GET",
