@@ -84,8 +84,12 @@ enum Command {
     /// Sign a delivery for a configured endpoint and send it.
     Send(send::SendArgs),
     /// The providers an endpoint can name: each preset, how it signs and
-    /// identifies an event, and what its endpoint may set.
-    Providers,
+    /// identifies an event, and what its endpoint may set. `providers arm`
+    /// opens an endpoint's handshake window.
+    Providers {
+        #[command(subcommand)]
+        action: Option<send::ProvidersAction>,
+    },
     /// Throughput, outcomes, latency and the duplicate rate from the functions'
     /// metrics; what is open, dead or parked now. Costs O(shards), never O(records).
     /// With --tenant: that tenant's records from the ledger's sparse sets, and its
@@ -452,7 +456,10 @@ where
             demo::run(args, &ctx.wiring, &ctx.table()?, stack, json, out).await.map_err(CliError::Failed)?
         }
         Command::Send(args) => send::run(args, &ctx.wiring, out).await.map_err(CliError::Failed)?,
-        Command::Providers => send::providers(json, out).map_err(CliError::Failed)?,
+        Command::Providers { action: None } => send::providers(json, out).map_err(CliError::Failed)?,
+        Command::Providers { action: Some(send::ProvidersAction::Arm(args)) } => {
+            send::arm(args, &ctx.wiring, out).await.map_err(CliError::Failed)?
+        }
         Command::Stats(StatsArgs { window: w, tenant: Some(tenant) }) => {
             if !hookledger::config::valid_tenant(&tenant) {
                 return Err(CliError::Failed(format!("--tenant {tenant:?}: {}", hookledger::config::TENANT_RULE)));

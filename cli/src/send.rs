@@ -43,6 +43,101 @@ pub struct SendArgs {
     /// Sign as of this Unix time (seconds) instead of now.
     #[arg(long)]
     now: Option<i64>,
+    /// Play the provider's side of its handshakes (challenges, GET checks,
+    /// notices) against the endpoint, and check each answer is the one the
+    /// provider needs.
+    #[arg(long, conflicts_with_all = ["bad_signature", "body", "print", "repeat"])]
+    handshake: bool,
+}
+
+#[derive(clap::Subcommand)]
+pub enum ProvidersAction {
+    /// Open an endpoint's handshake window: the first secret its provider
+    /// hands over before it closes is stored (once, never overwritten).
+    Arm(ArmArgs),
+}
+
+#[derive(Args)]
+pub struct ArmArgs {
+    /// The provider (one that hands its secret over at a handshake: asana).
+    provider: String,
+    /// The endpoint, as configured in HOOKLEDGER_ENDPOINTS.
+    #[arg(long)]
+    endpoint: String,
+    /// How long the window stays open: 90s, 10m, 1h (at most 1h).
+    #[arg(long = "for", default_value = "10m")]
+    duration: String,
+    /// Endpoint configuration JSON (the same value the intake reads).
+    #[arg(long, env = "HOOKLEDGER_ENDPOINTS", hide_env_values = true)]
+    endpoints: String,
+}
+
+/// The longest handshake window an operator may open.
+pub const MAX_WINDOW_SECS: i64 = 3600;
+
+/// `90s`, `10m`, `1h` (or plain seconds) in seconds, within 1 s..=1 h.
+pub fn window_secs(text: &str) -> Result<i64, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => t.split_at(at),
+        None => (t, "s"),
+    };
+    let n: i64 = digits.parse().map_err(|_| format!("--for {text:?}: a number then s, m or h (10m)"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("--for {text:?}: the unit is s, m or h")),
+    };
+    if !(1..=MAX_WINDOW_SECS).contains(&secs) {
+        return Err(format!("--for {text:?}: a window is open 1 s to 1 h"));
+    }
+    Ok(secs)
+}
+
+/// `hookledger providers arm`: opens the endpoint's handshake window.
+pub async fn arm(
+    args: ArmArgs,
+    wiring: &hookledger::wiring::Wiring,
+    out: &mut (dyn std::io::Write + Send),
+) -> Result<(), String> {
+    let provider =
+        ProviderKind::named(&args.provider).ok_or_else(|| format!("unknown provider {:?}", args.provider))?;
+    if !provider.learns_secret() {
+        return Err(format!("{provider} does not hand its secret over at a handshake: nothing to arm"));
+    }
+    let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
+    let spec = specs.get(&args.endpoint).ok_or_else(|| format!("endpoint {:?} is not configured", args.endpoint))?;
+    if spec.provider != provider {
+        return Err(format!("endpoint {} is a {} endpoint, not {provider}", args.endpoint, spec.provider));
+    }
+    let secs = window_secs(&args.duration)?;
+    let path = wiring
+        .settings
+        .handshake_path
+        .clone()
+        .ok_or("HOOKLEDGER_HANDSHAKE_PATH is not set (where the secret is kept)")?;
+    let store = wiring.secret_store().ok_or("HOOKLEDGER_HANDSHAKE_PATH is not set")?;
+    if store.load(&args.endpoint).await?.is_some() {
+        return Err(format!(
+            "a secret is already stored for {} ({path}/{}/secret) and is never overwritten: delete that parameter first to take a new one",
+            args.endpoint, args.endpoint
+        ));
+    }
+    let until = unix_now()? + secs;
+    store.open_window(&args.endpoint, until).await?;
+    writeln!(
+        out,
+        "{}: handshake window open until {} ({secs} s); the first secret {provider} offers is stored at {path}/{}/secret",
+        args.endpoint,
+        hookledger::verify::sns::format_timestamp(until),
+        args.endpoint
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn unix_now() -> Result<i64, String> {
+    Ok(SystemTime::now().duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs() as i64)
 }
 
 pub(crate) struct Delivery {
@@ -57,11 +152,10 @@ pub async fn run(
 ) -> Result<(), String> {
     let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
     let spec = specs.get(&args.endpoint).ok_or_else(|| format!("endpoint {:?} is not configured", args.endpoint))?;
-    let resolver = wiring.secrets();
-    let reference = spec.secrets.first().ok_or_else(|| {
-        format!("{} deliveries are not signed with a shared secret; the tool cannot sign them", spec.provider)
-    })?;
-    let mut secret = resolver.resolve(reference).await.map_err(|e| format!("secret {reference}: {e}"))?;
+    if args.handshake {
+        return handshake(&args, spec, wiring, out).await;
+    }
+    let mut secret = signing_secret(&args.endpoint, spec, wiring).await?;
     if args.bad_signature {
         secret = Secret::new(b"not-the-secret".to_vec());
     }
@@ -103,6 +197,86 @@ pub async fn run(
         writeln!(out, "{line}").map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// The secret the endpoint's deliveries are signed with: its first
+/// configured one, else (a provider that hands its secret over) the one stored
+/// at its handshake.
+async fn signing_secret(
+    endpoint: &str,
+    spec: &EndpointSpec,
+    wiring: &hookledger::wiring::Wiring,
+) -> Result<Secret, String> {
+    if let Some(reference) = spec.secrets.first() {
+        return wiring.secrets().resolve(reference).await.map_err(|e| format!("secret {reference}: {e}"));
+    }
+    if spec.provider.learns_secret() {
+        let store = wiring.secret_store().ok_or("HOOKLEDGER_HANDSHAKE_PATH is not set")?;
+        return store.load(endpoint).await?.ok_or_else(|| {
+            format!("no secret is stored for {endpoint} yet: `providers arm`, then `send --handshake`")
+        });
+    }
+    Err(format!("{} deliveries are not signed with a shared secret; the tool cannot sign them", spec.provider))
+}
+
+/// `send --handshake`: each of the provider's handshakes against the
+/// endpoint, its answer checked against the one the provider needs.
+async fn handshake(
+    args: &SendArgs,
+    spec: &EndpointSpec,
+    wiring: &hookledger::wiring::Wiring,
+    out: &mut (dyn std::io::Write + Send),
+) -> Result<(), String> {
+    let secret = match spec.secrets.first() {
+        Some(_) => Some(signing_secret(&args.endpoint, spec, wiring).await?),
+        None => None,
+    };
+    let verify_token = match &spec.verify_token {
+        Some(r) => Some(wiring.secrets().resolve(r).await.map_err(|e| format!("verify_token {r}: {e}"))?),
+        None => None,
+    };
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let now_s = match args.now {
+        Some(t) => t,
+        None => unix_now()?,
+    };
+    let input = hookledger::verify::provider::HandshakeInput {
+        spec,
+        secret: secret.as_ref(),
+        verify_token: verify_token.as_ref(),
+        nonce: &nonce,
+        now_s,
+    };
+    let all = spec.provider.handshakes(input)?;
+    if all.is_empty() {
+        return Err(format!("{} makes no handshake the tool can play", spec.provider));
+    }
+    let url = format!("{}/webhooks/{}", args.url.trim_end_matches('/'), args.endpoint);
+    let client = reqwest::Client::new();
+    let mut wrong = Vec::new();
+    for h in all {
+        let target = if h.query.is_empty() { url.clone() } else { format!("{url}?{}", h.query) };
+        let mut req = client.request(h.method.clone(), &target).body(h.body.clone());
+        for (k, v) in &h.headers {
+            req = req.header(k, v);
+        }
+        let resp = req.send().await.map_err(|e| format!("{} {url}: {e}", h.method))?;
+        let status = resp.status().as_u16();
+        let content_type = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header =
+            h.expect.header.as_ref().map(|(name, _)| {
+                resp.headers().get(*name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+            });
+        let text = resp.text().await.unwrap_or_default();
+        let problem = h.expect.mismatch(status, content_type.as_deref(), &text, header.as_deref());
+        let shown: String = text.chars().take(120).collect();
+        let verdict = problem.clone().unwrap_or_else(|| "as the provider needs".into());
+        writeln!(out, "{} {}: {status} {shown}  ({verdict})", h.method, h.name).map_err(|e| e.to_string())?;
+        if let Some(p) = problem {
+            wrong.push(format!("{}: {p}", h.name));
+        }
+    }
+    if wrong.is_empty() { Ok(()) } else { Err(format!("answers the provider would not accept: {}", wrong.join("; "))) }
 }
 
 /// `hookledger providers`: every provider an endpoint can name.
@@ -170,6 +344,7 @@ mod tests {
         let cx = hookledger::verify::provider::BuildContext {
             certificates: std::sync::Arc::new(sns::CertificateCache::new(std::sync::Arc::new(NoFetch))),
             verify_token: Some(Secret::new("tool-verify-token")),
+            learned: None,
         };
         let now = 1_800_000_000;
         let mut signed = 0;

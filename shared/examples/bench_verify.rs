@@ -86,8 +86,7 @@ fn preset_body(p: &dyn Provider, spec: &EndpointSpec, len: usize, now: i64) -> V
 /// Every preset's verify + identify for a body of `len` bytes in its shape.
 fn presets(settings: &Settings, len: usize, now: i64) -> serde_json::Map<String, serde_json::Value> {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let cx =
-        BuildContext { certificates: Arc::new(CertificateCache::new(Arc::new(Pem(Vec::new())))), verify_token: None };
+    let cx = BuildContext::new(Arc::new(CertificateCache::new(Arc::new(Pem(Vec::new())))));
     let mut out = serde_json::Map::new();
     for p in hookledger::verify::registry::providers()
         .filter(|p| p.options() != "hmac (required), public_url, tolerance_secs")

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::backoff::Backoff;
 use crate::policy::{DEFAULT_INDEX_SHARDS, DEFAULT_RETENTION_DAYS};
 use crate::secret::Secret;
-use crate::verify::provider::{BuildContext, Verifier};
+use crate::verify::provider::{BuildContext, SecretStore, Verifier};
 use crate::verify::sns::CertificateCache;
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
@@ -373,7 +373,7 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
         _ => {}
     }
     let needs_secrets = spec.provider.takes_secrets();
-    if needs_secrets && spec.secrets.is_empty() {
+    if needs_secrets && spec.secrets.is_empty() && !spec.provider.learns_secret() {
         return Err(format!("provider {} needs at least one secret", spec.provider));
     }
     if !needs_secrets && !spec.secrets.is_empty() {
@@ -382,11 +382,14 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
     spec.provider.validate(spec)
 }
 
-/// Resolves secrets and builds every endpoint's verifier.
+/// Resolves secrets and builds every endpoint's verifier; `learned` keeps
+/// the secrets providers hand over at a handshake (Asana), for the
+/// endpoints of such providers.
 pub async fn build_endpoints(
     specs: BTreeMap<String, EndpointSpec>,
     secrets: &dyn SecretResolver,
     certificates: Arc<CertificateCache>,
+    learned: Option<Arc<dyn SecretStore>>,
 ) -> Result<BTreeMap<String, Endpoint>, ConfigError> {
     let mut out = BTreeMap::new();
     for (name, spec) in specs {
@@ -414,7 +417,11 @@ pub async fn build_endpoints(
             })?),
             None => None,
         };
-        let cx = BuildContext { certificates: certificates.clone(), verify_token };
+        let learned = match (&learned, spec.provider.learns_secret()) {
+            (Some(store), true) => Some((store.clone(), name.clone())),
+            _ => None,
+        };
+        let cx = BuildContext { certificates: certificates.clone(), verify_token, learned };
         let verifier = spec
             .provider
             .verifier(&spec, resolved, &cx)
@@ -510,6 +517,8 @@ mod tests {
         "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses"]},
         "quiltt": {"provider": "quiltt", "secrets": ["env:A"]},
         "discord": {"provider": "discord", "secrets": ["env:D"]},
+        "graph": {"provider": "microsoft_graph", "secrets": ["env:A"]},
+        "asana": {"provider": "asana", "secrets": ["env:A"]},
         "cashfree": {"provider": "hmac", "secrets": ["env:A"], "hmac": {
             "signature_header": "x-webhook-signature", "encoding": "base64",
             "timestamp_header": "x-webhook-timestamp", "signed_content": "{timestamp}{body}",
@@ -541,9 +550,10 @@ mod tests {
             ("env:D", "ea4a6c63e29c520abef5507b132ec5f9954776aebebe7b92421eea691446d22c"),
         ]));
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let built =
-            rt.block_on(build_endpoints(specs, &secrets, Arc::new(CertificateCache::new(Arc::new(NoFetch))))).unwrap();
-        assert_eq!(built.len(), 7 + crate::verify::presets::PRESETS.len() + crate::verify::presets::ALIASES.len());
+        let built = rt
+            .block_on(build_endpoints(specs, &secrets, Arc::new(CertificateCache::new(Arc::new(NoFetch))), None))
+            .unwrap();
+        assert_eq!(built.len(), 9 + crate::verify::presets::PRESETS.len() + crate::verify::presets::ALIASES.len());
         assert_eq!(built["stripe-eu"].tenant, "acme");
         assert_eq!(built["quiltt"].provider, ProviderKind::QUILTT);
         assert_eq!(built["gh"].tenant, "gh");
@@ -581,6 +591,7 @@ mod tests {
                 specs,
                 &MapSecrets(HashMap::new()),
                 Arc::new(CertificateCache::new(Arc::new(NoFetch))),
+                None,
             ))
             .err()
             .unwrap();

@@ -13,6 +13,7 @@
 //! | body over the limit                         | 413                    |
 //! | bad/missing signature, stale/future time    | 401 (nothing stored)   |
 //! | SNS topic not on the allow-list             | 403 (nothing stored)   |
+//! | a handshake the endpoint does not take now  | 403 (nothing stored)   |
 //! | signed but malformed                        | 400 (nothing stored)   |
 //! | new event, claimed, stored and enqueued     | 202                    |
 //! | duplicate (re-enqueued if never sent)       | 200                    |
@@ -66,10 +67,11 @@ pub enum Outcome {
     },
     SubscriptionConfirmed,
     Unsubscribed,
-    /// A provider's handshake, answered with this body; nothing recorded.
+    /// A provider's handshake, answered with this body (and header); nothing recorded.
     Handshake {
         content_type: &'static str,
         body: String,
+        header: Option<(&'static str, String)>,
     },
     /// A message without an identity by design, acknowledged; nothing recorded.
     Acknowledged {
@@ -95,6 +97,8 @@ pub struct Answer {
     pub retry_after: Option<u32>,
     /// A handshake's answer: `(content type, body)` instead of the JSON body.
     pub raw: Option<(&'static str, String)>,
+    /// A header the answer carries (Asana's `X-Hook-Secret`, echoed).
+    pub header: Option<(&'static str, String)>,
 }
 
 impl Answer {
@@ -131,7 +135,8 @@ impl Outcome {
     }
 
     pub fn answer(&self) -> Answer {
-        let a = |status, code, detail: String| Answer { status, code, detail, retry_after: None, raw: None };
+        let a =
+            |status, code, detail: String| Answer { status, code, detail, retry_after: None, raw: None, header: None };
         match self {
             Self::Accepted => a(202, "accepted", "event recorded and queued".into()),
             Self::Duplicate { conflict: true, .. } => a(
@@ -150,9 +155,11 @@ impl Outcome {
             ),
             Self::SubscriptionConfirmed => a(200, "subscription_confirmed", "subscription confirmed".into()),
             Self::Unsubscribed => a(200, "unsubscribed", "unsubscribe confirmation noted".into()),
-            Self::Handshake { content_type, body } => {
-                Answer { raw: Some((content_type, body.clone())), ..a(200, "handshake", "handshake answered".into()) }
-            }
+            Self::Handshake { content_type, body, header } => Answer {
+                raw: Some((content_type, body.clone())),
+                header: header.clone(),
+                ..a(200, "handshake", "handshake answered".into())
+            },
             Self::Acknowledged { what } => a(200, "acknowledged", format!("{what}: acknowledged, nothing recorded")),
             Self::MethodNotAllowed => {
                 a(405, "method_not_allowed", "this endpoint's provider does not call it with this method".into())
@@ -161,12 +168,15 @@ impl Outcome {
             Self::TooLarge { limit } => a(413, "payload_too_large", format!("body exceeds {limit} bytes")),
             Self::Rejected(e @ VerifyError::TopicNotAllowed) => a(403, e.reason(), e.to_string()),
             Self::Rejected(e @ VerifyError::MalformedPayload(_)) => a(400, e.reason(), e.to_string()),
-            Self::Rejected(VerifyError::CertificateUnavailable) | Self::Unavailable { .. } => Answer {
+            Self::Rejected(e @ VerifyError::HandshakeRefused(_)) => a(403, e.reason(), e.to_string()),
+            Self::Rejected(VerifyError::CertificateUnavailable | VerifyError::Unavailable(_))
+            | Self::Unavailable { .. } => Answer {
                 status: 503,
                 code: "unavailable",
                 detail: "temporarily unable to record the event; retry later".into(),
                 retry_after: Some(RETRY_AFTER_SECS),
                 raw: None,
+                header: None,
             },
             Self::Rejected(e) => a(401, e.reason(), e.to_string()),
         }
@@ -355,7 +365,14 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             Action::Record => self.record(endpoint, &verified, req).await,
             Action::Batch(events) => self.record_batch(endpoint, events, req).await,
             Action::Unsubscribed => Outcome::Unsubscribed,
-            Action::Reply { content_type, body } => Outcome::Handshake { content_type, body: body.clone() },
+            Action::Reply { content_type, body } => {
+                Outcome::Handshake { content_type, body: body.clone(), header: None }
+            }
+            Action::ReplyHeader { name, value } => Outcome::Handshake {
+                content_type: "text/plain; charset=utf-8",
+                body: String::new(),
+                header: Some((name, value.clone())),
+            },
             Action::Acknowledge { what } => Outcome::Acknowledged { what },
             Action::ConfirmSubscription { subscribe_url } => match endpoint.verifier.confirm(subscribe_url).await {
                 Ok(_) => Outcome::SubscriptionConfirmed,
@@ -737,6 +754,8 @@ mod dead_letter_tests {
     }
 }
 
+#[cfg(test)]
+mod handshake_tests;
 #[cfg(test)]
 mod preset_tests;
 #[cfg(test)]

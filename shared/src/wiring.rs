@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::adapters::dynamodb::DynamoLedger;
 use crate::adapters::dynamodb::outbox::DynamoOutbox;
 use crate::adapters::github::GithubDeliveries;
+use crate::adapters::handshake::SsmSecretStore;
 use crate::adapters::s3::S3Payloads;
 use crate::adapters::secrets::AwsSecretResolver;
 use crate::adapters::sns::SnsPublisher;
@@ -30,7 +31,7 @@ use crate::projection::fetch::SubscriptionSource;
 use crate::reconciler::Reconciler;
 use crate::secret::Secret;
 use crate::telemetry::TenantMetrics;
-use crate::verify::provider::BackfillList;
+use crate::verify::provider::{BackfillList, SecretStore};
 use crate::verify::sns::CertificateCache;
 
 /// The use cases as deployed: on DynamoDB, SQS and SNS.
@@ -81,6 +82,9 @@ pub struct Settings {
     pub github_api_base: String,
     /// `HOOKLEDGER_TENANT_METRICS`: the tenants with metrics of their own.
     pub tenant_metrics: TenantMetrics,
+    /// `HOOKLEDGER_HANDSHAKE_PATH`: the SSM path under which secrets handed
+    /// over at a handshake (Asana) are kept, per endpoint (`adapters::handshake`).
+    pub handshake_path: Option<String>,
 }
 
 /// A provider API base: the variable `name`, else `default`; `https://`, or
@@ -182,7 +186,17 @@ impl Settings {
             }
         }
         backfill_tenants(&backfill_schedules, endpoints.as_ref()).map_err(|e| invalid("HOOKLEDGER_BACKFILL", e))?;
+        let handshake_path = get("HOOKLEDGER_HANDSHAKE_PATH");
+        if let Some(path) = &handshake_path {
+            if !crate::adapters::handshake::valid_path(path) {
+                return Err(invalid(
+                    "HOOKLEDGER_HANDSHAKE_PATH",
+                    "an SSM path: /, then segments of letters, digits, '_', '.' or '-', no trailing /".into(),
+                ));
+            }
+        }
         Ok(Self {
+            handshake_path,
             table: get("HOOKLEDGER_TABLE"),
             queue_url: get("HOOKLEDGER_QUEUE_URL"),
             payload_bucket: intake.payload_bucket,
@@ -338,13 +352,22 @@ impl Wiring {
         self.intake_for(specs).await
     }
 
+    /// Where secrets handed over at a handshake are kept
+    /// (`HOOKLEDGER_HANDSHAKE_PATH`), if the setting names a path.
+    pub fn secret_store(&self) -> Option<Arc<dyn SecretStore>> {
+        let path = self.settings.handshake_path.as_deref()?;
+        Some(Arc::new(SsmSecretStore::new(aws_sdk_ssm::Client::new(&self.aws), path)))
+    }
+
     /// The intake of these endpoints only (a replay of one endpoint's messages).
     pub async fn intake_for(&self, specs: BTreeMap<String, EndpointSpec>) -> Result<LiveIntake, ConfigError> {
         let getter = crate::adapters::https::ReqwestGetter::new(Timeouts::of(&self.aws));
         let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
         let secrets: Box<dyn SecretResolver> =
             if config::uses_ssm(&specs) { Box::new(self.secrets()) } else { Box::new(config::EnvSecrets) };
-        let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates).await?;
+        // An SSM client only where an endpoint learns its secret at a handshake.
+        let learned = if specs.values().any(|s| s.provider.learns_secret()) { self.secret_store() } else { None };
+        let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates, learned).await?;
         let intake = Intake::new(endpoints, self.settings.intake()?, self.ledger()?, self.queue()?);
         Ok(intake.with_ambient(self.ambient.clone()).with_tenant_metrics(self.settings.tenant_metrics.clone()))
     }

@@ -955,6 +955,7 @@ mod sns_dead_letters {
             hookledger::config::parse_endpoints(&spec).unwrap(),
             &hookledger::config::EnvSecrets,
             cache,
+            None,
         )
         .await
         .unwrap();

@@ -133,7 +133,7 @@ impl Stack {
     pub async fn endpoints_from(&self, json: &str) -> BTreeMap<String, Endpoint> {
         let specs = config::parse_endpoints(json).unwrap();
         let certs = Arc::new(CertificateCache::new(self.sns_getter.clone()));
-        config::build_endpoints(specs, &TestSecrets, certs).await.unwrap()
+        config::build_endpoints(specs, &TestSecrets, certs, None).await.unwrap()
     }
 
     /// The ledger on this stack's shards (`settings().index_shards`: 16, not
@@ -175,7 +175,7 @@ impl Stack {
     pub async fn intake_for(&self, endpoints: &str) -> Intake<DynamoLedger, SqsQueue> {
         let specs = config::parse_endpoints(endpoints).unwrap();
         let certs = Arc::new(CertificateCache::new(self.sns_getter.clone()));
-        let endpoints = config::build_endpoints(specs, &TestSecrets, certs).await.unwrap();
+        let endpoints = config::build_endpoints(specs, &TestSecrets, certs, None).await.unwrap();
         Intake::new(endpoints, self.settings(), self.ledger(), SqsQueue::new(self.sqs.clone(), &self.queue_url))
     }
 }

@@ -63,6 +63,9 @@ where
     if let Some(secs) = answer.retry_after {
         resp = resp.header("retry-after", secs.to_string());
     }
+    if let Some((name, value)) = &answer.header {
+        resp = resp.header(*name, value.as_str());
+    }
     resp.body(Body::Text(body)).map_err(|e| FunctionError::new(FailureKind::Response, e))
 }
 

@@ -7,6 +7,7 @@
 pub mod cloudwatch;
 pub mod dynamodb;
 pub mod github;
+pub mod handshake;
 pub mod https;
 #[cfg(any(test, feature = "testkit"))]
 pub mod memory;

@@ -157,6 +157,7 @@ fn intake_for(
     let cx = BuildContext {
         certificates: Arc::new(CertificateCache::new(Arc::new(NoFetch))),
         verify_token: v.verify_token.as_deref().map(Secret::new),
+        learned: None,
     };
     let verifier = provider.verifier(&spec, vec![Secret::new(secret)], &cx).unwrap();
     let endpoint = Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier };

@@ -18,6 +18,8 @@ fn answers_follow_retry_intent() {
         (Outcome::Rejected(VerifyError::TopicNotAllowed), 403),
         (Outcome::Rejected(VerifyError::MalformedPayload("x")), 400),
         (Outcome::Rejected(VerifyError::CertificateUnavailable), 503),
+        (Outcome::Rejected(VerifyError::HandshakeRefused("x")), 403),
+        (Outcome::Rejected(VerifyError::Unavailable("x")), 503),
         (Outcome::Unavailable { stage: "claim" }, 503),
     ];
     for (outcome, status) in cases {
@@ -29,7 +31,7 @@ fn answers_follow_retry_intent() {
 
 /// Every code a rejection may answer with: the verifier's reasons and
 /// `unavailable`. Clients and dashboards key on these; they never change.
-const STABLE_CODES: [&str; 11] = [
+const STABLE_CODES: [&str; 12] = [
     "missing_header",
     "malformed_header",
     "signature_mismatch",
@@ -41,13 +43,14 @@ const STABLE_CODES: [&str; 11] = [
     "unavailable",
     "topic_not_allowed",
     "malformed_payload",
+    "handshake_refused",
 ];
 
 /// The answer to a rejection: a 4xx with the error's stable code, or a
 /// 503 (retry) only when the SNS certificate could not be fetched.
 fn assert_rejection_answer(e: VerifyError) {
     let (shown, reason) = (format!("{e:?}"), e.reason());
-    let unavailable = e == VerifyError::CertificateUnavailable;
+    let unavailable = matches!(e, VerifyError::CertificateUnavailable | VerifyError::Unavailable(_));
     let a = Outcome::Rejected(e).answer();
     assert!(!a.code.is_empty(), "{shown}");
     assert!(STABLE_CODES.contains(&a.code), "{shown}: unstable code {}", a.code);
@@ -93,6 +96,8 @@ mod proptests {
             Just(()).prop_map(|()| VerifyError::CertificateUnavailable),
             Just(()).prop_map(|()| VerifyError::TopicNotAllowed),
             d().prop_map(VerifyError::MalformedPayload),
+            d().prop_map(VerifyError::HandshakeRefused),
+            d().prop_map(VerifyError::Unavailable),
         ]
     }
 
@@ -111,7 +116,9 @@ mod proptests {
             | VerifyError::CertificateInvalid(_)
             | VerifyError::CertificateUnavailable
             | VerifyError::TopicNotAllowed
-            | VerifyError::MalformedPayload(_) => {}
+            | VerifyError::MalformedPayload(_)
+            | VerifyError::HandshakeRefused(_)
+            | VerifyError::Unavailable(_) => {}
         }
     }
 

@@ -7,10 +7,13 @@
 //! time and returns a typed [`VerifyError`]. Only after a successful check does
 //! it read the event identity and type from the payload.
 
+pub mod asana;
 pub mod certificates;
 pub mod discord;
+mod elements;
 pub mod generic;
 pub mod github;
+pub mod graph;
 pub mod hashes;
 mod headers;
 pub(crate) mod json;
@@ -45,10 +48,23 @@ pub enum Action {
     /// A handshake the provider asked for (Slack's `url_verification`),
     /// authenticated: answered 200 with `body` as `content_type`, nothing recorded.
     Reply { content_type: &'static str, body: String },
+    /// A handshake answered by echoing a header (Asana's `X-Hook-Secret`,
+    /// once the secret is stored): 200 with no body, nothing recorded.
+    ReplyHeader { name: &'static str, value: String },
     /// A message a provider sends without an identity by design (Slack's
     /// `app_rate_limited`), authenticated: acknowledged (200), counted,
     /// nothing recorded.
     Acknowledge { what: &'static str },
+}
+
+/// The longest value a handshake's answer echoes.
+pub const MAX_ECHO_LEN: usize = 256;
+
+/// Whether `v` may be echoed by a handshake's answer: 1 to
+/// [`MAX_ECHO_LEN`] letters, digits and `._~-` (`^[A-Za-z0-9._~-]{1,256}$`).
+/// Every echo is also sent as `text/plain` with `nosniff`.
+pub fn echoable(v: &str) -> bool {
+    (1..=MAX_ECHO_LEN).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-".contains(&b))
 }
 
 /// One event of a batch delivery: its identity, and which bytes of the
@@ -125,6 +141,13 @@ pub enum VerifyError {
     TopicNotAllowed,
     #[error("signed payload is malformed: {0}")]
     MalformedPayload(&'static str),
+    /// A handshake this endpoint does not take now (Asana's secret offered
+    /// outside an operator's window, or once one is stored).
+    #[error("handshake refused: {0}")]
+    HandshakeRefused(&'static str),
+    /// A store the check needs could not answer (retry later).
+    #[error("a store the check needs is unavailable: {0}")]
+    Unavailable(&'static str),
 }
 
 impl VerifyError {
@@ -142,6 +165,8 @@ impl VerifyError {
             Self::CertificateUnavailable => "certificate_unavailable",
             Self::TopicNotAllowed => "topic_not_allowed",
             Self::MalformedPayload(_) => "malformed_payload",
+            Self::HandshakeRefused(_) => "handshake_refused",
+            Self::Unavailable(_) => "unavailable",
         }
     }
 }
@@ -244,5 +269,14 @@ mod tests {
         assert!(checked_event_id("").is_err());
         assert!(checked_event_id(&"a".repeat(MAX_EVENT_ID_LEN + 1)).is_err());
         assert!(checked_event_id("evt\n1").is_err());
+    }
+
+    #[test]
+    fn only_plain_values_are_echoed() {
+        assert!(echoable("tHiSiSaChAlLeNgE-1234"));
+        assert!(echoable(&"a".repeat(MAX_ECHO_LEN)));
+        for bad in ["", "a b", "<script>", "a&b", "a\nb", "é", &"a".repeat(MAX_ECHO_LEN + 1)] {
+            assert!(!echoable(bad), "{bad:?}");
+        }
     }
 }

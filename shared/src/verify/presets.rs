@@ -13,9 +13,10 @@ use std::ops::Range;
 
 use super::generic::{self, GenericHmacConfig, GenericHmacVerifier, json_text};
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, HmacSpec, Provider, Source, Success, Verifier, Verifying, no_sections, ready,
+    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, HmacSpec, Provider, Source,
+    Success, Verifier, Verifying, no_sections, ready,
 };
-use super::{Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, json, standard};
+use super::{Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, echoable, json, standard};
 use crate::secret::Secret;
 
 /// A delivery carrying several events as a JSON array (HubSpot's).
@@ -60,11 +61,6 @@ pub enum ReplyWith {
     SignedToken(&'static str),
     /// 200, nothing recorded (counted as `handshake`, outcome `acknowledged`).
     Acknowledge,
-}
-
-/// What an echoed value may be.
-fn echoable(v: &str) -> bool {
-    (1..=256).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-".contains(&b))
 }
 
 /// How a preset's events are named by `hookledger send`.
@@ -1128,6 +1124,109 @@ impl Provider for Preset {
 
     fn split(&self, payload: &[u8]) -> Option<Result<Vec<BatchEvent>, VerifyError>> {
         self.batch.as_ref().map(|b| split_masked(payload, b, self.mask))
+    }
+
+    /// Its handshakes and notices as its provider sends them, built from
+    /// [`Preset::replies`], an empty batch that is a notice, and its GET check.
+    fn handshakes(&self, hs: HandshakeInput<'_>) -> Result<Vec<Handshake>, String> {
+        const TEXT: Option<&str> = Some("text/plain; charset=utf-8");
+        let answer = |status, content_type, body: &str| HandshakeAnswer {
+            status,
+            content_type,
+            body: body.to_owned(),
+            header: None,
+        };
+        // A notice is acknowledged with the provider's own success answer.
+        let acknowledged = match self.success {
+            Some(Success { status, body: Some((content_type, body)) }) => answer(status, Some(content_type), body),
+            Some(Success { status, body: None }) => answer(status, None, ""),
+            None => answer(200, None, ""),
+        };
+        let mut out = Vec::new();
+        let mut posts: Vec<(&'static str, serde_json::Value, Vec<(String, String)>, HandshakeAnswer)> = Vec::new();
+        for r in self.replies {
+            let mut body = serde_json::json!({});
+            let mut extra = Vec::new();
+            match r.at {
+                Field::Json(p) => set_pointer(&mut body, p, r.equals.into()),
+                Field::Header(h) => extra.push((h.to_ascii_lowercase(), r.equals.to_owned())),
+            }
+            let expect = match r.with {
+                ReplyWith::Echo(f) => {
+                    match f {
+                        Field::Json(p) => set_pointer(&mut body, p, hs.nonce.into()),
+                        Field::Header(h) => extra.push((h.to_ascii_lowercase(), hs.nonce.to_owned())),
+                    }
+                    answer(200, TEXT, hs.nonce)
+                }
+                ReplyWith::SignedToken(p) => {
+                    set_pointer(&mut body, p, hs.nonce.into());
+                    let secret = hs.secret.ok_or("the handshake is answered with the endpoint's secret")?;
+                    let encrypted =
+                        hex::encode(super::mac_bytes(super::hmac_sha256(secret.expose(), &[hs.nonce.as_bytes()])));
+                    let json = serde_json::json!({"plainToken": hs.nonce, "encryptedToken": encrypted});
+                    answer(200, Some("application/json"), &json.to_string())
+                }
+                ReplyWith::Acknowledge => acknowledged.clone(),
+            };
+            posts.push((r.equals, body, extra, expect));
+        }
+        if let Some(batch) = self.batch.as_ref().filter(|b| b.empty_is_notice) {
+            let mut body = serde_json::json!({});
+            set_pointer(&mut body, batch.at, serde_json::json!([]));
+            posts.push(("an empty batch", body, Vec::new(), acknowledged.clone()));
+        }
+        for (name, body, extra, expect) in posts {
+            let secret = hs.secret.ok_or("the handshake is signed with the endpoint's secret")?;
+            let body = body.to_string().into_bytes();
+            let body = self.seal(hs.spec, secret, hs.now_s, body)?;
+            let mut headers = vec![("content-type".to_owned(), self.content_type.to_owned())];
+            headers.extend(self.sign(hs.spec, secret, hs.nonce, name, hs.now_s, &body)?);
+            for (k, v) in extra {
+                headers.retain(|(h, _)| !h.eq_ignore_ascii_case(&k));
+                headers.push((k, v));
+            }
+            out.push(Handshake { name, method: http::Method::POST, query: String::new(), headers, body, expect });
+        }
+        if let Some(get) = &self.get {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            match get {
+                GetCheck::VerifyToken { mode, token, challenge } => {
+                    let t = hs.verify_token.ok_or("the GET check carries the endpoint's verify_token")?;
+                    let t = std::str::from_utf8(t.expose()).map_err(|_| "the verify token is not text".to_owned())?;
+                    query.append_pair(mode, "subscribe").append_pair(challenge, hs.nonce).append_pair(token, t);
+                }
+                GetCheck::Echo { challenge } => {
+                    query.append_pair(challenge, hs.nonce);
+                }
+            }
+            out.push(Handshake {
+                name: "GET check",
+                method: http::Method::GET,
+                query: query.finish(),
+                headers: Vec::new(),
+                body: Vec::new(),
+                expect: answer(200, TEXT, hs.nonce),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Sets the value at a JSON pointer of plain names, making the objects on its way.
+fn set_pointer(doc: &mut serde_json::Value, pointer: &str, value: serde_json::Value) {
+    let names: Vec<&str> = pointer.split('/').skip(1).collect();
+    let mut at = doc;
+    for (i, name) in names.iter().enumerate() {
+        if !at.is_object() {
+            *at = serde_json::json!({});
+        }
+        let Some(map) = at.as_object_mut() else { return };
+        if i + 1 == names.len() {
+            map.insert((*name).to_owned(), value);
+            return;
+        }
+        at = map.entry((*name).to_owned()).or_insert_with(|| serde_json::json!({}));
     }
 }
 

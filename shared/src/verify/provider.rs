@@ -69,11 +69,122 @@ pub struct Success {
     pub body: Option<(&'static str, &'static str)>,
 }
 
+/// What [`Provider::handshakes`] builds its requests from.
+#[derive(Clone, Copy)]
+pub struct HandshakeInput<'a> {
+    pub spec: &'a EndpointSpec,
+    pub secret: Option<&'a Secret>,
+    pub verify_token: Option<&'a Secret>,
+    /// A fresh plain value (letters and digits): the challenge, or the
+    /// secret a provider hands over.
+    pub nonce: &'a str,
+    pub now_s: i64,
+}
+
+/// One handshake as the provider makes it, and the answer it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// What it is (`url_verification`, `get`, …).
+    pub name: &'static str,
+    pub method: http::Method,
+    /// The raw query string (without `?`).
+    pub query: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The answer it needs: status, content type and body (`None`: any
+    /// content type and body), and a header it must carry.
+    pub expect: HandshakeAnswer,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandshakeAnswer {
+    pub status: u16,
+    pub content_type: Option<&'static str>,
+    pub body: String,
+    pub header: Option<(&'static str, String)>,
+}
+
+impl HandshakeAnswer {
+    /// What is wrong with an answer (its status, content type, body and the
+    /// expected header's value), if anything: a JSON body is compared as JSON.
+    pub fn mismatch(
+        &self,
+        status: u16,
+        content_type: Option<&str>,
+        body: &str,
+        header: Option<&str>,
+    ) -> Option<String> {
+        if status != self.status {
+            return Some(format!("status {status}, not {}", self.status));
+        }
+        if let Some(want) = self.content_type {
+            if content_type != Some(want) {
+                return Some(format!("content type {content_type:?}, not {want}"));
+            }
+            let same = if want == "application/json" {
+                serde_json::from_str::<serde_json::Value>(body).ok() == serde_json::from_str(&self.body).ok()
+            } else {
+                body == self.body
+            };
+            if !same {
+                return Some(format!("body {body:?}, not {:?}", self.body));
+            }
+        }
+        if let Some((name, value)) = &self.header {
+            if header != Some(value.as_str()) {
+                return Some(format!("header {name} {header:?}, not {value:?}"));
+            }
+        }
+        None
+    }
+}
+
 /// What [`Provider::verifier`] may use besides the endpoint's secrets.
 pub struct BuildContext {
     pub certificates: Arc<CertificateCache>,
     /// The endpoint's `verify_token`, resolved (for a provider that takes one).
     pub verify_token: Option<Secret>,
+    /// Where a provider that hands its secret over at a handshake
+    /// ([`Provider::learns_secret`]: Asana) has it stored, and this endpoint's name.
+    pub learned: Option<(Arc<dyn SecretStore>, String)>,
+}
+
+impl BuildContext {
+    /// A context with only the certificate cache (no verify token, no store).
+    pub fn new(certificates: Arc<CertificateCache>) -> Self {
+        Self { certificates, verify_token: None, learned: None }
+    }
+}
+
+/// A future a [`SecretStore`] returns; `Err` is a fault (retry later), its text for logs.
+pub type Storing<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
+
+/// What [`SecretStore::store_once`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// The secret is stored now.
+    New,
+    /// The same secret was there already (this write's own retry, or the
+    /// same offer again).
+    Same,
+    /// Another secret is there: it stays.
+    Other,
+}
+
+/// Secrets a provider hands over at a handshake (Asana's `X-Hook-Secret`),
+/// per endpoint: stored once, while an operator's window is open, and never
+/// overwritten. `adapters::handshake` keeps them in SSM (SecureString); the
+/// memory world in a map; one contract scenario runs on both.
+pub trait SecretStore: Send + Sync {
+    /// Until when (Unix seconds) the endpoint's window is open, if one was opened.
+    fn window(&self, endpoint: &str) -> Storing<'_, Option<i64>>;
+    /// Opens (or moves) the endpoint's window until `until_s` (the operator's `arm`).
+    fn open_window(&self, endpoint: &str, until_s: i64) -> Storing<'_, ()>;
+    /// Stores `secret` as the endpoint's unless one is there; a write whose
+    /// acknowledgement was lost meets itself as [`Stored::Same`].
+    fn store_once<'a>(&'a self, endpoint: &'a str, secret: &'a Secret) -> Storing<'a, Stored>;
+    /// The endpoint's stored secret, if one was stored.
+    fn load(&self, endpoint: &str) -> Storing<'_, Option<Secret>>;
 }
 
 /// Everything about one provider (or family of senders) that the rest of
@@ -186,6 +297,22 @@ pub trait Provider: Send + Sync + 'static {
     /// Any other method is answered 405.
     fn methods(&self) -> &'static [http::Method] {
         &[http::Method::POST]
+    }
+
+    /// Whether it hands its secret over at a handshake (Asana), to be
+    /// stored while an operator's window is open: its endpoint's `secrets`
+    /// are then optional.
+    fn learns_secret(&self) -> bool {
+        false
+    }
+
+    /// The handshakes it makes, as it makes them (`hookledger send
+    /// --handshake` plays them against an endpoint; a test drives each
+    /// through the intake): `secret` signs those it signs, `verify_token`
+    /// is the endpoint's, `nonce` the challenge (or the secret Asana hands over).
+    fn handshakes(&self, hs: HandshakeInput<'_>) -> Result<Vec<Handshake>, String> {
+        let _ = hs;
+        Ok(Vec::new())
     }
 
     /// Whether its endpoint names a `verify_token` (a secret reference: the

@@ -18,6 +18,8 @@ pub const REGISTRY: &[&dyn Provider] = &[
     &super::sns::Sns,
     &super::quiltt::Quiltt,
     &super::discord::Discord,
+    &super::graph::MicrosoftGraph,
+    &super::asana::Asana,
     &super::generic::Hmac,
 ];
 

@@ -16,6 +16,7 @@
 //! | [`MemQueue`] | `WorkQueue`, `Redelivery` (visibility, receive counts, a dead-letter queue) |
 //! | [`MemPublisher`] | `Publisher` |
 //! | [`MemSource`] | `BackfillSource` |
+//! | [`MemSecretStore`] | `verify::provider::SecretStore` |
 //!
 //! Faults ([`Fault`]) are injected at any port call by name
 //! (`ledger.claim`, `work.commit`, `queue.send`, ...): throttled before the
@@ -27,6 +28,7 @@
 pub mod expr;
 mod ledger;
 mod queue;
+mod secrets;
 mod source;
 pub mod table;
 
@@ -35,6 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use self::ledger::{OutboxView, Value, set};
 pub use self::queue::{MemQueue, Message};
+pub use self::secrets::MemSecretStore;
 pub use self::source::{Answer, MemSource, MemSubscriptions};
 use self::table::Table;
 use crate::clock::Ambient;
