@@ -177,6 +177,8 @@ def needed_actions(operations):
             elif op == "sqs:SendMessageBatch":
                 # Authorised as SendMessage, entry by entry.
                 add("sqs:SendMessage", kind)
+            elif service == "ssm" and kind == "parameter:handshake":
+                add(op, "parameter:handshake")
             elif op == "ssm:GetParameter" and kind == "parameter:secretsmanager":
                 add("ssm:GetParameter", "parameter")
                 add("secretsmanager:GetSecretValue", "secret")
@@ -203,6 +205,9 @@ def resource_fits(kind, texts):
     """Whether one of the granted resource texts is of `kind`."""
     if kind == "index":
         return any("/index/" in t for t in texts)
+    if kind == "parameter:handshake":
+        # Secrets handed over at a handshake: only under the handshake path.
+        return any("/handshake/" in t for t in texts)
     if kind == "bucket":
         # The bucket itself (ListBucket), not its objects.
         return any("PayloadBucket" in t and not t.rstrip('"}').endswith("*") for t in texts)

@@ -13,7 +13,9 @@
 //! `table`, `index:<name>` (a query on a global index), `table:<Put|Update|
 //! ConditionCheck|Delete>` (the items of a `TransactWriteItems`, which IAM
 //! authorises item by item), `queue`, `topic`, `bucket`, `parameter` and
-//! `parameter:secretsmanager` (an SSM reference to a Secrets Manager secret).
+//! `parameter:secretsmanager` (an SSM reference to a Secrets Manager secret)
+//! and `parameter:handshake` (a secret handed over at a handshake, under
+//! `HOOKLEDGER_HANDSHAKE_PATH`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -66,6 +68,8 @@ pub fn resources(call: &Call) -> Vec<String> {
             Some(name) if name.starts_with("/aws/reference/secretsmanager/") => {
                 vec!["parameter:secretsmanager".into()]
             }
+            // A secret a provider hands over at a handshake (HOOKLEDGER_HANDSHAKE_PATH).
+            Some(name) if name.contains("/handshake/") => vec!["parameter:handshake".into()],
             _ => vec!["parameter".into()],
         },
         (_, _) => vec!["other".into()],

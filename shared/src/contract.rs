@@ -29,6 +29,8 @@ use crate::ports::{
 };
 use crate::projection::sequence::{self, Position};
 use crate::projection::{OnConflict, Op};
+use crate::secret::Secret;
+use crate::verify::provider::{SecretStore, Stored};
 
 /// The time every scenario starts at (ports take their times as arguments).
 pub const T0: i64 = 1_800_000_000_000;
@@ -61,11 +63,37 @@ pub trait Backend: Send + Sync {
     /// The keys on the work queue's dead-letter queue, which a message
     /// reaches on its receive after [`MAX_RECEIVES`].
     fn dead_letters(&self) -> impl Future<Output = Vec<EventKey>> + Send;
+    /// Where secrets handed over at a handshake are kept (a fresh store).
+    type Secrets: SecretStore + 'static;
+    fn secrets(&self) -> Self::Secrets;
 }
 
 /// The contract's work queue moves a message to its dead-letter queue after
 /// this many receives (the deployed queue: `adapters::sqs::MAX_RECEIVE_COUNT`).
 pub const MAX_RECEIVES: u32 = 3;
+
+/// A window per endpoint, opened and moved by the operator; a secret stored
+/// once: its own retry (the same value, after a lost acknowledgement) meets
+/// it as the same, another value leaves it as it is; endpoints apart.
+pub async fn a_handshake_secret_is_stored_once_and_never_overwritten<B: Backend>(b: &B) {
+    let store = b.secrets();
+    assert_eq!(store.window("ep").await.unwrap(), None);
+    store.open_window("ep", 1_800_000_600).await.unwrap();
+    assert_eq!(store.window("ep").await.unwrap(), Some(1_800_000_600));
+    store.open_window("ep", 1_800_000_900).await.unwrap();
+    assert_eq!(store.window("ep").await.unwrap(), Some(1_800_000_900), "a window is moved, not added");
+    assert_eq!(store.window("ep-2").await.unwrap(), None);
+
+    assert!(store.load("ep").await.unwrap().is_none());
+    let first = Secret::new("a1b2c3d4e5f60718293a4b5c6d7e8f90");
+    assert_eq!(store.store_once("ep", &first).await.unwrap(), Stored::New);
+    assert_eq!(store.store_once("ep", &first).await.unwrap(), Stored::Same, "its own retry");
+    let other = Secret::new("ffffffffffffffffffffffffffffffff");
+    assert_eq!(store.store_once("ep", &other).await.unwrap(), Stored::Other);
+    assert_eq!(store.load("ep").await.unwrap().map(|s| s.expose().to_vec()), Some(first.expose().to_vec()));
+    assert!(store.load("ep-2").await.unwrap().is_none(), "endpoints apart");
+    assert_eq!(store.store_once("ep-2", &other).await.unwrap(), Stored::New);
+}
 
 /// Scenarios that run on the memory world only, and why.
 pub const MEMORY_ONLY: &[(&str, &str)] = &[
@@ -1005,6 +1033,7 @@ macro_rules! contract_scenarios {
         $run!(a_message_received_too_often_moves_to_the_dead_letter_queue);
         $run!(messages_sent_together_arrive_each_in_its_tenants_group);
         $run!(the_admission_path_claims_hands_over_and_sends_each_once);
+        $run!(a_handshake_secret_is_stored_once_and_never_overwritten);
     };
 }
 
@@ -1082,6 +1111,12 @@ mod tests {
 
         async fn wait(&self, ms: u64) {
             self.0.advance(std::time::Duration::from_millis(ms));
+        }
+
+        type Secrets = crate::adapters::memory::MemSecretStore;
+
+        fn secrets(&self) -> crate::adapters::memory::MemSecretStore {
+            crate::adapters::memory::MemSecretStore::default()
         }
     }
 

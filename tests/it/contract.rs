@@ -1,9 +1,11 @@
 //! The contract suite (`hookledger::contract`) on the DynamoDB adapter
 //! against the emulator: the same scenarios the memory world passes in the
-//! library's unit tests. A fresh table per scenario, one index shard.
+//! library's unit tests. A fresh table per scenario, one index shard; the
+//! handshake secrets in SSM under a path of the table's name.
 
 use hookledger::adapters::dynamodb::outbox::DynamoOutbox;
 use hookledger::adapters::dynamodb::{DynamoLedger, create_table};
+use hookledger::adapters::handshake::SsmSecretStore;
 use hookledger::adapters::sqs::{SqsQueue, create_queue, received};
 use hookledger::clock::Ambient;
 use hookledger::contract::{Backend, Item, MAX_RECEIVES, T0};
@@ -14,6 +16,7 @@ use crate::support::aws;
 
 pub struct Dynamo {
     ddb: aws_sdk_dynamodb::Client,
+    ssm: aws_sdk_ssm::Client,
     sqs: aws_sdk_sqs::Client,
     table: String,
     queue_url: String,
@@ -24,6 +27,7 @@ impl Dynamo {
     pub async fn new() -> Self {
         let aws = aws().await;
         let (ddb, sqs) = (aws_sdk_dynamodb::Client::new(&aws), aws_sdk_sqs::Client::new(&aws));
+        let ssm = aws_sdk_ssm::Client::new(&aws);
         let name = format!("contract-{}", uuid::Uuid::new_v4().simple());
         create_table(&ddb, &name).await.expect("create table");
         // The work queue with a dead-letter queue after MAX_RECEIVES, as the
@@ -49,7 +53,7 @@ impl Dynamo {
             .expect("create queue")
             .queue_url
             .expect("a queue url");
-        Self { ddb, sqs, table: name, queue_url, dlq_url }
+        Self { ddb, ssm, sqs, table: name, queue_url, dlq_url }
     }
 }
 
@@ -140,6 +144,13 @@ impl Backend for Dynamo {
             .filter_map(|m| received(m.message_id.unwrap_or_default(), None, m.body.as_deref(), None, None).work)
             .map(|(k, _)| k)
             .collect()
+    }
+
+    type Secrets = SsmSecretStore;
+
+    /// SSM, under a path of this scenario's table.
+    fn secrets(&self) -> SsmSecretStore {
+        SsmSecretStore::new(self.ssm.clone(), &format!("/hookledger/{}/handshake", self.table))
     }
 }
 

@@ -58,6 +58,57 @@ async fn secret_references() -> Actions {
     out
 }
 
+/// The intake's handshake with a provider that hands its secret over
+/// (Asana), through the store the composition root builds from
+/// `HOOKLEDGER_HANDSHAKE_PATH`: the window read, the secret stored, and read
+/// back by a container that does not hold it.
+async fn handshake_secrets() -> Actions {
+    use hookledger::verify::provider::{Delivery, HandshakeInput};
+    let w = crate::explore::World::new(7).await;
+    let path = format!("/hookledger/it-{}/handshake", uuid::Uuid::new_v4().simple());
+    let settings =
+        hookledger::wiring::Settings::from_lookup(|k| (k == "HOOKLEDGER_HANDSHAKE_PATH").then(|| path.clone()))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(w.cfg.clone(), settings);
+    let store = wiring.secret_store().unwrap_or_else(|| panic!("a store"));
+    let now = crate::support::now_s();
+    // The operator's `providers arm` (not a function's call: not recorded).
+    store.open_window("asana-it", now + 600).await.unwrap_or_else(|e| panic!("{e}"));
+    let asana = hookledger::config::ProviderKind::named("asana").unwrap_or_else(|| panic!("asana"));
+    let spec: hookledger::config::EndpointSpec =
+        serde_json::from_str(r#"{"provider": "asana"}"#).unwrap_or_else(|e| panic!("{e}"));
+    let build = || {
+        let certificates = std::sync::Arc::new(hookledger::verify::sns::CertificateCache::new(std::sync::Arc::new(
+            hookledger::adapters::https::ReqwestGetter::new(hookledger::adapters::timeouts::Timeouts::INTAKE),
+        )));
+        let cx = hookledger::verify::provider::BuildContext {
+            certificates,
+            verify_token: None,
+            learned: Some((store.clone(), "asana-it".to_owned())),
+        };
+        asana.verifier(&spec, Vec::new(), &cx).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let input = HandshakeInput { spec: &spec, secret: None, verify_token: None, nonce: "itsecret01", now_s: now };
+    let handshakes = asana.handshakes(input).unwrap_or_else(|e| panic!("{e}"));
+    w.plan.reset_counts();
+    w.plan.scope("intake");
+    for (verifier, h) in [(build(), &handshakes[0]), (build(), &handshakes[1])] {
+        let mut headers = http::HeaderMap::new();
+        for (k, v) in &h.headers {
+            headers.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap_or_else(|e| panic!("{e}")),
+                http::HeaderValue::from_str(v).unwrap_or_else(|e| panic!("{e}")),
+            );
+        }
+        let d = Delivery { body: &h.body, headers: &headers, method: &h.method, query: &h.query };
+        verifier.verify(d, now).await.unwrap_or_else(|e| panic!("{}: {e}", h.name));
+    }
+    let mut out = Actions::new();
+    iam::observe(&w.plan.trace(), &mut out);
+    assert!(out["intake"].contains_key("ssm:PutParameter"), "{out:?}");
+    out
+}
+
 /// The processor's Lambda handler as deployed (`handler::from_wiring`) on
 /// a record another worker holds: the batch layer hides its message for
 /// the rest of the lease (`ChangeMessageVisibility`), which the explored
@@ -116,6 +167,7 @@ async fn recorded() -> Actions {
         merge(seen);
     }
     merge(secret_references().await);
+    merge(handshake_secrets().await);
     merge(processor_handler().await);
     all
 }
