@@ -62,6 +62,8 @@ local_env() {
   set +a
   HOOKLEDGER_ENDPOINTS="$(cat "$root/infra/local/endpoints.json")"
   export HOOKLEDGER_ENDPOINTS
+  # Where secrets handed over at a handshake (Asana) are kept, in the emulator's SSM.
+  export HOOKLEDGER_HANDSHAKE_PATH=/hookledger/local/handshake
 }
 
 # Starts `cargo lambda watch` serving the workspace's functions; sets watch_pid.

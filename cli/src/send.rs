@@ -293,7 +293,11 @@ pub fn providers(json: bool, out: &mut (dyn std::io::Write + Send)) -> Result<()
         let mut lines =
             vec![format!("{:width$}  {}", "PROVIDER", "HOW IT SIGNS AND IDENTIFIES · WHAT ITS ENDPOINT MAY SET")];
         for p in &all {
-            let takes = if p.takes_secrets() { "secrets" } else { "no secrets" };
+            let takes = match (p.learns_secret(), p.takes_secrets()) {
+                (true, _) => "secrets optional (learned at its handshake)",
+                (false, true) => "secrets",
+                (false, false) => "no secrets",
+            };
             let options = p.options();
             let sets = if options.is_empty() { takes.to_owned() } else { format!("{takes}, {options}") };
             lines.push(format!("{:width$}  {} · {sets}", p.name(), p.summary()));

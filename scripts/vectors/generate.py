@@ -944,6 +944,63 @@ P["discord"] = dict(
 )
 
 
+# Microsoft Graph (no signature: each notification's clientState) ---------------
+GRAPH_STATE = "graph-client-state-0123456789"
+
+
+def graph_notification(ev, change, n):
+    return {"subscriptionId": "7f105c7d-2dc5-4530-97cd-4e7ae6534c07",
+            "subscriptionExpirationDateTime": "2026-12-05T11:00:00.0000000Z", "changeType": change,
+            "resource": f"Users/{ev[:8]}/Messages/AAMkADFhMWM5{n}",
+            "resourceData": {"@odata.type": "#Microsoft.Graph.Message",
+                             "@odata.id": f"Users/{ev[:8]}/Messages/AAMkADFhMWM5{n}",
+                             "@odata.etag": 'W/"CQAAABYAAADkrWGo7bouTKlsgTZMr9KOAAAUWRHf"', "id": f"AAMkADFhMWM5{n}"},
+            "clientState": GRAPH_STATE, "tenantId": "84bd8158-6d4d-4958-8b9f-9d6445542f95"}
+
+
+def hashed_elements(b, at, type_of):
+    """Each element of the array at `at` as it sits in the body: its hash and type."""
+    return [(body_hash(compact(e)), type_of(e)) for e in json.loads(b)[at]]
+
+
+GRAPH_TOKEN = "Validation: Testing client application reachability for subscription Request-Id: 522a8e7e-096a-494c-aaf1-ac0dcfca45b7"
+P["microsoft_graph"] = dict(
+    doc="https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
+    secret=GRAPH_STATE,
+    body=lambda ev, now: compact({"value": [graph_notification(ev, "updated", 1), graph_notification(ev, "created", 2)]}),
+    sign=lambda s, b, now, ev: [],
+    ids=lambda b, h: hashed_elements(b, "value", lambda e: e.get("lifecycleEvent") or e["changeType"]),
+    retry=lambda b, now: b,
+    queries=[("handshake-validation.json",
+              "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks#notificationurl-validation",
+              urllib.parse.urlencode({"validationToken": GRAPH_TOKEN}), b"",
+              {"status": 200, "code": "handshake", "text": GRAPH_TOKEN})],
+)
+
+
+# Asana (the secret handed over at the handshake) --------------------------------
+def asana_body(ev, now):
+    return compact({"events": [{"user": {"gid": "1201004560000000", "resource_type": "user"},
+                                "created_at": rfc3339(now).replace("Z", ".164Z"), "action": "changed",
+                                "resource": {"gid": str(int(ev[:12], 16)), "resource_type": "task",
+                                             "resource_subtype": "default_task"},
+                                "parent": None,
+                                "change": {"field": "assignee", "action": "changed",
+                                           "new_value": {"gid": "1201004560000000", "resource_type": "user"}}}]})
+
+
+P["asana"] = dict(
+    doc="https://developers.asana.com/docs/webhooks-guide#security",
+    secret="asana-hook-secret-0123456789abcdef",
+    body=asana_body,
+    sign=lambda s, b, now, ev: [("X-Hook-Signature", mac(s, b).hex())],
+    ids=lambda b, h: hashed_elements(b, "events", lambda e: f"{e['resource']['resource_type']}.{e['action']}"),
+    retry=lambda b, now: b,
+    replies=[("notice-heartbeat.json", "https://developers.asana.com/docs/webhooks-guide#heartbeat-events",
+              compact({"events": []}), {"status": 200, "code": "acknowledged"})],
+)
+
+
 # Clerk and Resend (Svix) -----------------------------------------------------
 def svix_sign(s, b, now, ev):
     key = base64.b64decode(s.removeprefix("whsec_"))
@@ -1155,6 +1212,12 @@ def main():
             files[fname] = vector(name, p, "reply", rh2, rbody, NOW, [], doc, answer=answer, accepted_by=checked3)
             manifest.append((fname, f"the message of {doc}, signed by the documented formula"
                              + (f"; accepted by {'; '.join(checked3)}" if checked3 else "")))
+
+        # A handshake the provider makes with a query (Graph's validationToken; nothing signed).
+        for fname, doc, query, qbody, answer in p.get("queries", []):
+            files[fname] = vector(name, p, "query", [("Content-Type", "text/plain; charset=utf-8")], qbody, NOW, [],
+                                  doc, answer=answer, query=query)
+            manifest.append((fname, f"the request of {doc}"))
 
         # The provider's GET check of the endpoint (no body; nothing signed).
         for fname, doc, query, answer in p.get("gets", []):

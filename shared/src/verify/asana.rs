@@ -185,7 +185,7 @@ impl Provider for Asana {
     }
 
     fn options(&self) -> String {
-        "secrets optional (learned at the handshake)".into()
+        String::new()
     }
 
     fn learns_secret(&self) -> bool {
