@@ -87,7 +87,7 @@ impl AsanaVerifier {
             tracing::warn!(error = %e, "handshake window could not be read");
             VerifyError::Unavailable("the handshake window")
         })?;
-        if !until.is_some_and(|until| now_s <= until) {
+        if until.is_none_or(|until| now_s > until) {
             return Err(VerifyError::HandshakeRefused("no handshake window is open for this endpoint"));
         }
         let secret = Secret::new(offered);
@@ -418,6 +418,20 @@ mod tests {
         let cx = BuildContext::new(Arc::new(crate::verify::certificates::CertificateCache::new(Arc::new(NoFetch))));
         let spec: EndpointSpec = serde_json::from_str(r#"{"provider":"asana"}"#).unwrap();
         assert!(Asana.verifier(&spec, Vec::new(), &cx).is_err(), "no secret and nowhere to learn one");
+    }
+
+    proptest::proptest! {
+        /// Random bodies and signatures with a secret held: never accepted, never a panic.
+        #[test]
+        fn random_deliveries_are_refused(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+                                         signature in "[0-9a-f]{0,80}") {
+            let v = AsanaVerifier::new(vec![Secret::new("kept")], None);
+            let mut h = HeaderMap::new();
+            h.insert(SIGNATURE_HEADER, HeaderValue::from_str(&signature).unwrap());
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let r = rt.block_on(v.verify(Delivery { body: &body, headers: &h, method: &http::Method::POST, query: "" }, 1));
+            proptest::prop_assert!(r.is_err(), "{:?}", r);
+        }
     }
 
     struct NoFetch;

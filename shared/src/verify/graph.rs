@@ -290,6 +290,20 @@ mod tests {
         assert_eq!(events[0].event_type.as_deref(), Some("reauthorizationRequired"));
     }
 
+    proptest::proptest! {
+        /// Random bodies and queries: never an event, never a panic; an echo
+        /// only of a value within Graph's pattern.
+        #[test]
+        fn random_deliveries_record_nothing(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+                                            query in "[ -~]{0,80}") {
+            match deliver(&verifier(), &query, &body) {
+                Ok(Verified { action: Action::Reply { body: echoed, .. }, .. }) => proptest::prop_assert!(graph_echoable(&echoed)),
+                Ok(v) => proptest::prop_assert!(matches!(v.action, Action::Acknowledge { .. }), "{:?}", v),
+                Err(_) => {}
+            }
+        }
+    }
+
     #[test]
     fn the_tool_fills_the_client_state_of_its_sample() {
         let spec: EndpointSpec = serde_json::from_str(r#"{"provider":"microsoft_graph","secrets":["env:A"]}"#).unwrap();

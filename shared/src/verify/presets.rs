@@ -1143,7 +1143,8 @@ impl Provider for Preset {
             None => answer(200, None, ""),
         };
         let mut out = Vec::new();
-        let mut posts: Vec<(&'static str, serde_json::Value, Vec<(String, String)>, HandshakeAnswer)> = Vec::new();
+        // (name, body, headers besides the signature's, the answer it needs)
+        let mut posts: Vec<SignedHandshake> = Vec::new();
         for r in self.replies {
             let mut body = serde_json::json!({});
             let mut extra = Vec::new();
@@ -1212,6 +1213,9 @@ impl Provider for Preset {
         Ok(out)
     }
 }
+
+/// A signed handshake before it is signed: its name, body, extra headers and answer.
+type SignedHandshake = (&'static str, serde_json::Value, Vec<(String, String)>, HandshakeAnswer);
 
 /// Sets the value at a JSON pointer of plain names, making the objects on its way.
 fn set_pointer(doc: &mut serde_json::Value, pointer: &str, value: serde_json::Value) {
