@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::preset_tests::NoFetch;
 use super::*;
 use crate::adapters::memory::{MemLedger, MemQueue, MemSecretStore, World};
 use crate::config::ProviderKind;
 use crate::secret::Secret;
-use crate::verify::certificates::{CertificateCache, FetchError, HttpsGet};
+use crate::verify::certificates::CertificateCache;
 use crate::verify::provider::{BuildContext, EndpointSpec, Handshake, HandshakeInput, Provider, SecretStore};
 
 const NOW: i64 = 1_800_000_000;
@@ -23,16 +24,6 @@ const SECRET: &str = "handshake-test-secret";
 const WHSEC: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const DISCORD_PUBLIC: &str = "ea4a6c63e29c520abef5507b132ec5f9954776aebebe7b92421eea691446d22c";
 const VERIFY_TOKEN: &str = "the-verify-token";
-
-struct NoFetch;
-impl HttpsGet for NoFetch {
-    fn get<'a>(
-        &'a self,
-        _: &'a url::Url,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, FetchError>> + Send + 'a>> {
-        Box::pin(async { Err(FetchError::Failed("no network in tests".into())) })
-    }
-}
 
 /// The secret an endpoint of `p` is configured with in these tests.
 fn secret_of(p: &dyn Provider) -> &'static str {
@@ -76,16 +67,7 @@ fn intake(p: &'static dyn Provider, secret: &str, store: &MemSecretStore) -> (Wo
     let secrets = if spec.secrets.is_empty() { Vec::new() } else { vec![Secret::new(secret)] };
     let verifier = p.verifier(&spec, secrets, &cx).unwrap_or_else(|e| panic!("{}: {e}", p.name()));
     let endpoint = Endpoint { name: "ep".into(), tenant: "t1".into(), provider: ProviderKind::of(p), verifier };
-    let settings = Settings {
-        table_name: "memory".into(),
-        queue_url: "memory".into(),
-        max_body_bytes: 1024 * 1024,
-        retention_days: 30,
-        index_shards: 16,
-        payload_bucket: None,
-    };
-    let intake = Intake::new(BTreeMap::from([("ep".to_owned(), endpoint)]), settings, world.ledger(), world.queue())
-        .with_ambient(world.ambient().clone());
+    let intake = super::preset_tests::one_endpoint(&world, endpoint);
     (world, intake)
 }
 
@@ -98,18 +80,14 @@ fn headers(list: &[(String, String)]) -> HeaderMap {
 }
 
 async fn play(intake: &TestIntake, h: &Handshake) -> Answer {
-    let hm = headers(&h.headers);
-    intake
-        .handle(IntakeRequest {
-            endpoint: "ep",
-            method: &h.method,
-            query: &h.query,
-            headers: &hm,
-            body: &h.body,
-            now: UNIX_EPOCH + Duration::from_secs(NOW as u64),
-            request_id: "r",
-        })
-        .await
+    request(intake, &h.method, &h.query, &h.headers, &h.body).await
+}
+
+/// A request to `ep` at `NOW`.
+async fn request(intake: &TestIntake, method: &Method, query: &str, list: &[(String, String)], body: &[u8]) -> Answer {
+    let hm = headers(list);
+    let now = UNIX_EPOCH + Duration::from_secs(NOW as u64);
+    intake.handle(IntakeRequest { endpoint: "ep", method, query, headers: &hm, body, now, request_id: "r" }).await
 }
 
 /// The HTTP answer's mismatch with what the handshake needs.
@@ -230,17 +208,8 @@ async fn asanas_secret_is_taken_inside_the_window_only_and_once() {
     let spec = spec_of(p).unwrap();
     for (secret, status) in [("second2", 401), ("first1", 202)] {
         let body = p.sample(&spec, "1201", "task.changed", NOW);
-        let hm = headers(&p.sign(&spec, &Secret::new(secret), "", "", NOW, &body).unwrap());
-        let req = IntakeRequest {
-            endpoint: "ep",
-            method: &Method::POST,
-            query: "",
-            headers: &hm,
-            body: &body,
-            now: UNIX_EPOCH + Duration::from_secs(NOW as u64),
-            request_id: "r",
-        };
-        assert_eq!(intake.handle(req).await.status, status, "{secret}");
+        let signed = p.sign(&spec, &Secret::new(secret), "", "", NOW, &body).unwrap();
+        assert_eq!(request(&intake, &Method::POST, "", &signed, &body).await.status, status, "{secret}");
     }
     assert_eq!(world.queue().keys().len(), 1);
 }
@@ -273,17 +242,7 @@ async fn every_provider_gets_the_success_answer_it_needs() {
         let body = p.seal(&spec, &secret, NOW, p.sample(&spec, &id, "demo.event", NOW)).unwrap();
         let mut list = vec![("content-type".to_owned(), p.content_type().to_owned())];
         list.extend(p.sign(&spec, &secret, &id, "demo.event", NOW, &body).unwrap());
-        let hm = headers(&list);
-        let req = IntakeRequest {
-            endpoint: "ep",
-            method: &Method::POST,
-            query: "",
-            headers: &hm,
-            body: &body,
-            now: UNIX_EPOCH + Duration::from_secs(NOW as u64),
-            request_id: "r",
-        };
-        let a = intake.handle(req).await;
+        let a = request(&intake, &Method::POST, "", &list, &body).await;
         let (content_type, text) = a.body();
         let want = SUCCESS_ANSWERS
             .iter()

@@ -109,7 +109,7 @@ impl Vector {
     }
 }
 
-struct NoFetch;
+pub(super) struct NoFetch;
 impl HttpsGet for NoFetch {
     fn get<'a>(
         &'a self,
@@ -165,7 +165,15 @@ fn intake_for(
         learned: None,
     };
     let verifier = provider.verifier(&spec, vec![Secret::new(secret)], &cx).unwrap();
-    let endpoint = Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier };
+    let intake = one_endpoint(&world, Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier });
+    (world, intake)
+}
+
+/// An intake on `world` with `endpoint` alone (named `ep`), bodies up to 1 MiB.
+pub(super) fn one_endpoint(
+    world: &World,
+    endpoint: Endpoint,
+) -> Intake<crate::adapters::memory::MemLedger, crate::adapters::memory::MemQueue> {
     let settings = Settings {
         table_name: "memory".into(),
         queue_url: "memory".into(),
@@ -174,9 +182,8 @@ fn intake_for(
         index_shards: 16,
         payload_bucket: None,
     };
-    let intake = Intake::new(BTreeMap::from([("ep".to_owned(), endpoint)]), settings, world.ledger(), world.queue())
-        .with_ambient(world.ambient().clone());
-    (world, intake)
+    Intake::new(BTreeMap::from([("ep".to_owned(), endpoint)]), settings, world.ledger(), world.queue())
+        .with_ambient(world.ambient().clone())
 }
 
 async fn deliver(
