@@ -39,15 +39,27 @@ pub struct DispatchPolicy {
     /// Delay before the next attempt after attempt `n` failed (the sweeper
     /// then takes the item once it is also past the reconciler's grace).
     pub backoff: Backoff,
-    /// Attempts (claims) after which the item goes DEAD instead.
+    /// Attempts (claims) after which a projection's notification goes DEAD instead.
     pub max_attempts: u32,
+    /// How long a route's delivery is retried (from its commit) before it
+    /// goes DEAD: long enough that an outage of its destination for hours
+    /// ends nothing DEAD.
+    pub delivery_bound_ms: i64,
 }
+
+/// How long a route's delivery is retried by default: 24 hours.
+pub const DEFAULT_DELIVERY_BOUND_MS: i64 = 24 * 3_600_000;
 
 impl Default for DispatchPolicy {
     /// 10 attempts over about 3 hours: 30 s, then 1, 2, 4, 8, 16, 32, 60, 60 min
-    /// between them (each jittered down to half), plus the sweeper's grace.
+    /// between them (each jittered down to half), plus the sweeper's grace; a
+    /// route's delivery the same way, then hourly, for 24 hours.
     fn default() -> Self {
-        Self { backoff: Backoff { base_ms: 30_000, max_ms: 3_600_000 }, max_attempts: 10 }
+        Self {
+            backoff: Backoff { base_ms: 30_000, max_ms: 3_600_000 },
+            max_attempts: 10,
+            delivery_bound_ms: DEFAULT_DELIVERY_BOUND_MS,
+        }
     }
 }
 

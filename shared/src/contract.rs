@@ -325,6 +325,7 @@ pub async fn the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox<B: B
     );
     let msg = OutboxMessage {
         topic_arn: "arn:aws:sns:us-east-1:000000000000:t.fifo".into(),
+        delivery: None,
         action: "thing.changed".into(),
         group: "acct_1".into(),
         body: serde_json::json!({"n": 1}),
@@ -675,6 +676,7 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     let notify = |action: &str| {
         Op::new(Vec::new(), OnConflict::Stale).notify(OutboxMessage {
             topic_arn: "arn:aws:sns:us-east-1:000000000000:t".into(),
+            delivery: None,
             action: action.into(),
             group: "g".into(),
             body: serde_json::json!({"a": action}),

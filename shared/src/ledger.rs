@@ -256,6 +256,8 @@ pub struct WorkRecord {
     pub transition_token: Option<String>,
     /// The payload, when the record carries it (small payloads).
     pub payload: Option<Vec<u8>>,
+    /// How the event came (a route's envelope says so).
+    pub via: Via,
 }
 
 impl WorkRecord {

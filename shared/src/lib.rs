@@ -47,6 +47,7 @@ pub mod ports;
 pub mod processor;
 pub mod projection;
 pub mod reconciler;
+pub mod routes;
 pub mod secret;
 pub mod seed001;
 pub mod telemetry;
@@ -73,7 +74,7 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 27] = [
+    const ORDER: [&str; 28] = [
         "clock",
         "secret",
         "identity",
@@ -82,6 +83,7 @@ mod layers {
         "policy",
         "ledger",
         "message",
+        "routes",
         "verify",
         "projection",
         "ports",
@@ -173,7 +175,7 @@ mod layers {
         let built = [
             "DynamoLedger::new(",
             "SqsQueue::new(",
-            "SnsPublisher::new(",
+            "AwsPublisher::new(",
             "AwsSecretResolver::new(",
             "S3Payloads::from_config(",
         ];

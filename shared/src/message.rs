@@ -3,15 +3,37 @@
 //! dispatcher sees and decides. How it is stored
 //! (`adapters::dynamodb::outbox`) and dispatched (`outbox`) sits above.
 
-/// A notification a projection wants sent if (and only if) its op applies.
+/// A notification a projection wants sent if (and only if) its op applies,
+/// or a route's delivery of the event to a destination.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxMessage {
+    /// Where it goes: an SNS topic's ARN (a projection's notification), or
+    /// a route destination's (an SNS topic, an SQS queue, an EventBridge
+    /// bus). The item's attribute keeps the name it had when only topics
+    /// could be named.
     pub topic_arn: String,
     /// The logical action, e.g. `subscription.changed`; part of the idempotency key.
     pub action: String,
     /// Ordering group for FIFO topics (e.g. the subject id).
     pub group: String,
+    /// The message; for a route's delivery, the envelope without the
+    /// event, which the dispatcher adds from the ledger (the item refers to
+    /// the event, it does not copy it).
     pub body: serde_json::Value,
+    /// A route's delivery (`None`: a projection's notification).
+    pub delivery: Option<Delivery>,
+}
+
+/// What a route's delivery carries besides a notification's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The destination's name in `HOOKLEDGER_ROUTES`.
+    pub destination: String,
+    /// EventBridge: the events' `Source` and `DetailType` (the event type).
+    pub source: String,
+    pub detail_type: String,
+    /// The event's payload (the envelope's `event`), by its hash.
+    pub payload_hash: String,
 }
 
 /// A stable idempotency key for one logical outbound action of one event:
@@ -41,6 +63,57 @@ pub struct OutboxItem {
     pub attempts: u32,
     /// Index shard of the event that wrote it.
     pub shard: u32,
+    /// The event that wrote it (`evt#…`).
+    pub event_key: String,
+    /// When the commit wrote it.
+    pub created_at_ms: i64,
+    /// A route's delivery (`None`: a projection's notification).
+    pub delivery: Option<Delivery>,
+}
+
+impl OutboxItem {
+    /// The item a commit by the event `key` wrote for `msg` (a route's
+    /// delivery is written claimed by the committing lease: attempt 1).
+    pub fn committed(key: &crate::identity::EventKey, msg: &OutboxMessage, shards: u32, now_ms: i64) -> Self {
+        Self {
+            id: outbox_id(key.as_str(), &msg.action),
+            idempotency_key: idempotency_key(key.as_str(), &msg.action),
+            topic_arn: msg.topic_arn.clone(),
+            group: msg.group.clone(),
+            body: msg.body.to_string(),
+            attempts: 1,
+            shard: key.shard(shards),
+            event_key: key.as_str().to_owned(),
+            created_at_ms: now_ms,
+            delivery: msg.delivery.clone(),
+        }
+    }
+}
+
+/// How long a dispatcher may hold an outbox item between claim and mark
+/// (also the claim a route's delivery is committed with).
+pub const DISPATCH_LEASE_MS: i64 = 30_000;
+
+/// The largest message a destination takes (SNS, SQS and EventBridge:
+/// 256 KiB); the code checks it before sending (the emulator checks none).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// A route's envelope with the event added: its JSON as received, or
+/// `event_base64` for a body that is not JSON. `head` is the envelope's
+/// JSON object without the event.
+pub fn envelope(head: &str, payload: &[u8]) -> String {
+    use base64::Engine;
+    let head = head.trim_end();
+    let open = head.strip_suffix('}').unwrap_or(head);
+    let sep = if open.trim_end().ends_with('{') { "" } else { "," };
+    if serde_json::from_slice::<serde::de::IgnoredAny>(payload).is_ok() {
+        // Its exact bytes: JSON as the provider sent it (whitespace and key order kept).
+        let raw = String::from_utf8_lossy(payload);
+        format!("{open}{sep}\"event\":{}}}", raw.trim())
+    } else {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(payload);
+        format!("{open}{sep}\"event_base64\":\"{b64}\"}}")
+    }
 }
 
 /// What a dispatcher's claim met.
@@ -82,6 +155,19 @@ pub enum Dispatched {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_envelope_carries_the_event_as_received() {
+        let head = r#"{"provider":"stripe","idempotency_key":"k"}"#;
+        let with = envelope(head, br#"{ "id" : "evt_1" }"#);
+        assert_eq!(with, r#"{"provider":"stripe","idempotency_key":"k","event":{ "id" : "evt_1" }}"#);
+        let v: serde_json::Value = serde_json::from_str(&with).unwrap();
+        assert_eq!(v["event"]["id"], "evt_1");
+        let form = envelope(head, b"a=1&b=2");
+        let v: serde_json::Value = serde_json::from_str(&form).unwrap();
+        assert_eq!(v["event_base64"], "YT0xJmI9Mg==");
+        assert_eq!(envelope("{}", b"[1]"), r#"{"event":[1]}"#);
+    }
 
     #[test]
     fn idempotency_keys_are_stable_per_action() {

@@ -24,15 +24,17 @@
 //! expressions in `adapters::dynamodb::conditions`); the publish is the
 //! [`Publisher`]'s (SNS: `adapters::sns`).
 
+use std::sync::Arc;
+
 use crate::clock::Ambient;
 pub use crate::config::DispatchPolicy;
+use crate::identity::EventKey;
 use crate::ledger::PortError;
 pub use crate::message::Dispatched;
-use crate::message::{Held, OutboxClaim};
-use crate::ports::{Dispatch, OutboxStore, Publisher};
+use crate::message::{Held, MAX_MESSAGE_BYTES, OutboxClaim, OutboxItem, envelope};
+use crate::ports::{Dispatch, EventPayloads, OutboxStore, Publication, Publisher};
 
-/// How long a dispatcher may hold an outbox item between claim and mark.
-pub const DISPATCH_LEASE_MS: i64 = 30_000;
+pub use crate::message::DISPATCH_LEASE_MS;
 
 /// Where a crash is injected in tests ("die between publish and mark").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,7 +51,15 @@ pub struct Dispatcher<S, P> {
     publisher: P,
     policy: DispatchPolicy,
     ambient: Ambient,
+    /// Where a route's delivery reads its event's payload from.
+    payloads: Option<Arc<dyn EventPayloads>>,
     pub fault: DispatchFault,
+}
+
+/// Why a message could not be built: retry later, or never.
+enum Unsendable {
+    Retry(String),
+    Never(String),
 }
 
 impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
@@ -59,8 +69,15 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
             publisher,
             policy: DispatchPolicy::default(),
             ambient: Ambient::system(),
+            payloads: None,
             fault: DispatchFault::None,
         }
+    }
+
+    /// Reads the events of route deliveries from `payloads` (the ledger).
+    pub fn with_payloads(mut self, payloads: Arc<dyn EventPayloads>) -> Self {
+        self.payloads = Some(payloads);
+        self
     }
 
     /// Draws its claim tokens and backoff jitter from `ambient`.
@@ -85,17 +102,88 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
             OutboxClaim::Claimed(item) => item,
             OutboxClaim::Skipped => return Ok(Dispatched::Skipped),
         };
-        if item.attempts > self.policy.max_attempts {
+        if item.delivery.is_none() && item.attempts > self.policy.max_attempts {
             // Dispatchers kept dying before they could record an outcome.
             let error = format!("{} claims without an outcome", item.attempts - 1);
-            return self.failed(id, item.shard, &token, item.attempts, error, now_ms).await;
+            return self.failed(&item, &token, error, false, now_ms).await;
         }
-        if let Err(error) =
-            self.publisher.publish(&item.topic_arn, &item.body, &item.idempotency_key, &item.group).await
-        {
-            return self.failed(id, item.shard, &token, item.attempts, error, now_ms).await;
+        self.send(&item, &token, None, now_ms).await
+    }
+
+    /// Sends and marks an item this dispatcher holds under `token`: a
+    /// route's delivery its processor committed already claimed (two
+    /// requests: the send, the mark), with the event's payload in hand.
+    pub async fn dispatch_committed(
+        &self,
+        item: &OutboxItem,
+        token: &str,
+        payload: &[u8],
+        now_ms: i64,
+    ) -> Result<Dispatched, PortError> {
+        self.send(item, token, Some(payload), now_ms).await
+    }
+
+    /// The message of `item`: a notification's body, or a route's envelope
+    /// with its event (`payload` when the caller holds it, else read).
+    async fn message(&self, item: &OutboxItem, payload: Option<&[u8]>) -> Result<String, Unsendable> {
+        let Some(d) = &item.delivery else { return Ok(item.body.clone()) };
+        let read;
+        let payload = match payload {
+            Some(p) => p,
+            None => {
+                let payloads = self.payloads.as_ref().ok_or_else(|| Unsendable::Retry("no payload reader".into()))?;
+                let key = EventKey::from_stored(&item.event_key)
+                    .ok_or_else(|| Unsendable::Never(format!("{} is not an event key", item.event_key)))?;
+                read = payloads
+                    .event_payload(&key, &d.payload_hash)
+                    .await
+                    .map_err(|e| Unsendable::Retry(format!("reading the event: {e}")))?
+                    .ok_or_else(|| Unsendable::Never("the event's payload is gone (expired?)".into()))?;
+                &read
+            }
+        };
+        let message = envelope(&item.body, payload);
+        if message.len() > MAX_MESSAGE_BYTES {
+            return Err(Unsendable::Never(format!(
+                "the envelope is {} bytes, over the destination's {MAX_MESSAGE_BYTES}",
+                message.len()
+            )));
+        }
+        Ok(message)
+    }
+
+    /// Builds, publishes and marks a claimed item.
+    async fn send(
+        &self,
+        item: &OutboxItem,
+        token: &str,
+        payload: Option<&[u8]>,
+        now_ms: i64,
+    ) -> Result<Dispatched, PortError> {
+        let id = item.id.as_str();
+        let body = match self.message(item, payload).await {
+            Ok(body) => body,
+            Err(Unsendable::Retry(error)) => return self.failed(item, token, error, false, now_ms).await,
+            Err(Unsendable::Never(error)) => return self.failed(item, token, error, true, now_ms).await,
+        };
+        let out = Publication {
+            target: &item.topic_arn,
+            body: &body,
+            idempotency_key: &item.idempotency_key,
+            group: &item.group,
+            source: item.delivery.as_ref().map(|d| d.source.as_str()),
+            detail_type: item.delivery.as_ref().map(|d| d.detail_type.as_str()),
+        };
+        if let Err(error) = self.publisher.publish(out).await {
+            return self.failed(item, token, error, false, now_ms).await;
         }
         metrics::counter!("outbox_published").increment(1);
+        if let Some(d) = &item.delivery {
+            metrics::counter!("delivered", "destination" => d.destination.clone()).increment(1);
+            if item.attempts > 1 {
+                metrics::counter!("delivery_retried", "destination" => d.destination.clone()).increment(1);
+            }
+        }
 
         if self.fault == DispatchFault::AfterPublishBeforeMark {
             return Err(PortError::Unavailable {
@@ -111,17 +199,23 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
     }
 
     /// Records a failed attempt: PENDING again after a backoff, or DEAD when
-    /// the attempts are exhausted.
+    /// the attempts are exhausted (a route's delivery: when it has been
+    /// retried for [`DispatchPolicy::delivery_bound_ms`]), or at once when
+    /// no retry can help (`permanent`).
     async fn failed(
         &self,
-        id: &str,
-        shard: u32,
+        item: &OutboxItem,
         token: &str,
-        attempts: u32,
         error: String,
+        permanent: bool,
         now_ms: i64,
     ) -> Result<Dispatched, PortError> {
-        let dead = attempts >= self.policy.max_attempts;
+        let (id, shard, attempts) = (item.id.as_str(), item.shard, item.attempts);
+        let dead = permanent
+            || match &item.delivery {
+                Some(_) => now_ms - item.created_at_ms >= self.policy.delivery_bound_ms,
+                None => attempts >= self.policy.max_attempts,
+            };
         let held = if dead {
             self.store.dead(id, token, shard, &error, now_ms).await?
         } else {
@@ -132,6 +226,10 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
             tracing::warn!(outbox = %id, "dispatch lease lapsed before the failure was recorded");
         }
         metrics::counter!("outbox_failed").increment(1);
+        if let Some(d) = &item.delivery {
+            let name = if dead { "delivery_dead" } else { "delivery_failed" };
+            metrics::counter!(name, "destination" => d.destination.clone()).increment(1);
+        }
         if dead {
             metrics::counter!("outbox_dead_lettered").increment(1);
             tracing::error!(outbox = %id, attempts, error = %error, "outbox item is DEAD: attempts exhausted");
@@ -183,6 +281,16 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
 impl<S: OutboxStore, P: Publisher> Dispatch for Dispatcher<S, P> {
     async fn dispatch(&self, id: &str, now_ms: i64) -> Result<Dispatched, PortError> {
         Dispatcher::dispatch(self, id, now_ms).await
+    }
+
+    async fn dispatch_committed(
+        &self,
+        item: &OutboxItem,
+        token: &str,
+        payload: &[u8],
+        now_ms: i64,
+    ) -> Result<Dispatched, PortError> {
+        Dispatcher::dispatch_committed(self, item, token, payload, now_ms).await
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {

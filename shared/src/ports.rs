@@ -257,6 +257,15 @@ pub trait WorkLedger: Send + Sync {
 pub trait Dispatch: Send + Sync {
     /// Claims, publishes and marks one outbox item.
     fn dispatch(&self, id: &str, now_ms: i64) -> impl Future<Output = Result<Dispatched, PortError>> + Send;
+    /// Publishes and marks an item its committer holds under `token` (a
+    /// route's delivery, written claimed), with the event's `payload`.
+    fn dispatch_committed(
+        &self,
+        item: &crate::message::OutboxItem,
+        token: &str,
+        payload: &[u8],
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Dispatched, PortError>> + Send;
     /// Outbox items of `shard` due at `up_to` or earlier, oldest first.
     fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
 }
@@ -301,16 +310,37 @@ pub trait OutboxStore: Send + Sync {
     fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
 }
 
-/// Where outbox items go (SNS in production). `Err`: the publish failed (the
-/// message, never a payload).
+/// One message for a [`Publisher`]: where it goes, what it says, and the
+/// key that makes its repeats recognisable.
+#[derive(Debug, Clone, Copy)]
+pub struct Publication<'a> {
+    /// An SNS topic's, an SQS queue's or an EventBridge bus's ARN.
+    pub target: &'a str,
+    pub body: &'a str,
+    pub idempotency_key: &'a str,
+    /// SQS and SNS FIFO: the message group (SQS standard: the tenant, for fair queues).
+    pub group: &'a str,
+    /// EventBridge: the events' `Source` and `DetailType`.
+    pub source: Option<&'a str>,
+    pub detail_type: Option<&'a str>,
+}
+
+/// Where outbox items go: SNS topics, SQS queues, EventBridge buses
+/// (`adapters::destinations`). `Err`: the publish failed (the message,
+/// never a payload).
 pub trait Publisher: Send + Sync {
-    fn publish(
-        &self,
-        topic_arn: &str,
-        body: &str,
-        idempotency_key: &str,
-        group: &str,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    fn publish(&self, out: Publication<'_>) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// The stored payload of an event, by its key and payload hash (a route's
+/// delivery refers to the event; the dispatcher reads it when it sends).
+/// `Ok(None)`: no such payload (expired with the record).
+pub trait EventPayloads: Send + Sync {
+    fn event_payload<'a>(
+        &'a self,
+        event_key: &'a EventKey,
+        payload_hash: &'a str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Vec<u8>>, PortError>> + Send + 'a>>;
 }
 
 /// The reconciler's view: the `due` index, claims on its items, and the

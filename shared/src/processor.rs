@@ -21,9 +21,11 @@ use crate::config::ProcessorSettings;
 use crate::config::ProviderKind;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, NewEvent, PortError, Via, WorkRecord};
+use crate::message::{Delivery, OutboxItem, OutboxMessage, idempotency_key};
 use crate::ports::{Dispatch, Ledger, WorkLedger, WorkQueue};
 use crate::projection::sequence::Position;
 use crate::projection::{Decision, EventContext, Gap, OnConflict, Op, ProjectionContext, ProjectionError, Registry};
+use crate::routes::{Kind, Routes, delivery_action};
 use crate::telemetry::TenantMetrics;
 use crate::verify::registry::decode;
 
@@ -109,6 +111,8 @@ pub struct Processor<L, Q, D> {
     settings: ProcessorSettings,
     ambient: Ambient,
     tenant_metrics: TenantMetrics,
+    /// Where verified events are handed on (`HOOKLEDGER_ROUTES`).
+    routes: std::sync::Arc<Routes>,
     pub fault: ProcessorFault,
 }
 
@@ -146,6 +150,12 @@ fn is_large_batch(record: &WorkRecord) -> bool {
     record.event_type.as_deref() == Some(BATCH_TYPE) && record.event_id == batch_id(&record.payload_hash)
 }
 
+/// What a commit needs to deliver its event: its type and payload.
+struct Routed<'a> {
+    event_type: &'a str,
+    payload: &'a [u8],
+}
+
 /// The queue of a processor built without one: sends nothing (the claimed
 /// events are re-driven by the reconciler).
 struct NoQueue;
@@ -178,8 +188,15 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             settings,
             ambient: Ambient::system(),
             tenant_metrics: TenantMetrics::default(),
+            routes: std::sync::Arc::new(Routes::none()),
             fault: ProcessorFault::None,
         }
+    }
+
+    /// Hands the events these routes match to their destinations.
+    pub fn with_routes(mut self, routes: std::sync::Arc<Routes>) -> Self {
+        self.routes = routes;
+        self
     }
 
     /// Counts these tenants' outcomes and latency in their own metrics.
@@ -348,7 +365,8 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 Decision::Duplicate => (Vec::new(), true),
                 Decision::Apply(ops) => (ops, false),
             };
-            match self.commit(record, token, ops, duplicate, subject.as_deref(), now_ms).await? {
+            let routed = Routed { event_type: &event.event_type, payload: &payload };
+            match self.commit(record, token, ops, duplicate, subject.as_deref(), Some(routed), now_ms).await? {
                 Some(report) => return Ok(report),
                 None => continue, // replan from fresh reads
             }
@@ -388,8 +406,60 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         })
     }
 
+    /// The deliveries of an event to the destinations its routes name: one
+    /// outbox message per destination, its envelope without the event (the
+    /// dispatcher adds it), keyed by (event, destination).
+    fn deliveries(
+        &self,
+        record: &WorkRecord,
+        routed: &Routed<'_>,
+        subject: Option<&str>,
+        now_ms: i64,
+    ) -> Vec<OutboxMessage> {
+        let matching = self.routes.matching(&record.endpoint, &record.provider, &record.tenant, routed.event_type);
+        let time = |ms: i64| crate::verify::sns::format_timestamp(ms.div_euclid(1000));
+        matching
+            .into_iter()
+            .map(|d| {
+                let action = delivery_action(&d.name);
+                let fifo = matches!(d.parsed.kind, Kind::Sqs { fifo: true }) || d.arn.ends_with(".fifo");
+                // FIFO: order per subject; standard SQS: the tenant's fair-queue group.
+                let group = if fifo { subject.unwrap_or(&record.tenant) } else { &record.tenant };
+                let head = serde_json::json!({
+                    "idempotency_key": idempotency_key(record.key.as_str(), &action),
+                    "destination": d.name,
+                    "provider": record.provider,
+                    "endpoint": record.endpoint,
+                    "tenant": record.tenant,
+                    "event_id": record.event_id,
+                    "event_type": routed.event_type,
+                    "via": record.via.as_str(),
+                    "received_at": time(record.received_at_ms),
+                    "processed_at": time(now_ms),
+                    "subject": subject,
+                });
+                OutboxMessage {
+                    topic_arn: d.arn.clone(),
+                    action,
+                    group: group.to_owned(),
+                    body: head,
+                    delivery: Some(Delivery {
+                        destination: d.name.clone(),
+                        source: d.source.clone(),
+                        detail_type: routed.event_type.to_owned(),
+                        payload_hash: record.payload_hash.clone(),
+                    }),
+                }
+            })
+            .collect()
+    }
+
     /// Commits, dropping ops whose conditions say "stale" or "already applied".
-    /// `Ok(None)`: an op asked to replan.
+    /// An event whose outcome is `applied` or `ignored` is also delivered
+    /// to the destinations its routes name: the deliveries are committed
+    /// with the completion marker (claimed by this lease), then sent at
+    /// once. `Ok(None)`: an op asked to replan.
+    #[allow(clippy::too_many_arguments)]
     async fn commit(
         &self,
         record: &WorkRecord,
@@ -397,11 +467,15 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         mut ops: Vec<Op>,
         mut duplicate: bool,
         subject: Option<&str>,
+        routed: Option<Routed<'_>>,
         now_ms: i64,
     ) -> Result<Option<Report>, PortError> {
         let key = &record.key;
         let planned = !ops.is_empty();
         let mut stale = false;
+        let deliveries = routed.as_ref().map(|r| self.deliveries(record, r, subject, now_ms)).unwrap_or_default();
+        // The deliveries were committed before (an operator's replay of a record that had them): not again.
+        let mut deliver = !deliveries.is_empty();
         loop {
             let outcome = if !ops.is_empty() {
                 Outcome::Applied
@@ -414,7 +488,20 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             } else {
                 Outcome::Ignored
             };
-            match self.ledger.commit(key, token, &ops, outcome.label(), subject, now_ms).await? {
+            let routing = deliver && matches!(outcome, Outcome::Applied | Outcome::Ignored);
+            let mut all = ops.clone();
+            if routing {
+                all.push(Op { outbox: deliveries.clone(), ..Op::new(Vec::new(), OnConflict::AlreadyApplied) });
+            }
+            let routed_items: Vec<OutboxItem> = if routing {
+                deliveries.iter().map(|m| OutboxItem::committed(key, m, self.settings.index_shards, now_ms)).collect()
+            } else {
+                Vec::new()
+            };
+            let notifications = |outbox: Vec<String>| -> Vec<String> {
+                outbox.into_iter().filter(|id| !routed_items.iter().any(|i| &i.id == id)).collect()
+            };
+            match self.ledger.commit(key, token, &all, outcome.label(), subject, now_ms).await? {
                 CommitResult::Committed { outbox } => {
                     if self.fault == ProcessorFault::AfterCommit {
                         return Err(PortError::Unavailable {
@@ -425,10 +512,17 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     for at in ops.iter().filter_map(|op| op.advances.as_ref()) {
                         self.wake_successor(at, now_ms).await;
                     }
-                    self.dispatch(&outbox, now_ms).await;
+                    self.dispatch(&notifications(outbox), now_ms).await;
+                    self.deliver(&routed_items, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms).await;
                     return Ok(Some(Report::done(outcome)));
                 }
-                CommitResult::Conflicts(indices) => {
+                CommitResult::Conflicts(mut indices) => {
+                    if routing && indices.contains(&ops.len()) {
+                        // The deliveries exist already: the rest commits without them.
+                        deliver = false;
+                        indices.retain(|i| *i < ops.len());
+                        tracing::info!(key = %key, "deliveries committed before; not again");
+                    }
                     if indices.iter().any(|i| ops[*i].on_conflict == OnConflict::Replan) {
                         return Ok(None);
                     }
@@ -456,6 +550,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                         .map(|m| crate::message::outbox_id(key.as_str(), &m.action))
                         .collect();
                     self.dispatch(&outbox, now_ms).await;
+                    self.deliver(&routed_items, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms).await;
                     return Ok(Some(Report::done(outcome)));
                 }
                 CommitResult::Contention => {
@@ -543,7 +638,24 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         }
         tracing::info!(key = %record.key, events = prepared.len(), new, "large batch split");
         metrics::counter!("batch_events_split", "provider" => record.provider.clone()).increment(prepared.len() as u64);
-        Ok(self.commit(record, token, Vec::new(), false, None, now_ms).await?.unwrap_or(Report::done(Outcome::Ignored)))
+        Ok(self
+            .commit(record, token, Vec::new(), false, None, None, now_ms)
+            .await?
+            .unwrap_or(Report::done(Outcome::Ignored)))
+    }
+
+    /// Sends this commit's deliveries now, all at once (at most
+    /// `routes::MAX_DESTINATIONS_PER_EVENT`), under the lease's token that
+    /// committed them claimed: the send and the mark, two requests each. A
+    /// failure is backed off for the reconciler's sweep, which retries it.
+    async fn deliver(&self, items: &[OutboxItem], token: &str, payload: &[u8], now_ms: i64) {
+        let Some(d) = &self.dispatcher else { return };
+        let sends = items.iter().map(|item| async move {
+            if let Err(e) = d.dispatch_committed(item, token, payload, now_ms).await {
+                tracing::warn!(error = %e, outbox = %item.id, "delivery failed; the sweeper will retry");
+            }
+        });
+        futures::future::join_all(sends).await;
     }
 
     /// Publishes this commit's outbox items now; a failure leaves them for the sweeper.

@@ -8,13 +8,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::adapters::destinations::AwsPublisher;
 use crate::adapters::dynamodb::DynamoLedger;
 use crate::adapters::dynamodb::outbox::DynamoOutbox;
 use crate::adapters::github::GithubDeliveries;
 use crate::adapters::handshake::SsmSecretStore;
 use crate::adapters::s3::S3Payloads;
 use crate::adapters::secrets::AwsSecretResolver;
-use crate::adapters::sns::SnsPublisher;
 use crate::adapters::sources::ProviderSource;
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::stripe::StripeEvents;
@@ -35,7 +35,7 @@ use crate::verify::provider::{BackfillList, SecretStore};
 use crate::verify::sns::CertificateCache;
 
 /// The use cases as deployed: on DynamoDB, SQS and SNS.
-pub type LiveDispatcher = Dispatcher<DynamoOutbox, SnsPublisher>;
+pub type LiveDispatcher = Dispatcher<DynamoOutbox, AwsPublisher>;
 pub type LiveIntake = Intake<DynamoLedger, SqsQueue>;
 pub type LiveProcessor = Processor<DynamoLedger, SqsQueue, LiveDispatcher>;
 pub type LiveReconciler = Reconciler<SqsQueue, DynamoLedger, LiveDispatcher>;
@@ -85,6 +85,8 @@ pub struct Settings {
     /// `HOOKLEDGER_HANDSHAKE_PATH`: the SSM path under which secrets handed
     /// over at a handshake (Asana) are kept, per endpoint (`adapters::handshake`).
     pub handshake_path: Option<String>,
+    /// `HOOKLEDGER_ROUTES`: where verified events are handed on (none when unset).
+    pub routes: Arc<crate::routes::Routes>,
 }
 
 /// A provider API base: the variable `name`, else `default`; `https://`, or
@@ -195,7 +197,12 @@ impl Settings {
                 ));
             }
         }
+        let routes = match get("HOOKLEDGER_ROUTES") {
+            Some(json) => crate::routes::Routes::parse(&json).map_err(|e| invalid("HOOKLEDGER_ROUTES", e))?,
+            None => crate::routes::Routes::none(),
+        };
         Ok(Self {
+            routes: Arc::new(routes),
             handshake_path,
             table: get("HOOKLEDGER_TABLE"),
             queue_url: get("HOOKLEDGER_QUEUE_URL"),
@@ -316,7 +323,9 @@ impl Wiring {
     /// The outbox dispatcher on the ledger's table and SNS.
     pub fn dispatcher(&self) -> Result<LiveDispatcher, ConfigError> {
         let store = DynamoOutbox::on(self.ledger()?);
-        Ok(Dispatcher::with_ports(store, SnsPublisher::new(aws_sdk_sns::Client::new(&self.aws)))
+        let payloads: Arc<dyn crate::ports::EventPayloads> = Arc::new(self.ledger()?);
+        Ok(Dispatcher::with_ports(store, AwsPublisher::new(&self.aws))
+            .with_payloads(payloads)
             .with_ambient(self.ambient.clone()))
     }
 
@@ -386,6 +395,7 @@ impl Wiring {
         dispatcher: Option<LiveDispatcher>,
     ) -> Result<LiveProcessor, ConfigError> {
         Ok(processor(self.ledger()?, registry, dispatcher, self.settings.processor)
+            .with_routes(self.settings.routes.clone())
             .with_ambient(self.ambient.clone())
             .with_tenant_metrics(self.settings.tenant_metrics.clone()))
     }
@@ -548,7 +558,9 @@ pub fn processor(
 
 /// The dispatcher on a table and SNS (tests that wire by hand).
 pub fn dispatcher(ddb: aws_sdk_dynamodb::Client, sns: aws_sdk_sns::Client, table: impl Into<String>) -> LiveDispatcher {
-    Dispatcher::with_ports(DynamoOutbox::on(DynamoLedger::new(ddb, table)), SnsPublisher::new(sns))
+    let ledger = DynamoLedger::new(ddb, table);
+    let payloads: Arc<dyn crate::ports::EventPayloads> = Arc::new(ledger.clone());
+    Dispatcher::with_ports(DynamoOutbox::on(ledger), AwsPublisher::sns_only(sns)).with_payloads(payloads)
 }
 
 #[cfg(test)]

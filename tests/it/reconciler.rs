@@ -360,11 +360,12 @@ async fn put_outbox(stack: &Stack, event: &str, topic: &str, at: i64) -> String 
     let key = EventKey::new("stripe", "stripe-a", event);
     let msg = OutboxMessage {
         topic_arn: topic.to_owned(),
+        delivery: None,
         action: "subscription.changed".into(),
         group: "sub_x".into(),
         body: serde_json::json!({"event": event}),
     };
-    let (pk, put) = outbox_put(&stack.table, &key, &msg, at, 16);
+    let (pk, put) = outbox_put(&stack.table, &key, &msg, "", at, 16);
     stack.ddb.transact_write_items().transact_items(put).send().await.unwrap();
     pk
 }

@@ -164,12 +164,13 @@ async fn a_record_backlog_leaves_the_outbox_and_the_rechecks_their_shares() {
     for i in 0..12 {
         let msg = OutboxMessage {
             topic_arn: topic.clone(),
+            delivery: None,
             action: "subscription.changed".into(),
             group: format!("sub_{i}"),
             body: serde_json::json!({"n": i}),
         };
         let key = EventKey::new("stripe", "stripe-a", &format!("evt_out_{i}"));
-        let (_, put) = outbox_put(&stack.table, &key, &msg, at - 120_000, SHARDS);
+        let (_, put) = outbox_put(&stack.table, &key, &msg, "", at - 120_000, SHARDS);
         stack.ddb.transact_write_items().transact_items(put).send().await.unwrap();
     }
     let r = reconciler(&stack, 10, Some(source));

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "cloudwatch")]
 pub mod cloudwatch;
+pub mod destinations;
 pub mod dynamodb;
 pub mod github;
 pub mod handshake;

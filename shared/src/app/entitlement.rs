@@ -101,6 +101,7 @@ impl Projection for Entitlements {
             if let Some(topic) = &self.notify_topic {
                 op = op.notify(OutboxMessage {
                     topic_arn: topic.clone(),
+                    delivery: None,
                     action: "subscription.changed".into(),
                     group: sub_id.to_owned(),
                     body: serde_json::json!({

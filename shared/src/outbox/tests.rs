@@ -43,7 +43,8 @@ fn call_of(item: &OutboxView) -> Published {
     }
 }
 
-const POLICY: DispatchPolicy = DispatchPolicy { backoff: Backoff { base_ms: 1_000, max_ms: 60_000 }, max_attempts: 3 };
+const POLICY: DispatchPolicy =
+    DispatchPolicy { backoff: Backoff { base_ms: 1_000, max_ms: 60_000 }, max_attempts: 3, delivery_bound_ms: 600_000 };
 
 fn dispatcher() -> (MemOutbox, MemPublisher, Dispatcher<MemOutbox, MemPublisher>) {
     let w = World::new(Ambient::fixed(NOW, 3));

@@ -14,7 +14,7 @@ use crate::backoff::Backoff;
 use crate::clock::Ambient;
 use crate::ledger::Status;
 use crate::message::{OutboxMessage, idempotency_key};
-use crate::outbox::Dispatcher;
+use crate::outbox::{Dispatched, Dispatcher};
 use crate::projection::{PlanFuture, Projection, sequence};
 
 pub(crate) const NOW: i64 = 50_000_000;
@@ -277,6 +277,7 @@ pub(crate) fn record(id: &str, status: Status) -> WorkRecord {
         completed_token: None,
         transition_token: None,
         payload: None,
+        via: crate::ledger::Via::Webhook,
     }
 }
 
@@ -318,6 +319,7 @@ fn op(label: &str, on_conflict: OnConflict) -> Op {
 fn notify(action: &str) -> OutboxMessage {
     OutboxMessage {
         topic_arn: "arn:aws:sns:us-east-1:000000000000:out".into(),
+        delivery: None,
         action: action.into(),
         group: "g".into(),
         body: serde_json::json!({ "action": action }),
@@ -982,4 +984,186 @@ async fn a_gap_waiter_reaching_a_gap_bound_just_below_the_transient_bound_parks_
     assert_eq!(h.p.process(&k, next).await.unwrap(), done(Outcome::Parked));
     let s = h.ledger.get(&k);
     assert_eq!((s.rec.status, s.park_reason.as_deref()), (Status::Parked, Some(GAP)));
+}
+
+// ------------------------------------------------------------------ routes
+
+const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:orders";
+const FIFO_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:orders.fifo";
+const BUS_ARN: &str = "arn:aws:events:us-east-1:123456789012:event-bus/billing";
+
+fn routes() -> Arc<crate::routes::Routes> {
+    let json = format!(
+        r#"{{"destinations": {{"queue": {{"arn": "{QUEUE_ARN}"}}, "fifo": {{"arn": "{FIFO_ARN}"}},
+              "bus": {{"arn": "{BUS_ARN}", "source": "acme.things"}}}},
+            "routes": [{{"provider": "acme", "type": "thing.*", "to": ["queue", "bus"]}},
+                       {{"tenant": "t1", "to": ["fifo", "queue"]}},
+                       {{"provider": "other", "to": ["bus"]}}]}}"#
+    );
+    Arc::new(crate::routes::Routes::parse(&json).unwrap())
+}
+
+/// A harness whose processor routes, with a dispatcher that reads payloads from the ledger.
+fn routed(registry: Registry) -> Harness {
+    let world = World::new(Ambient::fixed(NOW, 11)).with_shards(settings().index_shards);
+    let payloads: Arc<dyn crate::ports::EventPayloads> = Arc::new(world.ledger());
+    let dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
+        .with_ambient(world.ambient().clone())
+        .with_payloads(payloads);
+    let p = Processor::with_ports(world.ledger(), cx(), registry, Some(dispatch), settings())
+        .with_queue(world.queue())
+        .with_ambient(world.ambient().clone())
+        .with_routes(routes());
+    Harness { p, ledger: Ledger { m: world.ledger(), w: world.clone() }, queue: world.queue(), world }
+}
+
+fn delivery_id(k: &EventKey, destination: &str) -> String {
+    crate::message::outbox_id(k.as_str(), &crate::routes::delivery_action(destination))
+}
+
+/// An applied event is delivered to each destination its routes name, once
+/// (a destination two rules name too): the deliveries are committed with
+/// the completion (claimed by the lease) and sent at once, two requests each
+/// (no claim), each with its stable key, the event as received, and the
+/// group its destination keeps (the tenant; a FIFO queue: the subject).
+#[tokio::test]
+async fn an_applied_event_is_delivered_once_to_each_destination_its_routes_name() {
+    let (mut proj, _) = scripted(|_| apply(&["x"]));
+    proj.subject = Some("cus_7".into());
+    let h = routed(Registry::new().register(proj));
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+
+    let published = h.world.publisher().published();
+    let mut targets: Vec<&str> = published.iter().map(|p| p.topic_arn.as_str()).collect();
+    targets.sort_unstable();
+    assert_eq!(targets, [BUS_ARN, QUEUE_ARN, FIFO_ARN]);
+    for p in &published {
+        let name = match p.topic_arn.as_str() {
+            QUEUE_ARN => "queue",
+            FIFO_ARN => "fifo",
+            _ => "bus",
+        };
+        assert_eq!(p.idempotency_key, idempotency_key(k.as_str(), &crate::routes::delivery_action(name)));
+        let envelope: serde_json::Value = serde_json::from_str(&p.body).unwrap();
+        assert_eq!(envelope["event"], serde_json::from_slice::<serde_json::Value>(&body("a")).unwrap());
+        assert_eq!(envelope["idempotency_key"], p.idempotency_key.as_str());
+        assert_eq!((envelope["provider"].as_str(), envelope["event_type"].as_str()), (Some("acme"), Some(TYPE)));
+        assert_eq!((envelope["tenant"].as_str(), envelope["subject"].as_str()), (Some("t1"), Some("cus_7")));
+        assert_eq!(envelope["via"], "webhook");
+        assert_eq!(p.group, if name == "fifo" { "cus_7" } else { "t1" });
+        assert_eq!(h.world.outbox().get(&delivery_id(&k, name)).status, "SENT");
+    }
+    assert!(h.dispatched().is_empty(), "no claim: the commit claimed them");
+    assert_eq!(h.world.calls_named("outbox.mark_sent").len(), 3);
+}
+
+/// An event no projection handles is delivered as well (`ignored`); a
+/// duplicate, a stale event and a parked one are not.
+#[tokio::test]
+async fn ignored_events_are_delivered_and_duplicates_stale_and_parked_ones_are_not() {
+    let h = routed(Registry::new());
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    assert_eq!(h.world.publisher().published().len(), 3);
+
+    for (decision, outcome) in [
+        (Decision::Duplicate, Outcome::Duplicate),
+        (Decision::Park("no such customer".into()), Outcome::Parked),
+        (Decision::Apply(vec![op("x", OnConflict::Stale)]), Outcome::Stale),
+    ] {
+        let decision = std::sync::Mutex::new(Some(decision));
+        let (proj, _) = scripted(move |_| Ok(decision.lock().unwrap().take().unwrap_or(Decision::Duplicate)));
+        let h = routed(Registry::new().register(proj));
+        if outcome == Outcome::Stale {
+            h.ledger.taken("x");
+        }
+        let k = put(&h, record("b", Status::Received));
+        assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(outcome));
+        assert!(h.world.publisher().published().is_empty(), "{outcome:?}");
+        assert!(h.world.calls_named("outbox.mark_sent").is_empty(), "{outcome:?}");
+    }
+}
+
+/// A destination that fails leaves its delivery backed off; the sweep sends
+/// it later with the same key, reading the event from the ledger; the
+/// healthy destinations were sent by the first dispatch.
+#[tokio::test]
+async fn a_failed_delivery_is_retried_by_the_sweep_with_the_same_key() {
+    let h = routed(Registry::new());
+    let k = put(&h, record("a", Status::Received));
+    let failing = idempotency_key(k.as_str(), &crate::routes::delivery_action("bus"));
+    h.world.inject_on("publisher.publish", &failing, Some(1), Fault::Throttle);
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    assert_eq!(h.world.publisher().published().len(), 2, "the healthy ones are sent");
+    let item = h.world.outbox().get(&delivery_id(&k, "bus"));
+    assert_eq!((item.status.as_str(), item.attempts), ("PENDING", 1));
+
+    h.world.advance(std::time::Duration::from_secs(3_600));
+    let d = Dispatcher::with_ports(h.world.outbox(), h.world.publisher())
+        .with_ambient(h.world.ambient().clone())
+        .with_payloads(Arc::new(h.world.ledger()));
+    let now = h.world.ambient().now_ms();
+    assert_eq!(d.sweep(settings().index_shards, now, 60_000, 100).await.unwrap(), 1);
+    let sent: Vec<_> = h.world.publisher().published().into_iter().filter(|p| p.idempotency_key == failing).collect();
+    assert_eq!(sent.len(), 1);
+    let envelope: serde_json::Value = serde_json::from_str(&sent[0].body).unwrap();
+    assert_eq!(envelope["event"]["id"], "a", "the event read back from the ledger");
+    assert_eq!(h.world.outbox().get(&delivery_id(&k, "bus")).status, "SENT");
+}
+
+/// A processor that dies between its commit and its sends leaves its
+/// deliveries claimed; once the claim lapses the sweep sends each once.
+#[tokio::test]
+async fn deliveries_of_a_processor_that_died_after_its_commit_are_sent_by_the_sweep() {
+    let mut h = routed(Registry::new());
+    h.p.fault = ProcessorFault::AfterCommit;
+    let k = put(&h, record("a", Status::Received));
+    assert!(h.p.process(&k, NOW).await.is_err());
+    assert!(h.world.publisher().published().is_empty());
+    let d = Dispatcher::with_ports(h.world.outbox(), h.world.publisher())
+        .with_ambient(h.world.ambient().clone())
+        .with_payloads(Arc::new(h.world.ledger()));
+    // Within the claim: the sweep leaves them.
+    assert_eq!(d.sweep(settings().index_shards, NOW + 10_000, 0, 100).await.unwrap(), 0);
+    let later = NOW + crate::outbox::DISPATCH_LEASE_MS + 1;
+    assert_eq!(d.sweep(settings().index_shards, later, 0, 100).await.unwrap(), 3);
+    assert_eq!(d.sweep(settings().index_shards, later + 1, 0, 100).await.unwrap(), 0, "once");
+    let keys: std::collections::BTreeSet<String> =
+        h.world.publisher().published().into_iter().map(|p| p.idempotency_key).collect();
+    assert_eq!(keys.len(), 3);
+}
+
+/// A delivery is retried for a day (an outage of hours ends nothing DEAD),
+/// then DEAD; one that can never be sent (its envelope over the
+/// destination's limit: never truncated) is DEAD at once.
+#[tokio::test]
+async fn a_delivery_is_dead_after_a_day_of_failures_or_at_once_when_it_cannot_be_sent() {
+    let h = routed(Registry::new());
+    let k = put(&h, record("a", Status::Received));
+    h.world.publisher().fail_all();
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    let d = Dispatcher::with_ports(h.world.outbox(), h.world.publisher())
+        .with_ambient(h.world.ambient().clone())
+        .with_payloads(Arc::new(h.world.ledger()));
+    let id = delivery_id(&k, "queue");
+    for hours in [1, 6, 23] {
+        let now = NOW + hours * 3_600_000;
+        assert!(matches!(d.dispatch(&id, now).await.unwrap(), Dispatched::Retrying { .. }), "{hours} h");
+    }
+    let a_day = NOW + 24 * 3_600_000 + 1;
+    assert!(matches!(d.dispatch(&id, a_day).await.unwrap(), Dispatched::Dead { .. }));
+    assert_eq!(h.world.outbox().get(&id).status, "DEAD");
+
+    let big = routed(Registry::new());
+    let rec = record("big", Status::Received);
+    let large = format!(r#"{{"id":"big","type":"{TYPE}","pad":"{}"}}"#, "x".repeat(crate::message::MAX_MESSAGE_BYTES));
+    let k = rec.key.clone();
+    big.ledger
+        .insert_with_payload(WorkRecord { payload_hash: payload_hash(large.as_bytes()), ..rec }, large.as_bytes());
+    assert_eq!(big.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    assert!(big.world.publisher().attempts().is_empty(), "never sent truncated");
+    let item = big.world.outbox().get(&delivery_id(&k, "queue"));
+    assert_eq!(item.status, "DEAD");
+    assert!(item.last_error.unwrap_or_default().contains("over the destination"));
 }

@@ -38,6 +38,12 @@ pub mod attr {
     pub const DISPATCH_TOKEN: &str = "dispatch_token";
     pub const DISPATCH_ATTEMPTS: &str = "dispatch_attempts";
     pub const DISPATCH_UNTIL: &str = "dispatch_until";
+    /// A route's delivery: the destination's name, EventBridge's `Source`
+    /// and `DetailType`, and the event's payload hash.
+    pub const DESTINATION: &str = "destination";
+    pub const SOURCE: &str = "source";
+    pub const DETAIL_TYPE: &str = "detail_type";
+    pub const PAYLOAD_HASH: &str = "payload_hash";
 }
 
 /// The attention-index partition of dead outbox items in `shard` (with the
@@ -47,18 +53,24 @@ pub fn dead_partition(shard: u32) -> String {
     super::attention_shard(shard)
 }
 
-/// The outbox item for `msg` produced by the event `key`.
+/// The outbox item for `msg` produced by the event `key`, committed by the
+/// lease `token`. A route's delivery is written already claimed by that
+/// token (SENDING until [`crate::message::DISPATCH_LEASE_MS`] from now, one
+/// attempt), so the processor that committed it sends and marks it (two
+/// requests) without a claim; if it dies, the claim lapses and the
+/// reconciler's sweep takes the item over. A notification is written PENDING.
 pub fn outbox_put(
     table: &str,
     key: &EventKey,
     msg: &OutboxMessage,
+    token: &str,
     now_ms: i64,
     shards: u32,
 ) -> (String, TransactWriteItem) {
     let idem = idempotency_key(key.as_str(), &msg.action);
     let pk = crate::message::outbox_id(key.as_str(), &msg.action);
     let shard = EventKey::from_stored(key.as_str()).map_or(0, |k| k.shard(shards));
-    let item = HashMap::from([
+    let mut item = HashMap::from([
         (attr::PK.to_owned(), AttributeValue::S(pk.clone())),
         (attr::SK.to_owned(), AttributeValue::S(OUTBOX_SK.to_owned())),
         (attr::STATUS.to_owned(), AttributeValue::S(outbox_status::PENDING.into())),
@@ -72,6 +84,22 @@ pub fn outbox_put(
         (attr::DUE_SHARD.to_owned(), AttributeValue::S(outbox_partition(shard))),
         (attr::DUE_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
     ]);
+    if let Some(d) = &msg.delivery {
+        let until = now_ms + crate::message::DISPATCH_LEASE_MS;
+        for (k, v) in [
+            (attr::STATUS, outbox_status::SENDING.to_owned()),
+            (attr::DISPATCH_TOKEN, token.to_owned()),
+            (attr::DESTINATION, d.destination.clone()),
+            (attr::SOURCE, d.source.clone()),
+            (attr::DETAIL_TYPE, d.detail_type.clone()),
+            (attr::PAYLOAD_HASH, d.payload_hash.clone()),
+        ] {
+            item.insert(k.to_owned(), AttributeValue::S(v));
+        }
+        for (k, v) in [(attr::DISPATCH_UNTIL, until), (attr::DUE_AT, until), (attr::DISPATCH_ATTEMPTS, 1)] {
+            item.insert(k.to_owned(), AttributeValue::N(v.to_string()));
+        }
+    }
     let put = Put::builder()
         .table_name(table)
         .set_item(Some(item))
@@ -132,7 +160,16 @@ pub(crate) fn held_by(met: Option<&Item>, token: &str) -> Held {
 }
 
 pub(crate) fn claimed(item: &Item) -> OutboxItem {
+    let delivery = item.contains_key(attr::DESTINATION).then(|| crate::message::Delivery {
+        destination: text(item, attr::DESTINATION),
+        source: text(item, attr::SOURCE),
+        detail_type: text(item, attr::DETAIL_TYPE),
+        payload_hash: text(item, attr::PAYLOAD_HASH),
+    });
     OutboxItem {
+        event_key: text(item, attr::EVENT_KEY),
+        created_at_ms: number(item, attr::CREATED_AT),
+        delivery,
         id: text(item, attr::PK),
         idempotency_key: text(item, attr::IDEMPOTENCY_KEY),
         topic_arn: text(item, attr::TOPIC_ARN),

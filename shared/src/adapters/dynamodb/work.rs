@@ -67,6 +67,7 @@ pub fn work_record(item: &Item) -> Option<WorkRecord> {
         completed_token: gs("completed_token"),
         transition_token: gs(TRANSITION_TOKEN),
         payload: super::payload::body(item),
+        via: crate::ledger::Via::parse(gs(attr::VIA).as_deref()),
     })
 }
 
@@ -88,6 +89,23 @@ impl DynamoLedger {
             shards: self.shards(),
             retention_days: self.retention_days,
         }
+    }
+}
+
+/// An event's payload for a route's delivery: on its record when small,
+/// else its payload item or S3 object.
+impl crate::ports::EventPayloads for DynamoLedger {
+    fn event_payload<'a>(
+        &'a self,
+        event_key: &'a EventKey,
+        payload_hash: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Vec<u8>>, PortError>> + Send + 'a>> {
+        Box::pin(async move {
+            if let Some(inline) = self.read_record(event_key).await?.and_then(|r| r.payload) {
+                return Ok(Some(inline));
+            }
+            WorkLedger::payload(self, event_key, payload_hash).await
+        })
     }
 }
 
@@ -116,7 +134,7 @@ pub(crate) fn commit_items(
             owner.push(i);
         }
         for msg in &op.outbox {
-            let (pk, put) = outbox_put(table, key, msg, now_ms, shards);
+            let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards);
             items.push(put);
             owner.push(i);
             outbox.push(pk);

@@ -507,6 +507,22 @@ fn release(st: &mut State, event: &NewEvent, body: &[u8], by: &str) -> Result<Re
 
 // --------------------------------------------------------------- processor
 
+/// As the DynamoDB ledger: the record's own payload, else its payload item.
+impl crate::ports::EventPayloads for MemLedger {
+    fn event_payload<'a>(
+        &'a self,
+        event_key: &'a EventKey,
+        payload_hash: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Vec<u8>>, PortError>> + Send + 'a>> {
+        Box::pin(async move {
+            if let Some(inline) = self.record(event_key).and_then(|r| r.payload) {
+                return Ok(Some(inline));
+            }
+            WorkLedger::payload(self, event_key, payload_hash).await
+        })
+    }
+}
+
 impl WorkLedger for MemLedger {
     fn shards(&self) -> u32 {
         self.0.shards

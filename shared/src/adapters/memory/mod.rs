@@ -96,9 +96,10 @@ struct Rule {
     fault: Fault,
 }
 
-/// One message published (the SNS topic's view).
+/// One message published (the destination's view).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
+    /// The target's ARN (a topic, a queue, a bus).
     pub topic_arn: String,
     pub body: String,
     pub idempotency_key: String,
@@ -455,15 +456,15 @@ impl MemPublisher {
 }
 
 impl crate::ports::Publisher for MemPublisher {
-    async fn publish(&self, topic_arn: &str, body: &str, idempotency_key: &str, group: &str) -> Result<(), String> {
+    async fn publish(&self, out: crate::ports::Publication<'_>) -> Result<(), String> {
         let attempt = |ok| Published {
-            topic_arn: topic_arn.to_owned(),
-            body: body.to_owned(),
-            idempotency_key: idempotency_key.to_owned(),
-            group: group.to_owned(),
+            topic_arn: out.target.to_owned(),
+            body: out.body.to_owned(),
+            idempotency_key: out.idempotency_key.to_owned(),
+            group: out.group.to_owned(),
             ok,
         };
-        let result = self.0.call_on("publisher.publish", idempotency_key, |_, st| {
+        let result = self.0.call_on("publisher.publish", out.idempotency_key, |_, st| {
             st.published.push(attempt(true));
             Ok(())
         });

@@ -1,0 +1,444 @@
+//! Routes: which verified events are handed to which destinations
+//! (`HOOKLEDGER_ROUTES`, template parameter `Routes`).
+//!
+//! ```json
+//! {"destinations": {
+//!    "orders":  {"arn": "arn:aws:sqs:eu-west-1:123456789012:orders"},
+//!    "ordered": {"arn": "arn:aws:sqs:eu-west-1:123456789012:orders.fifo"},
+//!    "bus":     {"arn": "arn:aws:events:eu-west-1:123456789012:event-bus/billing", "source": "acme.billing"},
+//!    "topic":   {"arn": "arn:aws:sns:eu-west-1:123456789012:billing"}},
+//!  "routes": [
+//!    {"provider": "stripe", "type": "invoice.*", "to": ["orders", "bus"]},
+//!    {"endpoint": "github-*", "tenant": "acme", "to": ["topic"]}]}
+//! ```
+//!
+//! A rule matches an event when each of its globs (`endpoint`, `provider`,
+//! `tenant`, `type`; `*` any run, `?` one character; absent: anything)
+//! matches; an event goes to the union of the destinations of the rules it
+//! matches, each once. A route is a built-in projection: its deliveries are
+//! outbox items committed with the completion marker, one per (event,
+//! destination), keyed by [`delivery_action`] (`processor`, `outbox`).
+//! Everything is checked at load: destination names, ARNs (SNS topic, SQS
+//! queue, EventBridge bus), unknown names, and at most
+//! [`MAX_DESTINATIONS_PER_EVENT`] destinations for any one event.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+
+/// The most destinations one event may be delivered to.
+pub const MAX_DESTINATIONS_PER_EVENT: usize = 20;
+
+/// The EventBridge `Source` of a bus destination that names none.
+pub const DEFAULT_SOURCE: &str = "hookledger";
+
+/// What kind of AWS resource a destination is, read from its ARN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Sns,
+    /// A standard queue, or a FIFO one (its name ends in `.fifo`).
+    Sqs {
+        fifo: bool,
+    },
+    EventBridge,
+}
+
+impl Kind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Sns => "sns",
+            Self::Sqs { fifo: false } => "sqs",
+            Self::Sqs { fifo: true } => "sqs_fifo",
+            Self::EventBridge => "eventbridge",
+        }
+    }
+}
+
+/// A parsed destination ARN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arn {
+    pub partition: String,
+    pub region: String,
+    pub account: String,
+    /// The topic, queue or bus name.
+    pub name: String,
+    pub kind: Kind,
+}
+
+impl Arn {
+    /// `arn:<partition>:sns|sqs:<region>:<account>:<name>` or
+    /// `arn:<partition>:events:<region>:<account>:event-bus/<name>`.
+    pub fn parse(arn: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = arn.splitn(6, ':').collect();
+        let [scheme, partition, service, region, account, resource] = parts.as_slice() else {
+            return Err(format!("{arn:?} is not an ARN"));
+        };
+        let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if *scheme != "arn" || !plain(partition) || !plain(region) {
+            return Err(format!("{arn:?} is not an ARN"));
+        }
+        if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("{arn:?}: the account must be 12 digits"));
+        }
+        let name_ok = |n: &str, max: usize| {
+            (1..=max).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        };
+        // The ARN's service (not a webhook provider's name).
+        const TOPIC: &str = "sns";
+        const QUEUE: &str = "sqs";
+        const BUS: &str = "events";
+        let (kind, name) = match *service {
+            s if s == TOPIC => (Kind::Sns, *resource),
+            s if s == QUEUE => (Kind::Sqs { fifo: resource.ends_with(".fifo") }, *resource),
+            s if s == BUS => {
+                let name = resource
+                    .strip_prefix("event-bus/")
+                    .ok_or_else(|| format!("{arn:?}: an EventBridge destination is an event bus (event-bus/NAME)"))?;
+                (Kind::EventBridge, name)
+            }
+            other => return Err(format!("{arn:?}: {other} is not a destination (sns, sqs or events)")),
+        };
+        if !name_ok(name, 256) {
+            return Err(format!("{arn:?}: the name must be letters, digits, '-', '_' or '.'"));
+        }
+        Ok(Self {
+            partition: (*partition).to_owned(),
+            region: (*region).to_owned(),
+            account: (*account).to_owned(),
+            name: name.to_owned(),
+            kind,
+        })
+    }
+
+    /// An SQS queue's URL (what `SendMessage` takes), in its region.
+    pub fn queue_url(&self) -> String {
+        let domain = if self.partition == "aws-cn" { "amazonaws.com.cn" } else { "amazonaws.com" };
+        format!("https://sqs.{}.{domain}/{}/{}", self.region, self.account, self.name)
+    }
+}
+
+/// One destination, by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    pub name: String,
+    pub arn: String,
+    pub parsed: Arn,
+    /// EventBridge only: the events' `Source`.
+    pub source: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DestinationSpec {
+    arn: String,
+    #[serde(default)]
+    source: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSpec {
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    tenant: Option<String>,
+    #[serde(default, rename = "type")]
+    event_type: Option<String>,
+    to: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    destinations: BTreeMap<String, DestinationSpec>,
+    routes: Vec<RuleSpec>,
+}
+
+/// A rule: its globs and the destinations (indices into [`Routes`]'s list).
+#[derive(Debug, Clone)]
+struct Rule {
+    globs: [Glob; 4],
+    to: Vec<usize>,
+}
+
+/// A pattern of `*` (any run) and `?` (one character); absent: `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glob(String);
+
+impl Glob {
+    pub fn new(p: Option<&str>) -> Self {
+        Self(p.unwrap_or("*").to_owned())
+    }
+
+    fn literal(&self) -> bool {
+        !self.0.contains(['*', '?'])
+    }
+
+    pub fn matches(&self, text: &str) -> bool {
+        glob_match(self.0.as_bytes(), text.as_bytes())
+    }
+
+    /// Whether some text may match both (conservative: two patterns with
+    /// wildcards are taken to overlap).
+    fn may_overlap(&self, other: &Glob) -> bool {
+        match (self.literal(), other.literal()) {
+            (true, true) => self.0 == other.0,
+            (true, false) => other.matches(&self.0),
+            (false, true) => self.matches(&other.0),
+            (false, false) => true,
+        }
+    }
+}
+
+/// Iterative glob matching with backtracking on the last `*`.
+fn glob_match(p: &[u8], t: &[u8]) -> bool {
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+/// The routes of a deployment.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    destinations: Vec<Destination>,
+    rules: Vec<Rule>,
+}
+
+/// What a destination's name may be (it is part of each delivery's key and metrics).
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+impl Routes {
+    /// No routes: every event is recorded as without them.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    pub fn parse(json: &str) -> Result<Self, String> {
+        let spec: Spec = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        let mut destinations = Vec::with_capacity(spec.destinations.len());
+        for (name, d) in spec.destinations {
+            if !valid_name(&name) {
+                return Err(format!("destination {name:?}: a name is 1-64 characters of a-z, 0-9, '-', '_'"));
+            }
+            let parsed = Arn::parse(&d.arn).map_err(|e| format!("destination {name}: {e}"))?;
+            let source = match (&d.source, parsed.kind) {
+                (Some(s), Kind::EventBridge) => {
+                    if s.is_empty() || s.len() > 256 || s.starts_with("aws.") {
+                        return Err(format!("destination {name}: source must be 1-256 characters, not aws.*"));
+                    }
+                    s.clone()
+                }
+                (Some(_), _) => return Err(format!("destination {name}: source is for EventBridge buses only")),
+                (None, _) => DEFAULT_SOURCE.to_owned(),
+            };
+            destinations.push(Destination { name, arn: d.arn, parsed, source });
+        }
+        let mut rules = Vec::with_capacity(spec.routes.len());
+        for (i, r) in spec.routes.into_iter().enumerate() {
+            if r.to.is_empty() {
+                return Err(format!("route {i}: `to` names no destination"));
+            }
+            let mut to = Vec::new();
+            for name in &r.to {
+                let at = destinations
+                    .iter()
+                    .position(|d| &d.name == name)
+                    .ok_or_else(|| format!("route {i}: no destination named {name:?}"))?;
+                if !to.contains(&at) {
+                    to.push(at);
+                }
+            }
+            let globs = [
+                Glob::new(r.endpoint.as_deref()),
+                Glob::new(r.provider.as_deref()),
+                Glob::new(r.tenant.as_deref()),
+                Glob::new(r.event_type.as_deref()),
+            ];
+            rules.push(Rule { globs, to });
+        }
+        let routes = Self { destinations, rules };
+        routes.check_fan_out()?;
+        Ok(routes)
+    }
+
+    /// No event may go to more than [`MAX_DESTINATIONS_PER_EVENT`]: for each
+    /// rule, the destinations of every rule that may match an event with it.
+    fn check_fan_out(&self) -> Result<(), String> {
+        for (i, r) in self.rules.iter().enumerate() {
+            let mut all: BTreeSet<usize> = BTreeSet::new();
+            for other in &self.rules {
+                if r.globs.iter().zip(&other.globs).all(|(a, b)| a.may_overlap(b)) {
+                    all.extend(&other.to);
+                }
+            }
+            if all.len() > MAX_DESTINATIONS_PER_EVENT {
+                return Err(format!(
+                    "route {i}: an event it matches may go to {} destinations (at most {MAX_DESTINATIONS_PER_EVENT})",
+                    all.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// The destinations an event goes to, each once, by name.
+    pub fn matching(&self, endpoint: &str, provider: &str, tenant: &str, event_type: &str) -> Vec<&Destination> {
+        let fields = [endpoint, provider, tenant, event_type];
+        let mut at: BTreeSet<usize> = BTreeSet::new();
+        for r in &self.rules {
+            if r.globs.iter().zip(fields).all(|(g, f)| g.matches(f)) {
+                at.extend(&r.to);
+            }
+        }
+        at.into_iter().map(|i| &self.destinations[i]).collect()
+    }
+
+    pub fn destinations(&self) -> &[Destination] {
+        &self.destinations
+    }
+
+    /// A destination by name.
+    pub fn destination(&self, name: &str) -> Option<&Destination> {
+        self.destinations.iter().find(|d| d.name == name)
+    }
+}
+
+/// The outbox action of a delivery to `destination`: part of its stable
+/// idempotency key, one per (event, destination).
+pub fn delivery_action(destination: &str) -> String {
+    format!("route:{destination}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SQS: &str = "arn:aws:sqs:eu-west-1:123456789012:orders";
+
+    fn routes(rules: &str) -> Result<Routes, String> {
+        Routes::parse(&format!(
+            r#"{{"destinations": {{
+                "orders": {{"arn": "{SQS}"}},
+                "ordered": {{"arn": "arn:aws:sqs:eu-west-1:123456789012:orders.fifo"}},
+                "bus": {{"arn": "arn:aws:events:eu-west-1:123456789012:event-bus/billing", "source": "acme.billing"}},
+                "topic": {{"arn": "arn:aws:sns:eu-west-1:123456789012:billing"}}}},
+              "routes": {rules}}}"#
+        ))
+    }
+
+    #[test]
+    fn globs_match_runs_and_single_characters() {
+        for (p, t, ok) in [
+            ("*", "", true),
+            ("invoice.*", "invoice.paid", true),
+            ("invoice.*", "invoices.paid", false),
+            ("*.paid", "invoice.paid", true),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("*a*b*", "xxaxxbxx", true),
+            ("*a*b", "xxaxxbxxc", false),
+            ("stripe", "stripe", true),
+            ("stripe", "stripe2", false),
+        ] {
+            assert_eq!(Glob::new(Some(p)).matches(t), ok, "{p} ~ {t}");
+        }
+    }
+
+    #[test]
+    fn an_event_goes_to_the_union_of_its_rules_each_destination_once() {
+        let r = routes(
+            r#"[{"provider": "stripe", "type": "invoice.*", "to": ["orders", "bus"]},
+                {"tenant": "acme", "to": ["bus", "topic"]},
+                {"endpoint": "github-*", "to": ["ordered"]}]"#,
+        )
+        .unwrap();
+        let names = |e, p, t, ty| r.matching(e, p, t, ty).into_iter().map(|d| d.name.as_str()).collect::<Vec<_>>();
+        assert_eq!(names("billing", "stripe", "acme", "invoice.paid"), ["bus", "orders", "topic"]);
+        assert_eq!(names("billing", "stripe", "other", "invoice.paid"), ["bus", "orders"]);
+        assert_eq!(names("billing", "stripe", "other", "customer.created"), Vec::<&str>::new());
+        assert_eq!(names("github-app", "github", "other", "push"), ["ordered"]);
+        let bus = r.destination("bus").unwrap();
+        assert_eq!(
+            (bus.parsed.kind, bus.source.as_str(), bus.parsed.name.as_str()),
+            (Kind::EventBridge, "acme.billing", "billing")
+        );
+        assert_eq!(r.destination("ordered").unwrap().parsed.kind, Kind::Sqs { fifo: true });
+        assert_eq!(r.destination("topic").unwrap().source, DEFAULT_SOURCE);
+        assert_eq!(
+            r.destination("orders").unwrap().parsed.queue_url(),
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
+        );
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_with_what_is_wrong() {
+        let cases = [
+            (r#"[{"to": ["nowhere"]}]"#, "no destination named \"nowhere\""),
+            (r#"[{"to": []}]"#, "names no destination"),
+            (r#"[{"to": ["orders"], "colour": "red"}]"#, "unknown field"),
+        ];
+        for (rules, want) in cases {
+            let err = routes(rules).unwrap_err();
+            assert!(err.contains(want), "{rules}: {err}");
+        }
+        for (dest, want) in [
+            (r#"{"arn": "arn:aws:lambda:eu-west-1:123456789012:function:f"}"#, "not a destination"),
+            (r#"{"arn": "arn:aws:events:eu-west-1:123456789012:rule/r"}"#, "event bus"),
+            (r#"{"arn": "arn:aws:sqs:eu-west-1:1234:orders"}"#, "12 digits"),
+            (r#"{"arn": "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"}"#, "not an ARN"),
+            (r#"{"arn": "arn:aws:sns:eu-west-1:123456789012:t", "source": "x"}"#, "EventBridge buses only"),
+            (r#"{"arn": "arn:aws:events:eu-west-1:123456789012:event-bus/b", "source": "aws.events"}"#, "not aws.*"),
+        ] {
+            let err = Routes::parse(&format!(r#"{{"destinations": {{"d": {dest}}}, "routes": []}}"#)).unwrap_err();
+            assert!(err.contains(want), "{dest}: {err}");
+        }
+        let err = Routes::parse(&format!(r#"{{"destinations": {{"Bad Name": {{"arn": "{SQS}"}}}}, "routes": []}}"#));
+        assert!(err.unwrap_err().contains("a-z, 0-9"));
+    }
+
+    #[test]
+    fn no_event_may_go_to_more_than_twenty_destinations() {
+        let dest = |n: usize| format!(r#""d{n}": {{"arn": "arn:aws:sqs:eu-west-1:123456789012:q{n}"}}"#);
+        let all: Vec<String> = (0..21).map(dest).collect();
+        let names = |r: std::ops::Range<usize>| r.map(|n| format!("\"d{n}\"")).collect::<Vec<_>>().join(",");
+        let config = |rules: String| format!(r#"{{"destinations": {{{}}}, "routes": {rules}}}"#, all.join(","));
+        // Twenty on one rule, one more on a rule that may match the same events: refused.
+        let err = Routes::parse(&config(format!(
+            r#"[{{"provider": "stripe", "to": [{}]}}, {{"type": "invoice.*", "to": ["d20"]}}]"#,
+            names(0..20)
+        )))
+        .unwrap_err();
+        assert!(err.contains("21 destinations"), "{err}");
+        // The same split over two providers that never meet: accepted.
+        let ok = Routes::parse(&config(format!(
+            r#"[{{"provider": "stripe", "to": [{}]}}, {{"provider": "github", "to": [{}]}}]"#,
+            names(0..20),
+            names(1..21)
+        )));
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+}
