@@ -72,6 +72,56 @@ pub trait Backend: Send + Sync {
 /// this many receives (the deployed queue: `adapters::sqs::MAX_RECEIVE_COUNT`).
 pub const MAX_RECEIVES: u32 = 3;
 
+/// A route's delivery (`outbox_new` with a delivery): committed with the
+/// completion marker, claimed by the committing lease until the dispatch
+/// lease ends (its sender marks it without a claim), referring to the
+/// event (its payload hash, no payload); another dispatcher takes it only
+/// once that claim lapses, and then the first one's mark is refused.
+pub async fn a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_its_event<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "route", "tok-1").await;
+    let delivery = OutboxMessage {
+        topic_arn: "arn:aws:sqs:us-east-1:123456789012:orders".into(),
+        action: crate::routes::delivery_action("orders"),
+        group: "t1".into(),
+        body: serde_json::json!({"idempotency_key": "k", "event_id": "route"}),
+        delivery: Some(crate::message::Delivery {
+            destination: "orders".into(),
+            source: crate::routes::DEFAULT_SOURCE.into(),
+            detail_type: "thing.changed".into(),
+            payload_hash: payload_hash(&body("route")),
+        }),
+    };
+    let op = Op { outbox: vec![delivery.clone()], ..Op::new(Vec::new(), OnConflict::AlreadyApplied) };
+    let CommitResult::Committed { outbox: ids } =
+        l.commit(&e.key, "tok-1", std::slice::from_ref(&op), "ignored", None, T0).await.unwrap()
+    else {
+        panic!("commits")
+    };
+    let id = &ids[0];
+    assert_eq!(id, &crate::message::outbox_id(e.key.as_str(), &delivery.action));
+    let stored = b.get(id, crate::adapters::dynamodb::outbox::OUTBOX_SK).await.expect("the delivery");
+    let s = |k: &str| stored.get(k).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+    assert_eq!(
+        (s("status"), s("dispatch_token"), s("destination")),
+        ("SENDING".into(), "tok-1".into(), "orders".into())
+    );
+    assert_eq!(s("payload_hash"), payload_hash(&body("route")));
+    assert!(!stored.contains_key("payload") && s("body").len() < 200, "it refers to the event, it does not copy it");
+    let o = b.outbox();
+    let until = T0 + crate::message::DISPATCH_LEASE_MS;
+    assert_eq!(o.claim(id, "d-2", T0 + 1, T0 + 60_000).await.unwrap(), OutboxClaim::Skipped, "the lease's claim");
+    assert!(!o.due(0, until - 1, 10).await.unwrap().contains(id), "not due while claimed");
+    // The sweep takes it over once the claim lapses, with the delivery's fields.
+    let OutboxClaim::Claimed(item) = o.claim(id, "d-2", until + 1, until + 30_000).await.unwrap() else {
+        panic!("a lapsed claim is taken over")
+    };
+    assert_eq!((item.attempts, item.event_key.as_str(), item.created_at_ms), (2, e.key.as_str(), T0));
+    assert_eq!(item.delivery, delivery.delivery);
+    assert_eq!(o.mark_sent(id, "tok-1", until + 2).await.unwrap(), Held::Lapsed, "the lease's claim lapsed");
+    assert_eq!(o.mark_sent(id, "d-2", until + 2).await.unwrap(), Held::Yes);
+    assert_eq!(o.claim(id, "d-3", until + 90_000, until + 120_000).await.unwrap(), OutboxClaim::Skipped, "sent");
+}
+
 /// A window per endpoint, opened and moved by the operator; a secret stored
 /// once: its own retry (the same value, after a lost acknowledgement) meets
 /// it as the same, another value leaves it as it is; endpoints apart.
@@ -1036,6 +1086,7 @@ macro_rules! contract_scenarios {
         $run!(messages_sent_together_arrive_each_in_its_tenants_group);
         $run!(the_admission_path_claims_hands_over_and_sends_each_once);
         $run!(a_handshake_secret_is_stored_once_and_never_overwritten);
+        $run!(a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_its_event);
     };
 }
 

@@ -25,6 +25,7 @@ mod queues;
 mod quiltt;
 mod race;
 mod reconciler;
+mod routes;
 mod shards;
 mod sqs_handler;
 mod support;

@@ -1,0 +1,162 @@
+//! Routes on the emulator (issue 26): the processor as deployed
+//! (`Wiring::processor`, `HOOKLEDGER_ROUTES`) delivers a verified event to
+//! an SQS standard queue, an SQS FIFO queue, an EventBridge bus (a rule
+//! forwards it to a queue) and an SNS topic (a queue subscribed), each once
+//! with its stable key and the event as received; a second run of the same
+//! record sends nothing more.
+
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use hookledger::message::idempotency_key;
+use hookledger::routes::delivery_action;
+
+use crate::support::{Stack, now_s};
+
+const ACCOUNT: &str = "123456789012";
+
+/// A queue (FIFO when its name ends in `.fifo`) and its ARN.
+async fn queue(stack: &Stack, name: &str) -> (String, String) {
+    let mut create = stack.sqs.create_queue().queue_name(name);
+    if name.ends_with(".fifo") {
+        create = create.attributes(QueueAttributeName::FifoQueue, "true");
+    }
+    let url = create.send().await.unwrap_or_else(|e| panic!("{name}: {e:?}")).queue_url.unwrap_or_default();
+    let attrs = stack
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let arn = attrs.attributes.unwrap_or_default()[&QueueAttributeName::QueueArn].clone();
+    (url, arn)
+}
+
+/// Every message on a queue: (body, its `idempotency-key` attribute, its group).
+async fn received(stack: &Stack, url: &str) -> Vec<(String, Option<String>, Option<String>)> {
+    let mut out = Vec::new();
+    for _ in 0..5 {
+        let answer = stack
+            .sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let messages = answer.messages.unwrap_or_default();
+        if messages.is_empty() {
+            break;
+        }
+        for m in messages {
+            let key = m
+                .message_attributes()
+                .and_then(|a| a.get("idempotency-key"))
+                .and_then(|v| v.string_value())
+                .map(str::to_owned);
+            let group = m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).cloned();
+            out.push((m.body.clone().unwrap_or_default(), key, group));
+            if let Some(r) = m.receipt_handle() {
+                let _ = stack.sqs.delete_message().queue_url(url).receipt_handle(r).send().await;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_event_is_delivered_to_sqs_fifo_eventbridge_and_sns_once_each_with_its_key() {
+    let stack = Stack::new().await;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (std_url, std_arn) = queue(&stack, &format!("routes-{id}")).await;
+    let (fifo_url, fifo_arn) = queue(&stack, &format!("routes-{id}.fifo")).await;
+    let (eb_url, eb_arn) = queue(&stack, &format!("routes-eb-{id}")).await;
+    // An EventBridge bus whose rule forwards Hookledger's events to a queue.
+    let events = aws_sdk_eventbridge::Client::new(&stack.aws);
+    let bus = format!("routes-{id}");
+    let bus_arn = events.create_event_bus().name(&bus).send().await.unwrap_or_else(|e| panic!("{e:?}")).event_bus_arn;
+    let bus_arn = bus_arn.unwrap_or_else(|| format!("arn:aws:events:us-east-1:{ACCOUNT}:event-bus/{bus}"));
+    events
+        .put_rule()
+        .name(format!("to-queue-{id}"))
+        .event_bus_name(&bus)
+        .event_pattern(r#"{"source": ["acme.billing"]}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let target = aws_sdk_eventbridge::types::Target::builder().id("q").arn(&eb_arn).build().unwrap();
+    events
+        .put_targets()
+        .rule(format!("to-queue-{id}"))
+        .event_bus_name(&bus)
+        .targets(target)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let (topic, inbox) = stack.notify_topic().await;
+
+    let routes = serde_json::json!({
+        "destinations": {
+            "queue": {"arn": std_arn}, "fifo": {"arn": fifo_arn},
+            "bus": {"arn": bus_arn, "source": "acme.billing"}, "topic": {"arn": topic},
+        },
+        "routes": [{"provider": "stripe", "type": "product.*", "to": ["queue", "fifo", "bus", "topic"]}],
+    })
+    .to_string();
+    let (table, work) = (stack.table.clone(), stack.queue_url.clone());
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+        "HOOKLEDGER_TABLE" => Some(table.clone()),
+        "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
+        "HOOKLEDGER_ROUTES" => Some(routes.clone()),
+        _ => None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), settings);
+    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+
+    // An event no projection handles: PROCESSED `ignored`, and delivered.
+    let body = br#"{"id":"evt_route_1","object":"event","type":"product.created","data":{"object":{"id":"prod_1"}}}"#;
+    let key = stack.claim("stripe", "stripe-a", "evt_route_1", Some("product.created"), body).await;
+    let report = processor.process(&key, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.outcome, hookledger::processor::Outcome::Ignored);
+
+    let expect_key = |name: &str| idempotency_key(key.as_str(), &delivery_action(name));
+    let check = |envelope: &serde_json::Value, name: &str| {
+        assert_eq!(envelope["idempotency_key"], expect_key(name).as_str(), "{name}");
+        assert_eq!(envelope["event"], serde_json::from_slice::<serde_json::Value>(body).unwrap(), "{name}");
+        assert_eq!(
+            (envelope["provider"].as_str(), envelope["event_type"].as_str(), envelope["tenant"].as_str()),
+            (Some("stripe"), Some("product.created"), Some("t1")),
+            "{name}"
+        );
+    };
+    for (url, name, group) in [(&std_url, "queue", "t1"), (&fifo_url, "fifo", "t1")] {
+        let got = received(&stack, url).await;
+        assert_eq!(got.len(), 1, "{name}: {got:?}");
+        let (text, attr, g) = &got[0];
+        check(&serde_json::from_str(text).unwrap(), name);
+        assert_eq!(attr.as_deref(), Some(expect_key(name).as_str()), "{name}: the key as an attribute");
+        assert_eq!(g.as_deref(), Some(group), "{name}: its group");
+    }
+    let got = received(&stack, &eb_url).await;
+    assert_eq!(got.len(), 1, "eventbridge: {got:?}");
+    let event: serde_json::Value = serde_json::from_str(&got[0].0).unwrap();
+    assert_eq!(
+        (event["source"].as_str(), event["detail-type"].as_str()),
+        (Some("acme.billing"), Some("product.created"))
+    );
+    check(&event["detail"], "bus");
+    let got = received(&stack, &inbox).await;
+    assert_eq!(got.len(), 1, "sns: {got:?}");
+    let note: serde_json::Value = serde_json::from_str(&got[0].0).unwrap();
+    check(&serde_json::from_str(note["Message"].as_str().unwrap()).unwrap(), "topic");
+
+    // The record is final: processing it again sends nothing more.
+    let again = processor.process(&key, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.outcome, hookledger::processor::Outcome::AlreadyFinal);
+    for url in [&std_url, &fifo_url, &eb_url, &inbox] {
+        assert!(received(&stack, url).await.is_empty(), "{url}: nothing more");
+    }
+}
