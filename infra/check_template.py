@@ -51,7 +51,7 @@ import sys
 
 from cfnlint.decode import decode
 
-DATA_SERVICES = ("dynamodb:", "sqs:", "sns:", "ssm:", "secretsmanager:", "kms:", "s3:")
+DATA_SERVICES = ("dynamodb:", "sqs:", "sns:", "ssm:", "secretsmanager:", "kms:", "s3:", "events:")
 
 
 def fail(msg):
@@ -187,11 +187,22 @@ def needed_actions(operations):
     return need
 
 
+def policy_statements(policy):
+    """A policy's statements, each `Fn::If` taken as the statements it may give."""
+    for st in policy.get("Statement", []) if isinstance(policy, dict) else []:
+        if isinstance(st, dict) and "Fn::If" in st:
+            for branch in st["Fn::If"][1:]:
+                if isinstance(branch, dict) and "Effect" in branch:
+                    yield branch
+        else:
+            yield st
+
+
 def grants(props):
     """IAM action -> the resource texts a function's inline statements allow it on."""
     granted = {}
     for policy in props.get("Policies", []):
-        for st in policy.get("Statement", []) if isinstance(policy, dict) else []:
+        for st in policy_statements(policy):
             if st.get("Effect") != "Allow":
                 continue
             for a in as_list(st["Action"]):
@@ -205,6 +216,9 @@ def resource_fits(kind, texts):
     """Whether one of the granted resource texts is of `kind`."""
     if kind == "index":
         return any("/index/" in t for t in texts)
+    if kind == "destination":
+        # A route's destinations: the DestinationArns parameter, nothing wider.
+        return any("DestinationArns" in t for t in texts)
     if kind == "parameter:handshake":
         # Secrets handed over at a handshake: only under the handshake path.
         return any("/handshake/" in t for t in texts)
@@ -332,6 +346,30 @@ def check_tenants(template, res):
     return checks
 
 
+def check_routes(template):
+    """Every ARN the Routes parameter names is in DestinationArns (the
+    values of ROUTES and DESTINATION_ARNS in the environment, the ones about
+    to be deployed, else the template's defaults): the functions may send
+    only to DestinationArns."""
+    params = template.get("Parameters", {})
+    for p in ("Routes", "DestinationArns"):
+        if p not in params:
+            fail(f"the template has no {p} parameter")
+    routes = os.environ.get("ROUTES", params["Routes"].get("Default", ""))
+    arns = os.environ.get("DESTINATION_ARNS", params["DestinationArns"].get("Default", ""))
+    allowed = {a.strip() for a in arns.split(",") if a.strip()}
+    if not routes.strip():
+        return 1
+    try:
+        named = {d["arn"] for d in json.loads(routes)["destinations"].values()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        fail(f"Routes is not routes JSON ({e.__class__.__name__})")
+    missing = sorted(named - allowed)
+    if missing:
+        fail(f"Routes names destinations not in DestinationArns (the functions could not send to them): {missing}")
+    return 1
+
+
 def main():
     template_path, schema_path = sys.argv[1], sys.argv[2]
     template, matches = decode(template_path)
@@ -396,7 +434,7 @@ def main():
         for policy in props.get("Policies", []):
             if not isinstance(policy, dict) or "Statement" not in policy:
                 fail(f"{name}: only inline statements are allowed (got {policy})")
-            for st in policy["Statement"]:
+            for st in policy_statements(policy):
                 actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
                 resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
                 for a in actions:
@@ -463,7 +501,7 @@ def main():
             continue
         granted = {}
         for policy in props.get("Policies", []):
-            for st in policy.get("Statement", []):
+            for st in policy_statements(policy):
                 if st.get("Effect") != "Allow":
                     continue
                 for a in as_list(st["Action"]):
@@ -523,6 +561,7 @@ def main():
 
     iam_path = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "iam-actions.json")
     checks += check_iam(res, json.load(open(iam_path)))
+    checks += check_routes(template)
 
     text = open(template_path).read()
     for marker in ("whsec_", "sk_live_", "sk_test_"):

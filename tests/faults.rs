@@ -492,6 +492,8 @@ fn describe(request: &HttpRequest) -> CallInfo {
         ("sqs", op.to_owned())
     } else if let Some(op) = target.strip_prefix("AmazonSSM.") {
         ("ssm", op.to_owned())
+    } else if let Some(op) = target.strip_prefix("AWSEvents.") {
+        ("events", op.to_owned())
     } else if let Some(action) = body.split('&').find_map(|kv| kv.strip_prefix("Action=")) {
         let service = if request.uri().contains("sns") || body.contains("TopicArn") {
             "sns"
@@ -555,6 +557,11 @@ fn throttling(service: &'static str) -> HttpResponse {
             400,
             "application/x-amz-json-1.0",
             r#"{"__type":"com.amazonaws.sqs#ThrottlingException","message":"Rate exceeded (injected)"}"#.into(),
+        ),
+        "events" => response(
+            400,
+            "application/x-amz-json-1.1",
+            r#"{"__type":"ThrottlingException","message":"Rate exceeded (injected)"}"#.into(),
         ),
         _ => response(
             400,

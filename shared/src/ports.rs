@@ -332,15 +332,24 @@ pub trait Publisher: Send + Sync {
     fn publish(&self, out: Publication<'_>) -> impl Future<Output = Result<(), String>> + Send;
 }
 
+/// An event's payload as a route's delivery reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventPayload {
+    Bytes(Vec<u8>),
+    /// Stored outside the table (S3): larger than any destination takes, so not read.
+    TooLarge,
+    /// No such payload (expired with its record).
+    Gone,
+}
+
 /// The stored payload of an event, by its key and payload hash (a route's
 /// delivery refers to the event; the dispatcher reads it when it sends).
-/// `Ok(None)`: no such payload (expired with the record).
 pub trait EventPayloads: Send + Sync {
     fn event_payload<'a>(
         &'a self,
         event_key: &'a EventKey,
         payload_hash: &'a str,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Vec<u8>>, PortError>> + Send + 'a>>;
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<EventPayload, PortError>> + Send + 'a>>;
 }
 
 /// The reconciler's view: the `due` index, claims on its items, and the

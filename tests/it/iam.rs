@@ -109,6 +109,64 @@ async fn handshake_secrets() -> Actions {
     out
 }
 
+/// Routes (issue 26): the processor as deployed sends a commit's
+/// deliveries to an SQS queue, an EventBridge bus and an SNS topic (named
+/// `dest-…`); the reconciler's outbox sweep sends those a processor left
+/// (it died after its commit), reading the event from the ledger.
+async fn routed_deliveries() -> Actions {
+    let w = crate::explore::World::new(8).await;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let queue = w.stack.sqs.create_queue().queue_name(format!("dest-{id}")).send().await;
+    let queue_url = queue.unwrap_or_else(|e| panic!("{e:?}")).queue_url.unwrap_or_default();
+    let queue_arn = format!("arn:aws:sqs:us-east-1:123456789012:dest-{id}");
+    let events = aws_sdk_eventbridge::Client::new(&w.stack.aws);
+    events.create_event_bus().name(format!("dest-{id}")).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let bus_arn = format!("arn:aws:events:us-east-1:123456789012:event-bus/dest-{id}");
+    let sns = aws_sdk_sns::Client::new(&w.stack.aws);
+    let topic = sns.create_topic().name(format!("dest-{id}")).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let topic_arn = topic.topic_arn.unwrap_or_default();
+    let routes = json!({
+        "destinations": {"queue": {"arn": queue_arn}, "bus": {"arn": bus_arn}, "topic": {"arn": topic_arn}},
+        "routes": [{"to": ["queue", "bus", "topic"]}],
+    })
+    .to_string();
+    let (table, work) = (w.stack.table.clone(), w.stack.queue_url.clone());
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+        "HOOKLEDGER_TABLE" => Some(table.clone()),
+        "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
+        "HOOKLEDGER_ROUTES" => Some(routes.clone()),
+        _ => None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(w.cfg.clone(), settings);
+    let body = br#"{"id":"evt_routed","object":"event","type":"product.created","data":{"object":{"id":"prod_1"}}}"#;
+    let sent = w.stack.claim("stripe", "stripe-a", "evt_routed", Some("product.created"), body).await;
+    let left = w.stack.claim("stripe", "stripe-a", "evt_left", Some("product.created"), body).await;
+    let now_ms = crate::support::now_s() * 1000;
+    w.plan.reset_counts();
+    w.plan.scope("processor");
+    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    processor.process(&sent, now_ms).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut dying = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    dying.fault = hookledger::processor::ProcessorFault::AfterCommit;
+    assert!(dying.process(&left, now_ms).await.is_err(), "it dies after its commit");
+    w.plan.scope("reconciler");
+    let dispatcher = wiring.dispatcher().unwrap_or_else(|e| panic!("{e}"));
+    let later = now_ms + hookledger::message::DISPATCH_LEASE_MS + 1;
+    let swept = dispatcher.sweep(hookledger::policy::DEFAULT_INDEX_SHARDS, later, 0, 100).await;
+    assert_eq!(swept.unwrap_or_else(|e| panic!("{e}")), 3, "the sweep sends what the processor left");
+    let drained = w.stack.drain(&queue_url).await;
+    assert_eq!(drained.len(), 2, "one message per event on the queue");
+    let mut out = Actions::new();
+    iam::observe(&w.plan.trace(), &mut out);
+    for function in ["processor", "reconciler"] {
+        for op in ["sqs:SendMessage", "events:PutEvents", "sns:Publish"] {
+            assert!(out[function].get(op).is_some_and(|k| k.contains("destination")), "{function} {op}: {out:?}");
+        }
+    }
+    out
+}
+
 /// The processor's Lambda handler as deployed (`handler::from_wiring`) on
 /// a record another worker holds: the batch layer hides its message for
 /// the rest of the lease (`ChangeMessageVisibility`), which the explored
@@ -168,6 +226,7 @@ async fn recorded() -> Actions {
     }
     merge(secret_references().await);
     merge(handshake_secrets().await);
+    merge(routed_deliveries().await);
     merge(processor_handler().await);
     all
 }

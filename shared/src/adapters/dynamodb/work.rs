@@ -33,7 +33,7 @@ use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, Status, WorkRecord};
 use crate::policy::expires_at;
-use crate::ports::WorkLedger;
+use crate::ports::{EventPayload, WorkLedger};
 use crate::projection::sequence::{self, Position};
 use crate::projection::{Op, ProjectionContext, ProjectionError};
 
@@ -93,18 +93,24 @@ impl DynamoLedger {
 }
 
 /// An event's payload for a route's delivery: on its record when small,
-/// else its payload item or S3 object.
+/// else its payload item; one in S3 (over 380 KiB) is over every
+/// destination's limit and is not read.
 impl crate::ports::EventPayloads for DynamoLedger {
     fn event_payload<'a>(
         &'a self,
         event_key: &'a EventKey,
         payload_hash: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Vec<u8>>, PortError>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<EventPayload, PortError>> + Send + 'a>> {
         Box::pin(async move {
-            if let Some(inline) = self.read_record(event_key).await?.and_then(|r| r.payload) {
-                return Ok(Some(inline));
+            let Some(record) = self.read_record(event_key).await? else { return Ok(EventPayload::Gone) };
+            if let Some(inline) = record.payload {
+                return Ok(EventPayload::Bytes(inline));
             }
-            WorkLedger::payload(self, event_key, payload_hash).await
+            let item = self.read_item(event_key.as_str(), &super::schema::payload_sk(payload_hash)).await?;
+            Ok(match item.as_ref().and_then(super::payload::body) {
+                Some(body) => EventPayload::Bytes(body),
+                None => EventPayload::TooLarge,
+            })
         })
     }
 }

@@ -513,12 +513,18 @@ impl crate::ports::EventPayloads for MemLedger {
         &'a self,
         event_key: &'a EventKey,
         payload_hash: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Vec<u8>>, PortError>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<crate::ports::EventPayload, PortError>> + Send + 'a>>
+    {
+        use crate::ports::EventPayload;
         Box::pin(async move {
-            if let Some(inline) = self.record(event_key).and_then(|r| r.payload) {
-                return Ok(Some(inline));
+            let Some(record) = self.record(event_key) else { return Ok(EventPayload::Gone) };
+            if let Some(inline) = record.payload {
+                return Ok(EventPayload::Bytes(inline));
             }
-            WorkLedger::payload(self, event_key, payload_hash).await
+            Ok(match WorkLedger::payload(self, event_key, payload_hash).await? {
+                Some(body) => EventPayload::Bytes(body),
+                None => EventPayload::TooLarge,
+            })
         })
     }
 }
