@@ -158,6 +158,10 @@ pub struct World {
     fake_base: String,
     topic_arn: String,
     pub inbox: String,
+    /// Routes' destinations: an SQS queue, and the queue an EventBridge
+    /// bus's rule forwards to.
+    pub routed_queue: String,
+    pub routed_bus_queue: String,
     pub now: i64,
     next_tick: i64,
     pending: Vec<Pending>,
@@ -223,8 +227,15 @@ impl World {
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
         let intake =
             Intake::new(stack.endpoints().await, settings, ledger.clone(), queue.clone()).with_ambient(ambient.clone());
-        let dispatcher =
-            hookledger::wiring::dispatcher(ddb.clone(), sns.clone(), stack.table.clone()).with_ambient(ambient.clone());
+        let (routes, routed_queue, routed_bus_queue) = routes_of(&stack).await;
+        let payloads: Arc<dyn hookledger::ports::EventPayloads> =
+            Arc::new(DynamoLedger::new(ddb.clone(), &stack.table));
+        let dispatcher = hookledger::outbox::Dispatcher::with_ports(
+            hookledger::adapters::dynamodb::outbox::DynamoOutbox::on(DynamoLedger::new(ddb.clone(), &stack.table)),
+            hookledger::adapters::destinations::AwsPublisher::with_clients(&cfg, sns.clone(), sqs.clone()),
+        )
+        .with_payloads(payloads)
+        .with_ambient(ambient.clone());
         let processor = hookledger::wiring::processor(
             ledger.clone(),
             hookledger::app::reference_registry(Some(source.clone()), Some(topic.clone())),
@@ -233,6 +244,7 @@ impl World {
         )
         // As deployed (`Wiring::processor`): woken gap waiters are queued at once.
         .with_queue(queue.clone())
+        .with_routes(routes)
         .with_ambient(ambient.clone());
         let reconciler = Reconciler::new(
             ledger.clone(),
@@ -265,6 +277,8 @@ impl World {
             fake_base: base,
             topic_arn: topic,
             inbox,
+            routed_queue,
+            routed_bus_queue,
             now,
             next_tick: now + RECONCILER_EVERY_MS,
             pending: Vec::new(),
@@ -661,6 +675,9 @@ pub enum Flow {
     /// The processor splits a large batch's record into its events through
     /// the admission path (claims, then `SendMessageBatch`), then completes it.
     ProcessorSplit,
+    /// An event two routes name (an SQS queue and an EventBridge bus): its
+    /// deliveries committed with it, then sent and marked, two requests each.
+    ProcessorRouted,
     OutboxDispatch,
     ReconcilerRedrive,
     ReconcilerOutboxSweep,
@@ -673,7 +690,7 @@ pub enum Flow {
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 27] = [
+pub const FLOWS: [Flow; 28] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -693,6 +710,7 @@ pub const FLOWS: [Flow; 27] = [
     Flow::ProcessorPark,
     Flow::ProcessorGap,
     Flow::ProcessorSplit,
+    Flow::ProcessorRouted,
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,
@@ -702,6 +720,53 @@ pub const FLOWS: [Flow; 27] = [
     Flow::OperatorPark,
     Flow::OperatorResolve,
 ];
+
+/// Routes for `product.*` events (no other flow's): an SQS queue and an
+/// EventBridge bus whose rule forwards to a second queue; their queue URLs.
+async fn routes_of(stack: &Stack) -> (Arc<hookledger::routes::Routes>, String, String) {
+    let id = &stack.table[3..];
+    let queue = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-{id}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bus_queue = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-eb-{id}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = aws_sdk_eventbridge::Client::new(&stack.aws);
+    let bus = format!("dest-{id}");
+    events.create_event_bus().name(&bus).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let rule = format!("dest-{id}");
+    let pattern = r#"{"source": ["hookledger"]}"#;
+    events
+        .put_rule()
+        .name(&rule)
+        .event_bus_name(&bus)
+        .event_pattern(pattern)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let target = aws_sdk_eventbridge::types::Target::builder()
+        .id("q")
+        .arn(format!("arn:aws:sqs:us-east-1:123456789012:dest-eb-{id}"))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    events
+        .put_targets()
+        .rule(&rule)
+        .event_bus_name(&bus)
+        .targets(target)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let json = serde_json::json!({
+        "destinations": {
+            "queue": {"arn": format!("arn:aws:sqs:us-east-1:123456789012:dest-{id}")},
+            "bus": {"arn": format!("arn:aws:events:us-east-1:123456789012:event-bus/{bus}")},
+        },
+        "routes": [{"type": "product.*", "to": ["queue", "bus"]}],
+    });
+    let routes = hookledger::routes::Routes::parse(&json.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    (Arc::new(routes), queue, bus_queue)
+}
 
 /// A Quiltt delivery of three ordered inventory deltas for `sku-b`.
 fn quiltt_batch() -> Delivery {
@@ -902,6 +967,11 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
         Flow::ProcessorDead => {
             none(w.seed("stripe", "stripe-a", "evt_bad", b"{not json: a permanent failure", true).await)
         }
+        Flow::ProcessorRouted => {
+            let body =
+                br#"{"id":"evt_routed","object":"event","type":"product.created","data":{"object":{"id":"prod_1"}}}"#;
+            none(w.seed("stripe", "stripe-a", "evt_routed", body, true).await)
+        }
         Flow::ProcessorPark => none(
             w.seed(
                 "stripe",
@@ -991,7 +1061,8 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::ProcessorDead
         | Flow::ProcessorPark
         | Flow::ProcessorGap
-        | Flow::ProcessorSplit => {
+        | Flow::ProcessorSplit
+        | Flow::ProcessorRouted => {
             w.poll().await;
             let i = w.inflight.iter().position(|m| m.key == ctx.key).unwrap_or_else(|| panic!("no message"));
             w.process_one(i).await;
@@ -1121,6 +1192,27 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
                 w.violation("lost", "no notification published".into());
             }
             w.expect_count("distinct idempotency keys published", keys.len() as i64, 1);
+        }
+        Flow::ProcessorRouted => {
+            // Each destination got the event at least once, under its one key.
+            for (queue, name) in [(w.routed_queue.clone(), "queue"), (w.routed_bus_queue.clone(), "bus")] {
+                let want =
+                    hookledger::message::idempotency_key(ctx.key.as_str(), &hookledger::routes::delivery_action(name));
+                let got: std::collections::BTreeSet<String> = w
+                    .stack
+                    .drain(&queue)
+                    .await
+                    .iter()
+                    .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+                    .map(|m| if name == "bus" { m["detail"].clone() } else { m })
+                    .filter_map(|e| e["idempotency_key"].as_str().map(str::to_owned))
+                    .collect();
+                if got.is_empty() {
+                    w.violation("lost", format!("nothing delivered to the {name}"));
+                } else if got != std::collections::BTreeSet::from([want]) {
+                    w.violation("doubled", format!("keys delivered to the {name}: {got:?}"));
+                }
+            }
         }
         Flow::ReconcilerDriftRepair => {
             let st = w.state(&hookledger::app::entitlement::entitlement_pk("t1", "sub_d")).await;
@@ -1282,8 +1374,14 @@ const INTAKE_FLOWS: [Flow; 9] = [
 ];
 const CONTRACT_FLOWS: [Flow; 5] =
     [Flow::ApplyEntitlement, Flow::ApplySeats, Flow::ApplyEmailStatus, Flow::ApplyLedger, Flow::ApplyInventory];
-const OUTCOME_FLOWS: [Flow; 5] =
-    [Flow::ProcessorRetry, Flow::ProcessorDead, Flow::ProcessorPark, Flow::ProcessorGap, Flow::ProcessorSplit];
+const OUTCOME_FLOWS: [Flow; 6] = [
+    Flow::ProcessorRetry,
+    Flow::ProcessorDead,
+    Flow::ProcessorPark,
+    Flow::ProcessorGap,
+    Flow::ProcessorSplit,
+    Flow::ProcessorRouted,
+];
 const BACKGROUND_FLOWS: [Flow; 8] = [
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,

@@ -46,6 +46,15 @@ impl AwsPublisher {
         }
     }
 
+    /// Every kind of destination, on these clients (the EventBridge client
+    /// built from `aws` on its first publish).
+    pub fn with_clients(aws: &aws_config::SdkConfig, sns: aws_sdk_sns::Client, sqs: aws_sdk_sqs::Client) -> Self {
+        let publisher =
+            Self { aws: Some(aws.clone()), sns, sqs: std::sync::Arc::default(), events: std::sync::Arc::default() };
+        let _ = publisher.sqs.set(sqs);
+        publisher
+    }
+
     /// SNS topics only, on this client (tests that wire by hand).
     pub fn sns_only(sns: aws_sdk_sns::Client) -> Self {
         Self { aws: None, sns, sqs: std::sync::Arc::default(), events: std::sync::Arc::default() }
