@@ -767,6 +767,22 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert_eq!(o.dead(z, "d-6", 0, "gave up", T0 + 1_002).await.unwrap(), Held::Yes, "our retry");
     assert_eq!(l.attention().await.unwrap().outbox_dead, 1);
     assert_eq!(o.claim(z, "d-7", i64::MAX / 2, i64::MAX / 2 + 1).await.unwrap(), OutboxClaim::Skipped, "dead");
+
+    // `outbox_revive`: an operator's replay of the DEAD item, and only of a DEAD one.
+    assert_eq!(o.dead_items(0, 10).await.unwrap(), [z.clone()]);
+    let dead = o.state(z).await.unwrap().expect("the item");
+    assert_eq!((dead.status.as_str(), dead.last_error.as_deref()), ("DEAD", Some("gave up")));
+    assert!(!o.revive(a, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap(), "a sent item is not replayed");
+    assert!(o.revive(z, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap());
+    assert!(o.revive(z, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap(), "our retry");
+    assert!(!o.revive(z, "op-2", 0, "bob", "again", T0 + 2_001).await.unwrap(), "not DEAD any more");
+    let revived = o.state(z).await.unwrap().expect("the item");
+    assert_eq!((revived.status.as_str(), revived.due_at, revived.dead_at), ("PENDING", Some(T0 + 2_000), None));
+    assert!(o.dead_items(0, 10).await.unwrap().is_empty(), "out of the attention index");
+    assert!(o.due(0, T0 + 2_000, 10).await.unwrap().contains(z), "due now");
+    assert!(matches!(o.claim(z, "d-8", T0 + 2_000, T0 + 32_000).await.unwrap(), OutboxClaim::Claimed(_)));
+    assert_eq!(l.attention().await.unwrap().outbox_dead, 0);
+    assert!(o.state("outbox#nothing").await.unwrap().is_none());
 }
 
 // ---------------------------------------------------------------- backfill

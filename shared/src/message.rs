@@ -116,6 +116,24 @@ pub fn envelope(head: &str, payload: &[u8]) -> String {
     }
 }
 
+/// An outbox item as an operator reads it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OutboxState {
+    pub id: String,
+    /// `PENDING`, `SENDING`, `SENT` or `DEAD`.
+    pub status: String,
+    /// A route's destination (`None`: a projection's notification).
+    pub destination: Option<String>,
+    pub event_key: String,
+    pub idempotency_key: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// When it is due next (PENDING, SENDING).
+    pub due_at: Option<i64>,
+    pub sent_at: Option<i64>,
+    pub dead_at: Option<i64>,
+}
+
 /// What a dispatcher's claim met.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutboxClaim {

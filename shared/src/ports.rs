@@ -308,6 +308,21 @@ pub trait OutboxStore: Send + Sync {
     ) -> impl Future<Output = Result<Held, PortError>> + Send;
     /// Items of `shard` due at `up_to` or earlier, oldest first.
     fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
+    /// The item, as an operator reads it (`None`: no such item).
+    fn state(&self, id: &str) -> impl Future<Output = Result<Option<crate::message::OutboxState>, PortError>> + Send;
+    /// DEAD items of `shard` (the attention index), newest first, at most `limit`.
+    fn dead_items(&self, shard: u32, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
+    /// DEAD → PENDING, due now, by an operator (audited on the item).
+    /// `Ok(false)`: the item is not DEAD.
+    fn revive(
+        &self,
+        id: &str,
+        token: &str,
+        shard: u32,
+        operator: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
 }
 
 /// One message for a [`Publisher`]: where it goes, what it says, and the

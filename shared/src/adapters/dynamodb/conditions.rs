@@ -107,6 +107,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "outbox_sent",
     "outbox_back_off",
     "outbox_dead",
+    "outbox_revive",
     "release_parked",
     "migrate_attention",
     "migrate_due_partition",
@@ -717,6 +718,33 @@ pub fn outbox_dead(token: &str, attention_partition: &str, error: &str, now_ms: 
         .value(":err", s(error))
         .value(":now", n(now_ms))
         .value(":st", s(attention_partition))
+}
+
+/// An operator's replay of a DEAD item (a route's delivery): PENDING, due
+/// now in its shard's outbox partition, its retry bound counted from now,
+/// who and why kept on it. Timeline guarded: only a DEAD item is replayed;
+/// our own retry after a lost acknowledgement meets PENDING with our token
+/// and writes the same again.
+pub fn outbox_revive(token: &str, due_partition: &str, operator: &str, reason: &str, now_ms: i64) -> Update {
+    Update::when("outbox_revive", "#st = :dead OR (#st = :pending AND revive_token = :tok)")
+        .status()
+        .set("#st = :pending")
+        .set("due_shard = :p")
+        .set("due_at = :now")
+        .set("created_at = :now")
+        .set("revive_token = :tok")
+        .set("replayed_by = :who")
+        .set("replay_reason = :why")
+        .remove("attn_shard")
+        .remove("attn_at")
+        .remove("dead_at")
+        .value(":dead", s(DEAD))
+        .value(":pending", s(PENDING))
+        .value(":tok", s(token))
+        .value(":p", s(due_partition))
+        .value(":who", s(operator))
+        .value(":why", s(reason))
+        .value(":now", n(now_ms))
 }
 
 // ------------------------------------------------------------ upgrade (migrate.rs)

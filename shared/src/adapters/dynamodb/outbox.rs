@@ -10,7 +10,7 @@ use super::conditions::{self as cond, outbox_status};
 use super::{Item, Written};
 use crate::identity::EventKey;
 use crate::ledger::PortError;
-use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, idempotency_key};
+use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, OutboxState, idempotency_key};
 use crate::ports::OutboxStore;
 
 pub const OUTBOX_SK: &str = "outbox";
@@ -159,6 +159,24 @@ pub(crate) fn held_by(met: Option<&Item>, token: &str) -> Held {
     if met.is_some_and(|m| text(m, attr::DISPATCH_TOKEN) == token) { Held::Yes } else { Held::Lapsed }
 }
 
+/// The item as an operator reads it.
+pub(crate) fn state_of(item: &Item) -> OutboxState {
+    let opt = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let num = |k: &str| item.get(k).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+    OutboxState {
+        id: text(item, attr::PK),
+        status: text(item, attr::STATUS),
+        destination: opt(attr::DESTINATION),
+        event_key: text(item, attr::EVENT_KEY),
+        idempotency_key: text(item, attr::IDEMPOTENCY_KEY),
+        attempts: u32::try_from(number(item, attr::DISPATCH_ATTEMPTS)).unwrap_or(u32::MAX),
+        last_error: opt("last_error"),
+        due_at: num(attr::DUE_AT),
+        sent_at: num("sent_at"),
+        dead_at: num("dead_at"),
+    }
+}
+
 pub(crate) fn claimed(item: &Item) -> OutboxItem {
     let delivery = item.contains_key(attr::DESTINATION).then(|| crate::message::Delivery {
         destination: text(item, attr::DESTINATION),
@@ -216,6 +234,42 @@ impl OutboxStore for DynamoOutbox {
 
     async fn dead(&self, id: &str, token: &str, shard: u32, error: &str, now_ms: i64) -> Result<Held, PortError> {
         self.fenced_write(id, token, cond::outbox_dead(token, &dead_partition(shard), &short(error), now_ms)).await
+    }
+
+    async fn state(&self, id: &str) -> Result<Option<OutboxState>, PortError> {
+        Ok(self.ledger.read_item(id, OUTBOX_SK).await?.as_ref().map(state_of))
+    }
+
+    async fn dead_items(&self, shard: u32, limit: usize) -> Result<Vec<String>, PortError> {
+        let page = self
+            .ledger
+            .client()
+            .query()
+            .table_name(self.ledger.table())
+            .index_name(super::ATTENTION_INDEX)
+            .key_condition_expression("attn_shard = :p")
+            .filter_expression("sk = :outbox")
+            .expression_attribute_values(":p", AttributeValue::S(dead_partition(shard)))
+            .expression_attribute_values(":outbox", AttributeValue::S(OUTBOX_SK.to_owned()))
+            .scan_index_forward(false)
+            .limit(i32::try_from(limit.clamp(1, 1000)).unwrap_or(1000))
+            .send()
+            .await
+            .map_err(|e| super::super::port_error("dynamodb", &e))?;
+        Ok(page.items.unwrap_or_default().iter().map(|i| text(i, attr::PK)).filter(|pk| !pk.is_empty()).collect())
+    }
+
+    async fn revive(
+        &self,
+        id: &str,
+        token: &str,
+        shard: u32,
+        operator: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<bool, PortError> {
+        let update = cond::outbox_revive(token, &outbox_partition(shard), operator, &short(reason), now_ms);
+        Ok(matches!(self.ledger.conditional(id, OUTBOX_SK, update, false).await?, Written::Applied(_)))
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {

@@ -1166,6 +1166,41 @@ impl OutboxStore for MemOutbox {
         self.fenced("outbox.dead", id, token, &cond::outbox_dead(token, &dead_partition(shard), &short(error), now_ms))
     }
 
+    async fn state(&self, id: &str) -> Result<Option<crate::message::OutboxState>, PortError> {
+        self.0.call_on("outbox.state", id, |_, st| {
+            Ok(st.table.get(id, OUTBOX_SK).map(crate::adapters::dynamodb::outbox::state_of))
+        })
+    }
+
+    async fn dead_items(&self, shard: u32, limit: usize) -> Result<Vec<String>, PortError> {
+        self.0.call_on("outbox.dead_items", "", |_, st| {
+            let mut found: Vec<(i64, String)> = st
+                .table
+                .index(ATTENTION_INDEX, &dead_partition(shard), None)
+                .into_iter()
+                .filter(|(_, (_, sk), _)| sk == OUTBOX_SK)
+                .map(|(at, (pk, _), _)| (at, pk))
+                .collect();
+            found.sort_by(|a, b| b.0.cmp(&a.0));
+            Ok(found.into_iter().map(|(_, pk)| pk).take(limit.clamp(1, 1000)).collect())
+        })
+    }
+
+    async fn revive(
+        &self,
+        id: &str,
+        token: &str,
+        shard: u32,
+        operator: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<bool, PortError> {
+        let update = cond::outbox_revive(token, &outbox_partition(shard), operator, &short(reason), now_ms);
+        self.0.call_on("outbox.revive", id, |_, st| {
+            Ok(matches!(st.conditional(id, OUTBOX_SK, &update)?, Written::Applied(_)))
+        })
+    }
+
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
         self.0.call_on("outbox.due", "", |_, st| {
             Ok(st
