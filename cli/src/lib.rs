@@ -18,6 +18,7 @@
 mod backfill;
 mod bridge;
 pub mod console;
+mod deliveries;
 mod demo;
 pub mod replay_sns;
 mod send;
@@ -65,6 +66,9 @@ struct Global {
     /// Machine-readable output.
     #[arg(long, global = true)]
     json: bool,
+    /// Routes (the functions' HOOKLEDGER_ROUTES); `deliveries` reads their destinations.
+    #[arg(long, global = true, env = "HOOKLEDGER_ROUTES", hide_env_values = true)]
+    routes: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -114,6 +118,9 @@ enum Command {
     Park(ActionArgs),
     /// Mark DEAD or PARKED records as settled outside Hookledger.
     Resolve(ActionArgs),
+    /// Routes' deliveries: an event's to each destination, or a destination's
+    /// DEAD ones; `deliveries replay` gives DEAD ones a new attempt, same key.
+    Deliveries(deliveries::DeliveriesArgs),
     /// Map a provider subject to an account (events for unmapped subjects are parked).
     MapSubject {
         #[arg(long, default_value = "stripe")]
@@ -367,6 +374,7 @@ impl Ctx {
             "HOOKLEDGER_QUEUE_URL" => flags.queue_url.clone(),
             "HOOKLEDGER_PAYLOAD_BUCKET" => flags.payload_bucket.clone(),
             "HOOKLEDGER_INDEX_SHARDS" => Some(flags.shards.to_string()),
+            "HOOKLEDGER_ROUTES" => flags.routes.clone(),
             other => std::env::var(other).ok(),
         })?;
         Ok(Self { wiring: Wiring::new(load_aws(Timeouts::CLI).await, settings), global })
@@ -456,6 +464,7 @@ where
             demo::run(args, &ctx.wiring, &ctx.table()?, stack, json, out).await.map_err(CliError::Failed)?
         }
         Command::Send(args) => send::run(args, &ctx.wiring, out).await.map_err(CliError::Failed)?,
+        Command::Deliveries(args) => deliveries::run(args, &ctx.wiring, json, out).await.map_err(CliError::Failed)?,
         Command::Providers { action: None } => send::providers(json, out).map_err(CliError::Failed)?,
         Command::Providers { action: Some(send::ProvidersAction::Arm(args)) } => {
             send::arm(args, &ctx.wiring, out).await.map_err(CliError::Failed)?

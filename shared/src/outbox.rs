@@ -283,6 +283,73 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
     }
 }
 
+/// What an operator sees and does with routes' deliveries (`hookledger deliveries`).
+pub struct Deliveries<S> {
+    store: S,
+    shards: u32,
+}
+
+impl<S: OutboxStore> Deliveries<S> {
+    pub fn new(store: S, shards: u32) -> Self {
+        Self { store, shards }
+    }
+
+    /// The event's delivery to each of these destinations (those it has).
+    pub async fn of_event(
+        &self,
+        key: &EventKey,
+        destinations: &[&str],
+    ) -> Result<Vec<crate::message::OutboxState>, PortError> {
+        let mut out = Vec::new();
+        for d in destinations {
+            let id = crate::message::outbox_id(key.as_str(), &crate::routes::delivery_action(d));
+            if let Some(state) = self.store.state(&id).await? {
+                out.push(state);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The DEAD deliveries to `destination` (at most `limit` per shard).
+    pub async fn dead_of(
+        &self,
+        destination: &str,
+        limit: usize,
+    ) -> Result<Vec<crate::message::OutboxState>, PortError> {
+        let mut out = Vec::new();
+        for shard in 0..self.shards {
+            for id in self.store.dead_items(shard, limit).await? {
+                if let Some(state) = self.store.state(&id).await? {
+                    if state.destination.as_deref() == Some(destination) {
+                        out.push(state);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A DEAD delivery, due again now with the same key (the sweep sends
+    /// it), audited on the item. `Ok(false)`: it is not DEAD.
+    pub async fn replay(
+        &self,
+        delivery: &crate::message::OutboxState,
+        token: &str,
+        operator: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<bool, PortError> {
+        let shard = EventKey::from_stored(&delivery.event_key).map_or(0, |k| k.shard(self.shards));
+        let replayed = self.store.revive(&delivery.id, token, shard, operator, reason, now_ms).await?;
+        if replayed {
+            tracing::info!(outbox = %delivery.id, operator, reason, "delivery replayed");
+            metrics::counter!("delivery_replayed", "destination" => delivery.destination.clone().unwrap_or_default())
+                .increment(1);
+        }
+        Ok(replayed)
+    }
+}
+
 impl<S: OutboxStore, P: Publisher> Dispatch for Dispatcher<S, P> {
     async fn dispatch(&self, id: &str, now_ms: i64) -> Result<Dispatched, PortError> {
         Dispatcher::dispatch(self, id, now_ms).await

@@ -320,6 +320,11 @@ impl Wiring {
         SqsQueue::new(self.sqs_client(), url)
     }
 
+    /// Routes' deliveries as an operator sees them (`hookledger deliveries`).
+    pub fn deliveries(&self) -> Result<crate::outbox::Deliveries<DynamoOutbox>, ConfigError> {
+        Ok(crate::outbox::Deliveries::new(DynamoOutbox::on(self.ledger()?), self.settings.index_shards))
+    }
+
     /// The outbox dispatcher on the ledger's table and SNS.
     pub fn dispatcher(&self) -> Result<LiveDispatcher, ConfigError> {
         let store = DynamoOutbox::on(self.ledger()?);

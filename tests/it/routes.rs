@@ -160,3 +160,76 @@ async fn an_event_is_delivered_to_sqs_fifo_eventbridge_and_sns_once_each_with_it
         assert!(received(&stack, url).await.is_empty(), "{url}: nothing more");
     }
 }
+
+/// A destination that fails for a day leaves its delivery DEAD; the
+/// operator sees it (`hookledger deliveries`), replays it once the
+/// destination is back (same key), and the sweep delivers it.
+#[tokio::test]
+async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered() {
+    let stack = Stack::new().await;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let name = format!("routes-late-{id}");
+    let arn = format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}");
+    let routes = serde_json::json!({"destinations": {"late": {"arn": arn}}, "routes": [{"to": ["late"]}]}).to_string();
+    let (table, work, r) = (stack.table.clone(), stack.queue_url.clone(), routes.clone());
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+        "HOOKLEDGER_TABLE" => Some(table.clone()),
+        "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
+        "HOOKLEDGER_ROUTES" => Some(r.clone()),
+        "HOOKLEDGER_INDEX_SHARDS" => Some("16".into()),
+        _ => None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), settings);
+    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let body = br#"{"id":"evt_late","object":"event","type":"product.created","data":{"object":{"id":"prod_2"}}}"#;
+    let key = stack.claim("stripe", "stripe-a", "evt_late", Some("product.created"), body).await;
+    let now = now_s() * 1000;
+    processor.process(&key, now).await.unwrap_or_else(|e| panic!("{e}"));
+    // The queue does not exist: the send fails, and keeps failing for a day.
+    let dispatcher = wiring.dispatcher().unwrap_or_else(|e| panic!("{e}"));
+    let outbox_id = hookledger::message::outbox_id(key.as_str(), &delivery_action("late"));
+    let a_day = now + 24 * 3_600_000 + 60_000;
+    let dead = dispatcher.dispatch(&outbox_id, a_day).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(dead, hookledger::outbox::Dispatched::Dead { .. }), "{dead:?}");
+
+    let (ok, listed) =
+        stack.cli(&["--routes", &routes, "deliveries", "--destination", "late", "--status", "dead"]).await;
+    ok.unwrap_or_else(|e| panic!("{e}"));
+    assert!(listed.contains("DEAD") && listed.contains(&expect_key(&key)), "{listed}");
+    let (ok, of_event) = stack.cli(&["--routes", &routes, "deliveries", "--event", key.as_str(), "--json"]).await;
+    ok.unwrap_or_else(|e| panic!("{e}"));
+    let rows: serde_json::Value = serde_json::from_str(&of_event).unwrap();
+    assert_eq!(rows[0]["status"], "DEAD");
+
+    // Back: the operator replays it, and the sweep sends it with its key.
+    let (url, _) = queue(&stack, &name).await;
+    let (ok, replayed) = stack
+        .cli(&[
+            "--routes",
+            &routes,
+            "deliveries",
+            "replay",
+            "--destination",
+            "late",
+            "--status",
+            "dead",
+            "--reason",
+            "queue created",
+        ])
+        .await;
+    ok.unwrap_or_else(|e| panic!("{e}"));
+    assert!(replayed.contains("1 replayed"), "{replayed}");
+    let sent = dispatcher.sweep(16, now_s() * 1000 + 2_000, 0, 100).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sent, 1);
+    let got = received(&stack, &url).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1.as_deref(), Some(expect_key(&key).as_str()), "the same key");
+    let (_, again) =
+        stack.cli(&["--routes", &routes, "deliveries", "replay", "--event", key.as_str(), "--reason", "twice"]).await;
+    assert!(again.contains("0 replayed, 1 not DEAD"), "{again}");
+}
+
+fn expect_key(key: &hookledger::identity::EventKey) -> String {
+    idempotency_key(key.as_str(), &delivery_action("late"))
+}
