@@ -7,7 +7,7 @@
 //! the entitlement projection, drift repaired by the reconciler, and a
 //! payment that never reached the endpoint recovered by a backfill.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -251,6 +251,31 @@ pub async fn run(
         }
         _ => json!({"skipped": "no provider API (HOOKLEDGER_STRIPE_API_BASE)"}),
     };
+    // Routes, when the local stack has them: what each destination received.
+    let routed = match (std::env::var("HOOKLEDGER_DELIVERY_QUEUE_URL"), std::env::var("HOOKLEDGER_BUS_QUEUE_URL")) {
+        (Ok(queue), Ok(bus)) => {
+            let sqs = wiring.sqs_client();
+            // Every record that ended applied or ignored is owed to both.
+            let owed: BTreeSet<String> = records
+                .iter()
+                .filter(|(_, r)| matches!(text(r, "outcome").as_str(), "applied" | "ignored"))
+                .map(|(_, r)| text(r, "event_id"))
+                .collect();
+            let mut seen = json!({});
+            for (name, url) in [("queue", queue), ("bus", bus)] {
+                let until = Instant::now() + Duration::from_secs(args.wait_secs.min(30));
+                let got = drain_deliveries(&sqs, &url, &owed, until).await?;
+                for event in &owed {
+                    if !got.contains_key(event) {
+                        problems.push(format!("{name}: {event} was not delivered"));
+                    }
+                }
+                seen[name] = json!(got);
+            }
+            seen
+        }
+        _ => json!({"skipped": "no routes (scripts/run sets them up)"}),
+    };
     let expected_answers: &[(&str, &[u16])] = &[
         ("duplicate payment (x3)", &[202, 200, 200]),
         ("seat snapshots, revisions 3,1,2,2,1", &[202, 202, 202, 200, 200]),
@@ -300,7 +325,7 @@ pub async fn run(
     }
 
     if json_out {
-        let v = json!({"run": run, "answers": answers.iter().map(|(s, a)| json!({"scenario": s, "answers": a})).collect::<Vec<_>>(), "final": finals, "providers": providers, "problems": problems});
+        let v = json!({"run": run, "answers": answers.iter().map(|(s, a)| json!({"scenario": s, "answers": a})).collect::<Vec<_>>(), "final": finals, "providers": providers, "routes": routed, "problems": problems});
         writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| e.to_string())?;
     } else {
         let rows: Vec<Vec<String>> = answers
@@ -321,6 +346,22 @@ pub async fn run(
             keys.iter().map(|k| vec![k.clone(), finals["records"][k].as_str().unwrap_or("").to_owned()]).collect();
         rows.sort();
         columns(out, &["RECORD", "STATUS OUTCOME"], &rows).map_err(|e| e.to_string())?;
+        if routed.get("skipped").is_none() {
+            writeln!(out).map_err(|e| e.to_string())?;
+            let mut rows = Vec::new();
+            for name in ["queue", "bus"] {
+                for (event, keys) in routed[name].as_object().into_iter().flatten() {
+                    let keys: Vec<&str> = keys.as_array().into_iter().flatten().filter_map(|k| k.as_str()).collect();
+                    rows.push(vec![
+                        name.to_owned(),
+                        event.clone(),
+                        keys.iter().map(|k| &k[..12]).collect::<Vec<_>>().join(" "),
+                    ]);
+                }
+            }
+            columns(out, &["DESTINATION", "EVENT RECEIVED", "ITS KEY (EACH TIME)"], &rows)
+                .map_err(|e| e.to_string())?;
+        }
         if providers.get("skipped").is_none() {
             writeln!(out).map_err(|e| e.to_string())?;
             let rows = vec![
@@ -525,5 +566,44 @@ impl Providers<'_> {
             }
         }
         Ok(result)
+    }
+}
+
+/// What a destination queue received of the events `owed` (bounded wait
+/// until each is there): event id -> the idempotency key of each
+/// message (a repeat shows its key again). An EventBridge rule's message
+/// carries the envelope as its `detail`.
+async fn drain_deliveries(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    owed: &BTreeSet<String>,
+    deadline: Instant,
+) -> Result<std::collections::BTreeMap<String, Vec<String>>, String> {
+    let mut got: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
+    loop {
+        let answer = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .map_err(|e| format!("receiving from {url}: {e}"))?;
+        for m in answer.messages.unwrap_or_default() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(m.body().unwrap_or_default()) else { continue };
+            let envelope = if v.get("detail").is_some() { &v["detail"] } else { &v };
+            let (Some(event), Some(key)) = (envelope["event_id"].as_str(), envelope["idempotency_key"].as_str()) else {
+                continue;
+            };
+            if owed.contains(event) {
+                got.entry(event.to_owned()).or_default().push(key.to_owned());
+                if let Some(r) = m.receipt_handle() {
+                    let _ = sqs.delete_message().queue_url(url).receipt_handle(r).send().await;
+                }
+            }
+        }
+        if got.len() >= owed.len() || Instant::now() >= deadline {
+            return Ok(got);
+        }
     }
 }

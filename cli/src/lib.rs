@@ -78,6 +78,10 @@ enum Command {
     Setup {
         #[arg(long, env = "HOOKLEDGER_QUEUE_NAME", default_value = "hookledger-work")]
         queue: String,
+        /// Also routes for a local stack: a queue, and a bus whose rule forwards
+        /// to a second queue; prints HOOKLEDGER_ROUTES and the two queues' URLs.
+        #[arg(long)]
+        with_routes: bool,
     },
     /// Print the table and queue definitions the code creates (JSON), for comparison with the SAM template.
     Schema,
@@ -434,7 +438,7 @@ where
     let ctx = Ctx::new(cli.global).await?;
     let json = ctx.global.json;
     match cli.command {
-        Command::Setup { queue } => {
+        Command::Setup { queue, with_routes: routes } => {
             ctx.table()?;
             let created = ctx.wiring.setup(&queue).await.map_err(CliError::Failed)?;
             let (queues, topic, bucket) = (&created, &created.topic, &created.bucket);
@@ -442,6 +446,13 @@ where
             writeln!(out, "HOOKLEDGER_DLQ_URL={}", queues.dead_letter_url)?;
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
             writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
+            if routes {
+                let r = ctx.wiring.setup_routes(&queue).await.map_err(CliError::Failed)?;
+                // Shell-quoted: the JSON holds no single quote.
+                writeln!(out, "HOOKLEDGER_ROUTES='{}'", r.routes)?;
+                writeln!(out, "HOOKLEDGER_DELIVERY_QUEUE_URL={}", r.queue_url)?;
+                writeln!(out, "HOOKLEDGER_BUS_QUEUE_URL={}", r.bus_queue_url)?;
+            }
         }
         Command::Schema => {
             let v = serde_json::json!({

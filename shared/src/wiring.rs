@@ -510,6 +510,86 @@ impl Wiring {
     }
 }
 
+/// The local stack's routes ([`Wiring::setup_routes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalRoutes {
+    /// `HOOKLEDGER_ROUTES`: every event to the queue and the bus.
+    pub routes: String,
+    /// The destination queue, and the queue the bus's rule forwards to.
+    pub queue_url: String,
+    pub bus_queue_url: String,
+}
+
+impl Wiring {
+    /// Routes for a local stack: an SQS queue (`{prefix}-deliveries`) and an
+    /// EventBridge bus (`{prefix}`) whose rule forwards Hookledger's events to
+    /// a second queue (`{prefix}-bus-deliveries`); every event goes to both.
+    pub async fn setup_routes(&self, prefix: &str) -> Result<LocalRoutes, String> {
+        let sqs = self.sqs_client();
+        let arn_of = |url: String| {
+            let sqs = sqs.clone();
+            async move {
+                let attrs = sqs
+                    .get_queue_attributes()
+                    .queue_url(&url)
+                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+                    .send()
+                    .await
+                    .map_err(|e| crate::ledger::error_chain(&e))?;
+                let arn =
+                    attrs.attributes.unwrap_or_default().remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn);
+                arn.map(|arn| (url, arn)).ok_or_else(|| "the queue has no ARN".to_owned())
+            }
+        };
+        let (queue_url, queue_arn) =
+            arn_of(crate::adapters::sqs::create_queue(&sqs, &format!("{prefix}-deliveries")).await?).await?;
+        let (bus_queue_url, bus_queue_arn) =
+            arn_of(crate::adapters::sqs::create_queue(&sqs, &format!("{prefix}-bus-deliveries")).await?).await?;
+        let events = aws_sdk_eventbridge::Client::new(&self.aws);
+        let bus_arn = match events.create_event_bus().name(prefix).send().await {
+            Ok(out) => out.event_bus_arn.unwrap_or_default(),
+            Err(_) => events
+                .describe_event_bus()
+                .name(prefix)
+                .send()
+                .await
+                .map_err(|e| crate::ledger::error_chain(&e))?
+                .arn
+                .unwrap_or_default(),
+        };
+        let rule = format!("{prefix}-to-queue");
+        let pattern = serde_json::json!({"source": [crate::routes::DEFAULT_SOURCE]}).to_string();
+        events
+            .put_rule()
+            .name(&rule)
+            .event_bus_name(prefix)
+            .event_pattern(pattern)
+            .send()
+            .await
+            .map_err(|e| crate::ledger::error_chain(&e))?;
+        let target = aws_sdk_eventbridge::types::Target::builder()
+            .id("deliveries")
+            .arn(bus_queue_arn)
+            .build()
+            .map_err(|e| e.to_string())?;
+        events
+            .put_targets()
+            .rule(&rule)
+            .event_bus_name(prefix)
+            .targets(target)
+            .send()
+            .await
+            .map_err(|e| crate::ledger::error_chain(&e))?;
+        let routes = serde_json::json!({
+            "destinations": {"queue": {"arn": queue_arn}, "bus": {"arn": bus_arn}},
+            "routes": [{"to": ["queue", "bus"]}],
+        })
+        .to_string();
+        crate::routes::Routes::parse(&routes)?;
+        Ok(LocalRoutes { routes, queue_url, bus_queue_url })
+    }
+}
+
 /// Which provider list a backfill reads, and with what.
 pub struct SourceSpec<'a> {
     /// The provider's list: Stripe's events or a GitHub hook's deliveries.
