@@ -233,3 +233,70 @@ async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered()
 fn expect_key(key: &hookledger::identity::EventKey) -> String {
     idempotency_key(key.as_str(), &delivery_action("late"))
 }
+
+/// The Python consumer (`examples/consumers/python/`: Powertools'
+/// idempotency on the envelope's key) over what a route delivered: three
+/// events, one of them delivered twice, each batch handed to it twice: each
+/// event applied once.
+#[tokio::test]
+async fn the_python_consumer_applies_each_delivered_event_once() {
+    let stack = Stack::new().await;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (url, arn) = queue(&stack, &format!("routes-py-{id}")).await;
+    let routes = serde_json::json!({"destinations": {"q": {"arn": arn}}, "routes": [{"to": ["q"]}]}).to_string();
+    let (table, work) = (stack.table.clone(), stack.queue_url.clone());
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+        "HOOKLEDGER_TABLE" => Some(table.clone()),
+        "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
+        "HOOKLEDGER_ROUTES" => Some(routes.clone()),
+        _ => None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), settings);
+    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let mut keys = Vec::new();
+    for n in 1..=3 {
+        let body = format!(
+            r#"{{"id":"evt_py_{n}","object":"event","type":"product.created","data":{{"object":{{"id":"prod_{n}"}}}}}}"#
+        );
+        let key =
+            stack.claim("stripe", "stripe-a", &format!("evt_py_{n}"), Some("product.created"), body.as_bytes()).await;
+        processor.process(&key, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+        keys.push(key);
+    }
+    // Each delivery was sent once; one message then arrives twice (an SQS
+    // redelivery, or a retry after a lost acknowledgement: the same key).
+    let item = wiring
+        .deliveries()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .of_event(&keys[0], &["q"])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(item[0].status, "SENT");
+    let first = received(&stack, &url).await;
+    assert_eq!(first.len(), 3);
+    let mut messages: Vec<serde_json::Value> = first
+        .iter()
+        .enumerate()
+        .map(|(i, (body, _, _))| serde_json::json!({"messageId": format!("m{i}"), "body": body}))
+        .collect();
+    messages.push(serde_json::json!({"messageId": "m-again", "body": first[0].0}));
+    let file = std::env::temp_dir().join(format!("hookledger-consumer-{id}.json"));
+    std::fs::write(&file, serde_json::to_vec(&messages).unwrap()).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join(".venv/bin/python");
+    let script = root.join("examples/consumers/python/run_against.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(&file)
+        .current_dir(root.join("examples/consumers/python"))
+        .output()
+        .unwrap_or_else(|e| panic!("{} (scripts/bootstrap installs it): {e}", python.display()));
+    let _ = std::fs::remove_file(&file);
+    assert!(out.status.success(), "the consumer failed: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", out));
+    assert_eq!(report["events"], 3, "{report}");
+    for n in 1..=3 {
+        assert_eq!(report["applied"][format!("stripe#evt_py_{n}")], 1, "{report}");
+    }
+}
