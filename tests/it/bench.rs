@@ -62,7 +62,7 @@ fn now_ms() -> i64 {
 
 /// A seats snapshot of at least 4 KiB (assignments with provider ids and
 /// addresses, which compress about 3 to 1, as real ones do).
-fn seats_4k(account: &str, revision: i64) -> Vec<u8> {
+pub(crate) fn seats_4k(account: &str, revision: i64) -> Vec<u8> {
     use hookledger::identity::payload_hash;
     let body = |n: u32| {
         let assignments: Vec<_> = (0..n)

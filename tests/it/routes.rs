@@ -300,3 +300,52 @@ async fn the_python_consumer_applies_each_delivered_event_once() {
         assert_eq!(report["applied"][format!("stripe#evt_py_{n}")], 1, "{report}");
     }
 }
+
+/// Write units per delivery, by the capacity model (DynamoDB's billing of
+/// each request's items): a 4 KiB seats snapshot processed with two routed
+/// destinations against the same event without routes. A delivery refers
+/// to its event, so its cost does not grow with the event: 5 write units
+/// (its item in the transaction 2, its entry in the `due` index 1, its mark
+/// 1, the entry's removal 1), the bound the issue sets.
+#[tokio::test]
+async fn a_delivery_costs_at_most_five_write_units_whatever_the_event_size() {
+    use hookledger_it::capacity::Capacity;
+    let stack = Stack::new().await;
+    let capacity = Capacity::new(stack.ddb.clone(), &stack.table, &hookledger::adapters::dynamodb::table_definition());
+    let measured =
+        aws_config::from_env().http_client(capacity.client(hookledger_it::faults::emulator_http_client())).load().await;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (_, a) = queue(&stack, &format!("routes-wcu-a-{id}")).await;
+    let (_, b) = queue(&stack, &format!("routes-wcu-b-{id}")).await;
+    let routes = serde_json::json!({"destinations": {"a": {"arn": a}, "b": {"arn": b}},
+        "routes": [{"type": "seats.*", "to": ["a", "b"]}]})
+    .to_string();
+    let mut per_run = Vec::new();
+    for (n, routed) in [(0, false), (1, true)] {
+        let (table, work, r) = (stack.table.clone(), stack.queue_url.clone(), routes.clone());
+        let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+            "HOOKLEDGER_TABLE" => Some(table.clone()),
+            "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
+            "HOOKLEDGER_ROUTES" => routed.then(|| r.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        let wiring = hookledger::wiring::Wiring::new(measured.clone(), settings);
+        let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+        let body = crate::bench::seats_4k(&format!("acct_wcu_{id}_{n}"), 1);
+        assert!(body.len() >= 4096);
+        let key = stack
+            .claim("standard_webhooks", "svix", &format!("seats-wcu-{id}-{n}"), Some("seats.snapshot"), &body)
+            .await;
+        capacity.scope(&format!("run{n}"));
+        let report = processor.process(&key, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(report.outcome, hookledger::processor::Outcome::Applied);
+        per_run.push(capacity.tallies()[&format!("run{n}")].wcu());
+    }
+    let per_delivery = (per_run[1] - per_run[0]) / 2.0;
+    println!(
+        "write units: {} without routes, {} with two deliveries: {per_delivery} per delivery",
+        per_run[0], per_run[1]
+    );
+    assert!(per_delivery > 0.0 && per_delivery <= 5.0, "{per_delivery} write units per delivery");
+}
