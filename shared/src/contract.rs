@@ -89,6 +89,7 @@ pub async fn a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_i
             source: crate::routes::DEFAULT_SOURCE.into(),
             detail_type: "thing.changed".into(),
             payload_hash: payload_hash(&body("route")),
+            received_at_ms: T0 - 5_000,
         }),
     };
     let op = Op { outbox: vec![delivery.clone()], ..Op::new(Vec::new(), OnConflict::AlreadyApplied) };

@@ -34,6 +34,8 @@ pub struct Delivery {
     pub detail_type: String,
     /// The event's payload (the envelope's `event`), by its hash.
     pub payload_hash: String,
+    /// When the event was received (the receipt-to-delivery latency).
+    pub received_at_ms: i64,
 }
 
 /// A stable idempotency key for one logical outbound action of one event:

@@ -185,6 +185,8 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
         metrics::counter!("outbox_published").increment(1);
         if let Some(d) = &item.delivery {
             metrics::counter!("delivered", "destination" => d.destination.clone()).increment(1);
+            metrics::histogram!("delivery_latency", "destination" => d.destination.clone())
+                .record((now_ms - d.received_at_ms).max(0) as f64);
             if item.attempts > 1 {
                 metrics::counter!("delivery_retried", "destination" => d.destination.clone()).increment(1);
             }

@@ -448,6 +448,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                         source: d.source.clone(),
                         detail_type: routed.event_type.to_owned(),
                         payload_hash: record.payload_hash.clone(),
+                        received_at_ms: record.received_at_ms,
                     }),
                 }
             })

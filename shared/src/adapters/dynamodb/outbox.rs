@@ -44,6 +44,7 @@ pub mod attr {
     pub const SOURCE: &str = "source";
     pub const DETAIL_TYPE: &str = "detail_type";
     pub const PAYLOAD_HASH: &str = "payload_hash";
+    pub const RECEIVED_AT: &str = "received_at";
 }
 
 /// The attention-index partition of dead outbox items in `shard` (with the
@@ -96,7 +97,12 @@ pub fn outbox_put(
         ] {
             item.insert(k.to_owned(), AttributeValue::S(v));
         }
-        for (k, v) in [(attr::DISPATCH_UNTIL, until), (attr::DUE_AT, until), (attr::DISPATCH_ATTEMPTS, 1)] {
+        for (k, v) in [
+            (attr::DISPATCH_UNTIL, until),
+            (attr::DUE_AT, until),
+            (attr::DISPATCH_ATTEMPTS, 1),
+            (attr::RECEIVED_AT, d.received_at_ms),
+        ] {
             item.insert(k.to_owned(), AttributeValue::N(v.to_string()));
         }
     }
@@ -183,6 +189,7 @@ pub(crate) fn claimed(item: &Item) -> OutboxItem {
         source: text(item, attr::SOURCE),
         detail_type: text(item, attr::DETAIL_TYPE),
         payload_hash: text(item, attr::PAYLOAD_HASH),
+        received_at_ms: number(item, attr::RECEIVED_AT),
     });
     OutboxItem {
         event_key: text(item, attr::EVENT_KEY),
