@@ -101,12 +101,26 @@ impl Rng {
 /// What an event means to its contract (for the expected outcome).
 #[derive(Debug, Clone)]
 enum Fact {
-    Payment { customer: &'static str, amount: i64 },
+    Payment {
+        customer: &'static str,
+        amount: i64,
+    },
     Subscription,
-    Seats { revision: i64, seats: i64 },
-    Inventory { endpoint: &'static str, delta: i64 },
-    Email { status: &'static str },
+    Seats {
+        revision: i64,
+        seats: i64,
+    },
+    Inventory {
+        endpoint: &'static str,
+        delta: i64,
+    },
+    Email {
+        status: &'static str,
+    },
     Push,
+    /// An event no projection handles that the world's routes hand to an
+    /// SQS queue and an EventBridge bus (`product.*`).
+    Routed,
 }
 
 #[derive(Debug, Clone)]
@@ -331,6 +345,27 @@ impl Scenario {
             (Fault::CrashAfter, Attempts::First, 0.015 * k),
             (Fault::Delay(Duration::from_millis(rng.range(5, 40) as u64)), Attempts::First, 0.03 * k),
         ];
+        // Events the routes deliver, drawn apart (the draws above unchanged):
+        // some sent twice.
+        let mut routed = Rng(mix(seed ^ 0x0ED5_7135));
+        for i in 0..routed.range(1, 3) {
+            let id = format!("evt_prod_{i}");
+            let body = format!(
+                r#"{{"id":"{id}","object":"event","type":"product.created","data":{{"object":{{"id":"prod_{i}"}}}}}}"#
+            );
+            events.push(Event {
+                endpoint: "stripe-a",
+                provider: "stripe",
+                event_id: id,
+                body: body.into_bytes(),
+                fact: Fact::Routed,
+            });
+            let at = start_ms + routed.range(0, SPREAD_MS);
+            sends.push((at, events.len() - 1));
+            if routed.chance(0.3) {
+                sends.push((at + routed.range(0, 120_000), events.len() - 1));
+            }
+        }
         Self {
             events,
             large_batch_over: if rng.chance(0.5) { 1 } else { hookledger::admission::LARGE_BATCH },
@@ -406,6 +441,9 @@ pub struct SeedReport {
     /// large-batch way (claimed whole, split by the processor).
     pub quiltt_batches: usize,
     pub large_batches: usize,
+    /// Routes' deliveries owed (to an SQS queue and an EventBridge bus), each
+    /// seen at its destination under its one key.
+    pub routed_deliveries: usize,
     pub faults: BTreeMap<String, u64>,
     pub lost: usize,
     pub doubled: usize,
@@ -977,20 +1015,41 @@ impl<'w> Run<'w> {
                 self.sc.subscription_seats,
             );
         }
-        let outbox: BTreeSet<String> = self
-            .w
-            .stack
-            .items()
-            .await
-            .into_iter()
-            .filter(|i| s(i, "sk") == "outbox")
-            .inspect(|i| {
-                if s(i, "status") != "SENT" {
-                    self.w.violations.push(("lost", format!("{}: outbox item {}", s(i, "pk"), s(i, "status"))));
-                }
-            })
-            .map(|i| s(&i, "idempotency_key"))
-            .collect();
+        let items: Vec<_> = self.w.stack.items().await.into_iter().filter(|i| s(i, "sk") == "outbox").collect();
+        for i in &items {
+            if s(i, "status") != "SENT" {
+                self.w.violations.push(("lost", format!("{}: outbox item {}", s(i, "pk"), s(i, "status"))));
+            }
+        }
+        // Routes' deliveries: each reached its destination, under its key, and nothing else did.
+        for (destination, queue) in [("queue", self.w.routed_queue.clone()), ("bus", self.w.routed_bus_queue.clone())] {
+            let owed: BTreeSet<String> =
+                items.iter().filter(|i| s(i, "destination") == destination).map(|i| s(i, "idempotency_key")).collect();
+            let got: BTreeSet<String> = self
+                .w
+                .stack
+                .drain(&queue)
+                .await
+                .iter()
+                .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+                .map(|m| if destination == "bus" { m["detail"].clone() } else { m })
+                .filter_map(|e| e["idempotency_key"].as_str().map(str::to_owned))
+                .collect();
+            for k in owed.difference(&got) {
+                self.w.violation("lost", format!("delivery {k} never reached the {destination}"));
+            }
+            for k in got.difference(&owed) {
+                self.w.violation("doubled", format!("the {destination} got {k}, which no delivery owes"));
+            }
+            self.report.routed_deliveries += owed.len();
+        }
+        let routed_applied = applied.iter().filter(|e| matches!(e.fact, Fact::Routed)).count();
+        let routed_items = items.iter().filter(|i| !s(i, "destination").is_empty()).count();
+        if routed_items != 2 * routed_applied {
+            self.w.violation("lost", format!("{routed_items} deliveries for {routed_applied} routed events (2 each)"));
+        }
+        let outbox: BTreeSet<String> =
+            items.iter().filter(|i| s(i, "destination").is_empty()).map(|i| s(i, "idempotency_key")).collect();
         let published: BTreeSet<String> = self
             .w
             .stack
@@ -1168,6 +1227,7 @@ async fn run_seeds_report(seeds: std::ops::RangeInclusive<u64>, variant: Variant
         total.operator_actions += r.operator_actions;
         total.quiltt_batches += r.quiltt_batches;
         total.large_batches += r.large_batches;
+        total.routed_deliveries += r.routed_deliveries;
         total.lost += r.lost;
         total.doubled += r.doubled;
         total.wrongly_dead += r.wrongly_dead;
@@ -1212,6 +1272,7 @@ async fn run_seeds_report(seeds: std::ops::RangeInclusive<u64>, variant: Variant
         "operator_actions": total.operator_actions,
         "quiltt_batches": total.quiltt_batches,
         "large_batches": total.large_batches,
+        "routed_deliveries": total.routed_deliveries,
         "faults_injected": total.faults,
         "lost": total.lost,
         "doubled": total.doubled,
@@ -1231,6 +1292,8 @@ async fn chaos_25_seeds() {
     // The seeds send Quiltt batches of several events, some the large way.
     let (batches, large) = (total.quiltt_batches, total.large_batches);
     assert!(batches > 0 && large > 0, "{batches} Quiltt batches of several events, {large} large");
+    // And events the routes deliver to an SQS queue and an EventBridge bus.
+    assert!(total.routed_deliveries > 0, "no routed deliveries");
     assert!(failures.is_empty(), "{} failing seeds:\n{}", failures.len(), failures.join("\n"));
 }
 
