@@ -15,7 +15,7 @@ use crate::ledger::{PortError, Row, Status};
 use crate::ports::{MetricSeries, MetricWindow, MetricsReader, OperatorLedger, RowFilter};
 
 /// The metrics the figures are made of (names as the functions emit them).
-pub const METRIC_NAMES: [&str; 13] = [
+pub const METRIC_NAMES: [&str; 18] = [
     "received",
     "duplicate",
     "payload_conflict",
@@ -29,7 +29,26 @@ pub const METRIC_NAMES: [&str; 13] = [
     "queue_to_complete",
     "drift_found",
     "drift_repaired",
+    // Routes' deliveries, each with its `destination`.
+    "delivered",
+    "delivery_retried",
+    "delivery_failed",
+    "delivery_dead",
+    "delivery_latency",
 ];
+
+/// One route destination's deliveries over the window.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct DestinationFigures {
+    pub delivered: u64,
+    /// Delivered after a first attempt failed.
+    pub retried: u64,
+    /// Attempts that failed (each backed off for the sweep).
+    pub failed: u64,
+    pub dead: u64,
+    /// Receipt to delivery.
+    pub latency: Latency,
+}
 
 /// Defaults: rows read at most per shard and sparse set, and list lengths.
 pub const DEFAULT_CAP_PER_SHARD: usize = 500;
@@ -88,6 +107,8 @@ pub struct Stats {
     pub receipt_to_completion: Latency,
     pub drift_found: u64,
     pub drift_repaired: u64,
+    /// Routes' deliveries, by destination.
+    pub destinations: BTreeMap<String, DestinationFigures>,
     pub now: Standing,
     pub periods: Vec<Period>,
 }
@@ -428,9 +449,39 @@ pub fn stats_from(series: &[MetricSeries], sparse: &Sparse, window: &MetricWindo
         receipt_to_completion: latency(series, "queue_to_complete"),
         drift_found: total(series, "drift_found"),
         drift_repaired: total(series, "drift_repaired"),
+        destinations: destinations(series),
         now: standing(sparse, now_ms),
         periods,
     }
+}
+
+/// The deliveries' figures per `destination` dimension.
+fn destinations(series: &[MetricSeries]) -> BTreeMap<String, DestinationFigures> {
+    let mut names: Vec<String> = series
+        .iter()
+        .filter(|s| s.name.starts_with("deliver"))
+        .filter_map(|s| s.dimensions.iter().find(|(k, _)| k == "destination").map(|(_, v)| v.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|d| {
+            let of: Vec<MetricSeries> = series
+                .iter()
+                .filter(|s| s.dimensions.iter().any(|(k, v)| k == "destination" && *v == d))
+                .cloned()
+                .collect();
+            let figures = DestinationFigures {
+                delivered: total(&of, "delivered"),
+                retried: total(&of, "delivery_retried"),
+                failed: total(&of, "delivery_failed"),
+                dead: total(&of, "delivery_dead"),
+                latency: latency(&of, "delivery_latency"),
+            };
+            (d, figures)
+        })
+        .collect()
 }
 
 fn top(counts: BTreeMap<String, u64>, n: usize, at_least: u64) -> Vec<Count> {
@@ -535,6 +586,26 @@ mod tests {
             dimensions: dims.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             points: points.iter().map(|&(at_ms, sum, count, max)| MetricPoint { at_ms, sum, count, max }).collect(),
         }
+    }
+
+    #[test]
+    fn deliveries_are_counted_per_destination() {
+        let t = NOW - 300_000;
+        let series = vec![
+            series("delivered", &[("destination", "orders")], &[(t, 5.0, 5.0, 1.0)]),
+            series("delivered", &[("destination", "bus")], &[(t, 2.0, 2.0, 1.0)]),
+            series("delivery_retried", &[("destination", "orders")], &[(t, 1.0, 1.0, 1.0)]),
+            series("delivery_failed", &[("destination", "orders")], &[(t, 3.0, 3.0, 1.0)]),
+            series("delivery_dead", &[("destination", "bus")], &[(t, 1.0, 1.0, 1.0)]),
+            series("delivery_latency", &[("destination", "orders")], &[(t, 500.0, 5.0, 300.0)]),
+            series("received", &[("provider", "stripe")], &[(t, 7.0, 1.0, 7.0)]),
+        ];
+        let s = stats_from(&series, &Sparse::default(), &WINDOW, NOW);
+        assert_eq!(s.destinations.keys().collect::<Vec<_>>(), ["bus", "orders"]);
+        let orders = &s.destinations["orders"];
+        assert_eq!((orders.delivered, orders.retried, orders.failed, orders.dead), (5, 1, 3, 0));
+        assert_eq!((orders.latency.mean_ms, orders.latency.max_ms), (Some(100.0), Some(300.0)));
+        assert_eq!((s.destinations["bus"].delivered, s.destinations["bus"].dead), (2, 1));
     }
 
     fn sample() -> (Vec<MetricSeries>, Sparse) {
