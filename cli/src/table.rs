@@ -107,28 +107,6 @@ pub fn tenant_stats(out: &mut (dyn Write + Send), s: &TenantStats) -> io::Result
             span(s.until_ms - s.since_ms)
         )?,
     }
-    if !s.destinations.is_empty() {
-        writeln!(out)?;
-        let rows: Vec<Vec<String>> = s
-            .destinations
-            .iter()
-            .map(|(d, f)| {
-                vec![
-                    d.clone(),
-                    f.delivered.to_string(),
-                    f.retried.to_string(),
-                    f.failed.to_string(),
-                    f.dead.to_string(),
-                    ms(f.latency.mean_ms),
-                ]
-            })
-            .collect();
-        columns(
-            out,
-            &["DESTINATION", "DELIVERED", "AFTER A RETRY", "FAILED TRIES", "DEAD", "RECEIPT TO DELIVERY"],
-            &rows,
-        )?;
-    }
     writeln!(out)?;
     standing(out, &s.now)
 }
@@ -158,6 +136,28 @@ pub fn stats(out: &mut (dyn Write + Send), s: &Stats) -> io::Result<()> {
         ms(s.receipt_to_completion.mean_ms),
         ms(s.receipt_to_completion.max_ms)
     )?;
+    if !s.destinations.is_empty() {
+        writeln!(out)?;
+        let rows: Vec<Vec<String>> = s
+            .destinations
+            .iter()
+            .map(|(d, f)| {
+                vec![
+                    d.clone(),
+                    f.delivered.to_string(),
+                    f.retried.to_string(),
+                    f.failed.to_string(),
+                    f.dead.to_string(),
+                    ms(f.latency.mean_ms),
+                ]
+            })
+            .collect();
+        columns(
+            out,
+            &["DESTINATION", "DELIVERED", "AFTER A RETRY", "FAILED TRIES", "DEAD", "RECEIPT TO DELIVERY"],
+            &rows,
+        )?;
+    }
     writeln!(out)?;
     standing(out, &s.now)
 }
