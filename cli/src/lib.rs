@@ -594,7 +594,10 @@ where
             let listener = tokio::net::TcpListener::bind(a.bind).await?;
             let metrics = ctx.wiring.metrics(Some(a.namespace.clone()));
             let endpoints = endpoint_names(std::env::var("HOOKLEDGER_ENDPOINTS").ok().as_deref());
-            let c = console::Console::new(ctx.ledger()?, ctx.queue()?, metrics, endpoints, a.operator.clone());
+            let destinations: Vec<String> =
+                ctx.wiring.settings.routes.destinations().iter().map(|d| d.name.clone()).collect();
+            let c = console::Console::new(ctx.ledger()?, ctx.queue()?, metrics, endpoints, a.operator.clone())
+                .with_deliveries(ctx.wiring.deliveries()?, destinations);
             writeln!(out, "console on http://{} (operator {}); Ctrl-C stops it", listener.local_addr()?, a.operator)?;
             out.flush()?;
             c.serve(listener).await?;

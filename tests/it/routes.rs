@@ -197,6 +197,32 @@ async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered()
         stack.cli(&["--routes", &routes, "deliveries", "--destination", "late", "--status", "dead"]).await;
     ok.unwrap_or_else(|e| panic!("{e}"));
     assert!(listed.contains("DEAD") && listed.contains(&expect_key(&key)), "{listed}");
+    // The console shows the delivery on the event's page.
+    let console = hookledger_cli::console::Console::new(
+        stack.ledger(),
+        hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url),
+        hookledger::adapters::cloudwatch::CloudWatchMetrics::new(
+            aws_sdk_cloudwatch::Client::new(&stack.aws),
+            "it-routes",
+        ),
+        vec![("stripe-a".to_owned(), "stripe".to_owned())],
+        "ana".into(),
+    )
+    .with_deliveries(wiring.deliveries().unwrap_or_else(|e| panic!("{e}")), vec!["late".to_owned()]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(console.serve(listener));
+    let page = reqwest::get(format!("{base}/record?key={}", key.as_str().replace('#', "%23")))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    let deliveries = page.split("<h2>Deliveries</h2>").nth(1).unwrap_or_else(|| panic!("no deliveries on the page"));
+    assert!(
+        deliveries.contains("late") && deliveries.contains("DEAD") && deliveries.contains(&expect_key(&key)),
+        "{deliveries}"
+    );
     let (ok, of_event) = stack.cli(&["--routes", &routes, "deliveries", "--event", key.as_str(), "--json"]).await;
     ok.unwrap_or_else(|e| panic!("{e}"));
     let rows: serde_json::Value = serde_json::from_str(&of_event).unwrap();

@@ -61,6 +61,9 @@ pub struct Console {
     endpoints: Vec<(String, String)>,
     operator: String,
     jobs: Mutex<Vec<Job>>,
+    /// Routes' deliveries and the destinations' names (a row each on a record's page).
+    deliveries:
+        Option<(hookledger::outbox::Deliveries<hookledger::adapters::dynamodb::outbox::DynamoOutbox>, Vec<String>)>,
 }
 
 struct App {
@@ -96,7 +99,20 @@ impl Console {
             endpoints,
             operator,
             jobs: Mutex::default(),
+            deliveries: None,
         }
+    }
+
+    /// Shows each record's delivery to these destinations on its page.
+    pub fn with_deliveries(
+        mut self,
+        deliveries: hookledger::outbox::Deliveries<hookledger::adapters::dynamodb::outbox::DynamoOutbox>,
+        destinations: Vec<String>,
+    ) -> Self {
+        if !destinations.is_empty() {
+            self.deliveries = Some((deliveries, destinations));
+        }
+        self
     }
 
     /// Serves the console on `listener` until the process stops. The CSRF
@@ -407,6 +423,38 @@ async fn record_page(app: &App, key_raw: &str, with_payload: bool, notice: &str)
         .collect();
     body.push_str("<h2>Timeline</h2>");
     body.push_str(&table("timeline", &["when (UTC)", "what", "detail"], &rows));
+    if let Some((deliveries, names)) = &app.console.deliveries {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        body.push_str("<h2>Deliveries</h2>");
+        match deliveries.of_event(&key, &names).await {
+            Ok(rows) if rows.is_empty() => body.push_str("<p id=deliveries>No route delivers this event.</p>"),
+            Ok(rows) => {
+                let cells: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|d| {
+                        let next =
+                            if matches!(d.status.as_str(), "PENDING" | "SENDING") { d.due_at.map(when) } else { None };
+                        vec![
+                            esc(d.destination.as_deref().unwrap_or("-")),
+                            status(&d.status),
+                            d.attempts.to_string(),
+                            esc(d.last_error.as_deref().unwrap_or("")),
+                            next.unwrap_or_default(),
+                            d.sent_at.map(when).unwrap_or_default(),
+                            esc(&d.idempotency_key),
+                        ]
+                    })
+                    .collect();
+                body.push_str(&table(
+                    "deliveries",
+                    &["destination", "status", "attempts", "last answer", "next try (UTC)", "sent (UTC)", "key"],
+                    &cells,
+                ));
+            }
+            Err(e) => body
+                .push_str(&format!("<p id=deliveries>The deliveries could not be read: {}</p>", esc(&e.to_string()))),
+        }
+    }
     let token = csrf(app.guard.token());
     let k = esc(key.as_str());
     body.push_str("<h2>Actions</h2>");
