@@ -178,6 +178,12 @@ pub fn failures(out: &mut (dyn Write + Send), f: &Failures) -> io::Result<()> {
     writeln!(out)?;
     counts(out, "REASON", &f.reasons)?;
     writeln!(out)?;
+    if !f.failing_destinations.is_empty() || !f.dead_deliveries.is_empty() {
+        counts(out, "DESTINATION (FAILED TRIES)", &f.failing_destinations)?;
+        writeln!(out)?;
+        counts(out, "DESTINATION (DEAD DELIVERIES)", &f.dead_deliveries)?;
+        writeln!(out)?;
+    }
     if f.stuck_leases.is_empty() {
         writeln!(out, "stuck leases: none")?;
     } else {

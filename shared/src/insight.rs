@@ -212,6 +212,11 @@ pub struct Failures {
     pub oldest_unprocessed: Option<Oldest>,
     pub duplicate_rate: Vec<RatePoint>,
     pub drift: Vec<DriftPoint>,
+    /// Routes' destinations by their failed delivery attempts in the
+    /// window (each backed off for the sweep), most first.
+    pub failing_destinations: Vec<Count>,
+    /// Routes' destinations by the deliveries that went DEAD in the window.
+    pub dead_deliveries: Vec<Count>,
     pub now: Standing,
 }
 
@@ -561,6 +566,8 @@ pub fn failures_from(
         oldest_unprocessed,
         duplicate_rate,
         drift,
+        failing_destinations: top(destinations(series).into_iter().map(|(d, f)| (d, f.failed)).collect(), n, 1),
+        dead_deliveries: top(destinations(series).into_iter().map(|(d, f)| (d, f.dead)).collect(), n, 1),
         now: standing(sparse, now_ms),
     }
 }
@@ -606,6 +613,9 @@ mod tests {
         assert_eq!((orders.delivered, orders.retried, orders.failed, orders.dead), (5, 1, 3, 0));
         assert_eq!((orders.latency.mean_ms, orders.latency.max_ms), (Some(100.0), Some(300.0)));
         assert_eq!((s.destinations["bus"].delivered, s.destinations["bus"].dead), (2, 1));
+        let f = failures_from(&series, &Sparse::default(), &WINDOW, NOW, 10);
+        assert_eq!(f.failing_destinations, [Count { key: "orders".into(), count: 3 }]);
+        assert_eq!(f.dead_deliveries, [Count { key: "bus".into(), count: 1 }]);
     }
 
     fn sample() -> (Vec<MetricSeries>, Sparse) {
