@@ -162,6 +162,8 @@ pub struct World {
     /// bus's rule forwards to.
     pub routed_queue: String,
     pub routed_bus_queue: String,
+    /// The queue subscribed to the routes' SNS topic.
+    pub routed_topic_queue: String,
     pub now: i64,
     next_tick: i64,
     pending: Vec<Pending>,
@@ -227,7 +229,7 @@ impl World {
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
         let intake =
             Intake::new(stack.endpoints().await, settings, ledger.clone(), queue.clone()).with_ambient(ambient.clone());
-        let (routes, routed_queue, routed_bus_queue) = routes_of(&stack).await;
+        let (routes, routed_queue, routed_bus_queue, routed_topic_queue) = routes_of(&stack).await;
         let payloads: Arc<dyn hookledger::ports::EventPayloads> =
             Arc::new(DynamoLedger::new(ddb.clone(), &stack.table));
         let dispatcher = hookledger::outbox::Dispatcher::with_ports(
@@ -279,6 +281,7 @@ impl World {
             inbox,
             routed_queue,
             routed_bus_queue,
+            routed_topic_queue,
             now,
             next_tick: now + RECONCILER_EVERY_MS,
             pending: Vec::new(),
@@ -721,9 +724,21 @@ pub const FLOWS: [Flow; 28] = [
     Flow::OperatorResolve,
 ];
 
-/// Routes for `product.*` events (no other flow's): an SQS queue and an
-/// EventBridge bus whose rule forwards to a second queue; their queue URLs.
-async fn routes_of(stack: &Stack) -> (Arc<hookledger::routes::Routes>, String, String) {
+/// The envelope in a message of a destination's queue: an EventBridge rule
+/// forwards the event (the envelope its `detail`), SNS its notification (the
+/// envelope its `Message`), SQS the envelope itself.
+pub fn envelope_of(destination: &str, m: serde_json::Value) -> serde_json::Value {
+    match destination {
+        "bus" => m["detail"].clone(),
+        "topic" => m["Message"].as_str().and_then(|t| serde_json::from_str(t).ok()).unwrap_or_default(),
+        _ => m,
+    }
+}
+
+/// Routes for `product.*` events (no other flow's): an SQS queue, an
+/// EventBridge bus whose rule forwards to a second queue, and an SNS topic a
+/// third queue is subscribed to; the three queues' URLs.
+async fn routes_of(stack: &Stack) -> (Arc<hookledger::routes::Routes>, String, String, String) {
     let id = &stack.table[3..];
     let queue = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-{id}"))
         .await
@@ -757,15 +772,30 @@ async fn routes_of(stack: &Stack) -> (Arc<hookledger::routes::Routes>, String, S
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e:?}"));
+    let sns = aws_sdk_sns::Client::new(&stack.aws);
+    let topic = sns.create_topic().name(format!("dest-{id}")).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let topic_arn = topic.topic_arn.unwrap_or_default();
+    let topic_queue = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-sns-{id}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = format!("arn:aws:sqs:us-east-1:123456789012:dest-sns-{id}");
+    sns.subscribe()
+        .topic_arn(&topic_arn)
+        .protocol("sqs")
+        .endpoint(endpoint)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
     let json = serde_json::json!({
         "destinations": {
             "queue": {"arn": format!("arn:aws:sqs:us-east-1:123456789012:dest-{id}")},
             "bus": {"arn": format!("arn:aws:events:us-east-1:123456789012:event-bus/{bus}")},
+            "topic": {"arn": topic_arn},
         },
-        "routes": [{"type": "product.*", "to": ["queue", "bus"]}],
+        "routes": [{"type": "product.*", "to": ["queue", "bus", "topic"]}],
     });
     let routes = hookledger::routes::Routes::parse(&json.to_string()).unwrap_or_else(|e| panic!("{e}"));
-    (Arc::new(routes), queue, bus_queue)
+    (Arc::new(routes), queue, bus_queue, topic_queue)
 }
 
 /// A Quiltt delivery of three ordered inventory deltas for `sku-b`.
@@ -1195,7 +1225,11 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
         }
         Flow::ProcessorRouted => {
             // Each destination got the event at least once, under its one key.
-            for (queue, name) in [(w.routed_queue.clone(), "queue"), (w.routed_bus_queue.clone(), "bus")] {
+            for (queue, name) in [
+                (w.routed_queue.clone(), "queue"),
+                (w.routed_bus_queue.clone(), "bus"),
+                (w.routed_topic_queue.clone(), "topic"),
+            ] {
                 let want =
                     hookledger::message::idempotency_key(ctx.key.as_str(), &hookledger::routes::delivery_action(name));
                 let got: std::collections::BTreeSet<String> = w
@@ -1204,7 +1238,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
                     .await
                     .iter()
                     .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())
-                    .map(|m| if name == "bus" { m["detail"].clone() } else { m })
+                    .map(|m| envelope_of(name, m))
                     .filter_map(|e| e["idempotency_key"].as_str().map(str::to_owned))
                     .collect();
                 if got.is_empty() {
