@@ -136,6 +136,15 @@ pub struct OutboxState {
     pub dead_at: Option<i64>,
 }
 
+/// A route's envelope too large to carry its event: `payload_ref` instead
+/// (the bucket, the object's key, the payload's SHA-256).
+pub fn envelope_with_ref(head: &str, payload_ref: &serde_json::Value) -> String {
+    let head = head.trim_end();
+    let open = head.strip_suffix('}').unwrap_or(head);
+    let sep = if open.trim_end().ends_with('{') { "" } else { "," };
+    format!("{open}{sep}\"payload_ref\":{payload_ref}}}")
+}
+
 /// What a dispatcher's claim met.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutboxClaim {

@@ -124,37 +124,50 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
     }
 
     /// The message of `item`: a notification's body, or a route's envelope
-    /// with its event (`payload` when the caller holds it, else read).
+    /// with its event (`payload` when the caller holds it, else read); an
+    /// envelope over the destination's limit refers to the payload in the
+    /// payload bucket instead (`payload_ref`), never truncated.
     async fn message(&self, item: &OutboxItem, payload: Option<&[u8]>) -> Result<String, Unsendable> {
         let Some(d) = &item.delivery else { return Ok(item.body.clone()) };
+        let payloads = self.payloads.as_ref();
+        let key = EventKey::from_stored(&item.event_key)
+            .ok_or_else(|| Unsendable::Never(format!("{} is not an event key", item.event_key)))?;
         let read;
         let payload = match payload {
-            Some(p) => p,
+            Some(p) => Some(p),
             None => {
-                let payloads = self.payloads.as_ref().ok_or_else(|| Unsendable::Retry("no payload reader".into()))?;
-                let key = EventKey::from_stored(&item.event_key)
-                    .ok_or_else(|| Unsendable::Never(format!("{} is not an event key", item.event_key)))?;
-                read = match payloads.event_payload(&key, &d.payload_hash).await {
-                    Ok(EventPayload::Bytes(bytes)) => bytes,
-                    Ok(EventPayload::TooLarge) => {
-                        return Err(Unsendable::Never(format!(
-                            "the event is stored outside the table: over the destination's {MAX_MESSAGE_BYTES} bytes"
-                        )));
+                let payloads = payloads.ok_or_else(|| Unsendable::Retry("no payload reader".into()))?;
+                match payloads.event_payload(&key, &d.payload_hash).await {
+                    Ok(EventPayload::Bytes(bytes)) => {
+                        read = bytes;
+                        Some(&read[..])
                     }
+                    // In the bucket already: too large for any destination.
+                    Ok(EventPayload::TooLarge) => None,
                     Ok(EventPayload::Gone) => return Err(Unsendable::Never("the event is gone (expired?)".into())),
                     Err(e) => return Err(Unsendable::Retry(format!("reading the event: {e}"))),
-                };
-                &read
+                }
             }
         };
-        let message = envelope(&item.body, payload);
-        if message.len() > MAX_MESSAGE_BYTES {
-            return Err(Unsendable::Never(format!(
-                "the envelope is {} bytes, over the destination's {MAX_MESSAGE_BYTES}",
-                message.len()
-            )));
+        if let Some(p) = payload {
+            let message = envelope(&item.body, p);
+            if message.len() <= MAX_MESSAGE_BYTES {
+                return Ok(message);
+            }
         }
-        Ok(message)
+        let too_large = || {
+            Unsendable::Never(format!(
+                "the envelope is over the destination's {MAX_MESSAGE_BYTES} bytes and there is no payload bucket to refer to"
+            ))
+        };
+        let payloads = payloads.ok_or_else(too_large)?;
+        let reference = payloads
+            .payload_ref(&key, &d.payload_hash, payload)
+            .await
+            .map_err(|e| Unsendable::Retry(format!("storing the payload for its reference: {e}")))?
+            .ok_or_else(too_large)?;
+        let reference = serde_json::to_value(&reference).map_err(|e| Unsendable::Never(e.to_string()))?;
+        Ok(crate::message::envelope_with_ref(&item.body, &reference))
     }
 
     /// Builds, publishes and marks a claimed item.

@@ -357,6 +357,14 @@ pub enum EventPayload {
     Gone,
 }
 
+/// Where a payload too large for a destination is, for its consumer to read.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PayloadRef {
+    pub bucket: String,
+    pub key: String,
+    pub sha256: String,
+}
+
 /// The stored payload of an event, by its key and payload hash (a route's
 /// delivery refers to the event; the dispatcher reads it when it sends).
 pub trait EventPayloads: Send + Sync {
@@ -365,6 +373,19 @@ pub trait EventPayloads: Send + Sync {
         event_key: &'a EventKey,
         payload_hash: &'a str,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<EventPayload, PortError>> + Send + 'a>>;
+
+    /// The payload in the payload bucket (put there from `bytes` when given;
+    /// else it is there already), for an envelope too large to carry it;
+    /// `Ok(None)`: no payload bucket.
+    fn payload_ref<'a>(
+        &'a self,
+        event_key: &'a EventKey,
+        payload_hash: &'a str,
+        bytes: Option<&'a [u8]>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<PayloadRef>, PortError>> + Send + 'a>> {
+        let _ = (event_key, payload_hash, bytes);
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// The reconciler's view: the `due` index, claims on its items, and the

@@ -130,23 +130,35 @@ async fn routed_deliveries() -> Actions {
         "routes": [{"to": ["queue", "bus", "topic"]}],
     })
     .to_string();
+    let bucket = format!("dest-{id}");
+    hookledger::adapters::s3::create_bucket(&aws_sdk_s3::Client::new(&w.stack.aws), &bucket)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let (table, work) = (w.stack.table.clone(), w.stack.queue_url.clone());
     let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
         "HOOKLEDGER_TABLE" => Some(table.clone()),
         "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
         "HOOKLEDGER_ROUTES" => Some(routes.clone()),
+        "HOOKLEDGER_PAYLOAD_BUCKET" => Some(bucket.clone()),
         _ => None,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let wiring = hookledger::wiring::Wiring::new(w.cfg.clone(), settings);
     let body = br#"{"id":"evt_routed","object":"event","type":"product.created","data":{"object":{"id":"prod_1"}}}"#;
     let sent = w.stack.claim("stripe", "stripe-a", "evt_routed", Some("product.created"), body).await;
+    // Too large for a destination: delivered as a reference to the payload bucket.
+    let large = format!(
+        r#"{{"id":"evt_big","object":"event","type":"product.created","pad":"{}"}}"#,
+        "x".repeat(hookledger::message::MAX_MESSAGE_BYTES)
+    );
+    let big = w.stack.claim("stripe", "stripe-a", "evt_big", Some("product.created"), large.as_bytes()).await;
     let left = w.stack.claim("stripe", "stripe-a", "evt_left", Some("product.created"), body).await;
     let now_ms = crate::support::now_s() * 1000;
     w.plan.reset_counts();
     w.plan.scope("processor");
     let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
     processor.process(&sent, now_ms).await.unwrap_or_else(|e| panic!("{e}"));
+    processor.process(&big, now_ms).await.unwrap_or_else(|e| panic!("{e}"));
     let mut dying = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
     dying.fault = hookledger::processor::ProcessorFault::AfterCommit;
     assert!(dying.process(&left, now_ms).await.is_err(), "it dies after its commit");
@@ -156,7 +168,8 @@ async fn routed_deliveries() -> Actions {
     let swept = dispatcher.sweep(hookledger::policy::DEFAULT_INDEX_SHARDS, later, 0, 100).await;
     assert_eq!(swept.unwrap_or_else(|e| panic!("{e}")), 3, "the sweep sends what the processor left");
     let drained = w.stack.drain(&queue_url).await;
-    assert_eq!(drained.len(), 2, "one message per event on the queue");
+    assert_eq!(drained.len(), 3, "one message per event on the queue");
+    assert_eq!(drained.iter().filter(|m| m.contains("payload_ref")).count(), 1, "the large one by reference");
     let mut out = Actions::new();
     iam::observe(&w.plan.trace(), &mut out);
     for function in ["processor", "reconciler"] {

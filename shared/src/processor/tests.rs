@@ -1164,6 +1164,31 @@ async fn a_delivery_is_dead_after_a_day_of_failures_or_at_once_when_it_cannot_be
     assert_eq!(big.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
     assert!(big.world.publisher().attempts().is_empty(), "never sent truncated");
     let item = big.world.outbox().get(&delivery_id(&k, "queue"));
-    assert_eq!(item.status, "DEAD");
+    assert_eq!(item.status, "DEAD", "no payload bucket to refer to");
     assert!(item.last_error.unwrap_or_default().contains("over the destination"));
+}
+
+/// An envelope over the destination's limit refers to the payload in the
+/// payload bucket (`payload_ref`: bucket, object key, SHA-256), put there by
+/// the dispatcher, instead of carrying it.
+#[tokio::test]
+async fn an_event_too_large_for_its_destination_is_delivered_as_a_reference() {
+    let h = routed(Registry::new());
+    let world = h.world.clone().with_payload_bucket();
+    let rec = record("big", Status::Received);
+    let large = format!(r#"{{"id":"big","type":"{TYPE}","pad":"{}"}}"#, "x".repeat(crate::message::MAX_MESSAGE_BYTES));
+    let (k, hash) = (rec.key.clone(), payload_hash(large.as_bytes()));
+    h.ledger.insert_with_payload(WorkRecord { payload_hash: hash.clone(), ..rec }, large.as_bytes());
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    let sent = world.publisher().published();
+    assert_eq!(sent.len(), 3, "every destination, by reference");
+    for p in &sent {
+        assert!(p.body.len() < 2_000, "a reference, not the payload");
+        let envelope: serde_json::Value = serde_json::from_str(&p.body).unwrap();
+        assert!(envelope.get("event").is_none());
+        assert_eq!(envelope["payload_ref"]["sha256"], hash.as_str());
+        assert_eq!(envelope["payload_ref"]["key"], crate::adapters::s3::S3Payloads::object_key(&k, &hash).as_str());
+    }
+    let stored = world.state().bucket.as_ref().and_then(|b| b.get(&format!("{}/{hash}", k.as_str())).cloned());
+    assert_eq!(stored.as_deref(), Some(large.as_bytes()), "the payload is in the bucket as it is");
 }

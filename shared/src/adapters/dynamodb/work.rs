@@ -113,6 +113,31 @@ impl crate::ports::EventPayloads for DynamoLedger {
             })
         })
     }
+
+    /// The payload's object in the payload bucket: put there as it is (not
+    /// compressed) when the caller holds it; an intake that stored it there
+    /// (over 380 KiB) may have compressed it (`hookledger-enc: deflate`).
+    fn payload_ref<'a>(
+        &'a self,
+        event_key: &'a EventKey,
+        payload_hash: &'a str,
+        bytes: Option<&'a [u8]>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Option<crate::ports::PayloadRef>, PortError>> + Send + 'a>,
+    > {
+        Box::pin(async move {
+            let Some(s3) = &self.payloads else { return Ok(None) };
+            if let Some(b) = bytes {
+                let stored = super::payload::Stored { bytes: b.to_vec(), encoding: None };
+                s3.put(event_key, payload_hash, &stored).await?;
+            }
+            Ok(Some(crate::ports::PayloadRef {
+                bucket: s3.bucket().to_owned(),
+                key: crate::adapters::s3::S3Payloads::object_key(event_key, payload_hash),
+                sha256: payload_hash.to_owned(),
+            }))
+        })
+    }
 }
 
 /// The commit's transaction items, the op each belongs to, the outbox ids.

@@ -527,6 +527,28 @@ impl crate::ports::EventPayloads for MemLedger {
             })
         })
     }
+
+    fn payload_ref<'a>(
+        &'a self,
+        event_key: &'a EventKey,
+        payload_hash: &'a str,
+        bytes: Option<&'a [u8]>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Option<crate::ports::PayloadRef>, PortError>> + Send + 'a>,
+    > {
+        let r = self.0.call_on("payload.ref", event_key.as_str(), |_, st| {
+            let Some(bucket) = &mut st.bucket else { return Ok(None) };
+            if let Some(b) = bytes {
+                bucket.insert(format!("{}/{payload_hash}", event_key.as_str()), b.to_vec());
+            }
+            Ok(Some(crate::ports::PayloadRef {
+                bucket: "memory".into(),
+                key: crate::adapters::s3::S3Payloads::object_key(event_key, payload_hash),
+                sha256: payload_hash.to_owned(),
+            }))
+        });
+        Box::pin(async move { r })
+    }
 }
 
 impl WorkLedger for MemLedger {
