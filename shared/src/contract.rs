@@ -770,7 +770,7 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert_eq!(o.claim(z, "d-7", i64::MAX / 2, i64::MAX / 2 + 1).await.unwrap(), OutboxClaim::Skipped, "dead");
 
     // `outbox_revive`: an operator's replay of the DEAD item, and only of a DEAD one.
-    assert_eq!(o.dead_items(0, 10).await.unwrap(), [z.clone()]);
+    assert_eq!(o.dead_items(0, 10).await.unwrap(), std::slice::from_ref(z));
     let dead = o.state(z).await.unwrap().expect("the item");
     assert_eq!((dead.status.as_str(), dead.last_error.as_deref()), ("DEAD", Some("gave up")));
     assert!(!o.revive(a, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap(), "a sent item is not replayed");

@@ -145,7 +145,9 @@ pub fn envelope_with_ref(head: &str, payload_ref: &serde_json::Value) -> String 
     format!("{open}{sep}\"payload_ref\":{payload_ref}}}")
 }
 
-/// What a dispatcher's claim met.
+/// What a dispatcher's claim met. (One is made per dispatch and moved
+/// once: the item is not boxed.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutboxClaim {
     /// Ours now (or already ours: our own retried claim).

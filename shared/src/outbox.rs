@@ -211,7 +211,7 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
                 message: "crash after publish, before mark".into(),
             });
         }
-        if self.store.mark_sent(id, &token, now_ms).await? == Held::Lapsed {
+        if self.store.mark_sent(id, token, now_ms).await? == Held::Lapsed {
             tracing::warn!(outbox = %id,
                 "published after the dispatch lease lapsed; the new owner republishes with the same key");
         }

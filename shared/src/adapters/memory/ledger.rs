@@ -1203,7 +1203,7 @@ impl OutboxStore for MemOutbox {
                 .filter(|(_, (_, sk), _)| sk == OUTBOX_SK)
                 .map(|(at, (pk, _), _)| (at, pk))
                 .collect();
-            found.sort_by(|a, b| b.0.cmp(&a.0));
+            found.sort_by_key(|f| std::cmp::Reverse(f.0));
             Ok(found.into_iter().map(|(_, pk)| pk).take(limit.clamp(1, 1000)).collect())
         })
     }
