@@ -66,6 +66,25 @@ async fn received(stack: &Stack, url: &str) -> Vec<(String, Option<String>, Opti
     out
 }
 
+/// The wiring of `stack` with these routes (and any other settings), its
+/// clients on `aws`.
+fn routed_wiring(
+    stack: &Stack,
+    aws: &aws_config::SdkConfig,
+    routes: Option<&str>,
+    extra: &[(&'static str, &str)],
+) -> hookledger::wiring::Wiring {
+    let mut vars: Vec<(&'static str, String)> =
+        vec![("HOOKLEDGER_TABLE", stack.table.clone()), ("HOOKLEDGER_QUEUE_URL", stack.queue_url.clone())];
+    vars.extend(routes.map(|r| ("HOOKLEDGER_ROUTES", r.to_owned())));
+    vars.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| {
+        vars.iter().find(|(name, _)| *name == k).map(|(_, v)| v.clone())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    hookledger::wiring::Wiring::new(aws.clone(), settings)
+}
+
 #[tokio::test]
 async fn an_event_is_delivered_to_sqs_fifo_eventbridge_and_sns_once_each_with_its_key() {
     let stack = Stack::new().await;
@@ -105,15 +124,7 @@ async fn an_event_is_delivered_to_sqs_fifo_eventbridge_and_sns_once_each_with_it
         "routes": [{"provider": "stripe", "type": "product.*", "to": ["queue", "fifo", "bus", "topic"]}],
     })
     .to_string();
-    let (table, work) = (stack.table.clone(), stack.queue_url.clone());
-    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
-        "HOOKLEDGER_TABLE" => Some(table.clone()),
-        "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
-        "HOOKLEDGER_ROUTES" => Some(routes.clone()),
-        _ => None,
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
-    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), settings);
+    let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[]);
     let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
 
     // An event no projection handles: PROCESSED `ignored`, and delivered.
@@ -171,16 +182,7 @@ async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered()
     let name = format!("routes-late-{id}");
     let arn = format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}");
     let routes = serde_json::json!({"destinations": {"late": {"arn": arn}}, "routes": [{"to": ["late"]}]}).to_string();
-    let (table, work, r) = (stack.table.clone(), stack.queue_url.clone(), routes.clone());
-    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
-        "HOOKLEDGER_TABLE" => Some(table.clone()),
-        "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
-        "HOOKLEDGER_ROUTES" => Some(r.clone()),
-        "HOOKLEDGER_INDEX_SHARDS" => Some("16".into()),
-        _ => None,
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
-    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), settings);
+    let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[("HOOKLEDGER_INDEX_SHARDS", "16")]);
     let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
     let body = br#"{"id":"evt_late","object":"event","type":"product.created","data":{"object":{"id":"prod_2"}}}"#;
     let key = stack.claim("stripe", "stripe-a", "evt_late", Some("product.created"), body).await;
@@ -270,15 +272,7 @@ async fn the_python_consumer_applies_each_delivered_event_once() {
     let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
     let (url, arn) = queue(&stack, &format!("routes-py-{id}")).await;
     let routes = serde_json::json!({"destinations": {"q": {"arn": arn}}, "routes": [{"to": ["q"]}]}).to_string();
-    let (table, work) = (stack.table.clone(), stack.queue_url.clone());
-    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
-        "HOOKLEDGER_TABLE" => Some(table.clone()),
-        "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
-        "HOOKLEDGER_ROUTES" => Some(routes.clone()),
-        _ => None,
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
-    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), settings);
+    let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[]);
     let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
     let mut keys = Vec::new();
     for n in 1..=3 {
@@ -356,15 +350,7 @@ async fn a_delivery_costs_at_most_five_write_units_whatever_the_event_size() {
     .to_string();
     let mut per_run = Vec::new();
     for (n, routed) in [(0, false), (1, true)] {
-        let (table, work, r) = (stack.table.clone(), stack.queue_url.clone(), routes.clone());
-        let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
-            "HOOKLEDGER_TABLE" => Some(table.clone()),
-            "HOOKLEDGER_QUEUE_URL" => Some(work.clone()),
-            "HOOKLEDGER_ROUTES" => routed.then(|| r.clone()),
-            _ => None,
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
-        let wiring = hookledger::wiring::Wiring::new(measured.clone(), settings);
+        let wiring = routed_wiring(&stack, &measured, routed.then_some(routes.as_str()), &[]);
         let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
         let body = crate::bench::seats_4k(&format!("acct_wcu_{id}_{n}"), 1);
         assert!(body.len() >= 4096);
