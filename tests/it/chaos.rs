@@ -1124,6 +1124,7 @@ pub async fn run_seed_world(seed: u64) -> (SeedReport, Vec<String>, World) {
 async fn run_seed_world_of(seed: u64, variant: Variant) -> (SeedReport, Vec<String>, World) {
     let started = Instant::now();
     let mut w = World::new(seed).await;
+    w.create_routed_destinations().await;
     crate::explore::map_customer(&w, "cus_m", "acct_m").await;
     if variant == Variant::DriftDown {
         // Entitlements written before the run (fetched now, so their first

@@ -229,7 +229,7 @@ impl World {
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
         let intake =
             Intake::new(stack.endpoints().await, settings, ledger.clone(), queue.clone()).with_ambient(ambient.clone());
-        let (routes, routed_queue, routed_bus_queue, routed_topic_queue) = routes_of(&stack).await;
+        let routes = routes_of(&stack);
         let payloads: Arc<dyn hookledger::ports::EventPayloads> =
             Arc::new(DynamoLedger::new(ddb.clone(), &stack.table));
         let dispatcher = hookledger::outbox::Dispatcher::with_ports(
@@ -279,9 +279,9 @@ impl World {
             fake_base: base,
             topic_arn: topic,
             inbox,
-            routed_queue,
-            routed_bus_queue,
-            routed_topic_queue,
+            routed_queue: String::new(),
+            routed_bus_queue: String::new(),
+            routed_topic_queue: String::new(),
             now,
             next_tick: now + RECONCILER_EVERY_MS,
             pending: Vec::new(),
@@ -737,65 +737,54 @@ pub fn envelope_of(destination: &str, m: serde_json::Value) -> serde_json::Value
 
 /// Routes for `product.*` events (no other flow's): an SQS queue, an
 /// EventBridge bus whose rule forwards to a second queue, and an SNS topic a
-/// third queue is subscribed to; the three queues' URLs.
-async fn routes_of(stack: &Stack) -> (Arc<hookledger::routes::Routes>, String, String, String) {
+/// third queue is subscribed to. Their ARNs only: the resources are made by
+/// [`World::create_routed_destinations`], in the worlds whose events route.
+fn routes_of(stack: &Stack) -> Arc<hookledger::routes::Routes> {
     let id = &stack.table[3..];
-    let queue = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-{id}"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let bus_queue = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-eb-{id}"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = aws_sdk_eventbridge::Client::new(&stack.aws);
-    let bus = format!("dest-{id}");
-    events.create_event_bus().name(&bus).send().await.unwrap_or_else(|e| panic!("{e:?}"));
-    let rule = format!("dest-{id}");
-    let pattern = r#"{"source": ["hookledger"]}"#;
-    events
-        .put_rule()
-        .name(&rule)
-        .event_bus_name(&bus)
-        .event_pattern(pattern)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    let target = aws_sdk_eventbridge::types::Target::builder()
-        .id("q")
-        .arn(format!("arn:aws:sqs:us-east-1:123456789012:dest-eb-{id}"))
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    events
-        .put_targets()
-        .rule(&rule)
-        .event_bus_name(&bus)
-        .targets(target)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    let sns = aws_sdk_sns::Client::new(&stack.aws);
-    let topic = sns.create_topic().name(format!("dest-{id}")).send().await.unwrap_or_else(|e| panic!("{e:?}"));
-    let topic_arn = topic.topic_arn.unwrap_or_default();
-    let topic_queue = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-sns-{id}"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let endpoint = format!("arn:aws:sqs:us-east-1:123456789012:dest-sns-{id}");
-    sns.subscribe()
-        .topic_arn(&topic_arn)
-        .protocol("sqs")
-        .endpoint(endpoint)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
     let json = serde_json::json!({
         "destinations": {
             "queue": {"arn": format!("arn:aws:sqs:us-east-1:123456789012:dest-{id}")},
-            "bus": {"arn": format!("arn:aws:events:us-east-1:123456789012:event-bus/{bus}")},
-            "topic": {"arn": topic_arn},
+            "bus": {"arn": format!("arn:aws:events:us-east-1:123456789012:event-bus/dest-{id}")},
+            "topic": {"arn": format!("arn:aws:sns:us-east-1:123456789012:dest-{id}")},
         },
         "routes": [{"type": "product.*", "to": ["queue", "bus", "topic"]}],
     });
-    let routes = hookledger::routes::Routes::parse(&json.to_string()).unwrap_or_else(|e| panic!("{e}"));
-    (Arc::new(routes), queue, bus_queue, topic_queue)
+    Arc::new(hookledger::routes::Routes::parse(&json.to_string()).unwrap_or_else(|e| panic!("{e}")))
+}
+
+impl World {
+    /// Makes the routes' destinations (see [`routes_of`]) and notes the
+    /// three queues they reach.
+    pub async fn create_routed_destinations(&mut self) {
+        let stack = &self.stack;
+        let id = stack.table[3..].to_owned();
+        let queue = |name: String| {
+            let sqs = stack.sqs.clone();
+            async move { hookledger::adapters::sqs::create_queue(&sqs, &name).await.unwrap_or_else(|e| panic!("{e}")) }
+        };
+        self.routed_queue = queue(format!("dest-{id}")).await;
+        self.routed_bus_queue = queue(format!("dest-eb-{id}")).await;
+        self.routed_topic_queue = queue(format!("dest-sns-{id}")).await;
+        let events = aws_sdk_eventbridge::Client::new(&stack.aws);
+        let bus = format!("dest-{id}");
+        events.create_event_bus().name(&bus).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let pattern = r#"{"source": ["hookledger"]}"#;
+        let rule = events.put_rule().name(&bus).event_bus_name(&bus).event_pattern(pattern).send().await;
+        rule.unwrap_or_else(|e| panic!("{e:?}"));
+        let target = aws_sdk_eventbridge::types::Target::builder()
+            .id("q")
+            .arn(format!("arn:aws:sqs:us-east-1:123456789012:dest-eb-{id}"))
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let targets = events.put_targets().rule(&bus).event_bus_name(&bus).targets(target).send().await;
+        targets.unwrap_or_else(|e| panic!("{e:?}"));
+        let sns = aws_sdk_sns::Client::new(&stack.aws);
+        let topic = sns.create_topic().name(format!("dest-{id}")).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let endpoint = format!("arn:aws:sqs:us-east-1:123456789012:dest-sns-{id}");
+        let topic_arn = topic.topic_arn.unwrap_or_default();
+        let subscribed = sns.subscribe().topic_arn(&topic_arn).protocol("sqs").endpoint(endpoint).send().await;
+        subscribed.unwrap_or_else(|e| panic!("{e:?}"));
+    }
 }
 
 /// A Quiltt delivery of three ordered inventory deltas for `sku-b`.
@@ -998,6 +987,7 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             none(w.seed("stripe", "stripe-a", "evt_bad", b"{not json: a permanent failure", true).await)
         }
         Flow::ProcessorRouted => {
+            w.create_routed_destinations().await;
             let body =
                 br#"{"id":"evt_routed","object":"event","type":"product.created","data":{"object":{"id":"prod_1"}}}"#;
             none(w.seed("stripe", "stripe-a", "evt_routed", body, true).await)
