@@ -1363,6 +1363,7 @@ async fn chaos_replay() {
 #[tokio::test]
 async fn chaos_checks_report_a_lost_and_a_doubled_effect() {
     let mut w = World::new(5).await;
+    w.create_routed_destinations().await;
     crate::explore::map_customer(&w, "cus_m", "acct_m").await;
     let mut run = Run::new(&mut w, 5);
     run.w.fake.set("sub_c", "cus_m", "active", run.sc.subscription_seats);
