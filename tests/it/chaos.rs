@@ -1055,8 +1055,9 @@ impl<'w> Run<'w> {
         if routed_items != 3 * routed_applied {
             self.w.violation("lost", format!("{routed_items} deliveries for {routed_applied} routed events (3 each)"));
         }
-        // The Python consumer over everything the queue got: each event applied once.
-        if !queued.is_empty() {
+        // The Python consumer over everything the queue got: each event applied
+        // once (every fifth seed: a process start each; `scripts/chaos` runs 200 of them).
+        if !queued.is_empty() && self.seed % 5 == 0 {
             let applied = crate::routes::python_consumer(&queued);
             let events: BTreeSet<&str> = applied.keys().map(String::as_str).collect();
             if applied.values().any(|n| *n != 1) {
@@ -1316,10 +1317,10 @@ async fn run_seeds_report(seeds: std::ops::RangeInclusive<u64>, variant: Variant
     (failures, total)
 }
 
-/// The quick subset in the test command: 25 seeds (all 1,000: `scripts/chaos`).
+/// The quick subset in the test command: 15 seeds (all 1,000: `scripts/chaos`).
 #[tokio::test]
-async fn chaos_25_seeds() {
-    let (failures, total) = run_seeds_report(seeds_from_env(1..=25), variant_from_env()).await;
+async fn chaos_quick_seeds() {
+    let (failures, total) = run_seeds_report(seeds_from_env(1..=15), variant_from_env()).await;
     // The seeds send Quiltt batches of several events, some the large way.
     let (batches, large) = (total.quiltt_batches, total.large_batches);
     assert!(batches > 0 && large > 0, "{batches} Quiltt batches of several events, {large} large");
