@@ -24,8 +24,8 @@ use crate::ledger::{
 use crate::message::{Held, OutboxClaim, OutboxMessage};
 use crate::policy::REDRIVE_GRACE_MS;
 use crate::ports::{
-    BackfillLedger, BackfillProgress, DueLedger, Ledger, OperatorLedger, OutboxStore, Received, Redelivery, RowFilter,
-    ScheduleState, UnfetchedEvent, WorkLedger, WorkQueue,
+    BackfillLedger, BackfillProgress, Circuit, CircuitChange, CircuitStore, DueLedger, Ledger, OperatorLedger,
+    OutboxStore, Received, Redelivery, RowFilter, ScheduleState, UnfetchedEvent, WorkLedger, WorkQueue,
 };
 use crate::projection::sequence::{self, Position};
 use crate::projection::{OnConflict, Op};
@@ -41,7 +41,7 @@ pub type Item = std::collections::HashMap<String, AttributeValue>;
 /// What a backend gives a scenario: a fresh, empty store (one index shard).
 pub trait Backend: Send + Sync {
     type Ledger: Ledger + WorkLedger + DueLedger + OperatorLedger + BackfillLedger;
-    type Outbox: OutboxStore;
+    type Outbox: OutboxStore + CircuitStore;
     type Queue: WorkQueue + Redelivery;
     /// The ledger, drawing its tokens from `seed`: two ledgers of one seed
     /// draw the same tokens.
@@ -786,6 +786,66 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert!(o.state("outbox#nothing").await.unwrap().is_none());
 }
 
+/// `outbox_defer`: a claimed item put back without spending its attempt
+/// (fenced; its retry recognises itself). A destination's circuit
+/// (`circuit_*`): failures counted once each (a retry meets its token),
+/// opened once, one probe at a time after its time is up, closed by a
+/// send that got through.
+pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once<B: Backend>(b: &B) {
+    let (l, e) = leased(b, "defer", "tok-1").await;
+    let op = Op::new(Vec::new(), OnConflict::Stale).notify(OutboxMessage {
+        topic_arn: "https://hooks.example.com/in".into(),
+        delivery: None,
+        action: "one".into(),
+        group: "g".into(),
+        body: serde_json::json!({"a": 1}),
+    });
+    let CommitResult::Committed { outbox: ids } = l.commit(&e.key, "tok-1", &[op], "applied", None, T0).await.unwrap()
+    else {
+        panic!("commits")
+    };
+    let (o, id) = (b.outbox(), &ids[0]);
+    let OutboxClaim::Claimed(first) = o.claim(id, "d-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
+    assert_eq!(first.attempts, 1);
+    assert_eq!(o.defer(id, "d-2", T0 + 60_000, "waiting", T0).await.unwrap(), Held::Lapsed, "not the holder");
+    assert_eq!(o.defer(id, "d-1", T0 + 60_000, "waiting", T0).await.unwrap(), Held::Yes);
+    assert_eq!(o.defer(id, "d-1", T0 + 60_000, "waiting", T0).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.claim(id, "d-3", T0 + 59_999, T0 + 90_000).await.unwrap(), OutboxClaim::Skipped, "not due yet");
+    let OutboxClaim::Claimed(again) = o.claim(id, "d-3", T0 + 60_000, T0 + 90_000).await.unwrap() else { panic!() };
+    assert_eq!(again.attempts, 1, "waiting spent no attempt");
+    let state = o.state(id).await.unwrap().expect("the item");
+    assert_eq!((state.status.as_str(), state.last_error.as_deref()), ("SENDING", Some("waiting")));
+
+    let d = "partner";
+    assert_eq!(o.circuit(d).await.unwrap(), None, "never written: closed");
+    assert_eq!(o.change_circuit(d, CircuitChange::Close { now_ms: T0 }).await.unwrap(), None, "nothing to close");
+    let failed = o.change_circuit(d, CircuitChange::Failure { token: "f-1", now_ms: T0 }).await.unwrap();
+    assert_eq!(failed.map(|c| c.failures), Some(1));
+    let retried = o.change_circuit(d, CircuitChange::Failure { token: "f-1", now_ms: T0 }).await.unwrap();
+    assert_eq!(retried.map(|c| c.failures), Some(1), "our retry counts once");
+    let next = o.change_circuit(d, CircuitChange::Failure { token: "f-2", now_ms: T0 + 1 }).await.unwrap();
+    assert_eq!(next.map(|c| c.failures), Some(2));
+    let open = |token, until_ms, now_ms| CircuitChange::Open { token, until_ms, now_ms };
+    let opened = o.change_circuit(d, open("o-1", T0 + 60_000, T0 + 2)).await.unwrap().expect("opened");
+    assert_eq!((opened.open_until, opened.failures), (Some(T0 + 60_000), 0));
+    assert!(o.change_circuit(d, open("o-1", T0 + 60_000, T0 + 2)).await.unwrap().is_some(), "our retry");
+    assert_eq!(o.change_circuit(d, open("o-2", T0 + 60_003, T0 + 3)).await.unwrap(), None, "open already");
+    let probe = |token, until_ms, now_ms| CircuitChange::Probe { token, until_ms, now_ms };
+    assert_eq!(o.change_circuit(d, probe("p-1", T0 + 90_000, T0 + 59_999)).await.unwrap(), None, "still open");
+    let probing = o.change_circuit(d, probe("p-1", T0 + 90_000, T0 + 60_000)).await.unwrap().expect("the probe");
+    assert_eq!((probing.probe_until, probing.probe_token.as_deref()), (Some(T0 + 90_000), Some("p-1")));
+    assert!(o.change_circuit(d, probe("p-1", T0 + 90_000, T0 + 60_000)).await.unwrap().is_some(), "our retry");
+    assert_eq!(o.change_circuit(d, probe("p-2", T0 + 90_001, T0 + 60_001)).await.unwrap(), None, "one probe");
+    // The probe failed: open again (its time was up).
+    let reopened = o.change_circuit(d, open("o-3", T0 + 120_000, T0 + 60_002)).await.unwrap().expect("reopened");
+    assert_eq!((reopened.open_until, reopened.probe_until), (Some(T0 + 120_000), None));
+    assert!(o.change_circuit(d, probe("p-3", T0 + 150_000, T0 + 120_000)).await.unwrap().is_some());
+    let closed = o.change_circuit(d, CircuitChange::Close { now_ms: T0 + 120_001 }).await.unwrap().expect("closed");
+    assert_eq!(closed, Circuit { failures: 0, failure_token: Some("f-2".into()), ..Circuit::default() });
+    assert_eq!(o.circuit(d).await.unwrap(), Some(closed));
+    assert_eq!(o.circuit("other").await.unwrap(), None, "one circuit per destination");
+}
+
 // ---------------------------------------------------------------- backfill
 
 /// Cursors and schedules, `recorded`, redelivery notes, and a record parked
@@ -1104,6 +1164,7 @@ macro_rules! contract_scenarios {
         $run!(the_admission_path_claims_hands_over_and_sends_each_once);
         $run!(a_handshake_secret_is_stored_once_and_never_overwritten);
         $run!(a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_its_event);
+        $run!(a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once);
     };
 }
 

@@ -40,6 +40,7 @@ pub mod insight;
 pub mod intake;
 pub mod ledger;
 pub mod message;
+pub mod netguard;
 pub mod ops;
 pub mod outbox;
 pub mod policy;
@@ -74,8 +75,9 @@ mod readme {
 mod layers {
     /// The modules, lowest layer first (the map above). A module may name
     /// `crate::X` only for an X listed before it.
-    const ORDER: [&str; 28] = [
+    const ORDER: [&str; 29] = [
         "clock",
+        "netguard",
         "secret",
         "identity",
         "event",

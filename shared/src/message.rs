@@ -176,6 +176,11 @@ pub enum Dispatched {
         attempts: u32,
         error: String,
     },
+    /// Not sent: its destination's circuit is open. The item is PENDING
+    /// again, due at `until_ms`, no attempt spent.
+    Waiting {
+        until_ms: i64,
+    },
     /// The publish failed and the attempts are exhausted: the item is DEAD.
     Dead {
         attempts: u32,

@@ -22,7 +22,9 @@
 //! acknowledgement), and the dispatcher continues as the owner. The writes
 //! are the [`OutboxStore`] port's (DynamoDB: `adapters::dynamodb::outbox`,
 //! expressions in `adapters::dynamodb::conditions`); the publish is the
-//! [`Publisher`]'s (SNS: `adapters::sns`).
+//! [`Publisher`]'s (`adapters::destinations`). An HTTPS destination has a
+//! circuit breaker ([`circuit`]): while it is open, its deliveries wait
+//! (`defer`) without spending attempts.
 
 use std::sync::Arc;
 
@@ -32,7 +34,12 @@ use crate::identity::EventKey;
 use crate::ledger::PortError;
 pub use crate::message::Dispatched;
 use crate::message::{Held, MAX_MESSAGE_BYTES, OutboxClaim, OutboxItem, envelope};
-use crate::ports::{Dispatch, EventPayload, EventPayloads, OutboxStore, Publication, Publisher};
+use crate::ports::{
+    CircuitStore, Dispatch, EventPayload, EventPayloads, OutboxStore, Publication, PublishError, Publisher,
+};
+
+pub mod circuit;
+pub use circuit::{CircuitPolicy, Circuits, Gate};
 
 pub use crate::message::DISPATCH_LEASE_MS;
 
@@ -53,7 +60,16 @@ pub struct Dispatcher<S, P> {
     ambient: Ambient,
     /// Where a route's delivery reads its event's payload from.
     payloads: Option<Arc<dyn EventPayloads>>,
+    /// HTTPS destinations' circuits as this container knows them.
+    circuits: Arc<Circuits>,
     pub fault: DispatchFault,
+}
+
+/// Whether an item goes to an HTTPS destination (its target is a URL):
+/// those have a circuit breaker.
+fn to_https(item: &OutboxItem) -> Option<&str> {
+    let d = item.delivery.as_ref()?;
+    (item.topic_arn.starts_with("https://") || item.topic_arn.starts_with("http://")).then_some(d.destination.as_str())
 }
 
 /// Why a message could not be built: retry later, or never.
@@ -62,7 +78,7 @@ enum Unsendable {
     Never(String),
 }
 
-impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
+impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
     pub fn with_ports(store: S, publisher: P) -> Self {
         Self {
             store,
@@ -70,8 +86,15 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
             policy: DispatchPolicy::default(),
             ambient: Ambient::system(),
             payloads: None,
+            circuits: Arc::new(Circuits::new(CircuitPolicy::default())),
             fault: DispatchFault::None,
         }
+    }
+
+    /// HTTPS destinations' circuits open and probe by `policy`.
+    pub fn with_circuit_policy(mut self, policy: CircuitPolicy) -> Self {
+        self.circuits = Arc::new(Circuits::new(policy));
+        self
     }
 
     /// Reads the events of route deliveries from `payloads` (the ledger).
@@ -179,6 +202,16 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
         now_ms: i64,
     ) -> Result<Dispatched, PortError> {
         let id = item.id.as_str();
+        // An HTTPS destination whose circuit is open is not tried: its
+        // delivery waits without spending an attempt.
+        let https = to_https(item);
+        let gate = match https {
+            Some(destination) => self.circuits.gate(&self.store, destination, token, now_ms).await,
+            None => Gate::Send,
+        };
+        if let Gate::Wait { until_ms } = gate {
+            return self.wait(item, token, until_ms, now_ms).await;
+        }
         let body = match self.message(item, payload).await {
             Ok(body) => body,
             Err(Unsendable::Retry(error)) => return self.failed(item, token, error, false, now_ms).await,
@@ -191,9 +224,21 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
             group: &item.group,
             source: item.delivery.as_ref().map(|d| d.source.as_str()),
             detail_type: item.delivery.as_ref().map(|d| d.detail_type.as_str()),
+            destination: item.delivery.as_ref().map(|d| d.destination.as_str()),
+            now_ms,
         };
-        if let Err(error) = self.publisher.publish(out).await {
-            return self.failed(item, token, error, false, now_ms).await;
+        let sent = self.publisher.publish(out).await;
+        if let Some(destination) = https {
+            // An answer, even a refusal, says the destination is up.
+            let healthy = !matches!(sent, Err(PublishError::Retry { .. }));
+            self.circuits.record(&self.store, destination, &gate, healthy, &self.ambient.token(), now_ms).await;
+        }
+        match sent {
+            Ok(()) => {}
+            Err(PublishError::Permanent(error)) => return self.failed(item, token, error, true, now_ms).await,
+            Err(PublishError::Retry { message, after_ms }) => {
+                return self.failed_after(item, token, message, after_ms, now_ms).await;
+            }
         }
         metrics::counter!("outbox_published").increment(1);
         if let Some(d) = &item.delivery {
@@ -218,16 +263,63 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
         Ok(Dispatched::Published)
     }
 
-    /// Records a failed attempt: PENDING again after a backoff, or DEAD when
-    /// the attempts are exhausted (a route's delivery: when it has been
-    /// retried for [`DispatchPolicy::delivery_bound_ms`]), or at once when
-    /// no retry can help (`permanent`).
+    /// Not sent, its destination's circuit open: PENDING again, due a
+    /// little after `until_ms` (spread, so a closed circuit is not met by
+    /// every waiting delivery at once), the attempt given back; DEAD once
+    /// the delivery's bound has passed.
+    async fn wait(&self, item: &OutboxItem, token: &str, until_ms: i64, now_ms: i64) -> Result<Dispatched, PortError> {
+        if now_ms - item.created_at_ms >= self.policy.delivery_bound_ms {
+            let error = "the destination's circuit stayed open past the delivery's bound".to_owned();
+            return self.failed(item, token, error, true, now_ms).await;
+        }
+        let spread = (self.ambient.jitter() * 10_000.0) as i64;
+        let next_at_ms = until_ms.max(now_ms) + spread;
+        let held =
+            self.store.defer(&item.id, token, next_at_ms, "waiting: the destination's circuit is open", now_ms).await?;
+        if held == Held::Lapsed {
+            tracing::warn!(outbox = %item.id, "dispatch lease lapsed before the wait was recorded");
+        }
+        if let Some(d) = &item.delivery {
+            metrics::counter!("delivery_waiting", "destination" => d.destination.clone()).increment(1);
+        }
+        Ok(Dispatched::Waiting { until_ms: next_at_ms })
+    }
+
+    /// A failed attempt whose answer asked for a pause (`Retry-After`): the
+    /// next try no sooner than that (at most an hour), else as [`Self::failed`].
+    async fn failed_after(
+        &self,
+        item: &OutboxItem,
+        token: &str,
+        error: String,
+        after_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Dispatched, PortError> {
+        self.record_failure(item, token, error, false, after_ms.map(|a| a.clamp(0, 3_600_000)), now_ms).await
+    }
+
     async fn failed(
         &self,
         item: &OutboxItem,
         token: &str,
         error: String,
         permanent: bool,
+        now_ms: i64,
+    ) -> Result<Dispatched, PortError> {
+        self.record_failure(item, token, error, permanent, None, now_ms).await
+    }
+
+    /// Records a failed attempt: PENDING again after a backoff, or DEAD when
+    /// the attempts are exhausted (a route's delivery: when it has been
+    /// retried for [`DispatchPolicy::delivery_bound_ms`]), or at once when
+    /// no retry can help (`permanent`).
+    async fn record_failure(
+        &self,
+        item: &OutboxItem,
+        token: &str,
+        error: String,
+        permanent: bool,
+        at_least_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<Dispatched, PortError> {
         let (id, shard, attempts) = (item.id.as_str(), item.shard, item.attempts);
@@ -239,7 +331,7 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
         let held = if dead {
             self.store.dead(id, token, shard, &error, now_ms).await?
         } else {
-            let delay = self.policy.backoff.delay_ms(attempts, self.ambient.jitter());
+            let delay = self.policy.backoff.delay_ms(attempts, self.ambient.jitter()).max(at_least_ms.unwrap_or(0));
             self.store.back_off(id, token, now_ms + delay, &error, now_ms).await?
         };
         if held == Held::Lapsed {
@@ -365,7 +457,7 @@ impl<S: OutboxStore> Deliveries<S> {
     }
 }
 
-impl<S: OutboxStore, P: Publisher> Dispatch for Dispatcher<S, P> {
+impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatch for Dispatcher<S, P> {
     async fn dispatch(&self, id: &str, now_ms: i64) -> Result<Dispatched, PortError> {
         Dispatcher::dispatch(self, id, now_ms).await
     }

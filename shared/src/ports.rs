@@ -275,7 +275,7 @@ pub trait Dispatch: Send + Sync {
 /// ```text
 /// PENDING(due) ──claim──▶ SENDING(token) ──mark_sent──▶ SENT
 ///    ▲                      │        │
-///    └──── back_off ◀───────┘        └── dead ──▶ DEAD
+///    └─ back_off, defer ◀───┘        └── dead ──▶ DEAD
 /// ```
 pub trait OutboxStore: Send + Sync {
     /// Claims a due PENDING item, or a SENDING one whose claim lapsed.
@@ -295,6 +295,16 @@ pub trait OutboxStore: Send + Sync {
         token: &str,
         next_at_ms: i64,
         error: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Held, PortError>> + Send;
+    /// SENDING(token) → PENDING, due at `next_at_ms`, the claim's attempt
+    /// given back: not sent (its destination's circuit is open).
+    fn defer(
+        &self,
+        id: &str,
+        token: &str,
+        next_at_ms: i64,
+        why: &str,
         now_ms: i64,
     ) -> impl Future<Output = Result<Held, PortError>> + Send;
     /// SENDING(token) → DEAD (out of the due index, counted apart).
@@ -329,7 +339,8 @@ pub trait OutboxStore: Send + Sync {
 /// key that makes its repeats recognisable.
 #[derive(Debug, Clone, Copy)]
 pub struct Publication<'a> {
-    /// An SNS topic's, an SQS queue's or an EventBridge bus's ARN.
+    /// An SNS topic's, an SQS queue's or an EventBridge bus's ARN, or an
+    /// HTTPS destination's URL.
     pub target: &'a str,
     pub body: &'a str,
     pub idempotency_key: &'a str,
@@ -338,13 +349,88 @@ pub struct Publication<'a> {
     /// EventBridge: the events' `Source` and `DetailType`.
     pub source: Option<&'a str>,
     pub detail_type: Option<&'a str>,
+    /// A route's destination, by name (an HTTPS destination's secrets and
+    /// address policy are found by it); `None`: a projection's notification.
+    pub destination: Option<&'a str>,
+    /// When it is sent (an HTTPS delivery's `webhook-timestamp`).
+    pub now_ms: i64,
 }
 
-/// Where outbox items go: SNS topics, SQS queues, EventBridge buses
-/// (`adapters::destinations`). `Err`: the publish failed (the message,
-/// never a payload).
+/// Why a publish failed: worth another try, or never.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishError {
+    /// A timeout, a refused connection, a throttled call, a 5xx, 408 or 429;
+    /// `after_ms`: not before this long (an HTTPS answer's `Retry-After`).
+    Retry { message: String, after_ms: Option<i64> },
+    /// An answer no retry changes (an HTTPS destination's other 4xx): the
+    /// delivery is DEAD at once, with the answer.
+    Permanent(String),
+}
+
+impl PublishError {
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Retry { message, .. } | Self::Permanent(message) => message,
+        }
+    }
+}
+
+impl From<String> for PublishError {
+    fn from(message: String) -> Self {
+        Self::Retry { message, after_ms: None }
+    }
+}
+
+/// Where outbox items go: SNS topics, SQS queues, EventBridge buses and
+/// HTTPS endpoints (`adapters::destinations`). `Err`: the publish failed
+/// (the reason, never a payload).
 pub trait Publisher: Send + Sync {
-    fn publish(&self, out: Publication<'_>) -> impl Future<Output = Result<(), String>> + Send;
+    fn publish(&self, out: Publication<'_>) -> impl Future<Output = Result<(), PublishError>> + Send;
+}
+
+/// A destination's circuit breaker as stored (one item per destination,
+/// `dest#<name>`), read by every dispatcher of the destination.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Circuit {
+    /// Failed sends in a row (reset when one gets through).
+    pub failures: u32,
+    /// Open: no sends until then; past it, one probe may go.
+    pub open_until: Option<i64>,
+    /// A probe is out until then (its holder's token beside it).
+    pub probe_until: Option<i64>,
+    pub probe_token: Option<String>,
+    /// The token of the last failure counted (its retry recognises itself).
+    pub failure_token: Option<String>,
+    /// The token of the dispatcher that opened it last.
+    pub open_token: Option<String>,
+}
+
+/// A change to a destination's [`Circuit`]; each recognises its own retry
+/// after a lost acknowledgement by its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitChange<'a> {
+    /// One more failure in a row.
+    Failure { token: &'a str, now_ms: i64 },
+    /// Open until `until_ms` (refused while it is open already).
+    Open { token: &'a str, until_ms: i64, now_ms: i64 },
+    /// The one probe of an open circuit whose time is up, until `until_ms`
+    /// (refused while it is open or another probe is out).
+    Probe { token: &'a str, until_ms: i64, now_ms: i64 },
+    /// A send got through: closed, no failures.
+    Close { now_ms: i64 },
+}
+
+/// Where destinations' circuits are kept (the ledger's table).
+pub trait CircuitStore: Send + Sync {
+    /// The circuit of `destination` (`None`: never written: closed).
+    fn circuit(&self, destination: &str) -> impl Future<Output = Result<Option<Circuit>, PortError>> + Send;
+    /// Applies `change`: `Some(circuit)` as it is after it (ours, or our
+    /// own retried write), `None` refused.
+    fn change_circuit(
+        &self,
+        destination: &str,
+        change: CircuitChange<'_>,
+    ) -> impl Future<Output = Result<Option<Circuit>, PortError>> + Send;
 }
 
 /// An event's payload as a route's delivery reads it.

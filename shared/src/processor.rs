@@ -422,7 +422,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             .into_iter()
             .map(|d| {
                 let action = delivery_action(&d.name);
-                let fifo = matches!(d.parsed.kind, Kind::Sqs { fifo: true }) || d.arn.ends_with(".fifo");
+                let fifo = matches!(d.kind, Kind::Sqs { fifo: true }) || d.target.ends_with(".fifo");
                 // FIFO: order per subject; standard SQS: the tenant's fair-queue group.
                 let group = if fifo { subject.unwrap_or(&record.tenant) } else { &record.tenant };
                 let head = serde_json::json!({
@@ -439,7 +439,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     "subject": subject,
                 });
                 OutboxMessage {
-                    topic_arn: d.arn.clone(),
+                    topic_arn: d.target.clone(),
                     action,
                     group: group.to_owned(),
                     body: head,

@@ -84,6 +84,8 @@ pub struct Summary {
     pub outbox_failed: u64,
     /// Outbox items that went DEAD this run.
     pub outbox_dead_lettered: u64,
+    /// Deliveries not sent this run: their HTTPS destination's circuit is open.
+    pub outbox_waiting: u64,
     pub drift_checked: u64,
     pub drift_found: u64,
     pub drift_repaired: u64,
@@ -668,6 +670,8 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         };
         match outcome {
             Dispatched::Skipped => return false,
+            // Its destination's circuit is open: moved to when it may be tried.
+            Dispatched::Waiting { .. } => summary.outbox_waiting += 1,
             Dispatched::Published => {
                 failures.ok();
                 summary.outbox_republished += 1;

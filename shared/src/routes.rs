@@ -6,7 +6,9 @@
 //!    "orders":  {"arn": "arn:aws:sqs:eu-west-1:123456789012:orders"},
 //!    "ordered": {"arn": "arn:aws:sqs:eu-west-1:123456789012:orders.fifo"},
 //!    "bus":     {"arn": "arn:aws:events:eu-west-1:123456789012:event-bus/billing", "source": "acme.billing"},
-//!    "topic":   {"arn": "arn:aws:sns:eu-west-1:123456789012:billing"}},
+//!    "topic":   {"arn": "arn:aws:sns:eu-west-1:123456789012:billing"},
+//!    "partner": {"url": "https://hooks.partner.example/hookledger",
+//!                "secrets": ["ssm:/hookledger/destinations/partner"]}},
 //!  "routes": [
 //!    {"provider": "stripe", "type": "invoice.*", "to": ["orders", "bus"]},
 //!    {"endpoint": "github-*", "tenant": "acme", "to": ["topic"]}]}
@@ -19,8 +21,17 @@
 //! outbox items committed with the completion marker, one per (event,
 //! destination), keyed by [`delivery_action`] (`processor`, `outbox`).
 //! Everything is checked at load: destination names, ARNs (SNS topic, SQS
-//! queue, EventBridge bus), unknown names, and at most
-//! [`MAX_DESTINATIONS_PER_EVENT`] destinations for any one event.
+//! queue, EventBridge bus), HTTPS destinations' URLs and secret references,
+//! unknown names, and at most [`MAX_DESTINATIONS_PER_EVENT`] destinations
+//! for any one event.
+//!
+//! An HTTPS destination (`url`) is sent the envelope signed as Standard
+//! Webhooks with its own `whsec_` secrets (`secrets`: one, or two during a
+//! rotation; references, `env:NAME` or `ssm:/path`). Its URL is `https://`;
+//! plain `http://` only to a loopback host, and only with `allow_private`
+//! (a local stack, a test). Private, loopback and link-local addresses are
+//! refused at connect time unless `allow_private` is set
+//! ([`crate::netguard`]); metadata addresses always.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,6 +52,8 @@ pub enum Kind {
         fifo: bool,
     },
     EventBridge,
+    /// An HTTPS endpoint, sent Standard Webhooks.
+    Https,
 }
 
 impl Kind {
@@ -50,6 +63,7 @@ impl Kind {
             Self::Sqs { fifo: false } => "sqs",
             Self::Sqs { fifo: true } => "sqs_fifo",
             Self::EventBridge => "eventbridge",
+            Self::Https => "https",
         }
     }
 }
@@ -121,16 +135,90 @@ impl Arn {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
     pub name: String,
-    pub arn: String,
-    pub parsed: Arn,
+    /// Where it is: an ARN, or an HTTPS destination's URL.
+    pub target: String,
+    pub kind: Kind,
+    /// An AWS destination's parsed ARN.
+    pub arn: Option<Arn>,
+    /// An HTTPS destination's secrets and address policy.
+    pub https: Option<HttpsTarget>,
     /// EventBridge only: the events' `Source`.
     pub source: String,
+}
+
+/// An HTTPS destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpsTarget {
+    pub url: url::Url,
+    /// Its `whsec_` secrets, by reference (`env:` or `ssm:`): one, or two
+    /// during a rotation (each signs; the consumer accepts either).
+    pub secrets: Vec<String>,
+    /// Private, loopback and link-local addresses allowed (never metadata ones).
+    pub allow_private: bool,
+}
+
+/// The most secrets an HTTPS destination signs with (a rotation's two).
+pub const MAX_DESTINATION_SECRETS: usize = 2;
+
+impl HttpsTarget {
+    fn parse(url: &str, secrets: Vec<String>, allow_private: bool) -> Result<Self, String> {
+        if url.len() > 2048 {
+            return Err("the url is longer than 2048 characters".into());
+        }
+        let parsed = url::Url::parse(url).map_err(|e| format!("{url:?} is not a URL ({e})"))?;
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err("the url must not carry credentials (the deliveries are signed)".into());
+        }
+        if parsed.fragment().is_some() {
+            return Err("the url must not have a fragment".into());
+        }
+        let host = parsed.host().ok_or_else(|| format!("{url:?} has no host"))?;
+        let literal = match &host {
+            url::Host::Ipv4(ip) => Some(std::net::IpAddr::V4(*ip)),
+            url::Host::Ipv6(ip) => Some(std::net::IpAddr::V6(*ip)),
+            url::Host::Domain(_) => None,
+        };
+        let loopback = match &host {
+            url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+            _ => literal.is_some_and(|ip| ip.is_loopback()),
+        };
+        match parsed.scheme() {
+            "https" => {}
+            "http" if loopback && allow_private => {}
+            "http" if loopback => {
+                return Err(
+                    "plain http to a loopback host needs \"allow_private\": true (local stacks and tests)".into()
+                );
+            }
+            _ => return Err(format!("{url:?}: a destination's url is https:// (plain http only to a loopback host)")),
+        }
+        if let Some(why) = literal.and_then(|ip| crate::netguard::refused(ip, allow_private)) {
+            return Err(format!("{url:?} is {why}; set \"allow_private\": true to allow private networks"));
+        }
+        if secrets.is_empty() || secrets.len() > MAX_DESTINATION_SECRETS {
+            return Err(format!("an HTTPS destination signs with 1 or {MAX_DESTINATION_SECRETS} secrets (`secrets`)"));
+        }
+        if let Some(bad) = secrets.iter().find(|r| !(r.starts_with("env:") || r.starts_with("ssm:"))) {
+            let shown = if bad.len() > 6 { &bad[..6] } else { bad.as_str() };
+            return Err(format!(
+                "secrets must be references (env:NAME or ssm:/path), never inline values (one starts {shown:?})"
+            ));
+        }
+        Ok(Self { url: parsed, secrets, allow_private })
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DestinationSpec {
-    arn: String,
+    #[serde(default)]
+    arn: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    secrets: Option<Vec<String>>,
+    #[serde(default)]
+    allow_private: Option<bool>,
     #[serde(default)]
     source: Option<String>,
 }
@@ -240,18 +328,47 @@ impl Routes {
             if !valid_name(&name) {
                 return Err(format!("destination {name:?}: a name is 1-64 characters of a-z, 0-9, '-', '_'"));
             }
-            let parsed = Arn::parse(&d.arn).map_err(|e| format!("destination {name}: {e}"))?;
-            let source = match (&d.source, parsed.kind) {
-                (Some(s), Kind::EventBridge) => {
-                    if s.is_empty() || s.len() > 256 || s.starts_with("aws.") {
-                        return Err(format!("destination {name}: source must be 1-256 characters, not aws.*"));
+            let destination = match (d.arn, d.url) {
+                (Some(arn), None) => {
+                    if d.secrets.is_some() || d.allow_private.is_some() {
+                        return Err(format!(
+                            "destination {name}: secrets and allow_private are for HTTPS destinations (url)"
+                        ));
                     }
-                    s.clone()
+                    let parsed = Arn::parse(&arn).map_err(|e| format!("destination {name}: {e}"))?;
+                    let source = match (&d.source, parsed.kind) {
+                        (Some(s), Kind::EventBridge) => {
+                            if s.is_empty() || s.len() > 256 || s.starts_with("aws.") {
+                                return Err(format!("destination {name}: source must be 1-256 characters, not aws.*"));
+                            }
+                            s.clone()
+                        }
+                        (Some(_), _) => {
+                            return Err(format!("destination {name}: source is for EventBridge buses only"));
+                        }
+                        (None, _) => DEFAULT_SOURCE.to_owned(),
+                    };
+                    Destination { name, target: arn, kind: parsed.kind, arn: Some(parsed), https: None, source }
                 }
-                (Some(_), _) => return Err(format!("destination {name}: source is for EventBridge buses only")),
-                (None, _) => DEFAULT_SOURCE.to_owned(),
+                (None, Some(url)) => {
+                    if d.source.is_some() {
+                        return Err(format!("destination {name}: source is for EventBridge buses only"));
+                    }
+                    let https =
+                        HttpsTarget::parse(&url, d.secrets.unwrap_or_default(), d.allow_private.unwrap_or(false))
+                            .map_err(|e| format!("destination {name}: {e}"))?;
+                    Destination {
+                        name,
+                        target: https.url.to_string(),
+                        kind: Kind::Https,
+                        arn: None,
+                        https: Some(https),
+                        source: DEFAULT_SOURCE.to_owned(),
+                    }
+                }
+                _ => return Err(format!("destination {name}: give an arn (SNS, SQS, EventBridge) or a url (HTTPS)")),
             };
-            destinations.push(Destination { name, arn: d.arn, parsed, source });
+            destinations.push(destination);
         }
         let mut rules = Vec::with_capacity(spec.routes.len());
         for (i, r) in spec.routes.into_iter().enumerate() {
@@ -383,13 +500,13 @@ mod tests {
         assert_eq!(names("github-app", "github", "other", "push"), ["ordered"]);
         let bus = r.destination("bus").unwrap();
         assert_eq!(
-            (bus.parsed.kind, bus.source.as_str(), bus.parsed.name.as_str()),
+            (bus.kind, bus.source.as_str(), bus.arn.as_ref().unwrap().name.as_str()),
             (Kind::EventBridge, "acme.billing", "billing")
         );
-        assert_eq!(r.destination("ordered").unwrap().parsed.kind, Kind::Sqs { fifo: true });
+        assert_eq!(r.destination("ordered").unwrap().kind, Kind::Sqs { fifo: true });
         assert_eq!(r.destination("topic").unwrap().source, DEFAULT_SOURCE);
         assert_eq!(
-            r.destination("orders").unwrap().parsed.queue_url(),
+            r.destination("orders").unwrap().arn.as_ref().unwrap().queue_url(),
             "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
         );
     }
@@ -418,6 +535,43 @@ mod tests {
         }
         let err = Routes::parse(&format!(r#"{{"destinations": {{"Bad Name": {{"arn": "{SQS}"}}}}, "routes": []}}"#));
         assert!(err.unwrap_err().contains("a-z, 0-9"));
+    }
+
+    #[test]
+    fn https_destinations_are_https_signed_by_references_and_public_unless_allowed() {
+        let one = |d: &str| Routes::parse(&format!(r#"{{"destinations": {{"d": {d}}}, "routes": [{{"to": ["d"]}}]}}"#));
+        let ok = one(r#"{"url": "https://hooks.example.com/in?x=1", "secrets": ["ssm:/hl/d", "env:D2"]}"#).unwrap();
+        let d = ok.destination("d").unwrap();
+        assert_eq!((d.kind, d.target.as_str()), (Kind::Https, "https://hooks.example.com/in?x=1"));
+        let https = d.https.as_ref().unwrap();
+        assert_eq!((https.secrets.len(), https.allow_private), (2, false));
+        let local = one(r#"{"url": "http://127.0.0.1:8080/hooks", "secrets": ["env:D"], "allow_private": true}"#);
+        assert!(local.is_ok(), "{local:?}");
+        for (dest, want) in [
+            (r#"{"url": "http://hooks.example.com/", "secrets": ["env:D"]}"#, "https://"),
+            (r#"{"url": "http://127.0.0.1:8080/", "secrets": ["env:D"]}"#, "allow_private"),
+            (r#"{"url": "ftp://hooks.example.com/", "secrets": ["env:D"]}"#, "https://"),
+            (r#"{"url": "https://169.254.169.254/latest", "secrets": ["env:D"], "allow_private": true}"#, "metadata"),
+            (r#"{"url": "https://10.0.0.7/hooks", "secrets": ["env:D"]}"#, "private address"),
+            (r#"{"url": "https://[fe80::1]/hooks", "secrets": ["env:D"]}"#, "link-local"),
+            (r#"{"url": "https://user:pw@hooks.example.com/", "secrets": ["env:D"]}"#, "credentials"),
+            (r#"{"url": "https://hooks.example.com/"}"#, "1 or 2 secrets"),
+            (r#"{"url": "https://hooks.example.com/", "secrets": ["a", "b", "c"]}"#, "1 or 2 secrets"),
+            (r#"{"url": "https://hooks.example.com/", "secrets": ["whsec_inline"]}"#, "never inline"),
+            (
+                r#"{"url": "https://h.example.com/", "arn": "arn:aws:sns:eu-west-1:123456789012:t", "secrets": ["env:D"]}"#,
+                "an arn",
+            ),
+            (r#"{"arn": "arn:aws:sns:eu-west-1:123456789012:t", "secrets": ["env:D"]}"#, "for HTTPS destinations"),
+            (r#"{"url": "https://h.example.com/", "secrets": ["env:D"], "source": "x"}"#, "EventBridge buses only"),
+            (r#"{"url": "not a url", "secrets": ["env:D"]}"#, "not a URL"),
+        ] {
+            let err = one(dest).unwrap_err();
+            assert!(err.contains(want), "{dest}: {err}");
+            assert!(!err.contains("whsec_inline"), "a secret is never repeated: {err}");
+        }
+        // With allow_private: private addresses, never metadata ones.
+        assert!(one(r#"{"url": "https://10.0.0.7/hooks", "secrets": ["env:D"], "allow_private": true}"#).is_ok());
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::adapters::sources::ProviderSource;
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::stripe::StripeEvents;
 use crate::adapters::timeouts::Timeouts;
+use crate::adapters::webhooks::HttpsSender;
 use crate::app::reference_registry;
 use crate::backfill::{self, Backfill, BackfillSettings, Schedule};
 use crate::clock::Ambient;
@@ -325,13 +326,17 @@ impl Wiring {
         Ok(crate::outbox::Deliveries::new(DynamoOutbox::on(self.ledger()?), self.settings.index_shards))
     }
 
-    /// The outbox dispatcher on the ledger's table and SNS.
+    /// The outbox dispatcher on the ledger's table: SNS, SQS, EventBridge
+    /// and, when the routes name any, HTTPS destinations.
     pub fn dispatcher(&self) -> Result<LiveDispatcher, ConfigError> {
         let store = DynamoOutbox::on(self.ledger()?);
         let payloads: Arc<dyn crate::ports::EventPayloads> = Arc::new(self.ledger()?);
-        Ok(Dispatcher::with_ports(store, AwsPublisher::new(&self.aws))
-            .with_payloads(payloads)
-            .with_ambient(self.ambient.clone()))
+        let mut publisher = AwsPublisher::new(&self.aws);
+        if self.settings.routes.destinations().iter().any(|d| d.https.is_some()) {
+            let secrets: Arc<dyn SecretResolver> = Arc::new(self.secrets());
+            publisher = publisher.with_https(HttpsSender::new(self.settings.routes.clone(), secrets));
+        }
+        Ok(Dispatcher::with_ports(store, publisher).with_payloads(payloads).with_ambient(self.ambient.clone()))
     }
 
     /// Resolves `env:` and `ssm:` secret references.

@@ -9,7 +9,9 @@
 //!   subject: order per subject) and `MessageDeduplicationId` = the key;
 //! - an **EventBridge bus**: `PutEvents` of one entry (`Source`,
 //!   `DetailType` = the event type, `Detail` = the envelope), its per-entry
-//!   result checked (a failed entry is a failed publish).
+//!   result checked (a failed entry is a failed publish);
+//! - an **HTTPS endpoint** (a URL): POSTed as Standard Webhooks by
+//!   [`super::webhooks::HttpsSender`], when the publisher has one.
 //!
 //! The EventBridge client is built on the first publish to a bus.
 
@@ -19,7 +21,8 @@ use aws_sdk_sns::types::MessageAttributeValue;
 use aws_sdk_sqs::types::MessageAttributeValue as SqsAttribute;
 
 use super::error_chain;
-use crate::ports::{Publication, Publisher};
+use super::webhooks::HttpsSender;
+use crate::ports::{Publication, PublishError, Publisher};
 use crate::routes::{Arn, Kind};
 
 /// The message attribute carrying the idempotency key (SNS and SQS).
@@ -32,6 +35,8 @@ pub struct AwsPublisher {
     sns: aws_sdk_sns::Client,
     sqs: std::sync::Arc<OnceLock<aws_sdk_sqs::Client>>,
     events: std::sync::Arc<OnceLock<aws_sdk_eventbridge::Client>>,
+    /// HTTPS destinations (`None`: a URL target is refused).
+    https: Option<HttpsSender>,
 }
 
 impl AwsPublisher {
@@ -43,21 +48,33 @@ impl AwsPublisher {
             sns: aws_sdk_sns::Client::new(aws),
             sqs: std::sync::Arc::default(),
             events: std::sync::Arc::default(),
+            https: None,
         }
+    }
+
+    /// Sends to HTTPS destinations with `sender`.
+    pub fn with_https(mut self, sender: HttpsSender) -> Self {
+        self.https = Some(sender);
+        self
     }
 
     /// Every kind of destination, on these clients (the EventBridge client
     /// built from `aws` on its first publish).
     pub fn with_clients(aws: &aws_config::SdkConfig, sns: aws_sdk_sns::Client, sqs: aws_sdk_sqs::Client) -> Self {
-        let publisher =
-            Self { aws: Some(aws.clone()), sns, sqs: std::sync::Arc::default(), events: std::sync::Arc::default() };
+        let publisher = Self {
+            aws: Some(aws.clone()),
+            sns,
+            sqs: std::sync::Arc::default(),
+            events: std::sync::Arc::default(),
+            https: None,
+        };
         let _ = publisher.sqs.set(sqs);
         publisher
     }
 
     /// SNS topics only, on this client (tests that wire by hand).
     pub fn sns_only(sns: aws_sdk_sns::Client) -> Self {
-        Self { aws: None, sns, sqs: std::sync::Arc::default(), events: std::sync::Arc::default() }
+        Self { aws: None, sns, sqs: std::sync::Arc::default(), events: std::sync::Arc::default(), https: None }
     }
 
     fn config(&self) -> Result<&aws_config::SdkConfig, String> {
@@ -131,12 +148,18 @@ impl AwsPublisher {
 }
 
 impl Publisher for AwsPublisher {
-    async fn publish(&self, out: Publication<'_>) -> Result<(), String> {
+    async fn publish(&self, out: Publication<'_>) -> Result<(), PublishError> {
+        if out.target.starts_with("https://") || out.target.starts_with("http://") {
+            let https = self.https.as_ref().ok_or_else(|| "this publisher sends to no HTTPS destination".to_owned())?;
+            return https.send(out).await;
+        }
         let arn = Arn::parse(out.target)?;
         match arn.kind {
             Kind::Sns => self.sns(out).await,
             Kind::Sqs { fifo } => self.sqs(&arn, fifo, out).await,
             Kind::EventBridge => self.eventbridge(out).await,
+            Kind::Https => Err(format!("{} is not an ARN of a topic, queue or bus", out.target)),
         }
+        .map_err(PublishError::from)
     }
 }

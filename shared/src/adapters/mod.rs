@@ -21,6 +21,7 @@ pub mod sqs;
 pub mod stripe;
 pub mod timeouts;
 pub mod tls;
+pub mod webhooks;
 
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 

@@ -1192,3 +1192,95 @@ async fn an_event_too_large_for_its_destination_is_delivered_as_a_reference() {
     let stored = world.state().bucket.as_ref().and_then(|b| b.get(&format!("{}/{hash}", k.as_str())).cloned());
     assert_eq!(stored.as_deref(), Some(large.as_bytes()), "the payload is in the bucket as it is");
 }
+
+// ------------------------------------------------------------ HTTPS circuits
+
+const UP: &str = "https://up.example.com/hooks";
+const DOWN: &str = "https://down.example.com/hooks";
+
+/// A harness whose every event goes to two HTTPS destinations, `up` and `down`.
+fn https_routed() -> Harness {
+    let json = format!(
+        r#"{{"destinations": {{"up": {{"url": "{UP}", "secrets": ["env:UP"]}},
+                               "down": {{"url": "{DOWN}", "secrets": ["env:DOWN"]}}}},
+            "routes": [{{"to": ["up", "down"]}}]}}"#
+    );
+    let routes = Arc::new(crate::routes::Routes::parse(&json).unwrap());
+    let world = World::new(Ambient::fixed(NOW, 11)).with_shards(settings().index_shards);
+    let payloads: Arc<dyn crate::ports::EventPayloads> = Arc::new(world.ledger());
+    let dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
+        .with_ambient(world.ambient().clone())
+        .with_payloads(payloads);
+    let p = Processor::with_ports(world.ledger(), cx(), Registry::new(), Some(dispatch), settings())
+        .with_queue(world.queue())
+        .with_ambient(world.ambient().clone())
+        .with_routes(routes);
+    Harness { p, ledger: Ledger { m: world.ledger(), w: world.clone() }, queue: world.queue(), world }
+}
+
+/// One HTTPS destination refuses every connection for an hour of virtual
+/// time while an event a minute arrives and the sweep runs every minute:
+/// every delivery to the healthy destination is sent by its first
+/// dispatch; the dead one is tried `threshold` times, then at most once per
+/// open interval (a probe), and its waiting deliveries spend no attempt.
+/// Once it is back, the sweep alone sends each of its deliveries, once.
+#[tokio::test]
+async fn a_dead_https_destination_gets_only_probes_and_its_deliveries_go_out_when_it_is_back() {
+    let h = https_routed();
+    h.world.publisher().refuse(DOWN);
+    let policy = crate::outbox::CircuitPolicy::default();
+    // The reconciler's dispatcher: another container, its own copy of the circuits.
+    let sweeper = Dispatcher::with_ports(h.world.outbox(), h.world.publisher())
+        .with_ambient(h.world.ambient().clone())
+        .with_payloads(Arc::new(h.world.ledger()));
+    let tries = |target: &str| h.world.publisher().attempts().iter().filter(|p| p.topic_arn == target).count();
+    let mut keys = Vec::new();
+    let mut opened_at_minute = None;
+    for minute in 0..60_i64 {
+        let now = NOW + minute * 60_000;
+        let k = put(&h, record(&format!("e{minute}"), Status::Received));
+        assert_eq!(h.p.process(&k, now).await.unwrap(), done(Outcome::Ignored));
+        let up = h.world.outbox().get(&delivery_id(&k, "up"));
+        assert_eq!((up.status.as_str(), up.attempts), ("SENT", 1), "minute {minute}: sent by its first dispatch");
+        keys.push(k);
+        let before = tries(DOWN);
+        sweeper.sweep(settings().index_shards, now + 30_000, 0, 1_000).await.unwrap();
+        let circuit = crate::ports::CircuitStore::circuit(&h.world.outbox(), "down").await.unwrap();
+        if opened_at_minute.is_none() && circuit.as_ref().is_some_and(|c| c.open_until.is_some()) {
+            opened_at_minute = Some(minute);
+        }
+        if opened_at_minute.is_some_and(|m| m < minute) {
+            assert!(tries(DOWN) - before <= 1, "minute {minute}: at most one probe while open");
+        }
+    }
+    let opened = opened_at_minute.expect("the circuit opened");
+    assert!(opened <= 5, "opened after {} failures in a row (minute {opened})", policy.threshold);
+    let probes = tries(DOWN) - usize::try_from(policy.threshold).unwrap();
+    let intervals = usize::try_from(3_600_000 / policy.open_ms).unwrap();
+    assert!(probes <= intervals, "{probes} tries after opening, at most one per {} ms", policy.open_ms);
+    assert_eq!(tries(UP), 60, "the healthy destination: one send per event, nothing more");
+    eprintln!("down: opened at minute {opened}, {} tries in the hour", tries(DOWN));
+    let mut spent = 0;
+    for k in &keys {
+        let down = h.world.outbox().get(&delivery_id(k, "down"));
+        assert_eq!(down.status, "PENDING", "waiting, not DEAD");
+        spent += usize::try_from(down.attempts).unwrap();
+    }
+    assert_eq!(spent, tries(DOWN), "an attempt is spent by a try only, never by waiting");
+
+    // Back: the sweep alone sends every waiting delivery, each once.
+    h.world.publisher().restore(DOWN);
+    let mut now = NOW + 3_600_000;
+    for _ in 0..20 {
+        now += 60_000;
+        sweeper.sweep(settings().index_shards, now, 0, 1_000).await.unwrap();
+    }
+    let sent = h.world.publisher().published();
+    for k in &keys {
+        let key = idempotency_key(k.as_str(), &crate::routes::delivery_action("down"));
+        assert_eq!(sent.iter().filter(|p| p.idempotency_key == key).count(), 1, "{k}: sent once");
+        assert_eq!(h.world.outbox().get(&delivery_id(k, "down")).status, "SENT");
+    }
+    let circuit = crate::ports::CircuitStore::circuit(&h.world.outbox(), "down").await.unwrap().unwrap();
+    assert_eq!((circuit.open_until, circuit.failures), (None, 0), "closed");
+}

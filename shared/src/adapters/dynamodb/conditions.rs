@@ -36,6 +36,14 @@
 //!   SENDING(token) ── outbox_sent     (outbox.rs) ──▶ SENT
 //!   SENDING(token) ── outbox_back_off (outbox.rs) ──▶ PENDING(due later)
 //!   SENDING(token) ── outbox_dead     (outbox.rs) ──▶ DEAD (attention index)
+//!   SENDING(token) ── outbox_defer    (outbox.rs) ──▶ PENDING(due later), the attempt given back
+//! ```
+//!
+//! A destination's circuit (`dest#<name>`, `sk = "circuit"`, outbox.rs):
+//!
+//! ```text
+//!   closed ── circuit_failure ──▶ closed, one more failure   ── circuit_open ──▶ open(until)
+//!   open, time up ── circuit_probe ──▶ one probe out ── circuit_close ──▶ closed | circuit_open ──▶ open
 //! ```
 //!
 //! Index bookkeeping ([`Update::to`]): every status change sets `#st`; DEAD
@@ -108,6 +116,11 @@ pub const EXPRESSIONS: &[&str] = &[
     "outbox_back_off",
     "outbox_dead",
     "outbox_revive",
+    "outbox_defer",
+    "circuit_failure",
+    "circuit_open",
+    "circuit_probe",
+    "circuit_close",
     "release_parked",
     "migrate_attention",
     "migrate_due_partition",
@@ -700,6 +713,77 @@ pub fn outbox_back_off(token: &str, next_at_ms: i64, error: &str, now_ms: i64) -
         .value(":err", s(error))
         .value(":now", n(now_ms))
         .value(":next", n(next_at_ms))
+}
+
+/// Not sent: the destination's circuit is open. PENDING again, due when
+/// it may be tried, the claim's attempt given back (`ADD -1`): waiting for
+/// a destination spends none. Fenced like every write after the claim.
+pub fn outbox_defer(token: &str, next_at_ms: i64, why: &str, now_ms: i64) -> Update {
+    dispatch_fenced("outbox_defer", token)
+        .set("#st = :pending")
+        .set("last_error = :err")
+        .set("deferred_at = :now")
+        .set("due_at = :next")
+        .add("dispatch_attempts :back")
+        .value(":pending", s(PENDING))
+        .value(":err", s(why))
+        .value(":now", n(now_ms))
+        .value(":next", n(next_at_ms))
+        .value(":back", n(-1))
+}
+
+/// A destination's circuit (`dest#<name>`, `sk = "circuit"`): one more
+/// failure in a row. Its own retry after a lost acknowledgement meets its
+/// token and is refused (then recognised): a failure counts once.
+pub fn circuit_failure(token: &str, now_ms: i64) -> Update {
+    Update::when("circuit_failure", "attribute_not_exists(failure_token) OR failure_token <> :tok")
+        .set("failure_token = :tok")
+        .set("failed_at = :now")
+        .add("failures :one")
+        .value(":tok", s(token))
+        .value(":now", n(now_ms))
+        .value(":one", n(1))
+}
+
+/// Opens the circuit until `until_ms`, unless it is open now (another
+/// dispatcher opened it first). A failed probe reopens it (its time is up).
+pub fn circuit_open(token: &str, until_ms: i64, now_ms: i64) -> Update {
+    Update::when("circuit_open", "attribute_not_exists(open_until) OR open_until <= :now")
+        .set("open_until = :until")
+        .set("open_token = :tok")
+        .set("opened_at = :now")
+        .set("failures = :zero")
+        .remove("probe_until")
+        .remove("probe_token")
+        .value(":until", n(until_ms))
+        .value(":tok", s(token))
+        .value(":now", n(now_ms))
+        .value(":zero", n(0))
+}
+
+/// The one probe of an open circuit whose time is up: refused while it is
+/// open or while another dispatcher's probe is out.
+pub fn circuit_probe(token: &str, until_ms: i64, now_ms: i64) -> Update {
+    Update::when("circuit_probe", "open_until <= :now AND (attribute_not_exists(probe_until) OR probe_until <= :now)")
+        .set("probe_until = :until")
+        .set("probe_token = :tok")
+        .value(":until", n(until_ms))
+        .value(":tok", s(token))
+        .value(":now", n(now_ms))
+}
+
+/// A send got through: closed, no failures (the same again on a retry;
+/// refused only when the circuit was never written: closed already).
+pub fn circuit_close(now_ms: i64) -> Update {
+    Update::when("circuit_close", "attribute_exists(failures)")
+        .set("failures = :zero")
+        .set("closed_at = :now")
+        .remove("open_until")
+        .remove("open_token")
+        .remove("probe_until")
+        .remove("probe_token")
+        .value(":zero", n(0))
+        .value(":now", n(now_ms))
 }
 
 /// As [`outbox_back_off`], but the attempts are exhausted: out of the due

@@ -11,9 +11,48 @@ use super::{Item, Written};
 use crate::identity::EventKey;
 use crate::ledger::PortError;
 use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, OutboxState, idempotency_key};
-use crate::ports::OutboxStore;
+use crate::ports::{Circuit, CircuitChange, CircuitStore, OutboxStore};
 
 pub const OUTBOX_SK: &str = "outbox";
+/// The sort key of a destination's circuit item (`dest#<name>`).
+pub const CIRCUIT_SK: &str = "circuit";
+
+/// The partition key of `destination`'s circuit item.
+pub fn circuit_pk(destination: &str) -> String {
+    format!("dest#{destination}")
+}
+
+/// A circuit item as the port reads it.
+pub(crate) fn circuit_of(item: &Item) -> Circuit {
+    let opt = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let num = |k: &str| item.get(k).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+    Circuit {
+        failures: u32::try_from(num("failures").unwrap_or(0).max(0)).unwrap_or(u32::MAX),
+        open_until: num("open_until"),
+        probe_until: num("probe_until"),
+        probe_token: opt("probe_token"),
+        failure_token: opt("failure_token"),
+        open_token: opt("open_token"),
+    }
+}
+
+/// A circuit change's update, and how its refusal recognises the change's
+/// own earlier write (the circuit it met carries the change's token).
+pub(crate) fn circuit_update(change: CircuitChange<'_>) -> (cond::Update, impl Fn(&Circuit) -> bool) {
+    let (update, token, field): (_, Option<String>, fn(&Circuit) -> Option<&String>) = match change {
+        CircuitChange::Failure { token, now_ms } => {
+            (cond::circuit_failure(token, now_ms), Some(token.to_owned()), |c| c.failure_token.as_ref())
+        }
+        CircuitChange::Open { token, until_ms, now_ms } => {
+            (cond::circuit_open(token, until_ms, now_ms), Some(token.to_owned()), |c| c.open_token.as_ref())
+        }
+        CircuitChange::Probe { token, until_ms, now_ms } => {
+            (cond::circuit_probe(token, until_ms, now_ms), Some(token.to_owned()), |c| c.probe_token.as_ref())
+        }
+        CircuitChange::Close { now_ms } => (cond::circuit_close(now_ms), None, |_| None),
+    };
+    (update, move |met: &Circuit| token.is_some() && field(met) == token.as_ref())
+}
 /// The due-index partition of an outbox item of `shard`: `out#007` (a
 /// release that kept them in `due#007` with the records is upgraded by
 /// `hookledger migrate`).
@@ -239,6 +278,10 @@ impl OutboxStore for DynamoOutbox {
         self.fenced_write(id, token, cond::outbox_back_off(token, next_at_ms, &short(error), now_ms)).await
     }
 
+    async fn defer(&self, id: &str, token: &str, next_at_ms: i64, why: &str, now_ms: i64) -> Result<Held, PortError> {
+        self.fenced_write(id, token, cond::outbox_defer(token, next_at_ms, &short(why), now_ms)).await
+    }
+
     async fn dead(&self, id: &str, token: &str, shard: u32, error: &str, now_ms: i64) -> Result<Held, PortError> {
         self.fenced_write(id, token, cond::outbox_dead(token, &dead_partition(shard), &short(error), now_ms)).await
     }
@@ -287,5 +330,19 @@ impl OutboxStore for DynamoOutbox {
             .map(|k| text(k, attr::PK))
             .filter(|pk| !pk.is_empty())
             .collect())
+    }
+}
+
+impl CircuitStore for DynamoOutbox {
+    async fn circuit(&self, destination: &str) -> Result<Option<Circuit>, PortError> {
+        Ok(self.ledger.read_item(&circuit_pk(destination), CIRCUIT_SK).await?.as_ref().map(circuit_of))
+    }
+
+    async fn change_circuit(&self, destination: &str, change: CircuitChange<'_>) -> Result<Option<Circuit>, PortError> {
+        let (update, ours) = circuit_update(change);
+        Ok(match self.ledger.conditional(&circuit_pk(destination), CIRCUIT_SK, update, true).await? {
+            Written::Applied(after) => Some(circuit_of(&after.unwrap_or_default())),
+            Written::Refused(met) => met.as_ref().map(circuit_of).filter(|c| ours(c)),
+        })
     }
 }

@@ -1184,6 +1184,10 @@ impl OutboxStore for MemOutbox {
         self.fenced("outbox.back_off", id, token, &cond::outbox_back_off(token, next_at_ms, &short(error), now_ms))
     }
 
+    async fn defer(&self, id: &str, token: &str, next_at_ms: i64, why: &str, now_ms: i64) -> Result<Held, PortError> {
+        self.fenced("outbox.defer", id, token, &cond::outbox_defer(token, next_at_ms, &short(why), now_ms))
+    }
+
     async fn dead(&self, id: &str, token: &str, shard: u32, error: &str, now_ms: i64) -> Result<Held, PortError> {
         self.fenced("outbox.dead", id, token, &cond::outbox_dead(token, &dead_partition(shard), &short(error), now_ms))
     }
@@ -1233,6 +1237,30 @@ impl OutboxStore for MemOutbox {
                 .map(|(_, (pk, _), _)| pk)
                 .take(limit.clamp(1, 100))
                 .collect())
+        })
+    }
+}
+
+impl crate::ports::CircuitStore for MemOutbox {
+    async fn circuit(&self, destination: &str) -> Result<Option<crate::ports::Circuit>, PortError> {
+        use crate::adapters::dynamodb::outbox::{CIRCUIT_SK, circuit_of, circuit_pk};
+        let pk = circuit_pk(destination);
+        self.0.call_on("circuit.read", destination, |_, st| Ok(st.table.get(&pk, CIRCUIT_SK).map(circuit_of)))
+    }
+
+    async fn change_circuit(
+        &self,
+        destination: &str,
+        change: crate::ports::CircuitChange<'_>,
+    ) -> Result<Option<crate::ports::Circuit>, PortError> {
+        use crate::adapters::dynamodb::outbox::{CIRCUIT_SK, circuit_of, circuit_pk, circuit_update};
+        let (update, ours) = circuit_update(change);
+        let pk = circuit_pk(destination);
+        self.0.call_on("circuit.change", destination, |_, st| {
+            Ok(match st.conditional(&pk, CIRCUIT_SK, &update)? {
+                Written::Applied(_) => st.table.get(&pk, CIRCUIT_SK).map(circuit_of),
+                Written::Refused(met) => met.as_ref().map(circuit_of).filter(|c| ours(c)),
+            })
         })
     }
 }

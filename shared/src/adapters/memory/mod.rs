@@ -115,6 +115,8 @@ pub struct State {
     pub bucket: Option<HashMap<String, Vec<u8>>>,
     pub queue: queue::QueueState,
     pub published: Vec<Published>,
+    /// Targets that refuse every connection (an HTTPS destination that is down).
+    pub refusing: BTreeSet<String>,
     rules: Vec<Rule>,
     /// Faults drawn at random: per thousand calls.
     random_per_mille: u32,
@@ -449,6 +451,16 @@ impl MemPublisher {
         self.0.inject("publisher.publish", 0, None, Fault::Throttle);
     }
 
+    /// Every publish to `target` fails as a refused connection does, until
+    /// [`Self::restore`] (an HTTPS destination that is down).
+    pub fn refuse(&self, target: &str) {
+        self.0.state().refusing.insert(target.to_owned());
+    }
+
+    pub fn restore(&self, target: &str) {
+        self.0.state().refusing.remove(target);
+    }
+
     /// The `nth` publish (0-based) fails.
     pub fn fail_call(&self, nth: u32) {
         self.0.inject("publisher.publish", nth, Some(1), Fault::Throttle);
@@ -456,7 +468,7 @@ impl MemPublisher {
 }
 
 impl crate::ports::Publisher for MemPublisher {
-    async fn publish(&self, out: crate::ports::Publication<'_>) -> Result<(), String> {
+    async fn publish(&self, out: crate::ports::Publication<'_>) -> Result<(), crate::ports::PublishError> {
         let attempt = |ok| Published {
             topic_arn: out.target.to_owned(),
             body: out.body.to_owned(),
@@ -465,13 +477,20 @@ impl crate::ports::Publisher for MemPublisher {
             ok,
         };
         let result = self.0.call_on("publisher.publish", out.idempotency_key, |_, st| {
+            if st.refusing.contains(out.target) {
+                st.published.push(attempt(false));
+                return Ok(false);
+            }
             st.published.push(attempt(true));
-            Ok(())
+            Ok(true)
         });
+        if let Ok(false) = result {
+            return Err("connection refused".to_owned().into());
+        }
         if result.is_err() {
             self.0.state().published.push(attempt(false));
         }
-        result.map_err(|e| format!("sns: {e}"))
+        result.map(|_| ()).map_err(|e| format!("sns: {e}").into())
     }
 }
 
