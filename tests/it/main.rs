@@ -32,3 +32,4 @@ mod support;
 mod sweep;
 mod tenants;
 mod upgrade;
+mod webhook_sink;

@@ -369,3 +369,113 @@ async fn a_delivery_costs_at_most_five_write_units_whatever_the_event_size() {
     );
     assert!(per_delivery > 0.0 && per_delivery <= 5.0, "{per_delivery} write units per delivery");
 }
+
+/// An HTTPS destination as deployed (`Wiring::processor`, its secret an
+/// SSM parameter): the event is POSTed once, signed as Standard Webhooks
+/// (`webhook-id` = the delivery's key) with both secrets of a rotation; the
+/// official `standardwebhooks` libraries (Python and npm) verify it with
+/// either secret alone and refuse it with another or tampered. A 4xx answer
+/// is DEAD at once with its status; a 503 is retried.
+#[tokio::test]
+async fn an_https_delivery_is_signed_as_standard_webhooks_and_verified_by_the_official_libraries() {
+    use crate::webhook_sink::{SECRET, Sink};
+    let stack = Stack::new().await;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (sink, url) = Sink::start().await;
+    let ssm = aws_sdk_ssm::Client::new(&stack.aws);
+    let (old, new) = (format!("/hl-it/{id}/old"), format!("/hl-it/{id}/new"));
+    let rotated = "whsec_dGhlIG5ldyBzZWNyZXQgb2YgYSByb3RhdGlvbg==";
+    for (name, value) in [(&old, SECRET), (&new, rotated)] {
+        let put = ssm.put_parameter().name(name).value(value).r#type(aws_sdk_ssm::types::ParameterType::SecureString);
+        put.send().await.unwrap_or_else(|e| panic!("{e:?}"));
+    }
+    let routes = serde_json::json!({
+        "destinations": {"hooks": {"url": url, "secrets": [format!("ssm:{old}"), format!("ssm:{new}")], "allow_private": true}},
+        "routes": [{"to": ["hooks"]}],
+    })
+    .to_string();
+    let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[]);
+    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let body = br#"{"id":"evt_https_1","object":"event","type":"product.created","data":{"object":{"id":"prod_h"}}}"#;
+    let key = stack.claim("stripe", "stripe-a", "evt_https_1", Some("product.created"), body).await;
+    processor.process(&key, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+    let got = sink.received();
+    assert_eq!(got.len(), 1, "{got:?}");
+    let r = &got[0];
+    let want = idempotency_key(key.as_str(), &delivery_action("hooks"));
+    assert_eq!(r.headers.get("webhook-id"), Some(&want));
+    assert_eq!(r.headers.get("content-type").map(String::as_str), Some("application/json"));
+    assert_eq!(r.headers["webhook-signature"].split(' ').count(), 2, "one signature per secret");
+    let envelope: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(envelope["event"], serde_json::from_slice::<serde_json::Value>(body).unwrap());
+    assert_eq!(envelope["idempotency_key"], want.as_str());
+    assert_eq!(sink.unverified(), 0);
+
+    // The official libraries: each secret verifies alone; another secret or a changed byte is refused.
+    let tampered = String::from_utf8_lossy(&r.body).replace("prod_h", "prod_x");
+    for (secret, payload, ok) in [
+        (SECRET, String::from_utf8_lossy(&r.body).into_owned(), true),
+        (rotated, String::from_utf8_lossy(&r.body).into_owned(), true),
+        ("whsec_b3RoZXIgc2VjcmV0IGVudGlyZWx5", String::from_utf8_lossy(&r.body).into_owned(), false),
+        (SECRET, tampered, false),
+    ] {
+        let case = serde_json::json!({"secret": secret, "payload": payload, "headers": r.headers}).to_string();
+        assert_eq!(official_verify("python", &case), ok, "python, {secret}");
+        assert_eq!(official_verify("node", &case), ok, "node, {secret}");
+    }
+
+    // Answers: a 4xx is DEAD at once with its status; a 503 is retried.
+    sink.status.store(410, std::sync::atomic::Ordering::SeqCst);
+    let body = br#"{"id":"evt_https_2","object":"event","type":"product.created","data":{"object":{"id":"prod_g"}}}"#;
+    let gone = stack.claim("stripe", "stripe-a", "evt_https_2", Some("product.created"), body).await;
+    processor.process(&gone, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+    let deliveries = wiring.deliveries().unwrap_or_else(|e| panic!("{e}"));
+    let state = &deliveries.of_event(&gone, &["hooks"]).await.unwrap_or_else(|e| panic!("{e}"))[0];
+    assert_eq!(state.status, "DEAD");
+    assert!(state.last_error.as_deref().unwrap_or_default().contains("answered 410"), "{state:?}");
+    sink.status.store(503, std::sync::atomic::Ordering::SeqCst);
+    let body = br#"{"id":"evt_https_3","object":"event","type":"product.created","data":{"object":{"id":"prod_i"}}}"#;
+    let busy = stack.claim("stripe", "stripe-a", "evt_https_3", Some("product.created"), body).await;
+    processor.process(&busy, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+    let state = &deliveries.of_event(&busy, &["hooks"]).await.unwrap_or_else(|e| panic!("{e}"))[0];
+    assert_eq!((state.status.as_str(), state.attempts), ("PENDING", 1), "{state:?}");
+}
+
+/// Verifies one delivery (`{"secret", "payload", "headers"}`) with the
+/// official Standard Webhooks library of `runtime`: `python` (the
+/// `standardwebhooks` package in the project's virtualenv) or `node` (the
+/// npm package in the TypeScript consumer's dependencies).
+fn official_verify(runtime: &str, case: &str) -> bool {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (program, script, dir) = match runtime {
+        "python" => (
+            root.join(".venv/bin/python"),
+            "import json,sys\nfrom standardwebhooks.webhooks import Webhook\nc=json.loads(sys.stdin.read())\n\
+             try:\n    Webhook(c['secret']).verify(c['payload'], c['headers'])\nexcept Exception as e:\n    print(e)\n    sys.exit(3)\n",
+            root.clone(),
+        ),
+        _ => (
+            std::path::PathBuf::from("node"),
+            "const {Webhook}=require('standardwebhooks');let s='';process.stdin.on('data',d=>s+=d).on('end',()=>{\
+             const c=JSON.parse(s);try{new Webhook(c.secret).verify(c.payload,c.headers)}catch(e){console.log(String(e));process.exit(3)}})",
+            root.join("examples/consumers/typescript"),
+        ),
+    };
+    let flag = if runtime == "python" { "-c" } else { "-e" };
+    let mut child = std::process::Command::new(&program)
+        .args([flag, script])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} (scripts/bootstrap installs it): {e}", program.display()));
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(case.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    match out.status.code() {
+        Some(0) => true,
+        Some(3) => false,
+        _ => panic!("{runtime} could not verify: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}

@@ -320,6 +320,77 @@ mod tests {
         }
     }
 
+    /// A loopback server that counts connections and answers 204; its port.
+    fn counting_server() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = count.clone();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 8192];
+                let _ = conn.read(&mut buf);
+                let _ = conn.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            }
+        });
+        (port, count)
+    }
+
+    struct Resolved(&'static [&'static str]);
+
+    impl crate::config::SecretResolver for Resolved {
+        fn resolve<'a>(&'a self, _: &'a str) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>> {
+            Box::pin(async { Ok(Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")) })
+        }
+    }
+
+    /// A name whose resolver answers the metadata address, a private one, a
+    /// loopback one (not allowed) or an IPv6 link-local one is refused when
+    /// the connection is made, and nothing is connected to; the same name
+    /// answering a loopback address a destination allows is delivered.
+    #[tokio::test]
+    async fn names_resolving_to_metadata_private_loopback_or_link_local_addresses_are_refused_at_connect() {
+        let (port, connections) = counting_server();
+        let send = |answers: &'static [&'static str], allow_private: bool| async move {
+            let routes = Routes::parse(&format!(
+                r#"{{"destinations": {{"d": {{"url": "https://hooks.internal.test:{port}/in", "secrets": ["env:D"],
+                   "allow_private": {allow_private}}}}}, "routes": [{{"to": ["d"]}}]}}"#
+            ))
+            .unwrap();
+            let lookup = Answers(answers.iter().map(|a| a.parse().unwrap()).collect());
+            let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(Resolved(&[])), Arc::new(lookup));
+            let out = Publication {
+                target: "https://hooks.internal.test/in",
+                body: "{}",
+                idempotency_key: "k",
+                group: "",
+                source: None,
+                detail_type: None,
+                destination: Some("d"),
+                now_ms: 1_800_000_000_000,
+            };
+            sender.send(out).await
+        };
+        for (answers, allow, why) in [
+            (&["169.254.169.254"][..], true, "metadata"),
+            (&["10.1.2.3"][..], false, "private"),
+            (&["127.0.0.1"][..], false, "loopback"),
+            (&["fe80::1"][..], false, "link-local"),
+            (&["93.184.216.34", "127.0.0.1"][..], false, "loopback"),
+        ] {
+            let err = send(answers, allow).await.unwrap_err();
+            let PublishError::Retry { message, .. } = &err else { panic!("{err:?}") };
+            assert!(message.contains("refused") && message.contains(why), "{answers:?}: {message}");
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was connected to");
+        // Plain https to a plain-TCP server fails the handshake, but it is connected to: the guard let it through.
+        let allowed = send(&["127.0.0.1"], true).await.unwrap_err();
+        assert!(!allowed.message().contains("refused:"), "{allowed:?}");
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     #[tokio::test]
     async fn a_name_is_refused_when_any_address_it_resolves_to_is_refused() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
