@@ -1050,10 +1050,25 @@ impl<'w> Run<'w> {
             }
             self.report.routed_deliveries += owed.len();
         }
+        // The HTTPS destination: the consumer de-duplicates on `webhook-id`,
+        // so it sees each event once when each owed key came and no other did.
+        let owed: BTreeSet<String> =
+            items.iter().filter(|i| s(i, "destination") == "hooks").map(|i| s(i, "idempotency_key")).collect();
+        let got: BTreeSet<String> = self.w.sink.ids().into_keys().collect();
+        for k in owed.difference(&got) {
+            self.w.violation("lost", format!("delivery {k} never reached the HTTPS destination"));
+        }
+        for k in got.difference(&owed) {
+            self.w.violation("doubled", format!("the HTTPS destination got {k}, which no delivery owes"));
+        }
+        if self.w.sink.unverified() > 0 {
+            self.w.violation("forged", format!("{} HTTPS deliveries do not verify", self.w.sink.unverified()));
+        }
+        self.report.routed_deliveries += owed.len();
         let routed_applied = applied.iter().filter(|e| matches!(e.fact, Fact::Routed)).count();
         let routed_items = items.iter().filter(|i| !s(i, "destination").is_empty()).count();
-        if routed_items != 3 * routed_applied {
-            self.w.violation("lost", format!("{routed_items} deliveries for {routed_applied} routed events (3 each)"));
+        if routed_items != 4 * routed_applied {
+            self.w.violation("lost", format!("{routed_items} deliveries for {routed_applied} routed events (4 each)"));
         }
         // The Python consumer over everything the queue got: each event applied
         // once (every fifth seed: a process start each; `scripts/chaos` runs 200 of them).
@@ -1159,10 +1174,12 @@ async fn run_seed_world_of(seed: u64, variant: Variant) -> (SeedReport, Vec<Stri
     run.w.fake.set("sub_c", "cus_m", "active", run.sc.subscription_seats);
     run.w.plan.reset_counts();
     run.w.plan.chaos(Chaos { seed: run.seed, rates: run.sc.rates.clone() });
-    // The routes' bus fails for a while: its first sends are refused on every attempt.
+    // The routes' bus fails for a while: its first sends are refused on every
+    // attempt; the HTTPS destination answers its first requests 503.
     for n in 0..ROUTED_OUTAGE_SENDS {
         run.w.plan.arm(Rule::new(Fault::Throttle).on("events", "PutEvents").every_attempt().nth(n));
     }
+    run.w.sink.fail_next.store(ROUTED_OUTAGE_SENDS, std::sync::atomic::Ordering::SeqCst);
     run.storm = true;
     run.settle().await;
     run.check_statuses().await;

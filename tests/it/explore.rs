@@ -164,6 +164,8 @@ pub struct World {
     pub routed_bus_queue: String,
     /// The queue subscribed to the routes' SNS topic.
     pub routed_topic_queue: String,
+    /// The routes' HTTPS destination: a consumer on a local port.
+    pub sink: Arc<crate::webhook_sink::Sink>,
     pub now: i64,
     next_tick: i64,
     pending: Vec<Pending>,
@@ -229,12 +231,15 @@ impl World {
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
         let intake =
             Intake::new(stack.endpoints().await, settings, ledger.clone(), queue.clone()).with_ambient(ambient.clone());
-        let routes = routes_of(&stack);
+        let (sink, sink_url) = crate::webhook_sink::Sink::start().await;
+        let routes = routes_of(&stack, &sink_url);
         let payloads: Arc<dyn hookledger::ports::EventPayloads> =
             Arc::new(DynamoLedger::new(ddb.clone(), &stack.table));
         let dispatcher = hookledger::outbox::Dispatcher::with_ports(
             hookledger::adapters::dynamodb::outbox::DynamoOutbox::on(DynamoLedger::new(ddb.clone(), &stack.table)),
-            hookledger::adapters::destinations::AwsPublisher::with_clients(&cfg, sns.clone(), sqs.clone()),
+            hookledger::adapters::destinations::AwsPublisher::with_clients(&cfg, sns.clone(), sqs.clone()).with_https(
+                hookledger::adapters::webhooks::HttpsSender::new(routes.clone(), crate::webhook_sink::Sink::secrets()),
+            ),
         )
         .with_payloads(payloads)
         .with_ambient(ambient.clone());
@@ -282,6 +287,7 @@ impl World {
             routed_queue: String::new(),
             routed_bus_queue: String::new(),
             routed_topic_queue: String::new(),
+            sink,
             now,
             next_tick: now + RECONCILER_EVERY_MS,
             pending: Vec::new(),
@@ -739,15 +745,16 @@ pub fn envelope_of(destination: &str, m: serde_json::Value) -> serde_json::Value
 /// EventBridge bus whose rule forwards to a second queue, and an SNS topic a
 /// third queue is subscribed to. Their ARNs only: the resources are made by
 /// [`World::create_routed_destinations`], in the worlds whose events route.
-fn routes_of(stack: &Stack) -> Arc<hookledger::routes::Routes> {
+fn routes_of(stack: &Stack, sink_url: &str) -> Arc<hookledger::routes::Routes> {
     let id = &stack.table[3..];
     let json = serde_json::json!({
         "destinations": {
             "queue": {"arn": format!("arn:aws:sqs:us-east-1:123456789012:dest-{id}")},
             "bus": {"arn": format!("arn:aws:events:us-east-1:123456789012:event-bus/dest-{id}")},
             "topic": {"arn": format!("arn:aws:sns:us-east-1:123456789012:dest-{id}")},
+            "hooks": {"url": sink_url, "secrets": ["env:HOOKS_SECRET"], "allow_private": true},
         },
-        "routes": [{"type": "product.*", "to": ["queue", "bus", "topic"]}],
+        "routes": [{"type": "product.*", "to": ["queue", "bus", "topic", "hooks"]}],
     });
     Arc::new(hookledger::routes::Routes::parse(&json.to_string()).unwrap_or_else(|e| panic!("{e}")))
 }
@@ -1236,6 +1243,21 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
                 } else if got != std::collections::BTreeSet::from([want]) {
                     w.violation("doubled", format!("keys delivered to the {name}: {got:?}"));
                 }
+            }
+            // The HTTPS destination: signed, and under its one key.
+            let want =
+                hookledger::message::idempotency_key(ctx.key.as_str(), &hookledger::routes::delivery_action("hooks"));
+            let got: std::collections::BTreeSet<String> = w.sink.ids().into_keys().collect();
+            if got.is_empty() {
+                w.violation("lost", "nothing delivered to the HTTPS destination".into());
+            } else if got != std::collections::BTreeSet::from([want]) {
+                w.violation("doubled", format!("keys delivered to the HTTPS destination: {got:?}"));
+            }
+            if w.sink.unverified() > 0 {
+                w.violation(
+                    "forged",
+                    format!("{} HTTPS deliveries whose signature does not verify", w.sink.unverified()),
+                );
             }
         }
         Flow::ReconcilerDriftRepair => {

@@ -26,6 +26,8 @@ pub struct Sink {
     received: Mutex<Vec<Received>>,
     /// The status answered (0: 204).
     pub status: AtomicU16,
+    /// The next this many requests are answered 503 (an outage).
+    pub fail_next: AtomicUsize,
     pub connections: AtomicUsize,
 }
 
@@ -45,7 +47,10 @@ impl Sink {
                     if let Some(r) = read_request(&mut sock).await {
                         state.received.lock().unwrap().push(r);
                     }
+                    let outage =
+                        state.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
                     let status = match state.status.load(Ordering::SeqCst) {
+                        _ if outage => 503,
                         0 => 204,
                         s => s,
                     };
@@ -69,6 +74,11 @@ impl Sink {
             *out.entry(r.headers.get("webhook-id").cloned().unwrap_or_default()).or_insert(0) += 1;
         }
         out
+    }
+
+    /// A secret resolver that answers [`SECRET`] for every reference.
+    pub fn secrets() -> Arc<dyn hookledger::config::SecretResolver> {
+        Arc::new(Fixed)
     }
 
     /// Requests whose signature Hookledger's verifier refuses (with a wide
@@ -121,4 +131,16 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Received> {
         buf.extend_from_slice(&chunk[..n]);
     }
     Some(Received { headers, body: buf[head_end..head_end + len].to_vec() })
+}
+
+struct Fixed;
+
+impl hookledger::config::SecretResolver for Fixed {
+    fn resolve<'a>(
+        &'a self,
+        _: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<hookledger::secret::Secret, String>> + Send + 'a>>
+    {
+        Box::pin(async { Ok(hookledger::secret::Secret::new(SECRET)) })
+    }
 }
