@@ -361,12 +361,20 @@ def check_routes(template):
     if not routes.strip():
         return 1
     try:
-        named = {d["arn"] for d in json.loads(routes)["destinations"].values()}
+        destinations = list(json.loads(routes)["destinations"].values())
+        named = {d["arn"] for d in destinations if "url" not in d}
+        # HTTPS destinations: their secrets, by reference.
+        refs = [r for d in destinations if "url" in d for r in d.get("secrets", [])]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         fail(f"Routes is not routes JSON ({e.__class__.__name__})")
     missing = sorted(named - allowed)
     if missing:
         fail(f"Routes names destinations not in DestinationArns (the functions could not send to them): {missing}")
+    # The functions may read parameters under SecretsParameterPath only.
+    path = os.environ.get("SECRETS_PARAMETER_PATH", params.get("SecretsParameterPath", {}).get("Default", ""))
+    unreadable = sorted(r for r in refs if r.startswith("ssm:") and not r.startswith(f"ssm:/{path}/"))
+    if unreadable:
+        fail(f"HTTPS destinations' secrets outside /{path}/ (the functions could not read them): {unreadable}")
     return 1
 
 

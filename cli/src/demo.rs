@@ -272,6 +272,12 @@ pub async fn run(
                 }
                 seen[name] = json!(got);
             }
+            // What an HTTPS consumer of the same routes must have accepted, once each.
+            seen["owed"] = records
+                .iter()
+                .filter(|(_, r)| matches!(text(r, "outcome").as_str(), "applied" | "ignored"))
+                .map(|(_, r)| json!({"provider": text(r, "provider"), "event_id": text(r, "event_id")}))
+                .collect();
             seen
         }
         _ => json!({"skipped": "no routes (scripts/run sets them up)"}),

@@ -82,6 +82,10 @@ enum Command {
         /// to a second queue; prints HOOKLEDGER_ROUTES and the two queues' URLs.
         #[arg(long)]
         with_routes: bool,
+        /// With --with-routes: also an HTTPS destination at this URL (a
+        /// consumer on loopback), signed with `env:DEV_DESTINATION_SECRET`.
+        #[arg(long, requires = "with_routes")]
+        consumer_url: Option<String>,
     },
     /// Print the table and queue definitions the code creates (JSON), for comparison with the SAM template.
     Schema,
@@ -438,7 +442,7 @@ where
     let ctx = Ctx::new(cli.global).await?;
     let json = ctx.global.json;
     match cli.command {
-        Command::Setup { queue, with_routes: routes } => {
+        Command::Setup { queue, with_routes: routes, consumer_url } => {
             ctx.table()?;
             let created = ctx.wiring.setup(&queue).await.map_err(CliError::Failed)?;
             let (queues, topic, bucket) = (&created, &created.topic, &created.bucket);
@@ -447,7 +451,7 @@ where
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
             writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
             if routes {
-                let r = ctx.wiring.setup_routes(&queue).await.map_err(CliError::Failed)?;
+                let r = ctx.wiring.setup_routes(&queue, consumer_url.as_deref()).await.map_err(CliError::Failed)?;
                 // Shell-quoted: the JSON holds no single quote.
                 writeln!(out, "HOOKLEDGER_ROUTES='{}'", r.routes)?;
                 writeln!(out, "HOOKLEDGER_DELIVERY_QUEUE_URL={}", r.queue_url)?;

@@ -528,8 +528,10 @@ pub struct LocalRoutes {
 impl Wiring {
     /// Routes for a local stack: an SQS queue (`{prefix}-deliveries`) and an
     /// EventBridge bus (`{prefix}`) whose rule forwards Hookledger's events to
-    /// a second queue (`{prefix}-bus-deliveries`); every event goes to both.
-    pub async fn setup_routes(&self, prefix: &str) -> Result<LocalRoutes, String> {
+    /// a second queue (`{prefix}-bus-deliveries`); every event goes to both,
+    /// and to the HTTPS consumer at `consumer` when one is given (on
+    /// loopback, its secret `env:DEV_DESTINATION_SECRET`).
+    pub async fn setup_routes(&self, prefix: &str, consumer: Option<&str>) -> Result<LocalRoutes, String> {
         let sqs = self.sqs_client();
         let arn_of = |url: String| {
             let sqs = sqs.clone();
@@ -585,11 +587,16 @@ impl Wiring {
             .send()
             .await
             .map_err(|e| crate::ledger::error_chain(&e))?;
-        let routes = serde_json::json!({
+        let mut routes = serde_json::json!({
             "destinations": {"queue": {"arn": queue_arn}, "bus": {"arn": bus_arn}},
             "routes": [{"to": ["queue", "bus"]}],
-        })
-        .to_string();
+        });
+        if let Some(url) = consumer {
+            routes["destinations"]["consumer"] =
+                serde_json::json!({"url": url, "secrets": ["env:DEV_DESTINATION_SECRET"], "allow_private": true});
+            routes["routes"][0]["to"] = serde_json::json!(["queue", "bus", "consumer"]);
+        }
+        let routes = routes.to_string();
         crate::routes::Routes::parse(&routes)?;
         Ok(LocalRoutes { routes, queue_url, bus_queue_url })
     }

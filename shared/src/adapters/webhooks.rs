@@ -212,10 +212,14 @@ impl HttpsSender {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| retry_after_ms(v, out.now_ms));
         // Read what the bound allows (the connection is then reusable, or dropped).
-        let head = match super::provider_http::read_capped(&mut answer, ANSWER_BYTES).await {
-            Ok(body) => body,
-            Err(_) => Vec::new(),
-        };
+        // Its first bytes, at most the bound: nothing beyond is read.
+        let mut head = Vec::new();
+        while head.len() < ANSWER_BYTES {
+            match answer.chunk().await {
+                Ok(Some(chunk)) => head.extend_from_slice(&chunk[..chunk.len().min(ANSWER_BYTES - head.len())]),
+                _ => break,
+            }
+        }
         classify(destination, status, &head, retry_after)
     }
 }
@@ -338,7 +342,7 @@ mod tests {
         (port, count)
     }
 
-    struct Resolved(&'static [&'static str]);
+    struct Resolved;
 
     impl crate::config::SecretResolver for Resolved {
         fn resolve<'a>(&'a self, _: &'a str) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>> {
@@ -360,7 +364,7 @@ mod tests {
             ))
             .unwrap();
             let lookup = Answers(answers.iter().map(|a| a.parse().unwrap()).collect());
-            let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(Resolved(&[])), Arc::new(lookup));
+            let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(Resolved), Arc::new(lookup));
             let out = Publication {
                 target: "https://hooks.internal.test/in",
                 body: "{}",

@@ -36,10 +36,13 @@ pub(crate) fn circuit_of(item: &Item) -> Circuit {
     }
 }
 
+/// Which of a circuit's tokens a change writes.
+type TokenOf = fn(&Circuit) -> Option<&String>;
+
 /// A circuit change's update, and how its refusal recognises the change's
 /// own earlier write (the circuit it met carries the change's token).
 pub(crate) fn circuit_update(change: CircuitChange<'_>) -> (cond::Update, impl Fn(&Circuit) -> bool) {
-    let (update, token, field): (_, Option<String>, fn(&Circuit) -> Option<&String>) = match change {
+    let (update, token, field): (_, Option<String>, TokenOf) = match change {
         CircuitChange::Failure { token, now_ms } => {
             (cond::circuit_failure(token, now_ms), Some(token.to_owned()), |c| c.failure_token.as_ref())
         }
