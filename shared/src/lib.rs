@@ -4,7 +4,8 @@
 //! (and, inside a layer, only from the modules listed before it):
 //!
 //! 1. domain: `clock` (time and randomness as ports: the only module that
-//!    reads the system's), `secret`, `identity`, `event`, `backoff`, `policy` (record
+//!    reads the system's), `netguard` (the addresses HTTPS destinations may
+//!    reach), `secret`, `identity`, `event`, `backoff`, `policy` (record
 //!    policy: retention, index shards, redrive grace, send lease, index
 //!    partition names), `ledger` (the record model, its state machine, the
 //!    ports `Ledger` and `WorkQueue`, port errors), `message` (the outbox
@@ -13,7 +14,8 @@
 //!    configuration and the processor and reconciler settings), `app` (the
 //!    reference projections) and `seed001`;
 //! 3. adapters: `adapters` (DynamoDB ledger, work records and outbox items,
-//!    SQS, Secrets/SSM, HTTPS, Stripe) and `telemetry` (the metrics collector);
+//!    SQS, SNS, EventBridge, HTTPS destinations, Secrets/SSM, Stripe) and
+//!    `telemetry` (the metrics collector);
 //! 4. use cases: `admission` (one path by which the intake, the backfill
 //!    and the drift repair record an event), `intake`, `backfill` (recovery from providers' event
 //!    lists), `insight` (the operator's bounded figures), `ops`, `outbox`
