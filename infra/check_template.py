@@ -37,6 +37,12 @@ Asserts, each with a clear message:
   parameter; the webhook API's default route throttling is the
   IngressRateLimit/IngressBurstLimit parameters, and absent when no limit
   is set;
+- both values of `Ingress` (the template transformed by the SAM translator,
+  offline, and its conditions evaluated): exactly one public entry (the
+  HTTP API with its two routes and API Gateway's permission alone, or the
+  intake's function URL with auth NONE and both permissions a new URL
+  needs), the SES subscription and WebhookBaseUrl following it; `Tracing`
+  sets every function's tracing mode;
 - no secret value appears in the template;
 - every alarm says how it treats missing data; alarms on the project's own
   metrics never read missing data as healthy (no `notBreaching`), name only
@@ -332,17 +338,143 @@ def check_tenants(template, res):
     if template.get("Parameters", {}).get("TenantMetrics", {}).get("Default", None) != "":
         fail("TenantMetrics must default to none (each tenant's metrics cost every month)")
     checks += 1
-    settings = res["WebhookApi"].get("Properties", {}).get("DefaultRouteSettings")
+    settings = res["WebhookApiStage"].get("Properties", {}).get("DefaultRouteSettings")
     if not isinstance(settings, dict) or "Fn::If" not in settings:
-        fail("WebhookApi: DefaultRouteSettings must be set from IngressRateLimit only when a limit is given (Fn::If)")
+        fail("WebhookApiStage: DefaultRouteSettings must be set from IngressRateLimit only when a limit is given (Fn::If)")
     cond, limited, unlimited = settings["Fn::If"]
     if unlimited != {"Ref": "AWS::NoValue"}:
-        fail("WebhookApi: without IngressRateLimit there must be no throttling of ours (AWS::NoValue)")
+        fail("WebhookApiStage: without IngressRateLimit there must be no throttling of ours (AWS::NoValue)")
     if limited.get("ThrottlingRateLimit") != {"Ref": "IngressRateLimit"} or limited.get("ThrottlingBurstLimit") != {"Ref": "IngressBurstLimit"}:
-        fail(f"WebhookApi: throttling must be IngressRateLimit/IngressBurstLimit (got {limited})")
+        fail(f"WebhookApiStage: throttling must be IngressRateLimit/IngressBurstLimit (got {limited})")
     if "IngressRateLimit" not in referenced(template.get("Conditions", {}).get(cond)):
-        fail(f"WebhookApi: condition {cond} does not test IngressRateLimit")
+        fail(f"WebhookApiStage: condition {cond} does not test IngressRateLimit")
     checks += 1
+    return checks
+
+
+def translate(template_path, parameters):
+    """The template as CloudFormation deploys it with these parameter values:
+    transformed by the SAM translator (offline: local code URIs stand in as
+    S3 ones, no managed policy is looked up), its conditions evaluated, and
+    only the resources and outputs whose condition holds kept."""
+    import copy
+    import logging
+
+    from samtranslator.translator.transform import transform
+
+    logging.getLogger("samtranslator").setLevel(logging.ERROR)
+
+    template, matches = decode(template_path)
+    if matches:
+        fail(f"template does not parse: {matches}")
+    template = copy.deepcopy(template)
+    for r in template["Resources"].values():
+        if r.get("Type") == "AWS::Serverless::Function":
+            r["Properties"]["CodeUri"] = "s3://offline-check/code.zip"
+
+    class NoManagedPolicies:
+        def load(self):
+            return {}
+
+    # The translator wants a region for its pseudo parameters (nothing is called).
+    os.environ.setdefault("AWS_DEFAULT_REGION", os.environ.get("AWS_REGION", "us-east-1"))
+    out = transform(template, dict(parameters), NoManagedPolicies())
+    params = {}
+    for name, p in out.get("Parameters", {}).items():
+        value = parameters.get(name, p.get("Default", ""))
+        params[name] = [v.strip() for v in str(value).split(",")] if p.get("Type") == "CommaDelimitedList" else str(value)
+
+    def value(x):
+        if isinstance(x, dict) and len(x) == 1:
+            (k, v), = x.items()
+            if k == "Ref":
+                return params.get(v, v)
+            if k == "Fn::Join":
+                return v[0].join(str(i) for i in value(v[1]))
+            if k == "Fn::Equals":
+                return str(value(v[0])) == str(value(v[1]))
+            if k == "Fn::Not":
+                return not value(v[0])
+            if k == "Fn::And":
+                return all(value(i) for i in v)
+            if k == "Fn::Or":
+                return any(value(i) for i in v)
+            if k == "Condition":
+                return holds(v)
+        return x
+
+    conditions = out.get("Conditions", {})
+
+    def holds(name):
+        if name not in conditions:
+            fail(f"unknown condition {name}")
+        return bool(value(conditions[name]))
+
+    def pick(x):
+        """Fn::If resolved, recursively (what CloudFormation would deploy)."""
+        if isinstance(x, dict):
+            if set(x) == {"Ref"} and x["Ref"] in params:
+                return params[x["Ref"]]
+            if set(x) == {"Fn::If"}:
+                cond, yes, no = x["Fn::If"]
+                return pick(yes if holds(cond) else no)
+            return {k: pick(v) for k, v in x.items() if pick(v) != {"Ref": "AWS::NoValue"}}
+        if isinstance(x, list):
+            return [pick(i) for i in x if pick(i) != {"Ref": "AWS::NoValue"}]
+        return x
+
+    resources = {n: pick(r) for n, r in out["Resources"].items() if "Condition" not in r or holds(r["Condition"])}
+    outputs = {n: pick(o) for n, o in out.get("Outputs", {}).items() if "Condition" not in o or holds(o["Condition"])}
+    return resources, outputs
+
+
+PUBLIC_ENTRIES = ("AWS::ApiGatewayV2::Api", "AWS::ApiGateway::RestApi", "AWS::Lambda::Url")
+
+
+def check_ingress(template_path):
+    """Both values of `Ingress`, as deployed (the SAM translator, offline):
+    exactly one public entry each, routed to the intake with the permissions
+    it needs and no other; the SES subscription and WebhookBaseUrl follow
+    it; `Tracing` sets every function's tracing mode."""
+    checks = 0
+    for ingress in ("HttpApi", "FunctionUrl"):
+        for tracing in ("PassThrough", "Active"):
+            params = {"Ingress": ingress, "Tracing": tracing, "EndpointsConfig": "{}", "SesTopicArn": "arn:aws:sns:us-east-1:123456789012:ses"}
+            res, outputs = translate(template_path, params)
+            entries = sorted(n for n, r in res.items() if r["Type"] in PUBLIC_ENTRIES)
+            if len(entries) != 1:
+                fail(f"Ingress={ingress}: {len(entries)} public entries ({entries}), expected exactly one")
+            entry = res[entries[0]]
+            perms = [r["Properties"] for r in res.values() if r["Type"] == "AWS::Lambda::Permission"]
+            to_intake = [p for p in perms if p.get("FunctionName") == {"Ref": "IntakeFunction"}]
+            public = [p for p in perms if p.get("Principal") == "*"]
+            if ingress == "HttpApi":
+                if entry["Type"] != "AWS::ApiGatewayV2::Api":
+                    fail(f"Ingress=HttpApi: the public entry is {entry['Type']}")
+                routes = sorted(r["Properties"]["RouteKey"] for r in res.values() if r["Type"] == "AWS::ApiGatewayV2::Route")
+                if routes != ["GET /webhooks/{endpoint}", "POST /webhooks/{endpoint}"]:
+                    fail(f"Ingress=HttpApi: routes {routes}")
+                if public or [p.get("Principal") for p in to_intake] != ["apigateway.amazonaws.com"]:
+                    fail(f"Ingress=HttpApi: the intake's permissions must be API Gateway's alone (got {to_intake})")
+                want = "execute-api"
+            else:
+                props = entry["Properties"]
+                if entry["Type"] != "AWS::Lambda::Url" or props.get("AuthType") != "NONE" or "IntakeFunction" not in referenced(props.get("TargetFunctionArn")):
+                    fail(f"Ingress=FunctionUrl: the public entry must be the intake's URL with AuthType NONE (got {entry})")
+                url_perm = [p for p in to_intake if p.get("Action") == "lambda:InvokeFunctionUrl" and p.get("FunctionUrlAuthType") == "NONE"]
+                invoke_perm = [p for p in to_intake if p.get("Action") == "lambda:InvokeFunction" and p.get("InvokedViaFunctionUrl") is True]
+                if len(url_perm) != 1 or len(invoke_perm) != 1 or len(to_intake) != 2:
+                    fail(f"Ingress=FunctionUrl: the intake needs lambda:InvokeFunctionUrl and lambda:InvokeFunction (via the URL), nothing else (got {to_intake})")
+                want = "IntakeUrl"
+            ses = res.get("SesSubscription", {}).get("Properties", {}).get("Endpoint")
+            base = outputs.get("WebhookBaseUrl", {}).get("Value")
+            for what, v in (("SesSubscription", ses), ("WebhookBaseUrl", base)):
+                if want not in json.dumps(v):
+                    fail(f"Ingress={ingress}: {what} does not follow the ingress ({v})")
+            modes = {n: r["Properties"].get("TracingConfig", {}).get("Mode") for n, r in res.items() if r["Type"] == "AWS::Lambda::Function"}
+            if set(modes.values()) != {tracing}:
+                fail(f"Tracing={tracing}: the functions' tracing modes are {modes}")
+            checks += 1
     return checks
 
 
@@ -570,6 +702,7 @@ def main():
     iam_path = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "iam-actions.json")
     checks += check_iam(res, json.load(open(iam_path)))
     checks += check_routes(template)
+    checks += check_ingress(template_path)
 
     text = open(template_path).read()
     for marker in ("whsec_", "sk_live_", "sk_test_"):

@@ -133,6 +133,9 @@ pub struct Tally {
     /// ([`partition_kind`]: `due/out` for an `out#007` entry of the `due` index).
     pub index_wcu_by_partition: BTreeMap<String, f64>,
     pub rcu: f64,
+    /// Write units by the item they land on: `<operation> <pk prefix>#…/<sk>`
+    /// for the table, `index <partition kind>` for the indexes.
+    pub wcu_by_item: BTreeMap<String, f64>,
 }
 
 impl Tally {
@@ -374,6 +377,17 @@ impl Capacity {
     }
 }
 
+/// What kind of item a key names: its partition key up to the first `#`
+/// (the kind) and its sort key, ids left out (`evt#…/meta`, `outbox#…/outbox`).
+fn item_label(key: &Item) -> String {
+    let text = |k: &str| key.get(k).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+    let pk = text("pk");
+    let kind = pk.split_once('#').map_or(pk.as_str(), |(k, _)| k);
+    let sk = text("sk");
+    let sk = sk.split_once('#').map_or(sk.as_str(), |(k, _)| k);
+    format!("{kind}#…/{sk}")
+}
+
 #[derive(Debug)]
 struct CapacityClient {
     inner: SharedHttpClient,
@@ -453,23 +467,32 @@ impl HttpConnector for CapacityConnector {
                 let factor = if transact { 2.0 } else { 1.0 };
                 if !writes.is_empty() {
                     let ok = status == 200;
-                    let (mut table, mut index) = (0.0, Vec::new());
+                    let (mut table, mut index, mut by_item) = (0.0, Vec::new(), Vec::new());
                     for (w, old) in writes.iter().zip(&before) {
                         let new = if ok { model.image(&w.key).await } else { old.clone() };
                         let size = |i: &Option<Item>| i.as_ref().map_or(0, item_size);
                         let put = w.put.as_ref().map_or(0, item_size);
-                        if ok {
-                            table += factor * write_units(size(old).max(size(&new)).max(put));
+                        let units = if ok {
                             index.extend(model.index_units(old.as_ref(), new.as_ref()));
+                            factor * write_units(size(old).max(size(&new)).max(put))
                         } else {
                             // A failed condition (or a cancelled transaction's prepare).
-                            table += write_units(size(old).max(put));
-                        }
+                            write_units(size(old).max(put))
+                        };
+                        table += units;
+                        by_item.push((
+                            format!("{operation}{} {}", if ok { "" } else { " (refused)" }, item_label(&w.key)),
+                            units,
+                        ));
                     }
                     model.add(|t| {
                         t.table_wcu += table;
+                        for (label, units) in by_item {
+                            *t.wcu_by_item.entry(label).or_default() += units;
+                        }
                         for (kind, units) in index {
                             t.index_wcu += units;
+                            *t.wcu_by_item.entry(format!("index {kind}")).or_default() += units;
                             *t.index_wcu_by_partition.entry(kind).or_default() += units;
                         }
                     });

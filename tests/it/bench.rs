@@ -45,18 +45,18 @@ use crate::processor::{inventory, pi_succeeded, sub_updated};
 use crate::support::{STRIPE_SECRET, SVIX_SECRET, Stack};
 
 /// The reference app's contracts, in the order the bench drives them.
-const CONTRACTS: [&str; 4] = ["payment", "seats_4k", "inventory", "subscription"];
+pub(crate) const CONTRACTS: [&str; 4] = ["payment", "seats_4k", "inventory", "subscription"];
 /// The design rate: events per second of one contract.
 const DESIGN_EVENTS_PER_SECOND: f64 = 10_000.0;
 /// Write units per second one index partition key may take: half of
 /// DynamoDB's 1,000, a margin for uneven hashing and retries.
 const MAX_WCU_PER_PARTITION_KEY: f64 = 500.0;
 
-fn events() -> usize {
+pub(crate) fn events() -> usize {
     std::env::var("BENCH_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(20)
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
@@ -81,14 +81,14 @@ pub(crate) fn seats_4k(account: &str, revision: i64) -> Vec<u8> {
     (30..).map(body).find(|b| b.len() >= 4096).unwrap_or_default()
 }
 
-struct Event {
-    endpoint: &'static str,
-    id: String,
-    body: Vec<u8>,
+pub(crate) struct Event {
+    pub endpoint: &'static str,
+    pub id: String,
+    pub body: Vec<u8>,
 }
 
 impl Event {
-    fn headers(&self, now_s: i64) -> HeaderMap {
+    pub(crate) fn headers(&self, now_s: i64) -> HeaderMap {
         let mut h = HeaderMap::new();
         if self.endpoint.starts_with("stripe") {
             let sig = stripe::sign(&Secret::new(STRIPE_SECRET), now_s, &self.body);
@@ -105,7 +105,7 @@ impl Event {
 }
 
 /// N events of one contract, each new (distinct subjects where order matters).
-fn contract_events(contract: &str, n: usize, run: &str) -> Vec<Event> {
+pub(crate) fn contract_events(contract: &str, n: usize, run: &str) -> Vec<Event> {
     (0..n)
         .map(|i| {
             let id = format!("{contract}-{run}-{i}");

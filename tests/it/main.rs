@@ -10,6 +10,7 @@ mod chaos;
 mod cli;
 mod console;
 mod contract;
+mod cost;
 mod explore;
 mod fake_provider;
 mod handler;
