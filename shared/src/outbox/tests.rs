@@ -330,3 +330,43 @@ fn the_default_policy_gives_up_after_hours_not_minutes() {
     let total: i64 = (1..p.max_attempts).map(|a| p.backoff.delay_ms(a, 1.0)).sum();
     assert!((2 * 3_600_000..=4 * 3_600_000).contains(&total), "{total}");
 }
+
+/// A publisher whose every send is refused with an answer: permanent, or
+/// retried no sooner than `after_ms` (an HTTPS destination's `Retry-After`).
+struct Answering(PublishError);
+
+impl Publisher for Answering {
+    async fn publish(&self, _: Publication<'_>) -> Result<(), PublishError> {
+        Err(self.0.clone())
+    }
+}
+
+/// A retried answer's `Retry-After` puts the next try no sooner than it
+/// asks (at most an hour), beyond the backoff; a permanent answer (an
+/// HTTPS destination's 4xx) is DEAD at once, its first bytes kept.
+#[tokio::test]
+async fn retry_after_is_honoured_and_a_permanent_answer_is_dead_at_once() {
+    for (after, want_at_least) in [(600_000, 600_000), (10 * 3_600_000, 3_600_000)] {
+        let w = World::new(Ambient::fixed(NOW, 3));
+        let store = w.outbox();
+        store.put("outbox#k1", &pending("k1", 0, NOW));
+        let refused = PublishError::Retry { message: "d: answered 429".into(), after_ms: Some(after) };
+        let d = Dispatcher::with_ports(store.clone(), Answering(refused)).with_policy(POLICY);
+        assert!(matches!(d.dispatch("outbox#k1", NOW).await.unwrap(), Dispatched::Retrying { .. }));
+        let item = store.get("outbox#k1");
+        assert_eq!(item.status, PENDING);
+        let due = item.due_at.unwrap() - NOW;
+        // The backoff alone is at most POLICY's 1 s here.
+        assert!((want_at_least..=want_at_least + 1_000).contains(&due), "{after}: due in {due} ms");
+    }
+    let w = World::new(Ambient::fixed(NOW, 3));
+    let store = w.outbox();
+    store.put("outbox#k1", &pending("k1", 0, NOW));
+    let gone = PublishError::Permanent("d: answered 410: gone for good".into());
+    let d = Dispatcher::with_ports(store.clone(), Answering(gone)).with_policy(POLICY);
+    match d.dispatch("outbox#k1", NOW).await.unwrap() {
+        Dispatched::Dead { attempts: 1, error } => assert_eq!(error, "d: answered 410: gone for good"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get("outbox#k1").status, DEAD);
+}
