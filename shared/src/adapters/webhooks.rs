@@ -146,9 +146,10 @@ impl HttpsSender {
         for reference in &target.secrets {
             let secret =
                 self.secrets.resolve(reference).await.map_err(|e| format!("{destination}: reading its secret: {e}"))?;
-            // A secret that is not whsec_<base64> never will be: permanent.
-            let key = standard::decode_secret(&secret)
-                .map_err(|e| PublishError::Permanent(format!("{destination}: its secret: {e}")))?;
+            // A secret that is not whsec_<base64> is a configuration error:
+            // retried (its circuit opens), so the deliveries wait for the
+            // operator's fix (read again within SECRETS_FOR) instead of dying.
+            let key = standard::decode_secret(&secret).map_err(|e| format!("{destination}: its secret: {e}"))?;
             keys.push(key);
         }
         crate::adapters::tls::install_tls();
@@ -393,6 +394,43 @@ mod tests {
         let allowed = send(&["127.0.0.1"], true).await.unwrap_err();
         assert!(!allowed.message().contains("refused:"), "{allowed:?}");
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    struct NotAWhsec;
+
+    impl crate::config::SecretResolver for NotAWhsec {
+        fn resolve<'a>(&'a self, _: &'a str) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>> {
+            Box::pin(async { Ok(Secret::new("plain words, not base64!")) })
+        }
+    }
+
+    /// A destination whose secret is not `whsec_<base64>` is a configuration
+    /// error: retried (the deliveries wait for the fix), never sent, and the
+    /// secret is not repeated in the error.
+    #[tokio::test]
+    async fn a_malformed_secret_is_retried_and_not_repeated() {
+        let routes = Routes::parse(
+            r#"{"destinations": {"d": {"url": "https://hooks.example.com/in", "secrets": ["env:D"]}},
+                "routes": [{"to": ["d"]}]}"#,
+        )
+        .unwrap();
+        let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(NotAWhsec), Arc::new(Answers(vec![])));
+        let out = Publication {
+            target: "https://hooks.example.com/in",
+            body: "{}",
+            idempotency_key: "k",
+            group: "",
+            source: None,
+            detail_type: None,
+            destination: Some("d"),
+            now_ms: 1_800_000_000_000,
+        };
+        match sender.send(out).await {
+            Err(PublishError::Retry { message, .. }) => {
+                assert!(message.contains("its secret") && !message.contains("plain words"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]
