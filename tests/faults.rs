@@ -53,6 +53,10 @@ pub enum Fault {
     CrashBefore,
     /// The invocation dies at this call, after the service committed it.
     CrashAfter,
+    /// A `TransactWriteItems` cancelled without sending, as DynamoDB cancels
+    /// one that races another transaction on the same item (its first
+    /// item's reason `TransactionConflict`; not retried by the SDK).
+    TransactionConflict,
 }
 
 impl Fault {
@@ -65,6 +69,7 @@ impl Fault {
             Self::Delay(_) => "delay",
             Self::CrashBefore => "crash_before",
             Self::CrashAfter => "crash",
+            Self::TransactionConflict => "conflict",
         }
     }
 }
@@ -605,6 +610,27 @@ impl HttpConnector for FaultConnector {
                 Some(Fault::CrashBefore) => {
                     plan.crash_now(invocation);
                     std::future::pending::<()>().await;
+                }
+                Some(Fault::TransactionConflict) => {
+                    let items = serde_json::from_str::<serde_json::Value>(&call.body)
+                        .ok()
+                        .and_then(|v| v.get("TransactItems").and_then(|t| t.as_array()).map(Vec::len))
+                        .unwrap_or(1);
+                    let reasons: Vec<serde_json::Value> = (0..items)
+                        .map(|i| {
+                            if i == 0 {
+                                serde_json::json!({"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"})
+                            } else {
+                                serde_json::json!({"Code": "None"})
+                            }
+                        })
+                        .collect();
+                    let body = serde_json::json!({
+                        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+                        "Message": "Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict] (injected)",
+                        "CancellationReasons": reasons,
+                    });
+                    return Ok(response(400, "application/x-amz-json-1.0", body.to_string()));
                 }
                 Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
                 _ => {}

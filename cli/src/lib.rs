@@ -31,6 +31,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use clap::{Args, Parser, Subcommand};
 use hookledger::adapters::cloudwatch::CloudWatchMetrics;
 use hookledger::adapters::dynamodb::DynamoLedger;
+use hookledger::adapters::dynamodb::shards;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::config::ConfigError;
 use hookledger::insight::Insight;
@@ -60,9 +61,11 @@ struct Global {
     /// HOOKLEDGER_PAYLOAD_BUCKET); `show --payload` reads them there.
     #[arg(long, global = true, env = "HOOKLEDGER_PAYLOAD_BUCKET")]
     payload_bucket: Option<String>,
-    /// Index shards; must match the functions' HOOKLEDGER_INDEX_SHARDS.
-    #[arg(long, global = true, env = "HOOKLEDGER_INDEX_SHARDS", default_value_t = hookledger::policy::DEFAULT_INDEX_SHARDS)]
-    shards: u32,
+    /// Index shards. The count the table records (the reconciler's, which
+    /// reads them) is used; this is needed only before one is recorded, and a
+    /// different one is refused. `setup` records it (default: 80).
+    #[arg(long, global = true, env = "HOOKLEDGER_INDEX_SHARDS")]
+    shards: Option<u32>,
     /// Machine-readable output.
     #[arg(long, global = true)]
     json: bool,
@@ -162,6 +165,21 @@ enum Command {
         #[arg(long)]
         drift_interval_secs: Option<i64>,
     },
+}
+
+impl Command {
+    /// Whether the command computes or reads index partitions (so it must
+    /// use the shard count the table records).
+    fn reads_partitions(&self) -> bool {
+        !matches!(
+            self,
+            Command::Setup { .. }
+                | Command::Schema
+                | Command::Send(_)
+                | Command::Providers { .. }
+                | Command::MapSubject { .. }
+        )
+    }
 }
 
 #[derive(Args)]
@@ -374,18 +392,29 @@ impl From<ConfigError> for CliError {
 impl Ctx {
     /// Every adapter from the composition root, the flags in place of their
     /// variables, every call within the CLI's timeouts (it runs off AWS).
-    async fn new(global: Global) -> Result<Self, CliError> {
+    /// A command that computes or reads index partitions takes the shard
+    /// count the table records, read once here ([`shards::resolve`]).
+    async fn new(global: Global, command: &Command) -> Result<Self, CliError> {
         use hookledger::{adapters::timeouts::Timeouts, wiring::load_aws};
-        let flags = global.clone();
-        let settings = Settings::from_lookup(move |k| match k {
-            "HOOKLEDGER_TABLE" => flags.table.clone(),
-            "HOOKLEDGER_QUEUE_URL" => flags.queue_url.clone(),
-            "HOOKLEDGER_PAYLOAD_BUCKET" => flags.payload_bucket.clone(),
-            "HOOKLEDGER_INDEX_SHARDS" => Some(flags.shards.to_string()),
-            "HOOKLEDGER_ROUTES" => flags.routes.clone(),
-            other => std::env::var(other).ok(),
-        })?;
-        Ok(Self { wiring: Wiring::new(load_aws(Timeouts::CLI).await, settings), global })
+        let aws = load_aws(Timeouts::CLI).await;
+        let settings = |shards: Option<u32>| {
+            let flags = global.clone();
+            Settings::from_lookup(move |k| match k {
+                "HOOKLEDGER_TABLE" => flags.table.clone(),
+                "HOOKLEDGER_QUEUE_URL" => flags.queue_url.clone(),
+                "HOOKLEDGER_PAYLOAD_BUCKET" => flags.payload_bucket.clone(),
+                "HOOKLEDGER_INDEX_SHARDS" => shards.map(|n| n.to_string()),
+                "HOOKLEDGER_ROUTES" => flags.routes.clone(),
+                other => std::env::var(other).ok(),
+            })
+        };
+        let mut wiring = Wiring::new(aws.clone(), settings(global.shards)?);
+        if command.reads_partitions() && wiring.settings.table().is_ok() {
+            let recorded = shards::recorded(&wiring.ledger()?).await.map_err(|e| CliError::Failed(e.to_string()))?;
+            let count = shards::resolve(global.shards, recorded).map_err(|e| CliError::Failed(e.to_string()))?;
+            wiring = Wiring::new(aws, settings(Some(count))?);
+        }
+        Ok(Self { wiring, global })
     }
 
     fn table(&self) -> Result<String, CliError> {
@@ -439,7 +468,7 @@ where
 {
     let cli = Cli::try_parse_from(args)?;
     hookledger::adapters::tls::install_tls();
-    let ctx = Ctx::new(cli.global).await?;
+    let ctx = Ctx::new(cli.global, &cli.command).await?;
     let json = ctx.global.json;
     match cli.command {
         Command::Setup { queue, with_routes: routes, consumer_url } => {
@@ -450,6 +479,10 @@ where
             writeln!(out, "HOOKLEDGER_DLQ_URL={}", queues.dead_letter_url)?;
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
             writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
+            // The table records its shard count from the start, so the
+            // operator's tools find it before the reconciler's first run.
+            let recorded = shards::record(&ctx.ledger()?).await.map_err(|e| CliError::Failed(e.to_string()))?;
+            writeln!(out, "HOOKLEDGER_INDEX_SHARDS={}", recorded.configured)?;
             if routes {
                 let r = ctx.wiring.setup_routes(&queue, consumer_url.as_deref()).await.map_err(CliError::Failed)?;
                 // Shell-quoted: the JSON holds no single quote.

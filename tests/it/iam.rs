@@ -217,6 +217,47 @@ async fn processor_handler() -> Actions {
     out
 }
 
+/// `n` hex digits that do not compress (a payload stored compressed stays
+/// over the inline limit).
+fn noise(n: usize) -> String {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from_digit((x % 16) as u32, 16).unwrap_or('0')
+        })
+        .collect()
+}
+
+/// Two deliveries of one event over 2 KiB at once: DynamoDB cancels the
+/// later claim's transaction (`TransactionConflict`), and the intake reads
+/// the record the other one wrote (`GetItem`) to answer the duplicate 200,
+/// never a 503.
+async fn claim_conflict() -> Actions {
+    use hookledger_it::faults::{Fault, Rule};
+    let mut w = crate::explore::World::new(9).await;
+    let body = format!(
+        r#"{{"id":"evt_conflict","object":"event","type":"payment_intent.succeeded","created":1700000000,"data":{{"object":{{"id":"pi_conflict","object":"payment_intent","amount":10,"customer":"cus_x","metadata":{{"pad":"{}"}}}}}}}}"#,
+        noise(8 * 1024)
+    );
+    let delivery = || crate::explore::Delivery {
+        endpoint: "stripe-a",
+        event_id: "evt_conflict".into(),
+        body: body.clone().into_bytes(),
+    };
+    assert_eq!(w.deliver(delivery(), 0).await, Some(202), "the first delivery claims it");
+    w.plan.reset_counts();
+    w.plan.arm(Rule::new(Fault::TransactionConflict).on("dynamodb", "TransactWriteItems"));
+    assert_eq!(w.deliver(delivery(), 0).await, Some(200), "the racing one is a duplicate, not a 503");
+    w.plan.disarm();
+    let mut out = Actions::new();
+    iam::observe(&w.plan.trace(), &mut out);
+    assert!(out["intake"].contains_key("dynamodb:GetItem"), "{out:?}");
+    out
+}
+
 /// Everything the recorded runs saw.
 async fn recorded() -> Actions {
     let mut all = Actions::new();
@@ -241,6 +282,7 @@ async fn recorded() -> Actions {
     merge(handshake_secrets().await);
     merge(routed_deliveries().await);
     merge(processor_handler().await);
+    merge(claim_conflict().await);
     all
 }
 

@@ -60,6 +60,42 @@ pub enum ShardsError {
     Unavailable(#[from] PortError),
 }
 
+/// Why an operator's tool has no shard count to compute partitions with.
+#[derive(Debug, thiserror::Error)]
+pub enum CountError {
+    #[error(
+        "this table records no index shard count yet (the reconciler records it at its first run, `hookledger \
+         setup` when it creates the table): pass --shards or set HOOKLEDGER_INDEX_SHARDS to the stack's \
+         IndexShards, or let the reconciler run once"
+    )]
+    NoneRecorded,
+    #[error(
+        "--shards / HOOKLEDGER_INDEX_SHARDS is {given} but this table records {recorded} index shards, the ones the \
+         reconciler reads: a record or delivery written for {given} shards could land where it never looks. Drop \
+         --shards (the recorded count is used) or pass {recorded}"
+    )]
+    Disagrees { given: u32, recorded: u32 },
+}
+
+/// The count the table records (one consistent `GetItem`); `None` before
+/// any reconciler run or `setup` recorded one.
+pub async fn recorded(ledger: &DynamoLedger) -> Result<Option<u32>, PortError> {
+    Ok(ledger.read_item(CONFIG_PK, CONFIG_SK).await?.as_ref().and_then(count))
+}
+
+/// The count an operator's tool computes partitions with: the one the table
+/// records, which the reconciler reads; a `given` one only where none is
+/// recorded yet. A given count that disagrees with the record is refused,
+/// and so is having neither.
+pub fn resolve(given: Option<u32>, recorded: Option<u32>) -> Result<u32, CountError> {
+    match (given, recorded) {
+        (Some(given), Some(recorded)) if given != recorded => Err(CountError::Disagrees { given, recorded }),
+        (_, Some(recorded)) => Ok(recorded),
+        (Some(given), None) => Ok(given),
+        (None, None) => Err(CountError::NoneRecorded),
+    }
+}
+
 /// Records `ledger`'s shard count on its table (one conditional
 /// `UpdateItem`), refusing a count below the one recorded.
 pub async fn record(ledger: &DynamoLedger) -> Result<Recorded, ShardsError> {
@@ -96,4 +132,23 @@ pub async fn record(ledger: &DynamoLedger) -> Result<Recorded, ShardsError> {
 
 fn count(item: &super::Item) -> Option<u32> {
     get_n(item, SHARDS).and_then(|n| u32::try_from(n).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_count_wins_and_a_disagreeing_or_missing_one_is_refused() {
+        assert_eq!(resolve(None, Some(16)).unwrap(), 16);
+        assert_eq!(resolve(Some(16), Some(16)).unwrap(), 16);
+        assert_eq!(resolve(Some(16), None).unwrap(), 16);
+        let disagrees = resolve(Some(80), Some(16)).unwrap_err();
+        assert!(matches!(disagrees, CountError::Disagrees { given: 80, recorded: 16 }), "{disagrees:?}");
+        assert!(disagrees.to_string().contains("records 16 index shards"), "{disagrees}");
+        let none = resolve(None, None).unwrap_err().to_string();
+        for needed in ["records no index shard count", "--shards", "HOOKLEDGER_INDEX_SHARDS"] {
+            assert!(none.contains(needed), "{needed:?} not in {none:?}");
+        }
+    }
 }
