@@ -396,52 +396,123 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
 
 /// Resolves secrets and builds every endpoint's verifier; `learned` keeps
 /// the secrets providers hand over at a handshake (Asana), for the
-/// endpoints of such providers.
+/// endpoints of such providers. Every endpoint must be built: the first
+/// failure is the error (tools and tests; the intake uses
+/// [`EndpointBuilder::build_all`], which keeps the others working).
 pub async fn build_endpoints(
     specs: BTreeMap<String, EndpointSpec>,
     secrets: &dyn SecretResolver,
     certificates: Arc<CertificateCache>,
     learned: Option<Arc<dyn SecretStore>>,
 ) -> Result<BTreeMap<String, Endpoint>, ConfigError> {
+    let built = futures::future::join_all(
+        specs.iter().map(|(name, spec)| build_endpoint(name, spec, secrets, &certificates, learned.as_ref())),
+    )
+    .await;
     let mut out = BTreeMap::new();
-    for (name, spec) in specs {
-        let mut resolved = Vec::with_capacity(spec.secrets.len());
-        for reference in &spec.secrets {
-            let secret = secrets.resolve(reference).await.map_err(|reason| ConfigError::Secret {
-                endpoint: name.clone(),
-                reference: reference.clone(),
-                reason,
-            })?;
-            if secret.is_empty() {
-                return Err(ConfigError::Secret {
-                    endpoint: name.clone(),
-                    reference: reference.clone(),
-                    reason: "empty".into(),
-                });
-            }
-            resolved.push(secret);
-        }
-        let verify_token = match &spec.verify_token {
-            Some(reference) => Some(secrets.resolve(reference).await.map_err(|reason| ConfigError::Secret {
-                endpoint: name.clone(),
-                reference: reference.clone(),
-                reason,
-            })?),
-            None => None,
-        };
-        let learned = match (&learned, spec.provider.learns_secret()) {
-            (Some(store), true) => Some((store.clone(), name.clone())),
-            _ => None,
-        };
-        let cx = BuildContext { certificates: certificates.clone(), verify_token, learned };
-        let verifier = spec
-            .provider
-            .verifier(&spec, resolved, &cx)
-            .map_err(|reason| ConfigError::Endpoint { endpoint: name.clone(), reason })?;
-        let tenant = spec.tenant.clone().unwrap_or_else(|| name.clone());
-        out.insert(name.clone(), Endpoint { name, tenant, provider: spec.provider, verifier });
+    for endpoint in built {
+        let endpoint = endpoint?;
+        out.insert(endpoint.name.clone(), endpoint);
     }
     Ok(out)
+}
+
+/// One endpoint: its secret references resolved concurrently, then its verifier.
+pub async fn build_endpoint(
+    name: &str,
+    spec: &EndpointSpec,
+    secrets: &dyn SecretResolver,
+    certificates: &Arc<CertificateCache>,
+    learned: Option<&Arc<dyn SecretStore>>,
+) -> Result<Endpoint, ConfigError> {
+    let secret_error = |reference: &str, reason: String| ConfigError::Secret {
+        endpoint: name.to_owned(),
+        reference: reference.to_owned(),
+        reason,
+    };
+    let (resolved, verify_token) =
+        futures::future::join(futures::future::join_all(spec.secrets.iter().map(|r| secrets.resolve(r))), async {
+            match &spec.verify_token {
+                Some(reference) => Some(secrets.resolve(reference).await),
+                None => None,
+            }
+        })
+        .await;
+    let mut keys = Vec::with_capacity(resolved.len());
+    for (reference, secret) in spec.secrets.iter().zip(resolved) {
+        let secret = secret.map_err(|reason| secret_error(reference, reason))?;
+        if secret.is_empty() {
+            return Err(secret_error(reference, "empty".into()));
+        }
+        keys.push(secret);
+    }
+    let verify_token = match (verify_token, &spec.verify_token) {
+        (Some(token), Some(reference)) => Some(token.map_err(|reason| secret_error(reference, reason))?),
+        _ => None,
+    };
+    let learned = match (learned, spec.provider.learns_secret()) {
+        (Some(store), true) => Some((store.clone(), name.to_owned())),
+        _ => None,
+    };
+    let cx = BuildContext { certificates: certificates.clone(), verify_token, learned };
+    let verifier = spec
+        .provider
+        .verifier(spec, keys, &cx)
+        .map_err(|reason| ConfigError::Endpoint { endpoint: name.to_owned(), reason })?;
+    let tenant = spec.tenant.clone().unwrap_or_else(|| name.to_owned());
+    Ok(Endpoint { name: name.to_owned(), tenant, provider: spec.provider, verifier })
+}
+
+/// What builds the intake's endpoints, kept by the intake so that an
+/// endpoint whose secret could not be resolved at its cold start is built
+/// again later ([`crate::intake`]'s waiting endpoints).
+#[derive(Clone)]
+pub struct EndpointBuilder {
+    secrets: Arc<dyn SecretResolver>,
+    certificates: Arc<CertificateCache>,
+    learned: Option<Arc<dyn SecretStore>>,
+}
+
+/// Every endpoint built at a cold start, and those whose secret could not
+/// be resolved then (with why).
+pub struct Built {
+    pub ready: BTreeMap<String, Endpoint>,
+    pub waiting: BTreeMap<String, (EndpointSpec, ConfigError)>,
+}
+
+impl EndpointBuilder {
+    pub fn new(
+        secrets: Arc<dyn SecretResolver>,
+        certificates: Arc<CertificateCache>,
+        learned: Option<Arc<dyn SecretStore>>,
+    ) -> Self {
+        Self { secrets, certificates, learned }
+    }
+
+    pub async fn build(&self, name: &str, spec: &EndpointSpec) -> Result<Endpoint, ConfigError> {
+        build_endpoint(name, spec, self.secrets.as_ref(), &self.certificates, self.learned.as_ref()).await
+    }
+
+    /// Every endpoint at once (their secrets resolved concurrently). One
+    /// whose secret cannot be resolved (unreachable, missing, empty) waits
+    /// apart and the others work; a verifier the configuration cannot build
+    /// is still an error (no retry helps it).
+    pub async fn build_all(&self, specs: BTreeMap<String, EndpointSpec>) -> Result<Built, ConfigError> {
+        let built = futures::future::join_all(specs.iter().map(|(name, spec)| self.build(name, spec))).await;
+        let mut out = Built { ready: BTreeMap::new(), waiting: BTreeMap::new() };
+        for ((name, spec), endpoint) in specs.into_iter().zip(built) {
+            match endpoint {
+                Ok(endpoint) => {
+                    out.ready.insert(name, endpoint);
+                }
+                Err(e @ ConfigError::Secret { .. }) => {
+                    out.waiting.insert(name, (spec, e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -520,6 +591,49 @@ mod tests {
         assert!(equal.unwrap_err().to_string().contains("must be <"), "equal bounds dead-letter a gap waiter");
         let zero = processor_settings_from(env(&[("HOOKLEDGER_TRANSIENT_BOUND_SECS", "0")]));
         assert!(zero.unwrap_err().to_string().contains("HOOKLEDGER_TRANSIENT_BOUND_SECS"));
+    }
+
+    /// Resolves each reference only once `n` resolutions are under way at
+    /// the same time: a cold start that resolves one secret after another
+    /// never gets past the first.
+    struct AllAtOnce(tokio::sync::Barrier);
+
+    impl SecretResolver for AllAtOnce {
+        fn resolve<'a>(
+            &'a self,
+            reference: &'a str,
+        ) -> Pin<Box<dyn Future<Output = Result<Secret, String>> + Send + 'a>> {
+            Box::pin(async move {
+                self.0.wait().await;
+                match reference {
+                    "ssm:/hl/gone" => Err("ParameterNotFound".into()),
+                    _ => Ok(Secret::new("s")),
+                }
+            })
+        }
+    }
+
+    #[test]
+    fn secrets_are_resolved_at_once_and_one_that_cannot_be_waits_apart() {
+        let specs = parse_endpoints(
+            r#"{"a": {"provider": "github", "secrets": ["ssm:/hl/a", "ssm:/hl/a2"]},
+                "b": {"provider": "github", "secrets": ["ssm:/hl/b"]},
+                "gone": {"provider": "github", "secrets": ["ssm:/hl/gone"]}}"#,
+        )
+        .unwrap();
+        let builder = EndpointBuilder::new(
+            Arc::new(AllAtOnce(tokio::sync::Barrier::new(4))),
+            Arc::new(CertificateCache::new(Arc::new(NoFetch))),
+            None,
+        );
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let built = rt
+            .block_on(async { tokio::time::timeout(std::time::Duration::from_secs(5), builder.build_all(specs)).await })
+            .expect("the four references are resolved at the same time")
+            .expect("one missing secret does not fail the others");
+        assert_eq!(built.ready.keys().collect::<Vec<_>>(), ["a", "b"]);
+        let (_, why) = &built.waiting["gone"];
+        assert!(why.to_string().contains("ParameterNotFound") && !why.to_string().contains("\"s\""), "{why}");
     }
 
     const ALL: &str = r#"{

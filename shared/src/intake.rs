@@ -86,6 +86,10 @@ pub enum Outcome {
     Unavailable {
         stage: &'static str,
     },
+    /// The endpoint's secret could not be resolved (see [`waiting`]).
+    SecretUnavailable {
+        retry_after_secs: u32,
+    },
 }
 
 /// An HTTP answer: status, a stable `code` and a human `detail`.
@@ -131,6 +135,7 @@ impl Outcome {
             Self::TooLarge { .. } => "payload_too_large",
             Self::Rejected(e) => e.reason(),
             Self::Unavailable { .. } => "unavailable",
+            Self::SecretUnavailable { .. } => "secret_unavailable",
         }
     }
 
@@ -178,6 +183,14 @@ impl Outcome {
                 raw: None,
                 header: None,
             },
+            Self::SecretUnavailable { retry_after_secs } => Answer {
+                status: 503,
+                code: "unavailable",
+                detail: "temporarily unable to verify deliveries to this endpoint; retry later".into(),
+                retry_after: Some(*retry_after_secs),
+                raw: None,
+                header: None,
+            },
             Self::Rejected(e) => a(401, e.reason(), e.to_string()),
         }
     }
@@ -185,6 +198,8 @@ impl Outcome {
 
 pub struct Intake<L, Q> {
     endpoints: BTreeMap<String, Endpoint>,
+    /// Endpoints whose secret could not be resolved at the cold start.
+    waiting: Option<waiting::WaitingEndpoints>,
     settings: Settings,
     ledger: L,
     queue: Q,
@@ -201,6 +216,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     pub fn new(endpoints: BTreeMap<String, Endpoint>, settings: Settings, ledger: L, queue: Q) -> Self {
         Self {
             endpoints,
+            waiting: None,
             settings,
             ledger,
             queue,
@@ -215,6 +231,17 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     /// path with a few events).
     pub fn set_large_batch_over(&mut self, n: usize) {
         self.large_batch_over = n.max(1);
+    }
+
+    /// Endpoints built later, once their secret resolves (answered 503 until then).
+    pub fn with_waiting(mut self, waiting: waiting::WaitingEndpoints) -> Self {
+        self.waiting = Some(waiting);
+        self
+    }
+
+    /// The endpoints waiting for their secret.
+    pub fn waiting_endpoints(&self) -> Vec<String> {
+        self.waiting.as_ref().map(waiting::WaitingEndpoints::waiting).unwrap_or_default()
     }
 
     /// Counts the new events of these tenants in their own metrics.
@@ -288,8 +315,23 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
 
     async fn handle_verified_at(&self, req: IntakeRequest<'_>, verify_at_s: Option<i64>) -> Answer {
         let started = self.ambient.instant();
-        let endpoint = self.endpoints.get(req.endpoint);
-        let (outcome, verified) = self.run(endpoint, &req, verify_at_s).await;
+        let mut late = None;
+        let mut waits = None;
+        let mut endpoint = self.endpoints.get(req.endpoint);
+        if endpoint.is_none() {
+            if let Some(w) = &self.waiting {
+                match w.find(req.endpoint, self.ambient.now_ms()).await {
+                    waiting::Found::Ready(e) => late = Some(e),
+                    waiting::Found::Waiting { retry_after_secs } => waits = Some(retry_after_secs),
+                    waiting::Found::Unknown => {}
+                }
+            }
+            endpoint = late.as_deref();
+        }
+        let (outcome, verified) = match waits {
+            Some(retry_after_secs) => (Outcome::SecretUnavailable { retry_after_secs }, None),
+            None => self.run(endpoint, &req, verify_at_s).await,
+        };
         let mut answer = outcome.answer();
         // The answer the provider needs for a delivery it will not send again.
         let recorded = matches!(
@@ -305,7 +347,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         }
 
         let provider = endpoint.map_or("unknown", |e| e.provider.as_str());
-        let endpoint_name = endpoint.map_or("unknown", |e| e.name.as_str());
+        let endpoint_name =
+            endpoint.map_or(if waits.is_some() { req.endpoint } else { "unknown" }, |e| e.name.as_str());
         let duration_ms = (self.ambient.instant() - started).as_secs_f64() * 1000.0;
         record_outcome(provider, endpoint_name, &outcome, duration_ms);
         let (event_id, event_type) =
@@ -586,6 +629,9 @@ fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, dur
         Outcome::Unavailable { stage } => {
             metrics::counter!("failed", "provider" => provider.clone(), "stage" => *stage).increment(1);
         }
+        Outcome::SecretUnavailable { .. } => {
+            metrics::counter!("failed", "provider" => provider.clone(), "stage" => "secret").increment(1);
+        }
         Outcome::SubscriptionConfirmed | Outcome::Unsubscribed => {
             metrics::counter!("subscription", "provider" => provider.clone(), "outcome" => outcome.label())
                 .increment(1);
@@ -753,6 +799,8 @@ mod dead_letter_tests {
         assert!(reasons.contains("too_old") && reasons.contains("not_a_notification"));
     }
 }
+
+pub mod waiting;
 
 #[cfg(test)]
 mod handshake_tests;

@@ -382,13 +382,20 @@ impl Wiring {
     pub async fn intake_for(&self, specs: BTreeMap<String, EndpointSpec>) -> Result<LiveIntake, ConfigError> {
         let getter = crate::adapters::https::ReqwestGetter::new(Timeouts::of(&self.aws));
         let certificates = Arc::new(CertificateCache::new(Arc::new(getter)));
-        let secrets: Box<dyn SecretResolver> =
-            if config::uses_ssm(&specs) { Box::new(self.secrets()) } else { Box::new(config::EnvSecrets) };
+        let secrets: Arc<dyn SecretResolver> =
+            if config::uses_ssm(&specs) { Arc::new(self.secrets()) } else { Arc::new(config::EnvSecrets) };
         // An SSM client only where an endpoint learns its secret at a handshake.
         let learned = if specs.values().any(|s| s.provider.learns_secret()) { self.secret_store() } else { None };
-        let endpoints = config::build_endpoints(specs, secrets.as_ref(), certificates, learned).await?;
-        let intake = Intake::new(endpoints, self.settings.intake()?, self.ledger()?, self.queue()?);
-        Ok(intake.with_ambient(self.ambient.clone()).with_tenant_metrics(self.settings.tenant_metrics.clone()))
+        // Every endpoint's secrets at once; one that cannot be resolved
+        // waits apart (503 to its deliveries) and the others work.
+        let builder = config::EndpointBuilder::new(secrets, certificates, learned);
+        let built = builder.build_all(specs).await?;
+        let waiting = crate::intake::waiting::WaitingEndpoints::new(builder, built.waiting, self.ambient.now_ms());
+        let intake = Intake::new(built.ready, self.settings.intake()?, self.ledger()?, self.queue()?);
+        Ok(intake
+            .with_waiting(waiting)
+            .with_ambient(self.ambient.clone())
+            .with_tenant_metrics(self.settings.tenant_metrics.clone()))
     }
 
     /// The processor with the reference projections, the dispatcher and the

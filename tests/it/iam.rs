@@ -15,7 +15,7 @@ use crate::explore::{FLOWS, run_flow};
 /// A JSON-protocol request to the emulator (to arrange what the SDK
 /// clients of this crate's dependencies do not cover: SSM and Secrets
 /// Manager items).
-async fn emulator(service: &str, target: &str, body: serde_json::Value) {
+pub(crate) async fn emulator(service: &str, target: &str, body: serde_json::Value) {
     let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| panic!("AWS_ENDPOINT_URL"));
     let auth = format!(
         "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"

@@ -384,3 +384,71 @@ async fn a_live_send_lease_held_by_another_delivery_is_respected() {
     assert_eq!(post(&intake, "stripe-a", &stripe_headers(&body, STRIPE_SECRET), &body).await, 200);
     assert!(stack.drain_queue().await.is_empty(), "the first delivery is still sending it");
 }
+
+/// One endpoint whose secret cannot be resolved at the cold start (an SSM
+/// parameter not there yet) fails neither the cold start nor the other
+/// endpoints: its deliveries are answered 503 with `Retry-After`, its secret
+/// is tried again once the bound has passed, and then it works.
+#[tokio::test]
+async fn an_endpoint_whose_secret_cannot_be_resolved_answers_503_alone_and_works_once_it_resolves() {
+    use hookledger::clock::{Ambient, ManualClock, SeededEntropy};
+    use hookledger::intake::waiting::RETRY_EVERY_MS;
+    let stack = Stack::new().await;
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (good, late) = (format!("/hookledger/it-{id}/good"), format!("/hookledger/it-{id}/late"));
+    let put = |name: String| async move {
+        let body = serde_json::json!({"Name": name, "Value": STRIPE_SECRET, "Type": "SecureString"});
+        crate::iam::emulator("ssm", "AmazonSSM.PutParameter", body).await;
+    };
+    put(good.clone()).await;
+    let endpoints = serde_json::json!({
+        "stripe-good": {"provider": "stripe", "secrets": [format!("ssm:{good}")]},
+        "stripe-late": {"provider": "stripe", "secrets": [format!("ssm:{late}")]},
+    })
+    .to_string();
+    let (table, queue) = (stack.table.clone(), stack.queue_url.clone());
+    let settings = hookledger::wiring::Settings::from_lookup(move |k| match k {
+        "HOOKLEDGER_TABLE" => Some(table.clone()),
+        "HOOKLEDGER_QUEUE_URL" => Some(queue.clone()),
+        "HOOKLEDGER_ENDPOINTS" => Some(endpoints.clone()),
+        _ => None,
+    })
+    .unwrap();
+    let clock = Arc::new(ManualClock::at(now_s() * 1000));
+    let ambient = Ambient { clock: clock.clone(), entropy: Arc::new(SeededEntropy::new(3)) };
+    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), settings).with_ambient(ambient);
+    let intake = wiring.intake().await.expect("one endpoint's secret does not fail the cold start");
+    assert_eq!(intake.waiting_endpoints(), ["stripe-late"]);
+
+    let body = stripe_event("evt_secret_late", "invoice.paid");
+    let send = |endpoint: &'static str| {
+        let (intake, body) = (&intake, body.clone());
+        async move {
+            intake
+                .handle(IntakeRequest {
+                    query: "",
+                    endpoint,
+                    method: &Method::POST,
+                    headers: &stripe_headers(&body, STRIPE_SECRET),
+                    body: &body,
+                    now: SystemTime::now(),
+                    request_id: "it",
+                })
+                .await
+        }
+    };
+    assert_eq!(send("stripe-good").await.status, 202, "the other endpoint works");
+    let waiting = send("stripe-late").await;
+    assert_eq!((waiting.status, waiting.retry_after), (503, Some((RETRY_EVERY_MS / 1000) as u32)));
+    assert!(!waiting.detail.contains(&late), "the answer names no parameter: {}", waiting.detail);
+
+    // The parameter is created; within the bound nothing is tried again.
+    put(late.clone()).await;
+    clock.advance(Duration::from_millis(10_000));
+    let still = send("stripe-late").await;
+    assert_eq!((still.status, still.retry_after), (503, Some(20)));
+    clock.advance(Duration::from_millis((RETRY_EVERY_MS - 10_000) as u64));
+    assert_eq!(send("stripe-late").await.status, 202, "resolved once the bound has passed");
+    assert!(intake.waiting_endpoints().is_empty());
+    assert_eq!(send("stripe-late").await.status, 200, "and it stays built");
+}
