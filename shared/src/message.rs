@@ -100,6 +100,35 @@ pub const DISPATCH_LEASE_MS: i64 = 30_000;
 /// 256 KiB); the code checks it before sending (the emulator checks none).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
+/// What a route's message may count at most, with what its destination
+/// counts besides the body (`routes::counted_bytes`): the limit less a
+/// margin for what a service counts undocumented (EventBridge's JSON keys).
+pub const MAX_COUNTED_BYTES: usize = MAX_MESSAGE_BYTES - 1024;
+
+/// The message attribute carrying the idempotency key (SNS and SQS
+/// destinations): consumers de-duplicate on it.
+pub const IDEMPOTENCY_ATTRIBUTE: &str = "idempotency-key";
+
+/// The longest `MessageGroupId` SQS and SNS FIFO take.
+pub const MAX_GROUP_ID: usize = 128;
+
+/// The `MessageGroupId` a message of `group` is sent with: the group itself
+/// when SQS and SNS take it (1-128 characters, each an ASCII letter, digit
+/// or punctuation `!"#$%&'()*+,-./:;<=>?@[\]^_`{|}~`), else `sha256-` and
+/// the group's SHA-256 in hex (71 characters), so the same group (a
+/// subject) is always sent in the same one. Empty stays empty (the
+/// publisher's default group).
+pub fn message_group_id(group: &str) -> std::borrow::Cow<'_, str> {
+    use sha2::{Digest, Sha256};
+    let valid =
+        group.len() <= MAX_GROUP_ID && group.bytes().all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation());
+    if valid {
+        std::borrow::Cow::Borrowed(group)
+    } else {
+        std::borrow::Cow::Owned(format!("sha256-{}", hex::encode(Sha256::digest(group.as_bytes()))))
+    }
+}
+
 /// A route's envelope with the event added: its JSON as received, or
 /// `event_base64` for a body that is not JSON. `head` is the envelope's
 /// JSON object without the event.
@@ -203,6 +232,23 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&form).unwrap();
         assert_eq!(v["event_base64"], "YT0xJmI9Mg==");
         assert_eq!(envelope("{}", b"[1]"), r#"{"event":[1]}"#);
+    }
+
+    #[test]
+    fn group_ids_are_kept_when_valid_and_hashed_otherwise() {
+        assert_eq!(message_group_id("cus_7"), "cus_7");
+        assert_eq!(message_group_id("a@b.example"), "a@b.example");
+        let punct = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+        assert_eq!(message_group_id(punct), punct);
+        assert_eq!(message_group_id(""), "");
+        let edge = "x".repeat(MAX_GROUP_ID);
+        assert_eq!(message_group_id(&edge), edge.as_str());
+        for bad in ["x".repeat(MAX_GROUP_ID + 1), "a b".into(), "jöhn".into(), "tab\t".into()] {
+            let id = message_group_id(&bad);
+            assert!(id.starts_with("sha256-") && id.len() == 71, "{bad:?}: {id}");
+            assert_eq!(id, message_group_id(&bad), "deterministic");
+        }
+        assert_ne!(message_group_id("a b"), message_group_id("a  b"));
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub use crate::config::DispatchPolicy;
 use crate::identity::EventKey;
 use crate::ledger::PortError;
 pub use crate::message::Dispatched;
-use crate::message::{Held, MAX_MESSAGE_BYTES, OutboxClaim, OutboxItem, envelope};
+use crate::message::{Held, MAX_COUNTED_BYTES, OutboxClaim, OutboxItem, envelope, message_group_id};
 use crate::ports::{
     CircuitStore, Dispatch, EventPayload, EventPayloads, OutboxStore, Publication, PublishError, Publisher,
 };
@@ -65,11 +65,11 @@ pub struct Dispatcher<S, P> {
     pub fault: DispatchFault,
 }
 
-/// Whether an item goes to an HTTPS destination (its target is a URL):
-/// those have a circuit breaker.
+/// Whether an item goes to an HTTPS destination (its target names one; an
+/// item an earlier release wrote has its URL): those have a circuit breaker.
 fn to_https(item: &OutboxItem) -> Option<&str> {
     let d = item.delivery.as_ref()?;
-    (item.topic_arn.starts_with("https://") || item.topic_arn.starts_with("http://")).then_some(d.destination.as_str())
+    crate::routes::is_https_target(&item.topic_arn).then_some(d.destination.as_str())
 }
 
 /// Why a message could not be built: retry later, or never.
@@ -174,13 +174,21 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         };
         if let Some(p) = payload {
             let message = envelope(&item.body, p);
-            if message.len() <= MAX_MESSAGE_BYTES {
+            // What the destination counts: the body and its attributes or entry fields.
+            let counted = crate::routes::counted_bytes(
+                &item.topic_arn,
+                message.len(),
+                &item.idempotency_key,
+                Some(&d.source),
+                Some(&d.detail_type),
+            );
+            if counted <= MAX_COUNTED_BYTES {
                 return Ok(message);
             }
         }
         let too_large = || {
             Unsendable::Never(format!(
-                "the envelope is over the destination's {MAX_MESSAGE_BYTES} bytes and there is no payload bucket to refer to"
+                "the envelope is over what the destination takes ({MAX_COUNTED_BYTES} bytes counted) and there is no payload bucket to refer to"
             ))
         };
         let payloads = payloads.ok_or_else(too_large)?;
@@ -217,11 +225,13 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             Err(Unsendable::Retry(error)) => return self.failed(item, token, error, false, now_ms).await,
             Err(Unsendable::Never(error)) => return self.failed(item, token, error, true, now_ms).await,
         };
+        // A group SQS and SNS take (a subject that is not: hashed, the same always).
+        let group = message_group_id(&item.group);
         let out = Publication {
             target: &item.topic_arn,
             body: &body,
             idempotency_key: &item.idempotency_key,
-            group: &item.group,
+            group: &group,
             source: item.delivery.as_ref().map(|d| d.source.as_str()),
             detail_type: item.delivery.as_ref().map(|d| d.detail_type.as_str()),
             destination: item.delivery.as_ref().map(|d| d.destination.as_str()),
@@ -236,6 +246,14 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         match sent {
             Ok(()) => {}
             Err(PublishError::Permanent(error)) => return self.failed(item, token, error, true, now_ms).await,
+            Err(PublishError::Refused { message, retry_for_ms }) => {
+                // Retried while the delivery is younger than the bound, then DEAD.
+                if now_ms - item.created_at_ms >= retry_for_ms {
+                    let error = format!("{message} (refused past its {} s retry bound)", retry_for_ms / 1000);
+                    return self.failed(item, token, error, true, now_ms).await;
+                }
+                return self.failed(item, token, message, false, now_ms).await;
+            }
             Err(PublishError::Retry { message, after_ms }) => {
                 return self.failed_after(item, token, message, after_ms, now_ms).await;
             }

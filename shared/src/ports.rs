@@ -362,15 +362,19 @@ pub enum PublishError {
     /// A timeout, a refused connection, a throttled call, a 5xx, 408 or 429;
     /// `after_ms`: not before this long (an HTTPS answer's `Retry-After`).
     Retry { message: String, after_ms: Option<i64> },
-    /// An answer no retry changes (an HTTPS destination's other 4xx): the
-    /// delivery is DEAD at once, with the answer.
+    /// An answer no retry changes (an HTTPS destination's 4xx whose class
+    /// is `permanent`): the delivery is DEAD at once, with the answer.
     Permanent(String),
+    /// A refusal that may pass (an HTTPS destination's 401 while it
+    /// deploys or rotates a secret): retried while the delivery is younger
+    /// than `retry_for_ms` (from its commit or replay), then DEAD.
+    Refused { message: String, retry_for_ms: i64 },
 }
 
 impl PublishError {
     pub fn message(&self) -> &str {
         match self {
-            Self::Retry { message, .. } | Self::Permanent(message) => message,
+            Self::Retry { message, .. } | Self::Permanent(message) | Self::Refused { message, .. } => message,
         }
     }
 }

@@ -31,7 +31,10 @@
 //! plain `http://` only to a loopback host, and only with `allow_private`
 //! (a local stack, a test). Private, loopback and link-local addresses are
 //! refused at connect time unless `allow_private` is set
-//! ([`crate::netguard`]); metadata addresses always.
+//! ([`crate::netguard`]); metadata addresses always. Its deliveries store
+//! its name ([`https_reference`]), never its URL (a token may be in it).
+//! Its 4xx answers are classed by `client_errors` ([`ClientErrors`]: by
+//! default 401, 403, 404 and 410 retried for an hour, any other permanent).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -135,7 +138,9 @@ impl Arn {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
     pub name: String,
-    /// Where it is: an ARN, or an HTTPS destination's URL.
+    /// Where it is: an ARN, or an HTTPS destination's reference by name
+    /// ([`https_reference`]: what its deliveries store; the URL, which may
+    /// carry a token, stays in [`HttpsTarget::url`] and is never stored).
     pub target: String,
     pub kind: Kind,
     /// An AWS destination's parsed ARN.
@@ -147,32 +152,175 @@ pub struct Destination {
 }
 
 /// An HTTPS destination.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpsTarget {
+    /// Where it is POSTed. Its path and query may carry a token: it is
+    /// never stored on a delivery, logged or shown (see the `Debug` form).
     pub url: url::Url,
     /// Its `whsec_` secrets, by reference (`env:` or `ssm:`): one, or two
     /// during a rotation (each signs; the consumer accepts either).
     pub secrets: Vec<String>,
     /// Private, loopback and link-local addresses allowed (never metadata ones).
     pub allow_private: bool,
+    /// What each 4xx answer means: permanent, or retried for a bound.
+    pub client_errors: ClientErrors,
 }
+
+impl std::fmt::Debug for HttpsTarget {
+    /// The URL's scheme, host and port only: its path and query may carry a token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpsTarget")
+            .field("origin", &self.url.origin().ascii_serialization())
+            .field("secrets", &self.secrets)
+            .field("allow_private", &self.allow_private)
+            .field("client_errors", &self.client_errors)
+            .finish()
+    }
+}
+
+/// What an HTTPS destination's 4xx answer (other than 408 and 429, always
+/// retried) means for the delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientErrorClass {
+    /// DEAD at once: no retry can change the answer.
+    Permanent,
+    /// Retried (with the backoff) while the delivery is younger than this,
+    /// counted from its commit or its replay; then DEAD.
+    RetryFor { ms: i64 },
+}
+
+/// The 4xx answers a consumer gives briefly while it deploys or rotates a
+/// secret, retried by default for [`CLIENT_ERROR_RETRY_MS`].
+pub const BRIEF_CLIENT_ERRORS: [u16; 4] = [401, 403, 404, 410];
+/// How long a brief 4xx is retried by default (an hour).
+pub const CLIENT_ERROR_RETRY_MS: i64 = 3_600_000;
+/// The longest a 4xx may be retried: a delivery's own bound (24 hours).
+pub const MAX_CLIENT_ERROR_RETRY_SECS: i64 = 86_400;
+
+/// An HTTPS destination's classes of 4xx answers (`client_errors`): the
+/// defaults ([`BRIEF_CLIENT_ERRORS`] retried for an hour, any other 4xx
+/// permanent) with the destination's own classes over them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientErrors(BTreeMap<u16, ClientErrorClass>);
+
+impl Default for ClientErrors {
+    fn default() -> Self {
+        Self(
+            BRIEF_CLIENT_ERRORS
+                .iter()
+                .map(|&s| (s, ClientErrorClass::RetryFor { ms: CLIENT_ERROR_RETRY_MS }))
+                .collect(),
+        )
+    }
+}
+
+impl ClientErrors {
+    /// The class of a 4xx `status` (any status not named: permanent).
+    pub fn class(&self, status: u16) -> ClientErrorClass {
+        self.0.get(&status).copied().unwrap_or(ClientErrorClass::Permanent)
+    }
+
+    /// The defaults with `spec`'s classes over them: each key a 4xx status
+    /// (not 408 or 429), each value `"permanent"` or the seconds it is
+    /// retried (1 to a day).
+    fn parse(spec: &BTreeMap<String, serde_json::Value>) -> Result<Self, String> {
+        let mut classes = Self::default();
+        for (key, value) in spec {
+            let status = key
+                .parse::<u16>()
+                .ok()
+                .filter(|s| (400..=499).contains(s))
+                .ok_or_else(|| format!("client_errors: {key:?} is not a 4xx status"))?;
+            if matches!(status, 408 | 429) {
+                return Err(format!("client_errors: {status} is always retried (with its Retry-After)"));
+            }
+            let class = match value {
+                serde_json::Value::String(s) if s == "permanent" => ClientErrorClass::Permanent,
+                serde_json::Value::Number(n)
+                    if n.as_i64().is_some_and(|secs| (1..=MAX_CLIENT_ERROR_RETRY_SECS).contains(&secs)) =>
+                {
+                    ClientErrorClass::RetryFor { ms: n.as_i64().unwrap_or(0) * 1000 }
+                }
+                other => {
+                    return Err(format!(
+                        "client_errors.{status}: \"permanent\" or the seconds it is retried \
+                         (1-{MAX_CLIENT_ERROR_RETRY_SECS}), not {other}"
+                    ));
+                }
+            };
+            classes.0.insert(status, class);
+        }
+        Ok(classes)
+    }
+}
+
+/// What an HTTPS destination's deliveries store as their target: the
+/// destination's name, never its URL (which may carry a token).
+pub fn https_reference(name: &str) -> String {
+    format!("{HTTPS_REFERENCE}{name}")
+}
+
+/// The prefix of [`https_reference`].
+pub const HTTPS_REFERENCE: &str = "destination:";
+
+/// Whether a delivery's stored target is an HTTPS destination: its
+/// reference by name, or (an item an earlier release wrote) its URL.
+pub fn is_https_target(target: &str) -> bool {
+    target.starts_with(HTTPS_REFERENCE) || target.starts_with("https://") || target.starts_with("http://")
+}
+
+/// What a destination counts against its 256 KiB for a message of `body`
+/// (bytes), from its stored target: SNS and SQS the body and each message
+/// attribute's name, type and value (the idempotency key's); EventBridge
+/// the entry's `Detail`, `Source`, `DetailType` and `Time` (14 bytes,
+/// counted though not sent); an HTTPS destination the body.
+pub fn counted_bytes(
+    target: &str,
+    body: usize,
+    idempotency_key: &str,
+    source: Option<&str>,
+    detail_type: Option<&str>,
+) -> usize {
+    if is_https_target(target) {
+        return body;
+    }
+    match Arn::parse(target).map(|a| a.kind) {
+        Ok(Kind::EventBridge) => {
+            body + 14 + source.unwrap_or(DEFAULT_SOURCE).len() + detail_type.unwrap_or(DEFAULT_DETAIL_TYPE).len()
+        }
+        Ok(Kind::Sns | Kind::Sqs { .. }) | Err(_) => {
+            body + crate::message::IDEMPOTENCY_ATTRIBUTE.len() + "String".len() + idempotency_key.len()
+        }
+        Ok(Kind::Https) => body,
+    }
+}
+
+/// The EventBridge `DetailType` of an entry without an event type.
+pub const DEFAULT_DETAIL_TYPE: &str = "event";
 
 /// The most secrets an HTTPS destination signs with (a rotation's two).
 pub const MAX_DESTINATION_SECRETS: usize = 2;
 
 impl HttpsTarget {
-    fn parse(url: &str, secrets: Vec<String>, allow_private: bool) -> Result<Self, String> {
+    fn parse(
+        url: &str,
+        secrets: Vec<String>,
+        allow_private: bool,
+        client_errors: Option<&BTreeMap<String, serde_json::Value>>,
+    ) -> Result<Self, String> {
+        // Errors name the URL without its query (it may carry a token).
+        let url_shown = url.split(['?', '#']).next().unwrap_or_default();
         if url.len() > 2048 {
             return Err("the url is longer than 2048 characters".into());
         }
-        let parsed = url::Url::parse(url).map_err(|e| format!("{url:?} is not a URL ({e})"))?;
+        let parsed = url::Url::parse(url).map_err(|e| format!("{url_shown:?} is not a URL ({e})"))?;
         if !parsed.username().is_empty() || parsed.password().is_some() {
             return Err("the url must not carry credentials (the deliveries are signed)".into());
         }
         if parsed.fragment().is_some() {
             return Err("the url must not have a fragment".into());
         }
-        let host = parsed.host().ok_or_else(|| format!("{url:?} has no host"))?;
+        let host = parsed.host().ok_or_else(|| format!("{url_shown:?} has no host"))?;
         let literal = match &host {
             url::Host::Ipv4(ip) => Some(std::net::IpAddr::V4(*ip)),
             url::Host::Ipv6(ip) => Some(std::net::IpAddr::V6(*ip)),
@@ -190,10 +338,14 @@ impl HttpsTarget {
                     "plain http to a loopback host needs \"allow_private\": true (local stacks and tests)".into()
                 );
             }
-            _ => return Err(format!("{url:?}: a destination's url is https:// (plain http only to a loopback host)")),
+            _ => {
+                return Err(format!(
+                    "{url_shown:?}: a destination's url is https:// (plain http only to a loopback host)"
+                ));
+            }
         }
         if let Some(why) = literal.and_then(|ip| crate::netguard::refused(ip, allow_private)) {
-            return Err(format!("{url:?} is {why}; set \"allow_private\": true to allow private networks"));
+            return Err(format!("{url_shown:?} is {why}; set \"allow_private\": true to allow private networks"));
         }
         if secrets.is_empty() || secrets.len() > MAX_DESTINATION_SECRETS {
             return Err(format!("an HTTPS destination signs with 1 or {MAX_DESTINATION_SECRETS} secrets (`secrets`)"));
@@ -204,7 +356,8 @@ impl HttpsTarget {
                 "secrets must be references (env:NAME or ssm:/path), never inline values (one starts {shown:?})"
             ));
         }
-        Ok(Self { url: parsed, secrets, allow_private })
+        let client_errors = client_errors.map_or_else(|| Ok(ClientErrors::default()), ClientErrors::parse)?;
+        Ok(Self { url: parsed, secrets, allow_private, client_errors })
     }
 }
 
@@ -219,6 +372,8 @@ struct DestinationSpec {
     secrets: Option<Vec<String>>,
     #[serde(default)]
     allow_private: Option<bool>,
+    #[serde(default)]
+    client_errors: Option<BTreeMap<String, serde_json::Value>>,
     #[serde(default)]
     source: Option<String>,
 }
@@ -330,9 +485,9 @@ impl Routes {
             }
             let destination = match (d.arn, d.url) {
                 (Some(arn), None) => {
-                    if d.secrets.is_some() || d.allow_private.is_some() {
+                    if d.secrets.is_some() || d.allow_private.is_some() || d.client_errors.is_some() {
                         return Err(format!(
-                            "destination {name}: secrets and allow_private are for HTTPS destinations (url)"
+                            "destination {name}: secrets, allow_private and client_errors are for HTTPS destinations (url)"
                         ));
                     }
                     let parsed = Arn::parse(&arn).map_err(|e| format!("destination {name}: {e}"))?;
@@ -354,12 +509,16 @@ impl Routes {
                     if d.source.is_some() {
                         return Err(format!("destination {name}: source is for EventBridge buses only"));
                     }
-                    let https =
-                        HttpsTarget::parse(&url, d.secrets.unwrap_or_default(), d.allow_private.unwrap_or(false))
-                            .map_err(|e| format!("destination {name}: {e}"))?;
+                    let https = HttpsTarget::parse(
+                        &url,
+                        d.secrets.unwrap_or_default(),
+                        d.allow_private.unwrap_or(false),
+                        d.client_errors.as_ref(),
+                    )
+                    .map_err(|e| format!("destination {name}: {e}"))?;
                     Destination {
+                        target: https_reference(&name),
                         name,
-                        target: https.url.to_string(),
                         kind: Kind::Https,
                         arn: None,
                         https: Some(https),
@@ -542,8 +701,11 @@ mod tests {
         let one = |d: &str| Routes::parse(&format!(r#"{{"destinations": {{"d": {d}}}, "routes": [{{"to": ["d"]}}]}}"#));
         let ok = one(r#"{"url": "https://hooks.example.com/in?x=1", "secrets": ["ssm:/hl/d", "env:D2"]}"#).unwrap();
         let d = ok.destination("d").unwrap();
-        assert_eq!((d.kind, d.target.as_str()), (Kind::Https, "https://hooks.example.com/in?x=1"));
+        // Its deliveries name it; the URL (its query may carry a token) stays here.
+        assert_eq!((d.kind, d.target.as_str()), (Kind::Https, "destination:d"));
         let https = d.https.as_ref().unwrap();
+        assert_eq!(https.url.as_str(), "https://hooks.example.com/in?x=1");
+        assert!(!format!("{ok:?}").contains("x=1") && !format!("{ok:?}").contains("/in"), "{ok:?}");
         assert_eq!((https.secrets.len(), https.allow_private), (2, false));
         let local = one(r#"{"url": "http://127.0.0.1:8080/hooks", "secrets": ["env:D"], "allow_private": true}"#);
         assert!(local.is_ok(), "{local:?}");
@@ -572,6 +734,75 @@ mod tests {
         }
         // With allow_private: private addresses, never metadata ones.
         assert!(one(r#"{"url": "https://10.0.0.7/hooks", "secrets": ["env:D"], "allow_private": true}"#).is_ok());
+    }
+
+    /// An HTTPS destination's 4xx classes: 401/403/404/410 retried for an
+    /// hour and any other 4xx permanent by default; `client_errors` sets a
+    /// status's class (`"permanent"`, or the seconds it is retried, at most
+    /// a day), checked at load with what is wrong.
+    #[test]
+    fn client_error_classes_default_to_an_hour_for_brief_refusals_and_are_checked_at_load() {
+        let one = |extra: &str| {
+            Routes::parse(&format!(
+                r#"{{"destinations": {{"d": {{"url": "https://h.example.com/?token=t0ken", "secrets": ["env:D"]{extra}}}}},
+                    "routes": [{{"to": ["d"]}}]}}"#
+            ))
+        };
+        let classes = |r: &Routes| r.destination("d").unwrap().https.as_ref().unwrap().client_errors.clone();
+        let defaults = classes(&one("").unwrap());
+        for status in [401, 403, 404, 410] {
+            assert_eq!(defaults.class(status), ClientErrorClass::RetryFor { ms: 3_600_000 }, "{status}");
+        }
+        for status in [400, 402, 405, 409, 413, 422, 451] {
+            assert_eq!(defaults.class(status), ClientErrorClass::Permanent, "{status}");
+        }
+        let set = classes(&one(r#", "client_errors": {"404": "permanent", "422": 600, "401": 86400}"#).unwrap());
+        assert_eq!(set.class(404), ClientErrorClass::Permanent);
+        assert_eq!(set.class(422), ClientErrorClass::RetryFor { ms: 600_000 });
+        assert_eq!(set.class(401), ClientErrorClass::RetryFor { ms: 86_400_000 });
+        assert_eq!(set.class(403), ClientErrorClass::RetryFor { ms: 3_600_000 }, "the other defaults kept");
+        for (extra, want) in [
+            (r#", "client_errors": {"500": "permanent"}"#, "\"500\" is not a 4xx status"),
+            (r#", "client_errors": {"4xx": 60}"#, "\"4xx\" is not a 4xx status"),
+            (r#", "client_errors": {"429": "permanent"}"#, "429 is always retried"),
+            (r#", "client_errors": {"408": 60}"#, "408 is always retried"),
+            (r#", "client_errors": {"401": "retry"}"#, "client_errors.401: \"permanent\" or the seconds"),
+            (r#", "client_errors": {"401": 0}"#, "(1-86400)"),
+            (r#", "client_errors": {"401": 86401}"#, "(1-86400)"),
+            (r#", "client_errors": {"401": 1.5}"#, "not 1.5"),
+        ] {
+            let err = one(extra).unwrap_err();
+            assert!(err.contains(want) && err.starts_with("destination d: "), "{extra}: {err}");
+            assert!(!err.contains("t0ken"), "{err}");
+        }
+        let err = Routes::parse(
+            r#"{"destinations": {"q": {"arn": "arn:aws:sqs:eu-west-1:123456789012:q", "client_errors": {}}}, "routes": []}"#,
+        )
+        .unwrap_err();
+        assert!(err.contains("for HTTPS destinations"), "{err}");
+        let err = Routes::parse(
+            r#"{"destinations": {"d": {"url": "http://h.example.com/in?token=t0ken", "secrets": ["env:D"]}}, "routes": []}"#,
+        )
+        .unwrap_err();
+        assert!(err.contains("h.example.com/in") && !err.contains("t0ken"), "shown without its query: {err}");
+    }
+
+    /// What each kind of destination counts against its limit besides the body.
+    #[test]
+    fn what_a_destination_counts_is_its_body_and_its_attributes_or_entry_fields() {
+        let key = "k".repeat(64);
+        let sqs = counted_bytes(SQS, 1000, &key, None, None);
+        assert_eq!(sqs, 1000 + "idempotency-key".len() + "String".len() + 64);
+        assert_eq!(counted_bytes("arn:aws:sns:eu-west-1:123456789012:t", 1000, &key, None, None), sqs);
+        let bus = "arn:aws:events:eu-west-1:123456789012:event-bus/b";
+        assert_eq!(counted_bytes(bus, 1000, &key, Some("acme.billing"), Some("invoice.paid")), 1000 + 14 + 12 + 12);
+        assert_eq!(counted_bytes(bus, 1000, &key, None, None), 1000 + 14 + "hookledger".len() + "event".len());
+        assert_eq!(counted_bytes("destination:d", 1000, &key, None, None), 1000);
+        assert_eq!(
+            counted_bytes("https://h.example.com/in", 1000, &key, None, None),
+            1000,
+            "an earlier release's item"
+        );
     }
 
     #[test]

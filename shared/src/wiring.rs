@@ -599,8 +599,9 @@ impl Wiring {
             "routes": [{"to": ["queue", "bus"]}],
         });
         if let Some(url) = consumer {
-            routes["destinations"]["consumer"] =
-                serde_json::json!({"url": url, "secrets": ["env:DEV_DESTINATION_SECRET"], "allow_private": true});
+            // The example consumer answers 409 to a repeat it is still handling: retried a while.
+            routes["destinations"]["consumer"] = serde_json::json!({"url": url, "secrets": ["env:DEV_DESTINATION_SECRET"],
+                "allow_private": true, "client_errors": {"409": 300}});
             routes["routes"][0]["to"] = serde_json::json!(["queue", "bus", "consumer"]);
         }
         let routes = routes.to_string();

@@ -374,8 +374,9 @@ async fn a_delivery_costs_at_most_five_write_units_whatever_the_event_size() {
 /// SSM parameter): the event is POSTed once, signed as Standard Webhooks
 /// (`webhook-id` = the delivery's key) with both secrets of a rotation; the
 /// official `standardwebhooks` libraries (Python and npm) verify it with
-/// either secret alone and refuse it with another or tampered. A 4xx answer
-/// is DEAD at once with its status; a 503 is retried.
+/// either secret alone and refuse it with another or tampered. A 422 answer
+/// is DEAD at once with its status; a 410 (by default, for an hour) and a
+/// 503 are retried.
 #[tokio::test]
 async fn an_https_delivery_is_signed_as_standard_webhooks_and_verified_by_the_official_libraries() {
     use crate::webhook_sink::{SECRET, Sink};
@@ -424,14 +425,21 @@ async fn an_https_delivery_is_signed_as_standard_webhooks_and_verified_by_the_of
         assert_eq!(official_verify("node", &case), ok, "node, {secret}");
     }
 
-    // Answers: a 4xx is DEAD at once with its status; a 503 is retried.
-    sink.status.store(410, std::sync::atomic::Ordering::SeqCst);
+    // Answers: a 422 is DEAD at once with its status; a 410 and a 503 are retried.
+    sink.status.store(422, std::sync::atomic::Ordering::SeqCst);
     let body = br#"{"id":"evt_https_2","object":"event","type":"product.created","data":{"object":{"id":"prod_g"}}}"#;
     let gone = stack.claim("stripe", "stripe-a", "evt_https_2", Some("product.created"), body).await;
     processor.process(&gone, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
     let deliveries = wiring.deliveries().unwrap_or_else(|e| panic!("{e}"));
     let state = &deliveries.of_event(&gone, &["hooks"]).await.unwrap_or_else(|e| panic!("{e}"))[0];
     assert_eq!(state.status, "DEAD");
+    assert!(state.last_error.as_deref().unwrap_or_default().contains("answered 422"), "{state:?}");
+    sink.status.store(410, std::sync::atomic::Ordering::SeqCst);
+    let body = br#"{"id":"evt_https_4","object":"event","type":"product.created","data":{"object":{"id":"prod_j"}}}"#;
+    let moved = stack.claim("stripe", "stripe-a", "evt_https_4", Some("product.created"), body).await;
+    processor.process(&moved, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));
+    let state = &deliveries.of_event(&moved, &["hooks"]).await.unwrap_or_else(|e| panic!("{e}"))[0];
+    assert_eq!((state.status.as_str(), state.attempts), ("PENDING", 1), "a brief 410 is retried: {state:?}");
     assert!(state.last_error.as_deref().unwrap_or_default().contains("answered 410"), "{state:?}");
     sink.status.store(503, std::sync::atomic::Ordering::SeqCst);
     let body = br#"{"id":"evt_https_3","object":"event","type":"product.created","data":{"object":{"id":"prod_i"}}}"#;

@@ -10,8 +10,13 @@
 //! - an **EventBridge bus**: `PutEvents` of one entry (`Source`,
 //!   `DetailType` = the event type, `Detail` = the envelope), its per-entry
 //!   result checked (a failed entry is a failed publish);
-//! - an **HTTPS endpoint** (a URL): POSTed as Standard Webhooks by
-//!   [`super::webhooks::HttpsSender`], when the publisher has one.
+//! - an **HTTPS endpoint** (its reference by name, `destination:<name>`,
+//!   or an earlier release's URL): POSTed as Standard Webhooks by
+//!   [`super::webhooks::HttpsSender`] to the URL its routes name, when the
+//!   publisher has one.
+//!
+//! A FIFO group that SQS would refuse arrives here hashed already
+//! (`message::message_group_id`, by the dispatcher).
 //!
 //! The EventBridge client is built on the first publish to a bus.
 
@@ -131,7 +136,7 @@ impl AwsPublisher {
         let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
             .event_bus_name(out.target)
             .source(out.source.unwrap_or(crate::routes::DEFAULT_SOURCE))
-            .detail_type(out.detail_type.unwrap_or("event"))
+            .detail_type(out.detail_type.unwrap_or(crate::routes::DEFAULT_DETAIL_TYPE))
             .detail(out.body)
             .build();
         let answer = self.events()?.put_events().entries(entry).send().await.map_err(|e| error_chain(&e))?;
@@ -149,7 +154,7 @@ impl AwsPublisher {
 
 impl Publisher for AwsPublisher {
     async fn publish(&self, out: Publication<'_>) -> Result<(), PublishError> {
-        if out.target.starts_with("https://") || out.target.starts_with("http://") {
+        if crate::routes::is_https_target(out.target) {
             let https = self.https.as_ref().ok_or_else(|| "this publisher sends to no HTTPS destination".to_owned())?;
             return https.send(out).await;
         }

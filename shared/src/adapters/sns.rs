@@ -3,4 +3,4 @@
 
 /// The message attribute carrying the idempotency key (SNS and SQS
 /// destinations): consumers de-duplicate on it.
-pub const IDEMPOTENCY_ATTRIBUTE: &str = "idempotency-key";
+pub const IDEMPOTENCY_ATTRIBUTE: &str = crate::message::IDEMPOTENCY_ATTRIBUTE;

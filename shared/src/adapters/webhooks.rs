@@ -12,9 +12,11 @@
 //!   ([`GuardedResolver`], [`crate::netguard`]): one refused address refuses
 //!   the name. An address in the URL is checked before the request.
 //! - Answers: 2xx delivered; 408, 429 (its `Retry-After` honoured, at most
-//!   an hour) and 5xx retried; any other status is permanent (DEAD, with the
-//!   status and the answer's first bytes). No answer (refused, timed out,
-//!   reset) is retried.
+//!   an hour) and 5xx retried; another 4xx as the destination's
+//!   `client_errors` class it (by default 401, 403, 404 and 410 retried for
+//!   an hour from the delivery's commit, then DEAD; any other permanent);
+//!   any other status is permanent (DEAD, with the status and the answer's
+//!   first bytes). No answer (refused, timed out, reset) is retried.
 //!
 //! A destination's client and decoded secrets are built on its first
 //! delivery and kept [`SECRETS_FOR`]; a rotation's new secret is picked up
@@ -29,7 +31,7 @@ use std::time::Duration;
 
 use crate::config::SecretResolver;
 use crate::ports::{Publication, PublishError};
-use crate::routes::{HttpsTarget, Routes};
+use crate::routes::{ClientErrorClass, ClientErrors, HttpsTarget, Routes};
 use crate::secret::Secret;
 use crate::verify::standard;
 
@@ -221,12 +223,20 @@ impl HttpsSender {
                 _ => break,
             }
         }
-        classify(destination, status, &head, retry_after)
+        classify(destination, status, &head, retry_after, &target.client_errors)
     }
 }
 
-/// What an answer means for the delivery.
-pub fn classify(destination: &str, status: u16, body: &[u8], retry_after: Option<i64>) -> Result<(), PublishError> {
+/// What an answer means for the delivery: 2xx delivered; 408, 429 and 5xx
+/// retried; another 4xx as its class for this destination says (retried
+/// for a bound, or permanent); anything else permanent.
+pub fn classify(
+    destination: &str,
+    status: u16,
+    body: &[u8],
+    retry_after: Option<i64>,
+    client_errors: &ClientErrors,
+) -> Result<(), PublishError> {
     let shown = shown(body);
     let said = if shown.is_empty() {
         format!("{destination}: answered {status}")
@@ -236,6 +246,10 @@ pub fn classify(destination: &str, status: u16, body: &[u8], retry_after: Option
     match status {
         200..=299 => Ok(()),
         408 | 429 | 500..=599 => Err(PublishError::Retry { message: said, after_ms: retry_after }),
+        400..=499 => match client_errors.class(status) {
+            ClientErrorClass::RetryFor { ms } => Err(PublishError::Refused { message: said, retry_for_ms: ms }),
+            ClientErrorClass::Permanent => Err(PublishError::Permanent(said)),
+        },
         _ => Err(PublishError::Permanent(said)),
     }
 }
@@ -290,19 +304,28 @@ mod tests {
 
     #[test]
     fn answers_are_delivered_retried_or_permanent() {
-        assert_eq!(classify("d", 204, b"", None), Ok(()));
-        assert_eq!(classify("d", 200, b"ok", None), Ok(()));
+        let defaults = ClientErrors::default();
+        assert_eq!(classify("d", 204, b"", None, &defaults), Ok(()));
+        assert_eq!(classify("d", 200, b"ok", None, &defaults), Ok(()));
         for status in [408, 429, 500, 502, 503] {
-            assert!(matches!(classify("d", status, b"", Some(5)), Err(PublishError::Retry { after_ms: Some(5), .. })));
+            let answer = classify("d", status, b"", Some(5), &defaults);
+            assert!(matches!(answer, Err(PublishError::Retry { after_ms: Some(5), .. })));
         }
-        for status in [301, 302, 400, 401, 403, 404, 410, 413, 422] {
-            match classify("d", status, b"nope\n\x1b[31m", None) {
+        let defaults = ClientErrors::default();
+        for status in [401, 403, 404, 410] {
+            assert!(matches!(
+                classify("d", status, b"", None, &defaults),
+                Err(PublishError::Refused { retry_for_ms: 3_600_000, .. })
+            ));
+        }
+        for status in [301, 302, 400, 413, 422] {
+            match classify("d", status, b"nope\n\x1b[31m", None, &defaults) {
                 Err(PublishError::Permanent(m)) => assert_eq!(m, format!("d: answered {status}: nope  [31m")),
                 other => panic!("{status}: {other:?}"),
             }
         }
         let long = vec![b'x'; 5000];
-        let Err(PublishError::Permanent(m)) = classify("d", 400, &long, None) else { panic!() };
+        let Err(PublishError::Permanent(m)) = classify("d", 400, &long, None, &defaults) else { panic!() };
         assert_eq!(m.len(), "d: answered 400: ".len() + ANSWER_SHOWN);
     }
 
@@ -431,6 +454,72 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A loopback server answering every request `status`; its port.
+    fn answering_server(status: u16) -> u16 {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let mut buf = [0u8; 8192];
+                let _ = conn.read(&mut buf);
+                let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 4\r\nconnection: close\r\n\r\nnope");
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+        port
+    }
+
+    /// What `status` from a destination configured with `extra` means.
+    async fn answer_of(status: u16, extra: &str) -> Result<(), PublishError> {
+        let port = answering_server(status);
+        let routes = Routes::parse(&format!(
+            r#"{{"destinations": {{"d": {{"url": "http://127.0.0.1:{port}/in", "secrets": ["env:D"],
+               "allow_private": true{extra}}}}}, "routes": [{{"to": ["d"]}}]}}"#
+        ))
+        .unwrap();
+        let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(Resolved), Arc::new(SystemLookup));
+        let out = Publication {
+            target: "destination:d",
+            body: "{}",
+            idempotency_key: "k",
+            group: "",
+            source: None,
+            detail_type: None,
+            destination: Some("d"),
+            now_ms: 1_800_000_000_000,
+        };
+        sender.send(out).await
+    }
+
+    /// A consumer's brief 401, 403, 404 or 410 (its own deploy, a secret
+    /// rotation) is retried for an hour by default, then DEAD; any other
+    /// 4xx is permanent; each status's class is the destination's to set.
+    #[tokio::test]
+    async fn a_consumers_brief_401_403_404_410_is_retried_for_an_hour_and_each_4xx_class_is_configurable() {
+        for status in [401, 403, 404, 410] {
+            let answer = answer_of(status, "").await;
+            assert!(!matches!(answer, Err(PublishError::Permanent(_))), "{status}: {answer:?}");
+            match answer {
+                Err(PublishError::Refused { message, retry_for_ms: 3_600_000 }) => {
+                    assert_eq!(message, format!("d: answered {status}: nope"))
+                }
+                other => panic!("{status}: {other:?}"),
+            }
+        }
+        for status in [400, 422] {
+            let answer = answer_of(status, "").await;
+            assert!(matches!(answer, Err(PublishError::Permanent(_))), "{status}: {answer:?}");
+        }
+        let configured = r#", "client_errors": {"404": "permanent", "422": 600}"#;
+        assert!(matches!(answer_of(404, configured).await, Err(PublishError::Permanent(_))));
+        assert!(!matches!(answer_of(422, configured).await, Err(PublishError::Permanent(_))));
+        let answer = answer_of(422, configured).await;
+        assert!(matches!(answer, Err(PublishError::Refused { retry_for_ms: 600_000, .. })), "{answer:?}");
+        let answer = answer_of(401, configured).await;
+        assert!(matches!(answer, Err(PublishError::Refused { retry_for_ms: 3_600_000, .. })), "the defaults kept");
     }
 
     #[tokio::test]

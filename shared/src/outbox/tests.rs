@@ -370,3 +370,71 @@ async fn retry_after_is_honoured_and_a_permanent_answer_is_dead_at_once() {
     }
     assert_eq!(store.get("outbox#k1").status, DEAD);
 }
+
+/// A refusal its destination classes as brief (an HTTPS consumer's 401
+/// while it deploys) is retried with the backoff while the delivery is
+/// younger than its bound (from its commit), then DEAD with the answer.
+#[tokio::test]
+async fn a_refusal_retried_for_a_bound_is_dead_once_the_delivery_is_older_than_it() {
+    let w = World::new(Ambient::fixed(NOW, 3));
+    let store = w.outbox();
+    let id = "outbox#k1";
+    let mut item = pending("k1", 0, NOW);
+    item.topic_arn = crate::routes::https_reference("partner");
+    store.put(id, &item);
+    store.set_delivery(id, "partner", NOW);
+    let refused = PublishError::Refused { message: "partner: answered 401: rotating".into(), retry_for_ms: 3_600_000 };
+    let d = Dispatcher::with_ports(store.clone(), Answering(refused))
+        .with_policy(DispatchPolicy { delivery_bound_ms: 24 * 3_600_000, ..POLICY })
+        .with_payloads(std::sync::Arc::new(OneEvent));
+    let mut now = NOW;
+    while now < NOW + 3_600_000 {
+        match d.dispatch(id, now).await.unwrap() {
+            Dispatched::Retrying { error, .. } => assert_eq!(error, "partner: answered 401: rotating"),
+            other => panic!("{} s after its commit: {other:?}", (now - NOW) / 1000),
+        }
+        now = store.get(id).due_at.unwrap();
+    }
+    match d.dispatch(id, now).await.unwrap() {
+        Dispatched::Dead { error, .. } => {
+            assert!(error.contains("answered 401") && error.contains("3600 s"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get(id).status, DEAD);
+}
+
+/// A delivery an earlier release wrote with its HTTPS destination's URL
+/// (its query and all) as its target is still sent after an upgrade: to the
+/// destination it names, through its circuit.
+#[tokio::test]
+async fn a_delivery_written_with_its_url_by_an_earlier_release_is_still_sent_to_its_destination() {
+    let (store, publisher, d) = dispatcher();
+    let id = "outbox#old";
+    let mut item = pending("old", 0, NOW);
+    item.topic_arn = "https://hooks.example.com/in?token=s3cret".into();
+    store.put(id, &item);
+    store.set_delivery(id, "partner", NOW);
+    let d = d.with_payloads(std::sync::Arc::new(OneEvent));
+    assert_eq!(d.dispatch(id, NOW).await.unwrap(), Dispatched::Published);
+    let sent = publisher.published();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(store.status(id), SENT);
+    let circuit = crate::ports::CircuitStore::circuit(&store, "partner").await.unwrap();
+    assert_eq!(circuit, None, "a success on a closed circuit writes nothing");
+    assert!(crate::routes::is_https_target(&sent[0].topic_arn), "sent as an HTTPS delivery");
+}
+
+/// Every event's payload is `{}`.
+struct OneEvent;
+
+impl crate::ports::EventPayloads for OneEvent {
+    fn event_payload<'a>(
+        &'a self,
+        _: &'a EventKey,
+        _: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<crate::ports::EventPayload, PortError>> + Send + 'a>>
+    {
+        Box::pin(async { Ok(crate::ports::EventPayload::Bytes(b"{}".to_vec())) })
+    }
+}

@@ -1165,7 +1165,7 @@ async fn a_delivery_is_dead_after_a_day_of_failures_or_at_once_when_it_cannot_be
     assert!(big.world.publisher().attempts().is_empty(), "never sent truncated");
     let item = big.world.outbox().get(&delivery_id(&k, "queue"));
     assert_eq!(item.status, "DEAD", "no payload bucket to refer to");
-    assert!(item.last_error.unwrap_or_default().contains("over the destination"));
+    assert!(item.last_error.unwrap_or_default().contains("over what the destination takes"));
 }
 
 /// An envelope over the destination's limit refers to the payload in the
@@ -1227,7 +1227,9 @@ fn https_routed() -> Harness {
 #[tokio::test]
 async fn a_dead_https_destination_gets_only_probes_and_its_deliveries_go_out_when_it_is_back() {
     let h = https_routed();
-    h.world.publisher().refuse(DOWN);
+    // What the deliveries store and the publisher is given: the names, never the URLs.
+    let (up, down) = (crate::routes::https_reference("up"), crate::routes::https_reference("down"));
+    h.world.publisher().refuse(&down);
     let policy = crate::outbox::CircuitPolicy::default();
     // The reconciler's dispatcher: another container, its own copy of the circuits.
     let sweeper = Dispatcher::with_ports(h.world.outbox(), h.world.publisher())
@@ -1243,33 +1245,33 @@ async fn a_dead_https_destination_gets_only_probes_and_its_deliveries_go_out_whe
         let up = h.world.outbox().get(&delivery_id(&k, "up"));
         assert_eq!((up.status.as_str(), up.attempts), ("SENT", 1), "minute {minute}: sent by its first dispatch");
         keys.push(k);
-        let before = tries(DOWN);
+        let before = tries(&down);
         sweeper.sweep(settings().index_shards, now + 30_000, 0, 1_000).await.unwrap();
         let circuit = crate::ports::CircuitStore::circuit(&h.world.outbox(), "down").await.unwrap();
         if opened_at_minute.is_none() && circuit.as_ref().is_some_and(|c| c.open_until.is_some()) {
             opened_at_minute = Some(minute);
         }
         if opened_at_minute.is_some_and(|m| m < minute) {
-            assert!(tries(DOWN) - before <= 1, "minute {minute}: at most one probe while open");
+            assert!(tries(&down) - before <= 1, "minute {minute}: at most one probe while open");
         }
     }
     let opened = opened_at_minute.expect("the circuit opened");
     assert!(opened <= 5, "opened after {} failures in a row (minute {opened})", policy.threshold);
-    let probes = tries(DOWN) - usize::try_from(policy.threshold).unwrap();
+    let probes = tries(&down) - usize::try_from(policy.threshold).unwrap();
     let intervals = usize::try_from(3_600_000 / policy.open_ms).unwrap();
     assert!(probes <= intervals, "{probes} tries after opening, at most one per {} ms", policy.open_ms);
-    assert_eq!(tries(UP), 60, "the healthy destination: one send per event, nothing more");
-    eprintln!("down: opened at minute {opened}, {} tries in the hour", tries(DOWN));
+    assert_eq!(tries(&up), 60, "the healthy destination: one send per event, nothing more");
+    eprintln!("down: opened at minute {opened}, {} tries in the hour", tries(&down));
     let mut spent = 0;
     for k in &keys {
         let down = h.world.outbox().get(&delivery_id(k, "down"));
         assert_eq!(down.status, "PENDING", "waiting, not DEAD");
         spent += usize::try_from(down.attempts).unwrap();
     }
-    assert_eq!(spent, tries(DOWN), "an attempt is spent by a try only, never by waiting");
+    assert_eq!(spent, tries(&down), "an attempt is spent by a try only, never by waiting");
 
     // Back: the sweep alone sends every waiting delivery, each once.
-    h.world.publisher().restore(DOWN);
+    h.world.publisher().restore(&down);
     let mut now = NOW + 3_600_000;
     for _ in 0..20 {
         now += 60_000;
@@ -1283,4 +1285,115 @@ async fn a_dead_https_destination_gets_only_probes_and_its_deliveries_go_out_whe
     }
     let circuit = crate::ports::CircuitStore::circuit(&h.world.outbox(), "down").await.unwrap().unwrap();
     assert_eq!((circuit.open_until, circuit.failures), (None, 0), "closed");
+}
+
+// ------------------------------------------------- what a destination counts
+
+/// An envelope just under 256 KiB alone is over what SQS (the body and the
+/// `idempotency-key` attribute's name, type and value) and EventBridge (the
+/// entry's `Detail`, `Source` and `DetailType`) count: it goes as a
+/// `payload_ref`, never refused for a day and DEAD.
+#[tokio::test]
+async fn an_envelope_under_the_limit_alone_but_over_what_the_service_counts_goes_as_a_reference() {
+    // The envelopes' heads, from a small event of the same key.
+    let probe = routed(Registry::new());
+    let k = put(&probe, record("big", Status::Received));
+    assert_eq!(probe.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    let small = body("big");
+    let head = |p: &crate::adapters::memory::Published| p.body.len() - small.len();
+    // The bus's head is the shortest ("bus"): its envelope 20 bytes under
+    // the limit, the queues' 18 and 19 (their names are longer).
+    let bus = probe.world.publisher().published().into_iter().find(|p| p.topic_arn == BUS_ARN).unwrap();
+    let fill = crate::message::MAX_MESSAGE_BYTES - 20 - head(&bus);
+    let prefix = format!(r#"{{"id":"big","type":"{TYPE}","pad":""#);
+    let large = format!(r#"{prefix}{}"}}"#, "x".repeat(fill - prefix.len() - 2));
+    assert_eq!(large.len(), fill);
+
+    let h = routed(Registry::new());
+    let world = h.world.clone().with_payload_bucket();
+    let rec = record("big", Status::Received);
+    let hash = payload_hash(large.as_bytes());
+    h.ledger.insert_with_payload(WorkRecord { payload_hash: hash.clone(), ..rec }, large.as_bytes());
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    let sent = world.publisher().published();
+    assert_eq!(sent.len(), 3);
+    for p in &sent {
+        let envelope: serde_json::Value = serde_json::from_str(&p.body).unwrap();
+        assert!(
+            envelope.get("event").is_none() && envelope["payload_ref"]["sha256"] == hash.as_str(),
+            "{}: {} bytes with the event, over what it counts: a reference instead",
+            p.topic_arn,
+            p.body.len()
+        );
+    }
+}
+
+/// The `MessageGroupId` of a FIFO destination follows SQS's rules (1-128
+/// characters, alphanumerics and punctuation): a subject that does not (a
+/// name with spaces, a non-ASCII address, one over 128 characters) is
+/// hashed, the same subject always to the same group; a valid one is kept.
+#[tokio::test]
+async fn a_fifo_group_id_follows_sqs_rules_and_keeps_a_subject_in_one_group() {
+    let valid = |g: &str| {
+        (1..=128).contains(&g.len()) && g.bytes().all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation())
+    };
+    let long = "c".repeat(200);
+    let subjects = ["Jane Doe <jane@example.com>", "jöhn@example.com", long.as_str(), "cus_7", "a@b.example"];
+    let mut groups = Vec::new();
+    for subject in subjects {
+        let mut seen = Vec::new();
+        for id in ["one", "two"] {
+            let (mut proj, _) = scripted(|_| apply(&["x"]));
+            proj.subject = Some(subject.into());
+            let h = routed(Registry::new().register(proj));
+            let k = put(&h, record(&format!("{id}-{}", subject.len()), Status::Received));
+            assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+            let fifo = h.world.publisher().published().into_iter().find(|p| p.topic_arn == FIFO_ARN).unwrap();
+            assert!(valid(&fifo.group), "{subject:?}: group {:?} is not a valid MessageGroupId", fifo.group);
+            seen.push(fifo.group);
+        }
+        assert_eq!(seen[0], seen[1], "{subject:?}: the same subject, the same group");
+        if valid(subject) {
+            assert_eq!(seen[0], subject, "a valid subject is its own group");
+        }
+        groups.push(seen[0].clone());
+    }
+    let distinct: std::collections::BTreeSet<&String> = groups.iter().collect();
+    assert_eq!(distinct.len(), subjects.len(), "different subjects, different groups: {groups:?}");
+}
+
+/// An HTTPS destination's URL (a token in its query, say) is never stored
+/// on its deliveries nor listed: the item names the destination; the
+/// sender finds the URL in the routes.
+#[tokio::test]
+async fn an_https_destination_is_stored_and_listed_by_its_name_never_its_url_or_query() {
+    let json = r#"{"destinations": {"partner": {"url": "https://hooks.example.com/in?token=s3cret",
+                                                 "secrets": ["env:P"]}},
+                   "routes": [{"to": ["partner"]}]}"#;
+    let routes = Arc::new(crate::routes::Routes::parse(json).unwrap());
+    let world = World::new(Ambient::fixed(NOW, 11)).with_shards(settings().index_shards);
+    let dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
+        .with_ambient(world.ambient().clone())
+        .with_payloads(Arc::new(world.ledger()));
+    let p = Processor::with_ports(world.ledger(), cx(), Registry::new(), Some(dispatch), settings())
+        .with_queue(world.queue())
+        .with_ambient(world.ambient().clone())
+        .with_routes(routes.clone());
+    let h = Harness { p, ledger: Ledger { m: world.ledger(), w: world.clone() }, queue: world.queue(), world };
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));
+    let tried = h.world.publisher().attempts();
+    assert_eq!(tried.len(), 1);
+    assert!(!tried[0].topic_arn.contains("s3cret"), "{:?}", tried[0].topic_arn);
+    for item in h.world.state().table.items() {
+        let shown = format!("{item:?}");
+        assert!(!shown.contains("s3cret") && !shown.contains("hooks.example.com"), "stored: {shown}");
+    }
+    assert!(!format!("{routes:?}").contains("s3cret"), "not in the routes' debug form either");
+    let listed = crate::outbox::Deliveries::new(h.world.outbox(), settings().index_shards)
+        .of_event(&k, &["partner"])
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(!serde_json::to_string(&listed).unwrap().contains("s3cret"));
 }

@@ -1117,6 +1117,30 @@ impl MemOutbox {
         self.0.state().table.insert(item.item(id));
     }
 
+    /// Makes the item `id` a route's delivery to `destination`, committed
+    /// at `created_at` by the event `evt#acme#main#<its idempotency key>`
+    /// (the attributes the processor's commit writes besides a notification's).
+    pub fn set_delivery(&self, id: &str, destination: &str, created_at: i64) {
+        use crate::adapters::dynamodb::outbox::attr;
+        let mut st = self.0.state();
+        let mut item = st.table.get(id, OUTBOX_SK).cloned().unwrap_or_else(|| panic!("no outbox item {id}"));
+        let event = EventKey::new("acme", "main", &text(&item, attr::IDEMPOTENCY_KEY));
+        let s = |v: &str| AttributeValue::S(v.to_owned());
+        let n = |v: i64| AttributeValue::N(v.to_string());
+        for (k, v) in [
+            (attr::DESTINATION, s(destination)),
+            (attr::SOURCE, s("hookledger")),
+            (attr::DETAIL_TYPE, s("thing.changed")),
+            (attr::PAYLOAD_HASH, s("h")),
+            (attr::EVENT_KEY, s(event.as_str())),
+            (attr::RECEIVED_AT, n(created_at)),
+            (attr::CREATED_AT, n(created_at)),
+        ] {
+            item.insert(k.to_owned(), v);
+        }
+        st.table.insert(item);
+    }
+
     /// The outbox item, typed.
     pub fn get(&self, id: &str) -> OutboxView {
         OutboxView::from_item(&self.0.read(id, OUTBOX_SK).unwrap_or_else(|| panic!("no outbox item {id}")))
