@@ -17,9 +17,14 @@
 //! (an empty `events`, signed) is acknowledged, nothing recorded.
 //!
 //! The endpoint's configured `secrets`, if any, are accepted besides the
-//! learned one (a webhook whose secret was kept elsewhere before). A
-//! container that holds no learned secret, or whose secret does not match,
-//! reads the store again at most every [`RELOAD_SECS`].
+//! learned one (a webhook whose secret was kept elsewhere before). Every
+//! read of the store is trusted for [`RELOAD_SECS`] and made again at most
+//! that often per container: a handshake attempt (unauthenticated by
+//! nature) outside a window costs no store read while the closed window is
+//! known, so a flood of them costs one read per bound; a learned secret is
+//! verified against the store again once its read is that old, so one
+//! deleted from the store stops verifying within the bound (a store that
+//! cannot be read keeps the secret held; it is tried again a bound later).
 
 use std::sync::{Arc, Mutex};
 
@@ -40,15 +45,22 @@ pub const SIGNATURE_HEADER: &str = "x-hook-signature";
 /// The header as the answer names it.
 const SECRET_HEADER_ANSWER: &str = "X-Hook-Secret";
 
-/// How often a container reads the stored secret again while it has none
-/// or its own does not match.
+/// How long a container trusts what it read from the store (the window,
+/// the secret), and so how often at most it reads it again.
 pub const RELOAD_SECS: i64 = 10;
 
-/// The secret this container learned or read, and when it last read the store.
+/// The secret this container learned or read, and when it last read the
+/// store; the window it last read, and when.
 #[derive(Default)]
 struct Learned {
     secret: Option<Secret>,
     read_at_s: Option<i64>,
+    window: Option<(Option<i64>, i64)>,
+}
+
+/// Whether what was read at `read_at_s` is still trusted at `now_s`.
+fn fresh(read_at_s: i64, now_s: i64) -> bool {
+    now_s - read_at_s < RELOAD_SECS
 }
 
 pub struct AsanaVerifier {
@@ -66,13 +78,19 @@ impl AsanaVerifier {
         self.learned.lock().ok().and_then(|l| l.secret.clone())
     }
 
+    /// What the store holds now (`None`: nothing, so a secret held before
+    /// is forgotten), read at `now_s`.
     fn remember(&self, secret: Option<Secret>, now_s: i64) {
         if let Ok(mut l) = self.learned.lock() {
-            if secret.is_some() {
-                l.secret = secret;
-            }
+            l.secret = secret;
             l.read_at_s = Some(now_s);
         }
+    }
+
+    /// The window's end as last read, if that read is still trusted.
+    fn known_window(&self, now_s: i64) -> Option<Option<i64>> {
+        let l = self.learned.lock().ok()?;
+        l.window.and_then(|(until, at)| fresh(at, now_s).then_some(until))
     }
 
     /// The handshake: the offered secret stored once, inside the window.
@@ -83,10 +101,19 @@ impl AsanaVerifier {
         let Some((store, endpoint)) = &self.store else {
             return Err(VerifyError::HandshakeRefused("this endpoint keeps no learned secrets"));
         };
-        let until = store.window(endpoint).await.map_err(|e| {
-            tracing::warn!(error = %e, "handshake window could not be read");
-            VerifyError::Unavailable("the handshake window")
-        })?;
+        let until = match self.known_window(now_s) {
+            Some(until) => until,
+            None => {
+                let until = store.window(endpoint).await.map_err(|e| {
+                    tracing::warn!(error = %e, "handshake window could not be read");
+                    VerifyError::Unavailable("the handshake window")
+                })?;
+                if let Ok(mut l) = self.learned.lock() {
+                    l.window = Some((until, now_s));
+                }
+                until
+            }
+        };
         if until.is_none_or(|until| now_s > until) {
             return Err(VerifyError::HandshakeRefused("no handshake window is open for this endpoint"));
         }
@@ -117,18 +144,30 @@ impl AsanaVerifier {
     async fn event(&self, body: &[u8], headers: &HeaderMap, now_s: i64) -> Result<Verified, VerifyError> {
         let text = single_header(headers, SIGNATURE_HEADER)?;
         let signature = hex::decode(text.trim()).map_err(|_| VerifyError::MalformedHeader(SIGNATURE_HEADER))?;
-        let mut ok = self.signed_by(self.learned().as_ref(), body, &signature);
+        let due = self.learned.lock().ok().is_none_or(|l| l.read_at_s.is_none_or(|t| !fresh(t, now_s)));
+        let held = self.learned();
+        let mut ok = self.signed_by(None, body, &signature);
         if !ok {
-            if let Some((store, endpoint)) = &self.store {
-                let due = self.learned.lock().ok().is_none_or(|l| l.read_at_s.is_none_or(|t| now_s - t >= RELOAD_SECS));
-                if due {
-                    let stored = store.load(endpoint).await.map_err(|e| {
+            match &self.store {
+                // What was read within the bound is trusted as it is.
+                Some(_) if !due => ok = self.signed_by(held.as_ref(), body, &signature),
+                Some((store, endpoint)) => match store.load(endpoint).await {
+                    Ok(stored) => {
+                        ok = self.signed_by(stored.as_ref(), body, &signature);
+                        self.remember(stored, now_s);
+                    }
+                    // The store cannot say: a secret held is kept (tried again a bound later).
+                    Err(e) if held.is_some() => {
+                        tracing::warn!(error = %e, "learned secret could not be read again; the one held is kept");
+                        ok = self.signed_by(held.as_ref(), body, &signature);
+                        self.remember(held, now_s);
+                    }
+                    Err(e) => {
                         tracing::warn!(error = %e, "learned secret could not be read");
-                        VerifyError::Unavailable("the secret store")
-                    })?;
-                    ok = stored.as_ref().is_some_and(|s| self.signed_by(Some(s), body, &signature));
-                    self.remember(stored, now_s);
-                }
+                        return Err(VerifyError::Unavailable("the secret store"));
+                    }
+                },
+                None => {}
             }
         }
         if !ok {
@@ -293,10 +332,18 @@ mod tests {
         windows: Mutex<HashMap<String, i64>>,
         secrets: Mutex<HashMap<String, Vec<u8>>>,
         down: std::sync::atomic::AtomicBool,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Map {
+        fn reads(&self) -> usize {
+            self.reads.load(std::sync::atomic::Ordering::SeqCst)
+        }
     }
 
     impl SecretStore for Map {
         fn window(&self, endpoint: &str) -> Storing<'_, Option<i64>> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let r = if self.down.load(std::sync::atomic::Ordering::SeqCst) {
                 Err("down".to_owned())
             } else {
@@ -321,8 +368,13 @@ mod tests {
             Box::pin(async move { Ok(r) })
         }
         fn load(&self, endpoint: &str) -> Storing<'_, Option<Secret>> {
-            let r = self.secrets.lock().unwrap().get(endpoint).map(|s| Secret::new(s.clone()));
-            Box::pin(async move { Ok(r) })
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let r = if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                Err("down".to_owned())
+            } else {
+                Ok(self.secrets.lock().unwrap().get(endpoint).map(|s| Secret::new(s.clone())))
+            };
+            Box::pin(async move { r })
         }
     }
 
@@ -406,6 +458,37 @@ mod tests {
         // A heartbeat is acknowledged.
         let hb = event(&v, "s1", br#"{"events":[]}"#, 112).await.unwrap();
         assert_eq!(hb.action, Action::Acknowledge { what: "a heartbeat" });
+    }
+
+    #[tokio::test]
+    async fn handshakes_outside_a_window_read_the_store_once_a_bound_and_a_deleted_secret_stops_verifying_within_it() {
+        let store = Arc::new(Map::default());
+        let v = verifier(&store);
+        // A flood of handshake attempts, no window open: one read per bound.
+        for t in 100..100 + RELOAD_SECS {
+            assert!(matches!(offer(&v, "probe", t).await, Err(VerifyError::HandshakeRefused(_))));
+        }
+        assert_eq!(store.reads(), 1, "outside a window, handshakes within the bound read nothing");
+        assert!(matches!(offer(&v, "probe", 100 + RELOAD_SECS).await, Err(VerifyError::HandshakeRefused(_))));
+        assert_eq!(store.reads(), 2);
+        // The operator arms it: taken once the closed window read is older than the bound.
+        store.open_window("ep", 1_000).await.unwrap();
+        let at = 100 + 2 * RELOAD_SECS;
+        assert!(offer(&v, "s1", at).await.is_ok());
+        let body = Asana.sample(&serde_json::from_str(r#"{"provider":"asana"}"#).unwrap(), "1201", "task.changed", at);
+        assert!(event(&v, "s1", &body, at + 1).await.is_ok());
+        // Deleted from the store: verified with what was read until the bound, then not.
+        store.secrets.lock().unwrap().clear();
+        assert!(event(&v, "s1", &body, at + RELOAD_SECS - 1).await.is_ok(), "within the bound");
+        assert_eq!(event(&v, "s1", &body, at + RELOAD_SECS).await, Err(VerifyError::SignatureMismatch));
+        assert_eq!(event(&v, "s1", &body, at + RELOAD_SECS + 1).await, Err(VerifyError::SignatureMismatch));
+        // The store down while a secret is held: kept, the store tried again a bound later.
+        let kept = Arc::new(Map::default());
+        kept.store_once("ep", &Secret::new("s2")).await.unwrap();
+        let v = verifier(&kept);
+        assert!(event(&v, "s2", &body, 0).await.is_ok());
+        kept.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(event(&v, "s2", &body, RELOAD_SECS).await.is_ok(), "a store that cannot answer deletes nothing");
     }
 
     #[tokio::test]
