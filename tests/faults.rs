@@ -57,6 +57,9 @@ pub enum Fault {
     /// one that races another transaction on the same item (its first
     /// item's reason `TransactionConflict`; not retried by the SDK).
     TransactionConflict,
+    /// A `BatchGetItem` answered 200 without sending, every requested key
+    /// left in `UnprocessedKeys` (as DynamoDB answers a throttled read).
+    Unprocessed,
 }
 
 impl Fault {
@@ -70,6 +73,7 @@ impl Fault {
             Self::CrashBefore => "crash_before",
             Self::CrashAfter => "crash",
             Self::TransactionConflict => "conflict",
+            Self::Unprocessed => "unprocessed",
         }
     }
 }
@@ -610,6 +614,14 @@ impl HttpConnector for FaultConnector {
                 Some(Fault::CrashBefore) => {
                     plan.crash_now(invocation);
                     std::future::pending::<()>().await;
+                }
+                Some(Fault::Unprocessed) => {
+                    let asked = serde_json::from_str::<serde_json::Value>(&call.body)
+                        .ok()
+                        .and_then(|v| v.get("RequestItems").cloned())
+                        .unwrap_or_else(|| serde_json::json!({}));
+                    let body = serde_json::json!({"Responses": {}, "UnprocessedKeys": asked});
+                    return Ok(response(200, "application/x-amz-json-1.0", body.to_string()));
                 }
                 Some(Fault::TransactionConflict) => {
                     let items = serde_json::from_str::<serde_json::Value>(&call.body)

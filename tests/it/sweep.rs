@@ -217,3 +217,50 @@ async fn the_oldest_open_record_is_measured_when_its_retry_is_not_yet_due() {
         assert!(age >= 2 * HOUR, "run {n}: oldest {age} ms: {summary:?}");
     }
 }
+
+/// A throttled `BatchGetItem` (every key left unprocessed): the read asks
+/// again after a backoff with jitter, and gives up as unavailable once its
+/// budget is spent, never in a tight loop; a throttle that passes costs one
+/// more request.
+#[tokio::test]
+async fn unprocessed_keys_are_asked_for_again_after_a_backoff_within_a_bounded_budget() {
+    use hookledger::adapters::dynamodb::due::{BATCH_READ_BACKOFF_MS, BATCH_READ_BUDGET_MS};
+    use hookledger::clock::{Ambient, ManualClock, SeededEntropy};
+    use hookledger::ledger::DuePartition;
+    use hookledger::ports::DueLedger;
+    use hookledger_it::faults::{Fault, FaultPlan, Rule, sdk_config};
+
+    let stack = Stack::new().await;
+    let key =
+        stack.claim("stripe", "stripe-a", "evt_throttled", None, &pi_succeeded("evt_throttled", "pi_t", None, 1)).await;
+    let plan = FaultPlan::new(11);
+    let cfg = sdk_config(&plan).await;
+    let clock = Arc::new(ManualClock::at(crate::support::now_s() * 1000));
+    let ambient = Ambient { clock: clock.clone(), entropy: Arc::new(SeededEntropy::new(11)) };
+    let ledger = DynamoLedger::new(hookledger_it::faults::dynamodb_client(&cfg), &stack.table)
+        .with_shards(16)
+        .with_ambient(ambient.clone());
+    let shard = key.shard(16);
+    let far = crate::support::now_s() * 1000 + HOUR;
+    let batch_gets = || plan.trace().iter().filter(|c| c.operation == "BatchGetItem").count();
+
+    // Throttled on every request: a bounded number of them, the budget's time slept between.
+    plan.arm(Rule::new(Fault::Unprocessed).on("dynamodb", "BatchGetItem").every_attempt());
+    let started = ambient.instant();
+    let read =
+        tokio::time::timeout(Duration::from_secs(10), ledger.due(DuePartition::Records, shard, far, 10, None)).await;
+    let refused = read.expect("the read ends").expect_err("throttled throughout: unavailable");
+    assert!(refused.to_string().contains("unprocessed"), "{refused}");
+    let (tries, slept) = (batch_gets(), ambient.instant() - started);
+    assert!((2..=40).contains(&tries), "{tries} requests");
+    assert!(slept <= Duration::from_millis(BATCH_READ_BUDGET_MS), "slept {slept:?}");
+    assert!(slept >= Duration::from_millis(BATCH_READ_BACKOFF_MS / 2), "backed off between tries: {slept:?}");
+
+    // Throttled once: asked again, found.
+    plan.disarm();
+    let before = batch_gets();
+    plan.arm(Rule::new(Fault::Unprocessed).on("dynamodb", "BatchGetItem").nth(0));
+    let page = ledger.due(DuePartition::Records, shard, far, 10, None).await.unwrap();
+    assert_eq!(page.items.len(), 1, "the record is found once asked again");
+    assert_eq!(batch_gets() - before, 2);
+}

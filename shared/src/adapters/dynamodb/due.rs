@@ -67,9 +67,20 @@ impl DynamoLedger {
 
     /// The items of `keys` (pk, sk), read consistently in batches of 100, in
     /// no particular order; items gone meanwhile are missing.
+    ///
+    /// Keys DynamoDB leaves unprocessed (throttling, the response's 16 MB)
+    /// are asked for again after a backoff with full jitter
+    /// ([`BATCH_READ_BACKOFF_MS`], doubling up to [`BATCH_READ_BACKOFF_MAX_MS`]);
+    /// once [`BATCH_READ_BUDGET_MS`] have passed with keys still
+    /// unprocessed, the read fails as unavailable (the caller's run goes on
+    /// with its other shards and meets them next time), so a throttled table
+    /// never holds a run in a loop.
     pub(super) async fn batch_read(&self, keys: Vec<Item>) -> Result<Vec<Item>, PortError> {
+        let clock = &self.ambient.clock;
+        let give_up = clock.instant() + std::time::Duration::from_millis(BATCH_READ_BUDGET_MS);
         let mut found = Vec::new();
         for chunk in keys.chunks(100) {
+            let mut backoff_ms = BATCH_READ_BACKOFF_MS;
             let mut pending = Some(
                 KeysAndAttributes::builder()
                     .set_keys(Some(chunk.to_vec()))
@@ -88,11 +99,32 @@ impl DynamoLedger {
                 found.extend(out.responses.and_then(|mut r| r.remove(self.table())).unwrap_or_default());
                 pending =
                     out.unprocessed_keys.and_then(|mut u| u.remove(self.table())).filter(|k| !k.keys().is_empty());
+                if let Some(left) = &pending {
+                    let wait = std::time::Duration::from_millis((backoff_ms as f64 * self.ambient.jitter()) as u64);
+                    if clock.instant() + wait >= give_up {
+                        return Err(PortError::Unavailable {
+                            service: "dynamodb",
+                            message: format!(
+                                "{} keys still unprocessed after {BATCH_READ_BUDGET_MS} ms of retries (throttled)",
+                                left.keys().len()
+                            ),
+                        });
+                    }
+                    clock.sleep(wait).await;
+                    backoff_ms = (backoff_ms * 2).min(BATCH_READ_BACKOFF_MAX_MS);
+                }
             }
         }
         Ok(found)
     }
 }
+
+/// The first backoff before unprocessed keys are asked for again (full jitter: a wait in `[0, this]`).
+pub const BATCH_READ_BACKOFF_MS: u64 = 50;
+/// The backoff's ceiling.
+pub const BATCH_READ_BACKOFF_MAX_MS: u64 = 1_000;
+/// How long one read may spend retrying unprocessed keys, at most.
+pub const BATCH_READ_BUDGET_MS: u64 = 3_000;
 
 /// A due record or entitlement read by key, its next look at `at` (`None`:
 /// neither, or malformed).
