@@ -79,6 +79,20 @@ fn parse_instant(s: &str) -> Result<i64, String> {
     super::parse_time(s).map(|ms| ms / 1000)
 }
 
+/// The window the flags name at `now_s`: `--since` before `--until`
+/// (default: now), and within the identity retention (`--retention-days`):
+/// an event older than it may have lost its identity to the TTL, and would be
+/// imported and applied again.
+fn window_of(args: &BackfillArgs, now_s: i64) -> Result<Window, String> {
+    let until = args.until.unwrap_or(now_s);
+    if args.since >= until {
+        return Err(format!("--since ({}) must be before --until ({until})", args.since));
+    }
+    hookledger::backfill::check_within_retention(args.since, now_s, args.retention_days)
+        .map_err(|e| format!("--since {}: {e}; pass a later --since", args.since))?;
+    Ok(Window { since_s: args.since, until_s: until, types: args.types.clone() })
+}
+
 pub async fn run(
     args: BackfillArgs,
     wiring: &Wiring,
@@ -90,10 +104,8 @@ pub async fn run(
     let specs = config::parse_endpoints(&args.endpoints).map_err(|e| e.to_string())?;
     let spec =
         specs.get(&args.endpoint).ok_or_else(|| format!("no endpoint {:?} in HOOKLEDGER_ENDPOINTS", args.endpoint))?;
-    let until = args.until.unwrap_or_else(|| super::now_ms() / 1000);
-    if args.since >= until {
-        return Err(format!("--since ({}) must be before --until ({until})", args.since));
-    }
+    let window = window_of(&args, super::now_ms() / 1000)?;
+    let until = window.until_s;
     let mode = if args.redeliver { Mode::Redeliver } else { Mode::Import };
     let target = Target {
         provider: spec.provider.as_str().to_owned(),
@@ -103,7 +115,6 @@ pub async fn run(
         index_shards: ledger.shards(),
         mode,
     };
-    let window = Window { since_s: args.since, until_s: until, types: args.types.clone() };
     let settings = BackfillSettings {
         max_pages: args.max_pages,
         max_body_bytes: args.max_backfill_body_bytes,
@@ -372,4 +383,43 @@ async fn release<S: BackfillSource>(
 ) -> Result<Released, String> {
     let deadline = Instant::now() + Duration::from_secs(120);
     backfill.release(target, parked, operator, reason, super::now_ms(), deadline).await
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BackfillArgs,
+    }
+
+    fn args(extra: &[&str]) -> BackfillArgs {
+        let mut argv = vec!["hookledger", "--endpoint", "stripe-a", "--endpoints", "{}"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    /// Issue 39.12: a `--since` older than the identity retention would
+    /// re-import events whose identities the TTL already deleted, and apply
+    /// them again: refused, naming the retention; inside it, the window is taken.
+    #[test]
+    fn a_since_beyond_the_identity_retention_is_refused_naming_it() {
+        const NOW: i64 = 1_800_000_000;
+        let day = 86_400;
+        for (since, retention) in [(NOW - 30 * day, "30"), (NOW - 10 * day, "10"), (NOW - 400 * day, "30")] {
+            let since = since.to_string();
+            let a = args(&["--since", &since, "--until", &(NOW - 3_600).to_string(), "--retention-days", retention]);
+            let err = window_of(&a, NOW).map(|_| ()).unwrap_err();
+            assert!(err.contains("HOOKLEDGER_RETENTION_DAYS") && err.contains(retention), "{since}: {err}");
+        }
+        let inside = args(&["--since", &(NOW - 29 * day).to_string(), "--retention-days", "30"]);
+        let w = window_of(&inside, NOW).unwrap();
+        assert_eq!((w.since_s, w.until_s), (NOW - 29 * day, NOW));
+        let reversed = args(&["--since", &NOW.to_string(), "--until", &(NOW - 1).to_string()]);
+        assert!(window_of(&reversed, NOW).unwrap_err().contains("must be before --until"));
+    }
 }

@@ -499,7 +499,10 @@ impl Providers<'_> {
         let ambient = self.wiring.ambient();
         let now_ms = ambient.now_ms();
         let check_at = now_ms + 1_000 + hookledger::config::DEFAULT_DRIFT_INTERVAL_MS;
-        let summary = reconciler.run(check_at, ambient.instant() + Duration::from_secs(30)).await;
+        // Its metrics written as the reconciler function's are, so that
+        // `hookledger stats` and the console show this run's drift.
+        let checked = reconciler.run(check_at, ambient.instant() + Duration::from_secs(30));
+        let summary = crate::reported::reconciler_run(&self.wiring.metrics_writer_once(None), checked).await;
         let after_drift = self.state_until(&pk, |i| seats(i) == Some(8)).await?.as_ref().and_then(seats);
         // 3. A payment Stripe sent while the endpoint was down (it never
         //    reached the intake): a backfill of the last minutes recovers it.

@@ -21,6 +21,7 @@ pub mod console;
 mod deliveries;
 mod demo;
 pub mod replay_sns;
+pub mod reported;
 mod send;
 mod table;
 
@@ -648,7 +649,8 @@ where
             ctx.table()?;
             let r = ctx.wiring.reconciler_with(settings)?;
             let ambient = ctx.wiring.ambient();
-            let summary = r.run(ambient.now_ms(), ambient.instant() + std::time::Duration::from_secs(60)).await;
+            let run = r.run(ambient.now_ms(), ambient.instant() + std::time::Duration::from_secs(60));
+            let summary = reported::reconciler_run(&ctx.wiring.metrics_writer_once(None), run).await;
             writeln!(out, "{}", serde_json::to_string_pretty(&summary).unwrap_or_default())?;
         }
     }

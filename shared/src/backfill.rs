@@ -121,8 +121,47 @@ fn default_max_window() -> i64 {
     21_600
 }
 
-/// Parses `HOOKLEDGER_BACKFILL`: endpoint name → [`Schedule`].
-pub fn parse_schedules(json: &str) -> Result<std::collections::BTreeMap<String, Schedule>, String> {
+/// How long before the identity retention ends a window must start: a
+/// window may take several runs to read (each resumes it), and it must be
+/// read while the identities of its oldest events are still kept.
+pub const RETENTION_MARGIN_SECS: i64 = 86_400;
+
+/// The furthest back a window may start: the identity retention less
+/// [`RETENTION_MARGIN_SECS`]. An event older than the retention may have
+/// had its identity deleted by its TTL: read again from the provider's list,
+/// it would be recorded as new and applied again.
+pub fn max_lookback_secs(retention_days: u32) -> i64 {
+    i64::from(retention_days) * 86_400 - RETENTION_MARGIN_SECS
+}
+
+/// A window starting at `since_s` is refused at `now_s` when it reaches
+/// further back than [`max_lookback_secs`]; the message names the retention.
+pub fn check_within_retention(since_s: i64, now_s: i64, retention_days: u32) -> Result<(), String> {
+    let most = max_lookback_secs(retention_days);
+    if now_s - since_s <= most {
+        return Ok(());
+    }
+    Err(format!(
+        "the window starts {} before now, beyond the identity retention (HOOKLEDGER_RETENTION_DAYS = {retention_days} days, \
+         less a day's margin: at most {most} s, since {}): events older than that may have had their identities \
+         deleted by the TTL, and would be imported and applied again",
+        age(now_s - since_s),
+        now_s - most
+    ))
+}
+
+/// `secs` as days and seconds, for a message.
+fn age(secs: i64) -> String {
+    format!("{secs} s ({:.1} days)", secs as f64 / 86_400.0)
+}
+
+/// Parses `HOOKLEDGER_BACKFILL`: endpoint name → [`Schedule`]; each
+/// schedule's `lookback_secs` within the identity retention
+/// ([`max_lookback_secs`] of `retention_days`).
+pub fn parse_schedules(
+    json: &str,
+    retention_days: u32,
+) -> Result<std::collections::BTreeMap<String, Schedule>, String> {
     let schedules: std::collections::BTreeMap<String, Schedule> =
         serde_json::from_str(json).map_err(|e| format!("HOOKLEDGER_BACKFILL: {e}"))?;
     for (endpoint, s) in &schedules {
@@ -149,6 +188,15 @@ pub fn parse_schedules(json: &str) -> Result<std::collections::BTreeMap<String, 
         let positive = s.lag_secs >= 0 && s.overlap_secs >= 0 && s.lookback_secs > 0 && s.max_window_secs > 0;
         if !positive {
             return bad("lag and overlap must be ≥ 0, lookback and max window > 0");
+        }
+        let most = max_lookback_secs(retention_days);
+        if s.lookback_secs > most {
+            return bad(&format!(
+                "lookback_secs {} reaches beyond the identity retention (HOOKLEDGER_RETENTION_DAYS = {retention_days} \
+                 days, less a day's margin: at most {most}): events older than that may have had their identities \
+                 deleted by the TTL, and would be imported and applied again",
+                age(s.lookback_secs)
+            ));
         }
     }
     Ok(schedules)

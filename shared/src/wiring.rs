@@ -164,7 +164,8 @@ impl Settings {
         let reconciler = config::reconciler_settings_from(get)?;
         let endpoints = get("HOOKLEDGER_ENDPOINTS").map(|raw| config::parse_endpoints(&raw)).transpose()?;
         let backfill_schedules = match get("HOOKLEDGER_BACKFILL") {
-            Some(json) => backfill::parse_schedules(&json).map_err(|e| invalid("HOOKLEDGER_BACKFILL", e))?,
+            Some(json) => backfill::parse_schedules(&json, intake.retention_days)
+                .map_err(|e| invalid("HOOKLEDGER_BACKFILL", e))?,
             None => BTreeMap::new(),
         };
         let max_backfill_body_bytes = config::env_number(
@@ -762,6 +763,34 @@ mod tests {
                 assert!(err.contains(name), "{schedules}: {err} should name {name}");
             }
         }
+    }
+
+    /// Issue 39.12: a scheduled backfill whose first window starts before
+    /// the identity retention would re-import events whose identities TTL
+    /// already deleted (and apply them again): the cold start fails, naming
+    /// the retention; a lookback inside it loads.
+    #[test]
+    fn a_backfill_lookback_beyond_the_identity_retention_fails_the_cold_start() {
+        let load = |retention: &'static str, lookback: &'static str| {
+            Settings::from_lookup(move |k| match k {
+                "HOOKLEDGER_BACKFILL" => {
+                    Some(format!(r#"{{"stripe-a": {{"provider": "stripe", "lookback_secs": {lookback}}}}}"#))
+                }
+                "HOOKLEDGER_ENDPOINTS" => Some(ENDPOINTS.to_owned()),
+                "HOOKLEDGER_RETENTION_DAYS" => Some(retention.to_owned()),
+                "HOOKLEDGER_STRIPE_API_KEY" => Some("env:K".to_owned()),
+                _ => None,
+            })
+        };
+        // Stripe keeps 30 days of events; the default retention is 30 days too.
+        for (retention, lookback) in [("30", "2592000"), ("10", "864000"), ("10", "9000000")] {
+            let err = load(retention, lookback).map(|_| ()).unwrap_err().to_string();
+            for name in ["HOOKLEDGER_BACKFILL", "stripe-a", "lookback_secs", "HOOKLEDGER_RETENTION_DAYS"] {
+                assert!(err.contains(name), "lookback {lookback} s, retention {retention} d: {err} should name {name}");
+            }
+        }
+        assert!(load("30", "2505600").is_ok(), "29 days inside 30 days of retention load");
+        assert!(load("10", "86400").is_ok());
     }
 
     /// A function's profile, shortened so that the test takes a moment.

@@ -177,3 +177,35 @@ async fn stats_and_failures_cost_the_same_beside_100_and_10000_processed_records
         large.1
     );
 }
+
+/// Issue 39.15: a reconciler run the CLI makes in its own process (`hookledger
+/// reconcile`, the demo's drift check) writes its metrics as the reconciler
+/// function's collector would (`function = reconciler`, `projection`): the
+/// drift it repairs reaches `stats` through CloudWatch. Before, the run's
+/// metrics went to no recorder and `stats` said 0. The namespace is the
+/// process's (`HOOKLEDGER_METRICS_NAMESPACE`, default `Hookledger`), shared by
+/// reruns on one emulator, so the figures are compared before and after.
+#[tokio::test]
+async fn a_reconciler_run_in_the_cli_writes_the_drift_it_repairs_for_stats() {
+    let stack = Stack::new().await;
+    let namespace = std::env::var("HOOKLEDGER_METRICS_NAMESPACE").unwrap_or_else(|_| "Hookledger".into());
+    let metrics = || CloudWatchMetrics::new(aws_sdk_cloudwatch::Client::new(&stack.aws), &namespace);
+    let ledger = || DynamoLedger::new(stack.ddb.clone(), &stack.table).with_shards(16);
+    let window = || {
+        let now = now_ms();
+        MetricWindow { since_ms: now - 3_600_000, until_ms: now + 60_000, period_s: 300 }
+    };
+    let drift = || async {
+        let stats = Insight::new(ledger(), metrics()).stats(&window(), now_ms()).await.unwrap();
+        (stats.drift_found, stats.drift_repaired)
+    };
+    let before = drift().await;
+    // What the reconciler's drift check emits for two repairs.
+    let run = async {
+        metrics::counter!("drift_found", "projection" => "entitlements").increment(2);
+        metrics::counter!("drift_repaired", "projection" => "entitlements").increment(2);
+    };
+    hookledger_cli::reported::reconciler_run(&metrics(), run).await;
+    let after = drift().await;
+    assert_eq!((after.0 - before.0, after.1 - before.1), (2, 2), "before {before:?}, after {after:?}");
+}

@@ -275,7 +275,7 @@ fn scheduled_windows_follow_the_high_water_mark_with_overlap_lag_and_a_bound() {
     assert_eq!(w(&done, 10_000), None, "nothing new yet");
     let busy = ScheduleState { high_water: Some(9_400), current: Some((9_350, 9_750)) };
     assert_eq!(w(&busy, 50_000), Some((9_350, 9_750)), "the window in progress is kept");
-    let parsed = parse_schedules(r#"{"gh": {"provider": "github", "hook": "repos/o/r/hooks/1", "lag_secs": 60, "mode": "redeliver"}, "stripe-a": {"provider": "stripe"}}"#).unwrap();
+    let parsed = parse_schedules(r#"{"gh": {"provider": "github", "hook": "repos/o/r/hooks/1", "lag_secs": 60, "mode": "redeliver"}, "stripe-a": {"provider": "stripe"}}"#, 30).unwrap();
     assert_eq!((parsed["gh"].lag_secs, parsed["gh"].overlap_secs, parsed["gh"].mode), (60, 3_600, Mode::Redeliver));
     assert_eq!(parsed["stripe-a"].mode, Mode::Import);
     for (bad, why) in [
@@ -286,7 +286,7 @@ fn scheduled_windows_follow_the_high_water_mark_with_overlap_lag_and_a_bound() {
         (r#"{"a": {"provider": "sns"}}"#, "keeps no list"),
         (r#"{"a": {"provider": "stripe", "max_window_secs": 0}}"#, "max window"),
     ] {
-        let err = parse_schedules(bad).unwrap_err();
+        let err = parse_schedules(bad, 30).unwrap_err();
         assert!(err.contains(why), "{bad}: {err}");
     }
 }

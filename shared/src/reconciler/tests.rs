@@ -1141,6 +1141,35 @@ async fn without_a_dispatcher_the_outbox_phase_is_skipped() {
 
 // ------------------------------------------------------------------- drift
 
+/// Issue 39.15: the drift a reconciler run finds and repairs is what
+/// `hookledger stats` (and the console's overview) reads back: the run's
+/// metrics, as the reconciler function's collector records them
+/// (`function = reconciler`, the `projection` label a dimension), through
+/// the metrics port, to `insight`'s figures, beside the run's own summary.
+#[tokio::test]
+async fn the_drift_a_run_repairs_reaches_stats_through_the_metrics_port() {
+    let w = Harness::new();
+    w.entitlement("sub_1", "active", 5);
+    w.entitlement("sub_2", "active", 3);
+    w.entitlement("sub_3", "active", 2);
+    w.answer("sub_1", is("active", 7));
+    w.answer("sub_2", is("canceled", 3));
+    w.answer("sub_3", is("active", 2));
+    let emitted = memory::MemMetrics::new(w.clock.clone(), "reconciler");
+    let summary = {
+        let _recording = metrics::set_default_local_recorder(&emitted);
+        w.run(NOW).await
+    };
+    assert_eq!((summary.drift_checked, summary.drift_found, summary.drift_repaired), (3, 2, 2));
+    let insight = crate::insight::Insight::new(w.ledger(), emitted);
+    let window = crate::ports::MetricWindow { since_ms: NOW - 3_600_000, until_ms: NOW + 60_000, period_s: 300 };
+    let stats = insight.stats(&window, NOW).await.unwrap();
+    assert_eq!((stats.drift_found, stats.drift_repaired), (2, 2), "stats shows the run's drift");
+    let failures = insight.failures(&window, NOW).await.unwrap();
+    let drift: Vec<(u64, u64)> = failures.drift.iter().map(|p| (p.found, p.repaired)).collect();
+    assert_eq!(drift, [(2, 2)], "the overview's drift plot too");
+}
+
 #[tokio::test]
 async fn drift_creates_one_reconciliation_record_and_sends_it() {
     let w = Harness::new();

@@ -43,6 +43,16 @@ pub struct Reply {
     pub with: ReplyWith,
 }
 
+/// A message recorded under its own type rather than the one the `hmac`
+/// section reads: the value at `at` is `equals` (Twitch's revocation, whose
+/// subscription-type header names the subscription it ends, not an event of it).
+#[derive(Debug)]
+pub struct Retype {
+    pub at: Field,
+    pub equals: &'static str,
+    pub event_type: &'static str,
+}
+
 /// A value of a delivery: a JSON pointer into its body, or a header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field {
@@ -99,6 +109,8 @@ pub struct Preset {
     pub batch: Option<Batch>,
     /// Its handshakes and notices (checked before the identity is read).
     pub replies: &'static [Reply],
+    /// Its messages recorded under their own type (checked once authenticated).
+    pub retype: &'static [Retype],
     /// Its check of the endpoint with a GET, if it makes one.
     pub get: Option<GetCheck>,
     /// Its own success answer, if not the intake's 202 or 200.
@@ -140,6 +152,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -157,6 +170,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -174,6 +188,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -191,6 +206,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -209,6 +225,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -232,6 +249,7 @@ pub const PRESETS: &[Preset] = &[
             event_type: Some("/subscriptionType"),
             empty_is_notice: false,
         }),
+        retype: &[],
         get: None,
         success: None,
     },
@@ -250,6 +268,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -269,6 +288,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -286,6 +306,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -304,6 +325,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -322,6 +344,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -339,6 +362,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -356,6 +380,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -373,6 +398,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -391,6 +417,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -409,6 +436,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -428,6 +456,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -449,6 +478,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -466,6 +496,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -483,6 +514,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -500,6 +532,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -517,6 +550,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -534,6 +568,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Number,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -552,6 +587,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -568,6 +604,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Uuid,
         batch: None,
         replies: &[],
+        retype: &[],
         get: None,
         success: None,
     },
@@ -593,6 +630,7 @@ pub const PRESETS: &[Preset] = &[
             },
             Reply { at: Field::Json("/type"), equals: "app_rate_limited", with: ReplyWith::Acknowledge },
         ],
+        retype: &[],
         get: None,
         success: Some(Success { status: 200, body: None }),
     },
@@ -615,12 +653,13 @@ pub const PRESETS: &[Preset] = &[
             equals: "endpoint.url_validation",
             with: ReplyWith::SignedToken("/payload/plainToken"),
         }],
+        retype: &[],
         get: None,
         success: Some(Success { status: 200, body: None }),
     },
     Preset {
         name: "twitch",
-        summary: "Twitch-Eventsub-Message-Signature: sha256= hex HMAC-SHA256 of message id, Twitch-Eventsub-Message-Timestamp (RFC 3339) and body, 10 min; id Twitch-Eventsub-Message-Id; webhook_callback_verification answered with its challenge",
+        summary: "Twitch-Eventsub-Message-Signature: sha256= hex HMAC-SHA256 of message id, Twitch-Eventsub-Message-Timestamp (RFC 3339) and body, 10 min; id Twitch-Eventsub-Message-Id; webhook_callback_verification answered with its challenge; a revocation recorded as type revocation",
         hmac: r#"{"signature_header": "Twitch-Eventsub-Message-Signature", "prefix": "sha256=", "encoding": "hex",
             "timestamp_header": "Twitch-Eventsub-Message-Timestamp", "timestamp_format": "rfc3339",
             "signed_content": "{header:Twitch-Eventsub-Message-Id}{timestamp}{body}",
@@ -642,6 +681,11 @@ pub const PRESETS: &[Preset] = &[
             equals: "webhook_callback_verification",
             with: ReplyWith::Echo(Field::Json("/challenge")),
         }],
+        retype: &[Retype {
+            at: Field::Header("twitch-eventsub-message-type"),
+            equals: "revocation",
+            event_type: "revocation",
+        }],
         get: None,
         success: None,
     },
@@ -659,6 +703,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: Some(GetCheck::VerifyToken { mode: "hub.mode", token: "hub.verify_token", challenge: "hub.challenge" }),
         success: Some(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
     },
@@ -675,6 +720,7 @@ pub const PRESETS: &[Preset] = &[
         id_style: IdStyle::Hex,
         batch: None,
         replies: &[],
+        retype: &[],
         get: Some(GetCheck::Echo { challenge: "challenge" }),
         success: Some(Success { status: 200, body: None }),
     },
@@ -696,6 +742,7 @@ pub const PRESETS: &[Preset] = &[
             empty_is_notice: true,
         }),
         replies: &[],
+        retype: &[],
         get: None,
         success: Some(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
     },
@@ -776,6 +823,7 @@ struct PresetVerifier {
     batch: Option<&'static Batch>,
     mask: &'static [&'static str],
     replies: &'static [Reply],
+    retype: &'static [Retype],
     get: Option<&'static GetCheck>,
     verify_token: Option<Secret>,
 }
@@ -785,7 +833,7 @@ impl PresetVerifier {
         if d.method == http::Method::GET {
             return self.get_check(d);
         }
-        if self.batch.is_none() && self.replies.is_empty() {
+        if self.batch.is_none() && self.replies.is_empty() && self.retype.is_empty() {
             return self.inner.verify_delivery(d, now_s);
         }
         self.inner.authenticate(d, now_s)?;
@@ -793,7 +841,14 @@ impl PresetVerifier {
         if let Some(reply) = self.reply(d)? {
             return Ok(reply);
         }
-        let Some(batch) = self.batch else { return self.inner.identify(d) };
+        let Some(batch) = self.batch else {
+            let mut verified = self.inner.identify(d)?;
+            // Its id stays the one the section reads (a revocation's own message id).
+            if let Some(r) = self.retype.iter().find(|r| field_value(d, r.at).as_deref() == Some(r.equals)) {
+                verified.event_type = Some(r.event_type.to_owned());
+            }
+            return Ok(verified);
+        };
         if batch.empty_is_notice && is_empty_batch(d.body, batch) {
             return Ok(notice("an empty batch"));
         }
@@ -889,6 +944,17 @@ impl PresetVerifier {
             action,
             content: Content::Bytes,
         }))
+    }
+}
+
+/// A header's value, or a JSON string at a pointer, of a delivery.
+fn field_value(d: &Delivery<'_>, f: Field) -> Option<String> {
+    match f {
+        Field::Json(p) => {
+            let [at] = json::pointers(d.body, [Some(p)]);
+            json::string_at(d.body, &at?).map(std::borrow::Cow::into_owned)
+        }
+        Field::Header(h) => d.headers.get(h)?.to_str().ok().map(|v| v.trim().to_owned()),
     }
 }
 
@@ -1036,8 +1102,10 @@ impl Provider for Preset {
     ) -> Result<Box<dyn Verifier>, String> {
         let inner = GenericHmacVerifier::new(self.config(spec)?, secrets)?;
         let (batch, mask, replies) = preset_batch(self.name);
-        let get = PRESETS.iter().find(|p| p.name == self.name).and_then(|p| p.get.as_ref());
-        Ok(Box::new(PresetVerifier { inner, batch, mask, replies, get, verify_token: cx.verify_token.clone() }))
+        let listed = PRESETS.iter().find(|p| p.name == self.name);
+        let get = listed.and_then(|p| p.get.as_ref());
+        let retype = listed.map_or(&[][..], |p| p.retype);
+        Ok(Box::new(PresetVerifier { inner, batch, mask, replies, retype, get, verify_token: cx.verify_token.clone() }))
     }
 
     /// A JSON body, or a form's parameters as a JSON object (Twilio); the

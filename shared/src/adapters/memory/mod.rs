@@ -28,6 +28,7 @@
 pub mod expr;
 mod ledger;
 mod queue;
+mod recorder;
 mod secrets;
 mod source;
 pub mod table;
@@ -37,6 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use self::ledger::{OutboxView, Value, set};
 pub use self::queue::{MemQueue, Message};
+pub use self::recorder::MemMetrics;
 pub use self::secrets::MemSecretStore;
 pub use self::source::{Answer, MemSource, MemSubscriptions};
 use self::table::Table;

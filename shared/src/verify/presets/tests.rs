@@ -27,8 +27,10 @@ pub(super) fn spec_of(name: &str) -> EndpointSpec {
 fn verifier(p: &Preset, spec: &EndpointSpec, secret: &str) -> PresetVerifier {
     let inner = GenericHmacVerifier::new(p.config(spec).unwrap(), vec![Secret::new(secret)]).unwrap();
     let (batch, mask, replies) = preset_batch(p.name);
-    let get = PRESETS.iter().find(|x| x.name == p.name).and_then(|x| x.get.as_ref());
-    PresetVerifier { inner, batch, mask, replies, get, verify_token: Some(Secret::new("meta-verify-token")) }
+    let listed = PRESETS.iter().find(|x| x.name == p.name);
+    let get = listed.and_then(|x| x.get.as_ref());
+    let retype = listed.map_or(&[][..], |x| x.retype);
+    PresetVerifier { inner, batch, mask, replies, retype, get, verify_token: Some(Secret::new("meta-verify-token")) }
 }
 
 fn header_map(pairs: &[(String, String)]) -> HeaderMap {
@@ -470,4 +472,34 @@ mod proptests {
             prop_assert!(verdict.is_err(), "{}: accepted a random delivery", p.name);
         }
     }
+}
+
+#[test]
+fn twitchs_revocation_is_recorded_under_its_own_type_and_its_message_id() {
+    let p = PRESETS.iter().find(|p| p.name == "twitch").unwrap();
+    let spec = spec_of("twitch");
+    let v = verifier(p, &spec, SECRET);
+    // As https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#revoking-your-subscription shows it.
+    let revocation = br#"{"subscription":{"id":"f1c2a387-161a-49f9-a165-0f21d7a4e1c4","status":"authorization_revoked","type":"channel.follow","version":"2","cost":1,"condition":{"broadcaster_user_id":"12826"},"transport":{"method":"webhook","callback":"https://example.com/webhooks/callback"},"created_at":"2019-11-16T10:11:12.634234626Z"}}"#;
+    let (body, mut headers) = deliver(p, &spec, revocation.to_vec(), NOW);
+    headers.insert("twitch-eventsub-message-type", HeaderValue::from_static("revocation"));
+    headers.insert("twitch-eventsub-subscription-type", HeaderValue::from_static("channel.follow"));
+    let ok = check(&v, &body, &headers, NOW).unwrap();
+    assert_eq!(
+        (ok.action, ok.event_id.as_str(), ok.event_type.as_deref()),
+        (Action::Record, EVENT, Some("revocation")),
+        "a revocation is recorded under its own type, identified by its message id"
+    );
+    // A notification of the same subscription: its own message id, its subscription's type.
+    let other = "b0cbcbe0-3c4b-4a36-a7a5-6e1a2a4c0b6d";
+    let body = p.seal(&spec, &Secret::new(SECRET), NOW, p.sample(&spec, other, "channel.follow", NOW)).unwrap();
+    let signed = p.sign(&spec, &Secret::new(SECRET), other, "channel.follow", NOW, &body).unwrap();
+    let headers = header_map(&signed);
+    let ok = check(&v, &body, &headers, NOW).unwrap();
+    assert_eq!((ok.event_id.as_str(), ok.event_type.as_deref()), (other, Some("channel.follow")));
+    // Forged: refused like any message.
+    let (body, mut headers) = deliver(p, &spec, revocation.to_vec(), NOW);
+    headers.insert("twitch-eventsub-message-type", HeaderValue::from_static("revocation"));
+    let forged = verifier(p, &spec, "not-the-secret");
+    assert_eq!(check(&forged, &body, &headers, NOW).unwrap_err(), VerifyError::SignatureMismatch);
 }
