@@ -587,8 +587,16 @@ pub async fn due_items_are_paged_claimed_once_and_rescheduled<B: Backend>(b: &B)
     let second = l.due(DuePartition::Records, 0, up_to, 2, Some(&cursor)).await.unwrap();
     assert_eq!(ids(&second), keys[2..].to_vec());
     let Due::Record(rec) = &first.items[0] else { panic!() };
-    assert!(!rec.enqueued && rec.status == Status::Received);
+    assert!(rec.enqueued && rec.status == Status::Received, "its sender holds its send lease to the end");
     assert_eq!(rec.tenant, "t1", "a due record names its tenant");
+    assert_eq!(rec.redrive_reason(up_to), Some("not_picked_up"), "handed over, the processor behind");
+    assert_eq!(rec.open_since_ms, T0);
+    // A sender whose send failed gives its lease back: never sent.
+    let given_back = event("due-a", &body("due-a"), "send-1");
+    Ledger::release_send_lease(&l, &given_back.key, &given_back.send).await.unwrap();
+    let again = l.due(DuePartition::Records, 0, up_to, 2, None).await.unwrap();
+    let Due::Record(rec) = &again.items[0] else { panic!() };
+    assert!(!rec.enqueued);
     assert_eq!(rec.redrive_reason(up_to), Some("never_sent"));
 
     let seen = rec.due_at_ms;
@@ -672,6 +680,10 @@ pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), num(&r, "attempts"), num(&r, "failures")), (Some("RETRYABLE"), Some(0), Some(0)));
     assert_eq!((num(&r, "due_at"), num(&r, "replays")), (Some(T0 + 1), Some(1)));
+    // Open since its replay: the oldest unprocessed age counts from it.
+    let due = l.due(DuePartition::Records, 0, T0 + 1, 10, None).await.unwrap();
+    let replayed = due.items.iter().find_map(|d| if let Due::Record(r) = d { Some(r) } else { None });
+    assert_eq!(replayed.map(|r| (&r.key, r.received_at_ms, r.open_since_ms)), Some((&e.key, T0, T0 + 1)));
     assert_eq!(
         l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0 + 3).await.unwrap(),
         Transitioned::Done { tenant: "t1".into() }

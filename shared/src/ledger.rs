@@ -407,11 +407,18 @@ pub struct DueRecord {
     pub status: Status,
     /// The record's tenant (a re-drive queues it in that group).
     pub tenant: String,
-    /// Whether any delivery or re-drive has noted handing it to the queue.
+    /// Whether it was handed to the queue: a re-drive noted it
+    /// (`enqueued_at`), or the sender that claimed it held its send lease to
+    /// the end (the claim writes the lease, and a sender whose send fails
+    /// gives it back: no request more for the hand-over). A sender that died
+    /// between its claim and its send also leaves its lease to lapse.
     pub enqueued: bool,
     /// The `due_at` read: a claim moves it only from this value.
     pub due_at_ms: i64,
     pub received_at_ms: i64,
+    /// Since when it is open: its receipt, or its last replay or wake-up
+    /// from a gap when later (the oldest unprocessed age counts from it).
+    pub open_since_ms: i64,
     /// The lease's end, for a record in PROCESSING.
     pub lease_expires_at_ms: Option<i64>,
 }

@@ -101,8 +101,9 @@ pub struct Summary {
     /// Records whose re-drive was refused as invalid (a caller error):
     /// DEAD `caller_error`.
     pub caller_dead: u64,
-    /// The oldest open record's age: max(now − received) over the open
-    /// records due up to the look-ahead; a lower bound when
+    /// The oldest open record's age: max(now − open since) over the open
+    /// records due up to the look-ahead (open since its receipt, or its
+    /// last replay or wake-up from a gap); a lower bound when
     /// `incomplete_shards` > 0.
     pub oldest_unprocessed_age_ms: Option<i64>,
     /// Shards holding more open records in the look-ahead than the run read
@@ -163,8 +164,8 @@ struct Run {
     phases: Phases,
     gauge: Gauge,
     /// Records claimed for a re-drive and not yet sent: sent together
-    /// (`SendMessageBatch`), [`SEND_BATCH_MAX`] at a time and at the end
-    /// of each shard.
+    /// (`SendMessageBatch`) across shards, as soon as [`SEND_BATCH_MAX`]
+    /// are claimed and at the end of each phase.
     sends: Vec<Redrive>,
     /// The run's time (`now_ms` given to [`Reconciler::run`]) and the
     /// monotonic instant it started at: an item is claimed at the run's
@@ -203,7 +204,7 @@ struct Redrive {
     at: i64,
 }
 
-/// The oldest open record: max(now − `received_at`) over the open records
+/// The oldest open record: max(now − open since) over the open records
 /// the records phase read (its pages reach `lookahead_ms` past now, so a
 /// record waiting for its retry or lease is seen as well as one due).
 #[derive(Default)]
@@ -219,7 +220,9 @@ struct Gauge {
 impl Gauge {
     fn observe(&mut self, record: &DueRecord, now_ms: i64) {
         if matches!(record.status, Status::Received | Status::Processing | Status::Retryable) {
-            let age = (now_ms - record.received_at_ms).max(0);
+            // Open since its receipt, or since an operator's replay or a
+            // wake-up from a gap: a replayed old record is not old.
+            let age = (now_ms - record.open_since_ms).max(0);
             self.oldest_ms = Some(self.oldest_ms.map_or(age, |a| a.max(age)));
         }
     }
@@ -375,18 +378,23 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         for i in 0..shards {
             let shard = (first + i) % shards;
             let end_of_shard = self.shard(partition, shard, now_ms, deadline, allowance, summary, run).await;
-            self.send_redrives(run, summary).await;
             match end_of_shard {
                 PhaseEnd::Done => {}
                 PhaseEnd::Budget => end = PhaseEnd::Budget,
                 // The records phase reads every shard for the oldest age
                 // even when its share is spent; the others stop.
-                stop @ (PhaseEnd::Stopped | PhaseEnd::OutOfTime) => return stop,
+                stop @ (PhaseEnd::Stopped | PhaseEnd::OutOfTime) => {
+                    end = stop;
+                    break;
+                }
             }
             if end == PhaseEnd::Budget && partition != DuePartition::Records {
-                return end;
+                break;
             }
         }
+        // What the shards claimed and did not send yet goes together: the
+        // re-drives of several shards share their requests.
+        self.send_redrives(run, summary).await;
         end
     }
 
