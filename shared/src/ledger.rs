@@ -459,7 +459,7 @@ pub enum Due {
     Waiter(WaiterItem),
 }
 
-/// A waiter pointer in the records partition (`(stream pk, wait#<seq>)`):
+/// A waiter pointer in the waiters partition (`(stream pk, wait#<seq>)`):
 /// left by a record parked at the gap bound, so that a predecessor whose
 /// processor died between its commit and the wake-up is still found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -473,6 +473,9 @@ pub struct WaiterItem {
     /// The waiting event.
     pub key: EventKey,
     pub due_at_ms: i64,
+    /// When its record parked at the gap bound (its looks space out as it
+    /// waits longer).
+    pub parked_at_ms: i64,
 }
 
 /// What a look at a parked waiter found.
@@ -509,6 +512,10 @@ pub enum DuePartition {
     Outbox,
     /// Re-checks against the provider: entitlements (`chk#NNN`).
     Checks,
+    /// The waiter pointers of records parked at the gap bound (`gap#NNN`):
+    /// looked at with their own bound, after the three phases of
+    /// [`DuePartition::ALL`] and outside their shares.
+    Waiters,
 }
 
 impl DuePartition {
@@ -520,6 +527,7 @@ impl DuePartition {
             DuePartition::Records => "due",
             DuePartition::Outbox => "out",
             DuePartition::Checks => "chk",
+            DuePartition::Waiters => "gap",
         }
     }
 
@@ -528,6 +536,7 @@ impl DuePartition {
             DuePartition::Records => "records",
             DuePartition::Outbox => "outbox",
             DuePartition::Checks => "checks",
+            DuePartition::Waiters => "waiters",
         }
     }
 }

@@ -146,6 +146,15 @@ pub fn shares(max_items: usize) -> [usize; 3] {
     [max_items - outbox - checks, outbox, checks]
 }
 
+/// The longest a parked gap waiter waits between two looks.
+pub const WAITER_LOOK_MAX_MS: i64 = 6 * 3_600_000;
+
+/// The parked gap waiters a run looks at, at most: their own bound, 5 % of
+/// the run's item budget (at least one), outside the three phases' shares.
+pub fn waiter_share(max_items: usize) -> usize {
+    (max_items / 20).max(usize::from(max_items > 0))
+}
+
 /// How a phase (or its sweep of one shard) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PhaseEnd {
@@ -167,6 +176,8 @@ struct Run {
     /// (`SendMessageBatch`) across shards, as soon as [`SEND_BATCH_MAX`]
     /// are claimed and at the end of each phase.
     sends: Vec<Redrive>,
+    /// Parked gap waiters this run may still look at ([`waiter_share`]).
+    waiters_left: usize,
     /// The run's time (`now_ms` given to [`Reconciler::run`]) and the
     /// monotonic instant it started at: an item is claimed at the run's
     /// time plus what has elapsed since ([`Run::now`]).
@@ -175,8 +186,15 @@ struct Run {
 }
 
 impl Run {
-    fn new(start_ms: i64, started: Instant) -> Self {
-        Self { phases: Phases::default(), gauge: Gauge::default(), sends: Vec::new(), start_ms, started }
+    fn new(start_ms: i64, started: Instant, waiters: usize) -> Self {
+        Self {
+            phases: Phases::default(),
+            gauge: Gauge::default(),
+            sends: Vec::new(),
+            waiters_left: waiters,
+            start_ms,
+            started,
+        }
     }
 
     /// The clock's current time on the run's time axis: a claim taken late
@@ -191,6 +209,7 @@ impl Run {
             DuePartition::Records => &self.phases.redrive,
             DuePartition::Outbox => &self.phases.outbox,
             DuePartition::Checks => &self.phases.drift,
+            DuePartition::Waiters => &self.phases.waiters,
         }
     }
 }
@@ -232,12 +251,13 @@ impl Gauge {
     }
 }
 
-/// The three phases' failure records in one run.
+/// The phases' failure records in one run.
 #[derive(Default)]
 struct Phases {
     redrive: Failures,
     outbox: Failures,
     drift: Failures,
+    waiters: Failures,
 }
 
 /// A phase's record of failures in a row.
@@ -317,7 +337,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     pub async fn run(&self, now_ms: i64, deadline: Instant) -> Summary {
         let mut summary = Summary { complete: true, ..Default::default() };
         let started = self.ambient.instant();
-        let mut run = Run::new(now_ms, started);
+        let mut run = Run::new(now_ms, started, waiter_share(self.settings.max_items));
         let mut left = 0;
         let mut cut = [false; 3];
         let order = DuePartition::ALL;
@@ -343,6 +363,16 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             left = allowance;
             cut[i] = end == PhaseEnd::Budget;
             timed_out = end == PhaseEnd::OutOfTime;
+        }
+        // Then the parked gap waiters, with their own bound: never out of
+        // the records' share, so re-drives never queue behind them.
+        if !timed_out {
+            let mut allowance = run.waiters_left;
+            let end = self.phase(DuePartition::Waiters, now_ms, deadline, &mut allowance, &mut summary, &mut run).await;
+            run.waiters_left = allowance;
+            if end != PhaseEnd::Done {
+                summary.complete = false;
+            }
         }
         if timed_out || cut.iter().any(|c| *c) {
             summary.complete = false;
@@ -415,7 +445,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         let (up_to, limit) = match partition {
             DuePartition::Records => (now_ms.saturating_add(self.settings.lookahead_ms.max(0)), 100),
             DuePartition::Outbox => (now_ms - self.settings.outbox_grace_ms, (*allowance).clamp(1, 100)),
-            DuePartition::Checks => (now_ms, (*allowance).clamp(1, 100)),
+            DuePartition::Checks | DuePartition::Waiters => (now_ms, (*allowance).clamp(1, 100)),
         };
         let mut after: Option<DueCursor> = None;
         let mut end = PhaseEnd::Done;
@@ -482,8 +512,15 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     Due::Drift(item) => {
                         self.drift_one(item, at, allowance, summary, &mut run.phases).await;
                     }
-                    Due::Waiter(waiter) => {
+                    Due::Waiter(waiter) if partition == DuePartition::Waiters => {
                         self.waiter_one(waiter, at, allowance, summary, &mut run.phases).await;
+                    }
+                    // A pointer left in the records partition by the release
+                    // before: under the waiters' bound, not the records'.
+                    Due::Waiter(waiter) => {
+                        if run.waiters_left > 0 {
+                            self.waiter_one(waiter, at, &mut run.waiters_left, summary, &mut run.phases).await;
+                        }
                     }
                 }
                 if partition != DuePartition::Records && run.failures(partition).stopped {
@@ -610,7 +647,8 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     /// Looks at the stream of one record parked at the gap bound (its waiter
     /// pointer is due): woken and queued if its predecessor committed (whose
     /// processor may have died before waking it), else looked at again
-    /// after the re-drive backoff. `true` when it moved out of this run's range.
+    /// later, the longer it has waited. `true` when it moved out of this
+    /// run's range.
     async fn waiter_one(
         &self,
         w: &WaiterItem,
@@ -619,17 +657,20 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         summary: &mut Summary,
         phases: &mut Phases,
     ) -> bool {
-        let failures = &mut phases.redrive;
+        let failures = &mut phases.waiters;
         let id = format!("{}#{}", w.stream, w.sk);
         if failures.stopped || failures.failed_before(&id) {
             return false;
         }
-        let next = now_ms + self.settings.redrive_backoff_ms;
+        // Looks space out as it waits: half its time parked ahead, at least
+        // the re-drive backoff, at most WAITER_LOOK_MAX_MS.
+        let backoff = self.settings.redrive_backoff_ms;
+        let next = now_ms + ((now_ms - w.parked_at_ms) / 2).clamp(backoff, WAITER_LOOK_MAX_MS.max(backoff));
         match self.ledger.claim_due(DueItem::Waiter { stream: &w.stream, sk: &w.sk }, w.due_at_ms, next).await {
             Ok(Some(_)) => {}
             Ok(None) => return false,
             Err(e) => {
-                failures.item("redrive", &id, &e, summary);
+                failures.item("waiters", &id, &e, summary);
                 return false;
             }
         }
@@ -641,12 +682,12 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 tracing::info!(key = %w.key, "a parked gap waiter's predecessor had committed: woken");
                 // Best effort: woken, it is due now and the next run re-drives it anyway.
                 if let Err(e) = self.queue.send(&w.key, &tenant).await {
-                    failures.item("redrive", w.key.as_str(), &e, summary);
+                    failures.item("waiters", w.key.as_str(), &e, summary);
                 }
             }
             Ok(WaiterCheck::Waiting | WaiterCheck::Gone) => failures.ok(),
             Err(e) => {
-                failures.item("redrive", &id, &e, summary);
+                failures.item("waiters", &id, &e, summary);
             }
         }
         true

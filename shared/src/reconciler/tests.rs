@@ -1535,3 +1535,79 @@ async fn a_replayed_old_record_is_aged_from_its_replay() {
     w.ledger().add(&k, Status::Retryable, days_ago, woken);
     assert_eq!(w.run(NOW).await.oldest_unprocessed_age_ms, Some(7_000), "a wake-up opens it again too");
 }
+
+// ------------------------------------------------- parked gap waiters
+
+impl Harness {
+    /// A record parked at the gap bound at `parked_at`, with the waiter
+    /// pointer its processor leaves (due at once), in `stream` at `seq`.
+    fn parked_waiter(&self, id: &str, stream: &str, seq: i64, parked_at: i64) -> EventKey {
+        use crate::ports::WorkLedger as _;
+        let k = key(id);
+        self.ledger().add(&k, Status::Parked, parked_at - 1_000_000, json!({"park_reason": "gap"}));
+        let at = crate::projection::sequence::Position { stream: stream.into(), seq };
+        memory::ready(self.ledger().register_waiter(&at, &k, NOW / 1000 + 86_400, Some(parked_at))).unwrap();
+        k
+    }
+
+    /// The waiter pointer's next look (`None`: out of the index).
+    fn pointer_due(&self, stream: &str, seq: i64) -> Option<i64> {
+        let sk = crate::projection::sequence::waiter_sk(seq);
+        self.world.state().table.get(stream, &sk).and_then(|i| num_of(i, attr::DUE_AT))
+    }
+}
+
+/// Parked gap waiters whose predecessor never comes are looked at with
+/// their own bound, never out of the records' share: 30 of them due before
+/// 6 records due for a retry hold back none of the re-drives.
+#[tokio::test]
+async fn parked_gap_waiters_have_their_own_bounded_look_and_never_hold_back_redrives() {
+    let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+    for i in 0..30 {
+        w.parked_waiter(&format!("evt_parked_{i}"), &format!("seq#acct_{i}"), 2, NOW - 10_000);
+    }
+    let due: Vec<EventKey> =
+        (0..6).map(|i| w.record(&format!("evt_retry_{i}"), Status::Retryable, Some(1), NOW - 1)).collect();
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.redriven, counts(&[("retry_due", 6)]), "{summary:?}");
+    assert!(due.iter().all(|k| w.claimed(k)));
+    let looked = (0..30).filter(|i| w.pointer_due(&format!("seq#acct_{i}"), 2) != Some(NOW - 10_000)).count();
+    assert_eq!(looked, waiter_share(10), "their own bound");
+}
+
+/// A waiter whose predecessor does not come is looked at less and less
+/// often: the next look is half its time parked ahead (at least the
+/// re-drive backoff, at most WAITER_LOOK_MAX_MS), not every backoff forever.
+#[tokio::test]
+async fn a_parked_gap_waiter_is_looked_at_less_often_as_it_ages() {
+    let w = Harness::new();
+    w.parked_waiter("evt_young", "seq#young", 2, NOW - 1_000);
+    w.parked_waiter("evt_old", "seq#old", 2, NOW - 2 * 3_600_000);
+    w.parked_waiter("evt_ancient", "seq#ancient", 2, NOW - 20 * 86_400_000);
+    w.run(NOW).await;
+    assert_eq!(w.pointer_due("seq#young", 2), Some(NOW + BACKOFF));
+    assert_eq!(w.pointer_due("seq#old", 2), Some(NOW + 3_600_000));
+    assert_eq!(w.pointer_due("seq#ancient", 2), Some(NOW + WAITER_LOOK_MAX_MS));
+}
+
+/// A pointer the release before left in the records partition is still
+/// looked at (and woken), under the waiters' bound.
+#[tokio::test]
+async fn a_waiter_pointer_left_in_the_records_partition_is_still_looked_at() {
+    let w = Harness::new();
+    let k = w.parked_waiter("evt_legacy", "seq#legacy", 2, NOW - 1_000);
+    let sk = crate::projection::sequence::waiter_sk(2);
+    let mut pointer = w.world.state().table.get("seq#legacy", &sk).cloned().expect("pointer");
+    set(&mut pointer, attr::DUE_SHARD, due_shard(k.shard(SHARDS)).as_str());
+    pointer.remove(crate::projection::sequence::PARKED_AT);
+    w.world.state().table.insert(pointer);
+    use aws_sdk_dynamodb::types::AttributeValue as Av;
+    let state: Item =
+        [("pk", Av::S("seq#legacy".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("1".into()))]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+    w.world.state().table.insert(state);
+    assert_eq!(w.run(NOW).await.gaps_woken, 1);
+    assert_eq!(w.status(&k), Status::Retryable);
+}

@@ -121,6 +121,7 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
             seq: crate::projection::sequence::waiter_seq(sk)?,
             key: get_s(i, "event_key").and_then(EventKey::from_stored)?,
             due_at_ms: at,
+            parked_at_ms: get_n(i, crate::projection::sequence::PARKED_AT).unwrap_or(at),
         })),
         STATE_SK => Some(Due::Drift(DriftItem {
             pk: pk.to_owned(),
