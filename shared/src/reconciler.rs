@@ -14,7 +14,12 @@
 //! 3. re-checks, `chk#…`: entitlements whose last provider check is older
 //!    than the drift interval → compared with Stripe; drift is repaired by a
 //!    reconciliation event (`recon:<subscription>:<drift instance>`) through
-//!    the processor.
+//!    the processor;
+//!
+//! then the parked gap waiters, `gap#…`, with their own bound
+//! ([`waiter_share`], outside the shares below): the pointer of a record
+//! parked at the gap bound → its stream read, the record woken and queued
+//! once its predecessor committed; looked at less often the longer it waits.
 //!
 //! Each phase has a guaranteed share of the run's item budget ([`shares`]:
 //! 60 / 30 / 10 %); what a phase leaves unused passes on to the phases that
