@@ -47,7 +47,9 @@ Asserts, each with a clear message:
 - every alarm says how it treats missing data; alarms on the project's own
   metrics never read missing data as healthy (no `notBreaching`), name only
   metrics the code emits, and a heartbeat alarm on the reconciler's runs
-  treats missing data as breaching.
+  treats missing data as breaching; the records waiting for an operator
+  (the reconciler's `dead_letters` and `parked` gauges) are alarmed on, each
+  alarm notifying someone.
 """
 
 import fnmatch
@@ -295,6 +297,12 @@ def account_administers(statement):
     root = "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"
     return any(sub_text(r) == root for r in roots) and covers(as_list(statement.get("Action", [])), "kms:*")
 
+
+# The reconciler's evidence gauges that must be alarmed on.
+EVIDENCE_ALARMS = {
+    "dead_letters": "records DEAD, waiting for an operator",
+    "parked": "records PARKED, waiting for an operator or a predecessor that never came",
+}
 
 # The fair-queue metrics of the work queue that must be alarmed on.
 FAIR_QUEUE_ALARMS = {
@@ -613,6 +621,25 @@ def main():
     if not heartbeat:
         fail("no heartbeat alarm: reconciler_runs, LessThanThreshold, TreatMissingData breaching")
     checks += 1
+
+    # Records waiting for an operator are alarmed on: DEAD ones at once, PARKED
+    # ones (unknown subject, a sequence gap that never closed) when their count
+    # stays above a threshold for a period; each alarm notifies the alarm topic.
+    for metric, what in EVIDENCE_ALARMS.items():
+        found = [
+            name for name, r in res.items()
+            if r["Type"] == "AWS::CloudWatch::Alarm"
+            and r["Properties"].get("Namespace") == "Hookledger"
+            and r["Properties"].get("MetricName") == metric
+            and {d["Name"]: d["Value"] for d in r["Properties"].get("Dimensions", [])}.get("function") == "reconciler"
+            and r["Properties"].get("ComparisonOperator") == "GreaterThanThreshold"
+        ]
+        if not found:
+            fail(f"no alarm on the reconciler's {metric} ({what})")
+        for name in found:
+            if not res[name]["Properties"].get("AlarmActions"):
+                fail(f"{name}: alarm notifies no one (AlarmActions)")
+        checks += 1
 
     # Secrets the way docs/deploy.md says: a function that reads a secret reference
     # may read it as an SSM parameter or as a Secrets Manager secret through SSM.

@@ -487,9 +487,10 @@ pub async fn a_gap_wakes_its_waiter_and_nothing_else<B: Backend>(b: &B) {
     );
 }
 
-/// A record parked at the gap bound leaves its pointer due in the records
-/// partition (`register_waiter` with a look): the reconciler finds it,
-/// claims it, and each look wakes the record only once its predecessor has
+/// A record parked at the gap bound leaves its pointer due in the waiters
+/// partition (`gap#NNN`, `register_waiter` with a look, the time it parked
+/// on it): the reconciler finds it, claims it, and
+/// each look wakes the record only once its predecessor has
 /// committed (`waiter_settled` takes the pointer out of the index); a
 /// pointer whose record no longer waits leaves the index too.
 pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_once<B: Backend>(b: &B) {
@@ -502,16 +503,17 @@ pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_onc
     let waiters = |page: crate::ledger::DuePage| -> Vec<crate::ledger::WaiterItem> {
         page.items.into_iter().filter_map(|d| if let Due::Waiter(w) = d { Some(w) } else { None }).collect()
     };
-    let due = waiters(l.due(DuePartition::Records, 0, T0 + 5, 10, None).await.unwrap());
+    let due = waiters(l.due(DuePartition::Waiters, 0, T0 + 5, 10, None).await.unwrap());
     assert_eq!(due.len(), 1, "{due:?}");
     let w = &due[0];
-    assert_eq!((w.key.clone(), w.seq, w.due_at_ms), (e.key.clone(), 2, T0 + 5));
+    assert_eq!((w.key.clone(), w.seq, w.due_at_ms, w.parked_at_ms), (e.key.clone(), 2, T0 + 5, T0 + 5));
+    assert!(waiters(l.due(DuePartition::Records, 0, T0 + 5, 10, None).await.unwrap()).is_empty(), "its own partition");
     let item = DueItem::Waiter { stream: &w.stream, sk: &w.sk };
     assert!(l.claim_due(item, w.due_at_ms, T0 + 300_000).await.unwrap().is_some());
     assert_eq!(l.look_at_waiter(w, T0 + 6).await.unwrap(), crate::ledger::WaiterCheck::Waiting);
     assert_eq!(text(&row(&l, &e.key).await, "status"), Some("PARKED"), "not woken before its predecessor");
-    assert!(waiters(l.due(DuePartition::Records, 0, T0 + 5, 10, None).await.unwrap()).is_empty(), "claimed: later");
-    let later = waiters(l.due(DuePartition::Records, 0, T0 + 300_000, 10, None).await.unwrap());
+    assert!(waiters(l.due(DuePartition::Waiters, 0, T0 + 5, 10, None).await.unwrap()).is_empty(), "claimed: later");
+    let later = waiters(l.due(DuePartition::Waiters, 0, T0 + 300_000, 10, None).await.unwrap());
     assert_eq!(later.len(), 1, "due again at its next look");
 
     // The predecessor commits (its processor then dies before waking it).
@@ -527,7 +529,7 @@ pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_onc
     );
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), num(&r, "due_at")), (Some("RETRYABLE"), Some(T0 + 300_001)));
-    assert!(waiters(l.due(DuePartition::Records, 0, i64::MAX / 2, 10, None).await.unwrap()).is_empty(), "settled");
+    assert!(waiters(l.due(DuePartition::Waiters, 0, i64::MAX / 2, 10, None).await.unwrap()).is_empty(), "settled");
     assert_eq!(
         l.look_at_waiter(&later[0], T0 + 300_001).await.unwrap(),
         crate::ledger::WaiterCheck::Woken { tenant: "t1".into() },
@@ -587,8 +589,16 @@ pub async fn due_items_are_paged_claimed_once_and_rescheduled<B: Backend>(b: &B)
     let second = l.due(DuePartition::Records, 0, up_to, 2, Some(&cursor)).await.unwrap();
     assert_eq!(ids(&second), keys[2..].to_vec());
     let Due::Record(rec) = &first.items[0] else { panic!() };
-    assert!(!rec.enqueued && rec.status == Status::Received);
+    assert!(rec.enqueued && rec.status == Status::Received, "its sender holds its send lease to the end");
     assert_eq!(rec.tenant, "t1", "a due record names its tenant");
+    assert_eq!(rec.redrive_reason(up_to), Some("not_picked_up"), "handed over, the processor behind");
+    assert_eq!(rec.open_since_ms, T0);
+    // A sender whose send failed gives its lease back: never sent.
+    let given_back = event("due-a", &body("due-a"), "send-1");
+    Ledger::release_send_lease(&l, &given_back.key, &given_back.send).await.unwrap();
+    let again = l.due(DuePartition::Records, 0, up_to, 2, None).await.unwrap();
+    let Due::Record(rec) = &again.items[0] else { panic!() };
+    assert!(!rec.enqueued);
     assert_eq!(rec.redrive_reason(up_to), Some("never_sent"));
 
     let seen = rec.due_at_ms;
@@ -672,6 +682,10 @@ pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), num(&r, "attempts"), num(&r, "failures")), (Some("RETRYABLE"), Some(0), Some(0)));
     assert_eq!((num(&r, "due_at"), num(&r, "replays")), (Some(T0 + 1), Some(1)));
+    // Open since its replay: the oldest unprocessed age counts from it.
+    let due = l.due(DuePartition::Records, 0, T0 + 1, 10, None).await.unwrap();
+    let replayed = due.items.iter().find_map(|d| if let Due::Record(r) = d { Some(r) } else { None });
+    assert_eq!(replayed.map(|r| (&r.key, r.received_at_ms, r.open_since_ms)), Some((&e.key, T0, T0 + 1)));
     assert_eq!(
         l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0 + 3).await.unwrap(),
         Transitioned::Done { tenant: "t1".into() }

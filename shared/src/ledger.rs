@@ -407,11 +407,18 @@ pub struct DueRecord {
     pub status: Status,
     /// The record's tenant (a re-drive queues it in that group).
     pub tenant: String,
-    /// Whether any delivery or re-drive has noted handing it to the queue.
+    /// Whether it was handed to the queue: a re-drive noted it
+    /// (`enqueued_at`), or the sender that claimed it held its send lease to
+    /// the end (the claim writes the lease, and a sender whose send fails
+    /// gives it back: no request more for the hand-over). A sender that died
+    /// between its claim and its send also leaves its lease to lapse.
     pub enqueued: bool,
     /// The `due_at` read: a claim moves it only from this value.
     pub due_at_ms: i64,
     pub received_at_ms: i64,
+    /// Since when it is open: its receipt, or its last replay or wake-up
+    /// from a gap when later (the oldest unprocessed age counts from it).
+    pub open_since_ms: i64,
     /// The lease's end, for a record in PROCESSING.
     pub lease_expires_at_ms: Option<i64>,
 }
@@ -452,7 +459,7 @@ pub enum Due {
     Waiter(WaiterItem),
 }
 
-/// A waiter pointer in the records partition (`(stream pk, wait#<seq>)`):
+/// A waiter pointer in the waiters partition (`(stream pk, wait#<seq>)`):
 /// left by a record parked at the gap bound, so that a predecessor whose
 /// processor died between its commit and the wake-up is still found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -466,6 +473,9 @@ pub struct WaiterItem {
     /// The waiting event.
     pub key: EventKey,
     pub due_at_ms: i64,
+    /// When its record parked at the gap bound (its looks space out as it
+    /// waits longer).
+    pub parked_at_ms: i64,
 }
 
 /// What a look at a parked waiter found.
@@ -502,6 +512,10 @@ pub enum DuePartition {
     Outbox,
     /// Re-checks against the provider: entitlements (`chk#NNN`).
     Checks,
+    /// The waiter pointers of records parked at the gap bound (`gap#NNN`):
+    /// looked at with their own bound, after the three phases of
+    /// [`DuePartition::ALL`] and outside their shares.
+    Waiters,
 }
 
 impl DuePartition {
@@ -513,6 +527,7 @@ impl DuePartition {
             DuePartition::Records => "due",
             DuePartition::Outbox => "out",
             DuePartition::Checks => "chk",
+            DuePartition::Waiters => "gap",
         }
     }
 
@@ -521,6 +536,7 @@ impl DuePartition {
             DuePartition::Records => "records",
             DuePartition::Outbox => "outbox",
             DuePartition::Checks => "checks",
+            DuePartition::Waiters => "waiters",
         }
     }
 }

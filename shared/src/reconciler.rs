@@ -14,7 +14,12 @@
 //! 3. re-checks, `chk#…`: entitlements whose last provider check is older
 //!    than the drift interval → compared with Stripe; drift is repaired by a
 //!    reconciliation event (`recon:<subscription>:<drift instance>`) through
-//!    the processor.
+//!    the processor;
+//!
+//! then the parked gap waiters, `gap#…`, with their own bound
+//! ([`waiter_share`], outside the shares below): the pointer of a record
+//! parked at the gap bound → its stream read, the record woken and queued
+//! once its predecessor committed; looked at less often the longer it waits.
 //!
 //! Each phase has a guaranteed share of the run's item budget ([`shares`]:
 //! 60 / 30 / 10 %); what a phase leaves unused passes on to the phases that
@@ -101,8 +106,9 @@ pub struct Summary {
     /// Records whose re-drive was refused as invalid (a caller error):
     /// DEAD `caller_error`.
     pub caller_dead: u64,
-    /// The oldest open record's age: max(now − received) over the open
-    /// records due up to the look-ahead; a lower bound when
+    /// The oldest open record's age: max(now − open since) over the open
+    /// records due up to the look-ahead (open since its receipt, or its
+    /// last replay or wake-up from a gap); a lower bound when
     /// `incomplete_shards` > 0.
     pub oldest_unprocessed_age_ms: Option<i64>,
     /// Shards holding more open records in the look-ahead than the run read
@@ -145,6 +151,15 @@ pub fn shares(max_items: usize) -> [usize; 3] {
     [max_items - outbox - checks, outbox, checks]
 }
 
+/// The longest a parked gap waiter waits between two looks.
+pub const WAITER_LOOK_MAX_MS: i64 = 6 * 3_600_000;
+
+/// The parked gap waiters a run looks at, at most: their own bound, 5 % of
+/// the run's item budget (at least one), outside the three phases' shares.
+pub fn waiter_share(max_items: usize) -> usize {
+    (max_items / 20).max(usize::from(max_items > 0))
+}
+
 /// How a phase (or its sweep of one shard) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PhaseEnd {
@@ -163,9 +178,11 @@ struct Run {
     phases: Phases,
     gauge: Gauge,
     /// Records claimed for a re-drive and not yet sent: sent together
-    /// (`SendMessageBatch`), [`SEND_BATCH_MAX`] at a time and at the end
-    /// of each shard.
+    /// (`SendMessageBatch`) across shards, as soon as [`SEND_BATCH_MAX`]
+    /// are claimed and at the end of each phase.
     sends: Vec<Redrive>,
+    /// Parked gap waiters this run may still look at ([`waiter_share`]).
+    waiters_left: usize,
     /// The run's time (`now_ms` given to [`Reconciler::run`]) and the
     /// monotonic instant it started at: an item is claimed at the run's
     /// time plus what has elapsed since ([`Run::now`]).
@@ -174,8 +191,15 @@ struct Run {
 }
 
 impl Run {
-    fn new(start_ms: i64, started: Instant) -> Self {
-        Self { phases: Phases::default(), gauge: Gauge::default(), sends: Vec::new(), start_ms, started }
+    fn new(start_ms: i64, started: Instant, waiters: usize) -> Self {
+        Self {
+            phases: Phases::default(),
+            gauge: Gauge::default(),
+            sends: Vec::new(),
+            waiters_left: waiters,
+            start_ms,
+            started,
+        }
     }
 
     /// The clock's current time on the run's time axis: a claim taken late
@@ -190,6 +214,7 @@ impl Run {
             DuePartition::Records => &self.phases.redrive,
             DuePartition::Outbox => &self.phases.outbox,
             DuePartition::Checks => &self.phases.drift,
+            DuePartition::Waiters => &self.phases.waiters,
         }
     }
 }
@@ -203,7 +228,7 @@ struct Redrive {
     at: i64,
 }
 
-/// The oldest open record: max(now − `received_at`) over the open records
+/// The oldest open record: max(now − open since) over the open records
 /// the records phase read (its pages reach `lookahead_ms` past now, so a
 /// record waiting for its retry or lease is seen as well as one due).
 #[derive(Default)]
@@ -219,7 +244,9 @@ struct Gauge {
 impl Gauge {
     fn observe(&mut self, record: &DueRecord, now_ms: i64) {
         if matches!(record.status, Status::Received | Status::Processing | Status::Retryable) {
-            let age = (now_ms - record.received_at_ms).max(0);
+            // Open since its receipt, or since an operator's replay or a
+            // wake-up from a gap: a replayed old record is not old.
+            let age = (now_ms - record.open_since_ms).max(0);
             self.oldest_ms = Some(self.oldest_ms.map_or(age, |a| a.max(age)));
         }
     }
@@ -229,12 +256,13 @@ impl Gauge {
     }
 }
 
-/// The three phases' failure records in one run.
+/// The phases' failure records in one run.
 #[derive(Default)]
 struct Phases {
     redrive: Failures,
     outbox: Failures,
     drift: Failures,
+    waiters: Failures,
 }
 
 /// A phase's record of failures in a row.
@@ -314,7 +342,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     pub async fn run(&self, now_ms: i64, deadline: Instant) -> Summary {
         let mut summary = Summary { complete: true, ..Default::default() };
         let started = self.ambient.instant();
-        let mut run = Run::new(now_ms, started);
+        let mut run = Run::new(now_ms, started, waiter_share(self.settings.max_items));
         let mut left = 0;
         let mut cut = [false; 3];
         let order = DuePartition::ALL;
@@ -340,6 +368,16 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             left = allowance;
             cut[i] = end == PhaseEnd::Budget;
             timed_out = end == PhaseEnd::OutOfTime;
+        }
+        // Then the parked gap waiters, with their own bound: never out of
+        // the records' share, so re-drives never queue behind them.
+        if !timed_out {
+            let mut allowance = run.waiters_left;
+            let end = self.phase(DuePartition::Waiters, now_ms, deadline, &mut allowance, &mut summary, &mut run).await;
+            run.waiters_left = allowance;
+            if end != PhaseEnd::Done {
+                summary.complete = false;
+            }
         }
         if timed_out || cut.iter().any(|c| *c) {
             summary.complete = false;
@@ -375,18 +413,23 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         for i in 0..shards {
             let shard = (first + i) % shards;
             let end_of_shard = self.shard(partition, shard, now_ms, deadline, allowance, summary, run).await;
-            self.send_redrives(run, summary).await;
             match end_of_shard {
                 PhaseEnd::Done => {}
                 PhaseEnd::Budget => end = PhaseEnd::Budget,
                 // The records phase reads every shard for the oldest age
                 // even when its share is spent; the others stop.
-                stop @ (PhaseEnd::Stopped | PhaseEnd::OutOfTime) => return stop,
+                stop @ (PhaseEnd::Stopped | PhaseEnd::OutOfTime) => {
+                    end = stop;
+                    break;
+                }
             }
             if end == PhaseEnd::Budget && partition != DuePartition::Records {
-                return end;
+                break;
             }
         }
+        // What the shards claimed and did not send yet goes together: the
+        // re-drives of several shards share their requests.
+        self.send_redrives(run, summary).await;
         end
     }
 
@@ -407,7 +450,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         let (up_to, limit) = match partition {
             DuePartition::Records => (now_ms.saturating_add(self.settings.lookahead_ms.max(0)), 100),
             DuePartition::Outbox => (now_ms - self.settings.outbox_grace_ms, (*allowance).clamp(1, 100)),
-            DuePartition::Checks => (now_ms, (*allowance).clamp(1, 100)),
+            DuePartition::Checks | DuePartition::Waiters => (now_ms, (*allowance).clamp(1, 100)),
         };
         let mut after: Option<DueCursor> = None;
         let mut end = PhaseEnd::Done;
@@ -474,8 +517,15 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     Due::Drift(item) => {
                         self.drift_one(item, at, allowance, summary, &mut run.phases).await;
                     }
-                    Due::Waiter(waiter) => {
+                    Due::Waiter(waiter) if partition == DuePartition::Waiters => {
                         self.waiter_one(waiter, at, allowance, summary, &mut run.phases).await;
+                    }
+                    // A pointer left in the records partition by the release
+                    // before: under the waiters' bound, not the records'.
+                    Due::Waiter(waiter) => {
+                        if run.waiters_left > 0 {
+                            self.waiter_one(waiter, at, &mut run.waiters_left, summary, &mut run.phases).await;
+                        }
                     }
                 }
                 if partition != DuePartition::Records && run.failures(partition).stopped {
@@ -602,7 +652,8 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     /// Looks at the stream of one record parked at the gap bound (its waiter
     /// pointer is due): woken and queued if its predecessor committed (whose
     /// processor may have died before waking it), else looked at again
-    /// after the re-drive backoff. `true` when it moved out of this run's range.
+    /// later, the longer it has waited. `true` when it moved out of this
+    /// run's range.
     async fn waiter_one(
         &self,
         w: &WaiterItem,
@@ -611,17 +662,20 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         summary: &mut Summary,
         phases: &mut Phases,
     ) -> bool {
-        let failures = &mut phases.redrive;
+        let failures = &mut phases.waiters;
         let id = format!("{}#{}", w.stream, w.sk);
         if failures.stopped || failures.failed_before(&id) {
             return false;
         }
-        let next = now_ms + self.settings.redrive_backoff_ms;
+        // Looks space out as it waits: half its time parked ahead, at least
+        // the re-drive backoff, at most WAITER_LOOK_MAX_MS.
+        let backoff = self.settings.redrive_backoff_ms;
+        let next = now_ms + ((now_ms - w.parked_at_ms) / 2).clamp(backoff, WAITER_LOOK_MAX_MS.max(backoff));
         match self.ledger.claim_due(DueItem::Waiter { stream: &w.stream, sk: &w.sk }, w.due_at_ms, next).await {
             Ok(Some(_)) => {}
             Ok(None) => return false,
             Err(e) => {
-                failures.item("redrive", &id, &e, summary);
+                failures.item("waiters", &id, &e, summary);
                 return false;
             }
         }
@@ -633,12 +687,12 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 tracing::info!(key = %w.key, "a parked gap waiter's predecessor had committed: woken");
                 // Best effort: woken, it is due now and the next run re-drives it anyway.
                 if let Err(e) = self.queue.send(&w.key, &tenant).await {
-                    failures.item("redrive", w.key.as_str(), &e, summary);
+                    failures.item("waiters", w.key.as_str(), &e, summary);
                 }
             }
             Ok(WaiterCheck::Waiting | WaiterCheck::Gone) => failures.ok(),
             Err(e) => {
-                failures.item("redrive", &id, &e, summary);
+                failures.item("waiters", &id, &e, summary);
             }
         }
         true

@@ -437,6 +437,10 @@ impl World {
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             ledger.mark_enqueued(&key, self.now).await.unwrap_or_else(|e| panic!("{e}"));
+        } else {
+            // Never sent: the send lease given back, as the intake does when
+            // its send fails (a lease held to its end means handed over).
+            ledger.release_send_lease(&key, &event.send).await.unwrap_or_else(|e| panic!("{e}"));
         }
         self.taken.push(key.clone());
         key

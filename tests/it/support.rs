@@ -197,7 +197,8 @@ pub fn key_groups(drained: &[(String, Option<String>)]) -> Vec<(String, Option<S
 
 impl Stack {
     /// Claims an event and stores its payload directly (no signature: the
-    /// processor tests start after intake).
+    /// processor tests start after intake), never sent: its send lease given
+    /// back, as after a failed send.
     pub async fn claim(
         &self,
         provider: &str,
@@ -256,6 +257,9 @@ impl Stack {
         };
         let ledger = self.ledger();
         ledger.claim(&event, body).await.unwrap();
+        // Never sent: as the intake does when its send fails, the send lease
+        // is given back (a lease held to its end means handed over).
+        Ledger::release_send_lease(&ledger, &key, &event.send).await.unwrap();
         key
     }
 

@@ -879,14 +879,18 @@ async fn a_gap_past_its_bound_parks_as_gap() {
     assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Parked));
     let s = h.ledger.get(&k);
     assert_eq!((s.rec.status, s.park_reason.as_deref()), (Status::Parked, Some(GAP)));
-    // Its pointer is due now in the records partition: should its
+    // Its pointer is due now in the waiters partition: should its
     // predecessor's processor die between commit and wake-up, the
     // reconciler looks at the stream.
     assert_eq!(h.ledger.waiter_at(4), Some(k.clone()));
     let pointer = h.world.state().table.get(STREAM, &crate::projection::sequence::waiter_sk(4)).cloned().unwrap();
     let field = |n: &str| pointer.get(n).and_then(|v| v.as_s().or_else(|_| v.as_n()).ok()).cloned();
     assert_eq!(field("due_at"), Some(NOW.to_string()));
-    assert_eq!(field("due_shard"), Some(crate::adapters::dynamodb::due_shard(k.shard(settings().index_shards))));
+    let partition = crate::adapters::dynamodb::due_partition(
+        crate::ledger::DuePartition::Waiters,
+        k.shard(settings().index_shards),
+    );
+    assert_eq!((field("due_shard"), field("parked_at")), (Some(partition), Some(NOW.to_string())));
     let (kind, detail) = &h.ledger.history_of(&k)[0];
     assert!(kind == "parked" && detail.starts_with("gap: "), "{kind} {detail}");
 }

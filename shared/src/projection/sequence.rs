@@ -104,6 +104,10 @@ pub async fn register_waiter(
     Ok(())
 }
 
+/// When the record of a waiter pointer in the due index parked (the
+/// pointer's first look).
+pub const PARKED_AT: &str = "parked_at";
+
 /// The waiter pointer item (see [`register_waiter`]).
 pub fn waiter_item(
     at: &Position,
@@ -120,6 +124,7 @@ pub fn waiter_item(
     if let Some((partition, due_at)) = due {
         item.insert("due_shard".to_owned(), s(partition));
         item.insert("due_at".to_owned(), n(due_at));
+        item.insert(PARKED_AT.to_owned(), n(due_at));
     }
     item
 }

@@ -150,14 +150,12 @@ impl Harness {
     // ------------------------------------------------------------ records
 
     /// A ledger record due at `due_at` (received a re-drive grace before;
-    /// `enqueued_at`: sent then). A PROCESSING record's lease ended 30 s
-    /// after its receipt.
+    /// `enqueued_at`: sent then; `None`: never sent, its sender's send
+    /// failed and it gave its send lease back). A PROCESSING record's lease
+    /// ended 30 s after its receipt.
     fn record(&self, id: &str, status: Status, enqueued_at: Option<i64>, due_at: i64) -> EventKey {
         let k = key(id);
-        let mut extra = json!({ "enqueued_at": enqueued_at });
-        if enqueued_at.is_some() {
-            extra["send_lease_until"] = serde_json::Value::Null;
-        }
+        let mut extra = json!({ "enqueued_at": enqueued_at, "send_lease_until": null });
         if !status.is_terminal() {
             extra["due_at"] = json!(due_at);
         }
@@ -723,17 +721,19 @@ async fn a_failed_send_is_counted_and_the_record_stays_due() {
 #[tokio::test]
 async fn a_throttled_send_stops_the_redrive_phase_but_outbox_and_drift_still_run() {
     let w = Harness::new();
+    // More than one request's worth: the first request's first entry is
+    // throttled (the memory queue fails entries one by one).
     let keys: Vec<EventKey> =
-        (0..3).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
+        (0..13).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
     w.other_phases();
     w.script_sends(&[Some(Fault::Throttle)]);
     let summary = w.run(NOW).await;
     assert_eq!(summary.errors, counts(&[("redrive", 1)]));
     assert!(!summary.complete);
-    assert!(summary.redriven.is_empty());
+    assert_eq!(summary.redriven, counts(&[("not_picked_up", SEND_BATCH_MAX as u64 - 1)]), "the rest of its request");
     let claimed = keys.iter().filter(|k| w.claimed(k)).count();
-    assert_eq!(claimed, 1, "nothing after the throttled send is claimed");
-    assert_eq!(w.send_attempts(), 2, "the throttled re-drive, then the drift repair");
+    assert_eq!(claimed, SEND_BATCH_MAX, "nothing after the throttled request is claimed");
+    assert_eq!(w.send_attempts(), SEND_BATCH_MAX + 1, "the throttled request, then the drift repair");
     assert_eq!(summary.outbox_republished, 1);
     assert_eq!((summary.drift_checked, summary.drift_repaired), (1, 1));
     assert!(summary.evidence);
@@ -743,14 +743,14 @@ async fn a_throttled_send_stops_the_redrive_phase_but_outbox_and_drift_still_run
 async fn max_consecutive_errors_in_a_row_stop_the_redrive_phase() {
     let w = Harness::new();
     let keys: Vec<EventKey> =
-        (0..7).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
+        (0..17).map(|i| w.record(&format!("evt_{i}"), Status::Received, Some(1), NOW - 1 - i)).collect();
     w.other_phases();
     w.script_sends(&[Some(Fault::Unavailable); MAX_CONSECUTIVE_ERRORS as usize]);
     let summary = w.run(NOW).await;
     assert_eq!(summary.errors, counts(&[("redrive", u64::from(MAX_CONSECUTIVE_ERRORS))]));
     assert!(!summary.complete);
     let claimed = keys.iter().filter(|k| w.claimed(k)).count();
-    assert_eq!(claimed, MAX_CONSECUTIVE_ERRORS as usize, "the rest is left for the next run");
+    assert_eq!(claimed, SEND_BATCH_MAX, "one request's worth; the rest is left for the next run");
     assert_eq!(summary.outbox_republished, 1);
     assert_eq!((summary.drift_checked, summary.drift_repaired), (1, 1));
 }
@@ -1463,4 +1463,180 @@ async fn a_failed_evidence_query_reports_no_partial_counts() {
     let summary = w.run(NOW).await;
     assert!(!summary.evidence);
     assert_eq!((summary.dead_letters, summary.parked, summary.outbox_dead), (0, 0, 0));
+}
+
+// ------------------------------------------- re-drive labels and batches
+
+/// The intake's hand-over is known from its send lease: a sender whose send
+/// succeeded keeps its lease to its end, one whose send failed gives it
+/// back. Past the grace, a record still RECEIVED because the processor is
+/// behind is re-driven as `not_picked_up`, one never sent as `never_sent`.
+#[tokio::test]
+async fn a_record_the_intake_handed_over_is_redriven_as_not_picked_up_and_one_whose_send_failed_as_never_sent() {
+    use crate::admission::{Admission, Arrival, new_event};
+    let w = Harness::new();
+    let arrival = |id: &'static str| Arrival {
+        provider: "stripe",
+        endpoint: "billing",
+        tenant: "t1",
+        event_id: id,
+        event_type: Some("invoice.paid"),
+        body: b"{}",
+        hashes: None,
+        via: crate::ledger::Via::Webhook,
+        batch_hash: None,
+        retention_days: 30,
+        index_shards: SHARDS,
+    };
+    let (sent, refused) =
+        (new_event(arrival("evt_sent"), NOW, "send-a".into()), new_event(arrival("evt_refused"), NOW, "send-b".into()));
+    w.world.inject_on("queue.send", refused.key.as_str(), Some(1), Fault::Unavailable);
+    let (ledger, queue) = (w.ledger(), w.world.queue());
+    let admission = Admission { ledger: &ledger, queue: &queue, by: "webhook" };
+    let admitted = admission.admit(&[(sent.clone(), b"{}".as_slice()), (refused.clone(), b"{}".as_slice())]).await;
+    assert!(admitted[0].sent() && !admitted[1].sent(), "{admitted:?}");
+    // The processor is behind: the first message is still on the queue.
+    let summary = w.run(NOW + REDRIVE_GRACE_MS + 1).await;
+    assert_eq!(summary.redriven, counts(&[("never_sent", 1), ("not_picked_up", 1)]), "{summary:?}");
+    assert_eq!(w.num(&refused.key, "enqueued_at"), Some(NOW + REDRIVE_GRACE_MS + 1), "noted once sent");
+    assert_eq!(w.num(&sent.key, "enqueued_at"), None, "no note needed");
+}
+
+/// A queue that notes each request the reconciler makes.
+struct Requests {
+    inner: MemQueue,
+    log: Arc<Mutex<Vec<usize>>>,
+}
+
+impl WorkQueue for Requests {
+    async fn send(&self, key: &EventKey, tenant: &str) -> Result<(), PortError> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(1);
+        self.inner.send(key, tenant).await
+    }
+
+    async fn send_all(&self, messages: &[Outgoing<'_>]) -> Vec<Result<(), PortError>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(messages.len());
+        self.inner.send_all(messages).await
+    }
+}
+
+/// Re-drives found in several shards go out together: one request for 8
+/// records in 8 shards... here 4 shards of 3 records each, so 12 records:
+/// two requests, of 10 and 2, never one per shard.
+#[tokio::test]
+async fn redrives_in_several_shards_are_sent_together_at_most_ten_a_request() {
+    let w = Harness::new();
+    let mut keys = Vec::new();
+    for shard in 0..SHARDS {
+        for id in ids_in_shard(shard, 3) {
+            keys.push(w.record(&id, Status::Retryable, Some(1), NOW - 1));
+        }
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let queue = Requests { inner: w.world.queue(), log: log.clone() };
+    let source: Arc<dyn SubscriptionSource> = w.provider.clone();
+    let r =
+        Reconciler::new(w.ledger(), queue, Some(w.dispatcher()), Some(source), w.settings).with_ambient(w.ambient());
+    let summary = r.run(NOW, w.far()).await;
+    assert_eq!(summary.redriven, counts(&[("retry_due", 12)]), "{summary:?}");
+    let requests = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert_eq!(requests, [10, 2], "sent together across shards");
+    assert_eq!(w.sent().len(), 12);
+}
+
+// ------------------------------------------------------ the oldest age
+
+/// An old record replayed by an operator is open since its replay: the
+/// oldest unprocessed age counts from then, not from its first receipt
+/// days ago (which would page at once). So does one woken from a gap.
+#[tokio::test]
+async fn a_replayed_old_record_is_aged_from_its_replay() {
+    let w = Harness::new();
+    let k = key("evt_replayed");
+    let days_ago = NOW - 3 * 86_400_000;
+    let replayed = json!({"enqueued_at": days_ago, "due_at": NOW - 5_000, "next_attempt_at": NOW - 5_000, "last_replay_at": NOW - 5_000});
+    w.ledger().add(&k, Status::Retryable, days_ago, replayed);
+    assert_eq!(w.run(NOW).await.oldest_unprocessed_age_ms, Some(5_000));
+
+    let w = Harness::new();
+    let k = key("evt_woken");
+    let woken = json!({"enqueued_at": days_ago, "due_at": NOW - 7_000, "next_attempt_at": NOW - 7_000, "woken_at": NOW - 7_000});
+    w.ledger().add(&k, Status::Retryable, days_ago, woken);
+    assert_eq!(w.run(NOW).await.oldest_unprocessed_age_ms, Some(7_000), "a wake-up opens it again too");
+}
+
+// ------------------------------------------------- parked gap waiters
+
+impl Harness {
+    /// A record parked at the gap bound at `parked_at`, with the waiter
+    /// pointer its processor leaves (due at once), in `stream` at `seq`.
+    fn parked_waiter(&self, id: &str, stream: &str, seq: i64, parked_at: i64) -> EventKey {
+        use crate::ports::WorkLedger as _;
+        let k = key(id);
+        self.ledger().add(&k, Status::Parked, parked_at - 1_000_000, json!({"park_reason": "gap"}));
+        let at = crate::projection::sequence::Position { stream: stream.into(), seq };
+        memory::ready(self.ledger().register_waiter(&at, &k, NOW / 1000 + 86_400, Some(parked_at))).unwrap();
+        k
+    }
+
+    /// The waiter pointer's next look (`None`: out of the index).
+    fn pointer_due(&self, stream: &str, seq: i64) -> Option<i64> {
+        let sk = crate::projection::sequence::waiter_sk(seq);
+        self.world.state().table.get(stream, &sk).and_then(|i| num_of(i, attr::DUE_AT))
+    }
+}
+
+/// Parked gap waiters whose predecessor never comes are looked at with
+/// their own bound, never out of the records' share: 30 of them due before
+/// 6 records due for a retry hold back none of the re-drives.
+#[tokio::test]
+async fn parked_gap_waiters_have_their_own_bounded_look_and_never_hold_back_redrives() {
+    let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+    for i in 0..30 {
+        w.parked_waiter(&format!("evt_parked_{i}"), &format!("seq#acct_{i}"), 2, NOW - 10_000);
+    }
+    let due: Vec<EventKey> =
+        (0..6).map(|i| w.record(&format!("evt_retry_{i}"), Status::Retryable, Some(1), NOW - 1)).collect();
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.redriven, counts(&[("retry_due", 6)]), "{summary:?}");
+    assert!(due.iter().all(|k| w.claimed(k)));
+    let looked = (0..30).filter(|i| w.pointer_due(&format!("seq#acct_{i}"), 2) != Some(NOW - 10_000)).count();
+    assert_eq!(looked, waiter_share(10), "their own bound");
+}
+
+/// A waiter whose predecessor does not come is looked at less and less
+/// often: the next look is half its time parked ahead (at least the
+/// re-drive backoff, at most WAITER_LOOK_MAX_MS), not every backoff forever.
+#[tokio::test]
+async fn a_parked_gap_waiter_is_looked_at_less_often_as_it_ages() {
+    let w = Harness::new();
+    w.parked_waiter("evt_young", "seq#young", 2, NOW - 1_000);
+    w.parked_waiter("evt_old", "seq#old", 2, NOW - 2 * 3_600_000);
+    w.parked_waiter("evt_ancient", "seq#ancient", 2, NOW - 20 * 86_400_000);
+    w.run(NOW).await;
+    assert_eq!(w.pointer_due("seq#young", 2), Some(NOW + BACKOFF));
+    assert_eq!(w.pointer_due("seq#old", 2), Some(NOW + 3_600_000));
+    assert_eq!(w.pointer_due("seq#ancient", 2), Some(NOW + WAITER_LOOK_MAX_MS));
+}
+
+/// A pointer the release before left in the records partition is still
+/// looked at (and woken), under the waiters' bound.
+#[tokio::test]
+async fn a_waiter_pointer_left_in_the_records_partition_is_still_looked_at() {
+    let w = Harness::new();
+    let k = w.parked_waiter("evt_legacy", "seq#legacy", 2, NOW - 1_000);
+    let sk = crate::projection::sequence::waiter_sk(2);
+    let mut pointer = w.world.state().table.get("seq#legacy", &sk).cloned().expect("pointer");
+    set(&mut pointer, attr::DUE_SHARD, due_shard(k.shard(SHARDS)).as_str());
+    pointer.remove(crate::projection::sequence::PARKED_AT);
+    w.world.state().table.insert(pointer);
+    use aws_sdk_dynamodb::types::AttributeValue as Av;
+    let state: Item =
+        [("pk", Av::S("seq#legacy".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("1".into()))]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+    w.world.state().table.insert(state);
+    assert_eq!(w.run(NOW).await.gaps_woken, 1);
+    assert_eq!(w.status(&k), Status::Retryable);
 }

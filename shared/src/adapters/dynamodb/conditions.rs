@@ -79,6 +79,10 @@ pub const TRANSITION_TOKEN: &str = "transition_token";
 pub const CLAIM_TOKEN: &str = "redrive_token";
 /// The token of the operator command that last changed the record.
 pub const OPERATOR_TOKEN: &str = "operator_token";
+/// When an operator last replayed the record.
+pub const LAST_REPLAY_AT: &str = "last_replay_at";
+/// When the record was last woken from a sequence gap.
+pub const WOKEN_AT: &str = "woken_at";
 
 /// The condition of the claim's put: the key is new.
 pub const CLAIM: &str = "attribute_not_exists(pk)";
@@ -503,7 +507,7 @@ pub fn wake(gap: &str, now_ms: i64, shard: u32) -> Update {
          OR (#st = :parked AND park_reason = :gap))",
     )
     .to(Status::Retryable, shard, Due::Reenter(now_ms))
-    .set("woken_at = :now")
+    .set(format!("{WOKEN_AT} = :now"))
     .remove(WINDOW_START)
     .value(":retryable", s(Status::Retryable.as_str()))
     .value(":parked", s(Status::Parked.as_str()))
@@ -540,7 +544,7 @@ pub fn operator(action: OperatorAction, operator: &str, reason: &str, token: &st
             .set(format!("{FAILURES} = :zero"))
             .set("last_replay_by = :op")
             .set("last_replay_reason = :why")
-            .set("last_replay_at = :now")
+            .set(format!("{LAST_REPLAY_AT} = :now"))
             .remove(WINDOW_START)
             .add("replays :one")
             .value(":zero", n(0))

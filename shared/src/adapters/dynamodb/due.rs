@@ -132,21 +132,28 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
     let field = |k: &str| get_s(i, k).unwrap_or_default().to_owned();
     let pk = get_s(i, attr::PK)?;
     match get_s(i, attr::SK)? {
-        META_SK => Some(Due::Record(DueRecord {
-            key: EventKey::from_stored(pk)?,
-            status: get_s(i, attr::STATUS).and_then(Status::parse)?,
-            tenant: field(attr::TENANT),
-            enqueued: i.contains_key(attr::ENQUEUED_AT),
-            due_at_ms: at,
-            received_at_ms: get_n(i, attr::RECEIVED_AT).unwrap_or(at),
-            lease_expires_at_ms: get_n(i, "lease_expires_at"),
-        })),
+        META_SK => {
+            let received_at_ms = get_n(i, attr::RECEIVED_AT).unwrap_or(at);
+            let reopened = [cond::LAST_REPLAY_AT, cond::WOKEN_AT].into_iter().filter_map(|k| get_n(i, k)).max();
+            Some(Due::Record(DueRecord {
+                key: EventKey::from_stored(pk)?,
+                status: get_s(i, attr::STATUS).and_then(Status::parse)?,
+                tenant: field(attr::TENANT),
+                // Noted by a re-drive, or its sender's lease never given back.
+                enqueued: i.contains_key(attr::ENQUEUED_AT) || i.contains_key(attr::SEND_LEASE_UNTIL),
+                due_at_ms: at,
+                received_at_ms,
+                open_since_ms: reopened.map_or(received_at_ms, |r| r.max(received_at_ms)),
+                lease_expires_at_ms: get_n(i, "lease_expires_at"),
+            }))
+        }
         sk if sk.starts_with("wait#") => Some(Due::Waiter(WaiterItem {
             stream: pk.to_owned(),
             sk: sk.to_owned(),
             seq: crate::projection::sequence::waiter_seq(sk)?,
             key: get_s(i, "event_key").and_then(EventKey::from_stored)?,
             due_at_ms: at,
+            parked_at_ms: get_n(i, crate::projection::sequence::PARKED_AT).unwrap_or(at),
         })),
         STATE_SK => Some(Due::Drift(DriftItem {
             pk: pk.to_owned(),
@@ -190,7 +197,7 @@ pub(crate) fn waits_on_gap(record: Option<&Item>) -> bool {
 /// Whether a record was woken at `now_ms` (`wake` writes `woken_at`): the
 /// look's own retry after a lost acknowledgement meets its own wake-up.
 pub(crate) fn woken_at(record: Option<&Item>, now_ms: i64) -> bool {
-    record.and_then(|r| get_n(r, "woken_at")) == Some(now_ms)
+    record.and_then(|r| get_n(r, cond::WOKEN_AT)) == Some(now_ms)
 }
 
 /// Whether a refused `dead_refused` met its own earlier write (our retry

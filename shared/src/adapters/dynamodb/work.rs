@@ -333,7 +333,8 @@ impl WorkLedger for DynamoLedger {
         expires_at: i64,
         look_at: Option<i64>,
     ) -> Result<(), PortError> {
-        let due = look_at.map(|t| (super::due_shard(key.shard(self.shards())), t));
+        let partition = super::due_partition(crate::ledger::DuePartition::Waiters, key.shard(self.shards()));
+        let due = look_at.map(|t| (partition, t));
         sequence::register_waiter(&self.projection_context(), at, key, expires_at, due).await.map_err(projection_error)
     }
 

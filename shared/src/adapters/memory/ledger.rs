@@ -664,7 +664,7 @@ impl WorkLedger for MemLedger {
         expires_at: i64,
         look_at: Option<i64>,
     ) -> Result<(), PortError> {
-        let due = look_at.map(|t| (due_shard(key.shard(self.0.shards)), t));
+        let due = look_at.map(|t| (due_partition(DuePartition::Waiters, key.shard(self.0.shards)), t));
         let item = crate::projection::sequence::waiter_item(at, key, expires_at, due);
         self.0.call_on("work.register_waiter", key.as_str(), |_, st| st.put(item.clone()))
     }
