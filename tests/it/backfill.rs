@@ -249,12 +249,22 @@ async fn the_cli_backfills_a_window_and_its_dry_run_says_the_same() {
         ("stripe-a", Some("--redeliver"), "Stripe cannot redeliver"),
         ("gh", None, "GitHub needs --github-hook"),
     ] {
-        let mut args = vec!["hookledger", "--table", &w.stack.table, "--queue-url", &w.stack.queue_url, "backfill"];
+        let shards = SHARDS.to_string();
+        let mut args = vec![
+            "hookledger",
+            "--table",
+            &w.stack.table,
+            "--queue-url",
+            &w.stack.queue_url,
+            "--shards",
+            &shards,
+            "backfill",
+        ];
         args.extend([
             "--endpoint",
             endpoint,
             "--since",
-            "1",
+            "1h",
             "--api-key",
             "env:PATH",
             "--endpoints",

@@ -88,7 +88,10 @@ async fn claimed(stack: &Stack, id: &str, received_at: i64) -> EventKey {
         via: Via::Webhook,
         batch_hash: None,
     };
-    ledger(stack).claim(&event, &body).await.unwrap();
+    let ledger = ledger(stack);
+    ledger.claim(&event, &body).await.unwrap();
+    // Never sent: the send lease given back, as the intake does when its send fails.
+    ledger.release_send_lease(&key, &event.send).await.unwrap();
     key
 }
 

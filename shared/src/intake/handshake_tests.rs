@@ -185,7 +185,7 @@ async fn an_echo_out_of_pattern_is_refused() {
 async fn asanas_secret_is_taken_inside_the_window_only_and_once() {
     let p = ProviderKind::named("asana").unwrap().provider();
     let store = MemSecretStore::default();
-    let (world, intake) = intake(p, "", &store);
+    let (_, intake) = intake(p, "", &store);
     let offer = |secret: &str| handshakes_of(p, None, "", secret).into_iter().next().unwrap();
     // No window.
     let a = play(&intake, &offer("first1")).await;
