@@ -389,16 +389,7 @@ mod tests {
             .unwrap();
             let lookup = Answers(answers.iter().map(|a| a.parse().unwrap()).collect());
             let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(Resolved), Arc::new(lookup));
-            let out = Publication {
-                target: "https://hooks.internal.test/in",
-                body: "{}",
-                idempotency_key: "k",
-                group: "",
-                source: None,
-                detail_type: None,
-                destination: Some("d"),
-                now_ms: 1_800_000_000_000,
-            };
+            let out = publication("https://hooks.internal.test/in");
             sender.send(out).await
         };
         for (answers, allow, why) in [
@@ -438,16 +429,7 @@ mod tests {
         )
         .unwrap();
         let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(NotAWhsec), Arc::new(Answers(vec![])));
-        let out = Publication {
-            target: "https://hooks.example.com/in",
-            body: "{}",
-            idempotency_key: "k",
-            group: "",
-            source: None,
-            detail_type: None,
-            destination: Some("d"),
-            now_ms: 1_800_000_000_000,
-        };
+        let out = publication("https://hooks.example.com/in");
         match sender.send(out).await {
             Err(PublishError::Retry { message, .. }) => {
                 assert!(message.contains("its secret") && !message.contains("plain words"), "{message}")
@@ -472,6 +454,20 @@ mod tests {
         port
     }
 
+    /// A delivery of `{}` to the destination `d`, keyed `k`.
+    fn publication(target: &str) -> Publication<'_> {
+        Publication {
+            target,
+            body: "{}",
+            idempotency_key: "k",
+            group: "",
+            source: None,
+            detail_type: None,
+            destination: Some("d"),
+            now_ms: 1_800_000_000_000,
+        }
+    }
+
     /// What `status` from a destination configured with `extra` means.
     async fn answer_of(status: u16, extra: &str) -> Result<(), PublishError> {
         let port = answering_server(status);
@@ -481,16 +477,7 @@ mod tests {
         ))
         .unwrap();
         let sender = HttpsSender::with_lookup(Arc::new(routes), Arc::new(Resolved), Arc::new(SystemLookup));
-        let out = Publication {
-            target: "destination:d",
-            body: "{}",
-            idempotency_key: "k",
-            group: "",
-            source: None,
-            detail_type: None,
-            destination: Some("d"),
-            now_ms: 1_800_000_000_000,
-        };
+        let out = publication("destination:d");
         sender.send(out).await
     }
 
