@@ -339,7 +339,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             Outcome::Accepted | Outcome::Duplicate { .. } | Outcome::Batch { .. } | Outcome::Acknowledged { .. }
         );
         let event_type = verified.as_ref().and_then(|v| v.event_type.as_deref());
-        if let (true, Some(success)) = (recorded, endpoint.and_then(|e| e.provider.success(event_type))) {
+        if let (true, Some(success)) = (recorded, endpoint.and_then(|e| e.provider.success(event_type).exactly())) {
             answer.status = success.status;
             if let Some((content_type, body)) = success.body {
                 answer.raw = Some((content_type, body.to_owned()));

@@ -312,11 +312,15 @@ async fn every_vector_is_accepted_once_and_forgeries_are_refused() {
                 assert_eq!(world.state().table.writes(), 0, "{what}: nothing recorded");
                 assert!(world.queue().keys().is_empty(), "{what}: nothing sent");
             } else {
-                let status =
-                    provider.success(v.expect.first().and_then(|e| e.event_type.as_deref())).map_or(202, |s| s.status);
+                let status = provider
+                    .success(v.expect.first().and_then(|e| e.event_type.as_deref()))
+                    .exactly()
+                    .map_or(202, |s| s.status);
                 assert_eq!((a.status, a.code), (status, "accepted"), "{what}: {}", a.detail);
-                if let Some(body) =
-                    provider.success(v.expect.first().and_then(|e| e.event_type.as_deref())).and_then(|s| s.body)
+                if let Some(body) = provider
+                    .success(v.expect.first().and_then(|e| e.event_type.as_deref()))
+                    .exactly()
+                    .and_then(|s| s.body)
                 {
                     assert_eq!(
                         a.raw.as_ref().map(|(t, b)| (*t, b.as_str())),
@@ -412,7 +416,10 @@ async fn a_providers_retry_is_the_same_event_with_no_conflict() {
             let provider = ProviderKind::named(name).unwrap();
             assert_eq!(
                 a.status,
-                provider.success(first.expect.first().and_then(|e| e.event_type.as_deref())).map_or(202, |s| s.status),
+                provider
+                    .success(first.expect.first().and_then(|e| e.event_type.as_deref()))
+                    .exactly()
+                    .map_or(202, |s| s.status),
                 "{name}: {}",
                 a.detail
             );

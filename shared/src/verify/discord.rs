@@ -12,7 +12,7 @@ use http::HeaderMap;
 
 use super::headers::{parse_unix_secs, single_header};
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, Provider, Success, Verifier, Verifying, no_sections, ready,
+    BuildContext, Delivery, EndpointSpec, Provider, Success, SuccessAnswer, Verifier, Verifying, no_sections, ready,
 };
 use super::{Action, Content, Verified, VerifyError, check_timestamp, checked_event_id, json};
 use crate::secret::Secret;
@@ -124,13 +124,13 @@ impl Provider for Discord {
     }
 
     /// Discord needs an interaction answered within 3 s: deferred.
-    fn success(&self, event_type: Option<&str>) -> Option<Success> {
+    fn success(&self, event_type: Option<&str>) -> SuccessAnswer {
         let body = match event_type {
             Some("message_component") => r#"{"type":6}"#,
             Some("application_command_autocomplete") => r#"{"type":8,"data":{"choices":[]}}"#,
             _ => r#"{"type":5}"#,
         };
-        Some(Success { status: 200, body: Some(("application/json", body)) })
+        SuccessAnswer::Exactly(Success { status: 200, body: Some(("application/json", body)) })
     }
 
     fn tool_signs(&self) -> bool {
@@ -192,7 +192,7 @@ mod tests {
         let command = br#"{"id":"1234567890","type":2,"data":{"name":"hello"}}"#;
         let got = verifier().verify(command, &signed(command, NOW, &key()), NOW).unwrap();
         assert_eq!((got.event_id.as_str(), got.event_type.as_deref()), ("1234567890", Some("application_command")));
-        assert_eq!(Discord.success(Some("message_component")).unwrap().body.unwrap().1, r#"{"type":6}"#);
+        assert_eq!(Discord.success(Some("message_component")).exactly().unwrap().body.unwrap().1, r#"{"type":6}"#);
     }
 
     #[test]

@@ -36,7 +36,7 @@ use subtle::ConstantTimeEq;
 use super::headers::parse_unix_secs;
 use super::provider::{
     Algorithm, Auth, BuildContext, Delivery, EndpointSpec, HmacSpec, KeyEncoding, Provider, SignatureList,
-    TimestampFormat, Verifier, Verifying, ready,
+    SuccessAnswer, TimestampFormat, Verifier, Verifying, ready,
 };
 pub use super::provider::{Encoding, Source};
 use super::{Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, json, sns};
@@ -852,6 +852,11 @@ pub fn config_of(spec: &EndpointSpec) -> Result<GenericHmacConfig, String> {
 impl Provider for Hmac {
     fn name(&self) -> &'static str {
         "hmac"
+    }
+
+    /// A configured sender: the intake's answer (any 2xx is what such senders check).
+    fn success(&self, _: Option<&str>) -> SuccessAnswer {
+        SuccessAnswer::Accepted
     }
 
     fn validate(&self, spec: &EndpointSpec) -> Result<(), String> {

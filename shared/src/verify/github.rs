@@ -5,7 +5,9 @@
 use http::HeaderMap;
 
 use super::headers::{list_items, single_header};
-use super::provider::{BackfillList, BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
+use super::provider::{
+    BackfillList, BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifier, Verifying, ready,
+};
 use super::{MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, checked_event_id, hmac_sha256, mac_bytes, mac_matches};
 use crate::event::DecodeError;
 use crate::secret::Secret;
@@ -64,6 +66,11 @@ impl Verifier for GithubVerifier {
 impl Provider for Github {
     fn name(&self) -> &'static str {
         "github"
+    }
+
+    /// GitHub records any 2xx as a successful delivery.
+    fn success(&self, _: Option<&str>) -> SuccessAnswer {
+        SuccessAnswer::Accepted
     }
 
     /// GitHub signs no timestamp: nothing but the secrets.

@@ -25,8 +25,8 @@ use std::ops::Range;
 use super::elements::{elements, hashed_events, text_at};
 use super::generic::same_secret;
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, Provider, Verifier, Verifying,
-    no_sections, ready,
+    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, Provider, SuccessAnswer,
+    Verifier, Verifying, no_sections, ready,
 };
 use super::{Action, BatchEvent, Content, Verified, VerifyError, json};
 use crate::identity::payload_hash;
@@ -134,6 +134,11 @@ const SAMPLE: &str = r##"{"value":[{"subscriptionId":"7f105c7d-2dc5-4530-97cd-4e
 impl Provider for MicrosoftGraph {
     fn name(&self) -> &'static str {
         "microsoft_graph"
+    }
+
+    /// Graph wants a 2xx within 3 s (202 Accepted is what its documentation shows).
+    fn success(&self, _: Option<&str>) -> SuccessAnswer {
+        SuccessAnswer::Accepted
     }
 
     fn summary(&self) -> &'static str {

@@ -14,7 +14,7 @@ use std::ops::Range;
 use super::generic::{self, GenericHmacConfig, GenericHmacVerifier, json_text};
 use super::provider::{
     BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, HmacSpec, Provider, Source,
-    Success, Verifier, Verifying, no_sections, ready,
+    Success, SuccessAnswer, Verifier, Verifying, no_sections, ready,
 };
 use super::{Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, echoable, json, standard};
 use crate::secret::Secret;
@@ -113,8 +113,8 @@ pub struct Preset {
     pub retype: &'static [Retype],
     /// Its check of the endpoint with a GET, if it makes one.
     pub get: Option<GetCheck>,
-    /// Its own success answer, if not the intake's 202 or 200.
-    pub success: Option<Success>,
+    /// The answer it needs to a recorded delivery (its documentation's).
+    pub success: SuccessAnswer,
 }
 
 /// A provider's check of the endpoint with a GET (no body, nothing recorded).
@@ -154,7 +154,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "twilio",
@@ -172,7 +172,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "square",
@@ -190,7 +190,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "razorpay",
@@ -208,7 +208,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "paddle",
@@ -227,7 +227,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "hubspot",
@@ -251,7 +251,7 @@ pub const PRESETS: &[Preset] = &[
         }),
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "mailgun",
@@ -270,7 +270,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::OK,
     },
     Preset {
         name: "linear",
@@ -290,7 +290,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::OK,
     },
     Preset {
         name: "intercom",
@@ -308,7 +308,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "calendly",
@@ -327,7 +327,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "mux",
@@ -346,7 +346,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "typeform",
@@ -364,7 +364,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "coinbase_commerce",
@@ -382,7 +382,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::OK,
     },
     Preset {
         name: "sentry",
@@ -400,7 +400,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "lemonsqueezy",
@@ -419,7 +419,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::OK,
     },
     Preset {
         name: "box",
@@ -438,7 +438,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "zendesk",
@@ -458,7 +458,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "docusign",
@@ -480,7 +480,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::OK,
     },
     Preset {
         name: "vercel",
@@ -498,7 +498,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "segment",
@@ -516,7 +516,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "gitlab",
@@ -534,7 +534,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "bitbucket",
@@ -552,7 +552,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "jira",
@@ -570,7 +570,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "cashfree",
@@ -589,7 +589,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::OK,
     },
     Preset {
         name: "postmark",
@@ -606,7 +606,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: None,
+        success: SuccessAnswer::OK,
     },
     Preset {
         name: "slack",
@@ -632,7 +632,7 @@ pub const PRESETS: &[Preset] = &[
         ],
         retype: &[],
         get: None,
-        success: Some(Success { status: 200, body: None }),
+        success: SuccessAnswer::Exactly(Success { status: 200, body: None }),
     },
     Preset {
         name: "zoom",
@@ -655,7 +655,7 @@ pub const PRESETS: &[Preset] = &[
         }],
         retype: &[],
         get: None,
-        success: Some(Success { status: 200, body: None }),
+        success: SuccessAnswer::Exactly(Success { status: 200, body: None }),
     },
     Preset {
         name: "twitch",
@@ -687,7 +687,7 @@ pub const PRESETS: &[Preset] = &[
             event_type: "revocation",
         }],
         get: None,
-        success: None,
+        success: SuccessAnswer::Accepted,
     },
     Preset {
         name: "meta",
@@ -705,7 +705,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: Some(GetCheck::VerifyToken { mode: "hub.mode", token: "hub.verify_token", challenge: "hub.challenge" }),
-        success: Some(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
+        success: SuccessAnswer::Exactly(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
     },
     Preset {
         name: "dropbox",
@@ -722,7 +722,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: Some(GetCheck::Echo { challenge: "challenge" }),
-        success: Some(Success { status: 200, body: None }),
+        success: SuccessAnswer::Exactly(Success { status: 200, body: None }),
     },
     Preset {
         name: "xero",
@@ -744,7 +744,7 @@ pub const PRESETS: &[Preset] = &[
         replies: &[],
         retype: &[],
         get: None,
-        success: Some(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
+        success: SuccessAnswer::Exactly(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
     },
 ];
 
@@ -1159,7 +1159,7 @@ impl Provider for Preset {
         matches!(self.get, Some(GetCheck::VerifyToken { .. }))
     }
 
-    fn success(&self, _: Option<&str>) -> Option<Success> {
+    fn success(&self, _: Option<&str>) -> SuccessAnswer {
         self.success
     }
 
@@ -1206,9 +1206,11 @@ impl Provider for Preset {
         };
         // A notice is acknowledged with the provider's own success answer.
         let acknowledged = match self.success {
-            Some(Success { status, body: Some((content_type, body)) }) => answer(status, Some(content_type), body),
-            Some(Success { status, body: None }) => answer(status, None, ""),
-            None => answer(200, None, ""),
+            SuccessAnswer::Exactly(Success { status, body: Some((content_type, body)) }) => {
+                answer(status, Some(content_type), body)
+            }
+            SuccessAnswer::Exactly(Success { status, body: None }) => answer(status, None, ""),
+            SuccessAnswer::Accepted => answer(200, None, ""),
         };
         let mut out = Vec::new();
         // (name, body, headers besides the signature's, the answer it needs)
@@ -1311,6 +1313,11 @@ fn preset_batch(name: &str) -> (Option<&'static Batch>, &'static [&'static str],
 impl Provider for Alias {
     fn name(&self) -> &'static str {
         self.name
+    }
+
+    /// Svix senders take any 2xx as delivered.
+    fn success(&self, _: Option<&str>) -> SuccessAnswer {
+        SuccessAnswer::Accepted
     }
 
     fn summary(&self) -> &'static str {

@@ -69,6 +69,44 @@ pub struct Success {
     pub body: Option<(&'static str, &'static str)>,
 }
 
+/// The answer a provider needs to a delivery that is recorded, or was
+/// before ([`Provider::success`]): every provider declares one, so the docs'
+/// table and the wire are checked against the same value
+/// (`docs/providers.md`, "Answers the providers need").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuccessAnswer {
+    /// The intake's own: 202 for a new event, 200 for a duplicate, with a
+    /// JSON body; for a provider whose documentation takes any 2xx.
+    Accepted,
+    /// Exactly this, for a new event and a duplicate alike.
+    Exactly(Success),
+}
+
+impl SuccessAnswer {
+    /// 200 with the intake's JSON body: for a provider that completes a
+    /// delivery only on 200.
+    pub const OK: Self = Self::Exactly(Success { status: 200, body: None });
+
+    /// The answer in place of the intake's, if any.
+    pub fn exactly(self) -> Option<Success> {
+        match self {
+            Self::Accepted => None,
+            Self::Exactly(s) => Some(s),
+        }
+    }
+
+    /// How `docs/providers.md` writes it (its answers table starts each
+    /// cell with this).
+    pub fn describe(self) -> String {
+        match self {
+            Self::Accepted => "202 (200 for a duplicate)".into(),
+            Self::Exactly(Success { status, body: None }) => format!("{status} (JSON body)"),
+            Self::Exactly(Success { status, body: Some((_, "")) }) => format!("{status}, empty body"),
+            Self::Exactly(Success { status, body: Some((_, body)) }) => format!("{status} `{body}`"),
+        }
+    }
+}
+
 /// What [`Provider::handshakes`] builds its requests from.
 #[derive(Clone, Copy)]
 pub struct HandshakeInput<'a> {
@@ -322,12 +360,11 @@ pub trait Provider: Send + Sync + 'static {
     }
 
     /// The answer it needs when a delivery (of this type) is recorded, or
-    /// was before, if not the intake's 202 or 200 with a JSON body (Xero:
-    /// 200 with no body; Discord: a deferred interaction response).
-    fn success(&self, event_type: Option<&str>) -> Option<Success> {
-        let _ = event_type;
-        None
-    }
+    /// was before: the intake's 202 (200 for a duplicate) where its
+    /// documentation takes any 2xx, else exactly what it needs (Mailgun:
+    /// 200; Xero: 200 with no body; Discord: a deferred interaction
+    /// response). No default: every provider says it.
+    fn success(&self, event_type: Option<&str>) -> SuccessAnswer;
 
     /// Whether `hookledger send` can sign its deliveries with the endpoint's
     /// secrets (not Discord's: it signs with a private key of its own).

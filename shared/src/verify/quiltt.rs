@@ -16,7 +16,7 @@ use base64::Engine;
 use http::HeaderMap;
 
 use super::headers::{parse_unix_secs, single_header};
-use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
+use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifier, Verifying, ready};
 use super::{
     Action, BatchEvent, Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
 };
@@ -164,6 +164,11 @@ impl Verifier for QuilttVerifier {
 impl Provider for Quiltt {
     fn name(&self) -> &'static str {
         "quiltt"
+    }
+
+    /// Quiltt's public documentation names no status: any 2xx assumed.
+    fn success(&self, _: Option<&str>) -> SuccessAnswer {
+        SuccessAnswer::Accepted
     }
 
     fn summary(&self) -> &'static str {

@@ -96,6 +96,71 @@ pub fn same_content(stored: &str, ours: &str, provider: &str, body: &[u8]) -> bo
 mod tests {
     use super::*;
     use crate::identity::payload_hash;
+    use crate::verify::provider::SuccessAnswer;
+
+    /// The rows of the markdown table under `heading` in `docs/providers.md`, as cells.
+    fn table(heading: &str) -> Vec<Vec<String>> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/providers.md");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let at = text.find(heading).unwrap_or_else(|| panic!("no {heading:?} in docs/providers.md"));
+        let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        text[line_start..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.trim().trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect())
+            .collect()
+    }
+
+    /// The name in backticks in a table's first cell (`` `mailgun` `` or "Mailgun (`mailgun`)").
+    fn named(cell: &str) -> Option<&str> {
+        cell.split('`').nth(1)
+    }
+
+    /// One table of answers: every provider declares the answer it needs
+    /// ([`Provider::success`]), `docs/providers.md`'s answers table gives
+    /// exactly that for every one of them, and a preset whose documented
+    /// behaviour ("the provider on our answers") completes only on 200 is
+    /// answered 200, never the intake's 202.
+    #[test]
+    fn every_providers_answer_is_declared_once_and_the_docs_say_the_same() {
+        let rows = table("## Answers the providers need");
+        let (head, rows) = rows.split_first().unwrap_or_else(|| panic!("an empty answers table"));
+        assert_eq!(head[..2], ["provider".to_owned(), "a recorded delivery".to_owned()], "{head:?}");
+        let mut documented = std::collections::BTreeMap::new();
+        for row in rows.iter().skip(1) {
+            let name = named(&row[0]).unwrap_or_else(|| panic!("{row:?}"));
+            assert!(documented.insert(name.to_owned(), row[1].clone()).is_none(), "{name} twice");
+        }
+        let mut wrong = Vec::new();
+        for p in providers() {
+            let want = p.success(None).describe();
+            match documented.remove(p.name()) {
+                Some(cell) if cell.starts_with(&want) => {}
+                Some(cell) => wrong.push(format!("{}: the docs say {cell:?}, the code {want:?}", p.name())),
+                None => wrong.push(format!("{}: not in the docs' answers table (the code: {want:?})", p.name())),
+            }
+        }
+        wrong.extend(documented.keys().map(|n| format!("{n}: in the docs' answers table, no such provider")));
+        assert!(wrong.is_empty(), "docs/providers.md's answers table and the code disagree:\n{}", wrong.join("\n"));
+
+        let presets = table("| preset (`provider`) |");
+        let column = presets[0].iter().position(|h| h == "the provider on our answers").unwrap_or(usize::MAX);
+        assert!(presets.len() >= 32, "{} preset rows", presets.len());
+        for row in &presets[2..] {
+            let name = named(&row[0]).unwrap_or_else(|| panic!("{row:?}"));
+            let p = ProviderKind::named(name).unwrap_or_else(|| panic!("{name}: no such provider"));
+            let says = row.get(column).unwrap_or_else(|| panic!("{name}: no answers column"));
+            let only_200 = says.starts_with("200") || says.contains(": 200 done");
+            if only_200 {
+                assert!(
+                    matches!(p.success(None), SuccessAnswer::Exactly(s) if s.status == 200),
+                    "{name}: its documentation completes a delivery only on 200 ({says:?}), the code answers {}",
+                    p.success(None).describe()
+                );
+            }
+        }
+    }
 
     #[test]
     fn every_provider_is_registered_once_and_found_by_its_name() {

@@ -8,7 +8,9 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use super::headers::{list_items, parse_unix_secs};
-use super::provider::{BackfillList, BuildContext, Delivery, EndpointSpec, Provider, Verifier, Verifying, ready};
+use super::provider::{
+    BackfillList, BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifier, Verifying, ready,
+};
 use super::{
     Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields,
     hmac_sha256, mac_bytes, mac_matches,
@@ -172,6 +174,11 @@ impl Verifier for StripeVerifier {
 impl Provider for Stripe {
     fn name(&self) -> &'static str {
         "stripe"
+    }
+
+    /// Stripe marks a delivery successful on any 2xx.
+    fn success(&self, _: Option<&str>) -> SuccessAnswer {
+        SuccessAnswer::Accepted
     }
 
     fn summary(&self) -> &'static str {
