@@ -284,6 +284,25 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         Ok(report)
     }
 
+    /// PROCESSING(token) → PARKED `reason` (no mutation): for an operator.
+    async fn park(
+        &self,
+        record: &WorkRecord,
+        token: &str,
+        reason: &str,
+        subject: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Report, PortError> {
+        let exit = Exit::Park { reason, subject };
+        let parked = self.ledger.leave(&record.key, token, &exit, now_ms).await?;
+        if !parked {
+            return Ok(Report::done(Outcome::Fenced));
+        }
+        self.history(&record.key, "parked", reason, now_ms).await;
+        metrics::counter!("parked", "provider" => record.provider.clone()).increment(1);
+        Ok(Report::done(Outcome::Parked))
+    }
+
     async fn work(
         &self,
         record: &WorkRecord,
@@ -326,6 +345,11 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         if is_large_batch(record) {
             return self.split_boxed(record, token, &payload, now_ms).await;
         }
+        // An element of a batch that could not be read as an event: kept for
+        // an operator, never applied (its bytes are the payload).
+        if crate::verify::is_malformed_element(&record.event_id) {
+            return self.park(record, token, crate::verify::MALFORMED_ELEMENT, None, now_ms).await;
+        }
         let (event_type, body) = match decode(&record.provider, record.event_type.as_deref(), &payload) {
             Ok(x) => x,
             Err(e) => return self.dead(record, token, "malformed_payload", &e.0, now_ms).await,
@@ -347,19 +371,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 Err(e) => return self.fail(record, token, e.into(), now_ms).await,
             };
             let (ops, duplicate) = match decision {
-                Decision::Park(reason) => {
-                    let exit = Exit::Park { reason: &reason, subject: subject.as_deref() };
-                    let parked = self.ledger.leave(key, token, &exit, now_ms).await?;
-                    if parked {
-                        self.history(key, "parked", &reason, now_ms).await;
-                    }
-                    return Ok(if parked {
-                        metrics::counter!("parked", "provider" => record.provider.clone()).increment(1);
-                        Report::done(Outcome::Parked)
-                    } else {
-                        Report::done(Outcome::Fenced)
-                    });
-                }
+                Decision::Park(reason) => return self.park(record, token, &reason, subject.as_deref(), now_ms).await,
                 Decision::Defer(gap) => return self.defer(record, token, gap, subject.as_deref(), now_ms).await,
                 Decision::Ignore(_) => (Vec::new(), false),
                 Decision::Duplicate => (Vec::new(), true),

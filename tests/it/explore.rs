@@ -673,6 +673,10 @@ pub enum Flow {
     /// A Quiltt batch of three ordered inventory deltas: three claims at
     /// once, then one `SendMessageBatch`.
     IntakeBatch,
+    /// A Quiltt batch of two inventory deltas and an element without an id:
+    /// the deltas are applied once, the element is kept (its record parked,
+    /// `malformed_element`), and the delivery is answered 2xx.
+    IntakeBatchMalformed,
     /// A Quiltt batch larger than the intake claims event by event (the
     /// threshold lowered to 2): claimed whole under its body hash, then sent.
     IntakeLargeBatch,
@@ -703,7 +707,7 @@ pub enum Flow {
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 28] = [
+pub const FLOWS: [Flow; 29] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -712,6 +716,7 @@ pub const FLOWS: [Flow; 28] = [
     Flow::IntakeChangedRetryOfUnstored,
     Flow::IntakeHashConflict,
     Flow::IntakeBatch,
+    Flow::IntakeBatchMalformed,
     Flow::IntakeLargeBatch,
     Flow::ApplyEntitlement,
     Flow::ApplySeats,
@@ -813,6 +818,21 @@ fn quiltt_batch() -> Delivery {
     Delivery { endpoint: "quiltt", event_id: "qt_b1".into(), body: body.to_string().into_bytes() }
 }
 
+/// A Quiltt delivery of two ordered inventory deltas for `sku-m` and, between
+/// them, an element without an id (parked, never applied).
+fn malformed_quiltt_batch() -> Delivery {
+    let delta = |seq: i64, delta: i64| {
+        serde_json::json!({"id": format!("qt_m{seq}"), "type": "inventory.adjusted", "at": "2026-11-30T12:00:00Z",
+            "profile": {"id": "p_x"}, "record": {"id": "rec_x"},
+            "data": {"sku": "sku-m", "seq": seq, "delta": delta}})
+    };
+    let no_id = serde_json::json!({"type": "inventory.adjusted", "data": {"sku": "sku-m", "delta": 100}});
+    let events = vec![delta(1, 4), no_id, delta(2, 5)];
+    let body =
+        serde_json::json!({"environment": {"id": "env_x"}, "eventTypes": ["inventory.adjusted"], "events": events});
+    Delivery { endpoint: "quiltt", event_id: "qt_m1".into(), body: body.to_string().into_bytes() }
+}
+
 /// A Quiltt delivery of three ordered inventory deltas for `sku-l`, as its
 /// large-batch record's delivery (`event_id`: the batch's identity).
 fn large_quiltt_batch() -> Delivery {
@@ -908,6 +928,10 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
         }
         Flow::IntakeBatch => {
             let d = quiltt_batch();
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::IntakeBatchMalformed => {
+            let d = malformed_quiltt_batch();
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
         Flow::IntakeLargeBatch => {
@@ -1079,6 +1103,7 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::IntakeChangedRetryOfUnstored
         | Flow::IntakeHashConflict
         | Flow::IntakeBatch
+        | Flow::IntakeBatchMalformed
         | Flow::IntakeLargeBatch => {
             let d = ctx.delivery.clone().unwrap_or_else(|| unreachable!("intake flows deliver"));
             w.deliver(d, 0).await;
@@ -1142,6 +1167,8 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
     let allowed: &[&str] = match flow {
         Flow::ProcessorDead => &["DEAD"],
         Flow::ProcessorPark | Flow::OperatorPark => &["PARKED"],
+        // Its malformed element alone (checked below): the others PROCESSED.
+        Flow::IntakeBatchMalformed => &["PARKED"],
         // An operator action that failed leaves the record where it was; the
         // operator sees the error and may try again.
         Flow::OperatorReplay | Flow::OperatorResolve => &["PARKED"],
@@ -1179,6 +1206,24 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 4 + 5 + 6);
             let records = w.records().await.iter().filter(|r| s(r, "provider") == "quiltt").count();
             w.expect_count("records of the batch", records as i64, 3);
+        }
+        Flow::IntakeBatchMalformed => {
+            let st = w.state(&hookledger::app::inventory::inventory_pk("quiltt", "sku-m")).await;
+            w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 4 + 5);
+            let records = w.records().await;
+            let quiltt: Vec<_> = records.iter().filter(|r| s(r, "provider") == "quiltt").collect();
+            w.expect_count("records of the batch", quiltt.len() as i64, 3);
+            for r in quiltt {
+                let (id, status, reason) = (s(r, "event_id"), s(r, "status"), s(r, "park_reason"));
+                let want = if hookledger::verify::is_malformed_element(&id) {
+                    ("PARKED", hookledger::verify::MALFORMED_ELEMENT)
+                } else {
+                    ("PROCESSED", "")
+                };
+                if (status.as_str(), reason.as_str()) != want {
+                    w.violation("lost", format!("{id}: ended {status} {reason}, not {want:?}"));
+                }
+            }
         }
         Flow::IntakeLargeBatch | Flow::ProcessorSplit => {
             let st = w.state(&hookledger::app::inventory::inventory_pk("quiltt", "sku-l")).await;
@@ -1411,7 +1456,7 @@ async fn explore_and_assert(flows: &[Flow], honour_tokens: bool) {
     assert!(failures.is_empty(), "{} violations:\n{}", failures.len(), failures.join("\n"));
 }
 
-const INTAKE_FLOWS: [Flow; 9] = [
+const INTAKE_FLOWS: [Flow; 10] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -1420,6 +1465,7 @@ const INTAKE_FLOWS: [Flow; 9] = [
     Flow::IntakeChangedRetryOfUnstored,
     Flow::IntakeHashConflict,
     Flow::IntakeBatch,
+    Flow::IntakeBatchMalformed,
     Flow::IntakeLargeBatch,
 ];
 const CONTRACT_FLOWS: [Flow; 5] =

@@ -666,14 +666,53 @@ mod ports {
         assert_eq!(sent, ["evt_1", "evt_2", "evt_3"].map(|id| h.quiltt_key(id)), "each once");
     }
 
-    /// An event of a batch without an id: 400 after the signature, nothing
-    /// of the delivery recorded.
+    /// An authenticated batch with an element without an id: the valid
+    /// events are recorded and queued as usual, the bad one is recorded
+    /// under the hash of its bytes (kept as they are, for an operator; the
+    /// processor parks it) and the delivery is answered 2xx, so the provider
+    /// stops resending it; its retry meets every one as a duplicate.
     #[tokio::test]
-    async fn a_batch_with_an_event_without_an_id_records_nothing() {
+    async fn a_batch_with_an_event_without_an_id_records_the_others_and_keeps_it_apart() {
         let h = harness();
-        let body = br#"{"events":[{"id":"evt_1","type":"a"},{"type":"b"}]}"#;
+        let body = br#"{"events":[{"id":"evt_1","type":"a"},{"type":"b","x":1},{"id":"evt_3","type":"c"}]}"#;
         let a = h.deliver_batch(body, 0).await;
-        assert_eq!((a.status, a.code), (400, "malformed_payload"));
-        assert_eq!((h.writes(), h.sent()), (0, 0));
+        assert_eq!((a.status, a.code), (202, "accepted"), "{}", a.detail);
+        let bad = format!(
+            "{}{}",
+            crate::verify::MALFORMED_ID_PREFIX,
+            crate::identity::payload_hash(br#"{"type":"b","x":1}"#)
+        );
+        for id in ["evt_1", bad.as_str(), "evt_3"] {
+            let k = h.quiltt_key(id);
+            assert_eq!(h.world.ledger().field(&k, "status").as_deref(), Some("RECEIVED"), "{id}");
+        }
+        let kept = h.world.ledger().record(&h.quiltt_key(&bad)).unwrap();
+        let stored = match kept.payload {
+            Some(p) => Some(p),
+            None => crate::ports::WorkLedger::payload(&h.world.ledger(), &kept.key, &kept.payload_hash).await.unwrap(),
+        };
+        assert_eq!(stored.as_deref(), Some(&br#"{"type":"b","x":1}"#[..]), "the bad element's bytes are kept");
+        assert_eq!(h.sent(), 3);
+        let again = h.deliver_batch(body, 1_000).await;
+        assert_eq!((again.status, again.code), (200, "duplicate"), "{}", again.detail);
+        assert_eq!(h.sent(), 3);
+        // An unauthenticated batch is still refused whole.
+        let mut headers = HeaderMap::new();
+        headers.insert("quiltt-signature", HeaderValue::from_static("bm90IGl0"));
+        headers.insert("quiltt-timestamp", HeaderValue::from(NOW_MS / 1000));
+        let forged = h
+            .intake
+            .handle(IntakeRequest {
+                query: "",
+                endpoint: "q",
+                method: &Method::POST,
+                headers: &headers,
+                body: br#"{"events":[{"id":"evt_9","type":"a"},{"type":"b"}]}"#,
+                now: UNIX_EPOCH + Duration::from_millis(NOW_MS as u64),
+                request_id: "r",
+            })
+            .await;
+        assert_eq!(forged.status, 401);
+        assert_eq!(h.world.ledger().field(&h.quiltt_key("evt_9"), "status"), None);
     }
 }

@@ -840,6 +840,23 @@ async fn an_unknown_subject_parks_the_record_with_its_subject() {
     assert_eq!(h.ledger.history_of(&k), [("parked".to_owned(), "no mapping for cus_42".to_owned())]);
 }
 
+/// A batch's element the intake could not read as an event (its record's
+/// id `malformed:<hash of its bytes>`): parked `malformed_element` for an
+/// operator, no projection asked, nothing mutated.
+#[tokio::test]
+async fn a_malformed_batch_element_is_parked_and_never_applied() {
+    let (proj, calls) = scripted(|_| apply(&["a#1"]));
+    let h = harness(proj);
+    let id = format!("{}{}", crate::verify::MALFORMED_ID_PREFIX, "0f".repeat(32));
+    let k = put(&h, record(&id, Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Parked));
+    let s = h.ledger.get(&k);
+    assert_eq!((s.rec.status, s.park_reason.as_deref()), (Status::Parked, Some("malformed_element")));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no projection is asked");
+    assert!(h.ledger.commits().is_empty(), "no mutation");
+    assert_eq!(h.ledger.history_of(&k), [("parked".to_owned(), "malformed_element".to_owned())]);
+}
+
 #[tokio::test]
 async fn a_park_from_any_projection_wins_over_apply() {
     let (a, _) = scripted(|_| apply(&["a#1"]));

@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use super::{BatchEvent, Content, VerifyError, json};
+use super::{BatchEvent, Content, VerifyError, json, malformed_element, push_event};
 use crate::identity::payload_hash;
 
 /// The byte ranges of the elements of the array at `pointer` in `body`.
@@ -26,8 +26,8 @@ pub(crate) fn elements(body: &[u8], pointer: &'static str) -> Result<Vec<Range<u
 }
 
 /// Each element as an event: its hash, the type `type_of` reads from its
-/// bytes (`None` refuses the delivery) and its bytes. Two equal elements
-/// refuse it too (one would hide the other).
+/// bytes (`None`: a malformed element, parked) and its bytes. Two equal
+/// elements refuse the delivery (one would hide the other).
 pub(crate) fn hashed_events(
     body: &[u8],
     ranges: &[Range<usize>],
@@ -36,7 +36,12 @@ pub(crate) fn hashed_events(
     let mut out: Vec<BatchEvent> = Vec::with_capacity(ranges.len());
     for range in ranges {
         let bytes = &body[range.clone()];
-        let event_type = type_of(bytes).ok_or(VerifyError::MalformedPayload("an event of the batch has no type"))?;
+        // An element without its type is kept apart (parked); the others
+        // are recorded as usual.
+        let Some(event_type) = type_of(bytes) else {
+            push_event(&mut out, malformed_element(body, range.clone(), "an event of the batch has no type"))?;
+            continue;
+        };
         let event_id = payload_hash(bytes);
         if out.iter().any(|e| e.event_id == event_id) {
             return Err(VerifyError::MalformedPayload("two events of the batch are the same"));

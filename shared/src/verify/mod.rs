@@ -67,6 +67,44 @@ pub fn echoable(v: &str) -> bool {
     (1..=MAX_ECHO_LEN).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~-".contains(&b))
 }
 
+/// The id a batch's element is recorded under when it cannot be read as an
+/// event (no id, an id that cannot be one, no type where the provider
+/// always names one, not an object): `malformed:` and the SHA-256 of its
+/// bytes, so the provider's retry of the batch meets it again. The
+/// processor parks such a record (`malformed_element`) for an operator; the
+/// batch's other events are recorded as usual.
+pub const MALFORMED_ID_PREFIX: &str = "malformed:";
+
+/// The reason a malformed element's record is parked with.
+pub const MALFORMED_ELEMENT: &str = "malformed_element";
+
+/// Whether an event id is a malformed element's ([`MALFORMED_ID_PREFIX`]).
+pub fn is_malformed_element(event_id: &str) -> bool {
+    event_id.starts_with(MALFORMED_ID_PREFIX)
+}
+
+/// The element at `range` of `body`, kept as a malformed element
+/// ([`MALFORMED_ID_PREFIX`]); `why` is logged, never its bytes.
+pub(crate) fn malformed_element(body: &[u8], range: Range<usize>, why: &'static str) -> BatchEvent {
+    let event_id = format!("{MALFORMED_ID_PREFIX}{}", crate::identity::payload_hash(&body[range.clone()]));
+    tracing::warn!(event_id = %event_id, why, "an element of a batch is kept as malformed");
+    BatchEvent { event_id, event_type: None, bytes: range, content: Content::Bytes }
+}
+
+/// Adds `event` to a batch's events, unless an event with its id is there:
+/// two equal malformed elements are one; two events of one id refuse the
+/// batch (one would hide the other).
+pub(crate) fn push_event(out: &mut Vec<BatchEvent>, event: BatchEvent) -> Result<(), VerifyError> {
+    if out.iter().any(|e| e.event_id == event.event_id) {
+        if is_malformed_element(&event.event_id) {
+            return Ok(());
+        }
+        return Err(VerifyError::MalformedPayload("two events of the batch have the same id"));
+    }
+    out.push(event);
+    Ok(())
+}
+
 /// One event of a batch delivery: its identity, and which bytes of the
 /// signed body are the event (its payload: a slice, never re-serialised).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,10 @@ use super::provider::{
     BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, HmacSpec, Provider, Source,
     Success, SuccessAnswer, Verifier, Verifying, no_sections, ready,
 };
-use super::{Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, echoable, json, standard};
+use super::{
+    Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, echoable, json, malformed_element,
+    push_event, standard,
+};
 use crate::secret::Secret;
 
 /// A delivery carrying several events as a JSON array (HubSpot's).
@@ -1030,18 +1033,14 @@ fn split_masked(body: &[u8], batch: &Batch, mask: &[&str]) -> Result<Vec<BatchEv
     for range in elements {
         let event = &body[range.clone()];
         let found = json::pointers_many(event, &fields);
-        let mut parts = Vec::with_capacity(batch.id.len());
-        for at in &found[..type_at] {
-            parts.push(
-                at.as_ref()
-                    .and_then(|r| json_text(event, r))
-                    .ok_or(VerifyError::MalformedPayload("an event of the batch has no id"))?,
-            );
-        }
-        let event_id = checked_event_id(&parts.join(":"))?;
-        if out.iter().any(|e| e.event_id == event_id) {
-            return Err(VerifyError::MalformedPayload("two events of the batch have the same id"));
-        }
+        let parts: Option<Vec<String>> =
+            found[..type_at].iter().map(|at| at.as_ref().and_then(|r| json_text(event, r))).collect();
+        // An element without its id, or with one that cannot be an id, is
+        // kept apart (parked); the others are recorded as usual.
+        let Some(event_id) = parts.and_then(|p| checked_event_id(&p.join(":")).ok()) else {
+            push_event(&mut out, malformed_element(body, range, "an event of the batch has no id"))?;
+            continue;
+        };
         let event_type = found[type_at..mask_at].first().and_then(|at| json_text(event, at.as_ref()?));
         let content = if mask.is_empty() {
             Content::Bytes
@@ -1051,7 +1050,7 @@ fn split_masked(body: &[u8], batch: &Batch, mask: &[&str]) -> Result<Vec<BatchEv
             ranges.dedup_by(|later, earlier| later.start < earlier.end);
             Content::Masked { ranges }
         };
-        out.push(BatchEvent { event_id, event_type, bytes: range, content });
+        push_event(&mut out, BatchEvent { event_id, event_type, bytes: range, content })?;
     }
     Ok(out)
 }

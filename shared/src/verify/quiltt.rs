@@ -20,7 +20,7 @@ use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, SuccessAns
 use super::{
     Action, BatchEvent, Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
 };
-use super::{hmac_sha256, json, mac_bytes, mac_matches};
+use super::{hmac_sha256, json, mac_bytes, mac_matches, malformed_element, push_event};
 use crate::secret::Secret;
 
 pub const SIGNATURE_HEADER: &str = "quiltt-signature";
@@ -107,15 +107,15 @@ pub fn events(body: &[u8]) -> Result<Vec<BatchEvent>, VerifyError> {
     for range in elements {
         let event = &body[range.clone()];
         let [id, kind] = json::pointers(event, [Some("/id"), Some("/type")]);
-        let id = id
-            .and_then(|r| json::string_at(event, &r))
-            .ok_or(VerifyError::MalformedPayload("an event of the batch has no id"))?;
-        let event_id = checked_event_id(&id)?;
-        if out.iter().any(|e| e.event_id == event_id) {
-            return Err(VerifyError::MalformedPayload("two events of the batch have the same id"));
-        }
+        // An event without an id (or with one that cannot be an id) is kept
+        // apart (parked); the batch's others are recorded as usual.
+        let Some(event_id) = id.and_then(|r| json::string_at(event, &r)).and_then(|id| checked_event_id(&id).ok())
+        else {
+            push_event(&mut out, malformed_element(body, range, "an event of the batch has no id"))?;
+            continue;
+        };
         let event_type = kind.and_then(|r| json::string_at(event, &r)).map(|t| t.into_owned());
-        out.push(BatchEvent { event_id, event_type, bytes: range, content: Content::Bytes });
+        push_event(&mut out, BatchEvent { event_id, event_type, bytes: range, content: Content::Bytes })?;
     }
     Ok(out)
 }
@@ -298,21 +298,29 @@ mod tests {
         );
     }
 
-    /// Only after the signature: a body that is no batch, an event without
-    /// an id, two events with one id, refuse the whole delivery.
+    /// Only after the signature: a body that is no batch, or two events
+    /// with one id, refuse the whole delivery; an event without an id (or
+    /// with one that is not a string) is kept apart, the others recorded.
     #[test]
-    fn a_batch_with_an_event_without_an_id_is_refused_whole() {
+    fn a_batch_that_is_no_batch_is_refused_whole_and_an_event_without_an_id_is_kept_apart() {
         let secret = Secret::new("s");
         let v = QuilttVerifier::new(vec![secret.clone()], 300);
         let signed = |body: &[u8]| v.verify(body, &headers(&sign(&secret, 100, body), "100"), 100);
+        for (body, without) in [
+            (&br#"{"events":[{"id":"a"},{"type":"x"}]}"#[..], &br#"{"type":"x"}"#[..]),
+            (br#"{"events":[{"id":"a"},{"id":7}]}"#, br#"{"id":7}"#),
+        ] {
+            let Action::Batch(events) = signed(body).unwrap().action else { panic!() };
+            let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+            let kept = format!("{}{}", crate::verify::MALFORMED_ID_PREFIX, crate::identity::payload_hash(without));
+            assert_eq!(ids, ["a", kept.as_str()], "{}", String::from_utf8_lossy(body));
+        }
         for (body, why) in [
-            (&br#"{"events":[{"id":"a"},{"type":"x"}]}"#[..], "an event of the batch has no id"),
-            (br#"{"events":[{"id":"a"},{"id":"a"}]}"#, "two events of the batch have the same id"),
+            (&br#"{"events":[{"id":"a"},{"id":"a"}]}"#[..], "two events of the batch have the same id"),
             (br#"{"events":[]}"#, "the batch has no events"),
             (br#"{"events":{"id":"a"}}"#, "events is not an array"),
             (br#"{"eventId":"a"}"#, "body is not a Quiltt batch (no events array)"),
             (b"not json", "body is not a Quiltt batch (no events array)"),
-            (br#"{"events":[{"id":7}]}"#, "an event of the batch has no id"),
         ] {
             assert_eq!(
                 signed(body).unwrap_err(),

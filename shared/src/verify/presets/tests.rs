@@ -266,10 +266,18 @@ fn hubspot_batches_are_split_into_their_events() {
     let got: Vec<(&str, Option<&str>)> =
         events.iter().map(|e| (e.event_id.as_str(), e.event_type.as_deref())).collect();
     assert_eq!(got, [("7:1:5", Some("contact.creation")), ("7:2:5", Some("contact.deletion"))]);
-    let bad: [&[u8]; 4] = [
+    // An element without its id, or that is no event at all: kept apart
+    // (its record parked), the others split as usual.
+    let mixed =
+        br#"[{"eventId":3,"subscriptionId":7,"occurredAt":5,"subscriptionType":"contact.creation"},42,{"eventId":1}]"#;
+    let events = p.split(mixed).unwrap().unwrap();
+    let got: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    let malformed = |b: &[u8]| format!("{}{}", crate::verify::MALFORMED_ID_PREFIX, crate::identity::payload_hash(b));
+    assert_eq!(got, ["7:3:5".to_owned(), malformed(b"42"), malformed(br#"{"eventId":1}"#)]);
+    assert_eq!(&mixed[events[1].bytes.clone()], b"42", "its bytes as they are");
+    let bad: [&[u8]; 3] = [
         b"{}",
         b"[]",
-        br#"[{"eventId":1}]"#,
         br#"[{"eventId":1,"subscriptionId":7,"occurredAt":5},{"eventId":1,"subscriptionId":7,"occurredAt":5}]"#,
     ];
     for b in bad {
