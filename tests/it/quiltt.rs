@@ -195,3 +195,40 @@ async fn a_batch_of_two_hundred_events_is_two_hundred_records_processed_once() {
     assert_eq!(post(&stack, &body, HMAC_SECRET, now_s()).await, (200, "duplicate"));
     assert!(stack.drain_queue().await.is_empty(), "a duplicate of a sent batch sends nothing");
 }
+
+/// A batch with an element without an id, against the emulator: the others
+/// recorded and processed, the element parked `malformed_element`, and the
+/// operator sees it in `list`, `failures` and `stats` (the PARKED count
+/// `ParkedAlarm` watches).
+#[tokio::test]
+async fn a_batch_element_without_an_id_is_parked_and_shown_to_the_operator() {
+    let stack = Stack::new().await;
+    let mut events: Vec<serde_json::Value> = ids("qt_mal", 2)
+        .iter()
+        .map(|id| serde_json::json!({"id": id, "type": "connection.synced.successful", "data": {}}))
+        .collect();
+    let no_id = serde_json::json!({"type": "connection.synced.successful", "data": {"no": "id"}});
+    events.insert(1, no_id.clone());
+    let body = serde_json::json!({"events": events}).to_string().into_bytes();
+    assert_eq!(post(&stack, &body, HMAC_SECRET, now_s()).await, (202, "accepted"));
+    let bad = format!("{}{}", hookledger::verify::MALFORMED_ID_PREFIX, payload_hash(no_id.to_string().as_bytes()));
+    let processor = stack.processor(fast_settings(), None, None);
+    for id in [ids("qt_mal", 2)[0].clone(), bad.clone(), ids("qt_mal", 2)[1].clone()] {
+        processor.process(&key(&id), now_s() * 1000).await.unwrap();
+    }
+    for id in ids("qt_mal", 2) {
+        assert_eq!(s(&stack.record(&key(&id)).await, "status"), "PROCESSED", "{id}");
+    }
+    let parked = stack.record(&key(&bad)).await;
+    assert_eq!((s(&parked, "status").as_str(), s(&parked, "park_reason").as_str()), ("PARKED", "malformed_element"));
+
+    let (r, out) = stack.cli(&["list", "--status", "parked"]).await;
+    r.unwrap();
+    assert!(out.contains(&bad[..30]) && out.contains("1 record(s)"), "{out}");
+    let (r, out) = stack.cli(&["failures", "--since", "1h"]).await;
+    r.unwrap();
+    assert!(out.contains("malformed_element"), "{out}");
+    let (r, out) = stack.cli(&["stats"]).await;
+    r.unwrap();
+    assert!(out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["PARKED", "1"]), "{out}");
+}
