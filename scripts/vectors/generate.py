@@ -852,12 +852,24 @@ def meta_body(ev, now):
         "field": "messages"}]}]})
 
 
+def meta_ids(b):
+    """Each update its own event: a WhatsApp message by its id, a status by id:status."""
+    doc = json.loads(b)
+    out = []
+    for entry in doc["entry"]:
+        for change in entry.get("changes", []):
+            value = change.get("value", {})
+            out += [(m["id"], doc["object"] + ".message") for m in value.get("messages", [])]
+            out += [(s["id"] + ":" + s["status"], doc["object"] + ".status") for s in value.get("statuses", [])]
+    return out
+
+
 META_TOKEN = "meatyhamhock"
 P["meta"] = dict(
     doc="https://developers.facebook.com/docs/graph-api/webhooks/getting-started#event-notifications",
     secret="meta-app-secret-0123456789abcdef", body=meta_body, verify_token=META_TOKEN,
     sign=lambda s, b, now, ev: [("X-Hub-Signature-256", "sha256=" + mac(s, b).hex())],
-    ids=lambda b, h: [(body_hash(b), json_id(b, "/object"))],
+    ids=lambda b, h: meta_ids(b),
     retry=lambda b, now: b,
     gets=[("get-verification.json", "https://developers.facebook.com/docs/graph-api/webhooks/getting-started#verification-requests",
            f"hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token={META_TOKEN}",

@@ -272,3 +272,85 @@ async fn every_provider_gets_the_success_answer_it_needs() {
     }
     assert!(checked >= 33, "{checked}");
 }
+
+/// Meta batches updates: a WhatsApp delivery's messages and statuses, and a
+/// Messenger delivery's `messaging` entries, are each their own record; the
+/// same updates regrouped into other deliveries are nothing new.
+#[tokio::test]
+async fn meta_deliveries_are_recorded_update_by_update_and_a_regrouped_retry_is_nothing_new() {
+    let p = ProviderKind::named("meta").unwrap().provider();
+    let store = MemSecretStore::default();
+    let (world, intake) = intake(p, secret_of(p), &store);
+    let spec = spec_of(p).unwrap();
+    let send = |body: serde_json::Value| {
+        let (intake, spec) = (&intake, &spec);
+        async move {
+            let body = body.to_string().into_bytes();
+            let mut list = vec![("content-type".to_owned(), "application/json".to_owned())];
+            list.extend(p.sign(spec, &Secret::new(secret_of(p)), "", "", NOW, &body).unwrap());
+            request(intake, &Method::POST, "", &list, &body).await
+        }
+    };
+    let message = |id: &str| serde_json::json!({"from": "16505551234", "id": id, "type": "text", "text": {"body": id}});
+    let status = |id: &str, st: &str| serde_json::json!({"id": id, "status": st, "timestamp": "1800000000"});
+    let whatsapp = |messages: Vec<serde_json::Value>, statuses: Vec<serde_json::Value>| {
+        serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": "102", "changes": [{"field": "messages",
+            "value": {"messaging_product": "whatsapp", "metadata": {"phone_number_id": "106"},
+                      "messages": messages, "statuses": statuses}}]}]})
+    };
+    let a = send(whatsapp(vec![message("wamid.A"), message("wamid.B")], vec![status("wamid.OUT", "delivered")])).await;
+    assert_eq!((a.status, a.code), (200, "accepted"), "{}", a.detail);
+    let recorded = |world: &World| world.queue().keys().len();
+    assert_eq!(recorded(&world), 3, "two messages and a status: three records");
+    // The processor's split of a batch claimed whole (over 25 updates) reads
+    // the same identities.
+    let body = whatsapp(vec![message("wamid.A"), message("wamid.B")], vec![status("wamid.OUT", "delivered")]);
+    let split: Vec<String> =
+        p.split(body.to_string().as_bytes()).unwrap().unwrap().into_iter().map(|e| e.event_id).collect();
+    let mut queued: Vec<String> = world.queue().keys().iter().map(|k| k.as_str().to_owned()).collect();
+    queued.sort();
+    let mut want: Vec<String> = split.iter().map(|id| EventKey::new("meta", "ep", id).as_str().to_owned()).collect();
+    want.sort();
+    assert_eq!(queued, want);
+    // Regrouped: the same updates in two other deliveries.
+    let b = send(whatsapp(vec![message("wamid.B")], Vec::new())).await;
+    let c = send(whatsapp(vec![message("wamid.A")], vec![status("wamid.OUT", "delivered")])).await;
+    assert_eq!((b.code, c.code), ("duplicate", "duplicate"), "{} / {}", b.detail, c.detail);
+    assert_eq!(recorded(&world), 3, "nothing new");
+    // The same message's next status is a new fact.
+    let d = send(whatsapp(Vec::new(), vec![status("wamid.OUT", "read")])).await;
+    assert_eq!((d.code, recorded(&world)), ("accepted", 4));
+    // Messenger: two messaging entries, two records.
+    let entry = |mid: &str| serde_json::json!({"sender": {"id": "7"}, "recipient": {"id": "1"}, "timestamp": 1, "message": {"mid": mid, "text": mid}});
+    let messenger = serde_json::json!({"object": "page", "entry": [{"id": "1", "time": 1, "messaging": [entry("m_1"), entry("m_2")]}]});
+    let e = send(messenger).await;
+    assert_eq!((e.code, recorded(&world)), ("accepted", 6), "{}", e.detail);
+}
+
+/// A HubSpot batch with one element that is no event: the others are
+/// recorded, it is kept apart (parked by the processor), and the delivery
+/// is answered 2xx; its retry is nothing new.
+#[tokio::test]
+async fn a_hubspot_batch_with_an_unparsable_element_records_the_others_and_keeps_it_apart() {
+    let p = ProviderKind::named("hubspot").unwrap().provider();
+    let store = MemSecretStore::default();
+    let (world, intake) = intake(p, secret_of(p), &store);
+    let spec = spec_of(p).unwrap();
+    let body = br#"[{"eventId":1,"subscriptionId":7,"occurredAt":5,"subscriptionType":"contact.creation","attemptNumber":0},"not an event",{"eventId":2,"subscriptionId":7,"occurredAt":5,"subscriptionType":"contact.deletion","attemptNumber":0}]"#;
+    let mut list = vec![("content-type".to_owned(), "application/json".to_owned())];
+    list.extend(p.sign(&spec, &Secret::new(secret_of(p)), "", "", NOW, body).unwrap());
+    let a = request(&intake, &Method::POST, "", &list, body).await;
+    assert_eq!((a.status, a.code), (202, "accepted"), "{}", a.detail);
+    let kept = format!("{}{}", crate::verify::MALFORMED_ID_PREFIX, crate::identity::payload_hash(br#""not an event""#));
+    let mut queued: Vec<String> = world.queue().keys().iter().map(|k| k.as_str().to_owned()).collect();
+    queued.sort();
+    let mut want: Vec<String> = ["7:1:5", "7:2:5", kept.as_str()]
+        .iter()
+        .map(|id| EventKey::new("hubspot", "ep", id).as_str().to_owned())
+        .collect();
+    want.sort();
+    assert_eq!(queued, want);
+    let again = request(&intake, &Method::POST, "", &list, body).await;
+    assert_eq!((again.status, again.code), (200, "duplicate"), "{}", again.detail);
+    assert_eq!(world.queue().keys().len(), 3);
+}

@@ -17,6 +17,7 @@ pub mod graph;
 pub mod hashes;
 mod headers;
 pub(crate) mod json;
+mod meta;
 pub mod presets;
 pub mod provider;
 pub mod quiltt;

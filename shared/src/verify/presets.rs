@@ -34,7 +34,14 @@ pub struct Batch {
     /// An empty batch is a notice (Xero's Intent to Receive): acknowledged,
     /// nothing recorded. Otherwise it is refused.
     pub empty_is_notice: bool,
+    /// Its own split, where its updates sit at several depths (Meta's
+    /// `entry[].changes[].value.messages[]`): `at`, `id` and `event_type`
+    /// are then unused.
+    pub split: Option<Splitter>,
 }
+
+/// A batch's own split: its events, each with its identity and bytes.
+pub type Splitter = fn(&[u8]) -> Result<Vec<BatchEvent>, VerifyError>;
 
 /// What a preset answers to a message that is not an event: a handshake or
 /// a notice, recognised (once authenticated) by a value in its body or a header.
@@ -251,6 +258,7 @@ pub const PRESETS: &[Preset] = &[
             id: &["/subscriptionId", "/eventId", "/occurredAt"],
             event_type: Some("/subscriptionType"),
             empty_is_notice: false,
+            split: None,
         }),
         retype: &[],
         get: None,
@@ -694,7 +702,7 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "meta",
-        summary: "X-Hub-Signature-256: sha256= hex HMAC-SHA256 of the body with the app secret; no event id: the body hash; the GET check (hub.mode, hub.verify_token, hub.challenge) answered with its challenge when the verify token matches",
+        summary: "X-Hub-Signature-256: sha256= hex HMAC-SHA256 of the body with the app secret; each update its own event (a WhatsApp message by its id, a status by id:status, a Messenger entry by its mid, other changes by their hash); the GET check (hub.mode, hub.verify_token, hub.challenge) answered with its challenge when the verify token matches",
         hmac: r#"{"signature_header": "X-Hub-Signature-256", "prefix": "sha256=", "encoding": "hex",
             "id": "body_hash", "type": {"json_pointer": "/object"}}"#,
         mask: &[],
@@ -704,7 +712,13 @@ pub const PRESETS: &[Preset] = &[
         sample: r#"{"object":"whatsapp_business_account","entry":[{"id":"102290129340398","changes":[{"value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},"messages":[{"from":"16505551234","id":"wamid.{{id}}","timestamp":"{{ts}}","text":{"body":"Hello"},"type":"text"}]},"field":"messages"}]}]}"#,
         headers: &[],
         id_style: IdStyle::Hex,
-        batch: None,
+        batch: Some(Batch {
+            at: "",
+            id: &[],
+            event_type: None,
+            empty_is_notice: false,
+            split: Some(super::meta::split),
+        }),
         replies: &[],
         retype: &[],
         get: Some(GetCheck::VerifyToken { mode: "hub.mode", token: "hub.verify_token", challenge: "hub.challenge" }),
@@ -743,6 +757,7 @@ pub const PRESETS: &[Preset] = &[
             id: &["/tenantId", "/eventCategory", "/resourceId", "/eventType", "/eventDateUtc"],
             event_type: Some("/eventType"),
             empty_is_notice: true,
+            split: None,
         }),
         replies: &[],
         retype: &[],
@@ -1007,6 +1022,9 @@ pub fn split(body: &[u8], batch: &Batch) -> Result<Vec<BatchEvent>, VerifyError>
 }
 
 fn split_masked(body: &[u8], batch: &Batch, mask: &[&str]) -> Result<Vec<BatchEvent>, VerifyError> {
+    if let Some(split) = batch.split {
+        return split(body);
+    }
     let list = if batch.at.is_empty() {
         0..body.len()
     } else {
