@@ -19,7 +19,7 @@ pub(crate) fn elements(body: &[u8], pointer: &'static str) -> Result<Vec<Range<u
     if kind != json::Kind::Array {
         return Err(VerifyError::MalformedPayload("the events are not a JSON array"));
     }
-    if out.len() > super::presets::MAX_BATCH_EVENTS {
+    if out.len() > super::MAX_BATCH_EVENTS {
         return Err(VerifyError::MalformedPayload("the batch has more events than a delivery may carry"));
     }
     Ok(out)

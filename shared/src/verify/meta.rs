@@ -136,7 +136,7 @@ pub(crate) fn split(body: &[u8]) -> Result<Vec<BatchEvent>, VerifyError> {
     if events.out.is_empty() {
         return Err(VerifyError::MalformedPayload("the batch has no events"));
     }
-    if events.out.len() > super::presets::MAX_BATCH_EVENTS {
+    if events.out.len() > super::MAX_BATCH_EVENTS {
         return Err(VerifyError::MalformedPayload("the batch has more events than a delivery may carry"));
     }
     Ok(events.out)

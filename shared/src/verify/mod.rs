@@ -76,6 +76,9 @@ pub fn echoable(v: &str) -> bool {
 /// batch's other events are recorded as usual.
 pub const MALFORMED_ID_PREFIX: &str = "malformed:";
 
+/// The most events one batch delivery may carry (Meta batches up to 1,000).
+pub const MAX_BATCH_EVENTS: usize = 1_000;
+
 /// The reason a malformed element's record is parked with.
 pub const MALFORMED_ELEMENT: &str = "malformed_element";
 

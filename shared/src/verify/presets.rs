@@ -1011,7 +1011,7 @@ impl Verifier for PresetVerifier {
 }
 
 /// The most events one delivery may carry.
-pub const MAX_BATCH_EVENTS: usize = super::quiltt::MAX_BATCH_EVENTS;
+pub const MAX_BATCH_EVENTS: usize = super::MAX_BATCH_EVENTS;
 
 /// The events of a verified batch body (a JSON array): each element's id
 /// (its `batch.id` values joined by `:`), type, bytes and content (the

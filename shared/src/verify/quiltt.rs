@@ -31,7 +31,7 @@ pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
 /// The scheme's version, signed before the timestamp.
 const VERSION: &[u8] = b"1";
 /// The most events one delivery may carry.
-pub const MAX_BATCH_EVENTS: usize = 1_000;
+pub const MAX_BATCH_EVENTS: usize = super::MAX_BATCH_EVENTS;
 
 #[derive(Debug, Clone)]
 pub struct QuilttVerifier {
