@@ -100,6 +100,7 @@ pub(crate) fn split(body: &[u8]) -> Result<Vec<BatchEvent>, VerifyError> {
         }
         if let Some(changes) = changes {
             for change in array(body, &changes)? {
+                let before = events.out.len();
                 let messages = member(body, &change, "/value/messages");
                 let statuses = member(body, &change, "/value/statuses");
                 if let Some(messages) = &messages {
@@ -115,7 +116,9 @@ pub(crate) fn split(body: &[u8]) -> Result<Vec<BatchEvent>, VerifyError> {
                         events.push(id, "status", s);
                     }
                 }
-                if messages.is_none() && statuses.is_none() {
+                // A change that names no message or status (or empty lists of
+                // them): the change itself, by its bytes.
+                if events.out.len() == before && !change_has_updates(body, messages.as_ref(), statuses.as_ref()) {
                     let field = text(body, &change, "/field").unwrap_or_else(|| "change".to_owned());
                     events.hashed(&field, change);
                 }
@@ -140,6 +143,11 @@ pub(crate) fn split(body: &[u8]) -> Result<Vec<BatchEvent>, VerifyError> {
         return Err(VerifyError::MalformedPayload("the batch has more events than a delivery may carry"));
     }
     Ok(events.out)
+}
+
+/// Whether the lists a change names hold any element.
+fn change_has_updates(body: &[u8], messages: Option<&Range<usize>>, statuses: Option<&Range<usize>>) -> bool {
+    [messages, statuses].into_iter().flatten().any(|list| array(body, list).is_ok_and(|items| !items.is_empty()))
 }
 
 fn kind_pointer(kind: &str) -> &'static str {
@@ -203,6 +211,15 @@ mod tests {
         assert_eq!(got[0].1.as_deref(), Some("instagram.comments"));
         assert_eq!(got[0].0, payload_hash(br#"{"field":"comments","value":{"id":"c1","text":"x"}}"#));
         assert!(crate::verify::is_malformed_element(&got[1].0), "{got:?}");
+        // A change whose lists are empty is still a fact: the change, by its bytes.
+        let empty = r#"{"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"messages":[],"statuses":[]}}]}]}"#;
+        assert_eq!(
+            ids(empty),
+            [(
+                payload_hash(br#"{"field":"messages","value":{"messages":[],"statuses":[]}}"#),
+                Some("whatsapp_business_account.messages".to_owned())
+            )]
+        );
         for bad in ["{}", r#"{"object":"page"}"#, r#"{"object":"page","entry":[]}"#, r#"{"object":"page","entry":{}}"#]
         {
             assert!(matches!(split(bad.as_bytes()), Err(VerifyError::MalformedPayload(_))), "{bad}");
