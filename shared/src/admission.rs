@@ -8,7 +8,7 @@
 //! send lease. The new ones are then sent together, each with its payload.
 
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, ExistingRecord, NewEvent, PortError, Release, SendLease, Status, Via};
+use crate::ledger::{Claim, ExistingRecord, Generation, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, Outgoing, WorkQueue};
 use crate::verify::registry;
@@ -33,6 +33,9 @@ pub struct Arrival<'a> {
     pub batch_hash: Option<String>,
     pub retention_days: u32,
     pub index_shards: u32,
+    /// Whether it is a notification ([`Provider::notification`](crate::verify::provider::Provider::notification)):
+    /// its repeats are claimed by generation ([`Admission`]).
+    pub notification: bool,
 }
 
 /// The one constructor of the record an admission claims: its identity key,
@@ -56,6 +59,7 @@ pub fn new_event(a: Arrival<'_>, now_ms: i64, send_token: String) -> NewEvent {
         send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
         via: a.via,
         batch_hash: a.batch_hash,
+        notification: a.notification.then_some(Generation { n: 1, index_shards: a.index_shards }),
     }
 }
 
@@ -76,6 +80,20 @@ pub const BATCH_TYPE: &str = "hookledger.batch";
 /// events are met as duplicates when it is split).
 pub fn batch_id(batch_hash: &str) -> String {
     format!("batch:{batch_hash}")
+}
+
+/// The most generations one delivery of a notification steps through
+/// (a lagging note, repeats at the same moment) before it answers 503.
+pub const GENERATION_WALK: u32 = 4;
+
+/// The first step of an admission ([`Admission::claim`]).
+#[derive(Debug)]
+pub enum Step {
+    /// Claimed now: to be sent (the event's record, or a notification's
+    /// next generation).
+    Send(NewEvent),
+    /// Nothing to send: what became of it.
+    Done(Admitted),
 }
 
 /// What became of one event offered for admission.
@@ -134,21 +152,24 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
         }
         let mut out: Vec<Option<Admitted>> = Vec::with_capacity(events.len());
         let mut new = Vec::new();
-        for (i, ((event, bytes), claim)) in events.iter().zip(claims).enumerate() {
-            let resolved = self.resolve(event, bytes, claim).await;
-            if resolved.is_none() {
-                new.push(events[i].clone());
+        for ((event, bytes), claim) in events.iter().zip(claims) {
+            match self.resolve(event, bytes, claim).await {
+                Step::Send(claimed) => {
+                    new.push((claimed, *bytes));
+                    out.push(None);
+                }
+                Step::Done(a) => out.push(Some(a)),
             }
-            out.push(resolved);
         }
         let mut sent = self.send(&new).await.into_iter();
         out.into_iter().map(|a| a.unwrap_or_else(|| sent.next().unwrap_or_else(|| failed("enqueue", lost())))).collect()
     }
 
     /// The first step alone, for a caller that claims one event at a time
-    /// and sends the new ones together later ([`Self::send`]): `None` when
-    /// the event is new (claimed now, to be sent), else what became of it.
-    pub async fn claim(&self, event: &NewEvent, bytes: &[u8]) -> Option<Admitted> {
+    /// and sends the new ones together later ([`Self::send`]):
+    /// [`Step::Send`] with the record claimed now (the event's, or a
+    /// notification's next generation), else what became of it.
+    pub async fn claim(&self, event: &NewEvent, bytes: &[u8]) -> Step {
         let claim = self.ledger.claim(event, bytes).await;
         self.resolve(event, bytes, claim).await
     }
@@ -176,25 +197,103 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
         out
     }
 
-    /// What a claim's answer means for its event: `None` when it is new.
-    async fn resolve(&self, event: &NewEvent, bytes: &[u8], claim: Result<Claim, PortError>) -> Option<Admitted> {
-        Some(match claim {
-            Ok(Claim::New) => return None,
+    /// What a claim's answer means for its event.
+    async fn resolve(&self, event: &NewEvent, bytes: &[u8], claim: Result<Claim, PortError>) -> Step {
+        Step::Done(match claim {
+            Ok(Claim::New) => return Step::Send(event.clone()),
             // A backfill parked it because its provider would not serve it:
             // this payload is the one it waits for.
             Ok(Claim::Existing(existing)) if existing.awaits_payload() => {
                 self.release_parked(event, bytes, self.by).await
             }
-            Ok(Claim::Existing(existing)) => self.duplicate(event, existing, bytes).await,
-            Err(PortError::TooLarge { size, limit }) => Admitted::TooLarge { size, limit },
-            Err(e) => {
-                // The claim may have committed with every acknowledgement
-                // lost: give back the send lease it may hold, so the sender's
-                // retry can send at once instead of meeting a dead holder.
-                self.release(&event.key, &event.send).await;
-                failed("claim", e)
+            Ok(Claim::Existing(existing)) if event.notification.is_some() => {
+                return self.generation(event, bytes, existing).await;
             }
+            Ok(Claim::Existing(existing)) => self.duplicate(event, existing, bytes).await,
+            Err(e) => self.claim_failed(event, e).await,
         })
+    }
+
+    async fn claim_failed(&self, event: &NewEvent, e: PortError) -> Admitted {
+        if let PortError::TooLarge { size, limit } = e {
+            return Admitted::TooLarge { size, limit };
+        }
+        // The claim may have committed with every acknowledgement lost: give
+        // back the send lease it may hold, so the sender's retry can send at
+        // once instead of meeting a dead holder.
+        self.release(&event.key, &event.send).await;
+        failed("claim", e)
+    }
+
+    /// A notification met its identity's record (`first`): it coalesces
+    /// with the latest generation while that one has not started being
+    /// processed ([`ExistingRecord::coalesces`]: a duplicate, as for an
+    /// event), else it is claimed as the next generation and sent, to be
+    /// processed again (one more idempotent fetch of the state it announces).
+    ///
+    /// The first record notes the latest generation; a later one is read
+    /// (one consistent read). The next generation's claim is the same
+    /// conditional put as any claim, with this delivery's send token: two
+    /// repeats at once create it once (the other coalesces with it), and our
+    /// own retried put recognises itself. Then the first record's note moves
+    /// forward; if this invocation dies before that, the note lags, and the
+    /// next repeat walks forward from it (its claim meets the generation
+    /// already there) and moves it. A repeat that arrives while a generation
+    /// is processing costs one generation, never more than one per repeat.
+    async fn generation(&self, first_event: &NewEvent, bytes: &[u8], first: ExistingRecord) -> Step {
+        let noted = first.latest_generation.max(1);
+        let mut n = noted;
+        let mut current = if n == 1 {
+            Some(first)
+        } else {
+            match self.ledger.existing(&first_event.generation(n).key).await {
+                Ok(record) => record,
+                Err(e) => return Step::Done(failed("generation", e)),
+            }
+        };
+        for _ in 0..GENERATION_WALK {
+            let at = match current {
+                Some(record) if record.coalesces() => {
+                    self.note_generation(first_event, n, noted).await;
+                    let event = first_event.generation(n);
+                    return Step::Done(self.duplicate(&event, record, bytes).await);
+                }
+                // Leased or finished: the next generation.
+                Some(_) => n + 1,
+                // Noted and gone (its record expired): recorded again.
+                None => n,
+            };
+            let next = first_event.generation(at);
+            match self.ledger.claim(&next, bytes).await {
+                Ok(Claim::New) => {
+                    self.note_generation(first_event, at, noted).await;
+                    metrics::counter!("notification_generation", "provider" => next.provider.clone()).increment(1);
+                    tracing::info!(key = %next.key, generation = at, "notification repeated after its record was leased: recorded as its next generation");
+                    return Step::Send(next);
+                }
+                // A repeat at the same moment claimed it, or the note lagged.
+                Ok(Claim::Existing(record)) => {
+                    n = at;
+                    current = Some(record);
+                }
+                Err(e) => return Step::Done(self.claim_failed(&next, e).await),
+            }
+        }
+        let message = format!("more than {GENERATION_WALK} generations met in one delivery");
+        Step::Done(failed("generation", PortError::Unavailable { service: "ledger", message }))
+    }
+
+    /// Moves the first record's note to generation `n` when it says less
+    /// (`noted`). A failure is logged: a lagging note costs a later repeat a
+    /// step of its walk, nothing else.
+    async fn note_generation(&self, first_event: &NewEvent, n: u32, noted: u32) {
+        if n <= noted {
+            return;
+        }
+        let expires_at = first_event.expires_at;
+        if let Err(e) = self.ledger.advance_generation(&first_event.key, n, expires_at).await {
+            tracing::warn!(error = %e, key = %first_event.key, generation = n, "could not note a notification's generation; the next repeat walks to it");
+        }
     }
 
     /// A delivery of an identity a backfill parked without its payload

@@ -34,7 +34,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::admission::{Admission, Admitted, Arrival};
+use crate::admission::{Admission, Admitted, Arrival, Step};
 use crate::backoff::Backoff;
 use crate::clock::Ambient;
 use crate::config::ProviderKind;
@@ -556,27 +556,27 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
         let event = new_event(target, ev, &body, now_ms, self.ambient.token());
         // The one admission path's first step; the page sends the new ones together.
         match self.admission().claim(&event, &body).await {
-            None => {
+            Step::Send(event) => {
                 summary.recovered += 1;
                 Ok(Some(Recovered { event, body }))
             }
-            Some(Admitted::New | Admitted::Released { .. }) => {
+            Step::Done(Admitted::New | Admitted::Released { .. }) => {
                 summary.recovered += 1;
                 Ok(None)
             }
-            Some(Admitted::Duplicate { .. }) => {
+            Step::Done(Admitted::Duplicate { .. }) => {
                 summary.already_recorded += 1;
                 Ok(None)
             }
             // Larger, stored, than the ledger takes: no payload bucket here.
-            Some(Admitted::TooLarge { size, limit }) => {
+            Step::Done(Admitted::TooLarge { size, limit }) => {
                 let detail = format!(
                     "{size} bytes stored exceed the {limit} a ledger item takes, and no payload bucket \
                      (HOOKLEDGER_PAYLOAD_BUCKET) is configured"
                 );
                 self.park(target, ev, Unfetchable::TooLarge, &detail, now_ms, summary).await.map(|()| None)
             }
-            Some(Admitted::Failed { error, .. }) => Err(format!("ledger unavailable: {error}")),
+            Step::Done(Admitted::Failed { error, .. }) => Err(format!("ledger unavailable: {error}")),
         }
     }
 
@@ -895,6 +895,7 @@ pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64, se
         batch_hash: None,
         retention_days: target.retention_days,
         index_shards: target.index_shards,
+        notification: false,
     };
     crate::admission::new_event(arrival, now_ms, send_token)
 }

@@ -172,6 +172,7 @@ fn event(name: &str, body: &[u8], token: &str) -> NewEvent {
         via: Via::Webhook,
         key,
         batch_hash: None,
+        notification: None,
     }
 }
 
@@ -1085,6 +1086,94 @@ pub async fn the_admission_path_claims_hands_over_and_sends_each_once<B: Backend
     assert!(got.iter().all(|r| r.group.as_deref() == Some("t1")));
 }
 
+/// `advance_generation` through the admission path: a notification
+/// repeated while its record is RECEIVED coalesces; once the record is
+/// leased, the repeat is its next generation (`<id>@g2`), noted on the first
+/// record; a note that lags is walked past and moved; a note is never moved back.
+pub async fn a_notification_repeated_once_its_record_is_leased_is_its_next_generation<B: Backend>(b: &B) {
+    use crate::admission::{Admission, Admitted};
+    use crate::ledger::Generation;
+    let l = b.ledger(seed("generations"));
+    let q = b.queue();
+    let admission = Admission { ledger: &l, queue: &q, by: "contract" };
+    let bytes = body("note");
+    let note = |token: &str, at: i64| NewEvent {
+        notification: Some(Generation { n: 1, index_shards: 1 }),
+        send: SendLease { token: token.into(), until_ms: at + 10_000 },
+        received_at_ms: at,
+        ..event("note", &bytes, token)
+    };
+    let first = note("g-1", T0);
+    let gen_key = |n: u32| EventKey::new("stripe", "contract", &crate::ledger::generation_id("note", n));
+    let admitted = admission.admit(&[(first.clone(), bytes.as_slice())]).await;
+    assert!(matches!(admitted[..], [Admitted::New]), "{admitted:?}");
+    let admitted = admission.admit(&[(note("g-2", T0 + 1), bytes.as_slice())]).await;
+    assert!(matches!(admitted[..], [Admitted::Duplicate { resent: false, conflict: false }]), "RECEIVED: {admitted:?}");
+    assert!(matches!(l.lease(&first.key, "w-1", T0 + 2, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    let admitted = admission.admit(&[(note("g-3", T0 + 3), bytes.as_slice())]).await;
+    assert!(matches!(admitted[..], [Admitted::New]), "leased: the next generation, {admitted:?}");
+    let second = row(&l, &gen_key(2)).await;
+    assert_eq!((text(&second, "status"), num(&second, "generation")), (Some("RECEIVED"), Some(2)));
+    assert_eq!(text(&second, "event_id"), Some("note@g2"));
+    assert_eq!(num(&row(&l, &first.key).await, "latest_generation"), Some(2));
+    let admitted = admission.admit(&[(note("g-4", T0 + 4), bytes.as_slice())]).await;
+    assert!(matches!(admitted[..], [Admitted::Duplicate { .. }]), "generation 2 RECEIVED: {admitted:?}");
+    // Generation 3 claimed by a delivery that died before noting it.
+    assert!(matches!(l.lease(&gen_key(2), "w-2", T0 + 5, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    let died = note("g-5", T0 + 6).generation(3);
+    assert_eq!(Ledger::claim(&l, &died, &bytes).await.unwrap(), Claim::New);
+    assert_eq!(num(&row(&l, &first.key).await, "latest_generation"), Some(2), "the note lags");
+    let admitted = admission.admit(&[(note("g-6", T0 + 7), bytes.as_slice())]).await;
+    assert!(matches!(admitted[..], [Admitted::Duplicate { .. }]), "walked to generation 3, RECEIVED: {admitted:?}");
+    assert_eq!(num(&row(&l, &first.key).await, "latest_generation"), Some(3), "the walk moved the note");
+    // Never moved back (a late write of an older generation).
+    l.advance_generation(&first.key, 2, T0 / 1000 + 99).await.unwrap();
+    let noted = row(&l, &first.key).await;
+    assert_eq!(num(&noted, "latest_generation"), Some(3));
+    assert_eq!(num(&noted, "expires_at"), Some(first.expires_at), "the first record lives as long as its last");
+    // Sent: the first and generation 2 (generation 3's sender died before sending).
+    let mut keys = Vec::new();
+    for _ in 0..3 {
+        keys.extend(b.receive(10).await.into_iter().filter_map(|r| r.work.map(|w| w.0.as_str().to_owned())));
+    }
+    keys.sort();
+    assert_eq!(keys, vec![first.key.as_str().to_owned(), gen_key(2).as_str().to_owned()]);
+}
+
+/// `bind_body`, `take_binding`, `flag_replay`: a body is bound to one
+/// identity per endpoint; the same identity again is ours; another meets
+/// the holder; a binding whose holder never recorded is taken over once
+/// (our own retried take is still ours); a replay is counted on the record.
+pub async fn a_body_is_bound_to_one_identity_and_a_replay_is_flagged_on_its_record<B: Backend>(b: &B) {
+    use crate::ledger::{BodyBinding, Bound};
+    let l = b.ledger(seed("binding"));
+    let key = |id: &str| EventKey::new("shopify", "contract", id);
+    let (first, second, third) = (key("ev-1"), key("ev-2"), key("ev-3"));
+    fn binding<'a>(endpoint: &'a str, k: &'a EventKey, at_ms: i64) -> BodyBinding<'a> {
+        BodyBinding { provider: "shopify", endpoint, payload_hash: "h1", key: k, at_ms, expires_at: T0 / 1000 + 86_400 }
+    }
+    assert_eq!(l.bind_body(&binding("contract", &first, T0)).await.unwrap(), Bound::Ours);
+    assert_eq!(l.bind_body(&binding("contract", &first, T0 + 5)).await.unwrap(), Bound::Ours, "its retry");
+    let met = l.bind_body(&binding("contract", &second, T0 + 6)).await.unwrap();
+    assert_eq!(met, Bound::Other { key: first.clone(), at_ms: T0 });
+    let elsewhere = EventKey::new("shopify", "elsewhere", "ev-2");
+    assert_eq!(l.bind_body(&binding("elsewhere", &elsewhere, T0)).await.unwrap(), Bound::Ours);
+    let take = binding("contract", &second, T0 + 7);
+    assert!(l.take_binding(&take, &first).await.unwrap());
+    assert!(l.take_binding(&take, &first).await.unwrap(), "our own retried take");
+    assert!(!l.take_binding(&binding("contract", &third, T0 + 8), &first).await.unwrap());
+    let met = l.bind_body(&binding("contract", &first, T0 + 9)).await.unwrap();
+    assert_eq!(met, Bound::Other { key: second, at_ms: T0 + 7 });
+    let (l, e) = claimed(b, "replayed").await;
+    l.flag_replay(&e.key, "ev-8", T0 + 3).await.unwrap();
+    l.flag_replay(&e.key, "ev-9", T0 + 4).await.unwrap();
+    let r = row(&l, &e.key).await;
+    assert_eq!((num(&r, "body_replays"), text(&r, "last_body_replay_id")), (Some(2), Some("ev-9")));
+    assert!(l.flag_replay(&EventKey::new("stripe", "contract", "nobody"), "x", T0).await.is_err());
+    assert!(l.existing(&EventKey::new("stripe", "contract", "nobody")).await.unwrap().is_none());
+    assert_eq!(l.existing(&e.key).await.unwrap().map(|r| r.status), Some(Status::Received));
+}
+
 /// A message received [`MAX_RECEIVES`] times and never deleted moves to the
 /// dead-letter queue on its next receive, and is no longer delivered.
 pub async fn a_message_received_too_often_moves_to_the_dead_letter_queue<B: Backend>(b: &B) {
@@ -1179,6 +1268,8 @@ macro_rules! contract_scenarios {
         $run!(a_handshake_secret_is_stored_once_and_never_overwritten);
         $run!(a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_its_event);
         $run!(a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once);
+        $run!(a_notification_repeated_once_its_record_is_leased_is_its_next_generation);
+        $run!(a_body_is_bound_to_one_identity_and_a_replay_is_flagged_on_its_record);
     };
 }
 

@@ -33,6 +33,11 @@ impl EventKey {
         &self.0
     }
 
+    /// The provider's identity inside the key (it may hold `#` itself).
+    pub fn event_id(&self) -> &str {
+        self.0.splitn(4, '#').nth(3).unwrap_or_default()
+    }
+
     /// Which index shard this key belongs to (stable, spreads hot endpoints).
     pub fn shard(&self, shards: u32) -> u32 {
         shard_of(&self.0, shards)
@@ -108,7 +113,8 @@ mod tests {
     #[test]
     fn stored_keys_round_trip_and_ids_may_contain_separators() {
         let k = EventKey::new("hmac", "quiltt", "a#b");
-        assert_eq!(EventKey::from_stored(k.as_str()), Some(k));
+        assert_eq!(EventKey::from_stored(k.as_str()), Some(k.clone()));
+        assert_eq!(k.event_id(), "a#b");
         assert_eq!(EventKey::from_stored("evt#stripe#x"), None);
         assert_eq!(EventKey::from_stored("foo#a#b#c"), None);
     }

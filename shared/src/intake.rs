@@ -29,11 +29,13 @@ use crate::admission::{Admission, Admitted, Arrival, BATCH_TYPE, LARGE_BATCH, ba
 use crate::clock::Ambient;
 use crate::config::{Endpoint, ProviderKind, Settings};
 use crate::identity::EventKey;
-use crate::ledger::{NewEvent, PortError, Via};
+use crate::ledger::{BodyBinding, Bound, NewEvent, PortError, Via};
+use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, WorkQueue};
 use crate::telemetry::TenantMetrics;
 use crate::verify::hashes::delivery_hashes;
 use crate::verify::provider::Delivery;
+use crate::verify::provider::Replay;
 use crate::verify::{Action, BatchEvent, Verified, VerifyError};
 
 /// Seconds a sender is asked to wait after a 503.
@@ -72,6 +74,12 @@ pub enum Outcome {
         content_type: &'static str,
         body: String,
         header: Option<(&'static str, String)>,
+    },
+    /// An authentic body already recorded under another identity (`of`),
+    /// sent again under a new one by a provider whose identity is an
+    /// unsigned header: a replay, flagged on that record, not recorded.
+    Replay {
+        of: String,
     },
     /// A message without an identity by design, acknowledged; nothing recorded.
     Acknowledged {
@@ -124,6 +132,7 @@ impl Outcome {
         match self {
             Self::Accepted => "accepted",
             Self::Duplicate { .. } => "duplicate",
+            Self::Replay { .. } => "replay",
             Self::Batch { new: 0, .. } => "batch_duplicate",
             Self::Batch { .. } => "batch_accepted",
             Self::SubscriptionConfirmed => "subscription_confirmed",
@@ -150,6 +159,11 @@ impl Outcome {
                 "event id already recorded with a different payload; the first is kept".into(),
             ),
             Self::Duplicate { .. } => a(200, "duplicate", "event already recorded".into()),
+            Self::Replay { .. } => a(
+                200,
+                "replay",
+                "this body is recorded under another event id; the delivery is kept as evidence, not applied".into(),
+            ),
             Self::Batch { new: 0, duplicates, .. } => {
                 a(200, "duplicate", format!("all {duplicates} events of the batch already recorded"))
             }
@@ -336,7 +350,11 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         // The answer the provider needs for a delivery it will not send again.
         let recorded = matches!(
             outcome,
-            Outcome::Accepted | Outcome::Duplicate { .. } | Outcome::Batch { .. } | Outcome::Acknowledged { .. }
+            Outcome::Accepted
+                | Outcome::Duplicate { .. }
+                | Outcome::Replay { .. }
+                | Outcome::Batch { .. }
+                | Outcome::Acknowledged { .. }
         );
         let event_type = verified.as_ref().and_then(|v| v.event_type.as_deref());
         if let (true, Some(success)) = (recorded, endpoint.and_then(|e| e.provider.success(event_type).exactly())) {
@@ -430,6 +448,11 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
 
     async fn record(&self, endpoint: &Endpoint, verified: &Verified, req: &IntakeRequest<'_>) -> Outcome {
         let event = new_event(endpoint, &self.settings, verified, req.body, req.now, self.ambient.token());
+        if endpoint.provider.identity().replay == Replay::BoundToBody {
+            if let Some(refused) = self.bind_body(&event).await {
+                return refused;
+            }
+        }
         // Round trip 1: the record and its payload, in one write; round trip
         // 2: the key, with the payload, on the queue.
         let admitted = self.admission().admit(&[(event.clone(), req.body)]).await;
@@ -451,7 +474,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         if events.len() > self.large_batch_over {
             // Boxed where it is built, so the rare path stays out of every delivery's future.
             let large: std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> =
-                Box::pin(self.record_large_batch(endpoint, events.len(), batch_hash, req));
+                Box::pin(self.record_large_batch(endpoint, events, batch_hash, req));
             return large.await;
         }
         let prepared: Vec<(NewEvent, &[u8])> = events
@@ -480,10 +503,11 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     async fn record_large_batch(
         &self,
         endpoint: &Endpoint,
-        count: usize,
+        events: &[BatchEvent],
         batch_hash: String,
         req: &IntakeRequest<'_>,
     ) -> Outcome {
+        let count = events.len();
         let event_id = batch_id(&batch_hash);
         let arrival = Arrival {
             provider: endpoint.provider.as_str(),
@@ -497,6 +521,9 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             batch_hash: Some(batch_hash),
             retention_days: self.settings.retention_days,
             index_shards: self.settings.index_shards,
+            // Its events' repeats are judged when it is split; its own bytes
+            // repeat with theirs, so it is claimed by generation too.
+            notification: events.iter().any(|e| endpoint.provider.notification(&req.body[e.bytes.clone()])),
         };
         let event = crate::admission::new_event(arrival, unix_ms(req.now), self.ambient.token());
         let admitted = self.admission().admit(&[(event.clone(), req.body)]).await;
@@ -508,6 +535,52 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             }
             Admitted::Duplicate { .. } => Outcome::Batch { new: 0, duplicates: count as u32, conflicts: 0 },
             other => self.outcome(&event, other),
+        }
+    }
+
+    /// Binds the body to the identity it is about to be recorded under, for
+    /// a provider whose identity is an unsigned header and whose identical
+    /// bodies are one fact ([`Replay::BoundToBody`]): one conditional write
+    /// before the claim. `None`: bound to ours, go on. A body bound to
+    /// another identity whose record exists is a replay (flagged on that
+    /// record, answered 200, not recorded); one whose holder has no record
+    /// died between binding and claiming: its binding is taken over once it
+    /// is older than a send lease (until then it may be claiming: 503).
+    async fn bind_body(&self, event: &NewEvent) -> Option<Outcome> {
+        let binding = BodyBinding {
+            provider: &event.provider,
+            endpoint: &event.endpoint,
+            payload_hash: &event.payload_hash,
+            key: &event.key,
+            at_ms: event.received_at_ms,
+            expires_at: event.expires_at,
+        };
+        let (holder, since_ms) = match self.ledger.bind_body(&binding).await {
+            Ok(Bound::Ours) => return None,
+            Ok(Bound::Other { key, at_ms }) => (key, at_ms),
+            Err(e) => return Some(self.unavailable("bind_body", &event.key, e)),
+        };
+        match self.ledger.existing(&holder).await {
+            Ok(Some(_)) => {
+                if let Err(e) = self.ledger.flag_replay(&holder, &event.event_id, event.received_at_ms).await {
+                    tracing::warn!(error = %e, key = %holder, "could not flag a replay on its record");
+                }
+                tracing::warn!(
+                    key = %holder,
+                    replayed_as = %event.event_id,
+                    "an authentic body recorded under one event id came again under another: a replay, not applied"
+                );
+                Some(Outcome::Replay { of: holder.event_id().to_owned() })
+            }
+            Ok(None) if since_ms + SEND_LEASE_MS > event.received_at_ms => {
+                Some(Outcome::Unavailable { stage: "bind_body" })
+            }
+            Ok(None) => match self.ledger.take_binding(&binding, &holder).await {
+                Ok(true) => None,
+                Ok(false) => Some(Outcome::Unavailable { stage: "bind_body" }),
+                Err(e) => Some(self.unavailable("bind_body", &event.key, e)),
+            },
+            Err(e) => Some(self.unavailable("bind_body", &event.key, e)),
         }
     }
 
@@ -572,6 +645,7 @@ pub fn new_event(
         batch_hash: None,
         retention_days: settings.retention_days,
         index_shards: settings.index_shards,
+        notification: endpoint.provider.notification(body),
     };
     crate::admission::new_event(arrival, unix_ms(now), send_token)
 }
@@ -625,6 +699,9 @@ fn record_outcome(provider: &'static str, endpoint: &str, outcome: &Outcome, dur
                 metrics::counter!("payload_conflict", "provider" => provider.clone(), "endpoint" => endpoint.clone())
                     .increment(1);
             }
+        }
+        Outcome::Replay { .. } => {
+            metrics::counter!("replay", "provider" => provider.clone(), "endpoint" => endpoint.clone()).increment(1)
         }
         Outcome::Unavailable { stage } => {
             metrics::counter!("failed", "provider" => provider.clone(), "stage" => *stage).increment(1);
@@ -804,6 +881,8 @@ pub mod waiting;
 
 #[cfg(test)]
 mod handshake_tests;
+#[cfg(test)]
+mod identity_tests;
 #[cfg(test)]
 mod preset_tests;
 #[cfg(test)]

@@ -121,6 +121,65 @@ pub struct NewEvent {
     /// The hash of the whole delivery, for an event that came in a batch
     /// (its own payload is its slice of that body).
     pub batch_hash: Option<String>,
+    /// Where the event is a notification
+    /// ([`crate::verify::provider::Contract::Notification`]): which
+    /// generation of its identity this record is.
+    pub notification: Option<Generation>,
+}
+
+/// A notification's generation: the first is the record of its identity,
+/// each later one its own record ([`NewEvent::generation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation {
+    /// 1 for the first.
+    pub n: u32,
+    /// The index shard count its records are spread over.
+    pub index_shards: u32,
+}
+
+/// The identity of a notification's `n`-th generation: its own for the
+/// first, then `<id>@g<n>` (`@` is in no identity a notification provider
+/// has: a body hash, a large batch's `batch:<hash>`).
+pub fn generation_id(event_id: &str, n: u32) -> String {
+    if n <= 1 { event_id.to_owned() } else { format!("{event_id}@g{n}") }
+}
+
+impl NewEvent {
+    /// This notification's `n`-th generation, from its first: the same
+    /// delivery under [`generation_id`] (its own key and index shard), with
+    /// the same send token, so our own retried claim recognises itself.
+    pub fn generation(&self, n: u32) -> NewEvent {
+        let shards = self.notification.map_or(1, |g| g.index_shards);
+        let event_id = generation_id(&self.event_id, n);
+        let key = EventKey::new(&self.provider, &self.endpoint, &event_id);
+        let notification = Some(Generation { n, index_shards: shards });
+        NewEvent { shard: key.shard(shards), key, event_id, notification, ..self.clone() }
+    }
+}
+
+/// A body of a provider whose identity comes from an unsigned header
+/// ([`crate::verify::provider::Replay::BoundToBody`]), bound to the identity
+/// it is recorded under.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyBinding<'a> {
+    pub provider: &'a str,
+    pub endpoint: &'a str,
+    /// The hash of the body's bytes.
+    pub payload_hash: &'a str,
+    /// The record it is (to be) recorded under.
+    pub key: &'a EventKey,
+    pub at_ms: i64,
+    /// As long as the record's identity is kept.
+    pub expires_at: i64,
+}
+
+/// What binding a body found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bound {
+    /// Bound to our key (now, or before: the sender's retry, our own retried write).
+    Ours,
+    /// Another identity holds it, since `at_ms`.
+    Other { key: EventKey, at_ms: i64 },
 }
 
 /// Who may hand a record to the queue right now, and until when.
@@ -150,9 +209,21 @@ pub struct ExistingRecord {
     pub via: Via,
     /// The tenant the record was claimed for (its messages' group).
     pub tenant: String,
+    /// On a notification's first record: its latest generation (1 when
+    /// there is no other, or on any other record).
+    pub latest_generation: u32,
 }
 
 impl ExistingRecord {
+    /// Whether a repeat of this notification coalesces with it: it has not
+    /// started being processed (RECEIVED), or its next attempt is still to
+    /// come (RETRYABLE, no lease held). A lease taken may have fetched before
+    /// the change the repeat announces, so a repeat then, or once it is
+    /// finished (PROCESSED, DEAD, PARKED), is the next generation.
+    pub fn coalesces(&self) -> bool {
+        matches!(self.status, Status::Received | Status::Retryable)
+    }
+
     /// A record a backfill parked because its source could not serve the
     /// event (PARKED `backfill_unrecoverable:<cause>`, no payload): a
     /// delivery of it supplies the payload and releases it.

@@ -23,8 +23,9 @@ use std::future::Future;
 use crate::identity::EventKey;
 use crate::ledger::Release;
 use crate::ledger::{
-    Attention, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition, Exit, LeaseResult, NewEvent,
-    OperatorAction, PortError, Row, SendLease, Status, Transitioned, WaiterCheck, WaiterItem,
+    Attention, BodyBinding, Bound, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition, ExistingRecord,
+    Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row, SendLease, Status, Transitioned, WaiterCheck,
+    WaiterItem,
 };
 use crate::message::{Dispatched, Held, OutboxClaim};
 use crate::projection::Op;
@@ -84,6 +85,36 @@ pub trait Ledger: Send + Sync {
         &self,
         key: &EventKey,
         other_hash: &str,
+        at_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// The record at `key` as a claim would meet it (a strongly consistent
+    /// read); `None` when there is none.
+    fn existing(&self, key: &EventKey) -> impl Future<Output = Result<Option<ExistingRecord>, PortError>> + Send;
+    /// Notes on a notification's first record that its generation `n`
+    /// exists, and keeps that record as long as the generation
+    /// (`expires_at`). Never moves it back: finding a later one noted is no error.
+    fn advance_generation(
+        &self,
+        first: &EventKey,
+        n: u32,
+        expires_at: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Binds a body to the identity it is to be recorded under, unless
+    /// another holds it ([`Bound::Other`]: its key and since when).
+    fn bind_body(&self, binding: &BodyBinding<'_>) -> impl Future<Output = Result<Bound, PortError>> + Send;
+    /// Moves a binding from `from` (an identity that never recorded) to
+    /// ours; `Ok(false)` when `from` no longer holds it (our own retried
+    /// write that moved it counts as moved).
+    fn take_binding(
+        &self,
+        binding: &BodyBinding<'_>,
+        from: &EventKey,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Counts on `key`'s record that its body came again under `other_id`.
+    fn flag_replay(
+        &self,
+        key: &EventKey,
+        other_id: &str,
         at_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
     /// A record a backfill parked without its payload

@@ -15,7 +15,7 @@
 //! first lease after receipt, replay or wake). A gap waiter is woken when
 //! its predecessor commits (see `projection::sequence`).
 
-use crate::admission::{Admission, Admitted, Arrival, BATCH_TYPE, batch_id};
+use crate::admission::{Admission, Admitted, Arrival, BATCH_TYPE, Step, batch_id};
 use crate::clock::Ambient;
 use crate::config::ProcessorSettings;
 use crate::config::ProviderKind;
@@ -618,6 +618,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     batch_hash: Some(record.payload_hash.clone()),
                     retention_days: self.settings.retention_days,
                     index_shards: self.settings.index_shards,
+                    notification: ProviderKind::named(&record.provider).is_some_and(|p| p.notification(bytes)),
                 };
                 (crate::admission::new_event(arrival, now_ms, self.ambient.token()), bytes)
             })
@@ -628,7 +629,10 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 let admission = Admission { ledger: &self.ledger, queue: &NoQueue, by: "batch" };
                 let mut out = Vec::with_capacity(prepared.len());
                 for (event, bytes) in &prepared {
-                    out.push(admission.claim(event, bytes).await.unwrap_or(Admitted::New));
+                    out.push(match admission.claim(event, bytes).await {
+                        Step::Send(_) => Admitted::New,
+                        Step::Done(a) => a,
+                    });
                 }
                 out
             }

@@ -428,6 +428,7 @@ impl World {
             send: SendLease { token: "seed".into(), until_ms: self.now },
             via: hookledger::ledger::Via::Webhook,
             batch_hash: None,
+            notification: None,
         };
         assert_eq!(ledger.claim(&event, body).await.unwrap_or_else(|e| panic!("seed claim: {e}")), Claim::New);
         if send {
@@ -987,6 +988,7 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
                 send: SendLease { token: "dead-lambda".into(), until_ms: w.now - 15_000 },
                 via: hookledger::ledger::Via::Webhook,
                 batch_hash: None,
+                notification: None,
             };
             // A record of the previous release, whose intake wrote the
             // payload in a second request and died before it.

@@ -254,6 +254,7 @@ impl Stack {
             send: SendLease { token: "test".into(), until_ms: lease_until_ms },
             via: hookledger::ledger::Via::Webhook,
             batch_hash: None,
+            notification: None,
         };
         let ledger = self.ledger();
         ledger.claim(&event, body).await.unwrap();

@@ -21,14 +21,14 @@ use crate::verify::provider::{
     BuildContext, EndpointSpec, Handshake, HandshakeInput, Provider, SecretStore, Success, SuccessAnswer,
 };
 
-const NOW: i64 = 1_800_000_000;
+pub(super) const NOW: i64 = 1_800_000_000;
 const SECRET: &str = "handshake-test-secret";
 const WHSEC: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const DISCORD_PUBLIC: &str = "ea4a6c63e29c520abef5507b132ec5f9954776aebebe7b92421eea691446d22c";
 const VERIFY_TOKEN: &str = "the-verify-token";
 
 /// The secret an endpoint of `p` is configured with in these tests.
-fn secret_of(p: &dyn Provider) -> &'static str {
+pub(super) fn secret_of(p: &dyn Provider) -> &'static str {
     match p.name() {
         "discord" => DISCORD_PUBLIC,
         "standard_webhooks" | "clerk" | "resend" => WHSEC,
@@ -37,7 +37,7 @@ fn secret_of(p: &dyn Provider) -> &'static str {
 }
 
 /// An endpoint spec for `p`, as an operator would write it (Asana's learns its secret).
-fn spec_of(p: &dyn Provider) -> Option<EndpointSpec> {
+pub(super) fn spec_of(p: &dyn Provider) -> Option<EndpointSpec> {
     let mut v = serde_json::json!({"provider": p.name()});
     if p.takes_secrets() && !p.learns_secret() {
         v["secrets"] = serde_json::json!(["env:A"]);
@@ -54,10 +54,10 @@ fn spec_of(p: &dyn Provider) -> Option<EndpointSpec> {
     Some(serde_json::from_value(v).unwrap_or_else(|e| panic!("{}: {e}", p.name())))
 }
 
-type TestIntake = Intake<MemLedger, MemQueue>;
+pub(super) type TestIntake = Intake<MemLedger, MemQueue>;
 
 /// An intake with one endpoint `ep` of `p`, its secret `secret`, and the store it learns secrets into.
-fn intake(p: &'static dyn Provider, secret: &str, store: &MemSecretStore) -> (World, TestIntake) {
+pub(super) fn intake(p: &'static dyn Provider, secret: &str, store: &MemSecretStore) -> (World, TestIntake) {
     let world = World::new(crate::clock::Ambient::fixed(NOW * 1000, 5)).with_shards(16);
     let spec = spec_of(p).unwrap();
     p.validate(&spec).unwrap_or_else(|e| panic!("{}: {e}", p.name()));
@@ -73,7 +73,7 @@ fn intake(p: &'static dyn Provider, secret: &str, store: &MemSecretStore) -> (Wo
     (world, intake)
 }
 
-fn headers(list: &[(String, String)]) -> HeaderMap {
+pub(super) fn headers(list: &[(String, String)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in list {
         h.append(HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
@@ -86,7 +86,13 @@ async fn play(intake: &TestIntake, h: &Handshake) -> Answer {
 }
 
 /// A request to `ep` at `NOW`.
-async fn request(intake: &TestIntake, method: &Method, query: &str, list: &[(String, String)], body: &[u8]) -> Answer {
+pub(super) async fn request(
+    intake: &TestIntake,
+    method: &Method,
+    query: &str,
+    list: &[(String, String)],
+    body: &[u8],
+) -> Answer {
     let hm = headers(list);
     let now = UNIX_EPOCH + Duration::from_secs(NOW as u64);
     intake.handle(IntakeRequest { endpoint: "ep", method, query, headers: &hm, body, now, request_id: "r" }).await

@@ -469,6 +469,7 @@ mod ports {
                 send: SendLease { token: "old".into(), until_ms: NOW_MS - 590_000 },
                 via: crate::ledger::Via::Webhook,
                 batch_hash: None,
+                notification: None,
             };
             h.world.ledger().arrange(&e, b"", |i| {
                 i.remove("body");
@@ -569,6 +570,7 @@ mod ports {
             send: SendLease { token: "backfill".into(), until_ms: NOW_MS - 1_000 },
             via: crate::ledger::Via::Backfill,
             batch_hash: None,
+            notification: None,
         };
         let u = crate::ports::UnfetchedEvent {
             reason: "backfill_unrecoverable:no_payload",

@@ -33,8 +33,8 @@ use http::HeaderMap;
 use super::elements::{elements, hashed_events, text_at};
 use super::headers::single_header;
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, Provider, SecretStore, Stored,
-    SuccessAnswer, Verifier, Verifying, no_sections,
+    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, Identity, Provider, SecretStore,
+    Stored, SuccessAnswer, Verifier, Verifying, no_sections,
 };
 use super::{Action, BatchEvent, Content, Verified, VerifyError, echoable, hmac_sha256, mac_bytes, mac_matches};
 use crate::identity::payload_hash;
@@ -217,6 +217,11 @@ const SAMPLE: &str = r#"{"events":[{"user":{"gid":"1201004560000000","resource_t
 impl Provider for Asana {
     fn name(&self) -> &'static str {
         "asana"
+    }
+
+    /// Each event is identified by its bytes, which carry its `created_at`.
+    fn identity(&self) -> Identity {
+        Identity::SIGNED_EVENT
     }
 
     /// Asana: 200 or 204 to its handshake (answered apart); events, a 2xx.

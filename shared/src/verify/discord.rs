@@ -12,7 +12,8 @@ use http::HeaderMap;
 
 use super::headers::{parse_unix_secs, single_header};
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, Provider, Success, SuccessAnswer, Verifier, Verifying, no_sections, ready,
+    BuildContext, Delivery, EndpointSpec, Identity, Provider, Success, SuccessAnswer, Verifier, Verifying, no_sections,
+    ready,
 };
 use super::{Action, Content, Verified, VerifyError, check_timestamp, checked_event_id, json};
 use crate::secret::Secret;
@@ -121,6 +122,11 @@ impl Provider for Discord {
             .map(|(i, s)| public_key(s).map_err(|why| format!("secret {}: {why}", i + 1)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Box::new(DiscordVerifier::new(keys, spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS))))
+    }
+
+    /// The interaction's `id` is in the signed body.
+    fn identity(&self) -> Identity {
+        Identity::SIGNED_EVENT
     }
 
     /// Discord needs an interaction answered within 3 s: deferred.

@@ -35,7 +35,7 @@ use subtle::ConstantTimeEq;
 
 use super::headers::parse_unix_secs;
 use super::provider::{
-    Algorithm, Auth, BuildContext, Delivery, EndpointSpec, HmacSpec, KeyEncoding, Provider, SignatureList,
+    Algorithm, Auth, BuildContext, Delivery, EndpointSpec, HmacSpec, Identity, KeyEncoding, Provider, SignatureList,
     SuccessAnswer, TimestampFormat, Verifier, Verifying, ready,
 };
 pub use super::provider::{Encoding, Source};
@@ -852,6 +852,11 @@ pub fn config_of(spec: &EndpointSpec) -> Result<GenericHmacConfig, String> {
 impl Provider for Hmac {
     fn name(&self) -> &'static str {
         "hmac"
+    }
+
+    /// As configured: an `id` from a header the section does not sign cannot be bound to the body (the sender's contract is unknown).
+    fn identity(&self) -> Identity {
+        Identity::UNBOUND
     }
 
     /// A configured sender: the intake's answer (any 2xx is what such senders check).

@@ -6,7 +6,7 @@ use http::HeaderMap;
 
 use super::headers::{list_items, single_header};
 use super::provider::{
-    BackfillList, BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifier, Verifying, ready,
+    BackfillList, BuildContext, Delivery, EndpointSpec, Identity, Provider, SuccessAnswer, Verifier, Verifying, ready,
 };
 use super::{MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, checked_event_id, hmac_sha256, mac_bytes, mac_matches};
 use crate::event::DecodeError;
@@ -66,6 +66,11 @@ impl Verifier for GithubVerifier {
 impl Provider for Github {
     fn name(&self) -> &'static str {
         "github"
+    }
+
+    /// `X-GitHub-Delivery` is not signed, and GitHub signs no time: a body is bound to the delivery id it was first recorded under (a redelivery keeps both).
+    fn identity(&self) -> Identity {
+        Identity::BOUND_TO_BODY
     }
 
     /// GitHub records any 2xx as a successful delivery.

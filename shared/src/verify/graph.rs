@@ -25,8 +25,8 @@ use std::ops::Range;
 use super::elements::{elements, hashed_events, text_at};
 use super::generic::same_secret;
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, Provider, SuccessAnswer,
-    Verifier, Verifying, no_sections, ready,
+    BuildContext, Contract, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, Identity, Provider,
+    Replay, SuccessAnswer, Verifier, Verifying, no_sections, ready,
 };
 use super::{Action, BatchEvent, Content, Verified, VerifyError, json};
 use crate::identity::payload_hash;
@@ -134,6 +134,20 @@ const SAMPLE: &str = r##"{"value":[{"subscriptionId":"7f105c7d-2dc5-4530-97cd-4e
 impl Provider for MicrosoftGraph {
     fn name(&self) -> &'static str {
         "microsoft_graph"
+    }
+
+    /// A notification names what changed, with no id; one that carries
+    /// the resource's version (`resourceData.@odata.etag`, Outlook's change
+    /// key) or its encrypted state (`encryptedContent`, a rich notification)
+    /// is one change's; any other (OneDrive's, Teams', a lifecycle event)
+    /// repeats its bytes for each later change: a notification.
+    fn identity(&self) -> Identity {
+        Identity { contract: Contract::PerElement, replay: Replay::Signed }
+    }
+
+    fn notification(&self, event: &[u8]) -> bool {
+        let [etag, state] = json::pointers(event, [Some("/resourceData/@odata.etag"), Some("/encryptedContent")]);
+        etag.is_none() && state.is_none()
     }
 
     /// Graph wants a 2xx within 3 s (202 Accepted is what its documentation shows).

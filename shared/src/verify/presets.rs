@@ -13,8 +13,8 @@ use std::ops::Range;
 
 use super::generic::{self, GenericHmacConfig, GenericHmacVerifier, json_text};
 use super::provider::{
-    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, HmacSpec, Provider, Source,
-    Success, SuccessAnswer, Verifier, Verifying, no_sections, ready,
+    BuildContext, Delivery, EndpointSpec, Handshake, HandshakeAnswer, HandshakeInput, HmacSpec, Identity, Provider,
+    Source, Success, SuccessAnswer, Verifier, Verifying, no_sections, ready,
 };
 use super::{
     Action, BatchEvent, Content, Verified, VerifyError, checked_event_id, echoable, json, malformed_element,
@@ -125,6 +125,8 @@ pub struct Preset {
     pub get: Option<GetCheck>,
     /// The answer it needs to a recorded delivery (its documentation's).
     pub success: SuccessAnswer,
+    /// What its identities claim (`docs/providers.md`, "Identity contracts").
+    pub identity: Identity,
 }
 
 /// A provider's check of the endpoint with a GET (no body, nothing recorded).
@@ -165,6 +167,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::BOUND_TO_BODY,
     },
     Preset {
         name: "twilio",
@@ -183,6 +186,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "square",
@@ -201,6 +205,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "razorpay",
@@ -219,6 +224,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::BOUND_TO_BODY,
     },
     Preset {
         name: "paddle",
@@ -238,6 +244,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "hubspot",
@@ -263,6 +270,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "mailgun",
@@ -282,6 +290,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::OK,
+        identity: Identity::UNBOUND,
     },
     Preset {
         name: "linear",
@@ -302,6 +311,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::OK,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "intercom",
@@ -320,6 +330,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "calendly",
@@ -339,6 +350,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "mux",
@@ -358,6 +370,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "typeform",
@@ -376,6 +389,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "coinbase_commerce",
@@ -394,6 +408,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::OK,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "sentry",
@@ -412,6 +427,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "lemonsqueezy",
@@ -431,6 +447,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::OK,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "box",
@@ -450,6 +467,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "zendesk",
@@ -470,6 +488,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::UNBOUND,
     },
     Preset {
         name: "docusign",
@@ -492,6 +511,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::OK,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "vercel",
@@ -510,6 +530,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "segment",
@@ -528,6 +549,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "gitlab",
@@ -546,6 +568,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::UNBOUND,
     },
     Preset {
         name: "bitbucket",
@@ -564,6 +587,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "jira",
@@ -582,6 +606,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::BOUND_TO_BODY,
     },
     Preset {
         name: "cashfree",
@@ -601,6 +626,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::OK,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "postmark",
@@ -618,6 +644,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::OK,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "slack",
@@ -644,6 +671,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Exactly(Success { status: 200, body: None }),
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "zoom",
@@ -667,6 +695,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Exactly(Success { status: 200, body: None }),
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "twitch",
@@ -699,6 +728,7 @@ pub const PRESETS: &[Preset] = &[
         }],
         get: None,
         success: SuccessAnswer::Accepted,
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "meta",
@@ -723,6 +753,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: Some(GetCheck::VerifyToken { mode: "hub.mode", token: "hub.verify_token", challenge: "hub.challenge" }),
         success: SuccessAnswer::Exactly(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
+        identity: Identity::SIGNED_EVENT,
     },
     Preset {
         name: "dropbox",
@@ -740,6 +771,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: Some(GetCheck::Echo { challenge: "challenge" }),
         success: SuccessAnswer::Exactly(Success { status: 200, body: None }),
+        identity: Identity::NOTIFICATION,
     },
     Preset {
         name: "xero",
@@ -763,6 +795,7 @@ pub const PRESETS: &[Preset] = &[
         retype: &[],
         get: None,
         success: SuccessAnswer::Exactly(Success { status: 200, body: Some(("text/plain; charset=utf-8", "")) }),
+        identity: Identity::SIGNED_EVENT,
     },
 ];
 
@@ -1180,6 +1213,10 @@ impl Provider for Preset {
         self.success
     }
 
+    fn identity(&self) -> Identity {
+        self.identity
+    }
+
     fn seal(&self, spec: &EndpointSpec, secret: &Secret, now_s: i64, body: Vec<u8>) -> Result<Vec<u8>, String> {
         generic::seal(&self.config(spec)?, secret, now_s, body)
     }
@@ -1335,6 +1372,11 @@ impl Provider for Alias {
     /// Svix senders take any 2xx as delivered.
     fn success(&self, _: Option<&str>) -> SuccessAnswer {
         SuccessAnswer::Accepted
+    }
+
+    /// `svix-id` is signed with the body.
+    fn identity(&self) -> Identity {
+        Identity::SIGNED_EVENT
     }
 
     fn summary(&self) -> &'static str {

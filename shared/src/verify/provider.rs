@@ -107,6 +107,75 @@ impl SuccessAnswer {
     }
 }
 
+/// What a provider's identity claims about its facts ([`Provider::identity`];
+/// `docs/providers.md`, "Identity contracts").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contract {
+    /// A stable identity per fact: the same identity again is the same fact.
+    Event,
+    /// "Something changed, fetch it": no identity of its own, so identical
+    /// bytes may announce a later change. A repeat coalesces only while the
+    /// previous identical one has not started being processed; after that it
+    /// is the next generation of the identity, processed again
+    /// (`admission`, "notifications by generation").
+    Notification,
+    /// A batch whose elements are events or notifications, each by its own
+    /// bytes ([`Provider::notification`]).
+    PerElement,
+}
+
+/// Whether a captured authentic body can be replayed under another identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// The identity is inside what is signed (the body, a signed header, or
+    /// the body's hash): another identity fails the signature or meets the
+    /// same record.
+    Signed,
+    /// The identity is an unsigned header and the provider signs no
+    /// timestamp, but byte-identical bodies are one fact: a body recorded
+    /// under one identity and sent again under another is a replay (answered
+    /// 200, flagged, never applied twice).
+    BoundToBody,
+    /// The identity is an unsigned header, and identical bodies may be
+    /// distinct facts (or the body is not authenticated at all): left as it
+    /// is; the docs say why.
+    Unbound,
+}
+
+/// A provider's identity contract ([`Provider::identity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub contract: Contract,
+    pub replay: Replay,
+}
+
+impl Identity {
+    /// A stable identity inside what is signed (most providers).
+    pub const SIGNED_EVENT: Self = Self { contract: Contract::Event, replay: Replay::Signed };
+    /// A notification identified by its bytes (Dropbox).
+    pub const NOTIFICATION: Self = Self { contract: Contract::Notification, replay: Replay::Signed };
+    /// A stable id from an unsigned header, no signed time; identical bodies are one fact.
+    pub const BOUND_TO_BODY: Self = Self { contract: Contract::Event, replay: Replay::BoundToBody };
+    /// A stable id that cannot be bound to the signed bytes (an unsigned header
+    /// whose bodies may repeat, or a body that is not authenticated).
+    pub const UNBOUND: Self = Self { contract: Contract::Event, replay: Replay::Unbound };
+
+    /// How `docs/providers.md` writes it (its identity table's second and third cells).
+    pub fn describe(self) -> (&'static str, &'static str) {
+        let contract = match self.contract {
+            Contract::Event => "event",
+            Contract::Notification => "notification",
+            Contract::PerElement => "per element",
+        };
+        let replay = match self.replay {
+            Replay::Signed => "signed",
+            Replay::BoundToBody => "bound to the body",
+            Replay::Unbound => "unbound",
+        };
+        (contract, replay)
+    }
+}
+
 /// What [`Provider::handshakes`] builds its requests from.
 #[derive(Clone, Copy)]
 pub struct HandshakeInput<'a> {
@@ -365,6 +434,19 @@ pub trait Provider: Send + Sync + 'static {
     /// 200; Xero: 200 with no body; Discord: a deferred interaction
     /// response). No default: every provider says it.
     fn success(&self, event_type: Option<&str>) -> SuccessAnswer;
+
+    /// What its identities claim: an event's or a notification's, and
+    /// whether a body can be replayed under another one. No default: every
+    /// provider says it (`docs/providers.md`, "Identity contracts").
+    fn identity(&self) -> Identity;
+
+    /// Whether one event's bytes (a delivery, or an element of a batch) are
+    /// a notification ([`Contract::Notification`]): by the contract, or
+    /// element by element where it is [`Contract::PerElement`].
+    fn notification(&self, event: &[u8]) -> bool {
+        let _ = event;
+        self.identity().contract == Contract::Notification
+    }
 
     /// Whether `hookledger send` can sign its deliveries with the endpoint's
     /// secrets (not Discord's: it signs with a private key of its own).

@@ -16,7 +16,9 @@ use base64::Engine;
 use http::HeaderMap;
 
 use super::headers::{parse_unix_secs, single_header};
-use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifier, Verifying, ready};
+use super::provider::{
+    BuildContext, Delivery, EndpointSpec, Identity, Provider, SuccessAnswer, Verifier, Verifying, ready,
+};
 use super::{
     Action, BatchEvent, Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id,
 };
@@ -164,6 +166,11 @@ impl Verifier for QuilttVerifier {
 impl Provider for Quiltt {
     fn name(&self) -> &'static str {
         "quiltt"
+    }
+
+    /// Each event's `id` is in the signed body.
+    fn identity(&self) -> Identity {
+        Identity::SIGNED_EVENT
     }
 
     /// Quiltt's public documentation names no status: any 2xx assumed.

@@ -31,7 +31,7 @@ use url::Url;
 
 pub use super::certificates::*;
 use super::headers::header_values;
-use super::provider::{self, BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifying};
+use super::provider::{self, BuildContext, Delivery, EndpointSpec, Identity, Provider, SuccessAnswer, Verifying};
 use super::{Action, Content, Verified, VerifyError, checked_event_id};
 use crate::event::DecodeError;
 use crate::secret::Secret;
@@ -298,6 +298,11 @@ impl provider::Verifier for SnsVerifier {
 impl Provider for Sns {
     fn name(&self) -> &'static str {
         "sns"
+    }
+
+    /// `MessageId` is in the signed string.
+    fn identity(&self) -> Identity {
+        Identity::SIGNED_EVENT
     }
 
     /// SNS retries only 5xx and no answer: 202, 200 are delivered.

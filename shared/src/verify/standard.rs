@@ -11,7 +11,9 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use http::HeaderMap;
 
 use super::headers::{first_of, header_values, parse_unix_secs};
-use super::provider::{BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifier, Verifying, ready};
+use super::provider::{
+    BuildContext, Delivery, EndpointSpec, Identity, Provider, SuccessAnswer, Verifier, Verifying, ready,
+};
 use super::{
     MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields, hmac_sha256,
     mac_bytes, mac_matches,
@@ -123,6 +125,11 @@ impl Verifier for StandardWebhooksVerifier {
 impl Provider for StandardWebhooks {
     fn name(&self) -> &'static str {
         "standard_webhooks"
+    }
+
+    /// `webhook-id` is signed with the body.
+    fn identity(&self) -> Identity {
+        Identity::SIGNED_EVENT
     }
 
     /// Svix and Standard Webhooks senders take any 2xx as delivered.

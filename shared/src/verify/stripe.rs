@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::headers::{list_items, parse_unix_secs};
 use super::provider::{
-    BackfillList, BuildContext, Delivery, EndpointSpec, Provider, SuccessAnswer, Verifier, Verifying, ready,
+    BackfillList, BuildContext, Delivery, EndpointSpec, Identity, Provider, SuccessAnswer, Verifier, Verifying, ready,
 };
 use super::{
     Content, MAX_SIGNATURE_CANDIDATES, Verified, VerifyError, check_timestamp, checked_event_id, event_fields,
@@ -174,6 +174,11 @@ impl Verifier for StripeVerifier {
 impl Provider for Stripe {
     fn name(&self) -> &'static str {
         "stripe"
+    }
+
+    /// The event's `id` is in the signed body.
+    fn identity(&self) -> Identity {
+        Identity::SIGNED_EVENT
     }
 
     /// Stripe marks a delivery successful on any 2xx.

@@ -7,10 +7,11 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
 
 use super::conditions::{self as cond, Update};
+use super::schema::{BINDING_SK, binding_pk};
 use super::{DynamoLedger, META_SK, Written, attr, existing_from_item, get_s, new_record_item, payload, payload_item};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
-use crate::ledger::{Claim, NewEvent, PortError, SendLease};
+use crate::ledger::{BodyBinding, Bound, Claim, ExistingRecord, NewEvent, PortError, SendLease};
 use crate::ports::Ledger;
 
 /// Where a record's payload is when it is neither in the record nor in a
@@ -87,6 +88,19 @@ pub(crate) fn claim_met(event: &NewEvent, item: &super::Item) -> Result<Claim, P
         return Ok(Claim::New);
     }
     Ok(Claim::Existing(existing_from_item(item)?))
+}
+
+/// Who holds a binding a refused write met: ours (our own retried write)
+/// or another identity's.
+pub(crate) fn bound_to(met: Option<&super::Item>, ours: &EventKey) -> Result<Bound, PortError> {
+    let corrupt = || PortError::Unavailable { service: "dynamodb", message: "body binding without its key".into() };
+    let item = met.ok_or_else(corrupt)?;
+    let key = get_s(item, attr::BOUND_KEY).and_then(EventKey::from_stored).ok_or_else(corrupt)?;
+    if &key == ours {
+        return Ok(Bound::Ours);
+    }
+    let at_ms = item.get(attr::BOUND_AT).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok(Bound::Other { key, at_ms })
 }
 
 /// Whether a refused `take_send_lease` met our own lease (our retried
@@ -228,6 +242,37 @@ impl Ledger for DynamoLedger {
 
     async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
         self.update_meta(key, cond::flag_conflict(other_hash, at_ms)).await
+    }
+
+    async fn existing(&self, key: &EventKey) -> Result<Option<ExistingRecord>, PortError> {
+        self.read_meta(key).await?.as_ref().map(existing_from_item).transpose()
+    }
+
+    async fn advance_generation(&self, first: &EventKey, n: u32, expires_at: i64) -> Result<(), PortError> {
+        // Refused: a later generation is noted already (or our own retried write applied).
+        self.conditional_ok(first.as_str(), META_SK, cond::advance_generation(n, expires_at)).await.map(|_| ())
+    }
+
+    async fn bind_body(&self, binding: &BodyBinding<'_>) -> Result<Bound, PortError> {
+        let pk = binding_pk(binding.provider, binding.endpoint, binding.payload_hash);
+        let update = cond::bind_body(binding.key.as_str(), binding.at_ms, binding.expires_at);
+        match self.conditional(&pk, BINDING_SK, update, false).await? {
+            Written::Applied(_) => Ok(Bound::Ours),
+            Written::Refused(met) => bound_to(met.as_ref(), binding.key),
+        }
+    }
+
+    async fn take_binding(&self, binding: &BodyBinding<'_>, from: &EventKey) -> Result<bool, PortError> {
+        let pk = binding_pk(binding.provider, binding.endpoint, binding.payload_hash);
+        let update = cond::take_binding(from.as_str(), binding.key.as_str(), binding.at_ms, binding.expires_at);
+        match self.conditional(&pk, BINDING_SK, update, false).await? {
+            Written::Applied(_) => Ok(true),
+            Written::Refused(met) => Ok(matches!(bound_to(met.as_ref(), binding.key)?, Bound::Ours)),
+        }
+    }
+
+    async fn flag_replay(&self, key: &EventKey, other_id: &str, at_ms: i64) -> Result<(), PortError> {
+        self.update_meta(key, cond::flag_replay(other_id, at_ms)).await
     }
 
     /// In `backfill.rs`, with the park it undoes.

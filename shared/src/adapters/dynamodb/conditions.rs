@@ -130,6 +130,10 @@ pub const EXPRESSIONS: &[&str] = &[
     "migrate_due_partition",
     "waiter_settled",
     "dead_refused",
+    "advance_generation",
+    "bind_body",
+    "take_binding",
+    "flag_replay",
 ];
 
 /// A conditional update: its expressions and their values.
@@ -376,6 +380,62 @@ pub fn flag_conflict(other_hash: &str, at_ms: i64) -> Update {
         .set("last_conflict_at = :at")
         .value(":one", n(1))
         .value(":h", s(other_hash))
+        .value(":at", n(at_ms))
+}
+
+// ------------------------------------------- notifications and body bindings (claim.rs)
+
+/// A notification's first record notes that generation `n` exists, and
+/// lives as long as it (`expires_at`, the generation's), so it outlives
+/// every generation it points to. Never moved back: a late or retried write
+/// of an older generation is refused, which its caller takes as done.
+pub fn advance_generation(generation: u32, expires_at: i64) -> Update {
+    Update::when(
+        "advance_generation",
+        "attribute_exists(pk) AND (attribute_not_exists(latest_generation) OR latest_generation < :n)",
+    )
+    .set("latest_generation = :n")
+    .set(format!("{} = :exp", super::schema::attr::EXPIRES_AT))
+    .value(":n", n(generation))
+    .value(":exp", n(expires_at))
+}
+
+/// Binds a body to the identity it is recorded under (`body#…`, `sk =
+/// "binding"`), unless another identity holds it: created if absent, kept
+/// as it is by the same identity (its sender's retry, our own retried
+/// write). Refused, it returns the holder.
+pub fn bind_body(key: &str, at_ms: i64, expires_at: i64) -> Update {
+    Update::when("bind_body", "attribute_not_exists(pk) OR bound_key = :k")
+        .set("bound_key = :k")
+        .set("bound_at = if_not_exists(bound_at, :at)")
+        .set(format!("{} = :exp", super::schema::attr::EXPIRES_AT))
+        .value(":k", s(key))
+        .value(":at", n(at_ms))
+        .value(":exp", n(expires_at))
+}
+
+/// Moves a binding whose holder never recorded its event (it died between
+/// binding and claiming) to `key`, if `from` still holds it.
+pub fn take_binding(from: &str, key: &str, at_ms: i64, expires_at: i64) -> Update {
+    Update::when("take_binding", "bound_key = :from")
+        .set("bound_key = :k")
+        .set("bound_at = :at")
+        .set(format!("{} = :exp", super::schema::attr::EXPIRES_AT))
+        .value(":from", s(from))
+        .value(":k", s(key))
+        .value(":at", n(at_ms))
+        .value(":exp", n(expires_at))
+}
+
+/// A body recorded under this record's identity came again under another
+/// (`other_id`): a replay, counted and shown, never recorded.
+pub fn flag_replay(other_id: &str, at_ms: i64) -> Update {
+    Update::when("flag_replay", "attribute_exists(pk)")
+        .add("body_replays :one")
+        .set("last_body_replay_id = :id")
+        .set("last_body_replay_at = :at")
+        .value(":one", n(1))
+        .value(":id", s(other_id))
         .value(":at", n(at_ms))
 }
 
@@ -1054,6 +1114,7 @@ mod tests {
             send: SendLease { token: "tok".into(), until_ms: 2_000 },
             via: crate::ledger::Via::Webhook,
             batch_hash: None,
+            notification: None,
         }
     }
 

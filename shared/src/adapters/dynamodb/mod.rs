@@ -253,6 +253,7 @@ pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<Exis
         payload_stored: item.get(attr::PAYLOAD_STORED).and_then(|v| v.as_bool().ok()).copied().unwrap_or(false),
         via: crate::ledger::Via::parse(get_s(item, attr::VIA)),
         tenant: get_s(item, attr::TENANT).unwrap_or_default().to_owned(),
+        latest_generation: get_n(item, attr::LATEST_GENERATION).and_then(|g| u32::try_from(g).ok()).unwrap_or(1),
     })
 }
 
@@ -288,6 +289,9 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     item.insert(attr::VIA.into(), s(event.via.as_str()));
     if let Some(h) = &event.batch_hash {
         item.insert("batch_hash".into(), s(h));
+    }
+    if let Some(g) = event.notification.filter(|g| g.n > 1) {
+        item.insert(attr::GENERATION.into(), n(g.n));
     }
     item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
     item.insert(attr::DUE_AT.into(), n(event.received_at_ms + REDRIVE_GRACE_MS));

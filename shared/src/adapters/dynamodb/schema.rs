@@ -50,6 +50,25 @@ pub mod attr {
     pub const DUE_AT: &str = "due_at";
     pub const BODY: &str = "body";
     pub const EXPIRES_AT: &str = super::TTL_ATTRIBUTE;
+    /// On a notification's later generation: which it is.
+    pub const GENERATION: &str = "generation";
+    /// On a notification's first record: its latest generation.
+    pub const LATEST_GENERATION: &str = "latest_generation";
+    /// On a body binding (`body#…`): the key of the record it is bound to, and since when.
+    pub const BOUND_KEY: &str = "bound_key";
+    pub const BOUND_AT: &str = "bound_at";
+    /// On a record: how often its body came again under another identity, the last such identity.
+    pub const BODY_REPLAYS: &str = "body_replays";
+    pub const LAST_BODY_REPLAY_ID: &str = "last_body_replay_id";
+}
+
+/// The sort key of a body binding (`pk = body#<provider>#<endpoint>#<payload hash>`).
+pub const BINDING_SK: &str = "binding";
+
+/// The partition key of the binding of a body `payload_hash` delivered to
+/// `endpoint` of `provider` (scoped as identities are).
+pub fn binding_pk(provider: &str, endpoint: &str, payload_hash: &str) -> String {
+    format!("body#{provider}#{endpoint}#{payload_hash}")
 }
 
 pub fn payload_sk(payload_hash: &str) -> String {

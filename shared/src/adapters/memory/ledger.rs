@@ -11,7 +11,7 @@ use crate::adapters::dynamodb::backfill::{
     PARKED_ATTRIBUTES_BYTES, PROGRESS_SK, SCHEDULE_SK, parked_item, progress_from, progress_item, progress_pk,
     redelivery_item, release_refused, schedule_from, schedule_item,
 };
-use crate::adapters::dynamodb::claim::{PAYLOAD_IN, adopted_already, claim_met, send_lease_ours};
+use crate::adapters::dynamodb::claim::{PAYLOAD_IN, adopted_already, bound_to, claim_met, send_lease_ours};
 use crate::adapters::dynamodb::conditions::{self as cond, Placed, Update};
 use crate::adapters::dynamodb::due::{
     claimed_by, dead_refused_by, due_of, item_of, predecessor_committed, waits_on_gap, woken_at,
@@ -20,15 +20,17 @@ use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_ref
 use crate::adapters::dynamodb::outbox::{
     OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text,
 };
+use crate::adapters::dynamodb::schema::{BINDING_SK, binding_pk};
 use crate::adapters::dynamodb::work::{commit_cancelled, commit_items, history_item, left_by, work_record};
 use crate::adapters::dynamodb::{
-    ATTENTION_INDEX, DUE_INDEX, Item, META_SK, attention_shard, attr, due_partition, due_shard, new_record_item,
-    payload, payload_item, payload_sk,
+    ATTENTION_INDEX, DUE_INDEX, Item, META_SK, attention_shard, attr, due_partition, due_shard, existing_from_item,
+    new_record_item, payload, payload_item, payload_sk,
 };
 use crate::identity::EventKey;
 use crate::ledger::{
-    Attention, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition, Exit, GAP, LeaseResult, NewEvent,
-    OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned, WaiterCheck, WaiterItem, WorkRecord,
+    Attention, BodyBinding, Bound, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition, ExistingRecord,
+    Exit, GAP, LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned,
+    WaiterCheck, WaiterItem, WorkRecord,
 };
 use crate::message::{Held, OutboxClaim};
 use crate::ports::{
@@ -193,6 +195,7 @@ impl MemLedger {
             send: SendLease { token: format!("send-{event_id}"), until_ms: received_at + 10_000 },
             via: crate::ledger::Via::Webhook,
             batch_hash: None,
+            notification: None,
         };
         let mut item = new_record_item(&event);
         let n = |v: i64| AttributeValue::N(v.to_string());
@@ -449,6 +452,46 @@ impl Ledger for MemLedger {
     async fn flag_conflict(&self, key: &EventKey, other_hash: &str, at_ms: i64) -> Result<(), PortError> {
         self.0.call_on("ledger.flag_conflict", key.as_str(), |_, st| {
             st.update_or_fail(key, &cond::flag_conflict(other_hash, at_ms))
+        })
+    }
+
+    async fn existing(&self, key: &EventKey) -> Result<Option<ExistingRecord>, PortError> {
+        self.0.call_on("ledger.existing", key.as_str(), |_, st| {
+            st.table.get(key.as_str(), META_SK).map(existing_from_item).transpose()
+        })
+    }
+
+    async fn advance_generation(&self, first: &EventKey, n: u32, expires_at: i64) -> Result<(), PortError> {
+        self.0.call_on("ledger.advance_generation", first.as_str(), |_, st| {
+            st.conditional(first.as_str(), META_SK, &cond::advance_generation(n, expires_at)).map(|_| ())
+        })
+    }
+
+    async fn bind_body(&self, binding: &BodyBinding<'_>) -> Result<Bound, PortError> {
+        let pk = binding_pk(binding.provider, binding.endpoint, binding.payload_hash);
+        self.0.call_on("ledger.bind_body", binding.key.as_str(), |_, st| {
+            let update = cond::bind_body(binding.key.as_str(), binding.at_ms, binding.expires_at);
+            match st.conditional(&pk, BINDING_SK, &update)? {
+                Written::Applied(_) => Ok(Bound::Ours),
+                Written::Refused(met) => bound_to(met.as_ref(), binding.key),
+            }
+        })
+    }
+
+    async fn take_binding(&self, binding: &BodyBinding<'_>, from: &EventKey) -> Result<bool, PortError> {
+        let pk = binding_pk(binding.provider, binding.endpoint, binding.payload_hash);
+        self.0.call_on("ledger.take_binding", binding.key.as_str(), |_, st| {
+            let update = cond::take_binding(from.as_str(), binding.key.as_str(), binding.at_ms, binding.expires_at);
+            Ok(match st.conditional(&pk, BINDING_SK, &update)? {
+                Written::Applied(_) => true,
+                Written::Refused(met) => matches!(bound_to(met.as_ref(), binding.key)?, Bound::Ours),
+            })
+        })
+    }
+
+    async fn flag_replay(&self, key: &EventKey, other_id: &str, at_ms: i64) -> Result<(), PortError> {
+        self.0.call_on("ledger.flag_replay", key.as_str(), |_, st| {
+            st.update_or_fail(key, &cond::flag_replay(other_id, at_ms))
         })
     }
 

@@ -521,6 +521,7 @@ mod tests {
             send: SendLease { token: format!("send-{id}"), until_ms: NOW + 10_000 },
             via: Via::Webhook,
             batch_hash: None,
+            notification: None,
         }
     }
 
