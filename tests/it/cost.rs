@@ -393,3 +393,114 @@ fn prices(text: &str) -> BTreeMap<String, BTreeMap<String, String>> {
     }
     out
 }
+
+/// The write and read units of the identity contracts' intake flows (issue
+/// 41), by the same capacity model: a body bound to its identity (Shopify:
+/// new, its own retry, a replay under another id) and a notification
+/// claimed by generation (Dropbox: new, repeated while it waits, repeated
+/// once processed, and the same again at generation 3, which reads the
+/// generation the first record notes). Prints JSON, per flow; run by
+/// `scripts/bench-identity`.
+#[tokio::test]
+#[ignore = "a bench: run by scripts/bench-identity, prints JSON"]
+async fn identity_units() {
+    use hookledger::config::ProviderKind;
+    let n = events();
+    let stack = Stack::new().await;
+    let capacity = Capacity::new(stack.ddb.clone(), &stack.table, &table_definition());
+    let measured = aws_config::from_env().http_client(capacity.client(emulator_http_client())).load().await;
+    let ddb = aws_sdk_dynamodb::Client::new(&measured);
+    let shards = stack.settings().index_shards;
+    let intake = Intake::new(
+        stack.endpoints().await,
+        stack.settings(),
+        DynamoLedger::new(ddb.clone(), &stack.table).with_shards(shards),
+        SqsQueue::new(aws_sdk_sqs::Client::new(&measured), &stack.queue_url),
+    );
+    let ledger = DynamoLedger::new(ddb, &stack.table).with_shards(shards);
+    let post = |endpoint: &'static str, id: String, body: Vec<u8>| {
+        let intake = &intake;
+        async move {
+            let p = ProviderKind::named(endpoint).unwrap();
+            let spec = serde_json::from_value(json!({"provider": endpoint, "secrets": ["env:HMAC"]})).unwrap();
+            let now = SystemTime::now();
+            let now_s = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+            let signed = p.sign(&spec, &Secret::new(crate::support::HMAC_SECRET), &id, "orders/paid", now_s, &body);
+            let mut headers = http::HeaderMap::new();
+            for (k, v) in signed.unwrap() {
+                let name = http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap();
+                headers.insert(name, http::HeaderValue::from_str(&v).unwrap());
+            }
+            let req = IntakeRequest {
+                query: "",
+                endpoint,
+                method: &Method::POST,
+                headers: &headers,
+                body: &body,
+                now,
+                request_id: "bench",
+            };
+            intake.handle(req).await
+        }
+    };
+    // Finishes a record as the processor would (lease, then commit).
+    let finish = |key: EventKey| {
+        let ledger = &ledger;
+        async move {
+            use hookledger::ports::WorkLedger;
+            let t = now_ms();
+            ledger.lease(&key, "bench", t, 30_000).await.unwrap();
+            ledger.commit(&key, "bench", &[], "ignored", None, t + 1).await.unwrap();
+        }
+    };
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    capacity.record_requests(true);
+    for i in 0..n {
+        let order = format!(r#"{{"id":{i},"email":"jon@example.com","total_price":"199.00"}}"#).into_bytes();
+        let mut step = |flow: &'static str| {
+            capacity.scope(flow);
+            *counts.entry(flow).or_default() += 1;
+        };
+        step("shopify_new");
+        assert_eq!(post("shopify", format!("a{i}"), order.clone()).await.code, "accepted");
+        step("shopify_retry");
+        assert_eq!(post("shopify", format!("a{i}"), order.clone()).await.code, "duplicate");
+        step("shopify_replay");
+        assert_eq!(post("shopify", format!("b{i}"), order.clone()).await.code, "replay");
+        let note = format!(r#"{{"list_folder":{{"accounts":["dbid:bench-{i}"]}},"delta":{{"users":[{i}]}}}}"#);
+        let note = note.into_bytes();
+        let first = EventKey::new("dropbox", "dropbox", &hookledger::identity::payload_hash(&note));
+        step("dropbox_new");
+        assert_eq!(post("dropbox", String::new(), note.clone()).await.code, "accepted");
+        step("dropbox_repeat_waiting");
+        assert_eq!(post("dropbox", String::new(), note.clone()).await.code, "duplicate");
+        capacity.scope("harness");
+        finish(first.clone()).await;
+        step("dropbox_repeat_processed");
+        assert_eq!(post("dropbox", String::new(), note.clone()).await.code, "accepted");
+        capacity.scope("harness");
+        finish(EventKey::new("dropbox", "dropbox", &format!("{}@g2", first.event_id()))).await;
+        step("dropbox_repeat_generation_3");
+        assert_eq!(post("dropbox", String::new(), note.clone()).await.code, "accepted");
+        capacity.scope("harness");
+    }
+    capacity.record_requests(false);
+    let tallies = capacity.tallies();
+    let mut flows = serde_json::Map::new();
+    for (flow, count) in counts {
+        let tally = tallies.get(flow).cloned().unwrap_or_default();
+        let per = |x: f64| x / count as f64;
+        flows.insert(
+            flow.to_owned(),
+            json!({
+                "events": count,
+                "requests": per(tally.requests as f64),
+                "by_operation": tally.by_operation.iter().map(|(k, v)| (k.clone(), json!(per(*v as f64)))).collect::<BTreeMap<_, _>>(),
+                "write_units": per(tally.wcu()),
+                "write_units_by_item": tally.wcu_by_item.iter().map(|(k, v)| (k.clone(), json!(per(*v)))).collect::<BTreeMap<_, _>>(),
+                "read_units": per(tally.rcu),
+            }),
+        );
+    }
+    println!("{}", serde_json::to_string_pretty(&serde_json::Value::Object(flows)).unwrap());
+}

@@ -34,7 +34,9 @@ pub const ENDPOINTS: &str = r#"{
     "gh": {"provider": "github", "secrets": ["env:GITHUB"]},
     "svix": {"provider": "standard_webhooks", "secrets": ["env:SVIX"]},
     "ses": {"provider": "sns", "topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ses-events"]},
-    "quiltt": {"provider": "quiltt", "secrets": ["env:HMAC"]}
+    "quiltt": {"provider": "quiltt", "secrets": ["env:HMAC"]},
+    "dropbox": {"provider": "dropbox", "secrets": ["env:HMAC"]},
+    "shopify": {"provider": "shopify", "secrets": ["env:HMAC"]}
 }"#;
 
 pub fn testdata(rel: &str) -> String {
