@@ -91,7 +91,7 @@ pub const GENERATION_WALK: u32 = 4;
 pub enum Step {
     /// Claimed now: to be sent (the event's record, or a notification's
     /// next generation).
-    Send(NewEvent),
+    Send(Box<NewEvent>),
     /// Nothing to send: what became of it.
     Done(Admitted),
 }
@@ -155,7 +155,7 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
         for ((event, bytes), claim) in events.iter().zip(claims) {
             match self.resolve(event, bytes, claim).await {
                 Step::Send(claimed) => {
-                    new.push((claimed, *bytes));
+                    new.push((*claimed, *bytes));
                     out.push(None);
                 }
                 Step::Done(a) => out.push(Some(a)),
@@ -200,7 +200,7 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
     /// What a claim's answer means for its event.
     async fn resolve(&self, event: &NewEvent, bytes: &[u8], claim: Result<Claim, PortError>) -> Step {
         Step::Done(match claim {
-            Ok(Claim::New) => return Step::Send(event.clone()),
+            Ok(Claim::New) => return Step::Send(Box::new(event.clone())),
             // A backfill parked it because its provider would not serve it:
             // this payload is the one it waits for.
             Ok(Claim::Existing(existing)) if existing.awaits_payload() => {
@@ -269,7 +269,7 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
                     self.note_generation(first_event, at, noted).await;
                     metrics::counter!("notification_generation", "provider" => next.provider.clone()).increment(1);
                     tracing::info!(key = %next.key, generation = at, "notification repeated after its record was leased: recorded as its next generation");
-                    return Step::Send(next);
+                    return Step::Send(Box::new(next));
                 }
                 // A repeat at the same moment claimed it, or the note lagged.
                 Ok(Claim::Existing(record)) => {

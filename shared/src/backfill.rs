@@ -558,7 +558,7 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
         match self.admission().claim(&event, &body).await {
             Step::Send(event) => {
                 summary.recovered += 1;
-                Ok(Some(Recovered { event, body }))
+                Ok(Some(Recovered { event: *event, body }))
             }
             Step::Done(Admitted::New | Admitted::Released { .. }) => {
                 summary.recovered += 1;

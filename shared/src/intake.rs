@@ -17,6 +17,8 @@
 //! | signed but malformed                        | 400 (nothing stored)   |
 //! | new event, claimed, stored and enqueued     | 202                    |
 //! | duplicate (re-enqueued if never sent)       | 200                    |
+//! | a notification repeated once its record was leased: its next generation | 202 |
+//! | a body recorded under another unsigned id: a replay, not recorded | 200 |
 //! | an identity a backfill parked without its payload: released with ours | 202 |
 //! | storage, queue or certificate fault         | 503 + Retry-After      |
 

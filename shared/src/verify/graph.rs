@@ -8,7 +8,10 @@
 //! of its own, identified by the SHA-256 of its bytes (Graph gives a
 //! notification no id; its retries repeat the same bytes), its type its
 //! `changeType` (`created`, `updated`, `deleted`) or, for a lifecycle
-//! notification, its `lifecycleEvent`. An empty batch is acknowledged.
+//! notification, its `lifecycleEvent`. An empty batch is acknowledged. A
+//! notification that carries no per-change field (`resourceData.@odata.etag`,
+//! `encryptedContent`) repeats its bytes for every later change of its
+//! resource: it is claimed by generation (`Provider::notification`).
 //!
 //! Creating a subscription, Graph POSTs `?validationToken=…` (no body) and
 //! needs the token back, decoded, as `text/plain` within 10 s. The request

@@ -168,9 +168,9 @@ impl Identity {
             Contract::PerElement => "per element",
         };
         let replay = match self.replay {
-            Replay::Signed => "signed",
+            Replay::Signed => "impossible",
             Replay::BoundToBody => "bound to the body",
-            Replay::Unbound => "unbound",
+            Replay::Unbound => "not bound",
         };
         (contract, replay)
     }

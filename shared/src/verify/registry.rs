@@ -162,6 +162,35 @@ mod tests {
         }
     }
 
+    /// Every provider declares its identity contract ([`Provider::identity`]),
+    /// and `docs/providers.md`'s identity table gives exactly that for every
+    /// one of them.
+    #[test]
+    fn every_providers_identity_contract_is_declared_and_the_docs_say_the_same() {
+        let rows = table("## Identity contracts");
+        let (head, rows) = rows.split_first().unwrap_or_else(|| panic!("an empty identity table"));
+        assert_eq!(head[..3], ["provider", "contract", "a body replayed under another identity"], "{head:?}");
+        let mut documented = std::collections::BTreeMap::new();
+        for row in rows.iter().skip(1) {
+            let name = named(&row[0]).unwrap_or_else(|| panic!("{row:?}"));
+            assert!(row.get(3).is_some_and(|why| why.len() > 10), "{name}: no reason given");
+            assert!(documented.insert(name.to_owned(), (row[1].clone(), row[2].clone())).is_none(), "{name} twice");
+        }
+        let mut wrong = Vec::new();
+        for p in providers() {
+            let (contract, replay) = p.identity().describe();
+            match documented.remove(p.name()) {
+                Some((c, r)) if c == contract && r == replay => {}
+                Some(cells) => {
+                    wrong.push(format!("{}: the docs say {cells:?}, the code {contract:?}, {replay:?}", p.name()))
+                }
+                None => wrong.push(format!("{}: not in the docs' identity table", p.name())),
+            }
+        }
+        wrong.extend(documented.keys().map(|n| format!("{n}: in the docs' identity table, no such provider")));
+        assert!(wrong.is_empty(), "docs/providers.md's identity table and the code disagree:\n{}", wrong.join("\n"));
+    }
+
     #[test]
     fn every_provider_is_registered_once_and_found_by_its_name() {
         let mut names: Vec<&str> = providers().map(|p| p.name()).collect();
