@@ -173,3 +173,36 @@ async fn a_binding_whose_holder_never_recorded_is_taken_over_once_a_send_lease_h
     assert_eq!((back.status, back.code), (200, "replay"), "{}", back.detail);
     assert_eq!(queued(&world), vec![EventKey::new("shopify", "ep", "2002").as_str().to_owned()]);
 }
+
+/// A Graph delivery of two notifications, one that names no change
+/// (OneDrive's) and one that carries its message's version (Outlook's
+/// `@odata.etag`), repeated once both records were leased: the first is
+/// its next generation, the second a duplicate (its repeat is the same change).
+#[tokio::test]
+async fn a_graph_batch_repeated_once_leased_records_only_its_notifications_again() {
+    let p = provider("microsoft_graph");
+    let (world, intake) = intake(p, secret_of(p), &MemSecretStore::default());
+    let spec = spec_of(p).unwrap();
+    let onedrive =
+        r#"{"subscriptionId":"s1","changeType":"updated","resource":"drives/d1/root","clientState":"{{s}}"}"#;
+    let outlook = r#"{"subscriptionId":"s2","changeType":"updated","resource":"Users/u/Messages/m1","resourceData":{"@odata.etag":"W/\"CQAAABYAAAD\"","id":"m1"},"clientState":"{{s}}"}"#;
+    let body = format!(r#"{{"value":[{onedrive},{outlook}]}}"#).replace("{{s}}", secret_of(p));
+    let body = p.seal(&spec, &Secret::new(secret_of(p)), NOW, body.into_bytes()).unwrap();
+    let list = signed(p, "", &body);
+    let a = post(&intake, &list, &body).await;
+    assert_eq!((a.status, a.code), (202, "accepted"), "{}", a.detail);
+    let first: Vec<EventKey> = world.queue().keys();
+    assert_eq!(first.len(), 2);
+    let ledger = world.ledger();
+    for key in &first {
+        assert!(matches!(ledger.lease(key, "worker", NOW * 1000, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    }
+    let a = post(&intake, &list, &body).await;
+    assert_eq!((a.status, a.code), (202, "accepted"), "{}", a.detail);
+    let queued = queued(&world);
+    assert_eq!(queued.len(), 3, "one generation more: {queued:?}");
+    let generation = &queued[2];
+    assert!(generation.ends_with("@g2"), "{generation}");
+    let onedrive_key = first.iter().find(|k| generation.starts_with(k.as_str())).expect("the OneDrive notification's");
+    assert_eq!(ledger.field(onedrive_key, "latest_generation").as_deref(), Some("2"));
+}
