@@ -555,8 +555,9 @@ mod github {
     /// Issue 18.3: a webhook delivery of an identity a backfill parked
     /// without its payload supplies the payload and releases the record:
     /// 202, RECEIVED with the payload stored, queued and processed; the
-    /// intake's requests in this case are the failed claim, the release and
-    /// the send. A later redelivery is a plain duplicate.
+    /// intake's requests in this case are the body's binding (GitHub's
+    /// delivery id is not signed), the failed claim, the release and the
+    /// send. A later redelivery is a plain duplicate.
     #[tokio::test]
     async fn a_webhook_delivery_releases_a_record_a_backfill_parked_without_its_payload() {
         let (mut w, fake, base, window) = setup().await;
@@ -585,7 +586,11 @@ mod github {
         let body = serde_json::to_vec(&push(7)).unwrap();
         assert_eq!(deliver(&mut w, 7, &body).await, 202);
         let requests: Vec<String> = w.plan.operations().iter().map(|(_, svc, op)| format!("{svc}:{op}")).collect();
-        assert_eq!(requests, ["dynamodb:PutItem", "dynamodb:UpdateItem", "sqs:SendMessage"], "claim, release, send");
+        assert_eq!(
+            requests,
+            ["dynamodb:UpdateItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "sqs:SendMessage"],
+            "binding, claim, release, send"
+        );
         let meta = w.meta(&key).await.unwrap();
         assert_eq!(
             (text(&meta, "status"), stored(&meta), text(&meta, "via"), text(&meta, "released_by")),
