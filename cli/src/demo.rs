@@ -138,11 +138,15 @@ pub async fn run(
             _ => answers.push((step.scenario.to_owned(), vec![status])),
         }
     }
-    // A concurrent burst: 16 identical GitHub deliveries at once.
+    // A concurrent burst: 16 identical GitHub deliveries at once. Each run
+    // pushes its own commit, as GitHub's pushes do: a body GitHub delivered
+    // before under another delivery id is a replay (GitHub does not sign
+    // its delivery id), answered 200 and not recorded.
     let gh = specs.get("github-demo").ok_or("endpoint github-demo is not configured")?;
     let gh_secret = resolver.resolve(gh.secrets.first().ok_or("github-demo needs a secret")?).await?;
     let delivery_id = wiring.ambient().token();
-    let body = json!({"ref": "refs/heads/main", "before": "0".repeat(40), "after": "1".repeat(40), "repository": {"full_name": "demo/app"}}).to_string();
+    let after = hookledger::identity::payload_hash(delivery_id.as_bytes())[..40].to_owned();
+    let body = json!({"ref": "refs/heads/main", "before": "0".repeat(40), "after": after, "repository": {"full_name": "demo/app"}}).to_string();
     let mut burst = Vec::new();
     for _ in 0..16 {
         let d = sign(gh, &gh_secret, &delivery_id, "push", body.clone().into_bytes(), now)?;
