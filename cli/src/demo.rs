@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use clap::Args;
-use hookledger::app::account_ledger::balance_pk;
-use hookledger::app::inventory::inventory_pk;
-use hookledger::app::seats::seats_pk;
 use hookledger::config::{self, SecretResolver};
 use hookledger::secret::Secret;
+use hookledger_app::account_ledger::balance_pk;
+use hookledger_app::inventory::inventory_pk;
+use hookledger_app::seats::seats_pk;
 
 const STRIPE: ProviderKind = ProviderKind::STRIPE;
 use hookledger::config::ProviderKind;
@@ -59,7 +59,7 @@ pub async fn run(
     let ddb = wiring.dynamodb_client();
     let run = wiring.ambient().entropy.token_simple()[..8].to_owned();
     let (customer, account, sku) = (format!("cus_{run}"), format!("acct_{run}"), format!("sku-{run}"));
-    hookledger::app::subjects::map_subject(&ddb, table, STRIPE.as_str(), "demo", &customer, &account).await?;
+    crate::map_subject(&ddb, table, STRIPE.as_str(), "demo", &customer, &account).await?;
 
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs() as i64;
@@ -479,7 +479,7 @@ impl Providers<'_> {
         F: Fn(String, &'static str, serde_json::Value) -> Fut,
         Fut: std::future::Future<Output = Result<u16, String>>,
     {
-        use hookledger::app::entitlement::entitlement_pk;
+        use hookledger_app::entitlement::entitlement_pk;
         let run = self.run;
         // 1. A subscription event: the entitlement projection fetches the
         //    subscription from Stripe (the webhook's copy may be stale).
@@ -499,7 +499,8 @@ impl Providers<'_> {
         self.admin("subscriptions", subscription(8)).await?;
         let settings =
             hookledger::config::ReconcilerSettings { drift_interval_ms: 0, ..self.wiring.settings.reconciler };
-        let reconciler = self.wiring.reconciler_with(settings).map_err(|e| e.to_string())?;
+        let rechecks = crate::app(self.wiring).map_err(|e| e.to_string())?.rechecks();
+        let reconciler = self.wiring.reconciler_with(rechecks, settings).map_err(|e| e.to_string())?;
         let ambient = self.wiring.ambient();
         let now_ms = ambient.now_ms();
         let check_at = now_ms + 1_000 + hookledger::config::DEFAULT_DRIFT_INTERVAL_MS;
@@ -511,15 +512,7 @@ impl Providers<'_> {
         // 3. A payment Stripe sent while the endpoint was down (it never
         //    reached the intake): a backfill of the last minutes recovers it.
         let (missed_customer, missed_account) = (format!("cus_{run}_m"), format!("acct_{run}_m"));
-        hookledger::app::subjects::map_subject(
-            self.ddb,
-            self.table,
-            STRIPE.as_str(),
-            "demo",
-            &missed_customer,
-            &missed_account,
-        )
-        .await?;
+        crate::map_subject(self.ddb, self.table, STRIPE.as_str(), "demo", &missed_customer, &missed_account).await?;
         self.admin("events", json!({"id": format!("evt_{run}_missed"), "object": "event", "type": "payment_intent.succeeded",
             "created": self.now, "pending_webhooks": 0,
             "data": {"object": {"id": format!("pi_{run}_m"), "object": "payment_intent", "customer": missed_customer, "amount": 700, "amount_received": 700}}})).await?;

@@ -589,16 +589,9 @@ where
         Command::Park(a) => act(&ctx, out, a, Action::Park, None).await?,
         Command::Resolve(a) => act(&ctx, out, a, Action::Resolve, None).await?,
         Command::MapSubject { provider, tenant, subject, account } => {
-            hookledger::app::subjects::map_subject(
-                &ctx.wiring.dynamodb_client(),
-                &ctx.table()?,
-                &provider,
-                &tenant,
-                &subject,
-                &account,
-            )
-            .await
-            .map_err(CliError::Failed)?;
+            map_subject(&ctx.wiring.dynamodb_client(), &ctx.table()?, &provider, &tenant, &subject, &account)
+                .await
+                .map_err(CliError::Failed)?;
             writeln!(out, "mapped {provider} subject {subject} (tenant {tenant}) to account {account}")?;
         }
         Command::Backfill(args) => {
@@ -647,7 +640,7 @@ where
             settings.drift_interval_ms = drift_interval_secs.map_or(settings.drift_interval_ms, |s| s * 1000);
             ctx.queue_url()?;
             ctx.table()?;
-            let r = ctx.wiring.reconciler_with(settings)?;
+            let r = ctx.wiring.reconciler_with(app(&ctx.wiring)?.rechecks(), settings)?;
             let ambient = ctx.wiring.ambient();
             let run = r.run(ambient.now_ms(), ambient.instant() + std::time::Duration::from_secs(60));
             let summary = reported::reconciler_run(&ctx.wiring.metrics_writer_once(None), run).await;
@@ -791,4 +784,23 @@ async fn act(
         (1, 1) => Err(CliError::Failed(failed.remove(0))),
         (n, _) => Err(CliError::Failed(format!("{n} of {total} failed"))),
     }
+}
+
+/// The application the CLI runs with: the reference app, as the functions
+/// register it (its re-checks for `reconcile`, its mapping for `map-subject`).
+pub(crate) fn app(wiring: &hookledger::wiring::Wiring) -> Result<hookledger::projection::Registry, ConfigError> {
+    Ok(hookledger_app::reference_registry(wiring.subscriptions()?, wiring.notify_topic()))
+}
+
+/// Maps a provider subject to an account (the reference app's mapping).
+pub(crate) async fn map_subject(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    provider: &str,
+    tenant: &str,
+    subject: &str,
+    account: &str,
+) -> Result<(), String> {
+    let write = hookledger_app::subjects::mapping(provider, tenant, subject, account);
+    hookledger::adapters::dynamodb::item::apply(ddb, table, &write).await.map_err(|e| e.to_string())
 }

@@ -29,8 +29,8 @@ pub const MAX_BODY_BYTES_WITH_BUCKET: usize = 6 * 1024 * 1024;
 
 /// Default time bounds of the processor (see `processor` for what they bound).
 pub const DEFAULT_GAP_BOUND_MS: i64 = 3_600_000;
-/// How often an entitlement is compared with the provider, by default.
-pub const DEFAULT_DRIFT_INTERVAL_MS: i64 = 3_600_000;
+/// How often re-checked projection state is compared with the provider, by default.
+pub const DEFAULT_DRIFT_INTERVAL_MS: i64 = crate::projection::recheck::DEFAULT_INTERVAL_MS;
 pub const DEFAULT_TRANSIENT_BOUND_MS: i64 = 6 * 3_600_000;
 
 /// How a failed publish is retried.
@@ -106,7 +106,7 @@ pub struct ReconcilerSettings {
     /// When a re-driven record is looked at again if still not done (also
     /// when a failed drift check is retried).
     pub redrive_backoff_ms: i64,
-    /// How old an entitlement's last provider check must be to check it again.
+    /// How old re-checked state's last provider check must be to check it again.
     pub drift_interval_ms: i64,
     /// Outbox items younger than this are left to their processor.
     pub outbox_grace_ms: i64,

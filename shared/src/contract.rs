@@ -14,9 +14,8 @@
 
 use std::future::Future;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, TransactWriteItem};
-
 use crate::identity::{EventKey, payload_hash};
+use crate::item::{Value, n as num_value, s as str_value};
 use crate::ledger::{
     Claim, CommitResult, Due, DueItem, DuePartition, Exit, LeaseResult, NewEvent, OperatorAction, Release, Row,
     SendLease, Status, Transitioned, Via,
@@ -28,19 +27,24 @@ use crate::ports::{
     OutboxStore, Received, Redelivery, RowFilter, ScheduleState, UnfetchedEvent, WorkLedger, WorkQueue,
 };
 use crate::projection::sequence::{self, Position};
-use crate::projection::{OnConflict, Op};
+use crate::projection::{OnConflict, Op, ProjectionContext, ProjectionError, StateStore, Write};
 use crate::secret::Secret;
 use crate::verify::provider::{SecretStore, Stored};
 
 /// The time every scenario starts at (ports take their times as arguments).
 pub const T0: i64 = 1_800_000_000_000;
 
-/// A table item, as the DynamoDB adapter writes it.
-pub type Item = std::collections::HashMap<String, AttributeValue>;
+/// A table item, as the domain reads it (the backends convert).
+pub type Item = crate::item::Item;
+
+/// A record item as the DynamoDB adapter writes it.
+fn record_item(e: &NewEvent) -> Item {
+    crate::adapters::dynamodb::item::item_from_sdk(&crate::adapters::dynamodb::new_record_item(e))
+}
 
 /// What a backend gives a scenario: a fresh, empty store (one index shard).
 pub trait Backend: Send + Sync {
-    type Ledger: Ledger + WorkLedger + DueLedger + OperatorLedger + BackfillLedger;
+    type Ledger: Ledger + WorkLedger + DueLedger + OperatorLedger + BackfillLedger + StateStore + Clone + 'static;
     type Outbox: OutboxStore + CircuitStore;
     type Queue: WorkQueue + Redelivery;
     /// The ledger, drawing its tokens from `seed`: two ledgers of one seed
@@ -101,7 +105,7 @@ pub async fn a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_i
     let id = &ids[0];
     assert_eq!(id, &crate::message::outbox_id(e.key.as_str(), &delivery.action));
     let stored = b.get(id, crate::adapters::dynamodb::outbox::OUTBOX_SK).await.expect("the delivery");
-    let s = |k: &str| stored.get(k).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+    let s = |k: &str| stored.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
     assert_eq!(
         (s("status"), s("dispatch_token"), s("destination")),
         ("SENDING".into(), "tok-1".into(), "orders".into())
@@ -285,8 +289,8 @@ pub async fn a_record_without_its_payload_adopts_one_once<B: Backend>(b: &B) {
     let l = b.ledger(1);
     let bytes = body("adopt");
     let e = event("adopt", &bytes, "send-1");
-    let mut item = crate::adapters::dynamodb::new_record_item(&e);
-    item.insert("payload_stored".into(), AttributeValue::Bool(false));
+    let mut item = record_item(&e);
+    item.insert("payload_stored".into(), Value::Bool(false));
     b.put(item).await;
     let newer = br#"{"id":"adopt","object":"event","v":2}"#;
     let new_hash = payload_hash(newer);
@@ -310,8 +314,8 @@ pub async fn a_record_without_its_payload_adopts_one_once<B: Backend>(b: &B) {
 
     // The old path: the payload item first, then the record notes it.
     let e2 = event("store", &bytes, "send-1");
-    let mut item = crate::adapters::dynamodb::new_record_item(&e2);
-    item.insert("payload_stored".into(), AttributeValue::Bool(false));
+    let mut item = record_item(&e2);
+    item.insert("payload_stored".into(), Value::Bool(false));
     b.put(item).await;
     l.store_payload(&e2.key, &e2.payload_hash, &bytes, e2.expires_at).await.unwrap();
     assert_eq!(row(&l, &e2.key).await.get("payload_stored"), Some(&serde_json::Value::Bool(true)));
@@ -362,14 +366,10 @@ pub async fn the_lease_is_taken_when_leasable_and_recognises_its_retry<B: Backen
 pub async fn the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox<B: Backend>(b: &B) {
     let (l, e) = leased(b, "commit", "tok-1").await;
     assert_eq!(l.commit(&e.key, "tok-2", &[], "applied", None, T0 + 1).await.unwrap(), CommitResult::Fenced);
-    let table = b.table();
-    b.put(Item::from([
-        ("pk".into(), AttributeValue::S("proj#taken".into())),
-        ("sk".into(), AttributeValue::S(crate::projection::STATE_SK.into())),
-    ]))
-    .await;
-    let taken = Op::new(vec![condition(&table, "proj#taken", "attribute_not_exists(pk)")], OnConflict::Stale);
-    let free = Op::new(vec![condition(&table, "proj#free", "attribute_not_exists(pk)")], OnConflict::Stale);
+    b.put(Item::from([("pk".into(), str_value("proj#taken")), ("sk".into(), str_value(crate::projection::STATE_SK))]))
+        .await;
+    let taken = Op::new(vec![Write::check("proj#taken", "attribute_not_exists(pk)")], OnConflict::Stale);
+    let free = Op::new(vec![Write::check("proj#free", "attribute_not_exists(pk)")], OnConflict::Stale);
     assert_eq!(
         l.commit(&e.key, "tok-1", &[free, taken], "applied", None, T0 + 1).await.unwrap(),
         CommitResult::Conflicts(vec![1]),
@@ -400,17 +400,6 @@ pub async fn the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox<B: B
         panic!("the outbox item is due at once")
     };
     assert_eq!((item.group.as_str(), item.attempts), ("acct_1", 1));
-}
-
-fn condition(table: &str, pk: &str, condition: &str) -> TransactWriteItem {
-    let check = ConditionCheck::builder()
-        .table_name(table)
-        .key("pk", AttributeValue::S(pk.into()))
-        .key("sk", AttributeValue::S(crate::projection::STATE_SK.into()))
-        .condition_expression(condition)
-        .build()
-        .unwrap();
-    TransactWriteItem::builder().condition_check(check).build()
 }
 
 /// `leave_retry`, `leave_dead`, `leave_park`: fenced by the lease, each
@@ -474,7 +463,7 @@ pub async fn a_gap_wakes_its_waiter_and_nothing_else<B: Backend>(b: &B) {
     assert_eq!(l.waiter(&at).await.unwrap(), Some(e.key.clone()));
     assert!(!l.predecessor_applied(&at).await.unwrap());
     let (l2, first) = leased(b, "seq-1", "tok-1").await;
-    let apply = || sequence::apply_next(&b.table(), "seq#acct_1", 1, "balance", 5, Default::default());
+    let apply = || sequence::apply_next("seq#acct_1", 1, "balance", 5, Default::default());
     assert!(matches!(
         l2.commit(&first.key, "tok-1", &[apply()], "applied", None, T0).await.unwrap(),
         CommitResult::Committed { .. }
@@ -519,7 +508,7 @@ pub async fn a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_onc
 
     // The predecessor commits (its processor then dies before waking it).
     let (l2, first) = leased(b, "parked-waiter-1", "tok-1").await;
-    let apply = sequence::apply_next(&b.table(), "seq#acct_w", 1, "balance", 5, Default::default());
+    let apply = sequence::apply_next("seq#acct_w", 1, "balance", 5, Default::default());
     assert!(matches!(
         l2.commit(&first.key, "tok-1", &[apply], "applied", None, T0).await.unwrap(),
         CommitResult::Committed { .. }
@@ -620,21 +609,21 @@ pub async fn due_items_are_paged_claimed_once_and_rescheduled<B: Backend>(b: &B)
     l.note_enqueued(&EventKey::new("stripe", "contract", "nobody"), T0).await.unwrap();
     assert!(l.show(&EventKey::new("stripe", "contract", "nobody"), false).await.unwrap().is_none(), "creates nothing");
 
-    // A projection item due for a drift check is claimed by its key.
-    b.put(Item::from([
-        ("pk".into(), AttributeValue::S("ent#sub_1".into())),
-        ("sk".into(), AttributeValue::S(crate::projection::STATE_SK.into())),
-        ("due_shard".into(), AttributeValue::S("chk#000".into())),
-        ("due_at".into(), AttributeValue::N(T0.to_string())),
-        ("subscription".into(), AttributeValue::S("sub_1".into())),
-        ("seats".into(), AttributeValue::N("3".into())),
-    ]))
-    .await;
+    // A projection item due for a re-check is read whole and claimed by its key.
+    let state = Item::from([
+        ("pk".into(), str_value("proj#checked#t1#sub_1")),
+        ("sk".into(), str_value(crate::projection::STATE_SK)),
+        ("due_shard".into(), str_value("chk#000")),
+        ("due_at".into(), num_value(T0)),
+        ("subscription".into(), str_value("sub_1")),
+        ("seats".into(), num_value(3)),
+    ]);
+    b.put(state.clone()).await;
     let checks = l.due(DuePartition::Checks, 0, T0, 10, None).await.unwrap();
-    let [Due::Drift(d)] = &checks.items[..] else { panic!("{checks:?}") };
-    assert_eq!((d.subscription.as_str(), d.seats), ("sub_1", Some(3)));
-    assert!(l.claim_due(DueItem::Drift(&d.pk), T0, T0 + 1).await.unwrap().is_some());
-    assert!(l.claim_due(DueItem::Drift(&d.pk), T0, T0 + 1).await.unwrap().is_none(), "claimed once");
+    let [Due::Check(d)] = &checks.items[..] else { panic!("{checks:?}") };
+    assert_eq!((d.pk.as_str(), d.due_at_ms, &d.state), ("proj#checked#t1#sub_1", T0, &state));
+    assert!(l.claim_due(DueItem::Check(&d.pk), T0, T0 + 1).await.unwrap().is_some());
+    assert!(l.claim_due(DueItem::Check(&d.pk), T0, T0 + 1).await.unwrap().is_none(), "claimed once");
 }
 
 /// The attention index counts DEAD and PARKED records and DEAD outbox items.
@@ -769,7 +758,7 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes);
     assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes, "our retry");
     let sent = b.get(a, crate::adapters::dynamodb::outbox::OUTBOX_SK).await.expect("the sent item");
-    let expires = sent.get("expires_at").and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+    let expires = sent.get("expires_at").and_then(Value::as_i64);
     let retention_s = i64::from(crate::policy::DEFAULT_RETENTION_DAYS) * 86_400;
     assert_eq!(expires, Some((T0 + 5_001) / 1000 + retention_s), "a sent item expires after the retention");
     assert_eq!(o.claim(a, "d-4", T0 + 90_000, T0 + 120_000).await.unwrap(), OutboxClaim::Skipped, "sent");
@@ -931,9 +920,9 @@ pub async fn backfill_cursors_parked_records_and_their_release<B: Backend>(b: &B
     // release): not a record that awaits one, so nothing is released.
     let mut held = event("parked-with-payload", &bytes, "send-1");
     held.via = Via::Backfill;
-    let mut item = crate::adapters::dynamodb::new_record_item(&held);
-    item.insert("status".into(), AttributeValue::S("PARKED".into()));
-    item.insert("park_reason".into(), AttributeValue::S("backfill_unrecoverable:no_payload".into()));
+    let mut item = record_item(&held);
+    item.insert("status".into(), str_value("PARKED"));
+    item.insert("park_reason".into(), str_value("backfill_unrecoverable:no_payload"));
     b.put(item).await;
     let other =
         NewEvent { send: SendLease { token: "send-5".into(), until_ms: T0 }, via: Via::Webhook, ..held.clone() };
@@ -1242,6 +1231,46 @@ pub async fn the_indexes_may_lag_the_table(w: &crate::adapters::memory::World) {
     assert_eq!(r.status, Status::Processing, "the batch read behind the index is current");
 }
 
+/// The state store: a projection reads, by key and strongly consistent,
+/// what the commit wrote (every kind of value back as written, the keys
+/// included), nothing for a key never written, and a typed read decodes it
+/// (a stored item its type cannot read is a permanent error).
+pub async fn projection_state_is_read_by_key_as_the_commit_wrote_it<B: Backend>(b: &B) {
+    use crate::projection::sequence::{apply_next, stream_key};
+    let (l, e) = leased(b, "state-read", "tok-1").await;
+    assert_eq!(StateStore::read(&l, "proj#read#t1#a", crate::projection::STATE_SK).await.unwrap(), None);
+    let attrs = Item::from([
+        ("count".into(), num_value(-3)),
+        ("name".into(), str_value("café")),
+        ("flag".into(), Value::Bool(true)),
+        ("list".into(), Value::L(vec![num_value(1), str_value("x")])),
+        ("map".into(), Value::M(Item::from([("k".into(), str_value("v"))]))),
+    ]);
+    let put = Op::new(vec![Write::put("proj#read#t1#a", attrs.clone())], OnConflict::Stale);
+    let seq = apply_next("proj#read#t1#stream", 1, "on_hand", 5, Item::new());
+    let CommitResult::Committed { .. } = l.commit(&e.key, "tok-1", &[put, seq], "applied", None, T0).await.unwrap()
+    else {
+        panic!("our lease commits")
+    };
+    let mut want = attrs;
+    want.insert("pk".into(), str_value("proj#read#t1#a"));
+    want.insert("sk".into(), str_value(crate::projection::STATE_SK));
+    let read = StateStore::read(&l, "proj#read#t1#a", crate::projection::STATE_SK).await.unwrap();
+    assert_eq!(read, Some(want), "read back as written");
+    let cx = ProjectionContext::new(std::sync::Arc::new(l.clone()), 1, 30);
+    let stream = cx.read(&stream_key("proj#read#t1#stream")).await.unwrap();
+    assert_eq!(stream.and_then(|s| s.last_seq), Some(1), "typed");
+    assert!(!cx.exists(&stream_key("proj#read#t1#none")).await.unwrap());
+    b.put(Item::from([
+        ("pk".into(), str_value("proj#read#t1#bad")),
+        ("sk".into(), str_value(crate::projection::STATE_SK)),
+        ("last_seq".into(), str_value("seven")),
+    ]))
+    .await;
+    let bad = cx.read(&stream_key("proj#read#t1#bad")).await;
+    assert!(matches!(bad, Err(ProjectionError::Permanent(_))), "{bad:?}");
+}
+
 /// Runs `$run!(scenario)` for every scenario that runs on both backends.
 #[macro_export]
 macro_rules! contract_scenarios {
@@ -1270,6 +1299,7 @@ macro_rules! contract_scenarios {
         $run!(a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once);
         $run!(a_notification_repeated_once_its_record_is_leased_is_its_next_generation);
         $run!(a_body_is_bound_to_one_identity_and_a_replay_is_flagged_on_its_record);
+        $run!(projection_state_is_read_by_key_as_the_commit_wrote_it);
     };
 }
 
@@ -1324,11 +1354,11 @@ mod tests {
         }
 
         async fn put(&self, item: Item) {
-            self.0.state().table.insert(item);
+            self.0.seed(&item);
         }
 
         async fn get(&self, pk: &str, sk: &str) -> Option<Item> {
-            self.0.state().table.get(pk, sk).cloned()
+            self.0.item(pk, sk)
         }
 
         type Queue = MemQueue;

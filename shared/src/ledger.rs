@@ -512,7 +512,7 @@ impl DueRecord {
 /// An item of the `due` index due now. Each kind has its own partition per
 /// shard (records `due#NNN`, outbox items `out#NNN`, re-checks `chk#NNN`),
 /// so one kind's backlog never hides another's; a `due#NNN` partition of a
-/// table not yet migrated may still hold outbox items and entitlements
+/// table not yet migrated may still hold outbox items and re-checked state
 /// (`hookledger migrate` moves them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Due {
@@ -523,8 +523,9 @@ pub enum Due {
         id: String,
         due_at_ms: i64,
     },
-    /// An entitlement due for its next drift check.
-    Drift(DriftItem),
+    /// A projection's state item due for its next re-check against the
+    /// provider.
+    Check(CheckItem),
     /// The waiter pointer of a record parked at the gap bound: due for a
     /// look at its stream (has the predecessor committed since?).
     Waiter(WaiterItem),
@@ -567,7 +568,7 @@ impl Due {
         match self {
             Due::Record(r) => r.due_at_ms,
             Due::Outbox { due_at_ms, .. } => *due_at_ms,
-            Due::Drift(e) => e.due_at_ms,
+            Due::Check(e) => e.due_at_ms,
             Due::Waiter(w) => w.due_at_ms,
         }
     }
@@ -581,7 +582,8 @@ pub enum DuePartition {
     Records,
     /// Outbox items (`out#NNN`).
     Outbox,
-    /// Re-checks against the provider: entitlements (`chk#NNN`).
+    /// Re-checks against the provider: projection state registered with a
+    /// re-check plug-in (`chk#NNN`).
     Checks,
     /// The waiter pointers of records parked at the gap bound (`gap#NNN`):
     /// looked at with their own bound, after the three phases of
@@ -637,28 +639,23 @@ pub struct Attention {
     pub outbox_dead: u64,
 }
 
-/// An entitlement due for a drift check against the provider.
+/// A projection's state item due for a re-check against the provider.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DriftItem {
-    /// The projection item's partition key (`ent#<subscription>`).
+pub struct CheckItem {
+    /// The state item's partition key (its `sk` is `state`): which re-check
+    /// plug-in it belongs to is read from it.
     pub pk: String,
     pub due_at_ms: i64,
-    pub subscription: String,
-    pub customer: String,
-    pub endpoint: String,
-    pub tenant: String,
-    /// The provider event the local state came from.
-    pub event_id: String,
-    pub status: Option<String>,
-    pub seats: Option<i64>,
+    /// The item as stored, keys included (what the plug-in compares).
+    pub state: crate::item::Item,
 }
 
-/// What the reconciler claims in the `due` index: a ledger record or a
-/// projection item due for a drift check.
+/// What the reconciler claims in the `due` index: a ledger record, a
+/// projection item due for a re-check, or a waiter pointer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DueItem<'a> {
     Record(&'a EventKey),
-    Drift(&'a str),
+    Check(&'a str),
     /// A waiter pointer: its stream `pk` and its `sk`.
     Waiter {
         stream: &'a str,

@@ -516,8 +516,8 @@ pub trait DueLedger: Ledger {
     /// The items of one partition of `shard` due at `up_to` or earlier,
     /// oldest first, after `after` (a page's `next`), at most `limit`
     /// (≤ 100): one query, and one batch read of the records and
-    /// entitlements it found. A records partition of a table not yet
-    /// migrated may also yield outbox items and entitlements.
+    /// re-checked state it found. A records partition of a table not yet
+    /// migrated may also yield outbox items and re-checked state.
     fn due(
         &self,
         partition: DuePartition,

@@ -362,6 +362,8 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             event_id: record.event_id.clone(),
             event_type,
             body,
+            received_at_ms: record.received_at_ms,
+            processing_at_ms: now_ms,
         };
 
         let subject = self.registry.subject(&event);

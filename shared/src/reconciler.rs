@@ -11,10 +11,12 @@
 //!    dispatcher that died → published (same idempotency key); a failed
 //!    publish backs off and, its attempts exhausted, goes DEAD (see
 //!    [`crate::outbox`]);
-//! 3. re-checks, `chk#…`: entitlements whose last provider check is older
-//!    than the drift interval → compared with Stripe; drift is repaired by a
-//!    reconciliation event (`recon:<subscription>:<drift instance>`) through
-//!    the processor;
+//! 3. re-checks, `chk#…`: projection state whose last provider check is
+//!    older than the re-check interval → handed to the re-check plug-in
+//!    registered for it ([`crate::projection::recheck`]), which compares it
+//!    with the provider; drift is repaired by the plug-in's reconciliation
+//!    event (its identity fixed by the drift instance) through the
+//!    processor;
 //!
 //! then the parked gap waiters, `gap#…`, with their own bound
 //! ([`waiter_share`], outside the shares below): the pointer of a record
@@ -44,19 +46,19 @@
 //! deadline; what it did not reach stays due, so the next run continues.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::admission::{Admission, Admitted, Arrival};
 use crate::clock::Ambient;
-use crate::config::{ProviderKind, ReconcilerSettings};
-use crate::identity::{EventKey, payload_hash};
+use crate::config::ReconcilerSettings;
+use crate::identity::EventKey;
 use crate::ledger::{
-    DriftItem, Due, DueCursor, DueItem, DuePartition, DueRecord, PortError, Status, WaiterCheck, WaiterItem,
+    CheckItem, Due, DueCursor, DueItem, DuePartition, DueRecord, PortError, Status, WaiterCheck, WaiterItem,
 };
 use crate::message::Dispatched;
 use crate::ports::{Dispatch, DueLedger, Outgoing, SEND_BATCH_MAX, WorkQueue};
-use crate::projection::fetch::SubscriptionSource;
+use crate::projection::ProjectionError;
+use crate::projection::recheck::{Recheck, Rechecks, Verdict};
 
 /// A phase stops after this many item failures in a row (its dependency is
 /// down); what it did not reach stays due for the next run.
@@ -309,20 +311,14 @@ pub struct Reconciler<Q, L, D> {
     ledger: L,
     queue: Q,
     dispatcher: Option<D>,
-    subscriptions: Option<Arc<dyn SubscriptionSource>>,
+    rechecks: Rechecks,
     settings: ReconcilerSettings,
     ambient: Ambient,
 }
 
 impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
-    pub fn new(
-        ledger: L,
-        queue: Q,
-        dispatcher: Option<D>,
-        subscriptions: Option<Arc<dyn SubscriptionSource>>,
-        settings: ReconcilerSettings,
-    ) -> Self {
-        Self { ledger, queue, dispatcher, subscriptions, settings, ambient: Ambient::system() }
+    pub fn new(ledger: L, queue: Q, dispatcher: Option<D>, rechecks: Rechecks, settings: ReconcilerSettings) -> Self {
+        Self { ledger, queue, dispatcher, rechecks, settings, ambient: Ambient::system() }
     }
 
     /// Reads time and draws tokens from `ambient`.
@@ -507,15 +503,16 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                             self.send_redrives(run, summary).await;
                         }
                     }
-                    // Outbox items and entitlements in the records partition
-                    // (a table not yet migrated) are acted on by their phase.
+                    // Outbox items and re-checked state in the records
+                    // partition (a table not yet migrated) are acted on by
+                    // their phase.
                     Due::Outbox { id, due_at_ms } => {
                         if *due_at_ms <= now_ms - self.settings.outbox_grace_ms {
                             self.outbox_one(id, at, allowance, summary, &mut run.phases).await;
                         }
                     }
-                    Due::Drift(item) => {
-                        self.drift_one(item, at, allowance, summary, &mut run.phases).await;
+                    Due::Check(item) => {
+                        self.check_one(item, at, allowance, summary, &mut run.phases).await;
                     }
                     Due::Waiter(waiter) if partition == DuePartition::Waiters => {
                         self.waiter_one(waiter, at, allowance, summary, &mut run.phases).await;
@@ -743,17 +740,18 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         true
     }
 
-    /// Checks one entitlement against the provider; `true` when it moved out
-    /// of this run's range.
-    async fn drift_one(
+    /// Re-checks one state item against the provider, by the plug-in
+    /// registered for it; `true` when it moved out of this run's range. An
+    /// item no plug-in is registered for stays due, untouched.
+    async fn check_one(
         &self,
-        item: &DriftItem,
+        item: &CheckItem,
         now_ms: i64,
         budget: &mut usize,
         summary: &mut Summary,
         phases: &mut Phases,
     ) -> bool {
-        let Some(source) = &self.subscriptions else { return false };
+        let Some(recheck) = self.rechecks.of(&item.pk) else { return false };
         let failures = &mut phases.drift;
         let pk = item.pk.as_str();
         if failures.stopped || failures.failed_before(pk) {
@@ -762,7 +760,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         // Checked now: next look after another interval (and never again in
         // this run, whose range ends at `now_ms`).
         let next = now_ms + self.settings.drift_interval_ms.max(1);
-        let token = match self.ledger.claim_due(DueItem::Drift(pk), item.due_at_ms, next).await {
+        let token = match self.ledger.claim_due(DueItem::Check(pk), item.due_at_ms, next).await {
             Ok(Some(token)) => token,
             Ok(None) => return false,
             Err(e) => {
@@ -772,7 +770,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         };
         *budget -= 1;
         summary.drift_checked += 1;
-        match self.check_entitlement(item, source.as_ref(), now_ms).await {
+        match self.recheck(item, recheck.as_ref(), now_ms).await {
             Ok(drift) => {
                 failures.ok();
                 if drift != Drift::None {
@@ -783,65 +781,45 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 }
             }
             Err(e) => {
+                let retry_soon = !matches!(e, PortError::Caller { .. });
                 failures.item("drift", pk, &e, summary);
                 // Look again after the re-drive backoff rather than a whole
-                // interval (out of this run's range).
-                let retry = now_ms + self.settings.redrive_backoff_ms;
-                if let Err(e) = self.ledger.reschedule(DueItem::Drift(pk), &token, retry).await {
-                    tracing::warn!(item = %pk, error = %e, "drift check not rescheduled; next look after the interval");
+                // interval (out of this run's range); an item the plug-in
+                // cannot read waits for the interval.
+                if retry_soon {
+                    let retry = now_ms + self.settings.redrive_backoff_ms;
+                    if let Err(e) = self.ledger.reschedule(DueItem::Check(pk), &token, retry).await {
+                        tracing::warn!(item = %pk, error = %e, "re-check not rescheduled; next look after the interval");
+                    }
                 }
             }
         }
         true
     }
 
-    /// Compares one entitlement with Stripe; on drift, submits a
-    /// reconciliation event through the normal pipeline.
-    /// A provider that cannot answer is an error (counted; the check is
-    /// retried after the re-drive backoff).
-    async fn check_entitlement(
-        &self,
-        item: &DriftItem,
-        source: &dyn SubscriptionSource,
-        now_ms: i64,
-    ) -> Result<Drift, PortError> {
-        let (sub, customer, endpoint, tenant) =
-            (item.subscription.clone(), item.customer.clone(), item.endpoint.clone(), item.tenant.clone());
-        if sub.is_empty() || endpoint.is_empty() {
-            return Ok(Drift::None);
-        }
-        let fetched = match source.subscription(&sub).await {
-            Ok(f) => f,
-            Err(e) => return Err(PortError::Unavailable { service: "provider", message: format!("{sub}: {e}") }),
-        };
-        let (status, seats) = match &fetched.object {
-            Some(s) => (s.status.clone(), s.seats),
-            None => ("deleted".to_owned(), 0),
-        };
-        if item.status.as_deref() == Some(status.as_str()) && item.seats == Some(seats) {
-            return Ok(Drift::None);
-        }
-        metrics::counter!("drift_found", "projection" => "entitlements").increment(1);
-        tracing::warn!(subscription = %sub, local_status = item.status.as_deref().unwrap_or(""), provider_status = %status,
-            local_seats = item.seats.unwrap_or(-1), provider_seats = seats, "drift found; repairing through the pipeline");
-        // One identity per drift instance (the local state's source event and
-        // the provider's answer): a check retried after a lost acknowledgement
-        // or a crash meets its own repair record instead of making another.
-        let instance = payload_hash(format!("{}|{status}|{seats}", item.event_id).as_bytes());
-        let event_id = format!("recon:{sub}:{}", &instance[..16]);
-        let body = serde_json::json!({
-            "id": event_id, "object": "event", "type": "customer.subscription.reconciled",
-            "data": {"object": {"id": sub, "object": "subscription", "customer": customer}},
-        })
-        .to_string()
-        .into_bytes();
+    /// Runs the plug-in's comparison; on drift, submits its repair event
+    /// through the normal pipeline. A provider that cannot answer is an
+    /// error (counted; the check is retried after the re-drive backoff).
+    async fn recheck(&self, item: &CheckItem, recheck: &dyn Recheck, now_ms: i64) -> Result<Drift, PortError> {
+        let verdict = recheck.check(&item.state, now_ms).await.map_err(|e| match e {
+            ProjectionError::Permanent(m) => {
+                PortError::Caller { service: "provider", code: "unreadable_state".into(), message: m }
+            }
+            ProjectionError::Transient(m) | ProjectionError::Unavailable(m) => {
+                PortError::Unavailable { service: "provider", message: format!("{}: {m}", item.pk) }
+            }
+        })?;
+        let Verdict::Drift(repair) = verdict else { return Ok(Drift::None) };
+        metrics::counter!("drift_found", "projection" => recheck.name()).increment(1);
+        tracing::warn!(item = %item.pk, recheck = recheck.name(), detail = %repair.detail,
+            "drift found; repairing through the pipeline");
         let arrival = Arrival {
-            provider: ProviderKind::STRIPE.as_str(),
-            endpoint: &endpoint,
-            tenant: &tenant,
-            event_id: &event_id,
-            event_type: Some("customer.subscription.reconciled"),
-            body: &body,
+            provider: &repair.provider,
+            endpoint: &repair.endpoint,
+            tenant: &repair.tenant,
+            event_id: &repair.event_id,
+            event_type: Some(&repair.event_type),
+            body: &repair.body,
             hashes: None,
             via: crate::ledger::Via::Reconciliation,
             batch_hash: None,
@@ -858,11 +836,11 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         // "done": the admission makes good a missing payload and hands over a
         // record never sent (a duplicate on the queue is absorbed by the lease).
         let admission = Admission { ledger: &self.ledger, queue: &self.queue, by: "reconciler" };
-        let admitted = admission.admit(&[(event, &body)]).await.into_iter().next();
+        let admitted = admission.admit(&[(event, &repair.body)]).await.into_iter().next();
         match admitted {
             Some(a) if a.sent() => {
                 self.ledger.mark_enqueued(&key, now_ms).await?;
-                metrics::counter!("drift_repaired", "projection" => "entitlements").increment(1);
+                metrics::counter!("drift_repaired", "projection" => recheck.name()).increment(1);
                 return Ok(Drift::Repaired);
             }
             Some(Admitted::Failed { error, .. }) => return Err(error),

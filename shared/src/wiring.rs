@@ -20,7 +20,6 @@ use crate::adapters::sqs::SqsQueue;
 use crate::adapters::stripe::StripeEvents;
 use crate::adapters::timeouts::Timeouts;
 use crate::adapters::webhooks::HttpsSender;
-use crate::app::reference_registry;
 use crate::backfill::{self, Backfill, BackfillSettings, Schedule};
 use crate::clock::Ambient;
 use crate::config::{self, ConfigError, EndpointSpec, ProcessorSettings, ReconcilerSettings, SecretResolver};
@@ -29,6 +28,7 @@ use crate::ops::Ops;
 use crate::outbox::Dispatcher;
 use crate::processor::Processor;
 use crate::projection::fetch::SubscriptionSource;
+use crate::projection::recheck::Rechecks;
 use crate::reconciler::Reconciler;
 use crate::secret::Secret;
 use crate::telemetry::TenantMetrics;
@@ -399,14 +399,20 @@ impl Wiring {
             .with_tenant_metrics(self.settings.tenant_metrics.clone()))
     }
 
-    /// The processor with the reference projections, the dispatcher and the
-    /// queue that woken gap waiters go to.
-    pub fn processor(&self) -> Result<LiveProcessor, ConfigError> {
-        let registry = reference_registry(self.subscriptions()?, self.settings.notify_topic.clone());
+    /// The topic outbox notifications of the application go to
+    /// (`HOOKLEDGER_NOTIFY_TOPIC_ARN`), if set.
+    pub fn notify_topic(&self) -> Option<String> {
+        self.settings.notify_topic.clone()
+    }
+
+    /// The processor with the application's projections (registered by the
+    /// function's `main.rs`), the dispatcher and the queue that woken gap
+    /// waiters go to.
+    pub fn processor(&self, registry: crate::projection::Registry) -> Result<LiveProcessor, ConfigError> {
         Ok(self.processor_with(registry, Some(self.dispatcher()?))?.with_queue(self.queue()?))
     }
 
-    /// A processor over the ledger with other projections.
+    /// A processor over the ledger with these projections and dispatcher.
     pub fn processor_with(
         &self,
         registry: crate::projection::Registry,
@@ -418,15 +424,19 @@ impl Wiring {
             .with_tenant_metrics(self.settings.tenant_metrics.clone()))
     }
 
-    /// The reconciler with its configured settings.
-    pub fn reconciler(&self) -> Result<LiveReconciler, ConfigError> {
-        self.reconciler_with(self.settings.reconciler)
+    /// The reconciler with its configured settings and the application's
+    /// re-checks (`registry.rechecks()`).
+    pub fn reconciler(&self, rechecks: Rechecks) -> Result<LiveReconciler, ConfigError> {
+        self.reconciler_with(rechecks, self.settings.reconciler)
     }
 
     /// The reconciler with other settings (the CLI's overrides).
-    pub fn reconciler_with(&self, settings: ReconcilerSettings) -> Result<LiveReconciler, ConfigError> {
-        let r =
-            Reconciler::new(self.ledger()?, self.queue()?, Some(self.dispatcher()?), self.subscriptions()?, settings);
+    pub fn reconciler_with(
+        &self,
+        rechecks: Rechecks,
+        settings: ReconcilerSettings,
+    ) -> Result<LiveReconciler, ConfigError> {
+        let r = Reconciler::new(self.ledger()?, self.queue()?, Some(self.dispatcher()?), rechecks, settings);
         Ok(r.with_ambient(self.ambient.clone()))
     }
 
@@ -658,7 +668,11 @@ pub fn processor(
     settings: ProcessorSettings,
 ) -> LiveProcessor {
     let ledger = ledger.with_shards(settings.index_shards).with_retention(settings.retention_days);
-    let cx = ledger.projection_context();
+    let cx = crate::projection::ProjectionContext::new(
+        Arc::new(ledger.clone()),
+        settings.index_shards,
+        settings.retention_days,
+    );
     Processor::with_ports(ledger, cx, registry, dispatcher, settings)
 }
 

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::adapters::stripe::StripeEvents;
-use hookledger::app::account_ledger::balance_pk;
 use hookledger::backfill::{Backfill, BackfillSettings, Summary, Target};
 use hookledger::backoff::Backoff;
 use hookledger::ports::Window;
 use hookledger::secret::Secret;
+use hookledger_app::account_ledger::balance_pk;
 use serde_json::{Value, json};
 
 use crate::explore::{Delivery, SHARDS, World, drain_processor, map_customer};

@@ -205,7 +205,7 @@ async fn idle_reconciler(capacity: &Capacity, measured: &aws_config::SdkConfig) 
             DynamoLedger::new(ddb.clone(), &idle.table).with_shards(shards),
             SqsQueue::new(aws_sdk_sqs::Client::new(measured), &idle.queue_url),
             Some(dispatcher),
-            None,
+            hookledger::projection::recheck::Rechecks::new(),
             hookledger::config::ReconcilerSettings::default(),
         );
         let scope = format!("reconciler_idle/{shards}");
@@ -275,7 +275,7 @@ async fn pipeline() {
     let settings = ProcessorSettings { index_shards: shards, ..ProcessorSettings::default() };
     let processor = hookledger::wiring::processor(
         DynamoLedger::new(ddb.clone(), &stack.table),
-        hookledger::app::reference_registry(Some(source), Some(topic)),
+        hookledger_app::reference_registry(Some(source), Some(topic)),
         Some(hookledger::wiring::dispatcher(ddb.clone(), sns, stack.table.clone())),
         settings,
     );

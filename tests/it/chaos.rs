@@ -41,7 +41,6 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use aws_sdk_dynamodb::types::AttributeValue;
 use hookledger::adapters::sqs::WorkMessage;
 use hookledger::admission::BATCH_TYPE;
-use hookledger::app::{account_ledger, email_status, entitlement, inventory, seats};
 use hookledger::identity::EventKey;
 use hookledger::intake::IntakeRequest;
 use hookledger::ledger::PortError;
@@ -50,6 +49,7 @@ use hookledger::processor::Report;
 use hookledger::secret::Secret;
 use hookledger::verify::sns::{SnsMessage, signing};
 use hookledger::verify::{github, quiltt, standard, stripe};
+use hookledger_app::{account_ledger, email_status, entitlement, inventory, seats};
 use hookledger_it::faults::{Attempts, Chaos, Crashed, Fault, Rule, mix};
 use http::{HeaderMap, HeaderValue, Method};
 use serde_json::json;
@@ -571,7 +571,7 @@ impl<'w> Run<'w> {
 
     async fn map_unknown_customer(&mut self) {
         if !self.mapped {
-            hookledger::app::subjects::map_subject(
+            crate::support::map_subject(
                 &self.w.stack.ddb,
                 &self.w.stack.table,
                 "stripe",
@@ -1165,7 +1165,7 @@ async fn run_seed_world_of(seed: u64, variant: Variant) -> (SeedReport, Vec<Stri
             w.ledger.clone(),
             w.queue.clone(),
             Some(w.dispatcher.clone()),
-            Some(std::sync::Arc::new(api)),
+            crate::support::rechecks(Some(std::sync::Arc::new(api))),
             settings,
         );
         w.now += 2 * 3_600_000;

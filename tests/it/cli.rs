@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hookledger::adapters::stripe::StripeApi;
-use hookledger::app::account_ledger::balance_pk;
 use hookledger::config::ProcessorSettings;
 use hookledger::processor::Outcome;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::secret::Secret;
+use hookledger_app::account_ledger::balance_pk;
 
 use crate::fake_provider::FakeStripe;
 use crate::processor::{failing_rules, pi_succeeded, sub_updated};

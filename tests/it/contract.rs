@@ -74,13 +74,15 @@ impl Backend for Dynamo {
     }
 
     async fn put(&self, item: Item) {
+        let item = hookledger::adapters::dynamodb::item::item_to_sdk(&item);
         self.ddb.put_item().table_name(&self.table).set_item(Some(item)).send().await.expect("put");
     }
 
     async fn get(&self, pk: &str, sk: &str) -> Option<Item> {
         let key = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.to_owned());
         let out = self.ddb.get_item().table_name(&self.table).key("pk", key(pk)).key("sk", key(sk));
-        out.consistent_read(true).send().await.expect("get").item
+        let item = out.consistent_read(true).send().await.expect("get").item;
+        item.as_ref().map(hookledger::adapters::dynamodb::item::item_from_sdk)
     }
 
     type Queue = SqsQueue;

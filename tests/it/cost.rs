@@ -154,7 +154,7 @@ async fn rig(stack: Stack, aws: &aws_config::SdkConfig, base: String) -> Rig {
     let settings = ProcessorSettings { index_shards: shards, ..ProcessorSettings::default() };
     let processor = hookledger::wiring::processor(
         DynamoLedger::new(ddb.clone(), &stack.table),
-        hookledger::app::reference_registry(Some(source), Some(topic)),
+        hookledger_app::reference_registry(Some(source), Some(topic)),
         Some(hookledger::wiring::dispatcher(ddb, sns, stack.table.clone())),
         settings,
     );

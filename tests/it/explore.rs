@@ -260,7 +260,7 @@ impl World {
         .with_ambient(ambient.clone());
         let processor = hookledger::wiring::processor(
             ledger.clone(),
-            hookledger::app::reference_registry(Some(source.clone()), Some(topic.clone())),
+            hookledger_app::reference_registry(Some(source.clone()), Some(topic.clone())),
             Some(dispatcher.clone()),
             processor_settings(),
         )
@@ -272,7 +272,7 @@ impl World {
             ledger.clone(),
             queue.clone(),
             Some(dispatcher.clone()),
-            Some(source),
+            crate::support::rechecks(Some(source)),
             ReconcilerSettings::default(),
         )
         .with_ambient(ambient.clone());
@@ -911,10 +911,10 @@ struct Ctx {
 }
 
 pub async fn map_customer(w: &World, customer: &str, account: &str) {
-    hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "tenant-a", customer, account)
+    crate::support::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "tenant-a", customer, account)
         .await
         .unwrap_or_else(|e| panic!("map subject: {e}"));
-    hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "t1", customer, account)
+    crate::support::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "t1", customer, account)
         .await
         .unwrap_or_else(|e| panic!("map subject: {e}"));
 }
@@ -935,7 +935,7 @@ async fn pending_outbox(w: &mut World, event_id: &str) -> (EventKey, String) {
     let key = w.seed("stripe", "stripe-a", event_id, &sub_updated(event_id, "sub_o", "cus_x"), false).await;
     let quiet = hookledger::wiring::processor(
         w.stack.ledger().with_shards(SHARDS),
-        hookledger::app::reference_registry(Some(w.reconciler_source()), Some(w.topic())),
+        hookledger_app::reference_registry(Some(w.reconciler_source()), Some(w.topic())),
         None,
         processor_settings(),
     );
@@ -1223,7 +1223,7 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
 
 /// Flow-specific business checks (doubled effects, expected outcomes).
 async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
-    use hookledger::app::account_ledger::balance_pk;
+    use hookledger_app::account_ledger::balance_pk;
     if flow == Flow::ReconcilerDriftRepair {
         // A drift check that failed is due again later: let the world run
         // past the next check before judging the repair.
@@ -1269,13 +1269,13 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             w.expect_state("balance", balance, 500);
         }
         Flow::IntakeBatch => {
-            let st = w.state(&hookledger::app::inventory::inventory_pk("quiltt", "sku-b")).await;
+            let st = w.state(&hookledger_app::inventory::inventory_pk("quiltt", "sku-b")).await;
             w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 4 + 5 + 6);
             let records = w.records().await.iter().filter(|r| s(r, "provider") == "quiltt").count();
             w.expect_count("records of the batch", records as i64, 3);
         }
         Flow::IntakeBatchMalformed => {
-            let st = w.state(&hookledger::app::inventory::inventory_pk("quiltt", "sku-m")).await;
+            let st = w.state(&hookledger_app::inventory::inventory_pk("quiltt", "sku-m")).await;
             w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 4 + 5);
             let records = w.records().await;
             let quiltt: Vec<_> = records.iter().filter(|r| s(r, "provider") == "quiltt").collect();
@@ -1324,7 +1324,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             }
         }
         Flow::IntakeLargeBatch | Flow::ProcessorSplit => {
-            let st = w.state(&hookledger::app::inventory::inventory_pk("quiltt", "sku-l")).await;
+            let st = w.state(&hookledger_app::inventory::inventory_pk("quiltt", "sku-l")).await;
             w.expect_state("on hand", st.as_ref().map_or(0, |st| n(st, "on_hand")), 1 + 2 + 3);
             let records = w.records().await;
             let events =
@@ -1337,7 +1337,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
         }
         Flow::ApplyInventory | Flow::ProcessorGap => {
             let st = w
-                .state(&hookledger::app::inventory::inventory_pk(
+                .state(&hookledger_app::inventory::inventory_pk(
                     "t1",
                     if flow == Flow::ProcessorGap { "sku-g" } else { "sku-1" },
                 ))
@@ -1346,11 +1346,11 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             w.expect_state("on hand", on_hand, if flow == Flow::ProcessorGap { 7 } else { 10 });
         }
         Flow::ApplySeats => {
-            let st = w.state(&hookledger::app::seats::seats_pk("t1", "acct_s")).await;
+            let st = w.state(&hookledger_app::seats::seats_pk("t1", "acct_s")).await;
             w.expect_state("seats", st.as_ref().map_or(0, |st| n(st, "seats")), 7);
         }
         Flow::ApplyEmailStatus => {
-            let st = w.state(&hookledger::app::email_status::email_pk("t1", "mail-1")).await;
+            let st = w.state(&hookledger_app::email_status::email_pk("t1", "mail-1")).await;
             if st.as_ref().map(|st| s(st, "status")).as_deref() != Some("Delivery") {
                 w.violation("lost", "email status not applied".into());
             }
@@ -1408,7 +1408,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             }
         }
         Flow::ReconcilerDriftRepair => {
-            let st = w.state(&hookledger::app::entitlement::entitlement_pk("t1", "sub_d")).await;
+            let st = w.state(&hookledger_app::entitlement::entitlement_pk("t1", "sub_d")).await;
             w.expect_state("repaired seats", st.as_ref().map_or(0, |st| n(st, "seats")), 9);
             let recon = w.records().await.iter().filter(|r| s(r, "event_id").starts_with("recon:")).count();
             w.expect_count("reconciliation events", recon as i64, 1);

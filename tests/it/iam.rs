@@ -156,10 +156,10 @@ async fn routed_deliveries() -> Actions {
     let now_ms = crate::support::now_s() * 1000;
     w.plan.reset_counts();
     w.plan.scope("processor");
-    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
     processor.process(&sent, now_ms).await.unwrap_or_else(|e| panic!("{e}"));
     processor.process(&big, now_ms).await.unwrap_or_else(|e| panic!("{e}"));
-    let mut dying = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let mut dying = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
     dying.fault = hookledger::processor::ProcessorFault::AfterCommit;
     assert!(dying.process(&left, now_ms).await.is_err(), "it dies after its commit");
     w.plan.scope("reconciler");
@@ -203,8 +203,9 @@ async fn processor_handler() -> Actions {
         _ => None,
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    let app = processor::handler::from_wiring(&hookledger::wiring::Wiring::new(w.cfg.clone(), settings))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(w.cfg.clone(), settings);
+    let app =
+        processor::handler::from_wiring(&wiring, crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
     let received = send_and_receive(&w.stack, &[work(&busy)]).await;
     w.plan.reset_counts();
     w.plan.scope("processor");

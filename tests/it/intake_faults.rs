@@ -15,9 +15,7 @@ fn payment(id: &str, body: Vec<u8>) -> Delivery {
 
 async fn mapped_world() -> World {
     let w = World::new(1).await;
-    hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "tenant-a", "cus_x", "acct_x")
-        .await
-        .unwrap();
+    crate::support::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "tenant-a", "cus_x", "acct_x").await.unwrap();
     w
 }
 
@@ -149,9 +147,7 @@ async fn a_commit_retried_after_a_lost_ack_is_ours_whether_or_not_the_token_is_h
     for honour in [true, false] {
         let mut w = mapped_world().await;
         w.plan.honour_transaction_tokens(honour);
-        hookledger::app::subjects::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "t1", "cus_x", "acct_x")
-            .await
-            .unwrap();
+        crate::support::map_subject(&w.stack.ddb, &w.stack.table, "stripe", "t1", "cus_x", "acct_x").await.unwrap();
         let body = pi_succeeded("evt_commit", "pi_c", Some("cus_x"), 500);
         let key = w.seed("stripe", "stripe-a", "evt_commit", &body, false).await;
         w.plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "TransactWriteItems").nth(0));
@@ -160,7 +156,7 @@ async fn a_commit_retried_after_a_lost_ack_is_ours_whether_or_not_the_token_is_h
         assert_eq!(report.outcome, Outcome::Applied, "token honoured: {honour}");
         let attempts = w.plan.trace().iter().filter(|c| c.operation == "TransactWriteItems").count();
         assert_eq!(attempts, 2, "the SDK retried the commit");
-        let b = w.state(&hookledger::app::account_ledger::balance_pk("t1", "acct_x")).await.unwrap();
+        let b = w.state(&hookledger_app::account_ledger::balance_pk("t1", "acct_x")).await.unwrap();
         assert_eq!((crate::support::n(&b, "balance"), crate::support::n(&b, "entries")), (500, 1));
     }
 }

@@ -80,7 +80,7 @@ async fn a_body_too_large_for_an_item_goes_to_s3_first_and_is_processed_from_the
 
     let p = hookledger::wiring::processor(
         stack.ledger().with_payload_bucket(payloads),
-        hookledger::app::reference_registry(None, None),
+        hookledger_app::reference_registry(None, None),
         None,
         fast_settings(),
     );

@@ -6,11 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hookledger::adapters::stripe::StripeApi;
-use hookledger::app::account_ledger::{balance_pk, entry_pk};
-use hookledger::app::email_status::email_pk;
-use hookledger::app::entitlement::entitlement_pk;
-use hookledger::app::inventory::inventory_pk;
-use hookledger::app::seats::seats_pk;
 use hookledger::backoff::Backoff;
 use hookledger::config::ProcessorSettings;
 use hookledger::ledger::Exit;
@@ -20,6 +15,11 @@ use hookledger::processor::{Outcome, ProcessorFault};
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::projection::{EventContext, PlanFuture, Projection, ProjectionContext, ProjectionError, Registry};
 use hookledger::secret::Secret;
+use hookledger_app::account_ledger::{balance_pk, entry_pk};
+use hookledger_app::email_status::email_pk;
+use hookledger_app::entitlement::entitlement_pk;
+use hookledger_app::inventory::inventory_pk;
+use hookledger_app::seats::seats_pk;
 use serde_json::json;
 
 use crate::fake_provider::FakeStripe;
@@ -240,25 +240,12 @@ async fn racing_fetches_cannot_regress_a_change_notification_projection() {
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
     // A's late write, with its earlier fetch version, is refused by the guard.
     let late = hookledger::projection::snapshot::replace_if_newer(
-        &stack.table,
         &entitlement_pk("t1", "sub_r"),
         hookledger::projection::snapshot::Version { generation: 0, revision: early.version },
-        std::collections::HashMap::from([(
-            "status".to_owned(),
-            aws_sdk_dynamodb::types::AttributeValue::S("trialing".into()),
-        )]),
+        hookledger::projection::Item::from([("status".to_owned(), hookledger::projection::s("trialing"))]),
     );
-    let put = late.writes[0].put().unwrap().clone();
-    let refused = stack
-        .ddb
-        .put_item()
-        .table_name(put.table_name())
-        .set_item(Some(put.item().clone()))
-        .condition_expression(put.condition_expression().unwrap())
-        .set_expression_attribute_values(put.expression_attribute_values().cloned())
-        .send()
-        .await;
-    assert!(refused.is_err_and(|e| e.as_service_error().is_some_and(|se| se.is_conditional_check_failed_exception())));
+    let refused = hookledger::adapters::dynamodb::item::apply(&stack.ddb, &stack.table, &late.writes[0]).await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("ConditionalCheckFailed")), "the guard refuses it");
     assert_eq!(s(&stack.state(&entitlement_pk("t1", "sub_r")).await.unwrap(), "status"), "active");
 }
 
@@ -325,7 +312,7 @@ impl Projection for RuleFails {
 
 /// The reference projections plus [`RuleFails`].
 pub fn failing_rules(source: Option<Arc<dyn SubscriptionSource>>) -> Registry {
-    hookledger::app::reference_registry(source, None).register(RuleFails)
+    hookledger_app::reference_registry(source, None).register(RuleFails)
 }
 
 #[tokio::test]
@@ -373,7 +360,6 @@ async fn an_expired_lease_is_reclaimed_and_the_late_commit_is_fenced() {
     assert_eq!(p.process(&key, t0 + 10).await.unwrap().outcome, Outcome::Applied);
     // A wakes up and tries to commit the same effect: the fence refuses it.
     let op = hookledger::projection::additive::apply_once(
-        &stack.table,
         &entry_pk("t1", "pi_l_again"),
         Default::default(),
         &balance_pk("t1", "acct_l"),

@@ -9,8 +9,6 @@ use hookledger::adapters::dynamodb::DynamoLedger;
 use hookledger::adapters::dynamodb::outbox::outbox_put;
 use hookledger::adapters::sqs::SqsQueue;
 use hookledger::adapters::stripe::StripeApi;
-use hookledger::app::account_ledger::balance_pk;
-use hookledger::app::entitlement::entitlement_pk;
 use hookledger::config::ReconcilerSettings;
 use hookledger::identity::EventKey;
 use hookledger::ledger::PortError;
@@ -22,6 +20,8 @@ use hookledger::processor::Outcome;
 use hookledger::projection::fetch::SubscriptionSource;
 use hookledger::reconciler::Reconciler;
 use hookledger::secret::Secret;
+use hookledger_app::account_ledger::balance_pk;
+use hookledger_app::entitlement::entitlement_pk;
 
 use crate::fake_provider::FakeStripe;
 use crate::processor::{pi_succeeded, sub_updated};
@@ -340,7 +340,8 @@ fn reconciler_with<Q: WorkQueue>(
     let dispatcher =
         hookledger::wiring::dispatcher(ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
     // The stack's shards (16), as its intake writes them.
-    Reconciler::new(DynamoLedger::new(ddb, &stack.table).with_shards(16), queue, Some(dispatcher), source, settings)
+    let rechecks = crate::support::rechecks(source);
+    Reconciler::new(DynamoLedger::new(ddb, &stack.table).with_shards(16), queue, Some(dispatcher), rechecks, settings)
 }
 
 fn sqs_queue(stack: &Stack) -> SqsQueue {

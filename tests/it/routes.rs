@@ -125,7 +125,7 @@ async fn an_event_is_delivered_to_sqs_fifo_eventbridge_and_sns_once_each_with_it
     })
     .to_string();
     let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[]);
-    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
 
     // An event no projection handles: PROCESSED `ignored`, and delivered.
     let body = br#"{"id":"evt_route_1","object":"event","type":"product.created","data":{"object":{"id":"prod_1"}}}"#;
@@ -183,7 +183,7 @@ async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered()
     let arn = format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}");
     let routes = serde_json::json!({"destinations": {"late": {"arn": arn}}, "routes": [{"to": ["late"]}]}).to_string();
     let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[("HOOKLEDGER_INDEX_SHARDS", "16")]);
-    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
     let body = br#"{"id":"evt_late","object":"event","type":"product.created","data":{"object":{"id":"prod_2"}}}"#;
     let key = stack.claim("stripe", "stripe-a", "evt_late", Some("product.created"), body).await;
     let now = now_s() * 1000;
@@ -273,7 +273,7 @@ async fn the_python_consumer_applies_each_delivered_event_once() {
     let (url, arn) = queue(&stack, &format!("routes-py-{id}")).await;
     let routes = serde_json::json!({"destinations": {"q": {"arn": arn}}, "routes": [{"to": ["q"]}]}).to_string();
     let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[]);
-    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
     let mut keys = Vec::new();
     for n in 1..=3 {
         let body = format!(
@@ -351,7 +351,7 @@ async fn a_delivery_costs_at_most_five_write_units_whatever_the_event_size() {
     let mut per_run = Vec::new();
     for (n, routed) in [(0, false), (1, true)] {
         let wiring = routed_wiring(&stack, &measured, routed.then_some(routes.as_str()), &[]);
-        let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+        let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
         let body = crate::bench::seats_4k(&format!("acct_wcu_{id}_{n}"), 1);
         assert!(body.len() >= 4096);
         let key = stack
@@ -396,7 +396,7 @@ async fn an_https_delivery_is_signed_as_standard_webhooks_and_verified_by_the_of
     })
     .to_string();
     let wiring = routed_wiring(&stack, &stack.aws, Some(&routes), &[]);
-    let processor = wiring.processor().unwrap_or_else(|e| panic!("{e}"));
+    let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
     let body = br#"{"id":"evt_https_1","object":"event","type":"product.created","data":{"object":{"id":"prod_h"}}}"#;
     let key = stack.claim("stripe", "stripe-a", "evt_https_1", Some("product.created"), body).await;
     processor.process(&key, now_s() * 1000).await.unwrap_or_else(|e| panic!("{e}"));

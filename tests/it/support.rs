@@ -358,7 +358,7 @@ impl Stack {
             hookledger::wiring::dispatcher(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone());
         hookledger::wiring::processor(
             self.ledger(),
-            hookledger::app::reference_registry(source, topic),
+            hookledger_app::reference_registry(source, topic),
             Some(dispatcher),
             settings,
         )
@@ -369,10 +369,31 @@ impl Stack {
     }
 
     pub async fn map_customer_in(&self, tenant: &str, customer: &str, account: &str) {
-        hookledger::app::subjects::map_subject(&self.ddb, &self.table, "stripe", tenant, customer, account)
-            .await
-            .unwrap();
+        map_subject(&self.ddb, &self.table, "stripe", tenant, customer, account).await.unwrap();
     }
+}
+
+/// Maps a provider subject to an account (the reference app's mapping, one `PutItem`).
+pub async fn map_subject(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    provider: &str,
+    tenant: &str,
+    subject: &str,
+    account: &str,
+) -> Result<(), String> {
+    let write = hookledger_app::subjects::mapping(provider, tenant, subject, account);
+    hookledger::adapters::dynamodb::item::apply(ddb, table, &write).await.map_err(|e| e.to_string())
+}
+
+/// The reference app's re-checks over `source` (none without one).
+pub fn rechecks(source: Option<Arc<dyn SubscriptionSource>>) -> hookledger::projection::recheck::Rechecks {
+    hookledger_app::reference_registry(source, None).rechecks()
+}
+
+/// The reference app as the functions register it from a wiring.
+pub fn reference(wiring: &hookledger::wiring::Wiring) -> hookledger::projection::Registry {
+    hookledger_app::reference_registry(wiring.subscriptions().unwrap_or_else(|e| panic!("{e}")), wiring.notify_topic())
 }
 
 pub fn n(item: &HashMap<String, AttributeValue>, name: &str) -> i64 {
@@ -475,7 +496,7 @@ impl Stack {
             self.ledger(),
             SqsQueue::new(self.sqs.clone(), &self.queue_url),
             Some(dispatcher),
-            source,
+            rechecks(source),
             settings,
         )
     }

@@ -49,7 +49,7 @@ fn reconciler(
         ledger(stack),
         SqsQueue::new(stack.sqs.clone(), &stack.queue_url),
         Some(dispatcher),
-        source,
+        crate::support::rechecks(source),
         settings,
     )
 }
@@ -110,7 +110,7 @@ async fn entitlements(stack: &Stack, per_shard: usize) -> (Arc<FakeStripe>, Arc<
         hookledger::wiring::dispatcher(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
     let p = hookledger::wiring::processor(
         ledger(stack),
-        hookledger::app::reference_registry(Some(source.clone()), None),
+        hookledger_app::reference_registry(Some(source.clone()), None),
         Some(dispatcher),
         processor_settings(),
     );

@@ -200,7 +200,7 @@ async fn reconciler_a_redrive_of_many_records_queues_each_in_its_records_tenant(
         stack.ledger(),
         queue,
         Some(dispatcher),
-        None,
+        hookledger::projection::recheck::Rechecks::new(),
         ReconcilerSettings::default(),
     );
     let summary = r.run(now_ms() + AFTER_GRACE, later()).await;
@@ -235,9 +235,8 @@ async fn reconciler_waking_a_parked_gap_waiter_queues_it_in_the_records_tenant()
     // Seq 1 commits and its processor dies before waking the waiter.
     let ledger = stack.ledger();
     assert!(matches!(ledger.lease(&first, "tok-1", bound, 30_000).await.unwrap(), LeaseResult::Leased(_)));
-    let stream = hookledger::app::inventory::inventory_pk("acme", "sku-tn");
-    let apply =
-        hookledger::projection::sequence::apply_next(&stack.table, &stream, 1, "on_hand", 1, Default::default());
+    let stream = hookledger_app::inventory::inventory_pk("acme", "sku-tn");
+    let apply = hookledger::projection::sequence::apply_next(&stream, 1, "on_hand", 1, Default::default());
     let committed = ledger.commit(&first, "tok-1", &[apply], "applied", None, bound).await.unwrap();
     assert!(matches!(committed, CommitResult::Committed { .. }), "{committed:?}");
     assert_eq!(s(&stack.record(&waiter).await, "status"), "PARKED", "not woken by the commit");
@@ -264,7 +263,7 @@ async fn reconciler_a_drift_repair_is_queued_in_the_entitlements_tenant() {
         .await;
     let p = stack.processor(fast_settings(), Some(source.clone()), None);
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Applied);
-    assert!(stack.state(&hookledger::app::entitlement::entitlement_pk("acme", "sub_tn")).await.is_some());
+    assert!(stack.state(&hookledger_app::entitlement::entitlement_pk("acme", "sub_tn")).await.is_some());
     fake.set("sub_tn", "cus_tn", "past_due", 5);
 
     let settings = ReconcilerSettings { drift_interval_ms: 0, ..Default::default() };

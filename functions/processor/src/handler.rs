@@ -8,6 +8,7 @@ use std::sync::Arc;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use hookledger::adapters::sqs::{self, SqsQueue};
 use hookledger::config::ConfigError;
+use hookledger::projection::Registry;
 use hookledger::telemetry::{FailureKind, FunctionError};
 use hookledger::wiring::{LiveProcessor, Wiring};
 use lambda_runtime::LambdaEvent;
@@ -18,9 +19,10 @@ pub struct App {
     pub queue: Arc<SqsQueue>,
 }
 
-/// Builds the processor from the composition root (see the configuration reference).
-pub fn from_wiring(wiring: &Wiring) -> Result<App, ConfigError> {
-    Ok(App { processor: Arc::new(wiring.processor()?), queue: Arc::new(wiring.queue()?) })
+/// Builds the processor from the composition root (see the configuration
+/// reference) with the application's projections (`main.rs` registers them).
+pub fn from_wiring(wiring: &Wiring, registry: Registry) -> Result<App, ConfigError> {
+    Ok(App { processor: Arc::new(wiring.processor(registry)?), queue: Arc::new(wiring.queue()?) })
 }
 
 pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, FunctionError> {
@@ -71,7 +73,7 @@ mod tests {
             _ => None,
         };
         let settings = hookledger::wiring::Settings::from_lookup(vars).unwrap();
-        Arc::new(from_wiring(&Wiring::new(aws, settings)).unwrap())
+        Arc::new(from_wiring(&Wiring::new(aws, settings), Registry::new()).unwrap())
     }
 
     fn record(id: Option<String>, body: Option<String>, count: Option<String>) -> SqsMessage {

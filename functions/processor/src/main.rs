@@ -17,7 +17,10 @@ async fn main() -> Result<(), Error> {
     // certificates on the first AWS request.
     let invalid = |e: &hookledger::config::ConfigError| tracing::error!(error = %e, "invalid configuration");
     let wiring = hookledger::wiring::Wiring::from_env(Timeouts::PROCESSOR).await.inspect_err(invalid)?;
-    let app = Arc::new(handler::from_wiring(&wiring).inspect_err(invalid)?);
+    // The application: its projections and re-checks, registered here.
+    let registry =
+        hookledger_app::reference_registry(wiring.subscriptions().inspect_err(invalid)?, wiring.notify_topic());
+    let app = Arc::new(handler::from_wiring(&wiring, registry).inspect_err(invalid)?);
 
     lambda_runtime::run(service_fn(move |event| {
         let app = app.clone();

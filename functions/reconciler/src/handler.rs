@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use hookledger::clock::Ambient;
 use hookledger::config::ConfigError;
+use hookledger::projection::recheck::Rechecks;
 use hookledger::reconciler::Summary;
 use hookledger::telemetry::FunctionError;
 use hookledger::wiring::{LiveReconciler, Wiring};
@@ -32,10 +33,11 @@ pub struct Output {
 pub const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
 
 /// The reconciler and the scheduled backfills from the composition root
-/// (settings: `hookledger::config::reconciler_settings_from`).
-pub fn from_wiring(wiring: &Wiring) -> Result<App, ConfigError> {
+/// (settings: `hookledger::config::reconciler_settings_from`), with the
+/// application's re-checks (`main.rs` registers them).
+pub fn from_wiring(wiring: &Wiring, rechecks: Rechecks) -> Result<App, ConfigError> {
     Ok(App {
-        reconciler: wiring.reconciler()?,
+        reconciler: wiring.reconciler(rechecks)?,
         backfills: Backfills::new(wiring.clone())?,
         ambient: wiring.ambient().clone(),
     })

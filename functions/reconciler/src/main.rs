@@ -20,7 +20,10 @@ async fn main() -> Result<(), Error> {
     // certificates on the first AWS request, not in every SDK client's constructor.
     let invalid = |e: &hookledger::config::ConfigError| tracing::error!(error = %e, "invalid configuration");
     let wiring = hookledger::wiring::Wiring::from_env(Timeouts::RECONCILER).await.inspect_err(invalid)?;
-    let app = handler::from_wiring(&wiring).inspect_err(invalid)?;
+    // The application's re-checks, registered here (beside its projections).
+    let registry =
+        hookledger_app::reference_registry(wiring.subscriptions().inspect_err(invalid)?, wiring.notify_topic());
+    let app = handler::from_wiring(&wiring, registry.rechecks()).inspect_err(invalid)?;
     let ledger = wiring.ledger().inspect_err(invalid)?;
     let recorded = tokio::sync::OnceCell::new();
     let (app, ledger, recorded) = (&app, &ledger, &recorded);

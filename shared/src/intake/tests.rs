@@ -474,7 +474,7 @@ mod ports {
             h.world.ledger().arrange(&e, b"", |i| {
                 i.remove("body");
                 crate::adapters::memory::set(i, "content_hash", crate::adapters::memory::Value::Gone);
-                i.insert("payload_stored".into(), aws_sdk_dynamodb::types::AttributeValue::Bool(false));
+                crate::adapters::memory::set(i, "payload_stored", false);
             });
             let a = h.deliver(&second, 0).await;
             assert_eq!(a.status, 200, "{label}: {a:?}");

@@ -2,20 +2,18 @@
 //! ledger evaluates the adapter's own conditions, projection writes
 //! included; the outbox is dispatched by the real dispatcher.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 
 use super::*;
 use crate::adapters::memory::{self, CommitCall, Fault, MemLedger, MemOutbox, MemPublisher, MemQueue, World, set};
 use crate::backoff::Backoff;
 use crate::clock::Ambient;
+use crate::item::{Item, get_n, n, s};
 use crate::ledger::Status;
 use crate::message::{OutboxMessage, idempotency_key};
 use crate::outbox::{Dispatched, Dispatcher};
-use crate::projection::{PlanFuture, Projection, sequence};
+use crate::projection::{PlanFuture, Projection, STATE_SK, Write, sequence};
 
 pub(crate) const NOW: i64 = 50_000_000;
 const TYPE: &str = "thing.changed";
@@ -109,24 +107,20 @@ impl Ledger {
 
     /// A projection item already there: an op writing `label` conflicts.
     fn taken(&self, label: &str) {
-        self.w.state().table.insert(HashMap::from([
-            ("pk".to_owned(), AttributeValue::S(label.into())),
-            ("sk".to_owned(), AttributeValue::S(crate::projection::STATE_SK.into())),
-        ]));
+        self.w.seed(&Item::from([("pk".to_owned(), s(label)), ("sk".to_owned(), s(STATE_SK))]));
     }
 
     /// The stream has applied up to `seq`.
     fn stream_at(&self, seq: i64) {
-        self.w.state().table.insert(HashMap::from([
-            ("pk".to_owned(), AttributeValue::S(STREAM.into())),
-            ("sk".to_owned(), AttributeValue::S(crate::projection::STATE_SK.into())),
-            ("last_seq".to_owned(), AttributeValue::N(seq.to_string())),
+        self.w.seed(&Item::from([
+            ("pk".to_owned(), s(STREAM)),
+            ("sk".to_owned(), s(STATE_SK)),
+            ("last_seq".to_owned(), n(seq)),
         ]));
     }
 
     fn stream(&self) -> Option<i64> {
-        let st = self.w.state();
-        st.table.get(STREAM, crate::projection::STATE_SK)?.get("last_seq")?.as_n().ok()?.parse().ok()
+        get_n(&self.w.state_item(STREAM)?, "last_seq")
     }
 
     fn add_waiter(&self, seq: i64, key: &EventKey) {
@@ -206,20 +200,6 @@ fn settings() -> ProcessorSettings {
     }
 }
 
-/// A DynamoDB client that is never called.
-fn cx() -> ProjectionContext {
-    let conf = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
-        .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
-        .build();
-    ProjectionContext {
-        ddb: aws_sdk_dynamodb::Client::from_conf(conf),
-        table: "t".into(),
-        shards: 4,
-        retention_days: 30,
-    }
-}
-
 pub(crate) type TestProcessor = Processor<MemLedger, MemQueue, Dispatcher<MemOutbox, MemPublisher>>;
 
 pub(crate) struct Harness {
@@ -238,7 +218,7 @@ impl Harness {
 
 fn processor(w: &World, registry: Registry, settings: ProcessorSettings) -> TestProcessor {
     let dispatch = Dispatcher::with_ports(w.outbox(), w.publisher()).with_ambient(w.ambient().clone());
-    Processor::with_ports(w.ledger(), cx(), registry, Some(dispatch), settings)
+    Processor::with_ports(w.ledger(), w.projection_context(), registry, Some(dispatch), settings)
         .with_queue(w.queue())
         .with_ambient(w.ambient().clone())
 }
@@ -306,14 +286,7 @@ pub(crate) fn put(h: &Harness, rec: WorkRecord) -> EventKey {
 /// An op labelled by the `pk` of its one write.
 fn op(label: &str, on_conflict: OnConflict) -> Op {
     // Conflicts when the item is there already (`Ledger::taken`).
-    let put = Put::builder()
-        .table_name("t")
-        .item("pk", AttributeValue::S(label.into()))
-        .item("sk", AttributeValue::S("state".into()))
-        .condition_expression("attribute_not_exists(pk)")
-        .build()
-        .unwrap();
-    Op::new(vec![TransactWriteItem::builder().put(put).build()], on_conflict)
+    Op::new(vec![Write::put(label, Item::new()).when("attribute_not_exists(pk)")], on_conflict)
 }
 
 fn notify(action: &str) -> OutboxMessage {
@@ -563,8 +536,7 @@ async fn a_commit_fenced_by_a_worker_that_took_over_is_fenced() {
 
 #[tokio::test]
 async fn a_commit_whose_acknowledgement_was_lost_is_recognised_as_ours() {
-    let (proj, _) =
-        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next(STREAM, 2, "v", 1, Item::new())])));
     let h = harness(proj);
     let k = put(&h, record("a", Status::Received));
     let waiter = put(&h, WorkRecord { next_attempt_at_ms: Some(NOW + 50_000), ..due("b", 10_000) });
@@ -929,8 +901,7 @@ async fn a_gap_whose_predecessor_landed_meanwhile_is_woken_and_retried_at_once()
 
 #[tokio::test]
 async fn a_commit_advancing_a_stream_wakes_the_waiter_at_the_next_position_and_queues_it() {
-    let (proj, _) =
-        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next(STREAM, 2, "v", 1, Item::new())])));
     let h = harness(proj);
     let k = put(&h, record("a", Status::Received));
     let waiter = put(&h, WorkRecord { next_attempt_at_ms: Some(NOW + 50_000), ..due("b", 20_000) });
@@ -954,8 +925,7 @@ async fn a_commit_advancing_a_stream_wakes_the_waiter_at_the_next_position_and_q
 
 #[tokio::test]
 async fn a_waiter_parked_on_the_gap_is_revived_by_its_predecessor() {
-    let (proj, _) =
-        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next(STREAM, 2, "v", 1, Item::new())])));
     let h = harness(proj);
     let k = put(&h, record("a", Status::Received));
     let parked = put(&h, WorkRecord { window_start_ms: Some(NOW - 90_000), ..record("b", Status::Parked) });
@@ -970,8 +940,7 @@ async fn a_waiter_parked_on_the_gap_is_revived_by_its_predecessor() {
 
 #[tokio::test]
 async fn a_waiter_that_no_longer_waits_on_the_gap_is_not_woken() {
-    let (proj, _) =
-        scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next("t", STREAM, 2, "v", 1, HashMap::new())])));
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![sequence::apply_next(STREAM, 2, "v", 1, Item::new())])));
     let h = harness(proj);
     let k = put(&h, record("a", Status::Received));
     // Parked by an operator, not on the gap.
@@ -1031,7 +1000,7 @@ fn routed(registry: Registry) -> Harness {
     let dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
         .with_ambient(world.ambient().clone())
         .with_payloads(payloads);
-    let p = Processor::with_ports(world.ledger(), cx(), registry, Some(dispatch), settings())
+    let p = Processor::with_ports(world.ledger(), world.projection_context(), registry, Some(dispatch), settings())
         .with_queue(world.queue())
         .with_ambient(world.ambient().clone())
         .with_routes(routes());
@@ -1232,10 +1201,11 @@ fn https_routed() -> Harness {
     let dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
         .with_ambient(world.ambient().clone())
         .with_payloads(payloads);
-    let p = Processor::with_ports(world.ledger(), cx(), Registry::new(), Some(dispatch), settings())
-        .with_queue(world.queue())
-        .with_ambient(world.ambient().clone())
-        .with_routes(routes);
+    let p =
+        Processor::with_ports(world.ledger(), world.projection_context(), Registry::new(), Some(dispatch), settings())
+            .with_queue(world.queue())
+            .with_ambient(world.ambient().clone())
+            .with_routes(routes);
     Harness { p, ledger: Ledger { m: world.ledger(), w: world.clone() }, queue: world.queue(), world }
 }
 
@@ -1396,10 +1366,11 @@ async fn an_https_destination_is_stored_and_listed_by_its_name_never_its_url_or_
     let dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
         .with_ambient(world.ambient().clone())
         .with_payloads(Arc::new(world.ledger()));
-    let p = Processor::with_ports(world.ledger(), cx(), Registry::new(), Some(dispatch), settings())
-        .with_queue(world.queue())
-        .with_ambient(world.ambient().clone())
-        .with_routes(routes.clone());
+    let p =
+        Processor::with_ports(world.ledger(), world.projection_context(), Registry::new(), Some(dispatch), settings())
+            .with_queue(world.queue())
+            .with_ambient(world.ambient().clone())
+            .with_routes(routes.clone());
     let h = Harness { p, ledger: Ledger { m: world.ledger(), w: world.clone() }, queue: world.queue(), world };
     let k = put(&h, record("a", Status::Received));
     assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Ignored));

@@ -1,9 +1,11 @@
 //! Projections: user code that turns one verified provider event into
-//! DynamoDB writes, committed in the same transaction as the ledger's
-//! completion marker (fenced by the lease token).
+//! writes, committed in the same transaction as the ledger's completion
+//! marker (fenced by the lease token).
 //!
-//! A projection returns a [`Decision`]. Its writes come grouped in [`Op`]s,
-//! built from the contract building blocks of design §6:
+//! A projection reads its state through a [`StateStore`] (typed by
+//! [`StateKey`]) and returns a [`Decision`]. Its writes come grouped in
+//! [`Op`]s of [`Write`]s, built from the contract building blocks of
+//! design §6:
 //!
 //! | contract | building block |
 //! |---|---|
@@ -12,27 +14,31 @@
 //! | independent additive operation | [`additive::apply_once`] |
 //! | ordered deltas with sequence | [`sequence::decide`] + [`sequence::apply_next`] |
 //! | "object changed" notification | [`fetch`]: fetch, then `replace_if_newer` by fetched version |
+//! | state compared with the provider later | [`recheck`]: a plug-in the reconciler runs |
 //!
 //! Every op carries the conditions that make it safe to repeat; when one
 //! fails, [`OnConflict`] says what that means, so a retry after a crash
-//! converges to the state of applying the event once.
+//! converges to the state of applying the event once. Nothing here names a
+//! storage SDK: the adapters turn [`Write`]s into their store's requests.
 
 pub mod additive;
 pub mod fetch;
 pub mod precedence;
+pub mod recheck;
 pub mod sequence;
 pub mod snapshot;
+pub mod state;
+pub mod write;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
-
 use crate::identity::EventKey;
-use crate::ledger::error_chain;
+pub use crate::item::{Item, Value, get_n, get_s, n, s};
 use crate::message::OutboxMessage;
+pub use state::{State, StateFuture, StateKey, StateStore};
+pub use write::{Action, Write};
 
 /// The verified event handed to projections.
 #[derive(Debug, Clone)]
@@ -45,6 +51,11 @@ pub struct EventContext {
     pub event_type: String,
     /// The provider's JSON (for SNS: the decoded `Message`).
     pub body: serde_json::Value,
+    /// When the intake (or a backfill, a repair) recorded the event.
+    pub received_at_ms: i64,
+    /// When this attempt at it began (the time a projection that schedules
+    /// a re-check counts from).
+    pub processing_at_ms: i64,
 }
 
 /// What the projection wants done with the event.
@@ -89,7 +100,7 @@ pub enum OnConflict {
 /// A group of writes that stand or fall together within the transaction.
 #[derive(Debug, Clone)]
 pub struct Op {
-    pub writes: Vec<TransactWriteItem>,
+    pub writes: Vec<Write>,
     pub on_conflict: OnConflict,
     /// Outbound notifications written (as outbox items) only if the op applies.
     pub outbox: Vec<OutboxMessage>,
@@ -99,7 +110,7 @@ pub struct Op {
 }
 
 impl Op {
-    pub fn new(writes: Vec<TransactWriteItem>, on_conflict: OnConflict) -> Self {
+    pub fn new(writes: Vec<Write>, on_conflict: OnConflict) -> Self {
         Self { writes, on_conflict, outbox: Vec::new(), advances: None }
     }
 
@@ -127,12 +138,14 @@ pub enum ProjectionError {
 
 pub type PlanFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, ProjectionError>> + Send + 'a>>;
 
-/// Where projections read and write.
+/// Where projections read: their state, by key, strongly consistent. No
+/// SDK client: the state store is a port (the DynamoDB ledger in the
+/// functions, the memory world in tests), and writes are the [`Op`]s a
+/// projection returns.
 #[derive(Clone)]
 pub struct ProjectionContext {
-    pub ddb: aws_sdk_dynamodb::Client,
-    pub table: String,
-    /// Shards of the `due` index, for projections the reconciler checks.
+    pub state: Arc<dyn StateStore>,
+    /// Shards of the `due` index, for state the reconciler re-checks.
     pub shards: u32,
     /// `HOOKLEDGER_RETENTION_DAYS`: how long state that stops mattering
     /// (an ended subscription's entitlement) is kept.
@@ -140,19 +153,31 @@ pub struct ProjectionContext {
 }
 
 impl ProjectionContext {
-    /// A strongly consistent read of one projection item (`sk = "state"`).
-    pub async fn read_state(&self, pk: &str) -> Result<Option<HashMap<String, AttributeValue>>, ProjectionError> {
-        let out = self
-            .ddb
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(pk.to_owned()))
-            .key("sk", AttributeValue::S(STATE_SK.to_owned()))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| ProjectionError::Unavailable(error_chain(&e)))?;
-        Ok(out.item)
+    pub fn new(state: Arc<dyn StateStore>, shards: u32, retention_days: u32) -> Self {
+        Self { state, shards, retention_days }
+    }
+
+    /// The state stored under `key` (`sk = "state"`), decoded as its type.
+    pub async fn read<S: State>(&self, key: &StateKey<S>) -> Result<Option<S>, ProjectionError> {
+        match self.state.read(key.pk(), STATE_SK).await? {
+            Some(item) => S::decode(&item).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether anything is stored under `key`.
+    pub async fn exists<S: State>(&self, key: &StateKey<S>) -> Result<bool, ProjectionError> {
+        Ok(self.state.read(key.pk(), STATE_SK).await?.is_some())
+    }
+
+    /// Where a state item the reconciler re-checks is due: its `due`
+    /// attributes, set on the item (`due_shard` from its subject, `due_at`).
+    pub fn recheck_at(&self, subject: &str, due_at_ms: i64) -> [(String, Value); 2] {
+        let shard = crate::policy::due_shard_named(
+            crate::ledger::DuePartition::Checks.prefix(),
+            crate::identity::shard_of(subject, self.shards),
+        );
+        [("due_shard".to_owned(), s(shard)), ("due_at".to_owned(), n(due_at_ms))]
     }
 }
 
@@ -171,11 +196,12 @@ pub trait Projection: Send + Sync {
     }
 }
 
-/// The registered projections. Every projection that handles an event plans
-/// it; their ops commit together.
+/// The registered projections and the re-checks of their state. Every
+/// projection that handles an event plans it; their ops commit together.
 #[derive(Clone, Default)]
 pub struct Registry {
     projections: Vec<Arc<dyn Projection>>,
+    rechecks: recheck::Rechecks,
 }
 
 impl Registry {
@@ -188,6 +214,17 @@ impl Registry {
         self
     }
 
+    /// Registers a re-check of state a projection keeps (beside it).
+    pub fn recheck(mut self, r: impl recheck::Recheck + 'static) -> Self {
+        self.rechecks = self.rechecks.register(r);
+        self
+    }
+
+    /// The re-checks registered, for the reconciler.
+    pub fn rechecks(&self) -> recheck::Rechecks {
+        self.rechecks.clone()
+    }
+
     /// The first subject a matching projection names.
     pub fn subject(&self, event: &EventContext) -> Option<String> {
         self.matching(&event.provider, &event.event_type).iter().find_map(|p| p.subject(event))
@@ -196,32 +233,4 @@ impl Registry {
     pub fn matching(&self, provider: &str, event_type: &str) -> Vec<Arc<dyn Projection>> {
         self.projections.iter().filter(|p| p.handles(provider, event_type)).cloned().collect()
     }
-}
-
-/// Helpers shared by the building blocks.
-pub(crate) fn key_of(pk: &str) -> HashMap<String, AttributeValue> {
-    HashMap::from([
-        ("pk".to_owned(), AttributeValue::S(pk.to_owned())),
-        ("sk".to_owned(), AttributeValue::S(STATE_SK.to_owned())),
-    ])
-}
-
-/// A DynamoDB number attribute.
-pub fn n(v: i64) -> AttributeValue {
-    AttributeValue::N(v.to_string())
-}
-
-/// A DynamoDB string attribute.
-pub fn s(v: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(v.into())
-}
-
-/// Reads a number attribute from a stored item.
-pub fn get_n(item: &HashMap<String, AttributeValue>, name: &str) -> Option<i64> {
-    item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok())
-}
-
-/// Reads a string attribute from a stored item.
-pub fn get_s<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&'a str> {
-    item.get(name).and_then(|v| v.as_s().ok()).map(String::as_str)
 }

@@ -10,13 +10,8 @@
 //! again, so a commit that lands in between is never missed: either the
 //! committer sees the pointer, or the waiter sees the commit.
 
-use std::collections::HashMap;
-
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-
-use super::{OnConflict, Op, ProjectionContext, ProjectionError, get_n, get_s, key_of, n, s};
+use super::{Item, OnConflict, Op, ProjectionError, State, StateKey, Write, n, s};
 use crate::identity::EventKey;
-use crate::ledger::error_chain;
 
 /// A place in an ordered stream: the stream's state item and a sequence number.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,74 +43,63 @@ pub fn decide(last_applied: Option<i64>, seq: i64) -> SeqDecision {
     }
 }
 
-/// Applies delta `seq` to `attr` (ADD), conditioned on the stream still being at `seq - 1`.
-pub fn apply_next(
-    table: &str,
-    pk: &str,
-    seq: i64,
-    attr: &str,
-    delta: i64,
-    extra: HashMap<String, AttributeValue>,
-) -> Op {
-    let mut update = Update::builder()
-        .table_name(table)
-        .set_key(Some(key_of(pk)))
-        .expression_attribute_names("#v", attr)
-        .expression_attribute_values(":seq", n(seq))
-        .expression_attribute_values(":d", n(delta));
-    update = if seq == 1 {
-        update.condition_expression("attribute_not_exists(last_seq)")
-    } else {
-        update.condition_expression("last_seq = :prev").expression_attribute_values(":prev", n(seq - 1))
-    };
-    let mut sets = vec!["last_seq = :seq".to_owned()];
-    for (i, (k, v)) in extra.into_iter().enumerate() {
-        update =
-            update.expression_attribute_names(format!("#x{i}"), k).expression_attribute_values(format!(":x{i}"), v);
-        sets.push(format!("#x{i} = :x{i}"));
-    }
-    let update = update
-        .update_expression(format!("SET {} ADD #v :d", sets.join(", ")))
-        .build()
-        .unwrap_or_else(|e| unreachable!("table and key are set: {e}"));
-    let mut op = Op::new(vec![TransactWriteItem::builder().update(update).build()], OnConflict::Replan);
-    op.advances = Some(Position { stream: pk.to_owned(), seq });
-    op
+/// The state of an ordered stream: the last sequence number applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stream {
+    pub last_seq: Option<i64>,
 }
 
-/// Leaves the pointer that lets the commit of `at.seq - 1` wake `key`
-/// (idempotent: a repeat writes the same item). Kept until `expires_at`.
-/// `due`: the due-index partition and time it is also due at (a record
-/// parked at the gap bound: the reconciler looks at its stream).
-pub async fn register_waiter(
-    cx: &ProjectionContext,
-    at: &Position,
-    key: &EventKey,
-    expires_at: i64,
-    due: Option<(String, i64)>,
-) -> Result<(), ProjectionError> {
-    cx.ddb
-        .put_item()
-        .table_name(&cx.table)
-        .set_item(Some(waiter_item(at, key, expires_at, due)))
-        .send()
-        .await
-        .map_err(|e| ProjectionError::Unavailable(error_chain(&e)))?;
-    Ok(())
+impl State for Stream {
+    fn decode(item: &Item) -> Result<Self, ProjectionError> {
+        match item.get("last_seq") {
+            None => Ok(Self { last_seq: None }),
+            Some(v) => v.as_i64().map(|seq| Self { last_seq: Some(seq) }).ok_or_else(|| {
+                ProjectionError::Permanent("stored stream state: last_seq is not a whole number".into())
+            }),
+        }
+    }
+}
+
+impl Stream {
+    /// Whether the stream has reached `at.seq - 1` (the predecessor of `at` is applied).
+    pub fn reached_predecessor_of(&self, at: &Position) -> bool {
+        self.last_seq.unwrap_or(0) >= at.seq - 1
+    }
+}
+
+/// The key of a stream's state item.
+pub fn stream_key(pk: impl Into<String>) -> StateKey<Stream> {
+    StateKey::new(pk)
+}
+
+/// Applies delta `seq` to `attr` (ADD), conditioned on the stream still being at `seq - 1`.
+pub fn apply_next(pk: &str, seq: i64, attr: &str, delta: i64, extra: Item) -> Op {
+    let mut update = Write::update(pk, String::new()).name("#v", attr).value(":seq", n(seq)).value(":d", n(delta));
+    update = if seq == 1 {
+        update.when("attribute_not_exists(last_seq)")
+    } else {
+        update.when("last_seq = :prev").value(":prev", n(seq - 1))
+    };
+    let mut sets = vec!["last_seq = :seq".to_owned()];
+    let mut extra: Vec<_> = extra.into_iter().collect();
+    extra.sort_by(|a, b| a.0.cmp(&b.0));
+    for (i, (k, v)) in extra.into_iter().enumerate() {
+        update = update.name(format!("#x{i}"), k).value(format!(":x{i}"), v);
+        sets.push(format!("#x{i} = :x{i}"));
+    }
+    update.action = super::Action::Update(format!("SET {} ADD #v :d", sets.join(", ")));
+    let mut op = Op::new(vec![update], OnConflict::Replan);
+    op.advances = Some(Position { stream: pk.to_owned(), seq });
+    op
 }
 
 /// When the record of a waiter pointer in the due index parked (the
 /// pointer's first look).
 pub const PARKED_AT: &str = "parked_at";
 
-/// The waiter pointer item (see [`register_waiter`]).
-pub fn waiter_item(
-    at: &Position,
-    key: &EventKey,
-    expires_at: i64,
-    due: Option<(String, i64)>,
-) -> HashMap<String, AttributeValue> {
-    let mut item = HashMap::from([
+/// The waiter pointer item (the work ledger's `register_waiter` writes it).
+pub fn waiter_item(at: &Position, key: &EventKey, expires_at: i64, due: Option<(String, i64)>) -> Item {
+    let mut item = Item::from([
         ("pk".to_owned(), s(&at.stream)),
         ("sk".to_owned(), s(waiter_sk(at.seq))),
         ("event_key".to_owned(), s(key.as_str())),
@@ -134,27 +118,6 @@ pub fn waiter_seq(sk: &str) -> Option<i64> {
     sk.strip_prefix("wait#")?.parse().ok()
 }
 
-/// The event waiting at `at`, if one left a pointer (strongly consistent).
-pub async fn waiter(cx: &ProjectionContext, at: &Position) -> Result<Option<EventKey>, ProjectionError> {
-    let out = cx
-        .ddb
-        .get_item()
-        .table_name(&cx.table)
-        .key("pk", s(&at.stream))
-        .key("sk", s(waiter_sk(at.seq)))
-        .consistent_read(true)
-        .send()
-        .await
-        .map_err(|e| ProjectionError::Unavailable(error_chain(&e)))?;
-    Ok(out.item.as_ref().and_then(|i| get_s(i, "event_key")).and_then(EventKey::from_stored))
-}
-
-/// Whether the predecessor of `at` has been applied (the stream reached `at.seq - 1`).
-pub async fn predecessor_applied(cx: &ProjectionContext, at: &Position) -> Result<bool, ProjectionError> {
-    let last = cx.read_state(&at.stream).await?.and_then(|i| get_n(&i, "last_seq")).unwrap_or(0);
-    Ok(last >= at.seq - 1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,7 +134,7 @@ mod tests {
 
     #[test]
     fn an_applied_delta_names_the_position_it_advances_to() {
-        let op = apply_next("t", "proj#x", 4, "v", 1, HashMap::new());
+        let op = apply_next("proj#x", 4, "v", 1, Item::new());
         assert_eq!(op.advances, Some(Position { stream: "proj#x".into(), seq: 4 }));
         assert!(waiter_sk(5) < waiter_sk(40), "pointers sort by sequence");
     }

@@ -3,11 +3,7 @@
 //! to one incarnation of the object, so a recreated object whose revision
 //! restarts at 1 (with a higher generation) is not suppressed by the old one.
 
-use std::collections::HashMap;
-
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
-
-use super::{OnConflict, Op, key_of, n};
+use super::{Item, OnConflict, Op, Write, n};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Version {
@@ -27,20 +23,14 @@ impl Guard {
 /// A conditional put of the whole state item, applied only if `version` is
 /// newer than the stored one. The comparison and the write are one atomic
 /// DynamoDB operation, so two workers cannot both decide on a stale read.
-pub fn replace_if_newer(table: &str, pk: &str, version: Version, attrs: HashMap<String, AttributeValue>) -> Op {
-    let mut item = key_of(pk);
-    item.extend(attrs);
-    item.insert("generation".into(), n(version.generation));
-    item.insert("revision".into(), n(version.revision));
-    let put = Put::builder()
-        .table_name(table)
-        .set_item(Some(item))
-        .condition_expression("attribute_not_exists(pk) OR generation < :g OR (generation = :g AND revision < :r)")
-        .expression_attribute_values(":g", n(version.generation))
-        .expression_attribute_values(":r", n(version.revision))
-        .build()
-        .unwrap_or_else(|e| unreachable!("table and item are set: {e}"));
-    Op::new(vec![TransactWriteItem::builder().put(put).build()], OnConflict::Stale)
+pub fn replace_if_newer(pk: &str, version: Version, mut attrs: Item) -> Op {
+    attrs.insert("generation".into(), n(version.generation));
+    attrs.insert("revision".into(), n(version.revision));
+    let put = Write::put(pk, attrs)
+        .when("attribute_not_exists(pk) OR generation < :g OR (generation = :g AND revision < :r)")
+        .value(":g", n(version.generation))
+        .value(":r", n(version.revision));
+    Op::new(vec![put], OnConflict::Stale)
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! The reconciler's decisions on the memory world (`adapters::memory`): the
 //! due index, the claims and the evidence are the DynamoDB adapter's own
 //! conditions on the memory table, the queue is the memory queue, the outbox
-//! is dispatched by the real dispatcher, and the provider is the memory
-//! subscriptions API. Failures are the world's injected faults; a concurrent
+//! is dispatched by the real dispatcher, and the re-checks are a test
+//! plug-in over the memory subscriptions API. Failures are the world's injected faults; a concurrent
 //! run or dispatcher is another actor acting right before a call.
 
 use std::collections::{BTreeMap, HashSet};
@@ -19,12 +19,13 @@ use crate::adapters::memory::{
 };
 use crate::clock::{Clock, ManualClock, SeededEntropy};
 use crate::config::DispatchPolicy;
-use crate::identity::shard_of;
+use crate::identity::{payload_hash, shard_of};
 use crate::message::OutboxClaim;
 use crate::outbox::{DISPATCH_LEASE_MS, Dispatcher};
 use crate::policy::REDRIVE_GRACE_MS;
 use crate::projection::STATE_SK;
-use crate::projection::fetch::SubscriptionFuture;
+use crate::projection::fetch::{SubscriptionFuture, SubscriptionSource};
+use crate::projection::recheck::{CheckFuture, Recheck, Repair};
 
 const NOW: i64 = 1_700_000_000_000;
 const SEED: u64 = 17;
@@ -93,6 +94,54 @@ impl SubscriptionSource for Provider {
     }
 }
 
+/// The re-check of the `ent#<subscription>` items the tests arrange: their
+/// `status` and `seats` against the provider's; a drift is repaired by
+/// `recon:<subscription>:<drift instance>` (see [`repair_key`]).
+struct StateDrift(Arc<Provider>);
+
+impl Recheck for StateDrift {
+    fn name(&self) -> &'static str {
+        "entitlements"
+    }
+
+    fn prefix(&self) -> &'static str {
+        "ent#"
+    }
+
+    fn check<'a>(&'a self, item: &'a crate::item::Item, _now_ms: i64) -> CheckFuture<'a> {
+        use crate::item::{get_n, get_s};
+        Box::pin(async move {
+            let text = |k: &str| get_s(item, k).unwrap_or_default().to_owned();
+            let sub = text("subscription");
+            if sub.is_empty() || text("endpoint").is_empty() {
+                return Ok(Verdict::Same);
+            }
+            let fetched = self
+                .0
+                .subscription(&sub)
+                .await
+                .map_err(|e| crate::projection::ProjectionError::Unavailable(e.to_string()))?;
+            let (status, seats) = fetched.object.map_or(("deleted".to_owned(), 0), |s| (s.status, s.seats));
+            if get_s(item, "status") == Some(status.as_str()) && get_n(item, "seats") == Some(seats) {
+                return Ok(Verdict::Same);
+            }
+            let key = repair_key(&text("event_id"), &sub, &status, seats);
+            Ok(Verdict::Drift(Repair {
+                provider: "stripe".into(),
+                endpoint: text("endpoint"),
+                tenant: text("tenant"),
+                event_id: key.event_id().to_owned(),
+                event_type: "customer.subscription.reconciled".into(),
+                body: json!({"id": key.event_id(), "type": "customer.subscription.reconciled",
+                    "data": {"object": {"id": sub, "customer": text("customer")}}})
+                .to_string()
+                .into_bytes(),
+                detail: format!("{sub}: provider {status} / {seats}"),
+            }))
+        })
+    }
+}
+
 // --------------------------------------------------------------- the harness
 
 type Outbox = Dispatcher<MemOutbox, MemPublisher>;
@@ -133,9 +182,13 @@ impl Harness {
     }
 
     fn reconciler(&self) -> Recon {
-        let source: Arc<dyn SubscriptionSource> = self.provider.clone();
-        Reconciler::new(self.ledger(), self.world.queue(), Some(self.dispatcher()), Some(source), self.settings)
+        Reconciler::new(self.ledger(), self.world.queue(), Some(self.dispatcher()), self.rechecks(), self.settings)
             .with_ambient(self.ambient())
+    }
+
+    /// The test re-check over this harness's provider.
+    fn rechecks(&self) -> Rechecks {
+        Rechecks::new().register(StateDrift(self.provider.clone()))
     }
 
     /// A deadline no test reaches.
@@ -361,7 +414,7 @@ impl Harness {
             let seen = w.state().table.get(&owned, sk).and_then(|i| num_of(i, attr::DUE_AT)).expect("a due item");
             let item = match &record {
                 Some(k) => DueItem::Record(k),
-                None => DueItem::Drift(&owned),
+                None => DueItem::Check(&owned),
             };
             let other = w.with_ambient(Ambient::fixed(NOW, SEED + 1)).ledger();
             *out.lock().unwrap() = memory::ready(other.claim_due(item, seen, theirs)).expect("their claim");
@@ -1004,13 +1057,7 @@ async fn a_parked_gap_waiter_whose_predecessor_committed_is_woken_by_the_next_ru
     assert_eq!(before.gaps_woken, 0, "its predecessor has not committed");
     assert_eq!(w.status(&k), Status::Parked);
     // Seq 2 commits; its processor dies before the wake-up.
-    use aws_sdk_dynamodb::types::AttributeValue as Av;
-    let state: Item =
-        [("pk", Av::S("seq#acct_r".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("2".into()))]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
-    w.world.state().table.insert(state);
+    w.world.seed(&stream_state("seq#acct_r", 2));
     let soon = w.run(NOW + 1_000).await;
     assert_eq!(soon.gaps_woken, 0, "looked at again after the backoff, not at every run");
     let after = w.run(NOW + settings().redrive_backoff_ms + 60_000).await;
@@ -1057,13 +1104,7 @@ async fn the_caller_dead_and_the_waiter_look_recognise_their_own_retry() {
     w.ledger().add(&waiting, Status::Parked, NOW - 1_000_000, json!({"park_reason": "gap"}));
     let at = Position { stream: "seq#acct_l".into(), seq: 2 };
     memory::ready(w.ledger().register_waiter(&at, &waiting, NOW / 1000 + 86_400, Some(NOW - 1_000))).unwrap();
-    use aws_sdk_dynamodb::types::AttributeValue as Av;
-    let state: Item =
-        [("pk", Av::S("seq#acct_l".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("1".into()))]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
-    w.world.state().table.insert(state);
+    w.world.seed(&stream_state("seq#acct_l", 1));
     w.world.inject("due.look_at_waiter", 0, Some(1), Fault::LoseAckOnce);
     let first = w.run(NOW + 1).await;
     assert_eq!(first.gaps_woken, 1, "{first:?}");
@@ -1131,7 +1172,8 @@ async fn without_a_dispatcher_the_outbox_phase_is_skipped() {
     let w = Harness::new();
     w.outbox_item("out_1", NOW - GRACE - 1);
     w.dead_outbox_items(4);
-    let recon: Recon = Reconciler::new(w.ledger(), w.world.queue(), None, None, w.settings).with_ambient(w.ambient());
+    let recon: Recon =
+        Reconciler::new(w.ledger(), w.world.queue(), None, Rechecks::new(), w.settings).with_ambient(w.ambient());
     let summary = recon.run(NOW, w.far()).await;
     assert!(w.dispatched().is_empty());
     assert_eq!(w.world.outbox().status("out_1"), "PENDING");
@@ -1535,9 +1577,8 @@ async fn redrives_in_several_shards_are_sent_together_at_most_ten_a_request() {
     }
     let log = Arc::new(Mutex::new(Vec::new()));
     let queue = Requests { inner: w.world.queue(), log: log.clone() };
-    let source: Arc<dyn SubscriptionSource> = w.provider.clone();
     let r =
-        Reconciler::new(w.ledger(), queue, Some(w.dispatcher()), Some(source), w.settings).with_ambient(w.ambient());
+        Reconciler::new(w.ledger(), queue, Some(w.dispatcher()), w.rechecks(), w.settings).with_ambient(w.ambient());
     let summary = r.run(NOW, w.far()).await;
     assert_eq!(summary.redriven, counts(&[("retry_due", 12)]), "{summary:?}");
     let requests = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -1631,13 +1672,17 @@ async fn a_waiter_pointer_left_in_the_records_partition_is_still_looked_at() {
     set(&mut pointer, attr::DUE_SHARD, due_shard(k.shard(SHARDS)).as_str());
     pointer.remove(crate::projection::sequence::PARKED_AT);
     w.world.state().table.insert(pointer);
-    use aws_sdk_dynamodb::types::AttributeValue as Av;
-    let state: Item =
-        [("pk", Av::S("seq#legacy".into())), ("sk", Av::S(STATE_SK.into())), ("last_seq", Av::N("1".into()))]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
-    w.world.state().table.insert(state);
+    w.world.seed(&stream_state("seq#legacy", 1));
     assert_eq!(w.run(NOW).await.gaps_woken, 1);
     assert_eq!(w.status(&k), Status::Retryable);
+}
+
+/// A stream's state item at `last_seq`.
+fn stream_state(pk: &str, last_seq: i64) -> crate::item::Item {
+    use crate::item::{n, s};
+    crate::item::Item::from([
+        ("pk".to_owned(), s(pk)),
+        ("sk".to_owned(), s(STATE_SK)),
+        ("last_seq".to_owned(), n(last_seq)),
+    ])
 }

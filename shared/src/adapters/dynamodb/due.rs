@@ -17,7 +17,7 @@ use super::{
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{
-    Attention, DriftItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, GAP, PortError, Status,
+    Attention, CheckItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, GAP, PortError, Status,
     WaiterCheck, WaiterItem,
 };
 use crate::ports::DueLedger;
@@ -155,17 +155,9 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
             due_at_ms: at,
             parked_at_ms: get_n(i, crate::projection::sequence::PARKED_AT).unwrap_or(at),
         })),
-        STATE_SK => Some(Due::Drift(DriftItem {
-            pk: pk.to_owned(),
-            due_at_ms: at,
-            subscription: field("subscription"),
-            customer: field("customer"),
-            endpoint: field("endpoint"),
-            tenant: field("tenant"),
-            event_id: field("event_id"),
-            status: get_s(i, "status").map(str::to_owned),
-            seats: get_n(i, "seats"),
-        })),
+        STATE_SK => {
+            Some(Due::Check(CheckItem { pk: pk.to_owned(), due_at_ms: at, state: super::item::item_from_sdk(i) }))
+        }
         _ => None,
     }
 }
@@ -178,7 +170,7 @@ pub(crate) fn claimed_by(met: Option<&Item>, token: &str) -> bool {
 pub(crate) fn item_of(item: DueItem<'_>) -> (&str, &str) {
     match item {
         DueItem::Record(key) => (key.as_str(), META_SK),
-        DueItem::Drift(pk) => (pk, STATE_SK),
+        DueItem::Check(pk) => (pk, STATE_SK),
         DueItem::Waiter { stream, sk } => (stream, sk),
     }
 }

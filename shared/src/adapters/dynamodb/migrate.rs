@@ -22,11 +22,14 @@ use super::conditions as cond;
 use super::outbox::OUTBOX_SK;
 use super::{DynamoLedger, META_SK, attention_shard, attr, due_partition, get_n, get_s};
 use crate::adapters::port_error;
-use crate::app::entitlement::LEGACY_DRIFT_SHARD_PREFIX;
 use crate::config::DEFAULT_DRIFT_INTERVAL_MS;
 use crate::identity::EventKey;
 use crate::ledger::{DuePartition, PortError};
 use crate::projection::STATE_SK;
+
+/// The due-index partition prefix of re-checked state in the oldest
+/// releases (`ent#NNN`, before it shared `due#NNN` with the records).
+const LEGACY_DRIFT_SHARD_PREFIX: &str = "ent";
 
 /// What a migration changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -37,7 +40,8 @@ pub struct Migrated {
     pub attention: u64,
     /// Outbox items moved to `out#NNN`.
     pub outbox_moved: u64,
-    /// Entitlements moved to `chk#NNN`.
+    /// Re-checked projection state (the entitlements of those releases)
+    /// moved to `chk#NNN` (the field keeps its name for scripts that read it).
     pub entitlements_moved: u64,
     /// Items of an earlier layout that changed while the migration read them
     /// (claimed or rewritten meanwhile): run it again for them.

@@ -20,6 +20,7 @@ pub mod backfill;
 pub mod claim;
 pub mod conditions;
 pub mod due;
+pub mod item;
 pub mod migrate;
 pub mod operator;
 pub mod outbox;

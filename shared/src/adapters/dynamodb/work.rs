@@ -34,8 +34,8 @@ use crate::identity::EventKey;
 use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, Status, WorkRecord};
 use crate::policy::expires_at;
 use crate::ports::{EventPayload, WorkLedger};
-use crate::projection::sequence::{self, Position};
-use crate::projection::{Op, ProjectionContext, ProjectionError};
+use crate::projection::sequence::{Position, waiter_sk};
+use crate::projection::{Op, ProjectionError, STATE_SK, StateFuture, StateStore};
 
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
@@ -71,24 +71,21 @@ pub fn work_record(item: &Item) -> Option<WorkRecord> {
     })
 }
 
-fn projection_error(e: ProjectionError) -> PortError {
-    PortError::Unavailable { service: "dynamodb", message: e.to_string() }
-}
-
 impl DynamoLedger {
     /// Reads the record (strongly consistent).
     pub async fn read_record(&self, key: &EventKey) -> Result<Option<WorkRecord>, PortError> {
         Ok(self.read_meta(key).await?.as_ref().and_then(work_record))
     }
+}
 
-    /// Where projections read and write: this table, these shards.
-    pub fn projection_context(&self) -> ProjectionContext {
-        ProjectionContext {
-            ddb: self.client().clone(),
-            table: self.table().to_owned(),
-            shards: self.shards(),
-            retention_days: self.retention_days,
-        }
+/// Projection state is read from the ledger's table: one strongly
+/// consistent `GetItem` by key.
+impl StateStore for DynamoLedger {
+    fn read<'a>(&'a self, pk: &'a str, sk: &'a str) -> StateFuture<'a> {
+        Box::pin(async move {
+            let item = self.read_item(pk, sk).await.map_err(|e| ProjectionError::Unavailable(e.to_string()))?;
+            Ok(item.as_ref().map(super::item::item_from_sdk))
+        })
     }
 }
 
@@ -161,7 +158,7 @@ pub(crate) fn commit_items(
     let mut outbox = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         for w in &op.writes {
-            items.push(w.clone());
+            items.push(super::item::transact(table, w));
             owner.push(i);
         }
         for msg in &op.outbox {
@@ -335,15 +332,26 @@ impl WorkLedger for DynamoLedger {
     ) -> Result<(), PortError> {
         let partition = super::due_partition(crate::ledger::DuePartition::Waiters, key.shard(self.shards()));
         let due = look_at.map(|t| (partition, t));
-        sequence::register_waiter(&self.projection_context(), at, key, expires_at, due).await.map_err(projection_error)
+        let item = crate::projection::sequence::waiter_item(at, key, expires_at, due);
+        // Idempotent: a repeat writes the same item.
+        self.client()
+            .put_item()
+            .table_name(self.table())
+            .set_item(Some(super::item::item_to_sdk(&item)))
+            .send()
+            .await
+            .map_err(|e| port_error("dynamodb", &e))?;
+        Ok(())
     }
 
     async fn waiter(&self, at: &Position) -> Result<Option<EventKey>, PortError> {
-        sequence::waiter(&self.projection_context(), at).await.map_err(projection_error)
+        let item = self.read_item(&at.stream, &waiter_sk(at.seq)).await?;
+        Ok(item.as_ref().and_then(|i| super::get_s(i, "event_key")).and_then(EventKey::from_stored))
     }
 
     async fn predecessor_applied(&self, at: &Position) -> Result<bool, PortError> {
-        sequence::predecessor_applied(&self.projection_context(), at).await.map_err(projection_error)
+        let state = self.read_item(&at.stream, STATE_SK).await?;
+        Ok(super::due::predecessor_committed(state.as_ref(), at.seq))
     }
 }
 

@@ -16,6 +16,7 @@ use crate::adapters::dynamodb::conditions::{self as cond, Placed, Update};
 use crate::adapters::dynamodb::due::{
     claimed_by, dead_refused_by, due_of, item_of, predecessor_committed, waits_on_gap, woken_at,
 };
+use crate::adapters::dynamodb::item::{item_from_sdk, item_to_sdk};
 use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_refused, transitioned};
 use crate::adapters::dynamodb::outbox::{
     OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text,
@@ -38,7 +39,7 @@ use crate::ports::{
     UnfetchedEvent, WorkLedger,
 };
 use crate::projection::sequence::{Position, waiter_sk};
-use crate::projection::{Op, STATE_SK};
+use crate::projection::{Op, ProjectionError, STATE_SK, StateFuture, StateStore};
 
 fn invalid(message: String) -> PortError {
     PortError::Unavailable { service: "dynamodb", message: format!("ValidationException: {message}") }
@@ -364,6 +365,7 @@ pub fn set(item: &mut Item, name: &str, value: impl Into<Value>) {
     match value.into() {
         Value::S(s) => item.insert(name.to_owned(), AttributeValue::S(s)),
         Value::N(n) => item.insert(name.to_owned(), AttributeValue::N(n.to_string())),
+        Value::Bool(b) => item.insert(name.to_owned(), AttributeValue::Bool(b)),
         Value::Gone => item.remove(name),
     };
 }
@@ -372,7 +374,14 @@ pub fn set(item: &mut Item, name: &str, value: impl Into<Value>) {
 pub enum Value {
     S(String),
     N(i64),
+    Bool(bool),
     Gone,
+}
+
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
 }
 
 impl From<&str> for Value {
@@ -708,7 +717,7 @@ impl WorkLedger for MemLedger {
         look_at: Option<i64>,
     ) -> Result<(), PortError> {
         let due = look_at.map(|t| (due_partition(DuePartition::Waiters, key.shard(self.0.shards)), t));
-        let item = crate::projection::sequence::waiter_item(at, key, expires_at, due);
+        let item = item_to_sdk(&crate::projection::sequence::waiter_item(at, key, expires_at, due));
         self.0.call_on("work.register_waiter", key.as_str(), |_, st| st.put(item.clone()))
     }
 
@@ -732,17 +741,18 @@ impl WorkLedger for MemLedger {
 
 /// An op by the `pk` of its first write.
 fn label(op: &Op) -> String {
-    let w = op.writes.first();
-    w.and_then(|w| {
-        w.put()
-            .map(|p| p.item())
-            .or_else(|| w.update().map(|u| u.key()))
-            .or_else(|| w.condition_check().map(|c| c.key()))
-            .or_else(|| w.delete().map(|d| d.key()))
-    })
-    .and_then(|item| get_s(item, "pk"))
-    .unwrap_or_default()
-    .to_owned()
+    op.writes.first().map(|w| w.pk.clone()).unwrap_or_default()
+}
+
+/// Projection state is read from the world's table, by key.
+impl StateStore for MemLedger {
+    fn read<'a>(&'a self, pk: &'a str, sk: &'a str) -> StateFuture<'a> {
+        Box::pin(async move {
+            self.0
+                .call_on("state.read", pk, |_, st| Ok(st.table.get(pk, sk).map(item_from_sdk)))
+                .map_err(|e| ProjectionError::Unavailable(e.to_string()))
+        })
+    }
 }
 
 // -------------------------------------------------------------- reconciler

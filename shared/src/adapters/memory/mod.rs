@@ -210,6 +210,53 @@ impl World {
         MemLedger(self.clone())
     }
 
+    /// Where projections read on this world: its table, its shards, a
+    /// retention of 30 days.
+    pub fn projection_context(&self) -> crate::projection::ProjectionContext {
+        crate::projection::ProjectionContext::new(std::sync::Arc::new(self.ledger()), self.shards, 30)
+    }
+
+    /// Stores `item` as it is (a test arranging state; no condition).
+    pub fn seed(&self, item: &crate::item::Item) {
+        self.state().table.insert(crate::adapters::dynamodb::item::item_to_sdk(item));
+    }
+
+    /// The item stored under `(pk, sk)`, as the domain reads it.
+    pub fn item(&self, pk: &str, sk: &str) -> Option<crate::item::Item> {
+        self.state().table.get(pk, sk).map(crate::adapters::dynamodb::item::item_from_sdk)
+    }
+
+    /// A projection's state item (`sk = "state"`).
+    pub fn state_item(&self, pk: &str) -> Option<crate::item::Item> {
+        self.item(pk, crate::projection::STATE_SK)
+    }
+
+    /// Commits `ops`' writes in one transaction, as the processor's commit
+    /// does (without a record to complete): `Err` names the ops whose
+    /// conditions failed. For unit tests of projections.
+    pub fn apply(&self, ops: &[crate::projection::Op]) -> Result<(), Vec<usize>> {
+        let mut writes = Vec::new();
+        let mut owner = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            for w in &op.writes {
+                let sdk = crate::adapters::dynamodb::item::transact("memory", w);
+                writes.push(table::Write::from_sdk(&sdk).unwrap_or_else(|e| panic!("an op's write: {e}")));
+                owner.push(i);
+            }
+        }
+        let now = self.ambient.now_ms();
+        match self.state().table.transact(&writes, None, now) {
+            Ok(()) => Ok(()),
+            Err(table::TransactError::Cancelled(reasons)) => {
+                let mut failed: Vec<usize> =
+                    reasons.iter().zip(&owner).filter(|(r, _)| r.is_some()).map(|(_, i)| *i).collect();
+                failed.dedup();
+                Err(failed)
+            }
+            Err(e) => panic!("an invalid transaction: {e:?}"),
+        }
+    }
+
     pub fn outbox(&self) -> MemOutbox {
         MemOutbox(self.clone())
     }
