@@ -792,8 +792,9 @@ pub(crate) fn app(wiring: &hookledger::wiring::Wiring) -> Result<hookledger::pro
     Ok(hookledger_app::reference_registry(wiring.subscriptions()?, wiring.notify_topic()))
 }
 
-/// Maps a provider subject to an account (the reference app's mapping).
-pub(crate) async fn map_subject(
+/// Maps a provider subject to an account (the reference app's mapping,
+/// applied as one write; the tests seed with it too).
+pub async fn map_subject(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
     provider: &str,

@@ -373,18 +373,7 @@ impl Stack {
     }
 }
 
-/// Maps a provider subject to an account (the reference app's mapping, one `PutItem`).
-pub async fn map_subject(
-    ddb: &aws_sdk_dynamodb::Client,
-    table: &str,
-    provider: &str,
-    tenant: &str,
-    subject: &str,
-    account: &str,
-) -> Result<(), String> {
-    let write = hookledger_app::subjects::mapping(provider, tenant, subject, account);
-    hookledger::adapters::dynamodb::item::apply(ddb, table, &write).await.map_err(|e| e.to_string())
-}
+pub use hookledger_cli::map_subject;
 
 /// The reference app's re-checks over `source` (none without one).
 pub fn rechecks(source: Option<Arc<dyn SubscriptionSource>>) -> hookledger::projection::recheck::Rechecks {

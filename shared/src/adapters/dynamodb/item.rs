@@ -100,7 +100,7 @@ pub fn transact(table: &str, w: &Write) -> TransactWriteItem {
 /// operator's or a demo's mapping): a put as one `PutItem`, anything else as
 /// a transaction of one item. A failed condition is an error.
 pub async fn apply(client: &aws_sdk_dynamodb::Client, table: &str, w: &Write) -> Result<(), crate::ledger::PortError> {
-    let result = match w.action {
+    match w.action {
         Action::Put(_) => client
             .put_item()
             .table_name(table)
@@ -119,8 +119,7 @@ pub async fn apply(client: &aws_sdk_dynamodb::Client, table: &str, w: &Write) ->
             .await
             .map(|_| ())
             .map_err(|e| crate::adapters::port_error("dynamodb", &e)),
-    };
-    result
+    }
 }
 
 #[cfg(test)]
