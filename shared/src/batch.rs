@@ -63,7 +63,7 @@ where
 }
 
 /// One message's fate: `true` delete it, `false` leave it on the queue.
-async fn one<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch, R: Redelivery>(
+pub async fn one<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch, R: Redelivery>(
     processor: &Processor<L, Q, D>,
     queue: &R,
     m: &Received,

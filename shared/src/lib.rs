@@ -6,7 +6,7 @@
 //! against it):
 //!
 //! <!-- layers:begin -->
-//! 1. domain: `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`
+//! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`
 //! 2. building blocks: `verify`, `projection`, `ports`, `config`, `seed001`
 //! 3. adapters: `adapters`, `telemetry`
 //! 4. use cases: `admission`, `contract`, `intake`, `backfill`, `insight`, `ops`, `outbox`, `processor`, `batch`, `reconciler`
@@ -43,6 +43,7 @@ pub mod message;
 pub mod netguard;
 pub mod ops;
 pub mod outbox;
+pub mod planted;
 pub mod policy;
 pub mod ports;
 pub mod processor;
@@ -63,8 +64,8 @@ mod layers {
         (
             "domain",
             &[
-                "clock", "netguard", "secret", "item", "identity", "event", "backoff", "policy", "ledger", "message",
-                "routes",
+                "planted", "clock", "netguard", "secret", "item", "identity", "event", "backoff", "policy", "ledger",
+                "message", "routes",
             ],
         ),
         ("building blocks", &["verify", "projection", "ports", "config", "seed001"]),

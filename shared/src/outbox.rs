@@ -227,10 +227,15 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         };
         // A group SQS and SNS take (a subject that is not: hashed, the same always).
         let group = message_group_id(&item.group);
+        let idempotency_key = if item.attempts > 1 && crate::planted::is(crate::planted::Bug::NewDeliveryKeyOnRetry) {
+            format!("{}-{}", item.idempotency_key, item.attempts)
+        } else {
+            item.idempotency_key.clone()
+        };
         let out = Publication {
             target: &item.topic_arn,
             body: &body,
-            idempotency_key: &item.idempotency_key,
+            idempotency_key: &idempotency_key,
             group: &group,
             source: item.delivery.as_ref().map(|d| d.source.as_str()),
             detail_type: item.delivery.as_ref().map(|d| d.detail_type.as_str()),

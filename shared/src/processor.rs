@@ -516,6 +516,9 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             let notifications = |outbox: Vec<String>| -> Vec<String> {
                 outbox.into_iter().filter(|id| !routed_items.iter().any(|i| &i.id == id)).collect()
             };
+            if !all.is_empty() && crate::planted::is(crate::planted::Bug::CompleteBeforeProjection) {
+                self.ledger.commit(key, token, &[], outcome.label(), subject, now_ms).await?;
+            }
             match self.ledger.commit(key, token, &all, outcome.label(), subject, now_ms).await? {
                 CommitResult::Committed { outbox } => {
                     if self.fault == ProcessorFault::AfterCommit {

@@ -51,6 +51,7 @@ use hookledger::verify::sns::{SnsMessage, signing};
 use hookledger::verify::{github, quiltt, standard, stripe};
 use hookledger_app::{account_ledger, email_status, entitlement, inventory, seats};
 use hookledger_it::faults::{Attempts, Chaos, Crashed, Fault, Rule, mix};
+use hookledger_sim::check;
 use http::{HeaderMap, HeaderValue, Method};
 use serde_json::json;
 
@@ -900,199 +901,96 @@ impl<'w> Run<'w> {
         }
     }
 
-    /// Final statuses after the first settling: never DEAD; PARKED only for
-    /// a reason the scenario explains.
-    async fn check_statuses(&mut self) {
-        for r in self.w.stack.meta_items().await {
-            let pk = s(&r, "pk");
-            match s(&r, "status").as_str() {
-                "DEAD" => {
-                    let why = format!("{} {}", s(&r, "dead_reason"), s(&r, "error_message"));
-                    self.w.violation("wrongly_dead", format!("{pk}: DEAD ({why})"));
-                }
-                "PARKED" => {
-                    let why = s(&r, "park_reason");
-                    let explained = why.starts_with("operator") || why == "gap" || why.contains("cus_u");
-                    if !explained {
-                        self.w.violation("other", format!("{pk}: PARKED ({why})"));
-                    }
-                }
-                _ => {}
-            }
-            if r.contains_key("conflicts") && n(&r, "conflicts") > 0 {
-                self.w.violation("other", format!("{pk}: {} false conflicts", n(&r, "conflicts")));
-            }
-        }
-        for i in self.w.stack.items().await {
-            if s(&i, "sk") == "outbox" && s(&i, "status") == "DEAD" {
-                self.w.violation("wrongly_dead", format!("{}: outbox item DEAD", s(&i, "pk")));
-            }
-        }
-    }
-
-    /// After the runbook: everything owed is PROCESSED, and each projection
-    /// equals what its applied events say.
-    async fn check_outcomes(&mut self) {
-        let records = self.w.stack.meta_items().await;
-        let by_key: HashMap<String, &HashMap<String, AttributeValue>> =
-            records.iter().map(|r| (s(r, "pk"), r)).collect();
-        let mut owed: BTreeSet<String> = self.w.acknowledged.iter().map(|k| k.as_str().to_owned()).collect();
-        owed.extend(by_key.keys().cloned());
-        for key in &owed {
-            match by_key.get(key).map(|r| s(r, "status")) {
-                None => self.w.violation("lost", format!("{key}: acknowledged but no record")),
-                Some(st) if st == "PROCESSED" => {}
-                Some(st) => self.w.violation("lost", format!("{key}: ended {st}")),
-            }
-        }
-        let applied: Vec<&Event> = self
+    /// What the providers sent, as the shared checker (`hookledger_sim::check`) reads it.
+    fn expected(&self) -> check::Expected {
+        let account = |customer: &str| if customer == "cus_m" { "acct_m" } else { "acct_u" };
+        let sent = self
             .sc
             .events
             .iter()
-            .filter(|e| {
-                by_key
-                    .get(e.key().as_str())
-                    .is_some_and(|r| s(r, "status") == "PROCESSED" && s(r, "outcome") != "resolved")
+            .filter_map(|e| {
+                let fact = match &e.fact {
+                    Fact::Payment { customer, amount } => check::Fact::Payment {
+                        state: account_ledger::balance_pk(STRIPE_TENANT, account(customer)),
+                        amount: *amount,
+                    },
+                    Fact::Subscription => check::Fact::Subscription {
+                        state: entitlement::entitlement_pk(STRIPE_TENANT, "sub_c"),
+                        seats: self.sc.subscription_seats,
+                    },
+                    Fact::Seats { revision, seats } => check::Fact::Snapshot {
+                        state: seats::seats_pk("svix", "acct_s"),
+                        revision: *revision,
+                        seats: *seats,
+                    },
+                    Fact::Inventory { endpoint, delta } => {
+                        let sku = if *endpoint == "svix" { "sku-s" } else { "sku-q" };
+                        check::Fact::Delta { state: inventory::inventory_pk(endpoint, sku), delta: *delta }
+                    }
+                    Fact::Email { status } => check::Fact::Status {
+                        state: email_status::email_pk("ses", "mail-1"),
+                        status: (*status).to_owned(),
+                        rank: email_status::rank(status)?,
+                    },
+                    Fact::Push | Fact::Routed => check::Fact::Routed,
+                };
+                Some(check::Sent { key: e.key().as_str().to_owned(), fact })
             })
             .collect();
-        // Account ledger: one entry per applied payment.
-        for (customer, account) in [("cus_m", "acct_m"), ("cus_u", "acct_u")] {
-            let (want_balance, want_entries) = applied.iter().fold((0, 0), |(b, c), e| match e.fact {
-                Fact::Payment { customer: c2, amount } if c2 == customer => (b + amount, c + 1),
-                _ => (b, c),
-            });
-            let st = self.w.state(&account_ledger::balance_pk(STRIPE_TENANT, account)).await;
-            let (balance, entries) = st.as_ref().map_or((0, 0), |b| (n(b, "balance"), n(b, "entries")));
-            self.w.expect_count(&format!("{account} ledger entries"), entries, want_entries);
-            self.w.expect_count(&format!("{account} balance"), balance, want_balance);
+        check::Expected {
+            sent,
+            acknowledged: self.w.acknowledged.iter().map(|k| k.as_str().to_owned()).collect(),
+            parked_ok: Some(|why| why.starts_with("operator") || why == "gap" || why.contains("cus_u")),
         }
-        // Ordered deltas: the sum of the applied deltas.
-        for (endpoint, sku) in [("svix", "sku-s"), ("quiltt", "sku-q")] {
-            let want: i64 = applied
-                .iter()
-                .filter_map(|e| match e.fact {
-                    Fact::Inventory { endpoint: ep, delta } if ep == endpoint => Some(delta),
-                    _ => None,
-                })
-                .sum();
-            let st = self.w.state(&inventory::inventory_pk(endpoint, sku)).await;
-            let got = st.as_ref().map_or(0, |st| n(st, "on_hand"));
-            let applied_n = applied
-                .iter()
-                .filter(|e| matches!(e.fact, Fact::Inventory { endpoint: ep, .. } if ep == endpoint))
-                .count();
-            let last = st.as_ref().map_or(0, |st| n(st, "last_seq"));
-            self.w.expect_count(&format!("{sku} deltas applied"), last, applied_n as i64);
-            self.w.expect_state(&format!("{sku} on hand"), got, want);
+    }
+
+    /// The ledger's items as domain items (the destinations' arrivals: none).
+    async fn observed(&self) -> check::Observed {
+        let items =
+            self.w.stack.items().await.iter().map(hookledger::adapters::dynamodb::item::item_from_sdk).collect();
+        check::Observed { items, arrivals: BTreeMap::new() }
+    }
+
+    fn report(&mut self, found: Vec<check::Violation>) {
+        for v in found {
+            self.w.violation(v.kind, v.what);
         }
-        // Snapshots: the newest applied revision wins.
-        let newest = applied
-            .iter()
-            .filter_map(|e| match e.fact {
-                Fact::Seats { revision, seats } => Some((revision, seats)),
-                _ => None,
-            })
-            .max();
-        let st = self.w.state(&seats::seats_pk("svix", "acct_s")).await;
-        self.w.expect_state("seats", st.as_ref().map_or(0, |st| n(st, "seats")), newest.map_or(0, |(_, s)| s));
-        // Precedence: the highest-ranked applied status.
-        let best = applied
-            .iter()
-            .filter_map(|e| match e.fact {
-                Fact::Email { status } => email_status::rank(status).map(|r| (r, status)),
-                _ => None,
-            })
-            .max();
-        let st = self.w.state(&email_status::email_pk("ses", "mail-1")).await;
-        let got = st.as_ref().map(|st| s(st, "status")).unwrap_or_default();
-        if got != best.map_or("", |(_, s)| s) {
-            self.w.violation("lost", format!("email status {got:?}, expected {best:?}"));
-        }
-        // Entitlement: the provider's state, and every change published once.
-        if applied.iter().any(|e| matches!(e.fact, Fact::Subscription)) {
-            let st = self.w.state(&entitlement::entitlement_pk(STRIPE_TENANT, "sub_c")).await;
-            self.w.expect_state(
-                "entitled seats",
-                st.as_ref().map_or(0, |st| n(st, "seats")),
-                self.sc.subscription_seats,
-            );
-        }
-        let items: Vec<_> = self.w.stack.items().await.into_iter().filter(|i| s(i, "sk") == "outbox").collect();
-        for i in &items {
-            if s(i, "status") != "SENT" {
-                self.w.violations.push(("lost", format!("{}: outbox item {}", s(i, "pk"), s(i, "status"))));
-            }
-        }
-        // Routes' deliveries: each reached its destination, under its key, and nothing else did.
+    }
+
+    /// Final statuses after the first settling (the shared checker): never
+    /// DEAD; PARKED only for a reason the scenario explains.
+    async fn check_statuses(&mut self) {
+        let found = check::statuses(&self.expected(), &self.observed().await);
+        self.report(found);
+    }
+
+    /// After the runbook (the shared checker): everything owed is
+    /// PROCESSED, each projection equals what its applied events say, and
+    /// each destination received exactly the keys its deliveries owe.
+    async fn check_outcomes(&mut self) {
+        let mut observed = self.observed().await;
+        // What each destination received, under which keys.
         let mut queued = Vec::new();
         for (destination, queue) in [
             ("queue", self.w.routed_queue.clone()),
             ("bus", self.w.routed_bus_queue.clone()),
             ("topic", self.w.routed_topic_queue.clone()),
         ] {
-            let owed: BTreeSet<String> =
-                items.iter().filter(|i| s(i, "destination") == destination).map(|i| s(i, "idempotency_key")).collect();
             let bodies = self.w.stack.drain(&queue).await;
             if destination == "queue" {
                 queued = bodies.clone();
             }
-            let got: BTreeSet<String> = bodies
+            let got: Vec<String> = bodies
                 .iter()
                 .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())
                 .map(|m| crate::explore::envelope_of(destination, m))
                 .filter_map(|e| e["idempotency_key"].as_str().map(str::to_owned))
                 .collect();
-            for k in owed.difference(&got) {
-                self.w.violation("lost", format!("delivery {k} never reached the {destination}"));
-            }
-            for k in got.difference(&owed) {
-                self.w.violation("doubled", format!("the {destination} got {k}, which no delivery owes"));
-            }
-            self.report.routed_deliveries += owed.len();
+            observed.arrivals.insert(destination.to_owned(), got);
         }
-        // The HTTPS destination: the consumer de-duplicates on `webhook-id`,
-        // so it sees each event once when each owed key came and no other did.
-        let owed: BTreeSet<String> =
-            items.iter().filter(|i| s(i, "destination") == "hooks").map(|i| s(i, "idempotency_key")).collect();
-        let got: BTreeSet<String> = self.w.sink.ids().into_keys().collect();
-        for k in owed.difference(&got) {
-            self.w.violation("lost", format!("delivery {k} never reached the HTTPS destination"));
-        }
-        for k in got.difference(&owed) {
-            self.w.violation("doubled", format!("the HTTPS destination got {k}, which no delivery owes"));
-        }
-        if self.w.sink.unverified() > 0 {
-            self.w.violation("forged", format!("{} HTTPS deliveries do not verify", self.w.sink.unverified()));
-        }
-        self.report.routed_deliveries += owed.len();
-        let routed_applied = applied.iter().filter(|e| matches!(e.fact, Fact::Routed)).count();
-        let routed_items = items.iter().filter(|i| !s(i, "destination").is_empty()).count();
-        if routed_items != 4 * routed_applied {
-            self.w.violation("lost", format!("{routed_items} deliveries for {routed_applied} routed events (4 each)"));
-        }
-        // The Python consumer over everything the queue got: each event applied
-        // once (every fifth seed: a process start each; `scripts/chaos` runs 200 of them).
-        if !queued.is_empty() && self.seed % 5 == 0 {
-            let applied = crate::routes::python_consumer(&queued);
-            let events: BTreeSet<&str> = applied.keys().map(String::as_str).collect();
-            if applied.values().any(|n| *n != 1) {
-                self.w.violation("doubled", format!("the consumer applied {applied:?}"));
-            }
-            let want = self
-                .sc
-                .events
-                .iter()
-                .filter(|e| matches!(e.fact, Fact::Routed))
-                .filter(|e| by_key.get(e.key().as_str()).is_some_and(|r| s(r, "status") == "PROCESSED"));
-            for e in want {
-                if !events.contains(format!("stripe#{}", e.event_id).as_str()) {
-                    self.w.violation("lost", format!("the consumer never applied {}", e.event_id));
-                }
-            }
-        }
-        let outbox: BTreeSet<String> =
-            items.iter().filter(|i| s(i, "destination").is_empty()).map(|i| s(i, "idempotency_key")).collect();
-        let published: BTreeSet<String> = self
+        // The HTTPS consumer de-duplicates on `webhook-id`: each key it saw.
+        observed.arrivals.insert("hooks".to_owned(), self.w.sink.ids().into_keys().collect());
+        let published: Vec<String> = self
             .w
             .stack
             .drain(&self.w.inbox)
@@ -1101,11 +999,54 @@ impl<'w> Run<'w> {
             .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())
             .filter_map(|m| m["MessageAttributes"]["idempotency-key"]["Value"].as_str().map(str::to_owned))
             .collect();
-        for k in outbox.difference(&published) {
-            self.w.violation("lost", format!("outbox {k} never published"));
+        observed.arrivals.insert(String::new(), published);
+        let found = check::outcomes(&self.expected(), &observed);
+        self.report(found);
+
+        // What only the emulator's world has: a verifying HTTPS consumer and
+        // a consumer process in another language.
+        let s =
+            |i: &hookledger::item::Item, name: &str| hookledger::item::get_s(i, name).unwrap_or_default().to_owned();
+        let records: HashMap<String, String> = observed
+            .items
+            .iter()
+            .filter(|i| s(i, "sk") == "meta")
+            .map(|i| (s(i, "pk"), format!("{} {}", s(i, "status"), s(i, "outcome"))))
+            .collect();
+        let applied = |e: &&Event| {
+            records.get(e.key().as_str()).is_some_and(|r| r.starts_with("PROCESSED") && !r.ends_with("resolved"))
+        };
+        let owed: Vec<_> =
+            observed.items.iter().filter(|i| s(i, "sk") == "outbox" && !s(i, "destination").is_empty()).collect();
+        self.report.routed_deliveries += owed.len();
+        if self.w.sink.unverified() > 0 {
+            self.w.violation("forged", format!("{} HTTPS deliveries do not verify", self.w.sink.unverified()));
         }
-        for k in published.difference(&outbox) {
-            self.w.violation("doubled", format!("published {k} without an outbox item"));
+        let routed_applied = self.sc.events.iter().filter(applied).filter(|e| matches!(e.fact, Fact::Routed)).count();
+        if owed.len() != 4 * routed_applied {
+            self.w.violation("lost", format!("{} deliveries for {routed_applied} routed events (4 each)", owed.len()));
+        }
+        // The Python consumer over everything the queue got: each event applied
+        // once (every fifth seed: a process start each; `scripts/chaos` runs 200 of them).
+        if !queued.is_empty() && self.seed % 5 == 0 {
+            let consumed = crate::routes::python_consumer(&queued);
+            let events: BTreeSet<&str> = consumed.keys().map(String::as_str).collect();
+            if consumed.values().any(|n| *n != 1) {
+                self.w.violation("doubled", format!("the consumer applied {consumed:?}"));
+            }
+            let want: Vec<String> = self
+                .sc
+                .events
+                .iter()
+                .filter(|e| matches!(e.fact, Fact::Routed))
+                .filter(|e| records.get(e.key().as_str()).is_some_and(|r| r.starts_with("PROCESSED")))
+                .map(|e| e.event_id.clone())
+                .collect();
+            for id in want {
+                if !events.contains(format!("stripe#{id}").as_str()) {
+                    self.w.violation("lost", format!("the consumer never applied {id}"));
+                }
+            }
         }
     }
 }

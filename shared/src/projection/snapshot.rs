@@ -26,10 +26,12 @@ impl Guard {
 pub fn replace_if_newer(pk: &str, version: Version, mut attrs: Item) -> Op {
     attrs.insert("generation".into(), n(version.generation));
     attrs.insert("revision".into(), n(version.revision));
-    let put = Write::put(pk, attrs)
-        .when("attribute_not_exists(pk) OR generation < :g OR (generation = :g AND revision < :r)")
-        .value(":g", n(version.generation))
-        .value(":r", n(version.revision));
+    let guard = if crate::planted::is(crate::planted::Bug::NoRevisionGuard) {
+        "attribute_not_exists(pk) OR attribute_exists(pk) OR generation < :g OR revision < :r"
+    } else {
+        "attribute_not_exists(pk) OR generation < :g OR (generation = :g AND revision < :r)"
+    };
+    let put = Write::put(pk, attrs).when(guard).value(":g", n(version.generation)).value(":r", n(version.revision));
     Op::new(vec![put], OnConflict::Stale)
 }
 

@@ -475,7 +475,12 @@ pub fn lease(token: &str, now_ms: i64, lease_ms: i64, shard: u32) -> Update {
 
 /// The fence every exit from PROCESSING carries: still ours.
 fn fenced(name: &'static str, token: &str) -> Update {
-    Update::when(name, "#st = :processing AND lease_owner = :tok")
+    let fence = if name == "complete" && crate::planted::is(crate::planted::Bug::NoFence) {
+        "attribute_exists(pk) OR #st = :processing OR lease_owner = :tok"
+    } else {
+        "#st = :processing AND lease_owner = :tok"
+    };
+    Update::when(name, fence)
         .status()
         .value(":processing", s(Status::Processing.as_str()))
         .value(":tok", s(token))

@@ -122,6 +122,10 @@ pub struct State {
     rules: Vec<Rule>,
     /// Faults drawn at random: per thousand calls.
     random_per_mille: u32,
+    /// Crashes (before or after the write) drawn at random: per thousand calls.
+    random_crashes_per_mille: u32,
+    /// Faults injected so far (rules and random draws, crashes included).
+    pub injected: u64,
     /// Every port call, in order.
     pub calls: Vec<String>,
     /// The conditions.rs expressions evaluated (applied or refused).
@@ -154,7 +158,13 @@ pub struct World {
     page_items: usize,
     hooks: Arc<Mutex<Vec<Hook>>>,
     hook_calls: Arc<Mutex<HashMap<String, usize>>>,
+    /// Run before every port call, outside the lock (a scheduler's
+    /// interleavings: another invocation runs between two calls).
+    preempt: Arc<Mutex<Option<Preempt>>>,
 }
+
+/// A hook run before every port call with the call's name.
+pub type Preempt = Arc<dyn Fn(&World, &str) + Send + Sync>;
 
 impl World {
     /// A world on this clock and entropy (tests: `Ambient::fixed`).
@@ -167,6 +177,7 @@ impl World {
             page_items: 1_000,
             hooks: Arc::default(),
             hook_calls: Arc::default(),
+            preempt: Arc::default(),
         }
     }
 
@@ -304,10 +315,22 @@ impl World {
         self.state().random_per_mille = per_mille;
     }
 
+    /// Crashes the invocation at this rate per thousand calls, before or
+    /// after the write (half each), drawn from the world's entropy.
+    pub fn random_crashes(&self, per_mille: u32) {
+        self.state().random_crashes_per_mille = per_mille;
+    }
+
+    /// Runs `f` before every port call from now on (`None`: no more).
+    pub fn preempt(&self, f: Option<Preempt>) {
+        *self.preempt.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = f;
+    }
+
     pub fn clear_faults(&self) {
         let mut st = self.state();
         st.rules.clear();
         st.random_per_mille = 0;
+        st.random_crashes_per_mille = 0;
     }
 
     /// The calls made so far, in order: `"<name> <item>"` (`"<name>"` for
@@ -363,11 +386,19 @@ impl World {
                 Some(n) => *n -= 1,
                 None => {}
             }
+            st.injected += 1;
             return Some(r.fault);
         }
         if st.random_per_mille > 0 && self.ambient.entropy.bits() % 1000 < u128::from(st.random_per_mille) {
             const KINDS: [Fault; 4] = [Fault::Throttle, Fault::Unavailable, Fault::LoseAckOnce, Fault::LoseAckAlways];
+            st.injected += 1;
             return Some(KINDS[(self.ambient.entropy.bits() % 4) as usize]);
+        }
+        if st.random_crashes_per_mille > 0
+            && self.ambient.entropy.bits() % 1000 < u128::from(st.random_crashes_per_mille)
+        {
+            st.injected += 1;
+            return Some(if self.ambient.entropy.bits() % 2 == 0 { Fault::CrashBefore } else { Fault::CrashAfter });
         }
         None
     }
@@ -449,6 +480,10 @@ impl World {
         };
         for f in due {
             f(self);
+        }
+        let preempt = self.preempt.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        if let Some(p) = preempt {
+            p(self, name);
         }
     }
 }

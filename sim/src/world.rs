@@ -1,0 +1,981 @@
+//! One seed of the simulated deployment: the intake, the work queue, the
+//! processor, the reconciler, the routes' dispatcher and the operator's
+//! commands, each the library's own use case, over the memory world
+//! (`hookledger::adapters::memory`) on a virtual clock and one seeded
+//! entropy. Nothing here reads the real clock or real randomness, and
+//! nothing waits: a step runs to its end at once, so one seed is one
+//! sequence of steps, the same on every run.
+//!
+//! The scheduler (a SplitMix64 stream from the seed) picks each step among
+//! those enabled: a provider delivery that is due, a processor invocation
+//! on the visible messages, a reconciler run on its schedule, an operator
+//! action, or time passing. Interleavings come from a hook the world runs
+//! before every port call: there, now and then, a second worker takes the
+//! same record over after its lease expired, another copy of an event
+//! arrives, or a reconciler runs, before the first invocation's call goes
+//! on. Faults at every port call (throttled, unavailable, acknowledgement
+//! lost once or always, a crash before or after the write) are drawn by the
+//! world from the entropy during the storm; a crashed invocation is gone
+//! (its messages come back after their visibility timeout, its provider
+//! retries).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use hmac::{Hmac, KeyInit, Mac};
+use hookledger::adapters::memory::{self, MemLedger, MemOutbox, MemPublisher, MemQueue, World};
+use hookledger::clock::{Ambient, Clock, ManualClock, SeededEntropy};
+use hookledger::config::{self, ProcessorSettings, ReconcilerSettings, SecretResolver, Settings};
+use hookledger::identity::EventKey;
+use hookledger::intake::{Intake, IntakeRequest};
+use hookledger::item::{Item, get_s, n};
+use hookledger::ops::Ops;
+use hookledger::outbox::Dispatcher;
+use hookledger::processor::Processor;
+use hookledger::projection::{
+    Decision, EventContext, OnConflict, Op, PlanFuture, Projection, ProjectionContext, Write,
+};
+use hookledger::reconciler::Reconciler;
+use hookledger::secret::Secret;
+use hookledger::verify::{standard, stripe};
+use hookledger_app::{account_ledger, inventory, seats};
+use http::{HeaderMap, HeaderValue, Method};
+use serde_json::json;
+use sha2::Sha256;
+
+use crate::check::{self, Expected, Fact, Observed, Sent, Violation, Watch};
+
+type Outbox = Dispatcher<MemOutbox, MemPublisher>;
+type Proc = Processor<MemLedger, MemQueue, Outbox>;
+type Recon = Reconciler<MemQueue, MemLedger, Outbox>;
+
+/// The virtual epoch of every seed.
+const START_MS: i64 = 1_800_000_000_000;
+/// First deliveries are spread over this window.
+const SPREAD_MS: i64 = 10 * 60_000;
+/// Faults are injected for this long from the start.
+const STORM_MS: i64 = 30 * 60_000;
+/// After the storm, everything is terminal within this bound (liveness).
+const LIVENESS_MS: i64 = 4 * 3_600_000;
+const RECONCILE_EVERY_MS: i64 = 5 * 60_000;
+/// Providers retry a delivery not answered 2xx on this schedule (then every 2 h).
+const RETRIES_MS: [i64; 6] = [10_000, 60_000, 300_000, 1_800_000, 3_600_000, 7_200_000];
+const MAX_STEPS: usize = 20_000;
+const SHARDS: u32 = 4;
+const TENANT: &str = "t1";
+const STRIPE_SECRET: &str = "whsec_sim_stripe";
+const SVIX_SECRET: &str = "whsec_c2ltLXN2aXgta2V5LWZvci10aGUtc2ltdWxhdG9y";
+const HMAC_SECRET: &str = "sim-hmac";
+const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:sim-orders";
+const BUS_ARN: &str = "arn:aws:events:us-east-1:123456789012:event-bus/sim";
+
+const ENDPOINTS: &str = r#"{
+    "stripe": {"provider": "stripe", "tenant": "t1", "secrets": ["env:STRIPE"]},
+    "svix": {"provider": "standard_webhooks", "tenant": "t1", "secrets": ["env:SVIX"]},
+    "acme": {"provider": "hmac", "tenant": "t1", "secrets": ["env:HMAC"],
+             "hmac": {"signature_header": "x-sig", "prefix": "sha256=", "encoding": "hex",
+                      "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/type"}}},
+    "dropbox": {"provider": "dropbox", "tenant": "t1", "secrets": ["env:HMAC"]}
+}"#;
+
+/// How hard a seed is pushed (the defaults: `scripts/simulate`).
+#[derive(Debug, Clone, Copy)]
+pub struct Knobs {
+    /// Random faults per thousand port calls during the storm.
+    pub faults_per_mille: u32,
+    /// Random crashes per thousand port calls during the storm.
+    pub crashes_per_mille: u32,
+    /// Interleavings per thousand port calls (another invocation runs there).
+    pub preempt_per_mille: u64,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Self { faults_per_mille: 40, crashes_per_mille: 8, preempt_per_mille: 25 }
+    }
+}
+
+/// A small deterministic generator (SplitMix64).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x5eed_0f_5151)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo + 1) as u64) as i64
+    }
+    pub fn per_mille(&mut self, p: u64) -> bool {
+        self.below(1000) < p
+    }
+}
+
+/// One event a provider will send (and resend until answered 2xx).
+#[derive(Debug, Clone)]
+struct Event {
+    endpoint: &'static str,
+    /// Its stored key (`None`: a notification, keyed by its body and generation).
+    key: Option<String>,
+    event_id: String,
+    body: Vec<u8>,
+    fact: Fact,
+}
+
+/// A delivery due at a time.
+#[derive(Debug, Clone)]
+struct Delivery {
+    event: usize,
+    /// Attempts made before this one (the retry schedule's position).
+    attempt: usize,
+}
+
+/// The figures of a run of seeds (summed).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Figures {
+    pub seeds: u64,
+    pub events: u64,
+    pub deliveries: u64,
+    pub invocations: u64,
+    pub reconciler_runs: u64,
+    pub interleavings: u64,
+    pub faults: u64,
+    pub crashes: u64,
+    pub routed_deliveries: u64,
+    pub steps: u64,
+    /// Virtual milliseconds simulated.
+    pub virtual_ms: i64,
+}
+
+impl Figures {
+    pub fn add(&mut self, o: &Figures) {
+        self.seeds += o.seeds;
+        self.events += o.events;
+        self.deliveries += o.deliveries;
+        self.invocations += o.invocations;
+        self.reconciler_runs += o.reconciler_runs;
+        self.interleavings += o.interleavings;
+        self.faults += o.faults;
+        self.crashes += o.crashes;
+        self.routed_deliveries += o.routed_deliveries;
+        self.steps += o.steps;
+        self.virtual_ms += o.virtual_ms;
+    }
+}
+
+/// What a seed left: its violations, its figures and its step trace.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub seed: u64,
+    pub violations: Vec<Violation>,
+    pub figures: Figures,
+    pub trace: Vec<String>,
+}
+
+/// Runs `f` to its end at once (every port here completes without
+/// waiting); `None` when the invocation crashed (an injected crash).
+fn invoke<T>(f: impl std::future::Future<Output = T>) -> Option<T> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| memory::ready(f))) {
+        Ok(v) => Some(v),
+        Err(p) => {
+            let crash = p.downcast_ref::<String>().is_some_and(|m| m.starts_with(memory::CRASH));
+            if !crash {
+                std::panic::resume_unwind(p);
+            }
+            None
+        }
+    }
+}
+
+/// Silences the panic messages of injected crashes (others print as usual).
+pub fn quiet_crashes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let crash = info.payload().downcast_ref::<String>().is_some_and(|m| m.starts_with(memory::CRASH));
+        if !crash {
+            default(info);
+        }
+    }));
+}
+
+struct SimSecrets;
+
+impl SecretResolver for SimSecrets {
+    fn resolve<'a>(
+        &'a self,
+        reference: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Secret, String>> + Send + 'a>> {
+        Box::pin(async move {
+            match reference {
+                "env:STRIPE" => Ok(Secret::new(STRIPE_SECRET)),
+                "env:SVIX" => Ok(Secret::new(SVIX_SECRET)),
+                "env:HMAC" => Ok(Secret::new(HMAC_SECRET)),
+                other => Err(format!("unknown {other}")),
+            }
+        })
+    }
+}
+
+/// No certificate is fetched here (no SNS endpoint).
+struct NoFetch;
+
+impl hookledger::verify::certificates::HttpsGet for NoFetch {
+    fn get<'a>(
+        &'a self,
+        _url: &'a url::Url,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<Vec<u8>, hookledger::verify::certificates::FetchError>> + Send + 'a,
+        >,
+    > {
+        Box::pin(async {
+            Err(hookledger::verify::certificates::FetchError::Failed("no fetch in the simulator".into()))
+        })
+    }
+}
+
+/// A count per event, guarded by nothing but the commit's fence: the
+/// projection a team writes when it trusts the core's effectively-once.
+struct Tally;
+
+pub const TALLY_PK: &str = "sim#tally#t1";
+pub const FETCHED_PK: &str = "sim#fetched#t1";
+
+impl Projection for Tally {
+    fn name(&self) -> &'static str {
+        "sim_tally"
+    }
+    fn handles(&self, provider: &str, event_type: &str) -> bool {
+        provider == "hmac" && event_type == "thing.counted"
+    }
+    fn plan<'a>(&'a self, _ev: &'a EventContext, _cx: &'a ProjectionContext) -> PlanFuture<'a> {
+        Box::pin(async move {
+            let add = Write::update(TALLY_PK, "ADD #c :one").name("#c", "count").value(":one", n(1));
+            Ok(Decision::Apply(vec![Op::new(vec![add], OnConflict::Stale)]))
+        })
+    }
+}
+
+/// A notification's projection: fetch the truth (here: note when).
+struct Fetch;
+
+impl Projection for Fetch {
+    fn name(&self) -> &'static str {
+        "sim_fetch"
+    }
+    fn handles(&self, provider: &str, _event_type: &str) -> bool {
+        provider == "dropbox"
+    }
+    fn plan<'a>(&'a self, ev: &'a EventContext, _cx: &'a ProjectionContext) -> PlanFuture<'a> {
+        Box::pin(async move {
+            let at = ev.processing_at_ms;
+            let set = Write::update(FETCHED_PK, "SET fetched_at = :t")
+                .when("attribute_not_exists(fetched_at) OR fetched_at < :t")
+                .value(":t", n(at));
+            Ok(Decision::Apply(vec![Op::new(vec![set], OnConflict::Stale)]))
+        })
+    }
+}
+
+fn routes() -> Arc<hookledger::routes::Routes> {
+    let json = format!(
+        r#"{{"destinations": {{"orders": {{"arn": "{QUEUE_ARN}"}}, "bus": {{"arn": "{BUS_ARN}", "source": "sim.products"}}}},
+            "routes": [{{"provider": "stripe", "type": "product.*", "to": ["orders", "bus"]}}]}}"#
+    );
+    Arc::new(hookledger::routes::Routes::parse(&json).expect("the simulator's routes"))
+}
+
+/// The deployment, shared with the world's interleaving hook.
+struct Parts {
+    world: World,
+    clock: Arc<ManualClock>,
+    intake: Intake<MemLedger, MemQueue>,
+    processor: Arc<Proc>,
+    reconciler: Recon,
+    ops: Ops<MemQueue, MemLedger>,
+    queue: MemQueue,
+}
+
+/// The mutable state of a seed, behind one lock (one thread runs a seed;
+/// the lock is never held across a port call).
+struct Sched {
+    rng: Rng,
+    trace: Vec<String>,
+    events: Vec<Event>,
+    /// Deliveries by due time (then order of scheduling).
+    pending: BTreeMap<(i64, u64), Delivery>,
+    next_id: u64,
+    acknowledged: BTreeSet<String>,
+    /// Notifications answered 2xx (their times).
+    notified: Vec<i64>,
+    figures: Figures,
+    /// The key the outermost processor invocation is working on.
+    working: Option<EventKey>,
+    knobs: Knobs,
+    violations: Vec<Violation>,
+    watch: Watch,
+}
+
+pub struct Sim {
+    seed: u64,
+    parts: Arc<Parts>,
+    sched: Arc<Mutex<Sched>>,
+    depth: Arc<AtomicU32>,
+}
+
+impl Sim {
+    pub fn new(seed: u64, knobs: Knobs) -> Self {
+        let clock = Arc::new(ManualClock::at(START_MS));
+        let ambient = Ambient { clock: clock.clone(), entropy: Arc::new(SeededEntropy::new(seed)) };
+        let world = World::new(ambient.clone()).with_shards(SHARDS);
+        let specs = config::parse_endpoints(ENDPOINTS).expect("the simulator's endpoints");
+        let certs = Arc::new(hookledger::verify::certificates::CertificateCache::new(Arc::new(NoFetch)));
+        let endpoints =
+            memory::ready(config::build_endpoints(specs, &SimSecrets, certs, None)).expect("the simulator's endpoints");
+        let settings = Settings {
+            table_name: "memory".into(),
+            queue_url: "memory".into(),
+            max_body_bytes: 256 * 1024,
+            retention_days: 30,
+            index_shards: SHARDS,
+            payload_bucket: None,
+        };
+        let intake = Intake::new(endpoints, settings, world.ledger(), world.queue()).with_ambient(ambient.clone());
+        let payloads: Arc<dyn hookledger::ports::EventPayloads> = Arc::new(world.ledger());
+        let dispatcher = || {
+            Dispatcher::with_ports(world.outbox(), world.publisher())
+                .with_ambient(ambient.clone())
+                .with_payloads(payloads.clone())
+        };
+        let registry = hookledger_app::reference_registry(None, None).register(Tally).register(Fetch);
+        let processor_settings = ProcessorSettings { index_shards: SHARDS, ..ProcessorSettings::default() };
+        let processor = Processor::with_ports(
+            world.ledger(),
+            world.projection_context(),
+            registry,
+            Some(dispatcher()),
+            processor_settings,
+        )
+        .with_queue(world.queue())
+        .with_ambient(ambient.clone())
+        .with_routes(routes());
+        let reconciler = Reconciler::new(
+            world.ledger(),
+            world.queue(),
+            Some(dispatcher()),
+            hookledger::projection::recheck::Rechecks::new(),
+            ReconcilerSettings::default().with_lookahead_for(&processor_settings),
+        )
+        .with_ambient(ambient.clone());
+        let ops = Ops::new(world.ledger(), world.queue());
+        let parts =
+            Parts { queue: world.queue(), world, clock, intake, processor: Arc::new(processor), reconciler, ops };
+        let sched = Sched {
+            rng: Rng::new(seed),
+            trace: Vec::new(),
+            events: Vec::new(),
+            pending: BTreeMap::new(),
+            next_id: 0,
+            acknowledged: BTreeSet::new(),
+            notified: Vec::new(),
+            figures: Figures { seeds: 1, ..Figures::default() },
+            working: None,
+            knobs,
+            violations: Vec::new(),
+            watch: Watch::default(),
+        };
+        Self { seed, parts: Arc::new(parts), sched: Arc::new(Mutex::new(sched)), depth: Arc::new(AtomicU32::new(0)) }
+    }
+
+    fn sched(&self) -> std::sync::MutexGuard<'_, Sched> {
+        self.sched.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn now(&self) -> i64 {
+        self.parts.clock.now_ms()
+    }
+
+    fn note(&self, line: String) {
+        let t = self.now() - START_MS;
+        self.sched().trace.push(format!("{:>9}.{:03} {line}", t / 1000, t % 1000));
+    }
+
+    // ------------------------------------------------------------ scenario
+
+    /// Draws the seed's events and their first deliveries.
+    fn draw(&self) {
+        let mut sc = self.sched();
+        let rng = &mut sc.rng;
+        let mut events = Vec::new();
+        // Payments on a mapped customer: one ledger entry each.
+        for i in 0..rng.range(1, 4) {
+            let amount = rng.range(1, 9) * 100;
+            let id = format!("evt_pay_{i}");
+            let body = json!({"id": id, "object": "event", "type": "payment_intent.succeeded",
+                "data": {"object": {"id": format!("pi_{i}"), "object": "payment_intent", "customer": "cus_m", "amount": amount, "amount_received": amount}}});
+            let state = account_ledger::balance_pk(TENANT, "acct_m");
+            events.push(("stripe", id, body, Fact::Payment { state, amount }));
+        }
+        // Routed events (no projection): delivered to a queue and a bus.
+        for i in 0..rng.range(1, 3) {
+            let id = format!("evt_prod_{i}");
+            let body = json!({"id": id, "object": "event", "type": "product.updated", "data": {"object": {"id": format!("prod_{i}")}}});
+            events.push(("stripe", id, body, Fact::Routed));
+        }
+        // An ordered stream of deltas.
+        for seq in 1..=rng.range(1, 4) {
+            let delta = rng.range(-3, 9);
+            let body = json!({"type": "inventory.adjusted", "data": {"sku": "sku-1", "seq": seq, "delta": delta}});
+            let state = inventory::inventory_pk(TENANT, "sku-1");
+            events.push(("svix", format!("msg_inv_{seq}"), body, Fact::Delta { state, delta }));
+        }
+        // Snapshots by revision.
+        for revision in 1..=rng.range(1, 4) {
+            let seats = rng.range(1, 50);
+            let body =
+                json!({"type": "seats.snapshot", "data": {"account": "acct_s", "revision": revision, "seats": seats}});
+            let state = seats::seats_pk(TENANT, "acct_s");
+            events.push(("svix", format!("msg_seats_{revision}"), body, Fact::Snapshot { state, revision, seats }));
+        }
+        // Counted things (fence only).
+        for i in 0..rng.range(1, 3) {
+            let id = format!("thing_{i}");
+            let body = json!({"id": id, "type": "thing.counted"});
+            events.push(("acme", id, body, Fact::Tally { state: TALLY_PK.into() }));
+        }
+        let mut drawn: Vec<Event> = events
+            .into_iter()
+            .map(|(endpoint, id, body, fact)| {
+                let provider = match endpoint {
+                    "svix" => "standard_webhooks",
+                    "acme" => "hmac",
+                    other => other,
+                };
+                Event {
+                    endpoint,
+                    key: Some(EventKey::new(provider, endpoint, &id).as_str().to_owned()),
+                    event_id: id,
+                    body: body.to_string().into_bytes(),
+                    fact,
+                }
+            })
+            .collect();
+        // Notifications: the same bytes every time ("this account changed").
+        let signals = rng.range(0, 3);
+        let body = br#"{"list_folder":{"accounts":["dbid:sim"]},"delta":{"users":[7]}}"#.to_vec();
+        for i in 0..signals {
+            drawn.push(Event {
+                endpoint: "dropbox",
+                key: None,
+                event_id: format!("signal_{i}"),
+                body: body.clone(),
+                fact: Fact::Notification { state: FETCHED_PK.into(), at_ms: 0 },
+            });
+        }
+        // First deliveries, spread; some sent twice by their provider, some
+        // twice at once (concurrent copies).
+        for (i, _) in drawn.iter().enumerate() {
+            let at = START_MS + sc.rng.range(0, SPREAD_MS);
+            schedule(&mut sc, at, Delivery { event: i, attempt: 0 });
+            if sc.rng.per_mille(250) {
+                let again = at + sc.rng.range(0, 120_000);
+                schedule(&mut sc, again, Delivery { event: i, attempt: 0 });
+            }
+        }
+        sc.figures.events = drawn.len() as u64;
+        sc.events = drawn;
+    }
+
+    // --------------------------------------------------------------- steps
+
+    /// A provider sends event `d.event` now; not answered 2xx: it retries.
+    fn deliver(&self, d: Delivery) {
+        let now = self.now();
+        let (event, attempt) = {
+            let sc = self.sched();
+            (sc.events[d.event].clone(), d.attempt)
+        };
+        let headers = sign(&event, now / 1000);
+        let at = UNIX_EPOCH + Duration::from_millis(now as u64);
+        let request_id = format!("req-{}-{}", d.event, attempt);
+        let req = IntakeRequest {
+            endpoint: event.endpoint,
+            method: &Method::POST,
+            query: "",
+            headers: &headers,
+            body: &event.body,
+            now: at,
+            request_id: &request_id,
+        };
+        let answer = invoke(self.parts.intake.handle(req));
+        let mut sc = self.sched();
+        sc.figures.deliveries += 1;
+        let status = answer.as_ref().map(|a| a.status);
+        let ok = status.is_some_and(|st| (200..300).contains(&st));
+        let line = match &answer {
+            Some(a) => format!("deliver {} {} #{attempt} -> {} {}", event.endpoint, event.event_id, a.status, a.code),
+            None => format!("deliver {} {} #{attempt} -> crashed", event.endpoint, event.event_id),
+        };
+        if ok {
+            if let Some(k) = &event.key {
+                sc.acknowledged.insert(k.clone());
+            } else {
+                sc.notified.push(now);
+            }
+        } else {
+            let wait = RETRIES_MS.get(attempt).copied().unwrap_or(7_200_000);
+            schedule(&mut sc, now + wait, Delivery { event: d.event, attempt: attempt + 1 });
+        }
+        drop(sc);
+        self.note(line);
+    }
+
+    /// One processor invocation on up to `max` visible messages: each is
+    /// processed as the SQS handler does; the messages it reports done are
+    /// deleted when the invocation returns (none when it crashed).
+    fn process(&self, max: usize) {
+        let batch = self.parts.queue.receive(max);
+        if batch.is_empty() {
+            return;
+        }
+        self.sched().figures.invocations += 1;
+        let mut done = Vec::new();
+        for m in &batch {
+            self.sched().working = m.work.as_ref().map(|(k, _)| k.clone());
+            let fate = invoke(hookledger::batch::one(self.parts.processor.as_ref(), &self.parts.queue, m));
+            self.sched().working = None;
+            match fate {
+                Some(delete) => {
+                    let key = m.work.as_ref().map_or("?".to_owned(), |(k, _)| k.as_str().to_owned());
+                    self.note(format!("process {key} -> {}", if delete { "done" } else { "stays" }));
+                    if delete {
+                        done.extend(m.receipt.clone());
+                    }
+                }
+                None => {
+                    self.note("process -> crashed (the batch comes back)".into());
+                    self.sched().figures.crashes += 1;
+                    return;
+                }
+            }
+        }
+        for receipt in done {
+            self.parts.queue.delete(&receipt);
+        }
+    }
+
+    fn reconcile(&self) {
+        let deadline = self.parts.clock.instant() + Duration::from_secs(60);
+        self.sched().figures.reconciler_runs += 1;
+        match invoke(self.parts.reconciler.run(self.now(), deadline)) {
+            Some(sum) => {
+                let redriven: u64 = sum.redriven.values().sum();
+                self.note(format!("reconcile -> redriven {redriven}, outbox republished {}", sum.outbox_republished));
+            }
+            None => {
+                self.sched().figures.crashes += 1;
+                self.note("reconcile -> crashed".into());
+            }
+        }
+    }
+
+    /// An operator parks a record during the storm (the runbook replays it
+    /// later), or replays one (usually refused: it is not DEAD or PARKED).
+    fn operate(&self) {
+        let keys = self.record_keys();
+        if keys.is_empty() {
+            return;
+        }
+        let (pick, park) = {
+            let mut sc = self.sched();
+            (sc.rng.below(keys.len() as u64) as usize, sc.rng.per_mille(500))
+        };
+        let Some(key) = EventKey::from_stored(&keys[pick]) else { return };
+        let now = self.now();
+        let answer = if park {
+            invoke(self.parts.ops.park(&key, "sim-operator", "holding it for a look", now))
+        } else {
+            invoke(self.parts.ops.replay(&key, "sim-operator", "a second look", now))
+        };
+        let what = if park { "park" } else { "replay" };
+        let result = match answer {
+            Some(Ok(())) => "ok".to_owned(),
+            Some(Err(e)) => format!("refused ({})", short(&e.to_string())),
+            None => "crashed".to_owned(),
+        };
+        self.note(format!("operator {what} {key} -> {result}"));
+    }
+
+    /// The interleaving hook: before a port call of the outermost
+    /// invocation, now and then another invocation runs to its end.
+    fn interleave(&self, call: &str) {
+        if self.depth.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        let choice = {
+            let mut sc = self.sched();
+            let p = sc.knobs.preempt_per_mille;
+            if !sc.rng.per_mille(p) {
+                return;
+            }
+            sc.figures.interleavings += 1;
+            (sc.rng.below(3), sc.working.clone())
+        };
+        self.depth.fetch_add(1, Ordering::SeqCst);
+        match choice {
+            // A second worker takes the record over once the lease expired.
+            (0, Some(key)) => {
+                let lease = ProcessorSettings::default().lease_ms;
+                self.parts.world.advance(Duration::from_millis(lease as u64 + 1));
+                let now = self.now();
+                let got = invoke(self.parts.processor.process(&key, now));
+                let what = match got {
+                    Some(Ok(r)) => format!("{:?}", r.outcome),
+                    Some(Err(e)) => format!("error ({})", short(&e.to_string())),
+                    None => "crashed".into(),
+                };
+                self.note(format!("  at {call}: a second worker takes {key} over -> {what}"));
+            }
+            // Another copy of an event arrives meanwhile.
+            (1, _) | (0, None) => {
+                let event = {
+                    let mut sc = self.sched();
+                    let n = sc.events.len() as u64;
+                    sc.rng.below(n) as usize
+                };
+                self.note(format!("  at {call}: a concurrent copy"));
+                self.deliver(Delivery { event, attempt: 0 });
+            }
+            _ => {
+                self.note(format!("  at {call}: a reconciler run"));
+                self.reconcile();
+            }
+        }
+        self.depth.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    // ---------------------------------------------------------- the driver
+
+    /// Runs the seed to its end and checks it.
+    pub fn run(self) -> Outcome {
+        self.draw();
+        let knobs = self.sched().knobs;
+        // Every mapping is in place before the storm (an unknown customer is the chaos seeds').
+        let mapping = hookledger_app::subjects::mapping("stripe", TENANT, "cus_m", "acct_m");
+        self.parts.world.apply(&[Op::new(vec![mapping], OnConflict::Stale)]).expect("the mapping");
+        {
+            let sim = Sim {
+                seed: self.seed,
+                parts: self.parts.clone(),
+                sched: self.sched.clone(),
+                depth: self.depth.clone(),
+            };
+            self.parts.world.preempt(Some(Arc::new(move |_w: &World, call: &str| sim.interleave(call))));
+        }
+        self.parts.world.random_faults(knobs.faults_per_mille);
+        self.parts.world.random_crashes(knobs.crashes_per_mille);
+        // An outage of the routes' queue during the storm.
+        let (outage_from, outage_to) = {
+            let mut sc = self.sched();
+            let from = START_MS + sc.rng.range(0, STORM_MS / 2);
+            (from, from + sc.rng.range(60_000, STORM_MS / 2))
+        };
+        let storm_end = START_MS + STORM_MS;
+        let bound = storm_end + LIVENESS_MS;
+        let mut storm = true;
+        let mut outage = false;
+        let mut next_reconcile = START_MS + RECONCILE_EVERY_MS;
+        let mut settled_once = false;
+        let mut steps = 0;
+        loop {
+            steps += 1;
+            let now = self.now();
+            if storm && now >= storm_end {
+                storm = false;
+                self.parts.world.clear_faults();
+                self.note("storm over: no more faults".into());
+            }
+            let in_outage = (outage_from..outage_to).contains(&now);
+            if in_outage != outage {
+                outage = in_outage;
+                if outage {
+                    self.parts.world.publisher().refuse(QUEUE_ARN);
+                } else {
+                    self.parts.world.publisher().restore(QUEUE_ARN);
+                }
+                self.note(format!("the routes' queue {}", if outage { "is down" } else { "is back" }));
+            }
+            self.watch();
+            if steps > MAX_STEPS || now > bound {
+                let open = self.open();
+                self.sched().violations.push(Violation::new(
+                    "liveness",
+                    format!("not settled {} min after the storm: {}", (now - storm_end) / 60_000, open.join(", ")),
+                ));
+                break;
+            }
+            let due = self.sched().pending.first_key_value().map(|(k, _)| k.0);
+            let visible = self.visible(now);
+            let reconcile_due = now >= next_reconcile;
+            let mut enabled = Vec::new();
+            if due.is_some_and(|t| t <= now) {
+                enabled.push(0);
+            }
+            if visible {
+                enabled.push(1);
+            }
+            if reconcile_due {
+                enabled.push(2);
+            }
+            if storm {
+                enabled.push(3);
+            }
+            let pick = {
+                let mut sc = self.sched();
+                let i = sc.rng.below(enabled.len() as u64 + 1) as usize;
+                // Now and then time passes between two steps (leases expire meanwhile).
+                let pass = sc.rng.per_mille(40).then(|| sc.rng.range(1_000, 45_000));
+                (enabled.get(i).copied(), pass)
+            };
+            match pick {
+                (Some(0), _) => {
+                    let d = {
+                        let mut sc = self.sched();
+                        sc.pending.pop_first().map(|(_, d)| d)
+                    };
+                    if let Some(d) = d {
+                        self.deliver(d);
+                    }
+                }
+                (Some(1), _) => {
+                    let max = self.sched().rng.range(1, 3) as usize;
+                    self.process(max);
+                }
+                (Some(2), _) => {
+                    next_reconcile = now + RECONCILE_EVERY_MS;
+                    self.reconcile();
+                }
+                (Some(3), _) => {
+                    if self.sched().rng.per_mille(30) {
+                        self.operate();
+                    }
+                }
+                (_, Some(pass)) => self.parts.world.advance(Duration::from_millis(pass as u64)),
+                _ => {
+                    // Nothing chosen: time moves to the next thing that happens.
+                    if enabled.iter().all(|&e| e == 3) {
+                        if !storm && self.open().is_empty() {
+                            if settled_once {
+                                break;
+                            }
+                            settled_once = true;
+                            self.runbook();
+                            continue;
+                        }
+                        let next = [due, self.next_visible(), Some(next_reconcile)]
+                            .into_iter()
+                            .flatten()
+                            .min()
+                            .unwrap_or(next_reconcile)
+                            .max(now + 1);
+                        self.parts.world.advance(Duration::from_millis((next - now) as u64));
+                    }
+                }
+            }
+        }
+        self.parts.world.preempt(None);
+        let mut sc = self.sched();
+        sc.figures.steps = steps as u64;
+        sc.figures.faults = self.parts.world.state().injected;
+        sc.figures.virtual_ms = self.now() - START_MS;
+        sc.figures.routed_deliveries =
+            self.parts.world.publisher().published().iter().filter(|p| p.topic_arn != "").count() as u64;
+        let expected = self.expected(&sc);
+        let observed = self.observed();
+        let mut violations = std::mem::take(&mut sc.violations);
+        violations.extend(check::outcomes(&expected, &observed));
+        violations.sort();
+        violations.dedup();
+        Outcome { seed: self.seed, violations, figures: sc.figures, trace: std::mem::take(&mut sc.trace) }
+    }
+
+    /// The operator's runbook once the world settled: check the statuses,
+    /// then replay what is PARKED.
+    fn runbook(&self) {
+        let expected = self.expected(&self.sched());
+        let found = check::statuses(&expected, &self.observed());
+        self.sched().violations.extend(found);
+        self.note("settled: the runbook replays what is PARKED".into());
+        for r in self.records() {
+            if get_s(&r, "status") == Some("PARKED") {
+                let key = EventKey::from_stored(get_s(&r, "pk").unwrap_or_default()).expect("a stored key");
+                let now = self.now();
+                if let Some(Err(e)) = invoke(self.parts.ops.replay(&key, "sim-operator", "runbook", now)) {
+                    self.sched().violations.push(Violation::new("other", format!("runbook replay of {key}: {e}")));
+                }
+            }
+        }
+    }
+
+    fn expected(&self, sc: &Sched) -> Expected {
+        let mut sent: Vec<Sent> = sc
+            .events
+            .iter()
+            .filter_map(|e| e.key.as_ref().map(|k| Sent { key: k.clone(), fact: e.fact.clone() }))
+            .collect();
+        if let Some(at) = sc.notified.iter().max() {
+            sent.push(Sent { key: String::new(), fact: Fact::Notification { state: FETCHED_PK.into(), at_ms: *at } });
+        }
+        Expected {
+            sent,
+            acknowledged: sc.acknowledged.clone(),
+            parked_ok: Some(|why| why.starts_with("operator") || why == "gap"),
+        }
+    }
+
+    fn observed(&self) -> Observed {
+        let items: Vec<Item> = self.parts.world.state().table.items().cloned().map(to_domain).collect();
+        let mut arrivals: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for p in self.parts.world.publisher().published() {
+            let destination = match p.topic_arn.as_str() {
+                QUEUE_ARN => "orders",
+                BUS_ARN => "bus",
+                _ => "",
+            };
+            arrivals.entry(destination.to_owned()).or_default().push(p.idempotency_key);
+        }
+        Observed { items, arrivals }
+    }
+
+    fn records(&self) -> Vec<Item> {
+        self.parts.world.state().table.items().cloned().map(to_domain).filter(is_meta).collect()
+    }
+
+    fn record_keys(&self) -> Vec<String> {
+        self.records().iter().filter_map(|r| get_s(r, "pk").map(str::to_owned)).collect()
+    }
+
+    /// What keeps the world from being settled (empty: settled).
+    fn open(&self) -> Vec<String> {
+        let mut open = Vec::new();
+        let sc = self.sched();
+        if let Some((at, d)) = sc.pending.first_key_value() {
+            open.push(format!("{} deliveries pending (next: event {} at {})", sc.pending.len(), d.event, at.0));
+        }
+        drop(sc);
+        let st = self.parts.world.state();
+        if !st.queue.messages.is_empty() {
+            open.push(format!("{} messages queued", st.queue.messages.len()));
+        }
+        for i in st.table.items() {
+            let item = to_domain(i.clone());
+            let status = get_s(&item, "status").unwrap_or_default();
+            if is_meta(&item) && !matches!(status, "PROCESSED" | "PARKED" | "DEAD") {
+                open.push(format!("{} {status}", get_s(&item, "pk").unwrap_or_default()));
+            }
+            if get_s(&item, "sk") == Some("outbox") && !matches!(status, "SENT" | "DEAD") {
+                open.push(format!("{} {status}", get_s(&item, "pk").unwrap_or_default()));
+            }
+        }
+        open
+    }
+
+    fn visible(&self, now: i64) -> bool {
+        self.parts.world.state().queue.messages.iter().any(|m| m.visible_at_ms <= now)
+    }
+
+    fn next_visible(&self) -> Option<i64> {
+        self.parts.world.state().queue.messages.iter().map(|m| m.visible_at_ms).min()
+    }
+
+    /// Guarded projections never go back, seen after every step.
+    fn watch(&self) {
+        let items: Vec<(String, Option<Item>)> = [
+            seats::seats_pk(TENANT, "acct_s"),
+            inventory::inventory_pk(TENANT, "sku-1"),
+            account_ledger::balance_pk(TENANT, "acct_m"),
+        ]
+        .into_iter()
+        .map(|pk| {
+            let item = self.parts.world.state_item(&pk);
+            (pk, item)
+        })
+        .collect();
+        let mut sc = self.sched();
+        for (pk, item) in items {
+            if let Some(v) = sc.watch.see(&pk, item.as_ref(), &["revision", "last_seq", "entries"]) {
+                sc.violations.push(v);
+            }
+        }
+    }
+}
+
+fn schedule(sc: &mut Sched, at: i64, d: Delivery) {
+    sc.next_id += 1;
+    let id = sc.next_id;
+    sc.pending.insert((at, id), d);
+}
+
+fn is_meta(i: &Item) -> bool {
+    get_s(i, "sk") == Some("meta")
+}
+
+fn to_domain(i: memory::expr::Item) -> Item {
+    hookledger::adapters::dynamodb::item::item_from_sdk(&i)
+}
+
+fn short(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+/// The headers the event's provider signs a delivery with at `now_s`.
+fn sign(e: &Event, now_s: i64) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    let v = |s: &str| HeaderValue::from_str(s).expect("a header value");
+    let hmac_hex = |body: &[u8]| {
+        let mut mac = Hmac::<Sha256>::new_from_slice(HMAC_SECRET.as_bytes()).expect("any key length");
+        mac.update(body);
+        hex::encode(mac.finalize().into_bytes())
+    };
+    match e.endpoint {
+        "stripe" => {
+            h.insert(stripe::SIGNATURE_HEADER, v(&stripe::sign(&Secret::new(STRIPE_SECRET), now_s, &e.body)));
+        }
+        "svix" => {
+            let key = standard::decode_secret(&Secret::new(SVIX_SECRET)).expect("a Standard Webhooks secret");
+            h.insert("webhook-id", v(&e.event_id));
+            h.insert("webhook-timestamp", HeaderValue::from(now_s));
+            h.insert("webhook-signature", v(&standard::sign(&key, &e.event_id, now_s, &e.body)));
+        }
+        "acme" => {
+            h.insert("x-sig", v(&format!("sha256={}", hmac_hex(&e.body))));
+        }
+        "dropbox" => {
+            h.insert("x-dropbox-signature", v(&hmac_hex(&e.body)));
+        }
+        other => unreachable!("no endpoint {other}"),
+    }
+    h.insert("content-type", v("application/json"));
+    h
+}
+
+/// Runs one seed (with `bug` planted on this thread, if any).
+pub fn run_seed(seed: u64, knobs: Knobs, bug: Option<hookledger::planted::Bug>) -> Outcome {
+    hookledger::planted::plant(bug);
+    let out = Sim::new(seed, knobs).run();
+    hookledger::planted::plant(None);
+    out
+}
