@@ -27,6 +27,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use hmac::{Hmac, KeyInit, Mac};
 use hookledger::adapters::memory::{self, MemLedger, MemOutbox, MemPublisher, MemQueue, World};
+use hookledger::backfill::{Backfill, Mode, Target};
 use hookledger::clock::{Ambient, Clock, ManualClock, SeededEntropy};
 use hookledger::config::{self, ProcessorSettings, ReconcilerSettings, SecretResolver, Settings};
 use hookledger::identity::EventKey;
@@ -40,8 +41,8 @@ use hookledger::projection::{
 };
 use hookledger::reconciler::Reconciler;
 use hookledger::secret::Secret;
-use hookledger::verify::{standard, stripe};
-use hookledger_app::{account_ledger, inventory, seats};
+use hookledger::verify::{quiltt, standard, stripe};
+use hookledger_app::{account_ledger, entitlement, inventory, seats};
 use http::{HeaderMap, HeaderValue, Method};
 use serde_json::json;
 use sha2::Sha256;
@@ -71,6 +72,12 @@ const SVIX_SECRET: &str = "whsec_c2ltLXN2aXgta2V5LWZvci10aGUtc2ltdWxhdG9y";
 const HMAC_SECRET: &str = "sim-hmac";
 const QUEUE_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:sim-orders";
 const BUS_ARN: &str = "arn:aws:events:us-east-1:123456789012:event-bus/sim";
+/// The provider's truth for the one subscription.
+const SUBSCRIPTION_SEATS: i64 = 12;
+const PARTNER: &str = "partner";
+const NOTIFY_ARN: &str = "arn:aws:sns:us-east-1:123456789012:sim-notify";
+/// Backfill runs of the Stripe endpoint (from the start), and one after the storm.
+const BACKFILL_AT_MS: [i64; 2] = [12 * 60_000, 25 * 60_000];
 
 const ENDPOINTS: &str = r#"{
     "stripe": {"provider": "stripe", "tenant": "t1", "secrets": ["env:STRIPE"]},
@@ -78,7 +85,8 @@ const ENDPOINTS: &str = r#"{
     "acme": {"provider": "hmac", "tenant": "t1", "secrets": ["env:HMAC"],
              "hmac": {"signature_header": "x-sig", "prefix": "sha256=", "encoding": "hex",
                       "id": {"json_pointer": "/id"}, "type": {"json_pointer": "/type"}}},
-    "dropbox": {"provider": "dropbox", "tenant": "t1", "secrets": ["env:HMAC"]}
+    "dropbox": {"provider": "dropbox", "tenant": "t1", "secrets": ["env:HMAC"]},
+    "quiltt": {"provider": "quiltt", "tenant": "t1", "secrets": ["env:HMAC"]}
 }"#;
 
 /// How hard a seed is pushed (the defaults: `scripts/simulate`).
@@ -104,9 +112,9 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed ^ 0x5eed_0f_5151)
+        Self(seed ^ 0x005e_ed0f_5151)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -114,7 +122,7 @@ impl Rng {
         z ^ (z >> 31)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.next_u64() % n.max(1)
     }
     pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
         lo + self.below((hi - lo + 1) as u64) as i64
@@ -124,15 +132,16 @@ impl Rng {
     }
 }
 
-/// One event a provider will send (and resend until answered 2xx).
+/// One delivery's content a provider will send (and resend until answered 2xx).
 #[derive(Debug, Clone)]
 struct Event {
     endpoint: &'static str,
-    /// Its stored key (`None`: a notification, keyed by its body and generation).
-    key: Option<String>,
+    /// Its id (a batch: its first element's; the trace's name for it).
     event_id: String,
+    /// The records it makes: stored key and fact (a batch: one per element;
+    /// a notification: none known before, keyed by its body and generation).
+    facts: Vec<(String, Fact)>,
     body: Vec<u8>,
-    fact: Fact,
 }
 
 /// A delivery due at a time.
@@ -292,8 +301,9 @@ impl Projection for Fetch {
 
 fn routes() -> Arc<hookledger::routes::Routes> {
     let json = format!(
-        r#"{{"destinations": {{"orders": {{"arn": "{QUEUE_ARN}"}}, "bus": {{"arn": "{BUS_ARN}", "source": "sim.products"}}}},
-            "routes": [{{"provider": "stripe", "type": "product.*", "to": ["orders", "bus"]}}]}}"#
+        r#"{{"destinations": {{"orders": {{"arn": "{QUEUE_ARN}"}}, "bus": {{"arn": "{BUS_ARN}", "source": "sim.products"}},
+              "{PARTNER}": {{"url": "https://hooks.partner.example/sim", "secrets": ["env:PARTNER"]}}}},
+            "routes": [{{"provider": "stripe", "type": "product.*", "to": ["orders", "bus", "{PARTNER}"]}}]}}"#
     );
     Arc::new(hookledger::routes::Routes::parse(&json).expect("the simulator's routes"))
 }
@@ -305,7 +315,9 @@ struct Parts {
     intake: Intake<MemLedger, MemQueue>,
     processor: Arc<Proc>,
     reconciler: Recon,
+    backfill: Backfill<MemLedger, MemQueue, memory::MemSource>,
     ops: Ops<MemQueue, MemLedger>,
+    deliveries: hookledger::outbox::Deliveries<MemOutbox>,
     queue: MemQueue,
 }
 
@@ -327,6 +339,8 @@ struct Sched {
     knobs: Knobs,
     violations: Vec<Violation>,
     watch: Watch,
+    /// Backfill runs due (times).
+    backfills: Vec<i64>,
 }
 
 pub struct Sim {
@@ -338,6 +352,8 @@ pub struct Sim {
 
 impl Sim {
     pub fn new(seed: u64, knobs: Knobs) -> Self {
+        let mut rng = Rng::new(seed);
+        let drawn = draw(&mut rng);
         let clock = Arc::new(ManualClock::at(START_MS));
         let ambient = Ambient { clock: clock.clone(), entropy: Arc::new(SeededEntropy::new(seed)) };
         let world = World::new(ambient.clone()).with_shards(SHARDS);
@@ -353,14 +369,23 @@ impl Sim {
             index_shards: SHARDS,
             payload_bucket: None,
         };
-        let intake = Intake::new(endpoints, settings, world.ledger(), world.queue()).with_ambient(ambient.clone());
+        let mut intake = Intake::new(endpoints, settings, world.ledger(), world.queue()).with_ambient(ambient.clone());
+        if drawn.large_batches {
+            intake.set_large_batch_over(1);
+        }
         let payloads: Arc<dyn hookledger::ports::EventPayloads> = Arc::new(world.ledger());
         let dispatcher = || {
             Dispatcher::with_ports(world.outbox(), world.publisher())
                 .with_ambient(ambient.clone())
                 .with_payloads(payloads.clone())
         };
-        let registry = hookledger_app::reference_registry(None, None).register(Tally).register(Fetch);
+        let subscriptions = Arc::new(memory::MemSubscriptions::default());
+        subscriptions.answer("sub_c", memory::Answer::Is("active".into(), SUBSCRIPTION_SEATS));
+        let source: Arc<dyn hookledger::projection::fetch::SubscriptionSource> = subscriptions.clone();
+        let registry = hookledger_app::reference_registry(Some(source), Some(NOTIFY_ARN.to_owned()))
+            .register(Tally)
+            .register(Fetch);
+        let rechecks = registry.rechecks();
         let processor_settings = ProcessorSettings { index_shards: SHARDS, ..ProcessorSettings::default() };
         let processor = Processor::with_ports(
             world.ledger(),
@@ -376,27 +401,49 @@ impl Sim {
             world.ledger(),
             world.queue(),
             Some(dispatcher()),
-            hookledger::projection::recheck::Rechecks::new(),
+            rechecks,
             ReconcilerSettings::default().with_lookahead_for(&processor_settings),
         )
         .with_ambient(ambient.clone());
+        let backfill = Backfill::new(
+            world.ledger(),
+            world.queue(),
+            memory::MemSource::new(drawn.listed, 4),
+            hookledger::backfill::BackfillSettings::default(),
+        )
+        .with_ambient(ambient.clone());
         let ops = Ops::new(world.ledger(), world.queue());
-        let parts =
-            Parts { queue: world.queue(), world, clock, intake, processor: Arc::new(processor), reconciler, ops };
-        let sched = Sched {
-            rng: Rng::new(seed),
+        let deliveries = hookledger::outbox::Deliveries::new(world.outbox(), SHARDS);
+        let parts = Parts {
+            queue: world.queue(),
+            world,
+            clock,
+            intake,
+            processor: Arc::new(processor),
+            reconciler,
+            backfill,
+            ops,
+            deliveries,
+        };
+        let mut sched = Sched {
+            rng,
             trace: Vec::new(),
-            events: Vec::new(),
+            events: drawn.events,
             pending: BTreeMap::new(),
             next_id: 0,
-            acknowledged: BTreeSet::new(),
+            acknowledged: drawn.owed.into_iter().collect(),
             notified: Vec::new(),
             figures: Figures { seeds: 1, ..Figures::default() },
             working: None,
             knobs,
             violations: Vec::new(),
             watch: Watch::default(),
+            backfills: BACKFILL_AT_MS.iter().map(|t| START_MS + t).collect(),
         };
+        sched.figures.events = sched.events.iter().map(|e| e.facts.len().max(1) as u64).sum();
+        for (at, d) in drawn.first {
+            schedule(&mut sched, at, d);
+        }
         Self { seed, parts: Arc::new(parts), sched: Arc::new(Mutex::new(sched)), depth: Arc::new(AtomicU32::new(0)) }
     }
 
@@ -414,12 +461,32 @@ impl Sim {
     }
 
     // ------------------------------------------------------------ scenario
+}
 
-    /// Draws the seed's events and their first deliveries.
-    fn draw(&self) {
-        let mut sc = self.sched();
-        let rng = &mut sc.rng;
-        let mut events = Vec::new();
+/// What a seed's providers will do.
+struct Drawn {
+    events: Vec<Event>,
+    /// First deliveries (and providers' own repeats).
+    first: Vec<(i64, Delivery)>,
+    /// Stripe's list of its events (for backfill), newest first.
+    listed: Vec<hookledger::ports::SourceEvent>,
+    /// Keys owed though never sent (the provider lists them).
+    owed: Vec<String>,
+    /// Whether the intake claims every batch of two or more whole (split by the processor).
+    large_batches: bool,
+}
+
+/// Draws the seed's events, their first deliveries and the provider's list
+/// (Stripe's, for backfill: some of its events are never sent).
+fn draw(rng: &mut Rng) -> Drawn {
+    {
+        let mut events: Vec<Event> = Vec::new();
+        let one = |endpoint: &'static str, provider: &str, id: String, body: serde_json::Value, fact: Fact| Event {
+            endpoint,
+            facts: vec![(EventKey::new(provider, endpoint, &id).as_str().to_owned(), fact)],
+            event_id: id,
+            body: body.to_string().into_bytes(),
+        };
         // Payments on a mapped customer: one ledger entry each.
         for i in 0..rng.range(1, 4) {
             let amount = rng.range(1, 9) * 100;
@@ -427,20 +494,29 @@ impl Sim {
             let body = json!({"id": id, "object": "event", "type": "payment_intent.succeeded",
                 "data": {"object": {"id": format!("pi_{i}"), "object": "payment_intent", "customer": "cus_m", "amount": amount, "amount_received": amount}}});
             let state = account_ledger::balance_pk(TENANT, "acct_m");
-            events.push(("stripe", id, body, Fact::Payment { state, amount }));
+            events.push(one("stripe", "stripe", id, body, Fact::Payment { state, amount }));
         }
-        // Routed events (no projection): delivered to a queue and a bus.
+        // Subscription changes: the entitlement fetched from the provider, a
+        // notification published when it changes.
+        for i in 0..rng.range(0, 2) {
+            let id = format!("evt_sub_{i}");
+            let body = json!({"id": id, "object": "event", "type": "customer.subscription.updated",
+                "data": {"object": {"id": "sub_c", "object": "subscription", "customer": "cus_m", "status": "active", "quantity": 1}}});
+            let state = entitlement::entitlement_pk(TENANT, "sub_c");
+            events.push(one("stripe", "stripe", id, body, Fact::Subscription { state, seats: SUBSCRIPTION_SEATS }));
+        }
+        // Routed events (no projection): delivered to a queue, a bus and an HTTPS partner.
         for i in 0..rng.range(1, 3) {
             let id = format!("evt_prod_{i}");
             let body = json!({"id": id, "object": "event", "type": "product.updated", "data": {"object": {"id": format!("prod_{i}")}}});
-            events.push(("stripe", id, body, Fact::Routed));
+            events.push(one("stripe", "stripe", id, body, Fact::Routed));
         }
         // An ordered stream of deltas.
         for seq in 1..=rng.range(1, 4) {
             let delta = rng.range(-3, 9);
             let body = json!({"type": "inventory.adjusted", "data": {"sku": "sku-1", "seq": seq, "delta": delta}});
             let state = inventory::inventory_pk(TENANT, "sku-1");
-            events.push(("svix", format!("msg_inv_{seq}"), body, Fact::Delta { state, delta }));
+            events.push(one("svix", "standard_webhooks", format!("msg_inv_{seq}"), body, Fact::Delta { state, delta }));
         }
         // Snapshots by revision.
         for revision in 1..=rng.range(1, 4) {
@@ -448,57 +524,82 @@ impl Sim {
             let body =
                 json!({"type": "seats.snapshot", "data": {"account": "acct_s", "revision": revision, "seats": seats}});
             let state = seats::seats_pk(TENANT, "acct_s");
-            events.push(("svix", format!("msg_seats_{revision}"), body, Fact::Snapshot { state, revision, seats }));
+            let fact = Fact::Snapshot { state, revision, seats };
+            events.push(one("svix", "standard_webhooks", format!("msg_seats_{revision}"), body, fact));
         }
-        // Counted things (fence only).
+        // Counted things (the fence alone).
         for i in 0..rng.range(1, 3) {
             let id = format!("thing_{i}");
             let body = json!({"id": id, "type": "thing.counted"});
-            events.push(("acme", id, body, Fact::Tally { state: TALLY_PK.into() }));
+            events.push(one("acme", "hmac", id, body, Fact::Tally { state: TALLY_PK.into() }));
         }
-        let mut drawn: Vec<Event> = events
-            .into_iter()
-            .map(|(endpoint, id, body, fact)| {
-                let provider = match endpoint {
-                    "svix" => "standard_webhooks",
-                    "acme" => "hmac",
-                    other => other,
-                };
-                Event {
-                    endpoint,
-                    key: Some(EventKey::new(provider, endpoint, &id).as_str().to_owned()),
-                    event_id: id,
-                    body: body.to_string().into_bytes(),
-                    fact,
-                }
-            })
-            .collect();
+        // Quiltt: deltas of another stream in batches of one to three, each
+        // element its own record (identity per element).
+        let n_quiltt = rng.range(0, 5);
+        let mut seq = 1;
+        while seq <= n_quiltt {
+            let size = rng.range(1, 3).min(n_quiltt - seq + 1);
+            let mut elements = Vec::new();
+            let mut facts = Vec::new();
+            for q in seq..seq + size {
+                let (id, delta) = (format!("qt_{q}"), rng.range(-5, 10));
+                elements.push(json!({"id": id, "type": "inventory.adjusted", "at": "2027-01-15T08:00:00Z",
+                    "profile": {"id": "p_sim"}, "record": {"id": "rec_sim"},
+                    "data": {"sku": "sku-q", "seq": q, "delta": delta}}));
+                let state = inventory::inventory_pk(TENANT, "sku-q");
+                facts.push((EventKey::new("quiltt", "quiltt", &id).as_str().to_owned(), Fact::Delta { state, delta }));
+            }
+            let body = json!({"environment": {"id": "env_sim", "mode": "sandbox"},
+                "eventTypes": ["inventory.adjusted"], "events": elements});
+            events.push(Event {
+                endpoint: "quiltt",
+                event_id: format!("qt_{seq}"),
+                facts,
+                body: body.to_string().into_bytes(),
+            });
+            seq += size;
+        }
         // Notifications: the same bytes every time ("this account changed").
-        let signals = rng.range(0, 3);
         let body = br#"{"list_folder":{"accounts":["dbid:sim"]},"delta":{"users":[7]}}"#.to_vec();
-        for i in 0..signals {
-            drawn.push(Event {
+        for i in 0..rng.range(0, 3) {
+            events.push(Event {
                 endpoint: "dropbox",
-                key: None,
                 event_id: format!("signal_{i}"),
+                facts: Vec::new(),
                 body: body.clone(),
-                fact: Fact::Notification { state: FETCHED_PK.into(), at_ms: 0 },
             });
         }
-        // First deliveries, spread; some sent twice by their provider, some
-        // twice at once (concurrent copies).
-        for (i, _) in drawn.iter().enumerate() {
-            let at = START_MS + sc.rng.range(0, SPREAD_MS);
-            schedule(&mut sc, at, Delivery { event: i, attempt: 0 });
-            if sc.rng.per_mille(250) {
-                let again = at + sc.rng.range(0, 120_000);
-                schedule(&mut sc, again, Delivery { event: i, attempt: 0 });
+        // First deliveries, spread; some sent twice by their provider; some
+        // Stripe events never sent at all (only its list has them: backfill).
+        let (mut listed, mut first, mut owed) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, e) in events.iter().enumerate() {
+            let at = START_MS + rng.range(0, SPREAD_MS);
+            if e.endpoint == "stripe" {
+                listed.push(hookledger::ports::SourceEvent {
+                    event_id: e.event_id.clone(),
+                    event_type: None,
+                    created_s: at / 1000,
+                    body: Some(e.body.clone()),
+                    handle: None,
+                });
+                if rng.per_mille(150) {
+                    // Owed all the same: the provider lists it.
+                    owed.extend(e.facts.iter().map(|(k, _)| k.clone()));
+                    continue;
+                }
+            }
+            first.push((at, Delivery { event: i, attempt: 0 }));
+            if rng.per_mille(250) {
+                let again = at + rng.range(0, 120_000);
+                first.push((again, Delivery { event: i, attempt: 0 }));
             }
         }
-        sc.figures.events = drawn.len() as u64;
-        sc.events = drawn;
+        listed.sort_by_key(|e| std::cmp::Reverse(e.created_s));
+        Drawn { events, first, listed, owed, large_batches: rng.per_mille(500) }
     }
+}
 
+impl Sim {
     // --------------------------------------------------------------- steps
 
     /// A provider sends event `d.event` now; not answered 2xx: it retries.
@@ -530,9 +631,8 @@ impl Sim {
             None => format!("deliver {} {} #{attempt} -> crashed", event.endpoint, event.event_id),
         };
         if ok {
-            if let Some(k) = &event.key {
-                sc.acknowledged.insert(k.clone());
-            } else {
+            sc.acknowledged.extend(event.facts.iter().map(|(k, _)| k.clone()));
+            if event.facts.is_empty() {
                 sc.notified.push(now);
             }
         } else {
@@ -592,6 +692,69 @@ impl Sim {
         }
     }
 
+    /// A provider's handshake: Dropbox's GET check, its challenge echoed
+    /// as plain text, nothing recorded.
+    fn handshake(&self) {
+        let challenge = format!("sim{}", self.sched().rng.below(1_000_000));
+        let query = format!("challenge={challenge}");
+        let headers = HeaderMap::new();
+        let req = IntakeRequest {
+            endpoint: "dropbox",
+            method: &Method::GET,
+            query: &query,
+            headers: &headers,
+            body: b"",
+            now: UNIX_EPOCH + Duration::from_millis(self.now() as u64),
+            request_id: "req-handshake",
+        };
+        let before = self.records().len();
+        let answer = invoke(self.parts.intake.handle(req));
+        let echoed =
+            answer.as_ref().is_some_and(|a| a.status == 200 && a.raw.as_ref().is_some_and(|(_, b)| *b == challenge));
+        // A crash is the provider's to retry; any answer must be the echo.
+        if answer.is_some() && !echoed {
+            let got = answer.map(|a| (a.status, a.raw));
+            self.sched().violations.push(Violation::new("other", format!("handshake answered {got:?}")));
+        }
+        if self.records().len() != before {
+            self.sched().violations.push(Violation::new("other", "a handshake made a record"));
+        }
+        self.note(format!("handshake dropbox -> {}", if echoed { "echoed" } else { "not answered" }));
+    }
+
+    /// A backfill run of the Stripe endpoint over everything up to now.
+    fn backfill(&self) {
+        let now = self.now();
+        let target = Target {
+            provider: "stripe".into(),
+            endpoint: "stripe".into(),
+            tenant: TENANT.into(),
+            retention_days: 30,
+            index_shards: SHARDS,
+            mode: Mode::Import,
+        };
+        let window =
+            hookledger::ports::Window { since_s: START_MS / 1000 - 60, until_s: now / 1000 + 1, types: Vec::new() };
+        let deadline = self.parts.clock.instant() + Duration::from_secs(60);
+        match invoke(self.parts.backfill.run(&target, &window, false, now, deadline, |_| {})) {
+            Some(sum) => {
+                self.note(format!(
+                    "backfill stripe -> seen {}, recovered {}, failed {}, complete {}",
+                    sum.seen, sum.recovered, sum.failed, sum.complete
+                ));
+                if !sum.complete {
+                    // Read again (from its cursor) a minute later.
+                    self.sched().backfills.push(now + 60_000);
+                }
+            }
+            None => {
+                self.sched().figures.crashes += 1;
+                self.note("backfill stripe -> crashed".into());
+                self.sched().backfills.push(now + 60_000);
+            }
+        }
+    }
+
     /// An operator parks a record during the storm (the runbook replays it
     /// later), or replays one (usually refused: it is not DEAD or PARKED).
     fn operate(&self) {
@@ -599,12 +762,27 @@ impl Sim {
         if keys.is_empty() {
             return;
         }
-        let (pick, park) = {
+        let (pick, park, delivery) = {
             let mut sc = self.sched();
-            (sc.rng.below(keys.len() as u64) as usize, sc.rng.per_mille(500))
+            (sc.rng.below(keys.len() as u64) as usize, sc.rng.per_mille(500), sc.rng.per_mille(300))
         };
         let Some(key) = EventKey::from_stored(&keys[pick]) else { return };
         let now = self.now();
+        if delivery {
+            // Deliveries replay: only a DEAD delivery is sent again (under its key).
+            let states = invoke(self.parts.deliveries.of_event(&key, &["orders", "bus", PARTNER]));
+            for state in states.and_then(Result::ok).unwrap_or_default() {
+                let token = format!("op-{now}");
+                let got = invoke(self.parts.deliveries.replay(&state, &token, "sim-operator", "a second look", now));
+                let what = match got {
+                    Some(Ok(replayed)) => format!("replayed {replayed}"),
+                    Some(Err(e)) => format!("error ({})", short(&e.to_string())),
+                    None => "crashed".into(),
+                };
+                self.note(format!("operator deliveries replay {} -> {what}", state.id));
+            }
+            return;
+        }
         let answer = if park {
             invoke(self.parts.ops.park(&key, "sim-operator", "holding it for a look", now))
         } else {
@@ -671,7 +849,6 @@ impl Sim {
 
     /// Runs the seed to its end and checks it.
     pub fn run(self) -> Outcome {
-        self.draw();
         let knobs = self.sched().knobs;
         // Every mapping is in place before the storm (an unknown customer is the chaos seeds').
         let mapping = hookledger_app::subjects::mapping("stripe", TENANT, "cus_m", "acct_m");
@@ -706,17 +883,22 @@ impl Sim {
             if storm && now >= storm_end {
                 storm = false;
                 self.parts.world.clear_faults();
+                // One backfill after the storm reads the whole list.
+                self.sched().backfills.push(now + 5 * 60_000);
                 self.note("storm over: no more faults".into());
             }
             let in_outage = (outage_from..outage_to).contains(&now);
             if in_outage != outage {
                 outage = in_outage;
-                if outage {
-                    self.parts.world.publisher().refuse(QUEUE_ARN);
-                } else {
-                    self.parts.world.publisher().restore(QUEUE_ARN);
+                let partner = hookledger::routes::https_reference(PARTNER);
+                for target in [QUEUE_ARN, partner.as_str()] {
+                    if outage {
+                        self.parts.world.publisher().refuse(target);
+                    } else {
+                        self.parts.world.publisher().restore(target);
+                    }
                 }
-                self.note(format!("the routes' queue {}", if outage { "is down" } else { "is back" }));
+                self.note(format!("the routes' queue and partner {}", if outage { "are down" } else { "are back" }));
             }
             self.watch();
             if steps > MAX_STEPS || now > bound {
@@ -742,6 +924,10 @@ impl Sim {
             }
             if storm {
                 enabled.push(3);
+            }
+            let backfill_due = self.sched().backfills.iter().min().copied();
+            if backfill_due.is_some_and(|t| t <= now) {
+                enabled.push(4);
             }
             let pick = {
                 let mut sc = self.sched();
@@ -769,9 +955,23 @@ impl Sim {
                     self.reconcile();
                 }
                 (Some(3), _) => {
-                    if self.sched().rng.per_mille(30) {
+                    let (operate, handshake) = {
+                        let mut sc = self.sched();
+                        (sc.rng.per_mille(30), sc.rng.per_mille(20))
+                    };
+                    if operate {
                         self.operate();
+                    } else if handshake {
+                        self.handshake();
                     }
+                }
+                (Some(4), _) => {
+                    {
+                        let mut sc = self.sched();
+                        let i = sc.backfills.iter().position(|t| *t <= now).expect("a backfill due");
+                        sc.backfills.remove(i);
+                    }
+                    self.backfill();
                 }
                 (_, Some(pass)) => self.parts.world.advance(Duration::from_millis(pass as u64)),
                 _ => {
@@ -785,7 +985,7 @@ impl Sim {
                             self.runbook();
                             continue;
                         }
-                        let next = [due, self.next_visible(), Some(next_reconcile)]
+                        let next = [due, self.next_visible(), Some(next_reconcile), backfill_due]
                             .into_iter()
                             .flatten()
                             .min()
@@ -802,7 +1002,7 @@ impl Sim {
         sc.figures.faults = self.parts.world.state().injected;
         sc.figures.virtual_ms = self.now() - START_MS;
         sc.figures.routed_deliveries =
-            self.parts.world.publisher().published().iter().filter(|p| p.topic_arn != "").count() as u64;
+            self.parts.world.publisher().published().iter().filter(|p| p.topic_arn != NOTIFY_ARN).count() as u64;
         let expected = self.expected(&sc);
         let observed = self.observed();
         let mut violations = std::mem::take(&mut sc.violations);
@@ -834,7 +1034,7 @@ impl Sim {
         let mut sent: Vec<Sent> = sc
             .events
             .iter()
-            .filter_map(|e| e.key.as_ref().map(|k| Sent { key: k.clone(), fact: e.fact.clone() }))
+            .flat_map(|e| e.facts.iter().map(|(key, fact)| Sent { key: key.clone(), fact: fact.clone() }))
             .collect();
         if let Some(at) = sc.notified.iter().max() {
             sent.push(Sent { key: String::new(), fact: Fact::Notification { state: FETCHED_PK.into(), at_ms: *at } });
@@ -853,7 +1053,9 @@ impl Sim {
             let destination = match p.topic_arn.as_str() {
                 QUEUE_ARN => "orders",
                 BUS_ARN => "bus",
-                _ => "",
+                NOTIFY_ARN => "",
+                other if other == hookledger::routes::https_reference(PARTNER) => PARTNER,
+                other => other,
             };
             arrivals.entry(destination.to_owned()).or_default().push(p.idempotency_key);
         }
@@ -874,6 +1076,9 @@ impl Sim {
         let sc = self.sched();
         if let Some((at, d)) = sc.pending.first_key_value() {
             open.push(format!("{} deliveries pending (next: event {} at {})", sc.pending.len(), d.event, at.0));
+        }
+        if !sc.backfills.is_empty() {
+            open.push(format!("{} backfill runs due", sc.backfills.len()));
         }
         drop(sc);
         let st = self.parts.world.state();
@@ -962,6 +1167,10 @@ fn sign(e: &Event, now_s: i64) -> HeaderMap {
         }
         "acme" => {
             h.insert("x-sig", v(&format!("sha256={}", hmac_hex(&e.body))));
+        }
+        "quiltt" => {
+            h.insert(quiltt::SIGNATURE_HEADER, v(&quiltt::sign(&Secret::new(HMAC_SECRET), now_s, &e.body)));
+            h.insert(quiltt::TIMESTAMP_HEADER, HeaderValue::from(now_s));
         }
         "dropbox" => {
             h.insert("x-dropbox-signature", v(&hmac_hex(&e.body)));
