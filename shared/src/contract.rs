@@ -822,7 +822,8 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
 
     let d = "partner";
     assert_eq!(o.circuit(d).await.unwrap(), None, "never written: closed");
-    assert_eq!(o.change_circuit(d, CircuitChange::Close { now_ms: T0 }).await.unwrap(), None, "nothing to close");
+    let reset = |now_ms| CircuitChange::Close { now_ms, probe: None };
+    assert_eq!(o.change_circuit(d, reset(T0)).await.unwrap(), None, "nothing to reset");
     let failed = o.change_circuit(d, CircuitChange::Failure { token: "f-1", now_ms: T0 }).await.unwrap();
     assert_eq!(failed.map(|c| c.failures), Some(1));
     let retried = o.change_circuit(d, CircuitChange::Failure { token: "f-1", now_ms: T0 }).await.unwrap();
@@ -830,10 +831,19 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
     let next = o.change_circuit(d, CircuitChange::Failure { token: "f-2", now_ms: T0 + 1 }).await.unwrap();
     assert_eq!(next.map(|c| c.failures), Some(2));
     let open = |token, until_ms, now_ms| CircuitChange::Open { token, until_ms, now_ms };
+    let was_reset = o.change_circuit(d, reset(T0 + 1)).await.unwrap().expect("closed: its failures reset");
+    assert_eq!(was_reset.failures, 0);
+    for t in ["f-3", "f-4"] {
+        assert!(o.change_circuit(d, CircuitChange::Failure { token: t, now_ms: T0 + 1 }).await.unwrap().is_some());
+    }
     let opened = o.change_circuit(d, open("o-1", T0 + 60_000, T0 + 2)).await.unwrap().expect("opened");
     assert_eq!((opened.open_until, opened.failures), (Some(T0 + 60_000), 0));
     assert!(o.change_circuit(d, open("o-1", T0 + 60_000, T0 + 2)).await.unwrap().is_some(), "our retry");
     assert_eq!(o.change_circuit(d, open("o-2", T0 + 60_003, T0 + 3)).await.unwrap(), None, "open already");
+    // A success seen by a container that read the circuit closed never closes it.
+    assert_eq!(o.change_circuit(d, reset(T0 + 4)).await.unwrap(), None, "open: only a probe closes it");
+    let close = |probe, now_ms| CircuitChange::Close { now_ms, probe: Some(probe) };
+    assert_eq!(o.change_circuit(d, close("p-0", T0 + 5)).await.unwrap(), None, "no such probe out");
     let probe = |token, until_ms, now_ms| CircuitChange::Probe { token, until_ms, now_ms };
     assert_eq!(o.change_circuit(d, probe("p-1", T0 + 90_000, T0 + 59_999)).await.unwrap(), None, "still open");
     let probing = o.change_circuit(d, probe("p-1", T0 + 90_000, T0 + 60_000)).await.unwrap().expect("the probe");
@@ -844,8 +854,16 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
     let reopened = o.change_circuit(d, open("o-3", T0 + 120_000, T0 + 60_002)).await.unwrap().expect("reopened");
     assert_eq!((reopened.open_until, reopened.probe_until), (Some(T0 + 120_000), None));
     assert!(o.change_circuit(d, probe("p-3", T0 + 150_000, T0 + 120_000)).await.unwrap().is_some());
-    let closed = o.change_circuit(d, CircuitChange::Close { now_ms: T0 + 120_001 }).await.unwrap().expect("closed");
-    assert_eq!(closed, Circuit { failures: 0, failure_token: Some("f-2".into()), ..Circuit::default() });
+    assert_eq!(o.change_circuit(d, close("p-1", T0 + 120_001)).await.unwrap(), None, "an earlier probe's success");
+    let closed = o.change_circuit(d, close("p-3", T0 + 120_001)).await.unwrap().expect("closed");
+    let want = Circuit {
+        failures: 0,
+        failure_token: Some("f-4".into()),
+        close_token: Some("p-3".into()),
+        ..Circuit::default()
+    };
+    assert_eq!(closed, want);
+    assert_eq!(o.change_circuit(d, close("p-3", T0 + 120_001)).await.unwrap(), Some(want.clone()), "our retry");
     assert_eq!(o.circuit(d).await.unwrap(), Some(closed));
     assert_eq!(o.circuit("other").await.unwrap(), None, "one circuit per destination");
 }

@@ -22,9 +22,11 @@
 //! acknowledgement), and the dispatcher continues as the owner. The writes
 //! are the [`OutboxStore`] port's (DynamoDB: `adapters::dynamodb::outbox`,
 //! expressions in `adapters::dynamodb::conditions`); the publish is the
-//! [`Publisher`]'s (`adapters::destinations`). An HTTPS destination has a
+//! [`Publisher`]'s (`adapters::destinations`). Every route destination (an
+//! SQS queue, an SNS topic, an EventBridge bus, an HTTPS endpoint) has a
 //! circuit breaker ([`circuit`]): while it is open, its deliveries wait
-//! (`defer`) without spending attempts.
+//! (`defer`) without spending attempts, and a failing destination costs the
+//! others nothing.
 
 use std::sync::Arc;
 
@@ -60,16 +62,15 @@ pub struct Dispatcher<S, P> {
     ambient: Ambient,
     /// Where a route's delivery reads its event's payload from.
     payloads: Option<Arc<dyn EventPayloads>>,
-    /// HTTPS destinations' circuits as this container knows them.
+    /// Route destinations' circuits as this container knows them.
     circuits: Arc<Circuits>,
     pub fault: DispatchFault,
 }
 
-/// Whether an item goes to an HTTPS destination (its target names one; an
-/// item an earlier release wrote has its URL): those have a circuit breaker.
-fn to_https(item: &OutboxItem) -> Option<&str> {
-    let d = item.delivery.as_ref()?;
-    crate::routes::is_https_target(&item.topic_arn).then_some(d.destination.as_str())
+/// The route destination an item goes to (its circuit's name); `None`: a
+/// projection's notification (no route, no circuit).
+fn destination_of(item: &OutboxItem) -> Option<&str> {
+    item.delivery.as_ref().map(|d| d.destination.as_str())
 }
 
 /// Why a message could not be built: retry later, or never.
@@ -210,10 +211,10 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         now_ms: i64,
     ) -> Result<Dispatched, PortError> {
         let id = item.id.as_str();
-        // An HTTPS destination whose circuit is open is not tried: its
-        // delivery waits without spending an attempt.
-        let https = to_https(item);
-        let gate = match https {
+        // A destination whose circuit is open is not tried: its delivery
+        // waits without spending an attempt.
+        let destination = destination_of(item);
+        let gate = match destination {
             Some(destination) => self.circuits.gate(&self.store, destination, token, now_ms).await,
             None => Gate::Send,
         };
@@ -243,7 +244,7 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             now_ms,
         };
         let sent = self.publisher.publish(out).await;
-        if let Some(destination) = https {
+        if let Some(destination) = destination {
             // An answer, even a refusal, says the destination is up.
             let healthy = !matches!(sent, Err(PublishError::Retry { .. }));
             self.circuits.record(&self.store, destination, &gate, healthy, &self.ambient.token(), now_ms).await;

@@ -438,6 +438,8 @@ pub struct Circuit {
     pub failure_token: Option<String>,
     /// The token of the dispatcher that opened it last.
     pub open_token: Option<String>,
+    /// The token of the probe that closed it last.
+    pub close_token: Option<String>,
 }
 
 /// A change to a destination's [`Circuit`]; each recognises its own retry
@@ -451,8 +453,11 @@ pub enum CircuitChange<'a> {
     /// The one probe of an open circuit whose time is up, until `until_ms`
     /// (refused while it is open or another probe is out).
     Probe { token: &'a str, until_ms: i64, now_ms: i64 },
-    /// A send got through: closed, no failures.
-    Close { now_ms: i64 },
+    /// A send got through. Through the probe `probe` holds: closed, only
+    /// while that probe is the one out. Any other send: the failures reset,
+    /// only while the circuit is not open (a success seen by a container
+    /// with an old copy never closes a circuit another one opened).
+    Close { now_ms: i64, probe: Option<&'a str> },
 }
 
 /// Where destinations' circuits are kept (the ledger's table).

@@ -41,8 +41,11 @@
 //! Failures are isolated: an item whose action fails is counted in
 //! `Summary::errors` under its phase, logged, and left due; every phase runs
 //! (a phase stops early only when throttled, or after
-//! [`MAX_CONSECUTIVE_ERRORS`] failures in a row); evidence is gathered and the
-//! metrics are emitted on every run. A run stops at its item budget or
+//! [`MAX_CONSECUTIVE_ERRORS`] failures in a row of its own ports: the
+//! ledger, the queue); evidence is gathered and the metrics are emitted on
+//! every run. A destination that refuses its deliveries is not the outbox
+//! phase's failure: its items back off (or wait on its circuit) and the
+//! sweep goes on to the other destinations' items. A run stops at its item budget or
 //! deadline; what it did not reach stays due, so the next run continues.
 
 use std::collections::BTreeMap;
@@ -727,13 +730,16 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 failures.ok();
                 summary.outbox_republished += 1;
             }
+            // The destination refused it (the item backs off, or is dead):
+            // counted, but not the phase's failure, so one failing
+            // destination never ends the sweep for the others.
             Dispatched::Retrying { ref error, .. } | Dispatched::Dead { ref error, .. } => {
                 summary.outbox_failed += 1;
                 if matches!(outcome, Dispatched::Dead { .. }) {
                     summary.outbox_dead_lettered += 1;
                 }
-                let e = PortError::Unavailable { service: "sns", message: error.clone() };
-                failures.item("outbox", id, &e, summary);
+                *summary.errors.entry("outbox".to_owned()).or_default() += 1;
+                tracing::warn!(item = id, error = %error, "outbox publish failed; it backs off");
             }
         }
         *budget -= 1;

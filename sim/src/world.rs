@@ -1063,7 +1063,9 @@ impl Sim {
     }
 
     fn records(&self) -> Vec<Item> {
-        self.parts.world.state().table.items().cloned().map(to_domain).filter(is_meta).collect()
+        let st = self.parts.world.state();
+        let meta = |i: &&memory::expr::Item| i.get("sk").and_then(|v| v.as_s().ok()).is_some_and(|s| s == "meta");
+        st.table.items().filter(meta).cloned().map(to_domain).collect()
     }
 
     fn record_keys(&self) -> Vec<String> {
@@ -1085,14 +1087,14 @@ impl Sim {
         if !st.queue.messages.is_empty() {
             open.push(format!("{} messages queued", st.queue.messages.len()));
         }
+        // Read in place (no copy of every item on every look).
+        let text = |i: &memory::expr::Item, name: &str| i.get(name).and_then(|v| v.as_s().ok()).cloned();
         for i in st.table.items() {
-            let item = to_domain(i.clone());
-            let status = get_s(&item, "status").unwrap_or_default();
-            if is_meta(&item) && !matches!(status, "PROCESSED" | "PARKED" | "DEAD") {
-                open.push(format!("{} {status}", get_s(&item, "pk").unwrap_or_default()));
-            }
-            if get_s(&item, "sk") == Some("outbox") && !matches!(status, "SENT" | "DEAD") {
-                open.push(format!("{} {status}", get_s(&item, "pk").unwrap_or_default()));
+            let (sk, status) = (text(i, "sk").unwrap_or_default(), text(i, "status").unwrap_or_default());
+            let open_record = sk == "meta" && !matches!(status.as_str(), "PROCESSED" | "PARKED" | "DEAD");
+            let open_item = sk == "outbox" && !matches!(status.as_str(), "SENT" | "DEAD");
+            if open_record || open_item {
+                open.push(format!("{} {status}", text(i, "pk").unwrap_or_default()));
             }
         }
         open
@@ -1132,10 +1134,6 @@ fn schedule(sc: &mut Sched, at: i64, d: Delivery) {
     sc.next_id += 1;
     let id = sc.next_id;
     sc.pending.insert((at, id), d);
-}
-
-fn is_meta(i: &Item) -> bool {
-    get_s(i, "sk") == Some("meta")
 }
 
 fn to_domain(i: memory::expr::Item) -> Item {

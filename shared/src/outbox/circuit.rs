@@ -1,4 +1,4 @@
-//! A circuit breaker per HTTPS destination, its state in one item per
+//! A circuit breaker per route destination (every kind), its state in one item per
 //! destination (`dest#<name>`, [`CircuitStore`]) shared by every
 //! dispatcher, each container keeping its own copy for at most
 //! [`CircuitPolicy::read_every_ms`].
@@ -146,14 +146,19 @@ impl Circuits {
     ) {
         let known = self.cached(destination, now_ms).unwrap_or_default();
         let result = if healthy {
-            if !matches!(gate, Gate::Probe(_)) && known.failures == 0 && known.open_until.is_none() {
+            let probe = match gate {
+                Gate::Probe(token) => Some(token.as_str()),
+                _ => None,
+            };
+            if probe.is_none() && known.failures == 0 && known.open_until.is_none() {
                 return;
             }
-            if matches!(gate, Gate::Probe(_)) {
+            let closed = store.change_circuit(destination, CircuitChange::Close { now_ms, probe }).await;
+            if probe.is_some() && matches!(closed, Ok(Some(_))) {
                 tracing::info!(destination, "circuit closed: the probe got through");
                 metrics::counter!("circuit_closed", "destination" => destination.to_owned()).increment(1);
             }
-            store.change_circuit(destination, CircuitChange::Close { now_ms }).await
+            closed
         } else if matches!(gate, Gate::Probe(_)) {
             self.open(store, destination, token, now_ms).await
         } else {

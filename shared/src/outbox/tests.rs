@@ -438,3 +438,85 @@ impl crate::ports::EventPayloads for OneEvent {
         Box::pin(async { Ok(crate::ports::EventPayload::Bytes(b"{}".to_vec())) })
     }
 }
+
+const QUEUE: &str = "arn:aws:sqs:eu-west-1:123456789012:orders";
+
+/// A route's delivery to the `orders` SQS queue, due now.
+fn queue_delivery(store: &MemOutbox, i: u32) -> String {
+    delivery_to(store, i, QUEUE, "orders")
+}
+
+/// A route's delivery to `destination` (its target `target`), due now.
+fn delivery_to(store: &MemOutbox, i: u32, target: &str, destination: &str) -> String {
+    let id = format!("outbox#{destination}{i}");
+    let mut item = pending(&format!("{destination}{i}"), 0, NOW);
+    item.topic_arn = target.into();
+    store.put(&id, &item);
+    store.set_delivery(&id, destination, NOW);
+    id
+}
+
+/// Every destination kind has a circuit: an SQS queue that fails opens
+/// its circuit after the threshold, and its deliveries then wait unsent,
+/// spending no attempt.
+#[tokio::test]
+async fn an_sqs_destination_that_fails_opens_its_circuit_and_its_deliveries_wait() {
+    let (store, publisher, d) = dispatcher();
+    let d = d.with_payloads(std::sync::Arc::new(OneEvent));
+    publisher.refuse(QUEUE);
+    let threshold = circuit::CircuitPolicy::default().threshold;
+    for i in 0..threshold + 3 {
+        let id = queue_delivery(&store, i);
+        let got = d.dispatch(&id, NOW + i64::from(i)).await.unwrap();
+        if i < threshold {
+            assert!(matches!(got, Dispatched::Retrying { .. }), "{i}: {got:?}");
+        } else {
+            assert!(matches!(got, Dispatched::Waiting { .. }), "{i}: {got:?}");
+            assert_eq!(store.get(&id).attempts, 0, "{i}: waiting spends no attempt");
+        }
+    }
+    assert_eq!(publisher.attempts().len(), threshold as usize, "no send while open");
+    let circuit = crate::ports::CircuitStore::circuit(&store, "orders").await.unwrap().unwrap();
+    assert!(circuit.open_until.is_some(), "{circuit:?}");
+}
+
+/// A success seen by a container whose copy of the circuit is closed (read
+/// before another container opened it) never closes it: only the probe
+/// does, so two containers cannot make it flap.
+#[tokio::test]
+async fn a_success_seen_with_an_old_copy_never_closes_a_circuit_another_container_opened() {
+    let w = World::new(Ambient::fixed(NOW, 3));
+    let (store, publisher) = (w.outbox(), w.publisher());
+    let container = || {
+        Dispatcher::with_ports(store.clone(), publisher.clone())
+            .with_policy(POLICY)
+            .with_payloads(std::sync::Arc::new(OneEvent))
+    };
+    let (a, b) = (container(), container());
+    let partner = crate::routes::https_reference("partner");
+    let delivery = |i| delivery_to(&store, i, &partner, "partner");
+    publisher.refuse(&partner);
+    // A fails once: its copy says closed, one failure.
+    let first = delivery(0);
+    assert!(matches!(a.dispatch(&first, NOW).await.unwrap(), Dispatched::Retrying { .. }));
+    // B fails until the circuit opens.
+    let threshold = circuit::CircuitPolicy::default().threshold;
+    for i in 1..threshold {
+        let id = delivery(i);
+        assert!(matches!(b.dispatch(&id, NOW + 10).await.unwrap(), Dispatched::Retrying { .. }));
+    }
+    let open = crate::ports::CircuitStore::circuit(&store, "partner").await.unwrap().unwrap();
+    assert!(open.open_until.is_some(), "opened by B: {open:?}");
+    // The queue is back; A, trusting its copy, sends one through.
+    publisher.restore(&partner);
+    let id = delivery(10);
+    assert_eq!(a.dispatch(&id, NOW + 2_000).await.unwrap(), Dispatched::Published);
+    let after = crate::ports::CircuitStore::circuit(&store, "partner").await.unwrap().unwrap();
+    assert_eq!(after.open_until, open.open_until, "still open: only the probe closes it");
+    // Its probe, once the open time is up, closes it.
+    let id = delivery(11);
+    let later = open.open_until.unwrap() + 1;
+    assert_eq!(b.dispatch(&id, later).await.unwrap(), Dispatched::Published);
+    let closed = crate::ports::CircuitStore::circuit(&store, "partner").await.unwrap().unwrap();
+    assert_eq!((closed.open_until, closed.failures), (None, 0), "closed by the probe");
+}

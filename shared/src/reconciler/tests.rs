@@ -1150,18 +1150,53 @@ async fn a_failed_dispatch_is_counted_and_the_item_stays_due() {
     assert_eq!(w.dispatched(), ["out_1", "out_1"]);
 }
 
+/// A destination that refuses every publish is not the phase's failure: a
+/// failing SNS topic's items back off and the same run goes on to publish
+/// an SQS queue's items due after them (before: five refusals in a row
+/// ended the outbox phase for every destination).
 #[tokio::test]
-async fn failed_publishes_in_a_row_stop_the_outbox_phase() {
+async fn a_failing_destination_does_not_stop_another_destinations_retries_in_the_same_run() {
+    let w = Harness::new();
+    const QUEUE: &str = "arn:aws:sqs:us-east-1:123456789012:orders";
+    // All in one shard, the topic's seven due first: one page, in due order.
+    let in_shard_0 = |prefix: &str, n: usize| -> Vec<String> {
+        (0..).map(|i| format!("{prefix}{i}")).filter(|id| shard_of(id, SHARDS) == 0).take(n).collect()
+    };
+    let (topic, queue) = (in_shard_0("out_t", 7), in_shard_0("out_q", 3));
+    for (i, id) in topic.iter().enumerate() {
+        w.outbox_item(id, NOW - GRACE - 100 + i as i64);
+    }
+    for (i, id) in queue.iter().enumerate() {
+        w.world.outbox().put(id, &OutboxView::pending(id, QUEUE, 0, NOW - GRACE - 50 + i as i64));
+    }
+    w.world.publisher().refuse(TOPIC);
+    w.entitlement("sub_1", "active", 1);
+    w.answer("sub_1", is("active", 1));
+    let summary = w.run(NOW).await;
+    assert_eq!(w.dispatched().len(), 10, "every due item tried: {:?}", w.dispatched());
+    assert_eq!((summary.outbox_failed, summary.outbox_republished), (7, 3));
+    for id in &queue {
+        assert_eq!(w.world.outbox().status(id), "SENT", "{id}");
+    }
+    assert_eq!(w.world.outbox().status(&topic[0]), "PENDING", "backed off");
+    assert_eq!(summary.errors, counts(&[("outbox", 7)]));
+    assert!(summary.complete, "no phase stopped: {summary:?}");
+    assert_eq!(summary.drift_checked, 1, "the drift phase runs");
+}
+
+/// The phase's own ports failing in a row still stop it (its dependency is
+/// down): the outbox store throttled at its claims.
+#[tokio::test]
+async fn the_outbox_store_failing_in_a_row_stops_the_outbox_phase() {
     let w = Harness::new();
     for i in 0..7 {
         w.outbox_item(&format!("out_{i}"), NOW - GRACE - 1 - i);
     }
-    w.world.publisher().fail_all();
+    w.world.inject("outbox.claim", 0, None, Fault::Unavailable);
     w.entitlement("sub_1", "active", 1);
     w.answer("sub_1", is("active", 1));
     let summary = w.run(NOW).await;
     assert_eq!(w.dispatched().len(), MAX_CONSECUTIVE_ERRORS as usize);
-    assert_eq!(summary.outbox_failed, u64::from(MAX_CONSECUTIVE_ERRORS));
     assert_eq!(summary.errors, counts(&[("outbox", u64::from(MAX_CONSECUTIVE_ERRORS))]));
     assert!(!summary.complete);
     assert_eq!(summary.drift_checked, 1, "the drift phase still runs");

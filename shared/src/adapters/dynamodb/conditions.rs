@@ -125,6 +125,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "circuit_open",
     "circuit_probe",
     "circuit_close",
+    "circuit_reset",
     "release_parked",
     "migrate_attention",
     "migrate_due_partition",
@@ -841,16 +842,31 @@ pub fn circuit_probe(token: &str, until_ms: i64, now_ms: i64) -> Update {
         .value(":now", n(now_ms))
 }
 
-/// A send got through: closed, no failures (the same again on a retry;
-/// refused only when the circuit was never written: closed already).
-pub fn circuit_close(now_ms: i64) -> Update {
-    Update::when("circuit_close", "attribute_exists(failures)")
+/// The probe `token` holds got through: closed, no failures; refused
+/// unless that probe is the one out (a failed probe's reopening, or another
+/// probe, came first). Its retry is recognised by `close_token`.
+pub fn circuit_close(token: &str, now_ms: i64) -> Update {
+    Update::when("circuit_close", "probe_token = :tok")
         .set("failures = :zero")
         .set("closed_at = :now")
+        .set("close_token = :tok")
         .remove("open_until")
         .remove("open_token")
         .remove("probe_until")
         .remove("probe_token")
+        .value(":zero", n(0))
+        .value(":tok", s(token))
+        .value(":now", n(now_ms))
+}
+
+/// A send (not a probe) got through while the circuit was closed: its
+/// failures in a row reset; refused when the circuit was never written
+/// (nothing to reset) or is open (another dispatcher opened it since this
+/// one read it: only a probe closes it). The same again on a retry.
+pub fn circuit_reset(now_ms: i64) -> Update {
+    Update::when("circuit_reset", "attribute_exists(failures) AND attribute_not_exists(open_until)")
+        .set("failures = :zero")
+        .set("closed_at = :now")
         .value(":zero", n(0))
         .value(":now", n(now_ms))
 }

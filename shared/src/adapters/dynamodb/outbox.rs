@@ -33,6 +33,7 @@ pub(crate) fn circuit_of(item: &Item) -> Circuit {
         probe_token: opt("probe_token"),
         failure_token: opt("failure_token"),
         open_token: opt("open_token"),
+        close_token: opt("close_token"),
     }
 }
 
@@ -52,7 +53,10 @@ pub(crate) fn circuit_update(change: CircuitChange<'_>) -> (cond::Update, impl F
         CircuitChange::Probe { token, until_ms, now_ms } => {
             (cond::circuit_probe(token, until_ms, now_ms), Some(token.to_owned()), |c| c.probe_token.as_ref())
         }
-        CircuitChange::Close { now_ms } => (cond::circuit_close(now_ms), None, |_| None),
+        CircuitChange::Close { now_ms, probe: Some(token) } => {
+            (cond::circuit_close(token, now_ms), Some(token.to_owned()), |c| c.close_token.as_ref())
+        }
+        CircuitChange::Close { now_ms, probe: None } => (cond::circuit_reset(now_ms), None, |_| None),
     };
     (update, move |met: &Circuit| token.is_some() && field(met) == token.as_ref())
 }
