@@ -833,6 +833,8 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
     let open = |token, until_ms, now_ms| CircuitChange::Open { token, until_ms, now_ms };
     let was_reset = o.change_circuit(d, reset(T0 + 1)).await.unwrap().expect("closed: its failures reset");
     assert_eq!(was_reset.failures, 0);
+    let retried = o.change_circuit(d, reset(T0 + 1)).await.unwrap();
+    assert_eq!(retried, Some(was_reset), "our retry (its acknowledgement lost) resets again, the same");
     for t in ["f-3", "f-4"] {
         assert!(o.change_circuit(d, CircuitChange::Failure { token: t, now_ms: T0 + 1 }).await.unwrap().is_some());
     }
