@@ -811,12 +811,25 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
     let (o, id) = (b.outbox(), &ids[0]);
     let OutboxClaim::Claimed(first) = o.claim(id, "d-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
     assert_eq!(first.attempts, 1);
-    assert_eq!(o.defer(id, "d-2", T0 + 60_000, "waiting", T0).await.unwrap(), Held::Lapsed, "not the holder");
-    assert_eq!(o.defer(id, "d-1", T0 + 60_000, "waiting", T0).await.unwrap(), Held::Yes);
-    assert_eq!(o.defer(id, "d-1", T0 + 60_000, "waiting", T0).await.unwrap(), Held::Yes, "our retry");
-    assert_eq!(o.claim(id, "d-3", T0 + 59_999, T0 + 90_000).await.unwrap(), OutboxClaim::Skipped, "not due yet");
+    let home = first.shard;
+    assert_eq!(o.defer(id, "d-2", "partner", home, "waiting", T0).await.unwrap(), Held::Lapsed, "not the holder");
+    assert_eq!(o.defer(id, "d-1", "partner", home, "waiting", T0).await.unwrap(), Held::Yes);
+    assert_eq!(o.defer(id, "d-1", "partner", home, "waiting", T0).await.unwrap(), Held::Yes, "our retry");
+    // It waits in its destination's partition, out of the sweep's.
+    assert!(!o.due(home, T0 + 86_400_000, 100).await.unwrap().contains(id), "out of the sweep's partition");
+    assert_eq!(o.waiting("partner", T0, 10).await.unwrap(), std::slice::from_ref(id));
+    assert!(o.waiting("partner", T0 - 1, 10).await.unwrap().is_empty(), "waiting since T0");
+    assert!(o.waiting("other", T0, 10).await.unwrap().is_empty(), "another destination's partition");
+    // `outbox_unwait`: home again, due now; its retry (acknowledgement
+    // lost) is told it is home; an item never deferred is not moved.
+    assert!(o.unwait(id, "partner", T0 + 5).await.unwrap());
+    assert!(o.unwait(id, "partner", T0 + 5).await.unwrap(), "our retry: it is home, to be handed on");
+    assert!(o.waiting("partner", T0 + 5, 10).await.unwrap().is_empty());
+    assert!(o.due(home, T0 + 5, 100).await.unwrap().contains(id), "due now in its home partition");
+    assert!(!o.unwait("outbox#nothing", "partner", T0 + 5).await.unwrap(), "no such item: nothing written");
     let OutboxClaim::Claimed(again) = o.claim(id, "d-3", T0 + 60_000, T0 + 90_000).await.unwrap() else { panic!() };
     assert_eq!(again.attempts, 1, "waiting spent no attempt");
+    assert_eq!(again.shard, home, "its home shard");
     let state = o.state(id).await.unwrap().expect("the item");
     assert_eq!((state.status.as_str(), state.last_error.as_deref()), ("SENDING", Some("waiting")));
 

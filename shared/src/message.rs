@@ -200,13 +200,15 @@ pub enum Dispatched {
     Published,
     /// Sent already, claimed by a live dispatcher, not yet due, or dead.
     Skipped,
-    /// The publish failed; the item is PENDING again, due after its backoff.
+    /// The publish failed; the item is PENDING again, due at `next_at_ms`.
     Retrying {
         attempts: u32,
         error: String,
+        next_at_ms: i64,
     },
-    /// Not sent: its destination's circuit is open. The item is PENDING
-    /// again, due at `until_ms`, no attempt spent.
+    /// Not sent: its destination's circuit is open (until `until_ms`). The
+    /// item waits in its destination's waiting partition, no attempt spent,
+    /// until the destination is back and drains it.
     Waiting {
         until_ms: i64,
     },
@@ -258,4 +260,13 @@ mod tests {
         assert_ne!(a, idempotency_key("evt#stripe#e#evt_1", "email"));
         assert_ne!(a, idempotency_key("evt#stripe#e#evt_2", "notify"));
     }
+}
+
+/// What a reconciler run started for deliveries waiting on their destination.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Drains {
+    /// Destinations back, with deliveries waiting, whose drain was handed to the queue.
+    pub started: u32,
+    /// Without a queue: waiting deliveries sent by the run itself.
+    pub sent: u32,
 }

@@ -37,11 +37,15 @@ use crate::ledger::PortError;
 pub use crate::message::Dispatched;
 use crate::message::{Held, MAX_COUNTED_BYTES, OutboxClaim, OutboxItem, envelope, message_group_id};
 use crate::ports::{
-    CircuitStore, Dispatch, EventPayload, EventPayloads, OutboxStore, Publication, PublishError, Publisher,
+    CircuitStore, DeliveryQueue, Dispatch, EventPayload, EventPayloads, OutboxStore, Publication, PublishError,
+    Publisher,
 };
 
 pub mod circuit;
+mod queue;
+pub use crate::message::Drains;
 pub use circuit::{CircuitPolicy, Circuits, Gate};
+pub use queue::{DRAIN_PAGE, MAX_DELAY_MS, SWEEP_GROUP};
 
 pub use crate::message::DISPATCH_LEASE_MS;
 
@@ -64,6 +68,11 @@ pub struct Dispatcher<S, P> {
     payloads: Option<Arc<dyn EventPayloads>>,
     /// Route destinations' circuits as this container knows them.
     circuits: Arc<Circuits>,
+    /// Where deliveries go to be sent apart (`HOOKLEDGER_DELIVERY_QUEUE_URL`);
+    /// without it they are sent where they are met.
+    queue: Option<Arc<dyn DeliveryQueue>>,
+    /// The routes' destinations, by name (whose waiting deliveries drain).
+    destinations: Arc<Vec<String>>,
     pub fault: DispatchFault,
 }
 
@@ -88,8 +97,22 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             ambient: Ambient::system(),
             payloads: None,
             circuits: Arc::new(Circuits::new(CircuitPolicy::default())),
+            queue: None,
+            destinations: Arc::new(Vec::new()),
             fault: DispatchFault::None,
         }
+    }
+
+    /// Hands deliveries to `queue` (the delivery queue) to be sent apart.
+    pub fn with_queue(mut self, queue: Arc<dyn DeliveryQueue>) -> Self {
+        self.queue = Some(queue);
+        self
+    }
+
+    /// The routes' destinations (their waiting deliveries drain when they are back).
+    pub fn with_destinations(mut self, destinations: Vec<String>) -> Self {
+        self.destinations = Arc::new(destinations);
+        self
     }
 
     /// HTTPS destinations' circuits open and probe by `policy`.
@@ -121,7 +144,14 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
     /// ledger itself failed (the item stays as it was, or claimed until its
     /// lease lapses).
     pub async fn dispatch(&self, id: &str, now_ms: i64) -> Result<Dispatched, PortError> {
-        let token = self.ambient.token();
+        self.dispatch_as(id, &self.ambient.token(), now_ms).await
+    }
+
+    /// [`Self::dispatch`] under `token`: a fresh one, or the claim its
+    /// committing processor wrote a delivery under (the claim is met as
+    /// ours, and continued).
+    pub async fn dispatch_as(&self, id: &str, token: &str, now_ms: i64) -> Result<Dispatched, PortError> {
+        let token = token.to_owned();
         let item = match self.store.claim(id, &token, now_ms, now_ms + DISPATCH_LEASE_MS).await? {
             OutboxClaim::Claimed(item) => item,
             OutboxClaim::Skipped => return Ok(Dispatched::Skipped),
@@ -247,7 +277,12 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         if let Some(destination) = destination {
             // An answer, even a refusal, says the destination is up.
             let healthy = !matches!(sent, Err(PublishError::Retry { .. }));
-            self.circuits.record(&self.store, destination, &gate, healthy, &self.ambient.token(), now_ms).await;
+            let closed =
+                self.circuits.record(&self.store, destination, &gate, healthy, &self.ambient.token(), now_ms).await;
+            if closed {
+                // Back: its waiting deliveries drain through the queue now.
+                self.start_drain(destination).await;
+            }
         }
         match sent {
             Ok(()) => {}
@@ -287,26 +322,25 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         Ok(Dispatched::Published)
     }
 
-    /// Not sent, its destination's circuit open: PENDING again, due a
-    /// little after `until_ms` (spread, so a closed circuit is not met by
-    /// every waiting delivery at once), the attempt given back; DEAD once
-    /// the delivery's bound has passed.
+    /// Not sent, its destination's circuit open: PENDING in its
+    /// destination's waiting partition, the attempt given back, until the
+    /// destination is back ([`Self::drain`]); DEAD once the delivery's bound
+    /// has passed.
     async fn wait(&self, item: &OutboxItem, token: &str, until_ms: i64, now_ms: i64) -> Result<Dispatched, PortError> {
         if now_ms - item.created_at_ms >= self.policy.delivery_bound_ms {
             let error = "the destination's circuit stayed open past the delivery's bound".to_owned();
             return self.failed(item, token, error, true, now_ms).await;
         }
-        let spread = (self.ambient.jitter() * 10_000.0) as i64;
-        let next_at_ms = until_ms.max(now_ms) + spread;
-        let held =
-            self.store.defer(&item.id, token, next_at_ms, "waiting: the destination's circuit is open", now_ms).await?;
+        let destination = destination_of(item).unwrap_or_default();
+        let why = "waiting: the destination's circuit is open";
+        let held = self.store.defer(&item.id, token, destination, item.shard, why, now_ms).await?;
         if held == Held::Lapsed {
             tracing::warn!(outbox = %item.id, "dispatch lease lapsed before the wait was recorded");
         }
         if let Some(d) = &item.delivery {
             metrics::counter!("delivery_waiting", "destination" => d.destination.clone()).increment(1);
         }
-        Ok(Dispatched::Waiting { until_ms: next_at_ms })
+        Ok(Dispatched::Waiting { until_ms })
     }
 
     /// A failed attempt whose answer asked for a pause (`Retry-After`): the
@@ -352,12 +386,18 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
                 Some(_) => now_ms - item.created_at_ms >= self.policy.delivery_bound_ms,
                 None => attempts >= self.policy.max_attempts,
             };
+        let mut next_at_ms = now_ms;
         let held = if dead {
             self.store.dead(id, token, shard, &error, now_ms).await?
         } else {
             let delay = self.policy.backoff.delay_ms(attempts, self.ambient.jitter()).max(at_least_ms.unwrap_or(0));
-            self.store.back_off(id, token, now_ms + delay, &error, now_ms).await?
+            next_at_ms = now_ms + delay;
+            self.store.back_off(id, token, next_at_ms, &error, now_ms).await?
         };
+        if !dead && held == Held::Yes {
+            // Its next try is the queue's own delay (further away: the sweep's).
+            self.retry_later(item, next_at_ms - now_ms).await;
+        }
         if held == Held::Lapsed {
             tracing::warn!(outbox = %id, "dispatch lease lapsed before the failure was recorded");
         }
@@ -372,18 +412,19 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             Ok(Dispatched::Dead { attempts, error })
         } else {
             tracing::warn!(outbox = %id, attempts, error = %error, "outbox publish failed; retrying after a backoff");
-            Ok(Dispatched::Retrying { attempts, error })
+            Ok(Dispatched::Retrying { attempts, error, next_at_ms })
         }
     }
 
-    /// Publishes outbox items that are still pending (or whose dispatcher
-    /// died) from the `due` index shards `out#000..`, oldest first, at most
-    /// `limit`. Items younger than `grace_ms` are left to their processor.
+    /// Drains the waiting deliveries of destinations back, then publishes
+    /// outbox items that are still pending (or whose dispatcher died) from
+    /// the `due` index shards `out#000..`, oldest first, at most `limit`. Items younger than `grace_ms` are left to their processor.
     /// One item's or one shard's failure does not stop the others (it is
     /// rescheduled or logged); returns how many were published, or the first
     /// error when a query failed and nothing was published.
     pub async fn sweep(&self, shards: u32, now_ms: i64, grace_ms: i64, limit: usize) -> Result<usize, PortError> {
-        let mut published = 0;
+        // Destinations back first: their waiting deliveries drain.
+        let mut published = self.drains(now_ms, limit).await.sent as usize;
         let mut failed = None;
         for shard in 0..shards {
             // One shard's failed query does not stop the others.
@@ -498,6 +539,22 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatch for Dispatcher<S, P> 
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
         self.store.due(shard, up_to, limit).await
+    }
+
+    fn queued(&self) -> bool {
+        Dispatcher::queued(self)
+    }
+
+    async fn hand_over_committed(&self, items: &[OutboxItem], token: &str) -> bool {
+        Dispatcher::hand_over_committed(self, items, token).await
+    }
+
+    async fn hand_over_ids(&self, ids: &[String]) -> usize {
+        Dispatcher::hand_over_ids(self, ids).await
+    }
+
+    async fn drains(&self, now_ms: i64, budget: usize) -> Drains {
+        Dispatcher::drains(self, now_ms, budget).await
     }
 }
 

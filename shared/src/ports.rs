@@ -299,6 +299,67 @@ pub trait Dispatch: Send + Sync {
     ) -> impl Future<Output = Result<Dispatched, PortError>> + Send;
     /// Outbox items of `shard` due at `up_to` or earlier, oldest first.
     fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
+    /// Whether deliveries are handed to a delivery queue (else sent where met).
+    fn queued(&self) -> bool {
+        false
+    }
+    /// A commit's route deliveries, claimed under `token`, handed to the
+    /// delivery queue; `false`: there is none (send them inline).
+    fn hand_over_committed(
+        &self,
+        items: &[crate::message::OutboxItem],
+        token: &str,
+    ) -> impl Future<Output = bool> + Send {
+        let _ = (items, token);
+        async { false }
+    }
+    /// Due items handed to the delivery queue; how many were.
+    fn hand_over_ids(&self, ids: &[String]) -> impl Future<Output = usize> + Send {
+        let _ = ids;
+        async { 0 }
+    }
+    /// Drains started for destinations back with deliveries waiting.
+    fn drains(&self, now_ms: i64, budget: usize) -> impl Future<Output = crate::message::Drains> + Send {
+        let _ = (now_ms, budget);
+        async { crate::message::Drains::default() }
+    }
+}
+
+/// A message of the delivery queue: a delivery to send (by its outbox id;
+/// `token`: the claim its committing processor wrote it under, so the
+/// dispatcher continues that claim instead of waiting for it to lapse), or
+/// a destination whose waiting deliveries are to be drained.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeliveryMessage {
+    Deliver {
+        outbox: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+    },
+    Drain {
+        destination: String,
+    },
+}
+
+/// One message handed to the delivery queue, shown `delay_s` later (at
+/// most SQS's 900 s).
+#[derive(Debug, Clone)]
+pub struct Handover {
+    pub message: DeliveryMessage,
+    /// The destination's name (the message group).
+    pub group: String,
+    pub delay_s: u32,
+}
+
+/// The delivery queue (`HOOKLEDGER_DELIVERY_QUEUE_URL`): route deliveries
+/// sent apart from the processor, by the dispatcher's own concurrency.
+pub trait DeliveryQueue: Send + Sync {
+    /// Sends the messages, ten to a request; one result per message, in order.
+    fn hand_over<'a>(
+        &'a self,
+        messages: &'a [Handover],
+    ) -> std::pin::Pin<Box<dyn Future<Output = Vec<Result<(), PortError>>> + Send + 'a>>;
 }
 
 /// The outbox items' transitions, each conditional on the dispatcher's token.
@@ -328,16 +389,32 @@ pub trait OutboxStore: Send + Sync {
         error: &str,
         now_ms: i64,
     ) -> impl Future<Output = Result<Held, PortError>> + Send;
-    /// SENDING(token) → PENDING, due at `next_at_ms`, the claim's attempt
-    /// given back: not sent (its destination's circuit is open).
+    /// SENDING(token) → PENDING in `destination`'s waiting partition (out of
+    /// the sweep's `shard`), the claim's attempt given back: not sent, its
+    /// destination's circuit is open. It waits there, costing nothing, until
+    /// [`Self::unwait`] moves it back.
     fn defer(
         &self,
         id: &str,
         token: &str,
-        next_at_ms: i64,
+        destination: &str,
+        shard: u32,
         why: &str,
         now_ms: i64,
     ) -> impl Future<Output = Result<Held, PortError>> + Send;
+    /// Deliveries waiting for `destination` since `up_to` or earlier, the
+    /// longest waiting first, at most `limit`.
+    fn waiting(
+        &self,
+        destination: &str,
+        up_to: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
+    /// A waiting delivery back into its home partition, due now. `Ok(true)`:
+    /// it is there now (moved by this call, or by an earlier one whose
+    /// acknowledgement was lost); `Ok(false)`: it was not waiting (sent,
+    /// dead, or never deferred).
+    fn unwait(&self, id: &str, destination: &str, now_ms: i64) -> impl Future<Output = Result<bool, PortError>> + Send;
     /// SENDING(token) → DEAD (out of the due index, counted apart).
     fn dead(
         &self,

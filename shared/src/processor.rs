@@ -429,7 +429,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         routed: &Routed<'_>,
         subject: Option<&str>,
         now_ms: i64,
-    ) -> Vec<OutboxMessage> {
+    ) -> Vec<(OutboxMessage, Kind)> {
         let matching = self.routes.matching(&record.endpoint, &record.provider, &record.tenant, routed.event_type);
         let time = |ms: i64| crate::verify::sns::format_timestamp(ms.div_euclid(1000));
         matching
@@ -452,7 +452,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     "processed_at": time(now_ms),
                     "subject": subject,
                 });
-                OutboxMessage {
+                let message = OutboxMessage {
                     topic_arn: d.target.clone(),
                     action,
                     group: group.to_owned(),
@@ -464,7 +464,8 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                         payload_hash: record.payload_hash.clone(),
                         received_at_ms: record.received_at_ms,
                     }),
-                }
+                };
+                (message, d.kind)
             })
             .collect()
     }
@@ -488,7 +489,12 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         let key = &record.key;
         let planned = !ops.is_empty();
         let mut stale = false;
-        let deliveries = routed.as_ref().map(|r| self.deliveries(record, r, subject, now_ms)).unwrap_or_default();
+        let (deliveries, kinds): (Vec<OutboxMessage>, Vec<Kind>) = routed
+            .as_ref()
+            .map(|r| self.deliveries(record, r, subject, now_ms))
+            .unwrap_or_default()
+            .into_iter()
+            .unzip();
         // The deliveries were committed before (an operator's replay of a record that had them): not again.
         let mut deliver = !deliveries.is_empty();
         loop {
@@ -531,7 +537,8 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                         self.wake_successor(at, now_ms).await;
                     }
                     self.dispatch(&notifications(outbox), now_ms).await;
-                    self.deliver(&routed_items, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms).await;
+                    self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms)
+                        .await;
                     return Ok(Some(Report::done(outcome)));
                 }
                 CommitResult::Conflicts(mut indices) => {
@@ -568,7 +575,8 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                         .map(|m| crate::message::outbox_id(key.as_str(), &m.action))
                         .collect();
                     self.dispatch(&outbox, now_ms).await;
-                    self.deliver(&routed_items, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms).await;
+                    self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms)
+                        .await;
                     return Ok(Some(Report::done(outcome)));
                 }
                 CommitResult::Contention => {
@@ -666,13 +674,22 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             .unwrap_or(Report::done(Outcome::Ignored)))
     }
 
-    /// Sends this commit's deliveries now, all at once (at most
-    /// `routes::MAX_DESTINATIONS_PER_EVENT`), under the lease's token that
-    /// committed them claimed: the send and the mark, two requests each. A
-    /// failure is backed off for the reconciler's sweep, which retries it.
-    async fn deliver(&self, items: &[OutboxItem], token: &str, payload: &[u8], now_ms: i64) {
+    /// This commit's deliveries, under the lease's token that committed
+    /// them claimed. With a delivery queue, HTTPS deliveries are handed to
+    /// it (one request for up to ten): the processor never waits on a
+    /// partner. The others (AWS services answer within their SDK timeouts)
+    /// are sent now, all at once (at most `routes::MAX_DESTINATIONS_PER_EVENT`):
+    /// the send and the mark, two requests each; a failure backs off and is
+    /// retried through the queue (or the reconciler's sweep).
+    async fn deliver(&self, items: &[OutboxItem], kinds: &[Kind], token: &str, payload: &[u8], now_ms: i64) {
         let Some(d) = &self.dispatcher else { return };
-        let sends = items.iter().map(|item| async move {
+        let (apart, inline): (Vec<(&OutboxItem, &Kind)>, Vec<(&OutboxItem, &Kind)>) =
+            items.iter().zip(kinds).partition(|(_, k)| d.queued() && matches!(k, Kind::Https));
+        if !apart.is_empty() {
+            let apart: Vec<OutboxItem> = apart.into_iter().map(|(i, _)| i.clone()).collect();
+            d.hand_over_committed(&apart, token).await;
+        }
+        let sends = inline.into_iter().map(|(item, _)| async move {
             if let Err(e) = d.dispatch_committed(item, token, payload, now_ms).await {
                 tracing::warn!(error = %e, outbox = %item.id, "delivery failed; the sweeper will retry");
             }

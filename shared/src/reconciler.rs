@@ -94,8 +94,12 @@ pub struct Summary {
     pub outbox_failed: u64,
     /// Outbox items that went DEAD this run.
     pub outbox_dead_lettered: u64,
-    /// Deliveries not sent this run: their HTTPS destination's circuit is open.
+    /// Deliveries not sent this run: their destination's circuit is open.
     pub outbox_waiting: u64,
+    /// Due outbox items handed to the delivery queue this run.
+    pub outbox_handed: u64,
+    /// Destinations back whose waiting deliveries this run drains.
+    pub outbox_drains: u64,
     pub drift_checked: u64,
     pub drift_found: u64,
     pub drift_repaired: u64,
@@ -186,6 +190,11 @@ struct Run {
     /// (`SendMessageBatch`) across shards, as soon as [`SEND_BATCH_MAX`]
     /// are claimed and at the end of each phase.
     sends: Vec<Redrive>,
+    /// Due outbox items to hand to the delivery queue (when there is one),
+    /// in tens, as [`Self::sends`].
+    handovers: Vec<String>,
+    /// Whether this run started the waiting deliveries' drains yet.
+    drained: bool,
     /// Parked gap waiters this run may still look at ([`waiter_share`]).
     waiters_left: usize,
     /// The run's time (`now_ms` given to [`Reconciler::run`]) and the
@@ -201,6 +210,8 @@ impl Run {
             phases: Phases::default(),
             gauge: Gauge::default(),
             sends: Vec::new(),
+            handovers: Vec::new(),
+            drained: false,
             waiters_left: waiters,
             start_ms,
             started,
@@ -406,6 +417,17 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         summary: &mut Summary,
         run: &mut Run,
     ) -> PhaseEnd {
+        if partition == DuePartition::Outbox && !run.drained {
+            run.drained = true;
+            if let Some(d) = &self.dispatcher {
+                // Destinations back with deliveries waiting: drained apart
+                // (a queue), or by this run within its share.
+                let drains = d.drains(now_ms, *allowance).await;
+                summary.outbox_drains += u64::from(drains.started);
+                summary.outbox_republished += u64::from(drains.sent);
+                *allowance = allowance.saturating_sub(drains.sent as usize);
+            }
+        }
         let shards = self.ledger.shards();
         let first = ((now_ms / 60_000) as u64 % u64::from(shards)) as u32;
         let mut end = PhaseEnd::Done;
@@ -429,6 +451,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         // What the shards claimed and did not send yet goes together: the
         // re-drives of several shards share their requests.
         self.send_redrives(run, summary).await;
+        self.hand_over(run, summary).await;
         end
     }
 
@@ -511,7 +534,10 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     // their phase.
                     Due::Outbox { id, due_at_ms } => {
                         if *due_at_ms <= now_ms - self.settings.outbox_grace_ms {
-                            self.outbox_one(id, at, allowance, summary, &mut run.phases).await;
+                            self.outbox_one(id, at, allowance, summary, &mut run.phases, &mut run.handovers).await;
+                            if run.handovers.len() >= SEND_BATCH_MAX {
+                                self.hand_over(run, summary).await;
+                            }
                         }
                     }
                     Due::Check(item) => {
@@ -544,6 +570,20 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 Some(_) if partition == DuePartition::Records && run.phases.redrive.stopped => return end,
                 Some(next) => after = Some(next),
             }
+        }
+    }
+
+    /// Hands the due outbox items gathered to the delivery queue.
+    async fn hand_over(&self, run: &mut Run, summary: &mut Summary) {
+        let Some(d) = &self.dispatcher else { return };
+        if run.handovers.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut run.handovers);
+        let handed = d.hand_over_ids(&ids).await;
+        summary.outbox_handed += handed as u64;
+        if handed < ids.len() {
+            *summary.errors.entry("outbox".to_owned()).or_default() += (ids.len() - handed) as u64;
         }
     }
 
@@ -700,6 +740,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
 
     /// Dispatches one outbox item left pending (or claimed by a dispatcher
     /// that died); `true` when it moved out of this run's range.
+    #[allow(clippy::too_many_arguments)]
     async fn outbox_one(
         &self,
         id: &str,
@@ -707,11 +748,20 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         budget: &mut usize,
         summary: &mut Summary,
         phases: &mut Phases,
+        handovers: &mut Vec<String>,
     ) -> bool {
         let Some(d) = &self.dispatcher else { return false };
         let failures = &mut phases.outbox;
         if failures.stopped || failures.failed_before(id) {
             return false;
+        }
+        if d.queued() {
+            // Sent apart, by the dispatcher's concurrency: handed on in tens.
+            if !handovers.contains(&id.to_owned()) {
+                handovers.push(id.to_owned());
+            }
+            *budget -= 1;
+            return true;
         }
         // Each outcome but `Skipped` moves the item out of this page's range
         // (sent, due later, or dead).

@@ -57,6 +57,9 @@ pub struct Settings {
     pub table: Option<String>,
     /// `HOOKLEDGER_QUEUE_URL`
     pub queue_url: Option<String>,
+    /// `HOOKLEDGER_DELIVERY_QUEUE_URL`: route deliveries sent apart
+    /// (without it they are sent by the processor and the reconciler).
+    pub delivery_queue_url: Option<String>,
     /// `HOOKLEDGER_PAYLOAD_BUCKET`
     pub payload_bucket: Option<String>,
     /// `HOOKLEDGER_NOTIFY_TOPIC_ARN`
@@ -208,6 +211,7 @@ impl Settings {
             handshake_path,
             table: get("HOOKLEDGER_TABLE"),
             queue_url: get("HOOKLEDGER_QUEUE_URL"),
+            delivery_queue_url: get("HOOKLEDGER_DELIVERY_QUEUE_URL").filter(|u| !u.is_empty()),
             payload_bucket: intake.payload_bucket,
             notify_topic: get("HOOKLEDGER_NOTIFY_TOPIC_ARN"),
             index_shards: intake.index_shards,
@@ -337,7 +341,16 @@ impl Wiring {
             let secrets: Arc<dyn SecretResolver> = Arc::new(self.secrets());
             publisher = publisher.with_https(HttpsSender::new(self.settings.routes.clone(), secrets));
         }
-        Ok(Dispatcher::with_ports(store, publisher).with_payloads(payloads).with_ambient(self.ambient.clone()))
+        let destinations = self.settings.routes.destinations().iter().map(|d| d.name.clone()).collect();
+        let mut dispatcher = Dispatcher::with_ports(store, publisher)
+            .with_payloads(payloads)
+            .with_ambient(self.ambient.clone())
+            .with_destinations(destinations);
+        if let Some(url) = &self.settings.delivery_queue_url {
+            dispatcher =
+                dispatcher.with_queue(Arc::new(crate::adapters::sqs::SqsDeliveries::new(self.sqs_client(), url)));
+        }
+        Ok(dispatcher)
     }
 
     /// Resolves `env:` and `ssm:` secret references.

@@ -205,6 +205,7 @@ async fn eight_invocations_race_over_200_events_with_duplicates_and_converge() {
     let app = Arc::new(App {
         processor: Arc::new(stack.processor(settings, Some(source), Some(topic))),
         queue: Arc::new(hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url)),
+        dispatcher: Arc::new(stack.dispatcher()),
     });
     let stack = Arc::new(stack);
     let mut workers = tokio::task::JoinSet::new();

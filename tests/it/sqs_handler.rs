@@ -90,6 +90,7 @@ async fn partial_batch_failure_reports_only_the_records_that_must_come_back() {
     let app = Arc::new(App {
         processor: Arc::new(stack.processor(fast_settings(), None, None)),
         queue: Arc::new(hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url)),
+        dispatcher: Arc::new(stack.dispatcher()),
     });
     let resp = handle(app.clone(), LambdaEvent::new(sqs_event(&received), Context::default())).await.unwrap();
 
@@ -124,6 +125,7 @@ async fn a_record_without_a_message_id_breaks_the_batch() {
     let app = Arc::new(App {
         processor: Arc::new(stack.processor(fast_settings(), None, None)),
         queue: Arc::new(hookledger::adapters::sqs::SqsQueue::new(stack.sqs.clone(), &stack.queue_url)),
+        dispatcher: Arc::new(stack.dispatcher()),
     });
     let mut fixture: Value = serde_json::from_str(EVENT).unwrap();
     fixture["Records"][0].as_object_mut().unwrap().remove("messageId");

@@ -348,6 +348,11 @@ impl Stack {
         }
     }
 
+    /// The dispatcher the processor function's delivery queue source uses.
+    pub fn dispatcher(&self) -> hookledger::wiring::LiveDispatcher {
+        hookledger::wiring::dispatcher(self.ddb.clone(), aws_sdk_sns::Client::new(&self.aws), self.table.clone())
+    }
+
     pub fn processor(
         &self,
         settings: ProcessorSettings,
@@ -471,6 +476,7 @@ impl Stack {
         Arc::new(processor::handler::App {
             processor: std::sync::Arc::new(self.processor(settings, source, None)),
             queue: std::sync::Arc::new(hookledger::adapters::sqs::SqsQueue::new(self.sqs.clone(), &self.queue_url)),
+            dispatcher: std::sync::Arc::new(self.dispatcher()),
         })
     }
 

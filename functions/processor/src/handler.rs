@@ -8,43 +8,82 @@ use std::sync::Arc;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use hookledger::adapters::sqs::{self, SqsQueue};
 use hookledger::config::ConfigError;
+use hookledger::ports::DeliveryMessage;
 use hookledger::projection::Registry;
 use hookledger::telemetry::{FailureKind, FunctionError};
-use hookledger::wiring::{LiveProcessor, Wiring};
+use hookledger::wiring::{LiveDispatcher, LiveProcessor, Wiring};
 use lambda_runtime::LambdaEvent;
 
 pub struct App {
     pub processor: Arc<LiveProcessor>,
     /// Where a message that must come back later is shown again.
     pub queue: Arc<SqsQueue>,
+    /// The delivery queue's consumer (the function's second event source).
+    pub dispatcher: Arc<LiveDispatcher>,
 }
 
 /// Builds the processor from the composition root (see the configuration
 /// reference) with the application's projections (`main.rs` registers them).
 pub fn from_wiring(wiring: &Wiring, registry: Registry) -> Result<App, ConfigError> {
-    Ok(App { processor: Arc::new(wiring.processor(registry)?), queue: Arc::new(wiring.queue()?) })
+    Ok(App {
+        processor: Arc::new(wiring.processor(registry)?),
+        queue: Arc::new(wiring.queue()?),
+        dispatcher: Arc::new(wiring.dispatcher()?),
+    })
 }
 
+/// Two event sources: the work queue (events to process) and the delivery
+/// queue (route deliveries and drain steps, `DeliveryMessage`), told apart
+/// by each record's body.
 pub async fn handle(app: Arc<App>, event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, FunctionError> {
     // Without a message id a failure cannot be reported: the batch is broken.
     let mut batch = Vec::new();
+    let mut deliveries = Vec::new();
     for record in event.payload.records {
         let id = record
             .message_id
             .filter(|m| !m.is_empty())
             .ok_or_else(|| FunctionError::new(FailureKind::BadEvent, "SQS record without messageId"))?;
+        if let Some(message) = record.body.as_deref().and_then(sqs::delivery_message) {
+            deliveries.push((id, message));
+            continue;
+        }
         let count = record.attributes.get("ApproximateReceiveCount").map(String::as_str);
         let group = record.attributes.get("MessageGroupId").map(String::as_str);
         batch.push(sqs::received(id, record.receipt_handle, record.body.as_deref(), count, group));
     }
-    let stay = hookledger::batch::process(app.processor.clone(), app.queue.clone(), batch)
-        .await
-        .map_err(|e| FunctionError::new(FailureKind::WorkerFailed, e))?;
     let mut response = SqsBatchResponse::default();
-    for id in stay {
+    if !batch.is_empty() {
+        let stay = hookledger::batch::process(app.processor.clone(), app.queue.clone(), batch)
+            .await
+            .map_err(|e| FunctionError::new(FailureKind::WorkerFailed, e))?;
+        for id in stay {
+            response.add_failure(id);
+        }
+    }
+    for id in deliver(&app.dispatcher, deliveries).await {
         response.add_failure(id);
     }
     Ok(response)
+}
+
+/// The delivery queue's messages, taken at once; the ids of those whose
+/// ledger calls failed (they come back after the visibility timeout).
+async fn deliver(dispatcher: &LiveDispatcher, messages: Vec<(String, DeliveryMessage)>) -> Vec<String> {
+    let clock = hookledger::clock::Ambient::system();
+    let takes = messages.into_iter().map(|(id, message)| {
+        let now = clock.now_ms();
+        async move {
+            match dispatcher.take(&message, now).await {
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "delivery message not taken; it comes back");
+                    Some(id)
+                }
+            }
+        }
+    });
+    futures::future::join_all(takes).await.into_iter().flatten().collect()
 }
 
 #[cfg(test)]

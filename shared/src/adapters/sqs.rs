@@ -135,13 +135,22 @@ impl SqsQueue {
     /// One `SendMessageBatch` of `bodies` (with their tenants); one result
     /// each, in order.
     async fn send_batch(&self, bodies: &[(String, &str)]) -> Vec<Result<(), PortError>> {
+        let entries: Vec<(&str, Option<String>, u32)> =
+            bodies.iter().map(|(body, tenant)| (body.as_str(), group(tenant), 0)).collect();
+        self.batch(&entries).await
+    }
+
+    /// One `SendMessageBatch` of (body, group, delay in seconds); one result
+    /// each, in order.
+    async fn batch(&self, bodies: &[(&str, Option<String>, u32)]) -> Vec<Result<(), PortError>> {
         use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
         let mut entries = Vec::with_capacity(bodies.len());
-        for (i, (body, tenant)) in bodies.iter().enumerate() {
+        for (i, (body, group, delay_s)) in bodies.iter().enumerate() {
             let entry = SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
-                .message_body(body)
-                .set_message_group_id(group(tenant))
+                .message_body(*body)
+                .set_message_group_id(group.clone())
+                .set_delay_seconds((*delay_s > 0).then(|| (*delay_s).min(900) as i32))
                 .build()
                 .map_err(|e| PortError::Unavailable { service: "sqs", message: e.to_string() });
             match entry {
@@ -402,5 +411,54 @@ mod redelivery_tests {
         assert!(last_receive(Some("11")));
         assert!(!last_receive(None), "unknown: keep the message");
         assert!(!last_receive(Some("many")));
+    }
+}
+
+/// The delivery queue on SQS (`HOOKLEDGER_DELIVERY_QUEUE_URL`): one message
+/// per delivery (or drain step), `MessageGroupId` its destination (a fair
+/// queue: one destination's backlog never delays another's), its retry's
+/// backoff the message's own `DelaySeconds`.
+#[derive(Clone)]
+pub struct SqsDeliveries {
+    queue: SqsQueue,
+}
+
+impl SqsDeliveries {
+    pub fn new(client: Client, queue_url: impl Into<String>) -> Self {
+        Self { queue: SqsQueue::new(client, queue_url) }
+    }
+}
+
+/// A delivery queue message's body.
+pub fn delivery_body(message: &crate::ports::DeliveryMessage) -> String {
+    serde_json::to_string(message).unwrap_or_else(|e| unreachable!("a delivery message serialises: {e}"))
+}
+
+/// A delivery queue message read back (`None`: not one).
+pub fn delivery_message(body: &str) -> Option<crate::ports::DeliveryMessage> {
+    serde_json::from_str(body).ok()
+}
+
+impl crate::ports::DeliveryQueue for SqsDeliveries {
+    fn hand_over<'a>(
+        &'a self,
+        messages: &'a [crate::ports::Handover],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<(), PortError>>> + Send + 'a>> {
+        Box::pin(async move {
+            let bodies: Vec<String> = messages.iter().map(|m| delivery_body(&m.message)).collect();
+            let mut out = Vec::with_capacity(messages.len());
+            for (chunk, bodies) in messages.chunks(SEND_BATCH_MAX).zip(bodies.chunks(SEND_BATCH_MAX)) {
+                let entries: Vec<(&str, Option<String>, u32)> = chunk
+                    .iter()
+                    .zip(bodies)
+                    .map(|(m, b)| {
+                        let group = crate::message::message_group_id(&m.group).into_owned();
+                        (b.as_str(), (!group.is_empty()).then_some(group), m.delay_s)
+                    })
+                    .collect();
+                out.extend(self.queue.batch(&entries).await);
+            }
+            out
+        })
     }
 }

@@ -131,10 +131,36 @@ impl Circuits {
         }
     }
 
+    /// How many of `destination`'s waiting deliveries may be handed on now:
+    /// all of them (`usize::MAX`) while its circuit is closed (or cannot be
+    /// read), one (the probe's) once its open time is up, none while open.
+    /// Reads the item at most once per [`CircuitPolicy::read_every_ms`];
+    /// takes no probe (the dispatcher that sends the delivery does).
+    pub async fn drainable<S: CircuitStore>(&self, store: &S, destination: &str, now_ms: i64) -> usize {
+        let circuit = match self.cached(destination, now_ms) {
+            Some(c) => c,
+            None => match store.circuit(destination).await {
+                Ok(c) => {
+                    let c = c.unwrap_or_default();
+                    self.remember(destination, c.clone(), now_ms);
+                    c
+                }
+                Err(_) => return usize::MAX,
+            },
+        };
+        match circuit.open_until {
+            None => usize::MAX,
+            Some(until) if until > now_ms => 0,
+            Some(_) if circuit.probe_until.is_some_and(|p| p > now_ms) => 0,
+            Some(_) => 1,
+        }
+    }
+
     /// Records how a send through `gate` went: `healthy` (an answer, even a
     /// refusal: the destination is up) or not (no answer, a 5xx, 408, 429).
     /// Writes only on a change or a failure. A write that fails is logged:
-    /// the next failure or success writes again.
+    /// the next failure or success writes again. `true`: this send was the
+    /// probe and closed the circuit (its waiting deliveries may drain).
     pub async fn record<S: CircuitStore>(
         &self,
         store: &S,
@@ -143,18 +169,20 @@ impl Circuits {
         healthy: bool,
         token: &str,
         now_ms: i64,
-    ) {
+    ) -> bool {
         let known = self.cached(destination, now_ms).unwrap_or_default();
+        let mut reopened = false;
         let result = if healthy {
             let probe = match gate {
                 Gate::Probe(token) => Some(token.as_str()),
                 _ => None,
             };
             if probe.is_none() && known.failures == 0 && known.open_until.is_none() {
-                return;
+                return false;
             }
             let closed = store.change_circuit(destination, CircuitChange::Close { now_ms, probe }).await;
             if probe.is_some() && matches!(closed, Ok(Some(_))) {
+                reopened = true;
                 tracing::info!(destination, "circuit closed: the probe got through");
                 metrics::counter!("circuit_closed", "destination" => destination.to_owned()).increment(1);
             }
@@ -177,6 +205,7 @@ impl Circuits {
                 self.forget(destination);
             }
         }
+        reopened
     }
 
     async fn open<S: CircuitStore>(

@@ -1225,7 +1225,8 @@ async fn a_dead_https_destination_gets_only_probes_and_its_deliveries_go_out_whe
     // The reconciler's dispatcher: another container, its own copy of the circuits.
     let sweeper = Dispatcher::with_ports(h.world.outbox(), h.world.publisher())
         .with_ambient(h.world.ambient().clone())
-        .with_payloads(Arc::new(h.world.ledger()));
+        .with_payloads(Arc::new(h.world.ledger()))
+        .with_destinations(vec!["up".into(), "down".into()]);
     let tries = |target: &str| h.world.publisher().attempts().iter().filter(|p| p.topic_arn == target).count();
     let mut keys = Vec::new();
     let mut opened_at_minute = None;

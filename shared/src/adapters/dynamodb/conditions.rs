@@ -121,6 +121,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "outbox_dead",
     "outbox_revive",
     "outbox_defer",
+    "outbox_unwait",
     "circuit_failure",
     "circuit_open",
     "circuit_probe",
@@ -785,21 +786,40 @@ pub fn outbox_back_off(token: &str, next_at_ms: i64, error: &str, now_ms: i64) -
         .value(":next", n(next_at_ms))
 }
 
-/// Not sent: the destination's circuit is open. PENDING again, due when
-/// it may be tried, the claim's attempt given back (`ADD -1`): waiting for
-/// a destination spends none. Fenced like every write after the claim.
-pub fn outbox_defer(token: &str, next_at_ms: i64, why: &str, now_ms: i64) -> Update {
+/// Not sent: the destination's circuit is open. PENDING again, moved out of
+/// the sweep's partition into its destination's waiting partition
+/// (`wait_partition`, ordered by when it began to wait), its home partition
+/// kept beside it (`home_due`) for [`outbox_unwait`]; the claim's attempt
+/// given back (`ADD -1`): waiting for a destination spends none. Fenced like
+/// every write after the claim.
+pub fn outbox_defer(token: &str, wait_partition: &str, home_partition: &str, why: &str, now_ms: i64) -> Update {
     dispatch_fenced("outbox_defer", token)
         .set("#st = :pending")
         .set("last_error = :err")
         .set("deferred_at = :now")
-        .set("due_at = :next")
+        .set("due_shard = :wait")
+        .set("home_due = :home")
+        .set("due_at = :now")
         .add("dispatch_attempts :back")
         .value(":pending", s(PENDING))
         .value(":err", s(why))
         .value(":now", n(now_ms))
-        .value(":next", n(next_at_ms))
+        .value(":wait", s(wait_partition))
+        .value(":home", s(home_partition))
         .value(":back", n(-1))
+}
+
+/// A waiting delivery, its destination back: into its home partition
+/// again (`home_due`), due now, so the sweep finds it when its hand-over is
+/// lost. Only while it is still in `wait_partition`: a retry after a lost
+/// acknowledgement, or a second drain, meets it moved and writes nothing.
+pub fn outbox_unwait(wait_partition: &str, now_ms: i64) -> Update {
+    Update::when("outbox_unwait", "due_shard = :wait")
+        .set("due_shard = home_due")
+        .set("due_at = :now")
+        .remove("home_due")
+        .value(":wait", s(wait_partition))
+        .value(":now", n(now_ms))
 }
 
 /// A destination's circuit (`dest#<name>`, `sk = "circuit"`): one more

@@ -67,6 +67,24 @@ pub fn outbox_partition(shard: u32) -> String {
     super::due_partition(crate::ledger::DuePartition::Outbox, shard)
 }
 
+/// The due-index partition where deliveries to `destination` wait while its
+/// circuit is open (`wait#<name>`): out of the sweep's partitions, so a
+/// destination down for hours costs the sweep nothing, read page by page
+/// when it is back.
+pub fn wait_partition(destination: &str) -> String {
+    format!("wait#{destination}")
+}
+
+/// A refused unwait: the item met is back in its home partition, still to
+/// be sent (an earlier unwait whose acknowledgement was lost, or another
+/// drain's): hand it over anyway, its claim keeps it single.
+pub(crate) fn unwaited(met: Option<&Item>) -> bool {
+    met.is_some_and(|m| {
+        let st = text(m, attr::STATUS);
+        text(m, attr::DUE_SHARD).starts_with("out#") && (st == outbox_status::PENDING || st == outbox_status::SENDING)
+    })
+}
+
 /// Attribute names of the outbox item.
 pub mod attr {
     pub const PK: &str = "pk";
@@ -81,6 +99,8 @@ pub mod attr {
     pub const CREATED_AT: &str = "created_at";
     pub const DUE_SHARD: &str = "due_shard";
     pub const DUE_AT: &str = "due_at";
+    /// While a delivery waits for its destination: its home partition.
+    pub const HOME_DUE: &str = "home_due";
     pub const DISPATCH_TOKEN: &str = "dispatch_token";
     pub const DISPATCH_ATTEMPTS: &str = "dispatch_attempts";
     pub const DISPATCH_UNTIL: &str = "dispatch_until";
@@ -247,8 +267,12 @@ pub(crate) fn claimed(item: &Item) -> OutboxItem {
         group: text(item, attr::GROUP_ID),
         body: text(item, attr::BODY),
         attempts: u32::try_from(number(item, attr::DISPATCH_ATTEMPTS)).unwrap_or(u32::MAX),
-        // The shard of the item's `due_shard` (`out#007` → 7).
-        shard: text(item, attr::DUE_SHARD).rsplit('#').next().and_then(|s| s.parse().ok()).unwrap_or(0),
+        // The shard of the item's `due_shard` (`out#007` → 7), or of its
+        // home partition while it waits for its destination.
+        shard: [attr::DUE_SHARD, attr::HOME_DUE]
+            .iter()
+            .find_map(|a| text(item, a).strip_prefix("out#").and_then(|s| s.parse().ok()))
+            .unwrap_or(0),
     }
 }
 
@@ -285,8 +309,36 @@ impl OutboxStore for DynamoOutbox {
         self.fenced_write(id, token, cond::outbox_back_off(token, next_at_ms, &short(error), now_ms)).await
     }
 
-    async fn defer(&self, id: &str, token: &str, next_at_ms: i64, why: &str, now_ms: i64) -> Result<Held, PortError> {
-        self.fenced_write(id, token, cond::outbox_defer(token, next_at_ms, &short(why), now_ms)).await
+    async fn defer(
+        &self,
+        id: &str,
+        token: &str,
+        destination: &str,
+        shard: u32,
+        why: &str,
+        now_ms: i64,
+    ) -> Result<Held, PortError> {
+        let update =
+            cond::outbox_defer(token, &wait_partition(destination), &outbox_partition(shard), &short(why), now_ms);
+        self.fenced_write(id, token, update).await
+    }
+
+    async fn waiting(&self, destination: &str, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
+        let (keys, _) = self.ledger.due_keys(&wait_partition(destination), up_to, limit, None).await?;
+        Ok(keys
+            .iter()
+            .filter(|k| text(k, attr::SK) == OUTBOX_SK)
+            .map(|k| text(k, attr::PK))
+            .filter(|pk| !pk.is_empty())
+            .collect())
+    }
+
+    async fn unwait(&self, id: &str, destination: &str, now_ms: i64) -> Result<bool, PortError> {
+        let wait = wait_partition(destination);
+        Ok(match self.ledger.conditional(id, OUTBOX_SK, cond::outbox_unwait(&wait, now_ms), false).await? {
+            Written::Applied(_) => true,
+            Written::Refused(met) => unwaited(met.as_ref()),
+        })
     }
 
     async fn dead(&self, id: &str, token: &str, shard: u32, error: &str, now_ms: i64) -> Result<Held, PortError> {

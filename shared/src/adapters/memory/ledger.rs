@@ -19,7 +19,7 @@ use crate::adapters::dynamodb::due::{
 use crate::adapters::dynamodb::item::{item_from_sdk, item_to_sdk};
 use crate::adapters::dynamodb::operator::{item_json, passes, row, transition_refused, transitioned};
 use crate::adapters::dynamodb::outbox::{
-    OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text,
+    OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text, wait_partition,
 };
 use crate::adapters::dynamodb::schema::{BINDING_SK, binding_pk};
 use crate::adapters::dynamodb::work::{commit_cancelled, commit_items, history_item, left_by, work_record};
@@ -1261,8 +1261,41 @@ impl OutboxStore for MemOutbox {
         self.fenced("outbox.back_off", id, token, &cond::outbox_back_off(token, next_at_ms, &short(error), now_ms))
     }
 
-    async fn defer(&self, id: &str, token: &str, next_at_ms: i64, why: &str, now_ms: i64) -> Result<Held, PortError> {
-        self.fenced("outbox.defer", id, token, &cond::outbox_defer(token, next_at_ms, &short(why), now_ms))
+    async fn defer(
+        &self,
+        id: &str,
+        token: &str,
+        destination: &str,
+        shard: u32,
+        why: &str,
+        now_ms: i64,
+    ) -> Result<Held, PortError> {
+        let update =
+            cond::outbox_defer(token, &wait_partition(destination), &outbox_partition(shard), &short(why), now_ms);
+        self.fenced("outbox.defer", id, token, &update)
+    }
+
+    async fn waiting(&self, destination: &str, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
+        self.0.call_on("outbox.waiting", destination, |_, st| {
+            Ok(st
+                .table
+                .index(DUE_INDEX, &wait_partition(destination), Some(up_to))
+                .into_iter()
+                .filter(|(_, (_, sk), _)| sk == OUTBOX_SK)
+                .map(|(_, (pk, _), _)| pk)
+                .take(limit.clamp(1, 100))
+                .collect())
+        })
+    }
+
+    async fn unwait(&self, id: &str, destination: &str, now_ms: i64) -> Result<bool, PortError> {
+        let update = cond::outbox_unwait(&wait_partition(destination), now_ms);
+        self.0.call_on("outbox.unwait", id, |_, st| {
+            Ok(match st.conditional(id, OUTBOX_SK, &update)? {
+                Written::Applied(_) => true,
+                Written::Refused(met) => crate::adapters::dynamodb::outbox::unwaited(met.as_ref()),
+            })
+        })
     }
 
     async fn dead(&self, id: &str, token: &str, shard: u32, error: &str, now_ms: i64) -> Result<Held, PortError> {

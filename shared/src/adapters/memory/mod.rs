@@ -116,6 +116,8 @@ pub struct State {
     /// The payload bucket (`None`: not configured).
     pub bucket: Option<HashMap<String, Vec<u8>>>,
     pub queue: queue::QueueState,
+    /// The delivery queue's messages (body, group, visible at), in order sent.
+    pub deliveries: Vec<(String, String, i64)>,
     pub published: Vec<Published>,
     /// Targets that refuse every connection (an HTTPS destination that is down).
     pub refusing: BTreeSet<String>,
@@ -276,6 +278,11 @@ impl World {
     /// dead-letter queue.
     pub fn queue(&self) -> MemQueue {
         MemQueue::new(self.clone())
+    }
+
+    /// The delivery queue, as SQS's: messages with their group and delay.
+    pub fn deliveries(&self) -> MemDeliveries {
+        MemDeliveries(self.clone())
     }
 
     pub fn publisher(&self) -> MemPublisher {
@@ -704,5 +711,60 @@ mod tests {
         }
         assert!(q.receive(10).is_empty(), "received twice: moved");
         assert_eq!(q.dead_keys(), [event("a").key]);
+    }
+}
+
+/// The delivery queue in memory (`deliveries` in the state): what the SQS
+/// adapter sends, the same bodies (`adapters::sqs::delivery_body`), each
+/// visible after its delay on the world's clock.
+#[derive(Clone)]
+pub struct MemDeliveries(World);
+
+impl MemDeliveries {
+    /// Takes the messages visible now, at most `max`, oldest first.
+    pub fn receive(&self, max: usize) -> Vec<crate::ports::DeliveryMessage> {
+        let now = self.0.ambient.now_ms();
+        let mut st = self.0.state();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < st.deliveries.len() && out.len() < max {
+            if st.deliveries[i].2 <= now {
+                let (body, _, _) = st.deliveries.remove(i);
+                out.extend(crate::adapters::sqs::delivery_message(&body));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// Messages sent and not yet received.
+    pub fn len(&self) -> usize {
+        self.0.state().deliveries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl crate::ports::DeliveryQueue for MemDeliveries {
+    fn hand_over<'a>(
+        &'a self,
+        messages: &'a [crate::ports::Handover],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<(), PortError>>> + Send + 'a>> {
+        Box::pin(async move {
+            let now = self.0.ambient.now_ms();
+            messages
+                .iter()
+                .map(|m| {
+                    self.0.call_on("deliveries.send", &m.group, |_, st| {
+                        let body = crate::adapters::sqs::delivery_body(&m.message);
+                        st.deliveries.push((body, m.group.clone(), now + i64::from(m.delay_s) * 1000));
+                        Ok(())
+                    })
+                })
+                .collect()
+        })
     }
 }
