@@ -295,6 +295,11 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
                 }
                 return self.failed(item, token, message, false, now_ms).await;
             }
+            // A failed probe: the circuit opens again and its delivery
+            // waits with the others (it drains with them, not an hour later).
+            Err(PublishError::Retry { .. }) if matches!(gate, Gate::Probe(_)) => {
+                return self.wait(item, token, now_ms + self.circuits.policy().open_ms, now_ms).await;
+            }
             Err(PublishError::Retry { message, after_ms }) => {
                 return self.failed_after(item, token, message, after_ms, now_ms).await;
             }

@@ -1190,6 +1190,11 @@ const DOWN: &str = "https://down.example.com/hooks";
 
 /// A harness whose every event goes to two HTTPS destinations, `up` and `down`.
 fn https_routed() -> Harness {
+    https_routed_queued(false)
+}
+
+/// [`https_routed`], its deliveries handed to the world's delivery queue when `queued`.
+fn https_routed_queued(queued: bool) -> Harness {
     let json = format!(
         r#"{{"destinations": {{"up": {{"url": "{UP}", "secrets": ["env:UP"]}},
                                "down": {{"url": "{DOWN}", "secrets": ["env:DOWN"]}}}},
@@ -1198,9 +1203,12 @@ fn https_routed() -> Harness {
     let routes = Arc::new(crate::routes::Routes::parse(&json).unwrap());
     let world = World::new(Ambient::fixed(NOW, 11)).with_shards(settings().index_shards);
     let payloads: Arc<dyn crate::ports::EventPayloads> = Arc::new(world.ledger());
-    let dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
+    let mut dispatch = Dispatcher::with_ports(world.outbox(), world.publisher())
         .with_ambient(world.ambient().clone())
         .with_payloads(payloads);
+    if queued {
+        dispatch = dispatch.with_queue(Arc::new(world.deliveries()));
+    }
     let p =
         Processor::with_ports(world.ledger(), world.projection_context(), Registry::new(), Some(dispatch), settings())
             .with_queue(world.queue())
@@ -1209,11 +1217,132 @@ fn https_routed() -> Harness {
     Harness { p, ledger: Ledger { m: world.ledger(), w: world.clone() }, queue: world.queue(), world }
 }
 
+/// The dispatcher the delivery queue's consumer runs (another container).
+fn consumer(world: &World) -> Dispatcher<MemOutbox, MemPublisher> {
+    Dispatcher::with_ports(world.outbox(), world.publisher())
+        .with_ambient(world.ambient().clone())
+        .with_payloads(Arc::new(world.ledger()))
+        .with_queue(Arc::new(world.deliveries()))
+        .with_destinations(vec!["up".into(), "down".into()])
+}
+
+/// Takes the delivery queue's visible messages, ten at a time, until none
+/// is visible (at most `rounds` batches); how many were taken.
+async fn consume(d: &Dispatcher<MemOutbox, MemPublisher>, world: &World, rounds: usize) -> usize {
+    let mut taken = 0;
+    for _ in 0..rounds {
+        let batch = world.deliveries().receive(10);
+        if batch.is_empty() {
+            break;
+        }
+        for m in batch {
+            d.take(&m, world.ambient().now_ms()).await.unwrap();
+            taken += 1;
+        }
+    }
+    taken
+}
+
+/// A partner answering 2xx in 9 s: sent inline (no delivery queue), each
+/// event keeps the processor 9 s on the clock; handed to the delivery
+/// queue, the processor spends no time on it at all, and the queue's
+/// consumer sends every delivery once, under the key of its event.
+#[tokio::test]
+async fn a_slow_https_partner_never_keeps_the_processor_waiting_once_deliveries_go_through_the_queue() {
+    let mut spent = Vec::new();
+    for queued in [false, true] {
+        let h = https_routed_queued(queued);
+        let up = crate::routes::https_reference("up");
+        h.world.publisher().slow(&up, 9_000);
+        let clock = h.world.ambient().clone();
+        let start = clock.now_ms();
+        let mut keys = Vec::new();
+        for i in 0..10 {
+            let k = put(&h, record(&format!("e{i}"), Status::Received));
+            assert_eq!(h.p.process(&k, clock.now_ms()).await.unwrap(), done(Outcome::Ignored));
+            keys.push(k);
+        }
+        spent.push(clock.now_ms() - start);
+        if queued {
+            assert!(h.world.publisher().attempts().is_empty(), "the processor sent nothing itself");
+            assert_eq!(h.world.deliveries().len(), 20, "one message per delivery");
+            assert_eq!(consume(&consumer(&h.world), &h.world, 10).await, 20);
+        }
+        let sent = h.world.publisher().published();
+        for k in &keys {
+            for d in ["up", "down"] {
+                let key = idempotency_key(k.as_str(), &crate::routes::delivery_action(d));
+                assert_eq!(sent.iter().filter(|p| p.idempotency_key == key).count(), 1, "{k} to {d}: once");
+                assert_eq!(h.world.outbox().get(&delivery_id(k, d)).status, "SENT", "{k} to {d}");
+            }
+        }
+    }
+    assert!(spent[0] >= 90_000, "inline: the processor waited {} ms on the partner", spent[0]);
+    assert_eq!(spent[1], 0, "through the queue: the processor waited on no partner");
+}
+
+/// A destination down while 250 events are routed to it: five tries open
+/// its circuit; every later delivery waits in the ledger (its waiting
+/// partition) after one message, and costs no message per retry however
+/// long the outage lasts. Once it is back, a drain started by the reconciler
+/// sends the probe, the probe closes the circuit and starts the drain, and
+/// pages of 100 go through the queue: every delivery sent once, none DEAD,
+/// the healthy destination's all sent before it came back.
+#[tokio::test]
+async fn an_open_circuits_deliveries_wait_in_the_ledger_and_drain_in_pages_once_the_probe_gets_through() {
+    let h = https_routed_queued(true);
+    let down = crate::routes::https_reference("down");
+    h.world.publisher().refuse(&down);
+    let d = consumer(&h.world);
+    let clock = h.world.ambient().clone();
+    let mut keys = Vec::new();
+    for i in 0..250 {
+        let k = put(&h, record(&format!("e{i}"), Status::Received));
+        assert_eq!(h.p.process(&k, clock.now_ms()).await.unwrap(), done(Outcome::Ignored));
+        keys.push(k);
+        if i % 10 == 9 {
+            consume(&d, &h.world, 100).await;
+            h.world.advance(std::time::Duration::from_secs(1));
+        }
+    }
+    // Hours of outage: the failed tries' delayed retries come and wait too.
+    for _ in 0..60 {
+        h.world.advance(std::time::Duration::from_secs(60));
+        consume(&d, &h.world, 100).await;
+        // The reconciler's run: the circuit is open (or its probe fails), nothing drains for long.
+        d.drains(clock.now_ms(), 1_000).await;
+        consume(&d, &h.world, 100).await;
+    }
+    let up_sent = h.world.publisher().published().len();
+    assert_eq!(up_sent, 250, "the healthy destination: every delivery sent during the outage");
+    let waiting = crate::ports::OutboxStore::waiting(&h.world.outbox(), "down", clock.now_ms(), 100).await.unwrap();
+    assert_eq!(waiting.len(), 100, "the down destination's deliveries wait in its partition");
+    let sends_in_outage = h.world.calls_named("deliveries.send").len();
+    let tries = h.world.publisher().attempts().iter().filter(|p| p.topic_arn == down).count();
+    // One message per delivery (500), one per failed try's retry, one drain per probe.
+    assert!(sends_in_outage <= 500 + 2 * tries, "{sends_in_outage} messages for {tries} tries in the outage");
+    assert!(tries <= 5 + 61, "{tries} tries: five, then at most one probe a run");
+
+    h.world.publisher().restore(&down);
+    h.world.advance(std::time::Duration::from_secs(120));
+    let drains = d.drains(clock.now_ms(), 1_000).await;
+    assert_eq!(drains.started, 1, "one destination back with deliveries waiting");
+    consume(&d, &h.world, 1_000).await;
+    let sent = h.world.publisher().published();
+    for k in &keys {
+        let key = idempotency_key(k.as_str(), &crate::routes::delivery_action("down"));
+        assert_eq!(sent.iter().filter(|p| p.idempotency_key == key).count(), 1, "{k}: sent once");
+        assert_eq!(h.world.outbox().get(&delivery_id(k, "down")).status, "SENT", "{k}");
+    }
+    assert!(h.world.deliveries().is_empty(), "drained: nothing left on the queue");
+}
+
 /// One HTTPS destination refuses every connection for an hour of virtual
 /// time while an event a minute arrives and the sweep runs every minute:
 /// every delivery to the healthy destination is sent by its first
 /// dispatch; the dead one is tried `threshold` times, then at most once per
-/// open interval (a probe), and its waiting deliveries spend no attempt.
+/// open interval (a probe), and its waiting deliveries (a failed probe's
+/// too) spend no attempt.
 /// Once it is back, the sweep alone sends each of its deliveries, once.
 #[tokio::test]
 async fn a_dead_https_destination_gets_only_probes_and_its_deliveries_go_out_when_it_is_back() {
@@ -1260,7 +1389,9 @@ async fn a_dead_https_destination_gets_only_probes_and_its_deliveries_go_out_whe
         assert_eq!(down.status, "PENDING", "waiting, not DEAD");
         spent += usize::try_from(down.attempts).unwrap();
     }
-    assert_eq!(spent, tries(&down), "an attempt is spent by a try only, never by waiting");
+    // A failed probe is the circuit's try: its delivery waits with the
+    // others, its attempt given back like theirs.
+    assert_eq!(spent, usize::try_from(policy.threshold).unwrap(), "attempts: the tries before it opened, no more");
 
     // Back: the sweep alone sends every waiting delivery, each once.
     h.world.publisher().restore(&down);

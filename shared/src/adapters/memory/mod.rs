@@ -121,6 +121,8 @@ pub struct State {
     pub published: Vec<Published>,
     /// Targets that refuse every connection (an HTTPS destination that is down).
     pub refusing: BTreeSet<String>,
+    /// Targets that answer after this long, on the world's clock (a slow partner).
+    pub slow: HashMap<String, u64>,
     rules: Vec<Rule>,
     /// Faults drawn at random: per thousand calls.
     random_per_mille: u32,
@@ -552,6 +554,11 @@ impl MemPublisher {
         self.0.state().refusing.remove(target);
     }
 
+    /// `target` answers (2xx) only after `ms` of the world's clock.
+    pub fn slow(&self, target: &str, ms: u64) {
+        self.0.state().slow.insert(target.to_owned(), ms);
+    }
+
     /// The `nth` publish (0-based) fails.
     pub fn fail_call(&self, nth: u32) {
         self.0.inject("publisher.publish", nth, Some(1), Fault::Throttle);
@@ -575,6 +582,10 @@ impl crate::ports::Publisher for MemPublisher {
             st.published.push(attempt(true));
             Ok(true)
         });
+        let slow = self.0.state().slow.get(out.target).copied();
+        if let Some(ms) = slow {
+            self.0.ambient.clock.sleep(std::time::Duration::from_millis(ms)).await;
+        }
         if let Ok(false) = result {
             return Err("connection refused".to_owned().into());
         }
