@@ -227,6 +227,11 @@ def resource_fits(kind, texts):
     if kind == "destination":
         # A route's destinations: the DestinationArns parameter, nothing wider.
         return any("DestinationArns" in t for t in texts)
+    if kind == "deliveries":
+        # The delivery queue, not the work queue or a destination.
+        return any("DeliveryQueue" in t for t in texts)
+    if kind == "queue":
+        return any("WorkQueue" in t for t in texts)
     if kind == "parameter:handshake":
         # Secrets handed over at a handshake: only under the handshake path.
         return any("/handshake/" in t for t in texts)

@@ -69,6 +69,14 @@ pub fn resources(call: &Call) -> Vec<String> {
         {
             vec!["destination".into()]
         }
+        // The delivery queue is named `deliveries-…` by the recorded runs.
+        ("sqs", _)
+            if body()["QueueUrl"]
+                .as_str()
+                .is_some_and(|u| u.rsplit('/').next().is_some_and(|n| n.starts_with("deliveries-"))) =>
+        {
+            vec!["deliveries".into()]
+        }
         ("sqs", _) => vec!["queue".into()],
         ("sns", _) if call.body.contains(":dest-") || call.body.contains("%3Adest-") => vec!["destination".into()],
         ("sns", _) => vec!["topic".into()],

@@ -146,6 +146,43 @@ struct InFlight {
     receives: u32,
 }
 
+/// A message of the delivery queue the harness holds (its visibility and
+/// its delay on the virtual clock, as [`InFlight`]).
+struct DeliveryInFlight {
+    receipt: String,
+    message: hookledger::ports::DeliveryMessage,
+    visible_at: i64,
+    receives: u32,
+}
+
+/// The delivery queue of the code under test: the SQS adapter on the faulty
+/// client, each message sent without a delay, its delay noted for the
+/// harness, which shows it on the virtual clock (the emulator's delays run
+/// on the wall clock).
+struct VirtualDelays {
+    inner: hookledger::adapters::sqs::SqsDeliveries,
+    delays: Arc<std::sync::Mutex<Vec<(String, u32)>>>,
+}
+
+impl hookledger::ports::DeliveryQueue for VirtualDelays {
+    fn hand_over<'a>(
+        &'a self,
+        messages: &'a [hookledger::ports::Handover],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<(), hookledger::ledger::PortError>>> + Send + 'a>>
+    {
+        Box::pin(async move {
+            let now: Vec<hookledger::ports::Handover> =
+                messages.iter().map(|m| hookledger::ports::Handover { delay_s: 0, ..m.clone() }).collect();
+            let out = self.inner.hand_over(&now).await;
+            let mut delays = self.delays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for m in messages.iter().filter(|m| m.delay_s > 0) {
+                delays.push((hookledger::adapters::sqs::delivery_body(&m.message), m.delay_s));
+            }
+            out
+        })
+    }
+}
+
 /// The world a flow runs in: a fresh table and queue, the code under test
 /// on faulty clients, the harness on clean ones, and a virtual clock.
 pub struct World {
@@ -179,6 +216,11 @@ pub struct World {
     pub routed_topic_queue: String,
     /// The routes' HTTPS destination: a consumer on a local port.
     pub sink: Arc<crate::webhook_sink::Sink>,
+    /// The delivery queue (`deliveries-…`), the delays its messages were
+    /// sent with, and the messages the harness holds.
+    deliveries_url: String,
+    delays: Arc<std::sync::Mutex<Vec<(String, u32)>>>,
+    delivering: Vec<DeliveryInFlight>,
     pub now: i64,
     next_tick: i64,
     pending: Vec<Pending>,
@@ -250,6 +292,15 @@ impl World {
         let routes = routes_of(&stack, &sink_url);
         let payloads: Arc<dyn hookledger::ports::EventPayloads> =
             Arc::new(DynamoLedger::new(ddb.clone(), &stack.table));
+        let deliveries_url =
+            hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("deliveries-{}", &stack.table[3..]))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        let delays = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let delivery_queue = VirtualDelays {
+            inner: hookledger::adapters::sqs::SqsDeliveries::new(sqs.clone(), &deliveries_url),
+            delays: delays.clone(),
+        };
         let dispatcher = hookledger::outbox::Dispatcher::with_ports(
             hookledger::adapters::dynamodb::outbox::DynamoOutbox::on(DynamoLedger::new(ddb.clone(), &stack.table)),
             hookledger::adapters::destinations::AwsPublisher::with_clients(&cfg, sns.clone(), sqs.clone()).with_https(
@@ -257,7 +308,9 @@ impl World {
             ),
         )
         .with_payloads(payloads)
-        .with_ambient(ambient.clone());
+        .with_ambient(ambient.clone())
+        .with_queue(Arc::new(delivery_queue))
+        .with_destinations(routes.destinations().iter().map(|d| d.name.clone()).collect());
         let processor = hookledger::wiring::processor(
             ledger.clone(),
             hookledger_app::reference_registry(Some(source.clone()), Some(topic.clone())),
@@ -303,6 +356,9 @@ impl World {
             routed_bus_queue: String::new(),
             routed_topic_queue: String::new(),
             sink,
+            deliveries_url,
+            delays,
+            delivering: Vec::new(),
             now,
             next_tick: now + RECONCILER_EVERY_MS,
             pending: Vec::new(),
@@ -496,6 +552,63 @@ impl World {
         }
     }
 
+    /// Takes every visible message off the delivery queue into the
+    /// harness's list, each visible after the delay it was sent with.
+    async fn poll_deliveries(&mut self) {
+        loop {
+            let out = self
+                .stack
+                .sqs
+                .receive_message()
+                .queue_url(&self.deliveries_url)
+                .max_number_of_messages(10)
+                .visibility_timeout(43_200)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("harness receive: {e}"));
+            let msgs = out.messages.unwrap_or_default();
+            if msgs.is_empty() {
+                return;
+            }
+            for m in msgs {
+                let body = m.body.unwrap_or_default();
+                let Some(message) = hookledger::adapters::sqs::delivery_message(&body) else { continue };
+                let Some(receipt) = m.receipt_handle else { continue };
+                let delay = {
+                    let mut delays = self.delays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    delays.iter().position(|(b, _)| *b == body).map(|i| delays.remove(i).1).unwrap_or(0)
+                };
+                let visible_at = self.now + i64::from(delay) * 1000;
+                self.delivering.push(DeliveryInFlight { receipt, message, visible_at, receives: 0 });
+            }
+        }
+    }
+
+    /// Runs the dispatcher (the processor function's delivery queue source)
+    /// on one delivery message. Returns whether the invocation completed.
+    async fn deliver_one(&mut self, index: usize) -> bool {
+        self.delivering[index].receives += 1;
+        let message = self.delivering[index].message.clone();
+        self.plan.scope("processor");
+        let result = self.plan.run(self.dispatcher.take(&message, self.now)).await;
+        let done = matches!(result, Ok(Ok(_)));
+        if done || self.delivering[index].receives >= MAX_RECEIVES {
+            // Taken, or its redrive policy moves it to the dead-letter queue.
+            let m = self.delivering.remove(index);
+            self.stack
+                .sqs
+                .delete_message()
+                .queue_url(&self.deliveries_url)
+                .receipt_handle(&m.receipt)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("harness delete: {e}"));
+        } else {
+            self.delivering[index].visible_at = self.now + QUEUE_VISIBILITY_MS;
+        }
+        result.is_ok()
+    }
+
     async fn delete(&self, receipt: &str) {
         self.stack
             .sqs
@@ -546,7 +659,7 @@ impl World {
     }
 
     async fn settled(&self) -> bool {
-        if !self.pending.is_empty() || !self.inflight.is_empty() {
+        if !self.pending.is_empty() || !self.inflight.is_empty() || !self.delivering.is_empty() {
             return false;
         }
         let items = self.stack.items().await;
@@ -564,6 +677,7 @@ impl World {
         let debug = std::env::var_os("EXPLORE_DEBUG").is_some();
         for step in 0..MAX_STEPS {
             self.poll().await;
+            self.poll_deliveries().await;
             if debug {
                 eprintln!(
                     "step {step} t+{}s pending {} inflight {:?}",
@@ -591,6 +705,17 @@ impl World {
                 self.process_one(i).await;
                 continue;
             }
+            let due = self
+                .delivering
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.visible_at <= self.now)
+                .min_by_key(|(_, m)| m.visible_at)
+                .map(|(i, _)| i);
+            if let Some(i) = due {
+                self.deliver_one(i).await;
+                continue;
+            }
             if self.now >= self.next_tick {
                 self.next_tick = self.now + RECONCILER_EVERY_MS;
                 self.reconcile().await;
@@ -604,6 +729,7 @@ impl World {
                 .iter()
                 .map(|p| p.at)
                 .chain(self.inflight.iter().map(|m| m.visible_at))
+                .chain(self.delivering.iter().map(|m| m.visible_at))
                 .chain([self.next_tick])
                 .min()
                 .unwrap_or(self.next_tick);
@@ -727,6 +853,13 @@ pub enum Flow {
     /// An event two routes name (an SQS queue and an EventBridge bus): its
     /// deliveries committed with it, then sent and marked, two requests each.
     ProcessorRouted,
+    /// The dispatcher (the processor function's delivery queue source)
+    /// takes an HTTPS delivery the processor handed on with its claim.
+    DispatcherDeliver,
+    /// A destination's circuit open while an event routes to it: its
+    /// delivery waits in the ledger; once the open time is up, a drain step
+    /// moves it home and hands it on (the probe).
+    DispatcherDrain,
     OutboxDispatch,
     ReconcilerRedrive,
     ReconcilerOutboxSweep,
@@ -739,7 +872,7 @@ pub enum Flow {
     OperatorResolve,
 }
 
-pub const FLOWS: [Flow; 32] = [
+pub const FLOWS: [Flow; 34] = [
     Flow::IntakeNew,
     Flow::IntakeNewLarge,
     Flow::IntakeNewHuge,
@@ -764,6 +897,8 @@ pub const FLOWS: [Flow; 32] = [
     Flow::ProcessorGap,
     Flow::ProcessorSplit,
     Flow::ProcessorRouted,
+    Flow::DispatcherDeliver,
+    Flow::DispatcherDrain,
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,
@@ -1091,6 +1226,38 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
                 br#"{"id":"evt_routed","object":"event","type":"product.created","data":{"object":{"id":"prod_1"}}}"#;
             none(w.seed("stripe", "stripe-a", "evt_routed", body, true).await)
         }
+        Flow::DispatcherDeliver | Flow::DispatcherDrain => {
+            w.create_routed_destinations().await;
+            if flow == Flow::DispatcherDrain {
+                // The HTTPS destination's circuit open for 30 s more.
+                let outbox = hookledger::adapters::dynamodb::outbox::DynamoOutbox::on(DynamoLedger::new(
+                    w.stack.ddb.clone(),
+                    &w.stack.table,
+                ));
+                let open = hookledger::ports::CircuitChange::Open { token: "it", until_ms: w.now + 30_000, now_ms: w.now };
+                hookledger::ports::CircuitStore::change_circuit(&outbox, "hooks", open)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            let body =
+                br#"{"id":"evt_handed","object":"event","type":"product.created","data":{"object":{"id":"prod_2"}}}"#;
+            let key = w.seed("stripe", "stripe-a", "evt_handed", body, true).await;
+            w.poll().await;
+            let i = w.inflight.iter().position(|m| m.key == key).unwrap_or_else(|| panic!("no message"));
+            w.process_one(i).await;
+            w.poll_deliveries().await;
+            if flow == Flow::DispatcherDrain {
+                // Taken while open: it waits in the ledger.
+                while !w.delivering.is_empty() {
+                    w.deliver_one(0).await;
+                }
+                w.now += 31_000;
+                let drains = w.dispatcher.drains(w.now, 100).await;
+                assert_eq!(drains.started, 1, "a drain for the destination back");
+                w.poll_deliveries().await;
+            }
+            none(key)
+        }
         Flow::ProcessorPark => none(
             w.seed(
                 "stripe",
@@ -1196,6 +1363,18 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
                 // The predecessor arrives after the successor was deferred.
                 w.seed("standard_webhooks", "svix", "inv-1", &inventory("sku-g", 1, 10), true).await;
             }
+        }
+        Flow::DispatcherDeliver | Flow::DispatcherDrain => {
+            // The HTTPS delivery, or the drain step.
+            let i = w
+                .delivering
+                .iter()
+                .position(|m| match &m.message {
+                    hookledger::ports::DeliveryMessage::Deliver { token, .. } => token.is_some(),
+                    hookledger::ports::DeliveryMessage::Drain { .. } => true,
+                })
+                .unwrap_or_else(|| panic!("no delivery message"));
+            w.deliver_one(i).await;
         }
         Flow::OutboxDispatch => {
             let pk = ctx.outbox_pk.clone().unwrap_or_default();
@@ -1367,7 +1546,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             }
             w.expect_count("distinct idempotency keys published", keys.len() as i64, 1);
         }
-        Flow::ProcessorRouted => {
+        Flow::ProcessorRouted | Flow::DispatcherDeliver | Flow::DispatcherDrain => {
             // Each destination got the event at least once, under its one key.
             for (queue, name) in [
                 (w.routed_queue.clone(), "queue"),
@@ -1579,7 +1758,9 @@ const OUTCOME_FLOWS: [Flow; 6] = [
     Flow::ProcessorSplit,
     Flow::ProcessorRouted,
 ];
-const BACKGROUND_FLOWS: [Flow; 8] = [
+const BACKGROUND_FLOWS: [Flow; 10] = [
+    Flow::DispatcherDeliver,
+    Flow::DispatcherDrain,
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,

@@ -133,7 +133,8 @@ impl Circuits {
 
     /// How many of `destination`'s waiting deliveries may be handed on now:
     /// all of them (`usize::MAX`) while its circuit is closed (or cannot be
-    /// read), one (the probe's) once its open time is up, none while open.
+    /// read), one (the probe's) once its open time is up, none while open
+    /// or when it never opened (nothing can be waiting).
     /// Reads the item at most once per [`CircuitPolicy::read_every_ms`];
     /// takes no probe (the dispatcher that sends the delivery does).
     pub async fn drainable<S: CircuitStore>(&self, store: &S, destination: &str, now_ms: i64) -> usize {
@@ -149,6 +150,8 @@ impl Circuits {
             },
         };
         match circuit.open_until {
+            // Never opened: nothing ever waited for it.
+            None if circuit.open_token.is_none() => 0,
             None => usize::MAX,
             Some(until) if until > now_ms => 0,
             Some(_) if circuit.probe_until.is_some_and(|p| p > now_ms) => 0,
