@@ -648,8 +648,19 @@ impl<'w> Run<'w> {
             if self.step().await {
                 continue;
             }
+            // The dispatcher (the processor function's delivery queue source).
+            self.w.poll_deliveries().await;
+            if let Some(i) = self.w.delivering.iter().position(|m| m.visible_at <= self.w.now) {
+                self.w.deliver_one(i).await;
+                continue;
+            }
             let settled = self.ledger_settled().await;
-            if settled && self.pending.is_empty() && self.inflight.is_empty() && self.operator.is_empty() {
+            if settled
+                && self.pending.is_empty()
+                && self.inflight.is_empty()
+                && self.operator.is_empty()
+                && self.w.delivering.is_empty()
+            {
                 return;
             }
             let ticks = (!settled).then_some(self.next_tick);
@@ -658,6 +669,7 @@ impl<'w> Run<'w> {
                 .iter()
                 .map(|p| p.at)
                 .chain(self.inflight.iter().map(|m| m.visible_at))
+                .chain(self.w.delivering.iter().map(|m| m.visible_at))
                 .chain(self.operator.iter().map(|o| o.at))
                 .chain(ticks)
                 .min();

@@ -148,10 +148,10 @@ struct InFlight {
 
 /// A message of the delivery queue the harness holds (its visibility and
 /// its delay on the virtual clock, as [`InFlight`]).
-struct DeliveryInFlight {
+pub struct DeliveryInFlight {
     receipt: String,
-    message: hookledger::ports::DeliveryMessage,
-    visible_at: i64,
+    pub message: hookledger::ports::DeliveryMessage,
+    pub visible_at: i64,
     receives: u32,
 }
 
@@ -220,7 +220,7 @@ pub struct World {
     /// sent with, and the messages the harness holds.
     deliveries_url: String,
     delays: Arc<std::sync::Mutex<Vec<(String, u32)>>>,
-    delivering: Vec<DeliveryInFlight>,
+    pub delivering: Vec<DeliveryInFlight>,
     pub now: i64,
     next_tick: i64,
     pending: Vec<Pending>,
@@ -554,7 +554,7 @@ impl World {
 
     /// Takes every visible message off the delivery queue into the
     /// harness's list, each visible after the delay it was sent with.
-    async fn poll_deliveries(&mut self) {
+    pub async fn poll_deliveries(&mut self) {
         loop {
             let out = self
                 .stack
@@ -586,7 +586,7 @@ impl World {
 
     /// Runs the dispatcher (the processor function's delivery queue source)
     /// on one delivery message. Returns whether the invocation completed.
-    async fn deliver_one(&mut self, index: usize) -> bool {
+    pub async fn deliver_one(&mut self, index: usize) -> bool {
         self.delivering[index].receives += 1;
         let message = self.delivering[index].message.clone();
         self.plan.scope("processor");
@@ -1234,7 +1234,8 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
                     w.stack.ddb.clone(),
                     &w.stack.table,
                 ));
-                let open = hookledger::ports::CircuitChange::Open { token: "it", until_ms: w.now + 30_000, now_ms: w.now };
+                let open =
+                    hookledger::ports::CircuitChange::Open { token: "it", until_ms: w.now + 30_000, now_ms: w.now };
                 hookledger::ports::CircuitStore::change_circuit(&outbox, "hooks", open)
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
