@@ -75,6 +75,8 @@ const BUS_ARN: &str = "arn:aws:events:us-east-1:123456789012:event-bus/sim";
 /// The provider's truth for the one subscription.
 const SUBSCRIPTION_SEATS: i64 = 12;
 const PARTNER: &str = "partner";
+/// The delivery queue's visibility timeout (the template's).
+const DELIVERY_VISIBILITY_MS: i64 = 120_000;
 const NOTIFY_ARN: &str = "arn:aws:sns:us-east-1:123456789012:sim-notify";
 /// Backfill runs of the Stripe endpoint (from the start), and one after the storm.
 const BACKFILL_AT_MS: [i64; 2] = [12 * 60_000, 25 * 60_000];
@@ -319,6 +321,8 @@ struct Parts {
     ops: Ops<MemQueue, MemLedger>,
     deliveries: hookledger::outbox::Deliveries<MemOutbox>,
     queue: MemQueue,
+    /// The delivery queue's consumer (the processor function's second source).
+    dispatcher: Outbox,
 }
 
 /// The mutable state of a seed, behind one lock (one thread runs a seed;
@@ -374,10 +378,13 @@ impl Sim {
             intake.set_large_batch_over(1);
         }
         let payloads: Arc<dyn hookledger::ports::EventPayloads> = Arc::new(world.ledger());
+        let destinations: Vec<String> = routes().destinations().iter().map(|d| d.name.clone()).collect();
         let dispatcher = || {
             Dispatcher::with_ports(world.outbox(), world.publisher())
                 .with_ambient(ambient.clone())
                 .with_payloads(payloads.clone())
+                .with_queue(Arc::new(world.deliveries()))
+                .with_destinations(destinations.clone())
         };
         let subscriptions = Arc::new(memory::MemSubscriptions::default());
         subscriptions.answer("sub_c", memory::Answer::Is("active".into(), SUBSCRIPTION_SEATS));
@@ -415,6 +422,7 @@ impl Sim {
         let ops = Ops::new(world.ledger(), world.queue());
         let deliveries = hookledger::outbox::Deliveries::new(world.outbox(), SHARDS);
         let parts = Parts {
+            dispatcher: dispatcher(),
             queue: world.queue(),
             world,
             clock,
@@ -677,6 +685,32 @@ impl Sim {
         }
     }
 
+    /// One dispatcher invocation on up to `max` visible delivery messages;
+    /// a message whose take failed or crashed is visible again after the
+    /// delivery queue's visibility timeout.
+    fn dispatch(&self, max: usize) {
+        let batch = self.parts.world.deliveries().receive(max);
+        for m in &batch {
+            let now = self.now();
+            let what = match m {
+                hookledger::ports::DeliveryMessage::Deliver { outbox, .. } => format!("deliver {outbox}"),
+                hookledger::ports::DeliveryMessage::Drain { destination } => format!("drain {destination}"),
+            };
+            match invoke(self.parts.dispatcher.take(m, now)) {
+                Some(Ok(outcome)) => self.note(format!("dispatch {what} -> {outcome:?}")),
+                Some(Err(e)) => {
+                    self.note(format!("dispatch {what} -> {e} (it comes back)"));
+                    self.parts.world.deliveries().put_back(m, "", now + DELIVERY_VISIBILITY_MS);
+                }
+                None => {
+                    self.note(format!("dispatch {what} -> crashed (it comes back)"));
+                    self.sched().figures.crashes += 1;
+                    self.parts.world.deliveries().put_back(m, "", now + DELIVERY_VISIBILITY_MS);
+                }
+            }
+        }
+    }
+
     fn reconcile(&self) {
         let deadline = self.parts.clock.instant() + Duration::from_secs(60);
         self.sched().figures.reconciler_runs += 1;
@@ -929,6 +963,10 @@ impl Sim {
             if backfill_due.is_some_and(|t| t <= now) {
                 enabled.push(4);
             }
+            let delivery_due = self.parts.world.deliveries().next_visible();
+            if delivery_due.is_some_and(|t| t <= now) {
+                enabled.push(5);
+            }
             let pick = {
                 let mut sc = self.sched();
                 let i = sc.rng.below(enabled.len() as u64 + 1) as usize;
@@ -973,6 +1011,10 @@ impl Sim {
                     }
                     self.backfill();
                 }
+                (Some(5), _) => {
+                    let max = self.sched().rng.range(1, 4) as usize;
+                    self.dispatch(max);
+                }
                 (_, Some(pass)) => self.parts.world.advance(Duration::from_millis(pass as u64)),
                 _ => {
                     // Nothing chosen: time moves to the next thing that happens.
@@ -985,7 +1027,7 @@ impl Sim {
                             self.runbook();
                             continue;
                         }
-                        let next = [due, self.next_visible(), Some(next_reconcile), backfill_due]
+                        let next = [due, self.next_visible(), Some(next_reconcile), backfill_due, delivery_due]
                             .into_iter()
                             .flatten()
                             .min()
@@ -1086,6 +1128,9 @@ impl Sim {
         let st = self.parts.world.state();
         if !st.queue.messages.is_empty() {
             open.push(format!("{} messages queued", st.queue.messages.len()));
+        }
+        if !st.deliveries.is_empty() {
+            open.push(format!("{} delivery messages queued", st.deliveries.len()));
         }
         // Read in place (no copy of every item on every look).
         let text = |i: &memory::expr::Item, name: &str| i.get(name).and_then(|v| v.as_s().ok()).cloned();

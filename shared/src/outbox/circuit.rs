@@ -150,8 +150,8 @@ impl Circuits {
             },
         };
         match circuit.open_until {
-            // Never opened: nothing ever waited for it.
-            None if circuit.open_token.is_none() => 0,
+            // Never opened (neither opened nor closed by a probe): nothing ever waited for it.
+            None if circuit.open_token.is_none() && circuit.close_token.is_none() => 0,
             None => usize::MAX,
             Some(until) if until > now_ms => 0,
             Some(_) if circuit.probe_until.is_some_and(|p| p > now_ms) => 0,

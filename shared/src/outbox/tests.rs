@@ -521,3 +521,28 @@ async fn a_success_seen_with_an_old_copy_never_closes_a_circuit_another_containe
     let closed = crate::ports::CircuitStore::circuit(&store, "partner").await.unwrap().unwrap();
     assert_eq!((closed.open_until, closed.failures), (None, 0), "closed by the probe");
 }
+
+/// What a drain may hand on, by the circuit's state: nothing for a
+/// destination that never opened (nothing can wait for it) or is open, the
+/// probe's one once its open time is up, everything once a probe closed it
+/// (the close removes the open token: the close token says it opened once).
+#[tokio::test]
+async fn a_drain_hands_on_nothing_while_open_the_probe_when_due_and_all_once_a_probe_closed_it() {
+    use crate::ports::{CircuitChange, CircuitStore};
+    let world = World::new(Ambient::fixed(NOW, 3));
+    let store = world.outbox();
+    let policy = CircuitPolicy { read_every_ms: 0, ..CircuitPolicy::default() };
+    let circuits = Circuits::new(policy);
+    assert_eq!(circuits.drainable(&store, "d", NOW).await, 0, "never opened");
+    let open = CircuitChange::Open { token: "o-1", until_ms: NOW + 60_000, now_ms: NOW };
+    store.change_circuit("d", open).await.unwrap();
+    assert_eq!(circuits.drainable(&store, "d", NOW + 1).await, 0, "open");
+    assert_eq!(circuits.drainable(&store, "d", NOW + 60_000).await, 1, "its time up: the probe's one");
+    let probe = CircuitChange::Probe { token: "p-1", until_ms: NOW + 90_000, now_ms: NOW + 60_000 };
+    store.change_circuit("d", probe).await.unwrap().expect("the probe");
+    assert_eq!(circuits.drainable(&store, "d", NOW + 60_001).await, 0, "a probe is out");
+    let close = CircuitChange::Close { now_ms: NOW + 60_002, probe: Some("p-1") };
+    let closed = store.change_circuit("d", close).await.unwrap().expect("closed by its probe");
+    assert_eq!((closed.open_token, closed.open_until), (None, None));
+    assert_eq!(circuits.drainable(&store, "d", NOW + 60_003).await, usize::MAX, "back: everything waiting");
+}

@@ -749,6 +749,18 @@ impl MemDeliveries {
         out
     }
 
+    /// A message taken by an invocation that failed or crashed: visible
+    /// again at `visible_at` (its visibility timeout), as SQS does.
+    pub fn put_back(&self, message: &crate::ports::DeliveryMessage, group: &str, visible_at: i64) {
+        let body = crate::adapters::sqs::delivery_body(message);
+        self.0.state().deliveries.push((body, group.to_owned(), visible_at));
+    }
+
+    /// When the next message is visible.
+    pub fn next_visible(&self) -> Option<i64> {
+        self.0.state().deliveries.iter().map(|d| d.2).min()
+    }
+
     /// Messages sent and not yet received.
     pub fn len(&self) -> usize {
         self.0.state().deliveries.len()
