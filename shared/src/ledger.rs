@@ -492,9 +492,33 @@ pub struct DueRecord {
     pub open_since_ms: i64,
     /// The lease's end, for a record in PROCESSING.
     pub lease_expires_at_ms: Option<i64>,
+    /// How many times the reconciler claimed it for a re-drive so far.
+    pub redrives: u32,
 }
 
+/// The longest a record merely waiting (`never_sent`, `not_picked_up`)
+/// waits between two re-drives: 4 hours.
+pub const MAX_WAITING_REDRIVE_BACKOFF_MS: i64 = 4 * 3_600_000;
+
 impl DueRecord {
+    /// When a re-drive of this record (for `reason`) at `now_ms` looks at
+    /// it next. A record merely waiting in the queue (a processor backlog)
+    /// backs off per record: `base_ms` after its first re-drive, doubling
+    /// with each one, at most [`MAX_WAITING_REDRIVE_BACKOFF_MS`]; so a
+    /// backlog of duration T re-sends each event at most 1 + log2(T / base)
+    /// times (5 per event for an hour at the default 5 minutes), however
+    /// many reconciler runs it lasts. The others (a lease that expired, a
+    /// retry due) are looked at again after `base_ms`.
+    pub fn next_look(&self, reason: &str, base_ms: i64, now_ms: i64) -> i64 {
+        let backoff = match reason {
+            "never_sent" | "not_picked_up" => {
+                base_ms.saturating_mul(1_i64 << self.redrives.min(12)).min(MAX_WAITING_REDRIVE_BACKOFF_MS.max(base_ms))
+            }
+            _ => base_ms,
+        };
+        now_ms.saturating_add(backoff)
+    }
+
     /// Why the reconciler re-drives it at `now_ms`; `None`: not its to
     /// re-drive (a live lease is only looked at again when it ends).
     pub fn redrive_reason(&self, now_ms: i64) -> Option<&'static str> {

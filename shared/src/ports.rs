@@ -352,14 +352,14 @@ pub struct Handover {
     pub delay_s: u32,
 }
 
+/// What a [`DeliveryQueue`] answers: one result per message, in order.
+pub type HandedOver<'a> = std::pin::Pin<Box<dyn Future<Output = Vec<Result<(), PortError>>> + Send + 'a>>;
+
 /// The delivery queue (`HOOKLEDGER_DELIVERY_QUEUE_URL`): route deliveries
 /// sent apart from the processor, by the dispatcher's own concurrency.
 pub trait DeliveryQueue: Send + Sync {
     /// Sends the messages, ten to a request; one result per message, in order.
-    fn hand_over<'a>(
-        &'a self,
-        messages: &'a [Handover],
-    ) -> std::pin::Pin<Box<dyn Future<Output = Vec<Result<(), PortError>>> + Send + 'a>>;
+    fn hand_over<'a>(&'a self, messages: &'a [Handover]) -> HandedOver<'a>;
 }
 
 /// The outbox items' transitions, each conditional on the dispatcher's token.

@@ -683,13 +683,14 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
     /// retried through the queue (or the reconciler's sweep).
     async fn deliver(&self, items: &[OutboxItem], kinds: &[Kind], token: &str, payload: &[u8], now_ms: i64) {
         let Some(d) = &self.dispatcher else { return };
-        let (apart, inline): (Vec<(&OutboxItem, &Kind)>, Vec<(&OutboxItem, &Kind)>) =
-            items.iter().zip(kinds).partition(|(_, k)| d.queued() && matches!(k, Kind::Https));
+        let is_apart = |k: &Kind| d.queued() && matches!(k, Kind::Https);
+        let apart: Vec<OutboxItem> =
+            items.iter().zip(kinds).filter(|(_, k)| is_apart(k)).map(|(i, _)| i.clone()).collect();
         if !apart.is_empty() {
-            let apart: Vec<OutboxItem> = apart.into_iter().map(|(i, _)| i.clone()).collect();
             d.hand_over_committed(&apart, token).await;
         }
-        let sends = inline.into_iter().map(|(item, _)| async move {
+        let inline = items.iter().zip(kinds).filter(|(_, k)| !is_apart(k)).map(|(i, _)| i);
+        let sends = inline.map(|item| async move {
             if let Err(e) = d.dispatch_committed(item, token, payload, now_ms).await {
                 tracing::warn!(error = %e, outbox = %item.id, "delivery failed; the sweeper will retry");
             }

@@ -618,7 +618,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         };
         // Claimed, the record stays due at its next look: if the send below
         // fails or this invocation dies, a later run sends it again.
-        let next = now_ms + self.settings.redrive_backoff_ms;
+        let next = record.next_look(reason, self.settings.redrive_backoff_ms, now_ms);
         match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, next).await {
             Ok(Some(_)) => {}
             Ok(None) => return false,

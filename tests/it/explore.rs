@@ -165,11 +165,7 @@ struct VirtualDelays {
 }
 
 impl hookledger::ports::DeliveryQueue for VirtualDelays {
-    fn hand_over<'a>(
-        &'a self,
-        messages: &'a [hookledger::ports::Handover],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<(), hookledger::ledger::PortError>>> + Send + 'a>>
-    {
+    fn hand_over<'a>(&'a self, messages: &'a [hookledger::ports::Handover]) -> hookledger::ports::HandedOver<'a> {
         Box::pin(async move {
             let now: Vec<hookledger::ports::Handover> =
                 messages.iter().map(|m| hookledger::ports::Handover { delay_s: 0, ..m.clone() }).collect();

@@ -440,10 +440,7 @@ pub fn delivery_message(body: &str) -> Option<crate::ports::DeliveryMessage> {
 }
 
 impl crate::ports::DeliveryQueue for SqsDeliveries {
-    fn hand_over<'a>(
-        &'a self,
-        messages: &'a [crate::ports::Handover],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<(), PortError>>> + Send + 'a>> {
+    fn hand_over<'a>(&'a self, messages: &'a [crate::ports::Handover]) -> crate::ports::HandedOver<'a> {
         Box::pin(async move {
             let bodies: Vec<String> = messages.iter().map(|m| delivery_body(&m.message)).collect();
             let mut out = Vec::with_capacity(messages.len());

@@ -725,7 +725,9 @@ async fn a_run_after_the_backoff_sends_again_what_is_still_not_done() {
     // Noted at its first re-drive, it is now "sent, not picked up", and keeps its note.
     assert_eq!(again.redriven, counts(&[("lease_expired", 1), ("not_picked_up", 1)]));
     assert_eq!(w.num(&never_sent, "enqueued_at"), Some(NOW));
-    assert_eq!(w.num(&never_sent, attr::DUE_AT), Some(NOW + 2 * BACKOFF));
+    // Its second re-drive backs off twice as long: it merely waits in the queue.
+    assert_eq!(w.num(&never_sent, attr::DUE_AT), Some(NOW + BACKOFF + 2 * BACKOFF));
+    assert_eq!(w.num(&stuck, attr::DUE_AT), Some(NOW + 2 * BACKOFF), "an expired lease: the plain backoff");
 }
 
 #[tokio::test]
@@ -1720,4 +1722,65 @@ fn stream_state(pk: &str, last_seq: i64) -> crate::item::Item {
         ("sk".to_owned(), s(STATE_SK)),
         ("last_seq".to_owned(), n(last_seq)),
     ])
+}
+
+// ------------------------------------------------------- a processor backlog
+
+/// 300 events wait behind a processor taking one every 10 s (50 minutes of
+/// backlog) while the reconciler runs every 5 minutes. Each waiting record
+/// backs off per record (5, 10, 20, 40 minutes...): an event is re-sent at
+/// most 1 + log2(T / 5 min) times for a backlog of T, never once a run;
+/// every event ends PROCESSED. (With the fixed 5-minute look, events late
+/// in line were re-sent once a run: 6 times and more, over the bound.)
+#[tokio::test]
+async fn a_processor_backlog_is_absorbed_each_event_re_sent_a_bounded_number_of_times() {
+    use crate::ports::WorkQueue;
+    let w = Harness::new();
+    let queue = w.world.queue();
+    let mut keys = Vec::new();
+    for i in 0..300 {
+        let k = w.record(&format!("evt_{i:03}"), Status::Received, Some(NOW), NOW + REDRIVE_GRACE_MS);
+        w.ledger().put_payload(&k, b"{}");
+        // As the intake hands it over (its send lease kept: handed over).
+        queue.send(&k, "t").await.unwrap();
+        keys.push(k);
+    }
+    let processor: crate::processor::Processor<MemLedger, MemQueue, Outbox> = crate::processor::Processor::with_ports(
+        w.ledger(),
+        w.world.projection_context(),
+        crate::projection::Registry::new(),
+        None::<Outbox>,
+        crate::config::ProcessorSettings { index_shards: SHARDS, ..Default::default() },
+    )
+    .with_ambient(w.ambient());
+    let (mut now, mut next_run) = (NOW, NOW + BACKOFF);
+    let mut processed = 0;
+    while processed < 300 && now < NOW + 6 * 3_600_000 {
+        if let Some(m) = queue.receive(1).pop() {
+            let key = m.work.as_ref().map(|(k, _)| k.clone()).expect("a work message");
+            if w.status(&key) != Status::Processed {
+                processor.process(&key, now).await.unwrap();
+                processed += 1;
+            }
+            queue.delete(m.receipt.as_deref().expect("a receipt"));
+        }
+        w.clock.advance(Duration::from_secs(10));
+        now += 10_000;
+        if now >= next_run {
+            w.run(now).await;
+            next_run += BACKOFF;
+        }
+    }
+    let backlog_ms = now - NOW;
+    let sends = w.world.calls_named("queue.send");
+    let bound = 1 + (backlog_ms as f64 / BACKOFF as f64).log2().ceil() as usize;
+    let mut worst = 0;
+    for k in &keys {
+        assert_eq!(w.status(k), Status::Processed, "{k}");
+        let resent = sends.iter().filter(|s| *s == k.as_str()).count() - 1;
+        worst = worst.max(resent);
+        assert!(resent <= bound, "{k}: re-sent {resent} times in a backlog of {} s (bound {bound})", backlog_ms / 1000);
+    }
+    assert!(worst >= 2, "the backlog made re-drives ({worst}): the test has teeth");
+    eprintln!("backlog {} s: at most {worst} re-sends per event (bound {bound})", backlog_ms / 1000);
 }

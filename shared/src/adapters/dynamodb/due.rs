@@ -145,6 +145,7 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
                 received_at_ms,
                 open_since_ms: reopened.map_or(received_at_ms, |r| r.max(received_at_ms)),
                 lease_expires_at_ms: get_n(i, "lease_expires_at"),
+                redrives: get_n(i, "redrives").and_then(|r| u32::try_from(r).ok()).unwrap_or(0),
             }))
         }
         sk if sk.starts_with("wait#") => Some(Due::Waiter(WaiterItem {

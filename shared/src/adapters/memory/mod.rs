@@ -772,10 +772,7 @@ impl MemDeliveries {
 }
 
 impl crate::ports::DeliveryQueue for MemDeliveries {
-    fn hand_over<'a>(
-        &'a self,
-        messages: &'a [crate::ports::Handover],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<(), PortError>>> + Send + 'a>> {
+    fn hand_over<'a>(&'a self, messages: &'a [crate::ports::Handover]) -> crate::ports::HandedOver<'a> {
         Box::pin(async move {
             let now = self.0.ambient.now_ms();
             messages
