@@ -70,6 +70,15 @@ pub trait Backend: Send + Sync {
     /// Where secrets handed over at a handshake are kept (a fresh store).
     type Secrets: SecretStore + 'static;
     fn secrets(&self) -> Self::Secrets;
+    /// The delivery queue.
+    type Deliveries: crate::ports::DeliveryQueue;
+    fn deliveries(&self) -> Self::Deliveries;
+    /// Receives (and deletes) up to `max` visible delivery messages, each
+    /// with its message group.
+    fn receive_deliveries(
+        &self,
+        max: usize,
+    ) -> impl Future<Output = Vec<(crate::ports::DeliveryMessage, Option<String>)>> + Send;
 }
 
 /// The contract's work queue moves a message to its dead-letter queue after
@@ -994,6 +1003,48 @@ pub async fn the_work_queue_carries_keys_payloads_and_receive_counts<B: Backend>
     assert!(q.show_again("not-a-receipt", 1_000).await.is_err(), "an unknown receipt is refused");
 }
 
+/// The delivery queue carries deliveries (with their commit's claim or
+/// none) and drain steps, each in its destination's group, ten to a
+/// request and more; a message sent with a delay is shown no sooner.
+pub async fn the_delivery_queue_carries_deliveries_and_drains_in_their_destinations_groups<B: Backend>(b: &B) {
+    use crate::ports::{DeliveryMessage, DeliveryQueue, Handover};
+    let q = b.deliveries();
+    let deliver = |i: usize, token: Option<&str>| DeliveryMessage::Deliver {
+        outbox: format!("outbox#{i:02}"),
+        token: token.map(str::to_owned),
+    };
+    let mut now: Vec<Handover> = (0..11)
+        .map(|i| Handover {
+            message: deliver(i, (i % 2 == 0).then_some("lease-1")),
+            group: if i < 6 { "orders" } else { "partner" }.to_owned(),
+            delay_s: 0,
+        })
+        .collect();
+    now.push(Handover {
+        message: DeliveryMessage::Drain { destination: "partner".into() },
+        group: "partner".into(),
+        delay_s: 0,
+    });
+    let later = Handover { message: deliver(99, None), group: "orders".into(), delay_s: 1 };
+    let mut all = now.clone();
+    all.push(later.clone());
+    let answers = q.hand_over(&all).await;
+    assert_eq!(answers.len(), 13);
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.extend(b.receive_deliveries(10).await);
+    }
+    let mut want: Vec<(DeliveryMessage, Option<String>)> =
+        now.iter().map(|h| (h.message.clone(), Some(h.group.clone()))).collect();
+    let key = |m: &(DeliveryMessage, Option<String>)| format!("{m:?}");
+    got.sort_by_key(key);
+    want.sort_by_key(key);
+    assert_eq!(got, want, "each once, in its destination's group; the delayed one not yet");
+    b.wait(1_500).await;
+    assert_eq!(b.receive_deliveries(10).await, [(later.message, Some("orders".to_owned()))], "after its delay");
+}
+
 /// Several messages sent at once (`SendMessageBatch` on SQS: more than one
 /// request for more than ten, or for bodies that together exceed one
 /// message) arrive each once, with its payload and in its tenant's group,
@@ -1324,6 +1375,7 @@ macro_rules! contract_scenarios {
         $run!(outbox_items_are_claimed_sent_backed_off_and_dead_once);
         $run!(backfill_cursors_parked_records_and_their_release);
         $run!(the_work_queue_carries_keys_payloads_and_receive_counts);
+        $run!(the_delivery_queue_carries_deliveries_and_drains_in_their_destinations_groups);
         $run!(a_message_received_too_often_moves_to_the_dead_letter_queue);
         $run!(messages_sent_together_arrive_each_in_its_tenants_group);
         $run!(the_admission_path_claims_hands_over_and_sends_each_once);
@@ -1416,6 +1468,16 @@ mod tests {
 
         fn secrets(&self) -> crate::adapters::memory::MemSecretStore {
             crate::adapters::memory::MemSecretStore::default()
+        }
+
+        type Deliveries = crate::adapters::memory::MemDeliveries;
+
+        fn deliveries(&self) -> crate::adapters::memory::MemDeliveries {
+            self.0.deliveries()
+        }
+
+        async fn receive_deliveries(&self, max: usize) -> Vec<(crate::ports::DeliveryMessage, Option<String>)> {
+            self.0.deliveries().receive_grouped(max).into_iter().map(|(m, g)| (m, Some(g))).collect()
         }
     }
 

@@ -21,6 +21,7 @@ pub struct Dynamo {
     table: String,
     queue_url: String,
     dlq_url: String,
+    deliveries_url: String,
 }
 
 impl Dynamo {
@@ -53,7 +54,8 @@ impl Dynamo {
             .expect("create queue")
             .queue_url
             .expect("a queue url");
-        Self { ddb, ssm, sqs, table: name, queue_url, dlq_url }
+        let deliveries_url = create_queue(&sqs, &format!("{name}-deliveries")).await.expect("create delivery queue");
+        Self { ddb, ssm, sqs, table: name, queue_url, dlq_url, deliveries_url }
     }
 }
 
@@ -153,6 +155,42 @@ impl Backend for Dynamo {
     /// SSM, under a path of this scenario's table.
     fn secrets(&self) -> SsmSecretStore {
         SsmSecretStore::new(self.ssm.clone(), &format!("/hookledger/{}/handshake", self.table))
+    }
+
+    type Deliveries = hookledger::adapters::sqs::SqsDeliveries;
+
+    fn deliveries(&self) -> hookledger::adapters::sqs::SqsDeliveries {
+        hookledger::adapters::sqs::SqsDeliveries::new(self.sqs.clone(), &self.deliveries_url)
+    }
+
+    /// As the dispatcher's trigger receives (each message's group with it), then deleted.
+    async fn receive_deliveries(&self, max: usize) -> Vec<(hookledger::ports::DeliveryMessage, Option<String>)> {
+        use aws_sdk_sqs::types::MessageSystemAttributeName as A;
+        let out = self
+            .sqs
+            .receive_message()
+            .queue_url(&self.deliveries_url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .message_system_attribute_names(A::MessageGroupId)
+            .send()
+            .await
+            .expect("receive");
+        let mut got = Vec::new();
+        for m in out.messages.unwrap_or_default() {
+            let group = m.attributes().and_then(|a| a.get(&A::MessageGroupId)).cloned();
+            let message =
+                m.body.as_deref().and_then(hookledger::adapters::sqs::delivery_message).expect("a delivery message");
+            let receipt = m.receipt_handle.expect("a receipt");
+            self.sqs
+                .delete_message()
+                .queue_url(&self.deliveries_url)
+                .receipt_handle(receipt)
+                .send()
+                .await
+                .expect("delete");
+            got.push((message, group));
+        }
+        got
     }
 }
 

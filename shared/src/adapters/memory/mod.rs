@@ -734,14 +734,19 @@ pub struct MemDeliveries(World);
 impl MemDeliveries {
     /// Takes the messages visible now, at most `max`, oldest first.
     pub fn receive(&self, max: usize) -> Vec<crate::ports::DeliveryMessage> {
+        self.receive_grouped(max).into_iter().map(|(m, _)| m).collect()
+    }
+
+    /// [`Self::receive`], each message with its group.
+    pub fn receive_grouped(&self, max: usize) -> Vec<(crate::ports::DeliveryMessage, String)> {
         let now = self.0.ambient.now_ms();
         let mut st = self.0.state();
         let mut out = Vec::new();
         let mut i = 0;
         while i < st.deliveries.len() && out.len() < max {
             if st.deliveries[i].2 <= now {
-                let (body, _, _) = st.deliveries.remove(i);
-                out.extend(crate::adapters::sqs::delivery_message(&body));
+                let (body, group, _) = st.deliveries.remove(i);
+                out.extend(crate::adapters::sqs::delivery_message(&body).map(|m| (m, group)));
             } else {
                 i += 1;
             }
