@@ -45,7 +45,7 @@ pub mod circuit;
 mod queue;
 pub use crate::message::Drains;
 pub use circuit::{CircuitPolicy, Circuits, Gate};
-pub use queue::{DRAIN_PAGE, MAX_DELAY_MS, SWEEP_GROUP};
+pub use queue::{DRAIN_PAGE, MAX_DELAY_MS, SWEEP_GROUP, UNWAITS_AT_ONCE};
 
 pub use crate::message::DISPATCH_LEASE_MS;
 
