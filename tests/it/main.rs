@@ -11,6 +11,7 @@ mod cli;
 mod console;
 mod contract;
 mod cost;
+mod deliveries;
 mod explore;
 mod fake_provider;
 mod handler;

@@ -19,6 +19,8 @@ pub const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 pub struct Received {
     pub headers: BTreeMap<String, String>,
     pub body: Vec<u8>,
+    /// When it arrived (the order of arrivals across sinks).
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -29,6 +31,8 @@ pub struct Sink {
     /// The next this many requests are answered 503 (an outage).
     pub fail_next: AtomicUsize,
     pub connections: AtomicUsize,
+    /// Answers only after this long (a slow partner).
+    pub delay_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Sink {
@@ -54,6 +58,10 @@ impl Sink {
                         0 => 204,
                         s => s,
                     };
+                    let delay = state.delay_ms.load(Ordering::SeqCst);
+                    if delay > 0 {
+                        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                    }
                     let resp = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
                     let _ = sock.write_all(resp.as_bytes()).await;
                     let _ = sock.shutdown().await;
@@ -130,7 +138,7 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Received> {
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-    Some(Received { headers, body: buf[head_end..head_end + len].to_vec() })
+    Some(Received { headers, body: buf[head_end..head_end + len].to_vec(), at: std::time::Instant::now() })
 }
 
 struct Fixed;
