@@ -573,6 +573,35 @@ def main():
         fail("the processor's event source has no maximum concurrency")
     checks += 6
 
+    # The delivery queue: consumed by the processor function's second event
+    # source at its own concurrency, with a dead-letter queue, and named to
+    # the processor and the reconciler (both hand deliveries to it).
+    deliveries = res.get("DeliveryQueue", {}).get("Properties")
+    if deliveries is None:
+        fail("no DeliveryQueue")
+    else:
+        if deliveries.get("VisibilityTimeout", 30) < 6 * processor["Timeout"]:
+            fail("delivery queue visibility must be at least 6 x the processor timeout")
+        dlq = deliveries.get("RedrivePolicy", {}).get("deadLetterTargetArn")
+        if "DeliveryDeadLetterQueue" not in referenced(dlq):
+            fail("the delivery queue has no dead-letter queue")
+        source = processor["Events"].get("Deliveries", {}).get("Properties", {})
+        if "DeliveryQueue" not in referenced(source.get("Queue")):
+            fail("the processor does not take the delivery queue")
+        if "ReportBatchItemFailures" not in source.get("FunctionResponseTypes", []):
+            fail("the delivery queue's event source does not report batch item failures")
+        if "DeliveryConcurrency" not in referenced(source.get("ScalingConfig", {}).get("MaximumConcurrency")):
+            fail("the delivery queue's event source is not bounded by DeliveryConcurrency")
+        for fn in ("ProcessorFunction", "ReconcilerFunction"):
+            env = res[fn]["Properties"].get("Environment", {}).get("Variables", {})
+            if "DeliveryQueue" not in referenced(env.get("HOOKLEDGER_DELIVERY_QUEUE_URL")):
+                fail(f"{fn} is not given the delivery queue (HOOKLEDGER_DELIVERY_QUEUE_URL)")
+        for alarm, metric in (("DeliveryQueueBacklogAlarm", "ApproximateAgeOfOldestMessage"),
+                              ("DeliveryDeadLetterAlarm", "ApproximateNumberOfMessagesVisible")):
+            if res.get(alarm, {}).get("Properties", {}).get("MetricName") != metric:
+                fail(f"no {alarm} on {metric}")
+        checks += 9
+
     for name, r in res.items():
         if r["Type"] != "AWS::Serverless::Function":
             continue

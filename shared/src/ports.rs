@@ -541,6 +541,20 @@ pub enum CircuitChange<'a> {
 pub trait CircuitStore: Send + Sync {
     /// The circuit of `destination` (`None`: never written: closed).
     fn circuit(&self, destination: &str) -> impl Future<Output = Result<Option<Circuit>, PortError>> + Send;
+    /// The circuits of `destinations`, in their order (one request for up to
+    /// a hundred on DynamoDB).
+    fn circuits(
+        &self,
+        destinations: &[String],
+    ) -> impl Future<Output = Result<Vec<Option<Circuit>>, PortError>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(destinations.len());
+            for d in destinations {
+                out.push(self.circuit(d).await?);
+            }
+            Ok(out)
+        }
+    }
     /// Applies `change`: `Some(circuit)` as it is after it (ours, or our
     /// own retried write), `None` refused.
     fn change_circuit(

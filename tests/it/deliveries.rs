@@ -197,3 +197,70 @@ async fn two_thousand_deliveries_hold_with_one_destination_failing_and_one_slow(
 }
 
 use futures::StreamExt;
+
+/// Write units per HTTPS delivery through the delivery queue, by the
+/// capacity model (DynamoDB's billing of each request's items): a 4 KiB
+/// event processed and delivered to one HTTPS destination, against the same
+/// event without routes. The delivery refers to its event, so its cost does
+/// not grow with it: its item in the commit's transaction 2, its `due` index
+/// entry 1, the dispatcher's claim (met as its commit's own) 1, its mark 1,
+/// the entry's removal 1: at most 6, the bound the issue sets.
+#[tokio::test]
+async fn an_https_delivery_through_the_queue_costs_at_most_six_write_units_whatever_the_event_size() {
+    use hookledger_it::capacity::Capacity;
+    let stack = Stack::new().await;
+    let capacity = Capacity::new(stack.ddb.clone(), &stack.table, &hookledger::adapters::dynamodb::table_definition());
+    let measured =
+        aws_config::from_env().http_client(capacity.client(hookledger_it::faults::emulator_http_client())).load().await;
+    let (sink, sink_url) = Sink::start().await;
+    let routes = serde_json::json!({
+        "destinations": {"hooks": {"url": sink_url, "secrets": ["env:SINK"], "allow_private": true}},
+        "routes": [{"type": "seats.*", "to": ["hooks"]}],
+    });
+    let routes = Arc::new(hookledger::routes::Routes::parse(&routes.to_string()).unwrap());
+    let deliveries_url =
+        hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("deliveries-wcu-{}", &stack.table[3..]))
+            .await
+            .unwrap();
+    let ledger =
+        hookledger::adapters::dynamodb::DynamoLedger::new(aws_sdk_dynamodb::Client::new(&measured), &stack.table)
+            .with_shards(fast_settings().index_shards);
+    let dispatcher = Dispatcher::with_ports(
+        DynamoOutbox::on(ledger.clone()),
+        hookledger::adapters::destinations::AwsPublisher::new(&measured)
+            .with_https(hookledger::adapters::webhooks::HttpsSender::new(routes.clone(), Sink::secrets())),
+    )
+    .with_payloads(Arc::new(ledger.clone()))
+    .with_queue(Arc::new(hookledger::adapters::sqs::SqsDeliveries::new(stack.sqs.clone(), &deliveries_url)))
+    .with_destinations(vec!["hooks".into()]);
+    let mut per_run = Vec::new();
+    for (n, routed) in [(0, false), (1, true)] {
+        let mut processor = hookledger::wiring::processor(
+            ledger.clone(),
+            hookledger::projection::Registry::new(),
+            Some(dispatcher.clone()),
+            fast_settings(),
+        );
+        if routed {
+            processor = processor.with_routes(routes.clone());
+        }
+        let body = crate::bench::seats_4k(&format!("acct_wcu_{n}"), 1);
+        assert!(body.len() >= 4096);
+        let key =
+            stack.claim("standard_webhooks", "svix", &format!("seats-wcu-{n}"), Some("seats.snapshot"), &body).await;
+        capacity.scope(&format!("run{n}"));
+        processor.process(&key, now_ms()).await.unwrap();
+        if routed {
+            let out = stack.sqs.receive_message().queue_url(&deliveries_url).send().await.unwrap();
+            let messages = out.messages.unwrap_or_default();
+            assert_eq!(messages.len(), 1, "the HTTPS delivery handed on");
+            let message = hookledger::adapters::sqs::delivery_message(messages[0].body.as_deref().unwrap()).unwrap();
+            dispatcher.take(&message, now_ms()).await.unwrap();
+            assert_eq!(sink.ids().len(), 1, "delivered");
+        }
+        per_run.push(capacity.tallies()[&format!("run{n}")].wcu());
+    }
+    let per_delivery = per_run[1] - per_run[0];
+    eprintln!("write units: {} without routes, {} with one HTTPS delivery: {per_delivery}", per_run[0], per_run[1]);
+    assert!(per_delivery > 0.0 && per_delivery <= 6.0, "{per_delivery} write units per delivery");
+}

@@ -131,6 +131,24 @@ impl Circuits {
         }
     }
 
+    /// Reads the circuits of `destinations` this container does not hold a
+    /// fresh copy of, together (one request); a failed read is only logged
+    /// (each is read alone when asked).
+    pub async fn prime<S: CircuitStore>(&self, store: &S, destinations: &[String], now_ms: i64) {
+        let stale: Vec<String> = destinations.iter().filter(|d| self.cached(d, now_ms).is_none()).cloned().collect();
+        if stale.is_empty() {
+            return;
+        }
+        match store.circuits(&stale).await {
+            Ok(circuits) => {
+                for (d, c) in stale.iter().zip(circuits) {
+                    self.remember(d, c.unwrap_or_default(), now_ms);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "circuits unreadable together; each is read alone"),
+        }
+    }
+
     /// How many of `destination`'s waiting deliveries may be handed on now:
     /// all of them (`usize::MAX`) while its circuit is closed (or cannot be
     /// read), one (the probe's) once its open time is up, none while open

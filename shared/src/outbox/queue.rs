@@ -175,6 +175,8 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
     pub async fn drains(&self, now_ms: i64, budget: usize) -> Drains {
         let mut out = Drains::default();
         let mut left = budget;
+        // Every destination's circuit in one read.
+        self.circuits.prime(&self.store, &self.destinations, now_ms).await;
         for destination in self.destinations.iter() {
             if self.circuits.drainable(&self.store, destination, now_ms).await == 0 {
                 continue;

@@ -1730,7 +1730,7 @@ fn stream_state(pk: &str, last_seq: i64) -> crate::item::Item {
 /// backlog) while the reconciler runs every 5 minutes. Each waiting record
 /// backs off per record (5, 10, 20, 40 minutes...): an event is re-sent at
 /// most 1 + log2(T / 5 min) times for a backlog of T, never once a run;
-/// every event ends PROCESSED. (With the fixed 5-minute look, events late
+/// every event ends PROCESSED and delivered once. (With the fixed 5-minute look, events late
 /// in line were re-sent once a run: 6 times and more, over the bound.)
 #[tokio::test]
 async fn a_processor_backlog_is_absorbed_each_event_re_sent_a_bounded_number_of_times() {
@@ -1745,13 +1745,17 @@ async fn a_processor_backlog_is_absorbed_each_event_re_sent_a_bounded_number_of_
         queue.send(&k, "t").await.unwrap();
         keys.push(k);
     }
+    // Every event is routed to a queue, delivered by the processor.
+    let routes = r#"{"destinations": {"orders": {"arn": "arn:aws:sqs:eu-west-1:123456789012:orders"}},
+        "routes": [{"to": ["orders"]}]}"#;
     let processor: crate::processor::Processor<MemLedger, MemQueue, Outbox> = crate::processor::Processor::with_ports(
         w.ledger(),
         w.world.projection_context(),
         crate::projection::Registry::new(),
-        None::<Outbox>,
+        Some(w.dispatcher().with_payloads(Arc::new(w.ledger()))),
         crate::config::ProcessorSettings { index_shards: SHARDS, ..Default::default() },
     )
+    .with_routes(Arc::new(crate::routes::Routes::parse(routes).unwrap()))
     .with_ambient(w.ambient());
     let (mut now, mut next_run) = (NOW, NOW + BACKOFF);
     let mut processed = 0;
@@ -1782,5 +1786,10 @@ async fn a_processor_backlog_is_absorbed_each_event_re_sent_a_bounded_number_of_
         assert!(resent <= bound, "{k}: re-sent {resent} times in a backlog of {} s (bound {bound})", backlog_ms / 1000);
     }
     assert!(worst >= 2, "the backlog made re-drives ({worst}): the test has teeth");
+    let published = w.world.publisher().published();
+    for k in &keys {
+        let key = crate::message::idempotency_key(k.as_str(), &crate::routes::delivery_action("orders"));
+        assert_eq!(published.iter().filter(|p| p.idempotency_key == key).count(), 1, "{k}: delivered once");
+    }
     eprintln!("backlog {} s: at most {worst} re-sends per event (bound {bound})", backlog_ms / 1000);
 }

@@ -397,6 +397,22 @@ impl CircuitStore for DynamoOutbox {
         Ok(self.ledger.read_item(&circuit_pk(destination), CIRCUIT_SK).await?.as_ref().map(circuit_of))
     }
 
+    /// One consistent `BatchGetItem` per hundred destinations.
+    async fn circuits(&self, destinations: &[String]) -> Result<Vec<Option<Circuit>>, PortError> {
+        if destinations.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = destinations.iter().map(|d| super::DynamoLedger::item_key(&circuit_pk(d), CIRCUIT_SK)).collect();
+        let found = self.ledger.batch_read(keys).await?;
+        Ok(destinations
+            .iter()
+            .map(|d| {
+                let pk = circuit_pk(d);
+                found.iter().find(|i| text(i, attr::PK) == pk).map(circuit_of)
+            })
+            .collect())
+    }
+
     async fn change_circuit(&self, destination: &str, change: CircuitChange<'_>) -> Result<Option<Circuit>, PortError> {
         let (update, ours) = circuit_update(change);
         Ok(match self.ledger.conditional(&circuit_pk(destination), CIRCUIT_SK, update, true).await? {
