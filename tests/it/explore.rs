@@ -523,12 +523,25 @@ impl World {
     /// Takes every visible message off the emulator's queue into the
     /// harness's own in-flight list (visibility is tracked on the virtual clock).
     async fn poll(&mut self) {
+        for m in self.receive_all(&self.stack.queue_url.clone()).await {
+            let message = m.body.as_deref().and_then(|b| serde_json::from_str::<WorkMessage>(b).ok());
+            let payload = message.as_ref().and_then(WorkMessage::payload);
+            let key = message.and_then(|w| EventKey::from_stored(&w.key));
+            let (Some(key), Some(receipt)) = (key, m.receipt_handle) else { continue };
+            self.inflight.push(InFlight { receipt, key, payload, visible_at: self.now, receives: 0 });
+        }
+    }
+
+    /// Every visible message of a queue, each hidden for 12 hours of the
+    /// wall clock (the harness tracks visibility on the virtual clock).
+    async fn receive_all(&self, url: &str) -> Vec<aws_sdk_sqs::types::Message> {
+        let mut all = Vec::new();
         loop {
             let out = self
                 .stack
                 .sqs
                 .receive_message()
-                .queue_url(&self.stack.queue_url)
+                .queue_url(url)
                 .max_number_of_messages(10)
                 .visibility_timeout(43_200)
                 .send()
@@ -536,47 +549,25 @@ impl World {
                 .unwrap_or_else(|e| panic!("harness receive: {e}"));
             let msgs = out.messages.unwrap_or_default();
             if msgs.is_empty() {
-                return;
+                return all;
             }
-            for m in msgs {
-                let message = m.body.as_deref().and_then(|b| serde_json::from_str::<WorkMessage>(b).ok());
-                let payload = message.as_ref().and_then(WorkMessage::payload);
-                let key = message.and_then(|w| EventKey::from_stored(&w.key));
-                let (Some(key), Some(receipt)) = (key, m.receipt_handle) else { continue };
-                self.inflight.push(InFlight { receipt, key, payload, visible_at: self.now, receives: 0 });
-            }
+            all.extend(msgs);
         }
     }
 
     /// Takes every visible message off the delivery queue into the
     /// harness's list, each visible after the delay it was sent with.
     pub async fn poll_deliveries(&mut self) {
-        loop {
-            let out = self
-                .stack
-                .sqs
-                .receive_message()
-                .queue_url(&self.deliveries_url)
-                .max_number_of_messages(10)
-                .visibility_timeout(43_200)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("harness receive: {e}"));
-            let msgs = out.messages.unwrap_or_default();
-            if msgs.is_empty() {
-                return;
-            }
-            for m in msgs {
-                let body = m.body.unwrap_or_default();
-                let Some(message) = hookledger::adapters::sqs::delivery_message(&body) else { continue };
-                let Some(receipt) = m.receipt_handle else { continue };
-                let delay = {
-                    let mut delays = self.delays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    delays.iter().position(|(b, _)| *b == body).map(|i| delays.remove(i).1).unwrap_or(0)
-                };
-                let visible_at = self.now + i64::from(delay) * 1000;
-                self.delivering.push(DeliveryInFlight { receipt, message, visible_at, receives: 0 });
-            }
+        for m in self.receive_all(&self.deliveries_url.clone()).await {
+            let body = m.body.unwrap_or_default();
+            let Some(message) = hookledger::adapters::sqs::delivery_message(&body) else { continue };
+            let Some(receipt) = m.receipt_handle else { continue };
+            let delay = {
+                let mut delays = self.delays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                delays.iter().position(|(b, _)| *b == body).map(|i| delays.remove(i).1).unwrap_or(0)
+            };
+            let visible_at = self.now + i64::from(delay) * 1000;
+            self.delivering.push(DeliveryInFlight { receipt, message, visible_at, receives: 0 });
         }
     }
 

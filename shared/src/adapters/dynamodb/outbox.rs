@@ -206,6 +206,17 @@ impl DynamoOutbox {
         Self { ledger }
     }
 
+    /// The outbox items of a due-index `partition` due at `up_to` or earlier, oldest first.
+    async fn outbox_ids(&self, partition: &str, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
+        let (keys, _) = self.ledger.due_keys(partition, up_to, limit, None).await?;
+        Ok(keys
+            .iter()
+            .filter(|k| text(k, attr::SK) == OUTBOX_SK)
+            .map(|k| text(k, attr::PK))
+            .filter(|pk| !pk.is_empty())
+            .collect())
+    }
+
     async fn fenced_write(&self, id: &str, token: &str, update: cond::Update) -> Result<Held, PortError> {
         match self.ledger.conditional(id, OUTBOX_SK, update, false).await? {
             Written::Applied(_) => Ok(Held::Yes),
@@ -324,13 +335,7 @@ impl OutboxStore for DynamoOutbox {
     }
 
     async fn waiting(&self, destination: &str, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
-        let (keys, _) = self.ledger.due_keys(&wait_partition(destination), up_to, limit, None).await?;
-        Ok(keys
-            .iter()
-            .filter(|k| text(k, attr::SK) == OUTBOX_SK)
-            .map(|k| text(k, attr::PK))
-            .filter(|pk| !pk.is_empty())
-            .collect())
+        self.outbox_ids(&wait_partition(destination), up_to, limit).await
     }
 
     async fn unwait(&self, id: &str, destination: &str, now_ms: i64) -> Result<bool, PortError> {
@@ -382,13 +387,7 @@ impl OutboxStore for DynamoOutbox {
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {
-        let (keys, _) = self.ledger.due_keys(&outbox_partition(shard), up_to, limit, None).await?;
-        Ok(keys
-            .iter()
-            .filter(|k| text(k, attr::SK) == OUTBOX_SK)
-            .map(|k| text(k, attr::PK))
-            .filter(|pk| !pk.is_empty())
-            .collect())
+        self.outbox_ids(&outbox_partition(shard), up_to, limit).await
     }
 }
 
