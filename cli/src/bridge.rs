@@ -1,5 +1,6 @@
 //! The local event-source bridge: what AWS does around the functions, for a
-//! stack served by `cargo lambda watch`. It polls the work queue and invokes
+//! stack served by `cargo lambda watch`. It polls the work queue and the
+//! delivery queue (the processor's two event sources) and invokes
 //! the processor with SQS batches the way Lambda's event source mapping does
 //! (batch size, partial batch failures: only failures stay; a failed
 //! invocation leaves the whole batch; visibility; the queue's redrive policy
@@ -93,6 +94,26 @@ async fn invoke(
     Ok(body)
 }
 
+/// A queue the bridge takes to the processor, as an event source mapping.
+struct Source {
+    url: String,
+    arn: String,
+}
+
+async fn source(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Source, String> {
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .attributes
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .unwrap_or_default();
+    Ok(Source { url: url.to_owned(), arn })
+}
+
 pub async fn run(
     args: BridgeArgs,
     wiring: &hookledger::wiring::Wiring,
@@ -102,16 +123,12 @@ pub async fn run(
     let aws = wiring.aws();
     let sqs = wiring.sqs_client();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(180)).build().map_err(|e| e.to_string())?;
-    let arn = sqs
-        .get_queue_attributes()
-        .queue_url(queue_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .attributes
-        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-        .unwrap_or_default();
+    // The processor's two event sources: the work queue and, when there is
+    // one, the delivery queue.
+    let mut sources = vec![source(&sqs, queue_url).await?];
+    if let Some(url) = &wiring.settings.delivery_queue_url {
+        sources.push(source(&sqs, url).await?);
+    }
     let region = aws.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
     if let Some(path) = args.emf_log.clone() {
         let ns = std::env::var("HOOKLEDGER_METRICS_NAMESPACE").ok();
@@ -120,7 +137,8 @@ pub async fn run(
     }
     let started = Instant::now();
     let mut last_reconcile: Option<Instant> = None;
-    writeln!(out, "bridge: {queue_url} -> processor; reconciler every {}s", args.reconcile_every_secs)
+    let urls: Vec<&str> = sources.iter().map(|s| s.url.as_str()).collect();
+    writeln!(out, "bridge: {} -> processor; reconciler every {}s", urls.join(", "), args.reconcile_every_secs)
         .map_err(|e| e.to_string())?;
     loop {
         if args.run_for_secs > 0 && started.elapsed() >= Duration::from_secs(args.run_for_secs) {
@@ -137,57 +155,73 @@ pub async fn run(
                 Err(e) => writeln!(out, "reconciler: {e}").map_err(|e| e.to_string())?,
             }
         }
-        let received = sqs
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(args.batch_size.clamp(1, 10))
-            .wait_time_seconds(1)
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .send()
-            .await;
-        let messages = match received {
-            Ok(r) => r.messages.unwrap_or_default(),
-            Err(e) => {
-                writeln!(out, "bridge: receive failed: {e}").map_err(|e| e.to_string())?;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        if messages.is_empty() {
-            continue;
-        }
-        let records: Vec<serde_json::Value> = messages
-            .iter()
-            .map(|m| {
-                let attrs: serde_json::Map<String, serde_json::Value> = m
-                    .attributes()
-                    .map(|a| a.iter().map(|(k, v)| (k.as_str().to_owned(), json!(v))).collect())
-                    .unwrap_or_default();
-                json!({"messageId": m.message_id(), "receiptHandle": m.receipt_handle(), "body": m.body(),
-                    "attributes": attrs, "messageAttributes": {}, "md5OfBody": m.md5_of_body(),
-                    "eventSource": "aws:sqs", "eventSourceARN": arn, "awsRegion": region})
-            })
-            .collect();
-        match invoke(&http, &args.invoke_url, "processor", &json!({ "Records": records })).await {
-            Ok(resp) => {
-                let failed: Vec<&str> = resp["batchItemFailures"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|f| f["itemIdentifier"].as_str())
-                    .collect();
-                for m in &messages {
-                    if !failed.contains(&m.message_id().unwrap_or_default()) {
-                        if let Some(receipt) = m.receipt_handle() {
-                            let _ = sqs.delete_message().queue_url(queue_url).receipt_handle(receipt).send().await;
-                        }
-                    }
-                }
-                writeln!(out, "processor: {} message(s), {} left on the queue", messages.len(), failed.len())
-                    .map_err(|e| e.to_string())?;
-            }
-            // A failed invocation: every message stays and comes back after its visibility.
-            Err(e) => writeln!(out, "processor: {e}").map_err(|e| e.to_string())?,
+        for source in &sources {
+            pump(&args, &sqs, &http, source, &region, out).await?;
         }
     }
+}
+
+/// One receive from `source` and, when it got messages, one processor
+/// invocation with them; what the processor reports done is deleted.
+async fn pump(
+    args: &BridgeArgs,
+    sqs: &aws_sdk_sqs::Client,
+    http: &reqwest::Client,
+    source: &Source,
+    region: &str,
+    out: &mut (dyn std::io::Write + Send),
+) -> Result<(), String> {
+    let received = sqs
+        .receive_message()
+        .queue_url(&source.url)
+        .max_number_of_messages(args.batch_size.clamp(1, 10))
+        .wait_time_seconds(1)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .send()
+        .await;
+    let messages = match received {
+        Ok(r) => r.messages.unwrap_or_default(),
+        Err(e) => {
+            writeln!(out, "bridge: receive failed: {e}").map_err(|e| e.to_string())?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return Ok(());
+        }
+    };
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let records: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| {
+            let attrs: serde_json::Map<String, serde_json::Value> = m
+                .attributes()
+                .map(|a| a.iter().map(|(k, v)| (k.as_str().to_owned(), json!(v))).collect())
+                .unwrap_or_default();
+            json!({"messageId": m.message_id(), "receiptHandle": m.receipt_handle(), "body": m.body(),
+                "attributes": attrs, "messageAttributes": {}, "md5OfBody": m.md5_of_body(),
+                "eventSource": "aws:sqs", "eventSourceARN": source.arn, "awsRegion": region})
+        })
+        .collect();
+    match invoke(http, &args.invoke_url, "processor", &json!({ "Records": records })).await {
+        Ok(resp) => {
+            let failed: Vec<&str> = resp["batchItemFailures"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f["itemIdentifier"].as_str())
+                .collect();
+            for m in &messages {
+                if !failed.contains(&m.message_id().unwrap_or_default()) {
+                    if let Some(receipt) = m.receipt_handle() {
+                        let _ = sqs.delete_message().queue_url(&source.url).receipt_handle(receipt).send().await;
+                    }
+                }
+            }
+            writeln!(out, "processor: {} message(s), {} left on the queue", messages.len(), failed.len())
+                .map_err(|e| e.to_string())?;
+        }
+        // A failed invocation: every message stays and comes back after its visibility.
+        Err(e) => writeln!(out, "processor: {e}").map_err(|e| e.to_string())?,
+    }
+    Ok(())
 }

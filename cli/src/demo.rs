@@ -256,7 +256,7 @@ pub async fn run(
         _ => json!({"skipped": "no provider API (HOOKLEDGER_STRIPE_API_BASE)"}),
     };
     // Routes, when the local stack has them: what each destination received.
-    let routed = match (std::env::var("HOOKLEDGER_DELIVERY_QUEUE_URL"), std::env::var("HOOKLEDGER_BUS_QUEUE_URL")) {
+    let routed = match (std::env::var("HOOKLEDGER_ROUTED_QUEUE_URL"), std::env::var("HOOKLEDGER_BUS_QUEUE_URL")) {
         (Ok(queue), Ok(bus)) => {
             let sqs = wiring.sqs_client();
             // Every record that ended applied or ignored is owed to both.

@@ -480,6 +480,7 @@ where
             writeln!(out, "HOOKLEDGER_DLQ_URL={}", queues.dead_letter_url)?;
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
             writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
+            writeln!(out, "HOOKLEDGER_DELIVERY_QUEUE_URL={}", created.delivery_queue_url)?;
             // The table records its shard count from the start, so the
             // operator's tools find it before the reconciler's first run.
             let recorded = shards::record(&ctx.ledger()?).await.map_err(|e| CliError::Failed(e.to_string()))?;
@@ -488,7 +489,7 @@ where
                 let r = ctx.wiring.setup_routes(&queue, consumer_url.as_deref()).await.map_err(CliError::Failed)?;
                 // Shell-quoted: the JSON holds no single quote.
                 writeln!(out, "HOOKLEDGER_ROUTES='{}'", r.routes)?;
-                writeln!(out, "HOOKLEDGER_DELIVERY_QUEUE_URL={}", r.queue_url)?;
+                writeln!(out, "HOOKLEDGER_ROUTED_QUEUE_URL={}", r.queue_url)?;
                 writeln!(out, "HOOKLEDGER_BUS_QUEUE_URL={}", r.bus_queue_url)?;
             }
         }

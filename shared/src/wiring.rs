@@ -542,7 +542,16 @@ impl Wiring {
             .unwrap_or_default();
         let bucket = format!("{queue}-payloads");
         crate::adapters::s3::create_bucket(&aws_sdk_s3::Client::new(&self.aws), &bucket).await?;
-        Ok(Created { queue_url: queues.work_url, dead_letter_url: queues.dead_letter_url, topic, bucket })
+        // The delivery queue, with its dead-letter queue, as the template's.
+        let deliveries =
+            crate::adapters::sqs::create_work_queues(&self.sqs_client(), &format!("{queue}-delivery")).await?;
+        Ok(Created {
+            queue_url: queues.work_url,
+            dead_letter_url: queues.dead_letter_url,
+            topic,
+            bucket,
+            delivery_queue_url: deliveries.work_url,
+        })
     }
 }
 
@@ -551,7 +560,8 @@ impl Wiring {
 pub struct LocalRoutes {
     /// `HOOKLEDGER_ROUTES`: every event to the queue and the bus.
     pub routes: String,
-    /// The destination queue, and the queue the bus's rule forwards to.
+    /// The destination queue (`HOOKLEDGER_ROUTED_QUEUE_URL`), and the queue
+    /// the bus's rule forwards to.
     pub queue_url: String,
     pub bus_queue_url: String,
 }
@@ -657,6 +667,8 @@ pub struct Created {
     pub dead_letter_url: String,
     pub topic: String,
     pub bucket: String,
+    /// The delivery queue (`HOOKLEDGER_DELIVERY_QUEUE_URL`).
+    pub delivery_queue_url: String,
 }
 
 /// The environment's AWS configuration for one function (or the CLI): its
