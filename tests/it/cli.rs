@@ -281,6 +281,7 @@ async fn reconcile_and_setup_commands_run() {
     assert!(lines[1].starts_with("HOOKLEDGER_DLQ_URL=http://") && lines[1].ends_with("-dlq"), "{out}");
     assert!(lines[2].starts_with("HOOKLEDGER_NOTIFY_TOPIC_ARN=arn:aws:sns:"), "{out}");
     assert!(lines[3].starts_with("HOOKLEDGER_PAYLOAD_BUCKET=cli-") && lines[3].ends_with("-payloads"), "{out}");
+    assert!(lines[4].starts_with("HOOKLEDGER_DELIVERY_QUEUE_URL=http://") && lines[4].ends_with("-delivery"), "{out}");
     let (r, out) = stack.cli(&["schema"]).await;
     r.unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
