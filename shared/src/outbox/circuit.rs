@@ -88,24 +88,31 @@ impl Circuits {
         known.remove(destination);
     }
 
+    /// This container's copy of `destination`'s circuit, read again when it
+    /// is older than [`CircuitPolicy::read_every_ms`]; `None`: unreadable
+    /// (logged; the caller lets its delivery go).
+    async fn read<S: CircuitStore>(&self, store: &S, destination: &str, now_ms: i64) -> Option<Circuit> {
+        if let Some(c) = self.cached(destination, now_ms) {
+            return Some(c);
+        }
+        match store.circuit(destination).await {
+            Ok(c) => {
+                let c = c.unwrap_or_default();
+                self.remember(destination, c.clone(), now_ms);
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(destination, error = %e, "circuit unreadable; its deliveries go");
+                None
+            }
+        }
+    }
+
     /// Whether a delivery to `destination` may go now. A circuit that
     /// cannot be read lets it go (the breaker protects the destination and
     /// the dispatchers' time; it never holds a delivery on its own failure).
     pub async fn gate<S: CircuitStore>(&self, store: &S, destination: &str, token: &str, now_ms: i64) -> Gate {
-        let circuit = match self.cached(destination, now_ms) {
-            Some(c) => c,
-            None => match store.circuit(destination).await {
-                Ok(c) => {
-                    let c = c.unwrap_or_default();
-                    self.remember(destination, c.clone(), now_ms);
-                    c
-                }
-                Err(e) => {
-                    tracing::warn!(destination, error = %e, "circuit unreadable; sending");
-                    return Gate::Send;
-                }
-            },
-        };
+        let Some(circuit) = self.read(store, destination, now_ms).await else { return Gate::Send };
         let Some(open_until) = circuit.open_until else { return Gate::Send };
         if open_until > now_ms {
             return Gate::Wait { until_ms: open_until };
@@ -156,17 +163,7 @@ impl Circuits {
     /// Reads the item at most once per [`CircuitPolicy::read_every_ms`];
     /// takes no probe (the dispatcher that sends the delivery does).
     pub async fn drainable<S: CircuitStore>(&self, store: &S, destination: &str, now_ms: i64) -> usize {
-        let circuit = match self.cached(destination, now_ms) {
-            Some(c) => c,
-            None => match store.circuit(destination).await {
-                Ok(c) => {
-                    let c = c.unwrap_or_default();
-                    self.remember(destination, c.clone(), now_ms);
-                    c
-                }
-                Err(_) => return usize::MAX,
-            },
-        };
+        let Some(circuit) = self.read(store, destination, now_ms).await else { return usize::MAX };
         match circuit.open_until {
             // Never opened (neither opened nor closed by a probe): nothing ever waited for it.
             None if circuit.open_token.is_none() && circuit.close_token.is_none() => 0,
