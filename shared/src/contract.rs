@@ -131,8 +131,8 @@ pub async fn a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_i
     };
     assert_eq!((item.attempts, item.event_key.as_str(), item.created_at_ms), (2, e.key.as_str(), T0));
     assert_eq!(item.delivery, delivery.delivery);
-    assert_eq!(o.mark_sent(id, "tok-1", until + 2).await.unwrap(), Held::Lapsed, "the lease's claim lapsed");
-    assert_eq!(o.mark_sent(id, "d-2", until + 2).await.unwrap(), Held::Yes);
+    assert_eq!(o.mark_sent(id, "tok-1", None, until + 2).await.unwrap(), Held::Lapsed, "the lease's claim lapsed");
+    assert_eq!(o.mark_sent(id, "d-2", None, until + 2).await.unwrap(), Held::Yes);
     assert_eq!(o.claim(id, "d-3", until + 90_000, until + 120_000).await.unwrap(), OutboxClaim::Skipped, "sent");
 }
 
@@ -757,15 +757,15 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert!(matches!(o.claim(a, "d-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)));
     assert!(matches!(o.claim(a, "d-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)), "our retry");
     assert_eq!(o.claim(a, "d-2", T0 + 1, T0 + 30_001).await.unwrap(), OutboxClaim::Skipped, "a live claim");
-    assert_eq!(o.mark_sent(a, "d-2", T0 + 2).await.unwrap(), Held::Lapsed);
+    assert_eq!(o.mark_sent(a, "d-2", None, T0 + 2).await.unwrap(), Held::Lapsed);
     assert_eq!(o.back_off(a, "d-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes);
     assert_eq!(o.back_off(a, "d-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes, "our retry");
     assert_eq!(o.claim(a, "d-3", T0 + 4_999, T0 + 40_000).await.unwrap(), OutboxClaim::Skipped, "not due yet");
     assert!(!o.due(0, T0 + 4_999, 10).await.unwrap().contains(a));
     let OutboxClaim::Claimed(item) = o.claim(a, "d-3", T0 + 5_000, T0 + 40_000).await.unwrap() else { panic!() };
     assert_eq!(item.attempts, 2);
-    assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes);
-    assert_eq!(o.mark_sent(a, "d-3", T0 + 5_001).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.mark_sent(a, "d-3", None, T0 + 5_001).await.unwrap(), Held::Yes);
+    assert_eq!(o.mark_sent(a, "d-3", None, T0 + 5_001).await.unwrap(), Held::Yes, "our retry");
     let sent = b.get(a, crate::adapters::dynamodb::outbox::OUTBOX_SK).await.expect("the sent item");
     let expires = sent.get("expires_at").and_then(Value::as_i64);
     let retention_s = i64::from(crate::policy::DEFAULT_RETENTION_DAYS) * 86_400;
@@ -892,6 +892,77 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
     assert_eq!(o.circuit("other").await.unwrap(), None, "one circuit per destination");
 }
 
+/// A destination's rate item: grants a step apart (now when idle, the next
+/// slot when busy, refused past the horizon), a slowdown, flights counted
+/// in a set; and a delivery held claimed while it waits for its grant,
+/// then marked sent with the grant on it.
+pub async fn a_rate_limit_grants_a_step_apart_and_counts_flights_once<B: Backend>(b: &B) {
+    use crate::ports::{RateChange, RateWritten};
+    let (o, d) = (b.outbox(), "partner");
+    assert_eq!(o.rate(d).await.unwrap(), None, "never written");
+    let now = |now_ms| RateChange::GrantNow { step_ms: 200, now_ms };
+    let next = |now_ms| RateChange::GrantNext { step_ms: 200, horizon_ms: 1_000, now_ms };
+    let RateWritten::Applied(r) = o.change_rate(d, now(T0)).await.unwrap() else { panic!("idle: granted now") };
+    assert_eq!((r.next_at, r.grants, r.granted_at), (Some(T0 + 200), 1, Some(T0)));
+    // Its retry (acknowledgement lost) is refused: the next grant is ahead.
+    let RateWritten::Refused(Some(met)) = o.change_rate(d, now(T0)).await.unwrap() else { panic!("busy") };
+    assert_eq!(met.next_at, Some(T0 + 200));
+    for (i, want) in [(0, T0 + 400), (1, T0 + 600), (2, T0 + 800), (3, T0 + 1_000), (4, T0 + 1_200)] {
+        let RateWritten::Applied(r) = o.change_rate(d, next(T0 + i)).await.unwrap() else { panic!("{i}") };
+        assert_eq!(r.next_at, Some(want), "the slot granted is {} ms on", want - T0 - 200);
+    }
+    let RateWritten::Refused(Some(met)) = o.change_rate(d, next(T0 + 5)).await.unwrap() else {
+        panic!("past the horizon")
+    };
+    assert_eq!(met.next_at, Some(T0 + 1_200));
+    assert!(matches!(o.change_rate(d, next(T0 + 1_200)).await.unwrap(), RateWritten::Refused(_)), "not ahead");
+    let slow = RateChange::Slow { resume_ms: T0 + 5_000, factor: 2, until_ms: T0 + 9_000, now_ms: T0 + 10 };
+    let RateWritten::Applied(r) = o.change_rate(d, slow.clone()).await.unwrap() else { panic!("slowed") };
+    assert_eq!((r.next_at, r.slow_factor, r.slow_until), (Some(T0 + 5_000), 2, Some(T0 + 9_000)));
+    assert!(matches!(o.change_rate(d, slow).await.unwrap(), RateWritten::Refused(_)), "later already");
+    let keep = RateChange::SlowKeep { factor: 4, until_ms: T0 + 9_500, now_ms: T0 + 11 };
+    let RateWritten::Applied(r) = o.change_rate(d, keep).await.unwrap() else { panic!("factor kept") };
+    assert_eq!((r.next_at, r.slow_factor, r.throttled_at), (Some(T0 + 5_000), 4, Some(T0 + 11)));
+
+    let take = |flight| RateChange::TakeFlight { flight, max: 2 };
+    assert!(matches!(o.change_rate(d, take("1#a")).await.unwrap(), RateWritten::Applied(_)));
+    assert!(matches!(o.change_rate(d, take("1#a")).await.unwrap(), RateWritten::Applied(_)), "a set: once");
+    let RateWritten::Applied(r) = o.change_rate(d, take("9#b")).await.unwrap() else { panic!("two fit") };
+    assert_eq!(r.flights.len(), 2);
+    let RateWritten::Refused(Some(met)) = o.change_rate(d, take("9#c")).await.unwrap() else { panic!("full") };
+    assert_eq!(met.flights.len(), 2);
+    let clean = ["1#a".to_owned()];
+    assert!(matches!(o.change_rate(d, RateChange::Clean { expired: &clean }).await.unwrap(), RateWritten::Applied(_)));
+    let RateWritten::Applied(r) = o.change_rate(d, RateChange::Land { flight: "9#b" }).await.unwrap() else { panic!() };
+    assert!(r.flights.is_empty(), "{r:?}");
+    assert!(matches!(o.change_rate(d, RateChange::Land { flight: "9#b" }).await.unwrap(), RateWritten::Refused(_)));
+    assert_eq!(o.rate("other").await.unwrap(), None, "one rate per destination");
+
+    // A delivery held for its grant: claimed until then, out of the sweep's reach.
+    let (l, e) = leased(b, "hold", "tok-1").await;
+    let op = Op::new(Vec::new(), OnConflict::Stale).notify(OutboxMessage {
+        topic_arn: "https://hooks.example.com/in".into(),
+        delivery: None,
+        action: "one".into(),
+        group: "g".into(),
+        body: serde_json::json!({"a": 1}),
+    });
+    let CommitResult::Committed { outbox: ids } = l.commit(&e.key, "tok-1", &[op], "applied", None, T0).await.unwrap()
+    else {
+        panic!("commits")
+    };
+    let id = &ids[0];
+    let OutboxClaim::Claimed(item) = o.claim(id, "d-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
+    assert_eq!(o.hold(id, "d-2", T0 + 90_000).await.unwrap(), Held::Lapsed, "not the holder");
+    assert_eq!(o.hold(id, "d-1", T0 + 90_000).await.unwrap(), Held::Yes);
+    assert_eq!(o.hold(id, "d-1", T0 + 90_000).await.unwrap(), Held::Yes, "our retry");
+    assert!(!o.due(item.shard, T0 + 89_999, 100).await.unwrap().contains(id), "held: not due before");
+    assert!(matches!(o.claim(id, "d-3", T0 + 60_000, T0 + 90_000).await.unwrap(), OutboxClaim::Skipped));
+    assert_eq!(o.mark_sent(id, "d-1", Some(T0 + 60_000), T0 + 60_001).await.unwrap(), Held::Yes);
+    let state = o.state(id).await.unwrap().expect("the item");
+    assert_eq!((state.status.as_str(), state.granted_at), ("SENT", Some(T0 + 60_000)));
+}
+
 // ---------------------------------------------------------------- backfill
 
 /// Cursors and schedules, `recorded`, redelivery notes, and a record parked
@@ -1010,6 +1081,7 @@ pub async fn the_delivery_queue_carries_deliveries_and_drains_in_their_destinati
     use crate::ports::{DeliveryMessage, DeliveryQueue, Handover};
     let q = b.deliveries();
     let deliver = |i: usize, token: Option<&str>| DeliveryMessage::Deliver {
+        at: None,
         outbox: format!("outbox#{i:02}"),
         token: token.map(str::to_owned),
     };
@@ -1382,6 +1454,7 @@ macro_rules! contract_scenarios {
         $run!(a_handshake_secret_is_stored_once_and_never_overwritten);
         $run!(a_routes_delivery_is_committed_claimed_by_the_lease_and_refers_to_its_event);
         $run!(a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once);
+        $run!(a_rate_limit_grants_a_step_apart_and_counts_flights_once);
         $run!(a_notification_repeated_once_its_record_is_leased_is_its_next_generation);
         $run!(a_body_is_bound_to_one_identity_and_a_replay_is_flagged_on_its_record);
         $run!(projection_state_is_read_by_key_as_the_commit_wrote_it);

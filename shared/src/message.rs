@@ -163,6 +163,14 @@ pub struct OutboxState {
     pub due_at: Option<i64>,
     pub sent_at: Option<i64>,
     pub dead_at: Option<i64>,
+    /// When it was committed (or replayed).
+    pub created_at: Option<i64>,
+    /// The rate limit's grant it was sent under (a limited destination).
+    pub granted_at: Option<i64>,
+    /// The replay run (`deliveries replay`) that gave it a new attempt last.
+    pub replay_run: Option<String>,
+    /// Its destination's waiting partition it is in (circuit open), if any.
+    pub waiting: bool,
 }
 
 /// A route's envelope too large to carry its event: `payload_ref` instead
@@ -211,6 +219,13 @@ pub enum Dispatched {
     /// until the destination is back and drains it.
     Waiting {
         until_ms: i64,
+    },
+    /// Not sent yet: its destination's limit (rate or in flight) lets it
+    /// go at `until_ms`; it waits on the delivery queue, still claimed.
+    Paced {
+        until_ms: i64,
+        /// Whether it holds its grant (else it asks again then).
+        granted: bool,
     },
     /// The publish failed and the attempts are exhausted: the item is DEAD.
     Dead {

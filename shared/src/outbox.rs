@@ -42,9 +42,11 @@ use crate::ports::{
 };
 
 pub mod circuit;
+pub mod limit;
 mod queue;
 pub use crate::message::Drains;
 pub use circuit::{CircuitPolicy, Circuits, Gate};
+pub use limit::{Grant, Limiter};
 pub use queue::{DRAIN_PAGE, MAX_DELAY_MS, SWEEP_GROUP, UNWAITS_AT_ONCE};
 
 pub use crate::message::DISPATCH_LEASE_MS;
@@ -73,6 +75,12 @@ pub struct Dispatcher<S, P> {
     queue: Option<Arc<dyn DeliveryQueue>>,
     /// The routes' destinations, by name (whose waiting deliveries drain).
     destinations: Arc<Vec<String>>,
+    /// Destinations' limits, by name (those that have any).
+    limits: Arc<std::collections::HashMap<String, crate::routes::Limits>>,
+    /// Limited destinations' rate items as this container knows them.
+    limiter: Arc<Limiter>,
+    /// A grant at most this far ahead is waited for here; further, on the queue.
+    wait_in_place_ms: i64,
     pub fault: DispatchFault,
 }
 
@@ -99,8 +107,25 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             circuits: Arc::new(Circuits::new(CircuitPolicy::default())),
             queue: None,
             destinations: Arc::new(Vec::new()),
+            limits: Arc::new(std::collections::HashMap::new()),
+            limiter: Arc::new(Limiter::new()),
+            wait_in_place_ms: limit::WAIT_IN_PLACE_MS,
             fault: DispatchFault::None,
         }
+    }
+
+    /// Waits for a grant at most `ms` ahead in place (default
+    /// [`limit::WAIT_IN_PLACE_MS`]); a grant further ahead waits on the queue.
+    pub fn with_wait_in_place(mut self, ms: i64) -> Self {
+        self.wait_in_place_ms = ms.max(0);
+        self
+    }
+
+    /// Destinations' rate and concurrency limits (`max_per_second`,
+    /// `max_in_flight`), by name.
+    pub fn with_limits(mut self, limits: impl IntoIterator<Item = (String, crate::routes::Limits)>) -> Self {
+        self.limits = Arc::new(limits.into_iter().filter(|(_, l)| l.any()).collect());
+        self
     }
 
     /// Hands deliveries to `queue` (the delivery queue) to be sent apart.
@@ -151,6 +176,18 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
     /// committing processor wrote a delivery under (the claim is met as
     /// ours, and continued).
     pub async fn dispatch_as(&self, id: &str, token: &str, now_ms: i64) -> Result<Dispatched, PortError> {
+        self.dispatch_granted(id, token, None, now_ms).await
+    }
+
+    /// [`Self::dispatch_as`] of a delivery that holds its rate limit's
+    /// grant (`slot`) already: it is sent at it, without another.
+    pub async fn dispatch_granted(
+        &self,
+        id: &str,
+        token: &str,
+        slot: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Dispatched, PortError> {
         let token = token.to_owned();
         let item = match self.store.claim(id, &token, now_ms, now_ms + DISPATCH_LEASE_MS).await? {
             OutboxClaim::Claimed(item) => item,
@@ -161,7 +198,7 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             let error = format!("{} claims without an outcome", item.attempts - 1);
             return self.failed(&item, &token, error, false, now_ms).await;
         }
-        self.send(&item, &token, None, now_ms).await
+        self.send(&item, &token, None, slot, now_ms).await
     }
 
     /// Sends and marks an item this dispatcher holds under `token`: a
@@ -174,7 +211,7 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         payload: &[u8],
         now_ms: i64,
     ) -> Result<Dispatched, PortError> {
-        self.send(item, token, Some(payload), now_ms).await
+        self.send(item, token, Some(payload), None, now_ms).await
     }
 
     /// The message of `item`: a notification's body, or a route's envelope
@@ -238,7 +275,8 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         item: &OutboxItem,
         token: &str,
         payload: Option<&[u8]>,
-        now_ms: i64,
+        slot: Option<i64>,
+        mut now_ms: i64,
     ) -> Result<Dispatched, PortError> {
         let id = item.id.as_str();
         // A destination whose circuit is open is not tried: its delivery
@@ -251,6 +289,38 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         if let Gate::Wait { until_ms } = gate {
             return self.wait(item, token, until_ms, now_ms).await;
         }
+        // Its destination's limits: a delivery over one waits for its turn.
+        let limits = destination.and_then(|d| self.limits.get(d)).copied().unwrap_or_default();
+        let mut granted_at = None;
+        if let (Some(d), Some(step_ms)) = (destination, limits.step_ms) {
+            let grant = match slot {
+                Some(at) if at <= now_ms => Grant::Now { slot_ms: at },
+                Some(at) => Grant::At { slot_ms: at },
+                None => self.limiter.grant(&self.store, d, step_ms, now_ms).await,
+            };
+            match grant {
+                Grant::Now { slot_ms } => granted_at = Some(slot_ms),
+                Grant::At { slot_ms } if slot_ms - now_ms <= self.wait_in_place_ms => {
+                    // Within a second: waited here, so the send is at its grant.
+                    let wait = u64::try_from(slot_ms - now_ms).unwrap_or(0);
+                    self.ambient.clock.sleep(std::time::Duration::from_millis(wait)).await;
+                    now_ms = self.ambient.now_ms().max(slot_ms);
+                    granted_at = Some(slot_ms);
+                }
+                Grant::At { slot_ms } => return self.pace(item, token, slot_ms, Some(slot_ms), now_ms).await,
+                Grant::Later { retry_ms } => return self.pace(item, token, retry_ms, None, now_ms).await,
+            }
+        }
+        let flight = match (destination, limits.in_flight) {
+            (Some(d), Some(max)) => match self.limiter.take_flight(&self.store, d, max, token, now_ms).await {
+                Some(flight) => Some(flight),
+                None => {
+                    let retry_ms = now_ms + limit::NO_FLIGHT_RETRY_MS;
+                    return self.pace(item, token, retry_ms, granted_at, now_ms).await;
+                }
+            },
+            _ => None,
+        };
         let body = match self.message(item, payload).await {
             Ok(body) => body,
             Err(Unsendable::Retry(error)) => return self.failed(item, token, error, false, now_ms).await,
@@ -274,6 +344,15 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             now_ms,
         };
         let sent = self.publisher.publish(out).await;
+        if let (Some(d), Some(flight)) = (destination, &flight) {
+            self.limiter.land(&self.store, d, flight).await;
+        }
+        if let (Some(d), Some(_), Err(PublishError::Retry { throttled: true, after_ms, .. })) =
+            (destination, limits.step_ms, &sent)
+        {
+            // The partner asks us to slow down: its rate is lowered for a while.
+            self.limiter.throttled(&self.store, d, *after_ms, now_ms).await;
+        }
         if let Some(destination) = destination {
             // An answer, even a refusal, says the destination is up.
             let healthy = !matches!(sent, Err(PublishError::Retry { .. }));
@@ -300,7 +379,7 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             Err(PublishError::Retry { .. }) if matches!(gate, Gate::Probe(_)) => {
                 return self.wait(item, token, now_ms + self.circuits.policy().open_ms, now_ms).await;
             }
-            Err(PublishError::Retry { message, after_ms }) => {
+            Err(PublishError::Retry { message, after_ms, .. }) => {
                 return self.failed_after(item, token, message, after_ms, now_ms).await;
             }
         }
@@ -320,7 +399,7 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
                 message: "crash after publish, before mark".into(),
             });
         }
-        if self.store.mark_sent(id, token, now_ms).await? == Held::Lapsed {
+        if self.store.mark_sent(id, token, granted_at, now_ms).await? == Held::Lapsed {
             tracing::warn!(outbox = %id,
                 "published after the dispatch lease lapsed; the new owner republishes with the same key");
         }
@@ -346,6 +425,40 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             metrics::counter!("delivery_waiting", "destination" => d.destination.clone()).increment(1);
         }
         Ok(Dispatched::Waiting { until_ms })
+    }
+
+    /// Not sent yet: its destination's limit lets it go at `at_ms` (with
+    /// the grant `slot` it holds, if any). It waits on the delivery queue,
+    /// claimed until then, no attempt spent; without a queue, PENDING due
+    /// then (the sweep's). DEAD once the delivery's bound has passed.
+    async fn pace(
+        &self,
+        item: &OutboxItem,
+        token: &str,
+        at_ms: i64,
+        slot: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Dispatched, PortError> {
+        if now_ms - item.created_at_ms >= self.policy.delivery_bound_ms {
+            let error = "its destination's limit held it past the delivery's bound".to_owned();
+            return self.failed(item, token, error, true, now_ms).await;
+        }
+        let destination = destination_of(item).unwrap_or_default().to_owned();
+        if !self.hold_until(item, token, at_ms, slot, now_ms).await? {
+            if self.queue.is_some() {
+                // The claim lapsed: the dispatcher that holds it now sends it.
+                tracing::warn!(outbox = %item.id, "dispatch lease lapsed before the delivery was paced");
+                return Ok(Dispatched::Skipped);
+            }
+            let why = "waiting: its destination's limit";
+            if self.store.back_off(&item.id, token, at_ms, why, now_ms).await? == Held::Lapsed {
+                tracing::warn!(outbox = %item.id, "dispatch lease lapsed before the delivery was paced");
+            }
+        }
+        metrics::counter!("delivery_paced", "destination" => destination.clone()).increment(1);
+        metrics::histogram!("delivery_pending_age", "destination" => destination)
+            .record((now_ms - item.created_at_ms).max(0) as f64 / 1000.0);
+        Ok(Dispatched::Paced { until_ms: at_ms, granted: slot.is_some() })
     }
 
     /// A failed attempt whose answer asked for a pause (`Retry-After`): the

@@ -336,6 +336,9 @@ pub enum DeliveryMessage {
         outbox: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        /// The rate limit's grant it already holds (its send waits for it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<i64>,
     },
     Drain {
         destination: String,
@@ -378,8 +381,17 @@ pub trait OutboxStore: Send + Sync {
         now_ms: i64,
         until_ms: i64,
     ) -> impl Future<Output = Result<OutboxClaim, PortError>> + Send;
-    /// SENDING(token) → SENT.
-    fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> impl Future<Output = Result<Held, PortError>> + Send;
+    /// SENDING(token) → SENT; `granted_at`: the rate limit's grant it was sent under.
+    fn mark_sent(
+        &self,
+        id: &str,
+        token: &str,
+        granted_at: Option<i64>,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Held, PortError>> + Send;
+    /// SENDING(token) kept claimed until `until_ms` (its due time too): it
+    /// waits on the delivery queue for its destination's rate limit.
+    fn hold(&self, id: &str, token: &str, until_ms: i64) -> impl Future<Output = Result<Held, PortError>> + Send;
     /// SENDING(token) → PENDING, due at `next_at_ms`.
     fn back_off(
         &self,
@@ -468,8 +480,10 @@ pub struct Publication<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishError {
     /// A timeout, a refused connection, a throttled call, a 5xx, 408 or 429;
-    /// `after_ms`: not before this long (an HTTPS answer's `Retry-After`).
-    Retry { message: String, after_ms: Option<i64> },
+    /// `after_ms`: not before this long (an HTTPS answer's `Retry-After`);
+    /// `throttled`: the destination asked us to slow down (a 429, or any
+    /// answer with a `Retry-After`).
+    Retry { message: String, after_ms: Option<i64>, throttled: bool },
     /// An answer no retry changes (an HTTPS destination's 4xx whose class
     /// is `permanent`): the delivery is DEAD at once, with the answer.
     Permanent(String),
@@ -489,7 +503,7 @@ impl PublishError {
 
 impl From<String> for PublishError {
     fn from(message: String) -> Self {
-        Self::Retry { message, after_ms: None }
+        Self::Retry { message, after_ms: None, throttled: false }
     }
 }
 
@@ -537,8 +551,62 @@ pub enum CircuitChange<'a> {
     Close { now_ms: i64, probe: Option<&'a str> },
 }
 
-/// Where destinations' circuits are kept (the ledger's table).
+/// A destination's rate item as stored (`dest#<name>`, `sk = "rate"`),
+/// shared by every dispatcher of the destination (`outbox::limit`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rate {
+    /// The earliest time of the next grant (`None`: never granted).
+    pub next_at: Option<i64>,
+    /// The last grant's time, as its dispatcher's clock read it.
+    pub granted_at: Option<i64>,
+    /// Grants made, ever (lost acknowledgements' wasted slots included).
+    pub grants: u64,
+    /// Steps this many times longer until `slow_until` (the destination throttled us).
+    pub slow_factor: u32,
+    pub slow_until: Option<i64>,
+    /// When the destination last throttled us (a 429 or a `Retry-After`).
+    pub throttled_at: Option<i64>,
+    /// Sends in flight: `<until>#<token>` each.
+    pub flights: Vec<String>,
+}
+
+/// A change to a destination's [`Rate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RateChange<'a> {
+    /// A grant now, refused unless the destination is idle (`next_at` past).
+    GrantNow { step_ms: i64, now_ms: i64 },
+    /// The next slot, refused unless it is in the future and within `horizon_ms`.
+    GrantNext { step_ms: i64, horizon_ms: i64, now_ms: i64 },
+    /// No grant before `resume_ms`; steps `factor` times longer until
+    /// `until_ms` (refused when the next grant is later already).
+    Slow { resume_ms: i64, factor: u32, until_ms: i64, now_ms: i64 },
+    /// The factor alone (when [`RateChange::Slow`] was refused).
+    SlowKeep { factor: u32, until_ms: i64, now_ms: i64 },
+    /// One send in flight, refused while `max` are.
+    TakeFlight { flight: &'a str, max: u32 },
+    /// A send landed.
+    Land { flight: &'a str },
+    /// Flights whose time is up, out.
+    Clean { expired: &'a [String] },
+}
+
+/// What a [`RateChange`] did: applied (the rate after it), or refused (the rate it met).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RateWritten {
+    Applied(Rate),
+    Refused(Option<Rate>),
+}
+
+/// Where destinations' circuits and rates are kept (the ledger's table).
 pub trait CircuitStore: Send + Sync {
+    /// The rate item of `destination` (`None`: never written).
+    fn rate(&self, destination: &str) -> impl Future<Output = Result<Option<Rate>, PortError>> + Send;
+    /// Applies `change` to `destination`'s rate item.
+    fn change_rate(
+        &self,
+        destination: &str,
+        change: RateChange<'_>,
+    ) -> impl Future<Output = Result<RateWritten, PortError>> + Send;
     /// The circuit of `destination` (`None`: never written: closed).
     fn circuit(&self, destination: &str) -> impl Future<Output = Result<Option<Circuit>, PortError>> + Send;
     /// The circuits of `destinations`, in their order (one request for up to

@@ -776,6 +776,8 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             Dispatched::Skipped => return false,
             // Its destination's circuit is open: moved to when it may be tried.
             Dispatched::Waiting { .. } => summary.outbox_waiting += 1,
+            // Its destination's limit: it waits for its turn (still claimed).
+            Dispatched::Paced { .. } => summary.outbox_waiting += 1,
             Dispatched::Published => {
                 failures.ok();
                 summary.outbox_republished += 1;

@@ -149,6 +149,53 @@ pub struct Destination {
     pub https: Option<HttpsTarget>,
     /// EventBridge only: the events' `Source`.
     pub source: String,
+    /// Its rate and concurrency limits (none by default).
+    pub limits: Limits,
+}
+
+/// The most sends a second a destination may be given (one rate item takes
+/// them all: a DynamoDB item takes 1,000 writes a second).
+pub const MAX_PER_SECOND: f64 = 500.0;
+/// The most sends in flight a destination may be given (one set holds them).
+pub const MAX_IN_FLIGHT: u32 = 200;
+
+/// A destination's limits, enforced across every dispatcher
+/// (`outbox::limit`): `max_per_second` (grants at least `1000 /
+/// max_per_second` ms apart, so no one-second window holds more) and
+/// `max_in_flight` (sends at once). A delivery over a limit waits; it is
+/// never failed for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// The least time between two grants, in ms (`None`: no rate limit).
+    pub step_ms: Option<i64>,
+    /// The most sends at once (`None`: no limit).
+    pub in_flight: Option<u32>,
+}
+
+impl Limits {
+    fn parse(max_per_second: Option<f64>, max_in_flight: Option<u32>) -> Result<Self, String> {
+        let step_ms = match max_per_second {
+            None => None,
+            Some(r) if (0.001..=MAX_PER_SECOND).contains(&r) => Some((1000.0 / r).ceil() as i64),
+            Some(r) => return Err(format!("max_per_second must be 0.001 to {MAX_PER_SECOND}, not {r}")),
+        };
+        let in_flight = match max_in_flight {
+            None => None,
+            Some(n) if (1..=MAX_IN_FLIGHT).contains(&n) => Some(n),
+            Some(n) => return Err(format!("max_in_flight must be 1 to {MAX_IN_FLIGHT}, not {n}")),
+        };
+        Ok(Self { step_ms, in_flight })
+    }
+
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.step_ms.is_some() || self.in_flight.is_some()
+    }
+
+    /// The rate the step gives, per second.
+    pub fn per_second(&self) -> Option<f64> {
+        self.step_ms.map(|s| 1000.0 / s as f64)
+    }
 }
 
 /// An HTTPS destination.
@@ -376,6 +423,10 @@ struct DestinationSpec {
     client_errors: Option<BTreeMap<String, serde_json::Value>>,
     #[serde(default)]
     source: Option<String>,
+    #[serde(default)]
+    max_per_second: Option<f64>,
+    #[serde(default)]
+    max_in_flight: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -483,6 +534,8 @@ impl Routes {
             if !valid_name(&name) {
                 return Err(format!("destination {name:?}: a name is 1-64 characters of a-z, 0-9, '-', '_'"));
             }
+            let limits =
+                Limits::parse(d.max_per_second, d.max_in_flight).map_err(|e| format!("destination {name}: {e}"))?;
             let destination = match (d.arn, d.url) {
                 (Some(arn), None) => {
                     if d.secrets.is_some() || d.allow_private.is_some() || d.client_errors.is_some() {
@@ -503,7 +556,7 @@ impl Routes {
                         }
                         (None, _) => DEFAULT_SOURCE.to_owned(),
                     };
-                    Destination { name, target: arn, kind: parsed.kind, arn: Some(parsed), https: None, source }
+                    Destination { name, target: arn, kind: parsed.kind, arn: Some(parsed), https: None, source, limits }
                 }
                 (None, Some(url)) => {
                     if d.source.is_some() {
@@ -523,6 +576,7 @@ impl Routes {
                         arn: None,
                         https: Some(https),
                         source: DEFAULT_SOURCE.to_owned(),
+                        limits,
                     }
                 }
                 _ => return Err(format!("destination {name}: give an arn (SNS, SQS, EventBridge) or a url (HTTPS)")),
@@ -694,6 +748,31 @@ mod tests {
         }
         let err = Routes::parse(&format!(r#"{{"destinations": {{"Bad Name": {{"arn": "{SQS}"}}}}, "routes": []}}"#));
         assert!(err.unwrap_err().contains("a-z, 0-9"));
+    }
+
+    /// `max_per_second` becomes the least time between grants (rounded up,
+    /// so no one-second window holds more than the rate); both limits are
+    /// checked at load, on any kind of destination.
+    #[test]
+    fn limits_are_a_step_between_grants_and_a_count_in_flight() {
+        let one = |d: &str| Routes::parse(&format!(r#"{{"destinations": {{"d": {d}}}, "routes": [{{"to": ["d"]}}]}}"#));
+        let limits = |d: &str| one(d).unwrap().destination("d").unwrap().limits;
+        assert_eq!(limits(&format!(r#"{{"arn": "{SQS}"}}"#)), Limits::default());
+        let l = limits(&format!(r#"{{"arn": "{SQS}", "max_per_second": 5, "max_in_flight": 2}}"#));
+        assert_eq!((l.step_ms, l.in_flight, l.any()), (Some(200), Some(2), true));
+        // 3 a second: 334 ms apart (3 fit in a second, never 4).
+        assert_eq!(limits(&format!(r#"{{"arn": "{SQS}", "max_per_second": 3}}"#)).step_ms, Some(334));
+        let https = r#"{"url": "https://hooks.example.com/in", "secrets": ["env:D"], "max_per_second": 0.5}"#;
+        assert_eq!(limits(https).step_ms, Some(2000));
+        for (d, want) in [
+            (format!(r#"{{"arn": "{SQS}", "max_per_second": 0}}"#), "max_per_second must be"),
+            (format!(r#"{{"arn": "{SQS}", "max_per_second": 501}}"#), "max_per_second must be"),
+            (format!(r#"{{"arn": "{SQS}", "max_in_flight": 0}}"#), "max_in_flight must be"),
+            (format!(r#"{{"arn": "{SQS}", "max_in_flight": 201}}"#), "max_in_flight must be"),
+        ] {
+            let err = one(&d).unwrap_err();
+            assert!(err.contains(want) && err.starts_with("destination d:"), "{d}: {err}");
+        }
     }
 
     #[test]

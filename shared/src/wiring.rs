@@ -345,7 +345,8 @@ impl Wiring {
         let mut dispatcher = Dispatcher::with_ports(store, publisher)
             .with_payloads(payloads)
             .with_ambient(self.ambient.clone())
-            .with_destinations(destinations);
+            .with_destinations(destinations)
+            .with_limits(self.settings.routes.destinations().iter().map(|d| (d.name.clone(), d.limits)));
         if let Some(url) = &self.settings.delivery_queue_url {
             dispatcher =
                 dispatcher.with_queue(Arc::new(crate::adapters::sqs::SqsDeliveries::new(self.sqs_client(), url)));

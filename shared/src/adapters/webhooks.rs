@@ -245,7 +245,11 @@ pub fn classify(
     };
     match status {
         200..=299 => Ok(()),
-        408 | 429 | 500..=599 => Err(PublishError::Retry { message: said, after_ms: retry_after }),
+        408 | 429 | 500..=599 => Err(PublishError::Retry {
+            message: said,
+            after_ms: retry_after,
+            throttled: status == 429 || retry_after.is_some(),
+        }),
         400..=499 => match client_errors.class(status) {
             ClientErrorClass::RetryFor { ms } => Err(PublishError::Refused { message: said, retry_for_ms: ms }),
             ClientErrorClass::Permanent => Err(PublishError::Permanent(said)),

@@ -36,7 +36,7 @@ const NOTIFICATIONS_GROUP: &str = "notifications";
 
 fn deliver(id: &str, token: Option<&str>, group: &str, delay_ms: i64) -> Handover {
     Handover {
-        message: DeliveryMessage::Deliver { outbox: id.to_owned(), token: token.map(str::to_owned) },
+        message: DeliveryMessage::Deliver { outbox: id.to_owned(), token: token.map(str::to_owned), at: None },
         group: group.to_owned(),
         delay_s: u32::try_from((delay_ms.clamp(0, MAX_DELAY_MS) + 999) / 1000).unwrap_or(900),
     }
@@ -100,6 +100,36 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         }
     }
 
+    /// A claimed delivery its destination's limit holds back until
+    /// `at_ms`: kept claimed until a lease past then (the sweep leaves it
+    /// alone) and handed back to the queue to come back then, with its
+    /// grant (`slot`) when it holds one. `false`: the claim lapsed (another
+    /// dispatcher has it) or there is no queue.
+    pub(super) async fn hold_until(
+        &self,
+        item: &OutboxItem,
+        token: &str,
+        at_ms: i64,
+        slot: Option<i64>,
+        now_ms: i64,
+    ) -> Result<bool, PortError> {
+        if self.queue.is_none() {
+            return Ok(false);
+        }
+        let held = self.store.hold(&item.id, token, at_ms + crate::message::DISPATCH_LEASE_MS).await?;
+        if held == crate::message::Held::Lapsed {
+            return Ok(false);
+        }
+        // Back a little before its time (whole seconds, at least one): the
+        // rest is waited in place.
+        let delay_s = u32::try_from(((at_ms - now_ms) / 1000).clamp(1, MAX_DELAY_MS / 1000)).unwrap_or(900);
+        let message = DeliveryMessage::Deliver { outbox: item.id.clone(), token: Some(token.to_owned()), at: slot };
+        let group = destination_of(item).unwrap_or(NOTIFICATIONS_GROUP).to_owned();
+        // Lost: the item is due when its hold is over, and the sweep finds it.
+        self.hand(&[Handover { message, group, delay_s }]).await;
+        Ok(true)
+    }
+
     /// Asks the queue to drain `destination`'s waiting deliveries.
     pub(super) async fn start_drain(&self, destination: &str) -> bool {
         let drain = Handover {
@@ -161,9 +191,9 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
     /// (the message comes back after its visibility timeout).
     pub async fn take(&self, message: &DeliveryMessage, now_ms: i64) -> Result<Option<Dispatched>, PortError> {
         match message {
-            DeliveryMessage::Deliver { outbox, token } => {
+            DeliveryMessage::Deliver { outbox, token, at } => {
                 let token = token.clone().unwrap_or_else(|| self.ambient.token());
-                self.dispatch_as(outbox, &token, now_ms).await.map(Some)
+                self.dispatch_granted(outbox, &token, *at, now_ms).await.map(Some)
             }
             DeliveryMessage::Drain { destination } => self.drain(destination, now_ms).await.map(|_| None),
         }

@@ -351,7 +351,7 @@ async fn retry_after_is_honoured_and_a_permanent_answer_is_dead_at_once() {
         let w = World::new(Ambient::fixed(NOW, 3));
         let store = w.outbox();
         store.put("outbox#k1", &pending("k1", 0, NOW));
-        let refused = PublishError::Retry { message: "d: answered 429".into(), after_ms: Some(after) };
+        let refused = PublishError::Retry { message: "d: answered 429".into(), after_ms: Some(after), throttled: true };
         let d = Dispatcher::with_ports(store.clone(), Answering(refused)).with_policy(POLICY);
         assert!(matches!(d.dispatch("outbox#k1", NOW).await.unwrap(), Dispatched::Retrying { .. }));
         let item = store.get("outbox#k1");
@@ -545,4 +545,226 @@ async fn a_drain_hands_on_nothing_while_open_the_probe_when_due_and_all_once_a_p
     let closed = store.change_circuit("d", close).await.unwrap().expect("closed by its probe");
     assert_eq!((closed.open_token, closed.open_until), (None, None));
     assert_eq!(circuits.drainable(&store, "d", NOW + 60_003).await, usize::MAX, "back: everything waiting");
+}
+
+// ------------------------------------------------------------------- limits
+
+/// Grants (or sends) `at`, sorted: the most that fall in any one-second
+/// window `[t, t + 1000)`.
+fn most_in_a_second(at: &[i64]) -> usize {
+    let mut at = at.to_vec();
+    at.sort_unstable();
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..at.len() {
+        while at[end] - at[start] >= 1000 {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
+/// A policy whose bound a long backlog does not reach.
+const PATIENT: DispatchPolicy = DispatchPolicy { delivery_bound_ms: 86_400_000, ..POLICY };
+
+fn limited(world: &World, limits: crate::routes::Limits) -> Dispatcher<MemOutbox, MemPublisher> {
+    Dispatcher::with_ports(world.outbox(), world.publisher())
+        .with_policy(PATIENT)
+        .with_ambient(world.ambient().clone())
+        .with_payloads(std::sync::Arc::new(OneEvent))
+        .with_queue(std::sync::Arc::new(world.deliveries()))
+        .with_limits([("orders".to_owned(), limits)])
+}
+
+#[test]
+fn the_window_count_sees_a_burst_anywhere() {
+    assert_eq!(most_in_a_second(&[0, 200, 400, 600, 800, 1000]), 5);
+    assert_eq!(most_in_a_second(&[0, 999, 1000, 1001, 5000]), 3);
+    assert_eq!(most_in_a_second(&[]), 0);
+}
+
+/// What a backlog drained through the delivery queue by four dispatchers
+/// taking its messages in turn shows: (grants, send times, paced with a
+/// grant, paced without one).
+async fn drain_backlog(n: u32, rate: usize, wait_in_place_ms: i64) -> (Vec<i64>, Vec<i64>, u32, u32) {
+    let world = World::new(Ambient::fixed(NOW, 5)).with_shards(1);
+    let store = world.outbox();
+    let limits = crate::routes::Limits { step_ms: Some(1000 / rate as i64), in_flight: None };
+    let dispatchers: Vec<_> = (0..4).map(|_| limited(&world, limits).with_wait_in_place(wait_in_place_ms)).collect();
+    let ids: Vec<String> = (0..n).map(|i| queue_delivery(&store, i)).collect();
+    let messages: Vec<crate::ports::Handover> = ids
+        .iter()
+        .map(|id| crate::ports::Handover {
+            message: crate::ports::DeliveryMessage::Deliver { outbox: id.clone(), token: None, at: None },
+            group: "orders".into(),
+            delay_s: 0,
+        })
+        .collect();
+    crate::ports::DeliveryQueue::hand_over(&world.deliveries(), &messages).await;
+    let clock = world.ambient().clone();
+    let (mut turn, mut paced, mut later) = (0usize, 0u32, 0u32);
+    while !world.deliveries().is_empty() {
+        let batch = world.deliveries().receive(10);
+        if batch.is_empty() {
+            let next = world.deliveries().next_visible().unwrap();
+            clock.clock.sleep(std::time::Duration::from_millis((next - clock.now_ms()).max(0) as u64)).await;
+            continue;
+        }
+        for m in batch {
+            let d = &dispatchers[turn % 4];
+            turn += 1;
+            match d.take(&m, clock.now_ms()).await.unwrap() {
+                Some(Dispatched::Paced { granted: true, .. }) => paced += 1,
+                Some(Dispatched::Paced { granted: false, .. }) => later += 1,
+                Some(Dispatched::Published) | None => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    let mut grants = Vec::new();
+    for id in &ids {
+        let state = store.state(id).await.unwrap().unwrap();
+        assert_eq!(state.status, SENT, "{id}");
+        let granted = state.granted_at.expect("sent under a grant");
+        assert!(state.sent_at.unwrap() >= granted, "{id}: sent before its grant");
+        grants.push(granted);
+    }
+    (grants, world.publisher().send_times(QUEUE), paced, later)
+}
+
+/// A backlog of 10,000 deliveries to a destination limited to 10 a
+/// second, taken from the delivery queue by 4 dispatchers in turn (four
+/// containers: four limiters, each with its own copy of the rate item), on
+/// a virtual clock: no one-second window holds more than 10 grants, the
+/// destination sees every delivery once, at or after its grant, and the
+/// drain takes the time the rate says (1,000 s), not less. Grants up to 15
+/// minutes ahead wait on the queue with their grant; past that, deliveries
+/// wait without one and ask again (both paths taken).
+#[tokio::test]
+async fn a_backlog_of_ten_thousand_across_four_dispatchers_never_gets_more_grants_a_second_than_its_limit() {
+    let (grants, sends, paced, later) = drain_backlog(10_000, 10, 0).await;
+    assert_eq!(sends.len(), 10_000, "each delivery sent once");
+    assert_eq!(most_in_a_second(&grants), 10, "never more than the limit's grants in a second");
+    let took = sends.iter().max().unwrap() - sends.iter().min().unwrap();
+    assert!(took >= 9_999 * 100, "the drain took {took} ms");
+    assert!(paced > 0 && later > 0, "paced {paced}, later {later}");
+}
+
+/// Dispatchers that wait for a grant within a second in place send at the
+/// grant itself: the destination's own clock sees the limit too.
+#[tokio::test]
+async fn waited_in_place_the_sends_are_at_their_grants() {
+    let (mut grants, mut sends, _, _) = drain_backlog(2_000, 20, 1_000).await;
+    assert_eq!(sends.len(), 2_000);
+    assert_eq!(most_in_a_second(&grants), 20);
+    assert_eq!(most_in_a_second(&sends), 20, "the destination sees at most 20 in any second");
+    grants.sort_unstable();
+    sends.sort_unstable();
+    assert_eq!(grants, sends, "each sent at its grant");
+}
+
+/// The rule for a destination that throttles us: a 429 with `Retry-After:
+/// 3` pauses every grant for 3 s and doubles the step (halves the rate)
+/// for 5 minutes after the pause; a second 429 in that time doubles it
+/// again; then the rate is the limit again. The delivery itself is retried
+/// no sooner than its `Retry-After`.
+#[tokio::test]
+async fn a_429_with_retry_after_pauses_the_destination_then_halves_its_rate_for_a_while() {
+    use crate::ports::CircuitStore;
+    let world = World::new(Ambient::fixed(NOW, 5)).with_shards(1);
+    let store = world.outbox();
+    let limits = crate::routes::Limits { step_ms: Some(100), in_flight: None };
+    let d = limited(&world, limits);
+    world.publisher().throttle(QUEUE, Some(3_000), 1);
+    let first = queue_delivery(&store, 0);
+    match d.dispatch(&first, NOW).await.unwrap() {
+        Dispatched::Retrying { next_at_ms, .. } => assert!(next_at_ms >= NOW + 3_000, "its own Retry-After"),
+        other => panic!("{other:?}"),
+    }
+    let rate = store.rate("orders").await.unwrap().unwrap();
+    assert_eq!((rate.next_at, rate.slow_factor), (Some(NOW + 3_000), 2), "{rate:?}");
+    assert_eq!(rate.slow_until, Some(NOW + 3_000 + limit::SLOW_FOR_MS));
+    // Another container: nothing before the pause is over, then 200 ms apart.
+    let other = Limiter::new();
+    let grant = |at| other.grant(&store, "orders", 100, at);
+    assert_eq!(grant(NOW + 10).await, Grant::At { slot_ms: NOW + 3_000 });
+    assert_eq!(grant(NOW + 20).await, Grant::At { slot_ms: NOW + 3_200 });
+    // A second 429 while slowed: 4 times the step.
+    other.throttled(&store, "orders", None, NOW + 3_300).await;
+    let rate = store.rate("orders").await.unwrap().unwrap();
+    assert_eq!((rate.next_at, rate.slow_factor), (Some(NOW + 4_300), 4), "paused 1 s without a Retry-After");
+    assert_eq!(grant(NOW + 3_300).await, Grant::At { slot_ms: NOW + 4_300 });
+    assert_eq!(grant(NOW + 3_301).await, Grant::At { slot_ms: NOW + 4_700 });
+    // Five minutes after the pause, the limit again.
+    let later = NOW + 4_300 + limit::SLOW_FOR_MS + 1;
+    assert_eq!(grant(later).await, Grant::Now { slot_ms: later });
+    assert_eq!(grant(later).await, Grant::At { slot_ms: later + 100 });
+}
+
+/// Grants never go further than 15 minutes ahead: past that the answer is
+/// to ask again later, and a container whose copy is already past it
+/// answers so without a write.
+#[tokio::test]
+async fn past_fifteen_minutes_of_grants_a_delivery_asks_again_later_without_a_write() {
+    use crate::ports::{CircuitStore, RateChange};
+    let world = World::new(Ambient::fixed(NOW, 5)).with_shards(1);
+    let store = world.outbox();
+    let limiter = Limiter::new();
+    let far = NOW + limit::GRANT_AHEAD_MS + 5_000;
+    store
+        .change_rate("orders", RateChange::Slow { resume_ms: far, factor: 1, until_ms: far, now_ms: NOW })
+        .await
+        .unwrap();
+    assert_eq!(limiter.grant(&store, "orders", 100, NOW).await, Grant::Later { retry_ms: NOW + 5_000 });
+    let writes = world.calls_named("rate.change").len();
+    assert_eq!(limiter.grant(&store, "orders", 100, NOW + 1).await, Grant::Later { retry_ms: NOW + 5_000 });
+    assert_eq!(world.calls_named("rate.change").len(), writes, "its copy answered");
+    assert_eq!(limiter.grant(&store, "orders", 100, NOW + 5_000).await, Grant::At { slot_ms: far });
+}
+
+/// `max_in_flight`: a flight per send, refused at the limit; a retried
+/// take (its acknowledgement lost) counts once; a landed flight frees its
+/// place; a dead dispatcher's flight is cleared once its time is up.
+#[tokio::test]
+async fn flights_are_counted_once_freed_when_landed_and_cleared_when_their_time_is_up() {
+    use crate::ports::{CircuitStore, RateChange, RateWritten};
+    let world = World::new(Ambient::fixed(NOW, 5)).with_shards(1);
+    let store = world.outbox();
+    let limiter = Limiter::new();
+    let a = limiter.take_flight(&store, "p", 2, "a", NOW).await.expect("the first");
+    let b = limiter.take_flight(&store, "p", 2, "b", NOW).await.expect("the second");
+    assert_eq!(limiter.take_flight(&store, "p", 2, "c", NOW).await, None, "two in flight");
+    // The first take again, as the SDK retries it after a lost acknowledgement.
+    let again = store.change_rate("p", RateChange::TakeFlight { flight: &a, max: 2 }).await.unwrap();
+    assert!(matches!(again, RateWritten::Refused(Some(ref r)) if r.flights.contains(&a)), "{again:?}");
+    assert_eq!(limiter.take_flight(&store, "p", 2, "a", NOW).await, Some(a.clone()), "recognised as ours");
+    limiter.land(&store, "p", &a).await;
+    let c = limiter.take_flight(&store, "p", 2, "c", NOW + 1).await.expect("a place freed");
+    // `b`'s dispatcher died: its flight is cleared when its time is up.
+    assert_eq!(limiter.take_flight(&store, "p", 2, "d", NOW + limit::FLIGHT_MS).await, None);
+    let d = limiter.take_flight(&store, "p", 2, "d", NOW + limit::FLIGHT_MS + 1).await.expect("b's time is up");
+    let flights = store.rate("p").await.unwrap().unwrap().flights;
+    assert!(flights.contains(&c) && flights.contains(&d) && !flights.contains(&b), "{flights:?}");
+}
+
+/// A delivery over its destination's `max_in_flight` is not failed: it
+/// waits on the queue a second, claimed, and its attempt is not spent.
+#[tokio::test]
+async fn a_delivery_over_max_in_flight_waits_on_the_queue() {
+    let world = World::new(Ambient::fixed(NOW, 5)).with_shards(1);
+    let store = world.outbox();
+    let d = limited(&world, crate::routes::Limits { step_ms: None, in_flight: Some(1) });
+    let other = Limiter::new();
+    other.take_flight(&store, "orders", 1, "someone", NOW).await.expect("the one flight");
+    let id = queue_delivery(&store, 0);
+    match d.dispatch(&id, NOW).await.unwrap() {
+        Dispatched::Paced { until_ms, granted: false } => assert_eq!(until_ms, NOW + limit::NO_FLIGHT_RETRY_MS),
+        other => panic!("{other:?}"),
+    }
+    let state = store.state(&id).await.unwrap().unwrap();
+    assert_eq!(state.status, SENDING, "claimed while it waits");
+    assert_eq!(state.due_at, Some(NOW + limit::NO_FLIGHT_RETRY_MS + crate::message::DISPATCH_LEASE_MS));
+    assert_eq!(world.deliveries().len(), 1, "back on the queue");
+    assert!(world.publisher().attempts().is_empty(), "not sent");
 }

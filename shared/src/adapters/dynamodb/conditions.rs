@@ -127,6 +127,14 @@ pub const EXPRESSIONS: &[&str] = &[
     "circuit_probe",
     "circuit_close",
     "circuit_reset",
+    "rate_grant_now",
+    "rate_grant_next",
+    "rate_slow",
+    "rate_slow_keep",
+    "flight_take",
+    "flight_land",
+    "flight_clean",
+    "outbox_hold",
     "release_parked",
     "migrate_attention",
     "migrate_due_partition",
@@ -144,6 +152,7 @@ pub struct Update {
     set: Vec<String>,
     remove: Vec<&'static str>,
     add: Vec<&'static str>,
+    delete: Vec<&'static str>,
     pub condition: String,
     values: Vec<(String, AttributeValue)>,
     uses_status: bool,
@@ -209,6 +218,12 @@ impl Update {
         self
     }
 
+    /// `DELETE p :v`: elements out of a set (the set goes when it is empty).
+    fn delete(mut self, clause: &'static str) -> Self {
+        self.delete.push(clause);
+        self
+    }
+
     fn value(mut self, name: &str, v: AttributeValue) -> Self {
         self.values.push((name.to_owned(), v));
         self
@@ -257,6 +272,9 @@ impl Update {
         }
         if !self.add.is_empty() {
             out.push(format!("ADD {}", self.add.join(", ")));
+        }
+        if !self.delete.is_empty() {
+            out.push(format!("DELETE {}", self.delete.join(", ")));
         }
         out.join(" ")
     }
@@ -758,9 +776,14 @@ fn dispatch_fenced(name: &'static str, token: &str) -> Update {
 /// A sent item is kept for the retention (`expires_at`), as the identity of
 /// the event that wrote it is: a redelivery within it still finds the
 /// outcome, and nothing is kept forever.
-pub fn outbox_sent(token: &str, now_ms: i64, expires_at: i64) -> Update {
-    dispatch_fenced("outbox_sent", token)
-        .set("#st = :sent")
+pub fn outbox_sent(token: &str, granted_at: Option<i64>, now_ms: i64, expires_at: i64) -> Update {
+    let sent = dispatch_fenced("outbox_sent", token);
+    let sent = match granted_at {
+        // The rate limit's grant it went under: the evidence of the limit.
+        Some(at) => sent.set("granted_at = :granted").value(":granted", n(at)),
+        None => sent,
+    };
+    sent.set("#st = :sent")
         .set("sent_at = :now")
         .set("expires_at = :exp")
         .remove("due_shard")
@@ -889,6 +912,103 @@ pub fn circuit_reset(now_ms: i64) -> Update {
         .set("closed_at = :now")
         .value(":zero", n(0))
         .value(":now", n(now_ms))
+}
+
+/// A destination's rate item (`dest#<name>`, `sk = "rate"`, `outbox::limit`):
+/// `next_at` is the earliest time of the next grant (a theoretical arrival
+/// time), every grant moves it one step on, so grants are at least one step
+/// apart whoever takes them.
+///
+/// Idle (`next_at` in the past, or no item): the grant is now, the next one
+/// step later. Its retry after a lost acknowledgement is refused (the next
+/// grant is in the future now) and takes the next slot: a slot wasted,
+/// never one too many.
+pub fn rate_grant_now(step_ms: i64, now_ms: i64) -> Update {
+    Update::when("rate_grant_now", "attribute_not_exists(next_at) OR next_at <= :now")
+        .set("next_at = :next")
+        .set("granted_at = :now")
+        .add("grants :one")
+        .value(":now", n(now_ms))
+        .value(":next", n(now_ms + step_ms))
+        .value(":one", n(1))
+}
+
+/// Busy: the grant is the next slot (`next_at`, in the future but within
+/// `horizon_ms`), and the one after is a step later. Its retry takes
+/// another slot (one wasted, never one too many).
+pub fn rate_grant_next(step_ms: i64, horizon_ms: i64, now_ms: i64) -> Update {
+    Update::when("rate_grant_next", "next_at > :now AND next_at <= :edge")
+        .set("next_at = next_at + :step")
+        .set("granted_at = :now")
+        .add("grants :one")
+        .value(":now", n(now_ms))
+        .value(":edge", n(now_ms + horizon_ms))
+        .value(":step", n(step_ms))
+        .value(":one", n(1))
+}
+
+/// The destination throttled us (a 429, or a `Retry-After`): no grant
+/// before `resume_ms`, and each step `factor` times longer until
+/// `until_ms`. Refused when the next grant is later already (then
+/// [`rate_slow_keep`] sets the factor alone). The same write again on a retry.
+pub fn rate_slow(resume_ms: i64, factor: u32, until_ms: i64, now_ms: i64) -> Update {
+    Update::when("rate_slow", "attribute_not_exists(next_at) OR next_at < :resume")
+        .set("next_at = :resume")
+        .set("slow_factor = :f")
+        .set("slow_until = :until")
+        .set("throttled_at = :now")
+        .value(":resume", n(resume_ms))
+        .value(":f", n(factor))
+        .value(":until", n(until_ms))
+        .value(":now", n(now_ms))
+}
+
+/// [`rate_slow`] when the next grant is later than `resume_ms` already.
+pub fn rate_slow_keep(factor: u32, until_ms: i64, now_ms: i64) -> Update {
+    Update::when("rate_slow_keep", "attribute_exists(next_at)")
+        .set("slow_factor = :f")
+        .set("slow_until = :until")
+        .set("throttled_at = :now")
+        .value(":f", n(factor))
+        .value(":until", n(until_ms))
+        .value(":now", n(now_ms))
+}
+
+/// One send in flight (`flight`: `<until>#<token>`, in the `flights` set),
+/// refused while `max` are. Its retry adds the same element again (a
+/// set): it counts once, and a refusal that meets it is recognised.
+pub fn flight_take(flight: &str, max: u32) -> Update {
+    Update::when("flight_take", "attribute_not_exists(flights) OR size(flights) < :max")
+        .add("flights :f")
+        .value(":f", AttributeValue::Ss(vec![flight.to_owned()]))
+        .value(":max", n(max))
+}
+
+/// The send landed: out of the set (the same on a retry).
+pub fn flight_land(flight: &str) -> Update {
+    Update::when("flight_land", "attribute_exists(flights)")
+        .delete("flights :f")
+        .value(":f", AttributeValue::Ss(vec![flight.to_owned()]))
+}
+
+/// Flights whose time is up (their dispatcher died before it landed them) out of the set.
+pub fn flight_clean(expired: &[String]) -> Update {
+    Update::when("flight_clean", "attribute_exists(flights)")
+        .delete("flights :f")
+        .value(":f", AttributeValue::Ss(expired.to_vec()))
+}
+
+/// A claimed delivery kept claimed until `until_ms`: it waits for its
+/// grant (the destination's rate limit) on the delivery queue, and the
+/// sweep leaves it alone meanwhile. Fenced on the claim.
+pub fn outbox_hold(token: &str, until_ms: i64) -> Update {
+    Update::when("outbox_hold", "#st = :sending AND dispatch_token = :tok")
+        .status()
+        .value(":sending", s(SENDING))
+        .value(":tok", s(token))
+        .set("dispatch_until = :until")
+        .set("due_at = :until")
+        .value(":until", n(until_ms))
 }
 
 /// As [`outbox_back_off`], but the attempts are exhausted: out of the due
@@ -1115,7 +1235,7 @@ mod tests {
             reschedule("t", 1),
             note_redriven(1),
             outbox_claim("t", 1, 2),
-            outbox_sent("t", 1, 2),
+            outbox_sent("t", None, 1, 2),
             outbox_back_off("t", 1, "e", 1),
             outbox_dead("t", "attn#000", "e", 1),
             migrate_attention("DEAD", "attn#001", 5),

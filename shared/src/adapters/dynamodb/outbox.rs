@@ -11,7 +11,7 @@ use super::{Item, Written};
 use crate::identity::EventKey;
 use crate::ledger::PortError;
 use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, OutboxState, idempotency_key};
-use crate::ports::{Circuit, CircuitChange, CircuitStore, OutboxStore};
+use crate::ports::{Circuit, CircuitChange, CircuitStore, OutboxStore, Rate, RateChange, RateWritten};
 
 pub const OUTBOX_SK: &str = "outbox";
 /// The sort key of a destination's circuit item (`dest#<name>`).
@@ -20,6 +20,38 @@ pub const CIRCUIT_SK: &str = "circuit";
 /// The partition key of `destination`'s circuit item.
 pub fn circuit_pk(destination: &str) -> String {
     format!("dest#{destination}")
+}
+
+/// The sort key of a destination's rate item (`dest#<name>`, beside its circuit).
+pub const RATE_SK: &str = "rate";
+
+/// A rate item as the port reads it.
+pub(crate) fn rate_of(item: &Item) -> Rate {
+    let num = |k: &str| item.get(k).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+    Rate {
+        next_at: num("next_at"),
+        granted_at: num("granted_at"),
+        grants: u64::try_from(num("grants").unwrap_or(0)).unwrap_or(0),
+        slow_factor: u32::try_from(num("slow_factor").unwrap_or(1)).unwrap_or(1).max(1),
+        slow_until: num("slow_until"),
+        throttled_at: num("throttled_at"),
+        flights: item.get("flights").and_then(|v| v.as_ss().ok()).cloned().unwrap_or_default(),
+    }
+}
+
+/// A rate change's update.
+pub(crate) fn rate_update(change: &RateChange<'_>) -> cond::Update {
+    match *change {
+        RateChange::GrantNow { step_ms, now_ms } => cond::rate_grant_now(step_ms, now_ms),
+        RateChange::GrantNext { step_ms, horizon_ms, now_ms } => cond::rate_grant_next(step_ms, horizon_ms, now_ms),
+        RateChange::Slow { resume_ms, factor, until_ms, now_ms } => {
+            cond::rate_slow(resume_ms, factor, until_ms, now_ms)
+        }
+        RateChange::SlowKeep { factor, until_ms, now_ms } => cond::rate_slow_keep(factor, until_ms, now_ms),
+        RateChange::TakeFlight { flight, max } => cond::flight_take(flight, max),
+        RateChange::Land { flight } => cond::flight_land(flight),
+        RateChange::Clean { expired } => cond::flight_clean(expired),
+    }
 }
 
 /// A circuit item as the port reads it.
@@ -257,6 +289,10 @@ pub(crate) fn state_of(item: &Item) -> OutboxState {
         due_at: num(attr::DUE_AT),
         sent_at: num("sent_at"),
         dead_at: num("dead_at"),
+        created_at: num(attr::CREATED_AT),
+        granted_at: num("granted_at"),
+        replay_run: opt("revive_token"),
+        waiting: text(item, attr::DUE_SHARD).starts_with("wait#"),
     }
 }
 
@@ -304,9 +340,13 @@ impl OutboxStore for DynamoOutbox {
         }
     }
 
-    async fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> Result<Held, PortError> {
+    async fn mark_sent(&self, id: &str, token: &str, granted_at: Option<i64>, now_ms: i64) -> Result<Held, PortError> {
         let expires_at = crate::policy::expires_at(now_ms, self.ledger.retention_days);
-        self.fenced_write(id, token, cond::outbox_sent(token, now_ms, expires_at)).await
+        self.fenced_write(id, token, cond::outbox_sent(token, granted_at, now_ms, expires_at)).await
+    }
+
+    async fn hold(&self, id: &str, token: &str, until_ms: i64) -> Result<Held, PortError> {
+        self.fenced_write(id, token, cond::outbox_hold(token, until_ms)).await
     }
 
     async fn back_off(
@@ -392,6 +432,17 @@ impl OutboxStore for DynamoOutbox {
 }
 
 impl CircuitStore for DynamoOutbox {
+    async fn rate(&self, destination: &str) -> Result<Option<Rate>, PortError> {
+        Ok(self.ledger.read_item(&circuit_pk(destination), RATE_SK).await?.as_ref().map(rate_of))
+    }
+
+    async fn change_rate(&self, destination: &str, change: RateChange<'_>) -> Result<RateWritten, PortError> {
+        Ok(match self.ledger.conditional(&circuit_pk(destination), RATE_SK, rate_update(&change), true).await? {
+            Written::Applied(after) => RateWritten::Applied(rate_of(&after.unwrap_or_default())),
+            Written::Refused(met) => RateWritten::Refused(met.as_ref().map(rate_of)),
+        })
+    }
+
     async fn circuit(&self, destination: &str) -> Result<Option<Circuit>, PortError> {
         Ok(self.ledger.read_item(&circuit_pk(destination), CIRCUIT_SK).await?.as_ref().map(circuit_of))
     }

@@ -7,7 +7,8 @@
 //! `AND`, `OR` (that precedence) and parentheses; a comparison with a
 //! missing attribute is false, as in DynamoDB. Updates: `SET p = v` (`v` a
 //! path, a value, `if_not_exists(p, v)`, or `a + b`, `a - b`), `REMOVE p`,
-//! `ADD p :n` on numbers. Paths are top-level attributes or `#names`.
+//! `ADD p :n` on numbers and string sets, `DELETE p :set` on string sets;
+//! `size(p)` as an operand. Paths are top-level attributes or `#names`.
 //! Anything else is an error, so a write this world cannot evaluate fails
 //! loudly instead of passing.
 
@@ -104,6 +105,8 @@ enum Operand {
     Path(String),
     Value(String),
     IfNotExists(String, Box<Operand>),
+    /// `size(p)`: a string's length, a set's, list's or map's elements.
+    Size(String),
     Sum(Box<Operand>, &'static str, Box<Operand>),
 }
 
@@ -166,6 +169,13 @@ impl<'a> Parser<'a> {
                 self.expect(&Tok::Close)?;
                 Operand::IfNotExists(p, Box::new(v))
             }
+            Some(Tok::Word(w)) if w == "size" => {
+                self.at += 1;
+                self.expect(&Tok::Open)?;
+                let p = self.path()?;
+                self.expect(&Tok::Close)?;
+                Operand::Size(p)
+            }
             _ => Operand::Path(self.path()?),
         };
         match self.peek() {
@@ -189,6 +199,17 @@ impl<'a> Parser<'a> {
                 Some(x) => Some(x.clone()),
                 None => self.value(v, item)?,
             },
+            Operand::Size(p) => item.get(p).and_then(|v| {
+                let len = match v {
+                    AttributeValue::S(s) => s.len(),
+                    AttributeValue::Ss(s) => s.len(),
+                    AttributeValue::Ns(s) => s.len(),
+                    AttributeValue::L(l) => l.len(),
+                    AttributeValue::M(m) => m.len(),
+                    _ => return None,
+                };
+                Some(AttributeValue::N(len.to_string()))
+            }),
             Operand::Sum(a, op, b) => {
                 let (Some(a), Some(b)) = (self.value(a, item)?, self.value(b, item)?) else {
                     return Err(format!("arithmetic on a missing attribute in {:?}", self.text));
@@ -324,11 +345,45 @@ impl<'a> Parser<'a> {
                     let p = self.path()?;
                     let v = self.operand()?;
                     let v = self.value(&v, old)?.ok_or_else(|| format!("ADD without a value in {:?}", self.text))?;
-                    let sum = match new.get(&p) {
-                        Some(cur) => number(cur)? + number(&v)?,
-                        None => number(&v)?,
+                    if let AttributeValue::Ss(add) = &v {
+                        // A string set: the union.
+                        let mut set = match new.get(&p) {
+                            Some(AttributeValue::Ss(cur)) => cur.clone(),
+                            Some(other) => return Err(format!("ADD a set to {other:?} in {:?}", self.text)),
+                            None => Vec::new(),
+                        };
+                        for e in add {
+                            if !set.contains(e) {
+                                set.push(e.clone());
+                            }
+                        }
+                        new.insert(p, AttributeValue::Ss(set));
+                    } else {
+                        let sum = match new.get(&p) {
+                            Some(cur) => number(cur)? + number(&v)?,
+                            None => number(&v)?,
+                        };
+                        new.insert(p, AttributeValue::N(sum.to_string()));
+                    }
+                    if !self.comma() {
+                        break;
+                    }
+                },
+                "DELETE" => loop {
+                    // Elements out of a string set; an empty set is no attribute.
+                    let p = self.path()?;
+                    let v = self.operand()?;
+                    let Some(AttributeValue::Ss(gone)) = self.value(&v, old)? else {
+                        return Err(format!("DELETE takes a string set in {:?}", self.text));
                     };
-                    new.insert(p, AttributeValue::N(sum.to_string()));
+                    if let Some(AttributeValue::Ss(cur)) = new.get(&p) {
+                        let left: Vec<String> = cur.iter().filter(|e| !gone.contains(e)).cloned().collect();
+                        if left.is_empty() {
+                            new.remove(&p);
+                        } else {
+                            new.insert(p, AttributeValue::Ss(left));
+                        }
+                    }
                     if !self.comma() {
                         break;
                     }
@@ -439,5 +494,30 @@ mod tests {
         assert_eq!(new.get("c"), Some(&n(7)));
         assert_eq!(new.get("t"), Some(&s("x")));
         assert!(!new.contains_key("gone"));
+    }
+
+    /// String sets as the flights of a rate limit use them: `ADD` is a
+    /// union (the same element twice counts once), `DELETE` a difference
+    /// (an emptied set is no attribute), `size` counts the elements.
+    #[test]
+    fn string_sets_add_delete_and_size() {
+        let ss = |v: &[&str]| AttributeValue::Ss(v.iter().map(|s| (*s).to_owned()).collect());
+        let values = HashMap::from([
+            (":a".to_owned(), ss(&["a"])),
+            (":ab".to_owned(), ss(&["a", "b"])),
+            (":two".to_owned(), n(2)),
+        ]);
+        let names = HashMap::new();
+        let b = Bindings { names: &names, values: &values };
+        let once = apply("ADD f :a", &Item::new(), b).unwrap();
+        let twice = apply("ADD f :a", &once, b).unwrap();
+        assert_eq!(twice.get("f"), Some(&ss(&["a"])));
+        assert!(holds("attribute_not_exists(f) OR size(f) < :two", Some(&twice), b).unwrap());
+        let both = apply("ADD f :ab", &twice, b).unwrap();
+        assert_eq!(both.get("f"), Some(&ss(&["a", "b"])));
+        assert!(!holds("size(f) < :two", Some(&both), b).unwrap());
+        let one = apply("DELETE f :a", &both, b).unwrap();
+        assert_eq!(one.get("f"), Some(&ss(&["b"])));
+        assert!(!apply("DELETE f :ab", &one, b).unwrap().contains_key("f"));
     }
 }

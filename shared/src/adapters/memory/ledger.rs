@@ -1245,9 +1245,13 @@ impl OutboxStore for MemOutbox {
         self.claim_now(id, token, now_ms, until_ms)
     }
 
-    async fn mark_sent(&self, id: &str, token: &str, now_ms: i64) -> Result<Held, PortError> {
+    async fn hold(&self, id: &str, token: &str, until_ms: i64) -> Result<Held, PortError> {
+        self.fenced("outbox.hold", id, token, &cond::outbox_hold(token, until_ms))
+    }
+
+    async fn mark_sent(&self, id: &str, token: &str, granted_at: Option<i64>, now_ms: i64) -> Result<Held, PortError> {
         let expires_at = crate::policy::expires_at(now_ms, self.0.retention_days);
-        self.fenced("outbox.mark_sent", id, token, &cond::outbox_sent(token, now_ms, expires_at))
+        self.fenced("outbox.mark_sent", id, token, &cond::outbox_sent(token, granted_at, now_ms, expires_at))
     }
 
     async fn back_off(
@@ -1352,6 +1356,31 @@ impl OutboxStore for MemOutbox {
 }
 
 impl crate::ports::CircuitStore for MemOutbox {
+    async fn rate(&self, destination: &str) -> Result<Option<crate::ports::Rate>, PortError> {
+        use crate::adapters::dynamodb::outbox::{RATE_SK, circuit_pk, rate_of};
+        let pk = circuit_pk(destination);
+        self.0.call_on("rate.read", destination, |_, st| Ok(st.table.get(&pk, RATE_SK).map(rate_of)))
+    }
+
+    async fn change_rate(
+        &self,
+        destination: &str,
+        change: crate::ports::RateChange<'_>,
+    ) -> Result<crate::ports::RateWritten, PortError> {
+        use crate::adapters::dynamodb::outbox::{RATE_SK, circuit_pk, rate_of, rate_update};
+        use crate::ports::RateWritten;
+        let update = rate_update(&change);
+        let pk = circuit_pk(destination);
+        self.0.call_on("rate.change", destination, |_, st| {
+            Ok(match st.conditional(&pk, RATE_SK, &update)? {
+                Written::Applied(_) => {
+                    RateWritten::Applied(st.table.get(&pk, RATE_SK).map(rate_of).unwrap_or_default())
+                }
+                Written::Refused(met) => RateWritten::Refused(met.as_ref().map(rate_of)),
+            })
+        })
+    }
+
     async fn circuit(&self, destination: &str) -> Result<Option<crate::ports::Circuit>, PortError> {
         use crate::adapters::dynamodb::outbox::{CIRCUIT_SK, circuit_of, circuit_pk};
         let pk = circuit_pk(destination);

@@ -123,6 +123,10 @@ pub struct State {
     pub refusing: BTreeSet<String>,
     /// Targets that answer after this long, on the world's clock (a slow partner).
     pub slow: HashMap<String, u64>,
+    /// Targets that answer 429 to their next sends: (`Retry-After` in ms, how many more).
+    pub throttling: HashMap<String, (Option<i64>, u32)>,
+    /// Every send a target answered 2xx, with the world's time it was made.
+    pub sends: Vec<(String, i64)>,
     rules: Vec<Rule>,
     /// Faults drawn at random: per thousand calls.
     random_per_mille: u32,
@@ -559,6 +563,17 @@ impl MemPublisher {
         self.0.state().slow.insert(target.to_owned(), ms);
     }
 
+    /// `target`'s next `times` sends are answered 429 (with a
+    /// `Retry-After` of `after_ms` when given).
+    pub fn throttle(&self, target: &str, after_ms: Option<i64>, times: u32) {
+        self.0.state().throttling.insert(target.to_owned(), (after_ms, times));
+    }
+
+    /// The world's time of each send `target` answered 2xx, in order.
+    pub fn send_times(&self, target: &str) -> Vec<i64> {
+        self.0.state().sends.iter().filter(|(t, _)| t == target).map(|(_, at)| *at).collect()
+    }
+
     /// The `nth` publish (0-based) fails.
     pub fn fail_call(&self, nth: u32) {
         self.0.inject("publisher.publish", nth, Some(1), Fault::Throttle);
@@ -574,14 +589,28 @@ impl crate::ports::Publisher for MemPublisher {
             group: out.group.to_owned(),
             ok,
         };
+        let now = self.0.ambient.now_ms();
+        // Ok(None): refused; Ok(Some(None)): sent; Ok(Some(Some(after))): a 429.
         let result = self.0.call_on("publisher.publish", out.idempotency_key, |_, st| {
             if st.refusing.contains(out.target) {
                 st.published.push(attempt(false));
-                return Ok(false);
+                return Ok(None);
+            }
+            if let Some((after, left)) = st.throttling.get_mut(out.target).filter(|(_, left)| *left > 0) {
+                *left -= 1;
+                let after = *after;
+                st.published.push(attempt(false));
+                return Ok(Some(Some(after)));
             }
             st.published.push(attempt(true));
-            Ok(true)
+            st.sends.push((out.target.to_owned(), now));
+            Ok(Some(None))
         });
+        if let Ok(Some(Some(after_ms))) = result {
+            let message = format!("{}: answered 429", out.target);
+            return Err(crate::ports::PublishError::Retry { message, after_ms, throttled: true });
+        }
+        let result = result.map(|r| r.is_some());
         let slow = self.0.state().slow.get(out.target).copied();
         if let Some(ms) = slow {
             self.0.ambient.clock.sleep(std::time::Duration::from_millis(ms)).await;
