@@ -171,6 +171,8 @@ pub struct OutboxState {
     pub replay_run: Option<String>,
     /// Its destination's waiting partition it is in (circuit open), if any.
     pub waiting: bool,
+    /// When its last attempt failed (with `last_error`).
+    pub last_failed_at: Option<i64>,
 }
 
 /// A route's envelope too large to carry its event: `payload_ref` instead

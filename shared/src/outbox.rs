@@ -42,6 +42,7 @@ use crate::ports::{
 };
 
 pub mod circuit;
+pub mod health;
 pub mod limit;
 mod queue;
 pub use crate::message::Drains;
@@ -455,9 +456,7 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
                 tracing::warn!(outbox = %item.id, "dispatch lease lapsed before the delivery was paced");
             }
         }
-        metrics::counter!("delivery_paced", "destination" => destination.clone()).increment(1);
-        metrics::histogram!("delivery_pending_age", "destination" => destination)
-            .record((now_ms - item.created_at_ms).max(0) as f64 / 1000.0);
+        metrics::counter!("delivery_paced", "destination" => destination).increment(1);
         Ok(Dispatched::Paced { until_ms: at_ms, granted: slot.is_some() })
     }
 

@@ -442,6 +442,14 @@ pub trait OutboxStore: Send + Sync {
     fn state(&self, id: &str) -> impl Future<Output = Result<Option<crate::message::OutboxState>, PortError>> + Send;
     /// DEAD items of `shard` (the attention index), newest first, at most `limit`.
     fn dead_items(&self, shard: u32, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
+    /// The items of one partition as an operator reads them, at most `max`
+    /// (paged through the index, read in batches of a hundred); `true`
+    /// beside them when more were left unread.
+    fn states_in(
+        &self,
+        partition: OutboxPartition<'_>,
+        max: usize,
+    ) -> impl Future<Output = Result<(Vec<crate::message::OutboxState>, bool), PortError>> + Send;
     /// DEAD → PENDING, due now, by an operator (audited on the item).
     /// `Ok(false)`: the item is not DEAD.
     fn revive(
@@ -595,6 +603,17 @@ pub enum RateChange<'a> {
 pub enum RateWritten {
     Applied(Rate),
     Refused(Option<Rate>),
+}
+
+/// A partition of outbox items an operator's census reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxPartition<'a> {
+    /// `shard`'s home partition: every item still to send (due or not yet).
+    Home(u32),
+    /// A destination's deliveries waiting for its circuit.
+    Waiting(&'a str),
+    /// `shard`'s DEAD items.
+    Dead(u32),
 }
 
 /// Where destinations' circuits and rates are kept (the ledger's table).

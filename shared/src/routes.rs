@@ -159,9 +159,14 @@ pub const MAX_PER_SECOND: f64 = 500.0;
 /// The most sends in flight a destination may be given (one set holds them).
 pub const MAX_IN_FLIGHT: u32 = 200;
 
+/// Grants are this much further apart than the limit says (2 %), so the
+/// network's jitter between two sends never puts the partner, counting
+/// with its own clock, over its limit.
+pub const GRANT_MARGIN: f64 = 1.02;
+
 /// A destination's limits, enforced across every dispatcher
-/// (`outbox::limit`): `max_per_second` (grants at least `1000 /
-/// max_per_second` ms apart, so no one-second window holds more) and
+/// (`outbox::limit`): `max_per_second` (grants at least `1020 /
+/// max_per_second` ms apart, whole ms, so no one-second window holds more) and
 /// `max_in_flight` (sends at once). A delivery over a limit waits; it is
 /// never failed for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -176,7 +181,7 @@ impl Limits {
     fn parse(max_per_second: Option<f64>, max_in_flight: Option<u32>) -> Result<Self, String> {
         let step_ms = match max_per_second {
             None => None,
-            Some(r) if (0.001..=MAX_PER_SECOND).contains(&r) => Some((1000.0 / r).ceil() as i64),
+            Some(r) if (0.001..=MAX_PER_SECOND).contains(&r) => Some((1000.0 * GRANT_MARGIN / r).ceil() as i64),
             Some(r) => return Err(format!("max_per_second must be 0.001 to {MAX_PER_SECOND}, not {r}")),
         };
         let in_flight = match max_in_flight {
@@ -750,8 +755,8 @@ mod tests {
         assert!(err.unwrap_err().contains("a-z, 0-9"));
     }
 
-    /// `max_per_second` becomes the least time between grants (rounded up,
-    /// so no one-second window holds more than the rate); both limits are
+    /// `max_per_second` becomes the least time between grants (2 % more,
+    /// rounded up, so no one-second window holds more than the rate); both limits are
     /// checked at load, on any kind of destination.
     #[test]
     fn limits_are_a_step_between_grants_and_a_count_in_flight() {
@@ -759,11 +764,11 @@ mod tests {
         let limits = |d: &str| one(d).unwrap().destination("d").unwrap().limits;
         assert_eq!(limits(&format!(r#"{{"arn": "{SQS}"}}"#)), Limits::default());
         let l = limits(&format!(r#"{{"arn": "{SQS}", "max_per_second": 5, "max_in_flight": 2}}"#));
-        assert_eq!((l.step_ms, l.in_flight, l.any()), (Some(200), Some(2), true));
-        // 3 a second: 334 ms apart (3 fit in a second, never 4).
-        assert_eq!(limits(&format!(r#"{{"arn": "{SQS}", "max_per_second": 3}}"#)).step_ms, Some(334));
+        assert_eq!((l.step_ms, l.in_flight, l.any()), (Some(204), Some(2), true));
+        // 3 a second: 340 ms apart (3 fit in a second, never 4).
+        assert_eq!(limits(&format!(r#"{{"arn": "{SQS}", "max_per_second": 3}}"#)).step_ms, Some(340));
         let https = r#"{"url": "https://hooks.example.com/in", "secrets": ["env:D"], "max_per_second": 0.5}"#;
-        assert_eq!(limits(https).step_ms, Some(2000));
+        assert_eq!(limits(https).step_ms, Some(2040));
         for (d, want) in [
             (format!(r#"{{"arn": "{SQS}", "max_per_second": 0}}"#), "max_per_second must be"),
             (format!(r#"{{"arn": "{SQS}", "max_per_second": 501}}"#), "max_per_second must be"),

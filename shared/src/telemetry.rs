@@ -99,6 +99,16 @@ pub fn describe() {
     );
     metrics::describe_histogram!("reconcile_duration", metrics::Unit::Milliseconds, "reconciler run time");
     metrics::describe_gauge!(
+        "delivery_oldest_pending_age",
+        metrics::Unit::Milliseconds,
+        "age of the oldest delivery still to send, over every destination"
+    );
+    metrics::describe_gauge!(
+        "destination_oldest_pending_age",
+        metrics::Unit::Milliseconds,
+        "age of a destination's oldest delivery still to send"
+    );
+    metrics::describe_gauge!(
         "oldest_unprocessed_age",
         metrics::Unit::Milliseconds,
         "age of the oldest unprocessed record"

@@ -264,3 +264,217 @@ async fn an_https_delivery_through_the_queue_costs_at_most_six_write_units_whate
     eprintln!("write units: {} without routes, {} with one HTTPS delivery: {per_delivery}", per_run[0], per_run[1]);
     assert!(per_delivery > 0.0 && per_delivery <= 6.0, "{per_delivery} write units per delivery");
 }
+
+/// The most of `at` (ms, any order) in any one-second window `[t, t + 1000)`.
+fn most_in_a_second(at: &[i64]) -> usize {
+    let mut at = at.to_vec();
+    at.sort_unstable();
+    let (mut most, mut start) = (0, 0);
+    for end in 0..at.len() {
+        while at[end] - at[start] >= 1000 {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
+/// `count` events routed to `sink_url` as destination `name` (with
+/// `limits` merged into its spec), processed; their keys, the routes, and
+/// the dispatcher (handing HTTPS deliveries to `queue_url` when given).
+async fn routed(
+    stack: &Stack,
+    name: &str,
+    sink_url: &str,
+    limits: serde_json::Value,
+    count: usize,
+    queue_url: Option<&str>,
+) -> (Vec<EventKey>, String, Dispatcher<DynamoOutbox, hookledger::adapters::destinations::AwsPublisher>) {
+    let mut spec = serde_json::json!({"url": sink_url, "secrets": ["env:SINK"], "allow_private": true});
+    spec.as_object_mut().unwrap().extend(limits.as_object().unwrap().clone());
+    let routes_json = serde_json::json!({"destinations": {name: spec}, "routes": [{"to": [name]}]}).to_string();
+    let routes = Arc::new(hookledger::routes::Routes::parse(&routes_json).unwrap());
+    let ledger = stack.ledger().with_shards(fast_settings().index_shards);
+    let mut dispatcher = Dispatcher::with_ports(
+        DynamoOutbox::on(ledger.clone()),
+        hookledger::adapters::destinations::AwsPublisher::new(&stack.aws)
+            .with_https(hookledger::adapters::webhooks::HttpsSender::new(routes.clone(), Sink::secrets())),
+    )
+    .with_payloads(Arc::new(ledger.clone()))
+    .with_destinations(vec![name.to_owned()])
+    .with_limits(routes.destinations().iter().map(|d| (d.name.clone(), d.limits)));
+    if let Some(url) = queue_url {
+        dispatcher =
+            dispatcher.with_queue(Arc::new(hookledger::adapters::sqs::SqsDeliveries::new(stack.sqs.clone(), url)));
+    }
+    let processor =
+        hookledger::wiring::processor(ledger, hookledger::projection::Registry::new(), Some(dispatcher.clone()), {
+            fast_settings()
+        })
+        .with_routes(routes);
+    let mut keys = Vec::new();
+    for i in 0..count {
+        let id = format!("{name}_{i:04}");
+        let body = format!(r#"{{"id":"{id}","type":"order.paid"}}"#).into_bytes();
+        keys.push(stack.claim("standard_webhooks", "svix", &id, Some("order.paid"), &body).await);
+    }
+    let processed = futures::stream::iter(keys.iter().map(|k| processor.process(k, now_ms())))
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(processed.iter().all(Result::is_ok), "every event processed");
+    (keys, routes_json, dispatcher)
+}
+
+/// A destination limited to 5 a second, 200 deliveries on the delivery
+/// queue, four dispatchers (four limiters) taking it at once on the wall
+/// clock: the grants recorded on the deliveries never put more than 5 in
+/// any one-second window, and the destination's average rate over the
+/// drain is at most 5 a second (grants 2 % further apart than the limit:
+/// the drain takes about 40.6 s).
+#[tokio::test]
+async fn a_destination_limited_to_five_a_second_drains_two_hundred_deliveries_at_five_a_second() {
+    const N: usize = 200;
+    let stack = Stack::new().await;
+    let (sink, sink_url) = Sink::start().await;
+    let queue_url =
+        hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("limited-{}", &stack.table[3..])).await.unwrap();
+    let limits = serde_json::json!({"max_per_second": 5, "max_in_flight": 4});
+    let (keys, _, first) = routed(&stack, "limited", &sink_url, limits, N, Some(&queue_url)).await;
+    // Three more containers: each its own copy of the rate item.
+    let mut dispatchers = vec![first.clone()];
+    for _ in 0..3 {
+        let d = first.clone().with_limits([(
+            "limited".to_owned(),
+            hookledger::routes::Limits { step_ms: Some(204), in_flight: Some(4) },
+        )]);
+        dispatchers.push(d);
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let consumers = dispatchers.into_iter().map(|d| {
+        let (sqs, url, sink) = (stack.sqs.clone(), queue_url.clone(), sink.clone());
+        async move {
+            while sink.ids().len() < N {
+                assert!(Instant::now() < deadline, "not drained in time: {} of {N}", sink.ids().len());
+                let out = sqs
+                    .receive_message()
+                    .queue_url(&url)
+                    .max_number_of_messages(10)
+                    .wait_time_seconds(1)
+                    .visibility_timeout(30)
+                    .send()
+                    .await
+                    .unwrap();
+                let takes = out.messages.unwrap_or_default().into_iter().map(|m| {
+                    let (d, sqs, url) = (&d, &sqs, &url);
+                    async move {
+                        let message = hookledger::adapters::sqs::delivery_message(m.body.as_deref().unwrap()).unwrap();
+                        if d.take(&message, now_ms()).await.is_ok() {
+                            let receipt = m.receipt_handle.unwrap();
+                            sqs.delete_message().queue_url(url).receipt_handle(receipt).send().await.unwrap();
+                        }
+                    }
+                });
+                futures::future::join_all(takes).await;
+            }
+        }
+    });
+    futures::future::join_all(consumers).await;
+    let ids = sink.ids();
+    assert_eq!(ids.len(), N, "every delivery");
+    assert!(ids.values().all(|n| *n == 1), "each once");
+    let store = DynamoOutbox::on(stack.ledger().with_shards(fast_settings().index_shards));
+    let action = hookledger::routes::delivery_action("limited");
+    let mut grants = Vec::new();
+    for k in &keys {
+        let id = hookledger::message::outbox_id(k.as_str(), &action);
+        let state = hookledger::ports::OutboxStore::state(&store, &id).await.unwrap().unwrap();
+        assert_eq!(state.status, "SENT");
+        grants.push(state.granted_at.expect("sent under a grant"));
+    }
+    assert!(most_in_a_second(&grants) <= 5, "grants: {} in one second", most_in_a_second(&grants));
+    let arrivals: Vec<Instant> = sink.received().iter().map(|r| r.at).collect();
+    let span = *arrivals.iter().max().unwrap() - *arrivals.iter().min().unwrap();
+    let rate = (N - 1) as f64 / span.as_secs_f64();
+    eprintln!("{N} deliveries at 5/s: drained over {:.1} s, {rate:.2}/s on average", span.as_secs_f64());
+    assert!(rate <= 5.0, "the consumer's average rate {rate:.2}/s");
+}
+
+/// DEAD deliveries replayed by a filter: the dry run's count is what the
+/// real run replays; a run interrupted after its first batch and run again
+/// replays the rest, never one twice, even one that died again meanwhile;
+/// each replay is audited on its item (who, why, the run); over the limit
+/// without `--yes` nothing is replayed.
+#[tokio::test]
+async fn dead_deliveries_are_replayed_by_a_filter_counted_first_resumable_and_audited() {
+    const N: usize = 30;
+    let stack = Stack::new().await;
+    let (sink, sink_url) = Sink::start().await;
+    sink.status.store(400, Ordering::SeqCst);
+    let (keys, routes, dispatcher) = routed(&stack, "strict", &sink_url, serde_json::json!({}), N, None).await;
+    let cli = |extra: &[&str]| {
+        let mut args: Vec<String> = ["hookledger", "--table", &stack.table, "--queue-url", &stack.queue_url]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        args.extend(["--shards".into(), fast_settings().index_shards.to_string(), "--routes".into(), routes.clone()]);
+        args.extend(["deliveries", "replay", "--destination", "strict", "--status", "DEAD"].map(str::to_owned));
+        args.extend(["--reason", "partner fixed its schema", "--operator", "ops-1"].map(str::to_owned));
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args
+    };
+    let run = |extra: &'static [&'static str]| {
+        let args = cli(extra);
+        async move {
+            let mut out = Vec::new();
+            let result = hookledger_cli::run(args, &mut out).await;
+            (result, String::from_utf8(out).unwrap())
+        }
+    };
+    let (ok, dry) = run(&["--dry-run"]).await;
+    ok.unwrap();
+    assert!(dry.starts_with(&format!("{N} DEAD deliveries to strict would be replayed")), "{dry}");
+    let (refused, _) = run(&["--max-without-yes", "20"]).await;
+    assert!(format!("{:?}", refused.unwrap_err()).contains("--yes"), "over the limit: asks for --yes");
+
+    // The first run: its first batch of 10, then interrupted.
+    let deliveries = hookledger::outbox::Deliveries::new(
+        DynamoOutbox::on(stack.ledger().with_shards(fast_settings().index_shards)),
+        fast_settings().index_shards,
+    );
+    let filter = hookledger::outbox::health::ReplayFilter {
+        destination: "strict".into(),
+        since: None,
+        until: None,
+        reason: "partner fixed its schema".into(),
+    };
+    let (matched, partial) = deliveries.matching(&filter, 10_000).await.unwrap();
+    assert_eq!((matched.len(), partial), (N, false));
+    let first = deliveries.replay_batch(&filter, &matched[..10], "ops-1", now_ms()).await.unwrap();
+    assert_eq!(first.replayed, 10);
+    // Those ten are sent again, and die again (the partner still refuses).
+    for d in &matched[..10] {
+        let got = dispatcher.dispatch(&d.id, now_ms()).await.unwrap();
+        assert!(matches!(got, hookledger::outbox::Dispatched::Dead { .. }), "{got:?}");
+    }
+    let (ok, dry) = run(&["--dry-run"]).await;
+    ok.unwrap();
+    assert!(dry.starts_with(&format!("{} DEAD deliveries", N - 10)), "the run's own are not taken again: {dry}");
+    let (ok, real) = run(&["--yes", "--batch", "7"]).await;
+    ok.unwrap();
+    assert!(real.starts_with(&format!("{} replayed, 0 not DEAD", N - 10)), "{real}");
+    let (ok, again) = run(&["--yes"]).await;
+    ok.unwrap();
+    assert!(again.starts_with("0 replayed"), "nothing twice: {again}");
+    let action = hookledger::routes::delivery_action("strict");
+    for (i, k) in keys.iter().enumerate() {
+        let id = hookledger::message::outbox_id(k.as_str(), &action);
+        let item = stack.get_item(&id, "outbox").await.expect("the delivery");
+        assert_eq!(crate::support::s(&item, "replayed_by"), "ops-1", "{i}");
+        assert_eq!(crate::support::s(&item, "replay_reason"), "partner fixed its schema");
+        assert_eq!(crate::support::s(&item, "revive_token"), filter.run(), "the run that replayed it");
+        // The first batch died again; the rest wait for the sweep.
+        let replayed_first = matched[..10].iter().any(|d| d.id == id);
+        assert_eq!(crate::support::s(&item, "status"), if replayed_first { "DEAD" } else { "PENDING" }, "{i}");
+    }
+}

@@ -279,6 +279,20 @@ impl Stack {
             .item
     }
 
+    /// The item at (`pk`, `sk`), read consistently.
+    pub async fn get_item(&self, pk: &str, sk: &str) -> Option<HashMap<String, AttributeValue>> {
+        self.ddb
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.into()))
+            .key("sk", AttributeValue::S(sk.into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+    }
+
     pub async fn record(&self, key: &EventKey) -> HashMap<String, AttributeValue> {
         self.ddb
             .get_item()

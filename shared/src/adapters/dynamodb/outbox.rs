@@ -11,7 +11,7 @@ use super::{Item, Written};
 use crate::identity::EventKey;
 use crate::ledger::PortError;
 use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, OutboxState, idempotency_key};
-use crate::ports::{Circuit, CircuitChange, CircuitStore, OutboxStore, Rate, RateChange, RateWritten};
+use crate::ports::{Circuit, CircuitChange, CircuitStore, OutboxPartition, OutboxStore, Rate, RateChange, RateWritten};
 
 pub const OUTBOX_SK: &str = "outbox";
 /// The sort key of a destination's circuit item (`dest#<name>`).
@@ -293,6 +293,7 @@ pub(crate) fn state_of(item: &Item) -> OutboxState {
         granted_at: num("granted_at"),
         replay_run: opt("revive_token"),
         waiting: text(item, attr::DUE_SHARD).starts_with("wait#"),
+        last_failed_at: num("last_failed_at"),
     }
 }
 
@@ -392,6 +393,50 @@ impl OutboxStore for DynamoOutbox {
 
     async fn state(&self, id: &str) -> Result<Option<OutboxState>, PortError> {
         Ok(self.ledger.read_item(id, OUTBOX_SK).await?.as_ref().map(state_of))
+    }
+
+    async fn states_in(
+        &self,
+        partition: OutboxPartition<'_>,
+        max: usize,
+    ) -> Result<(Vec<OutboxState>, bool), PortError> {
+        let (index, key, name) = match partition {
+            OutboxPartition::Home(shard) => (super::DUE_INDEX, attr::DUE_SHARD, outbox_partition(shard)),
+            OutboxPartition::Waiting(d) => (super::DUE_INDEX, attr::DUE_SHARD, wait_partition(d)),
+            OutboxPartition::Dead(shard) => (super::ATTENTION_INDEX, "attn_shard", dead_partition(shard)),
+        };
+        let mut keys = Vec::new();
+        let mut start = None;
+        let more = loop {
+            let page = self
+                .ledger
+                .client()
+                .query()
+                .table_name(self.ledger.table())
+                .index_name(index)
+                .key_condition_expression("#p = :p")
+                .expression_attribute_names("#p", key)
+                .expression_attribute_values(":p", AttributeValue::S(name.clone()))
+                .limit(i32::try_from((max - keys.len()).clamp(1, 1000)).unwrap_or(1000))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| super::super::port_error("dynamodb", &e))?;
+            let items = page.items.unwrap_or_default();
+            keys.extend(
+                items
+                    .iter()
+                    .filter(|k| text(k, attr::SK) == OUTBOX_SK)
+                    .map(|k| super::DynamoLedger::item_key(&text(k, attr::PK), OUTBOX_SK)),
+            );
+            match page.last_evaluated_key {
+                Some(next) if keys.len() < max => start = Some(next),
+                Some(_) => break true,
+                None => break false,
+            }
+        };
+        let states = self.ledger.batch_read(keys).await?.iter().map(state_of).collect();
+        Ok((states, more))
     }
 
     async fn dead_items(&self, shard: u32, limit: usize) -> Result<Vec<String>, PortError> {

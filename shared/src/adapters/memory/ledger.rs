@@ -1312,6 +1312,30 @@ impl OutboxStore for MemOutbox {
         })
     }
 
+    async fn states_in(
+        &self,
+        partition: crate::ports::OutboxPartition<'_>,
+        max: usize,
+    ) -> Result<(Vec<crate::message::OutboxState>, bool), PortError> {
+        use crate::ports::OutboxPartition;
+        let (index, name) = match partition {
+            OutboxPartition::Home(shard) => (DUE_INDEX, outbox_partition(shard)),
+            OutboxPartition::Waiting(d) => (DUE_INDEX, wait_partition(d)),
+            OutboxPartition::Dead(shard) => (ATTENTION_INDEX, dead_partition(shard)),
+        };
+        self.0.call_on("outbox.states_in", &name, |_, st| {
+            let all: Vec<_> = st
+                .table
+                .index(index, &name, None)
+                .into_iter()
+                .filter(|(_, (_, sk), _)| sk == OUTBOX_SK)
+                .filter_map(|(_, (pk, sk), _)| st.table.get(&pk, &sk).map(crate::adapters::dynamodb::outbox::state_of))
+                .collect();
+            let more = all.len() > max;
+            Ok((all.into_iter().take(max).collect(), more))
+        })
+    }
+
     async fn dead_items(&self, shard: u32, limit: usize) -> Result<Vec<String>, PortError> {
         self.0.call_on("outbox.dead_items", "", |_, st| {
             let mut found: Vec<(i64, String)> = st
