@@ -600,7 +600,27 @@ def main():
                               ("DeliveryDeadLetterAlarm", "ApproximateNumberOfMessagesVisible")):
             if res.get(alarm, {}).get("Properties", {}).get("MetricName") != metric:
                 fail(f"no {alarm} on {metric}")
-        checks += 9
+        # Each destination's health: the reconciler's own schedule for the
+        # census (its input names the task), and an alarm on the oldest
+        # pending delivery that notifies the alarm topic.
+        events = res["ReconcilerFunction"]["Properties"].get("Events", {})
+        census = [
+            e for e in events.values()
+            if e.get("Type") == "ScheduleV2" and '"delivery-health"' in str(e.get("Properties", {}).get("Input", ""))
+        ]
+        if not census:
+            fail("no schedule runs the reconciler's delivery-health task")
+        oldest = res.get("OldestPendingDeliveryAlarm", {}).get("Properties", {})
+        dims = {d["Name"]: d["Value"] for d in oldest.get("Dimensions", [])}
+        if (oldest.get("MetricName"), dims.get("function")) != ("delivery_oldest_pending_age", "reconciler"):
+            fail("no OldestPendingDeliveryAlarm on the reconciler's delivery_oldest_pending_age")
+        if oldest.get("ComparisonOperator") != "GreaterThanThreshold" or oldest.get("Statistic") != "Maximum":
+            fail("OldestPendingDeliveryAlarm must fire on the Maximum above its threshold")
+        if "OldestPendingDeliveryAlarmMs" not in referenced(oldest.get("Threshold")):
+            fail("OldestPendingDeliveryAlarm's threshold is not OldestPendingDeliveryAlarmMs")
+        if "AlarmTopic" not in referenced(oldest.get("AlarmActions")):
+            fail("OldestPendingDeliveryAlarm notifies no one")
+        checks += 14
 
     for name, r in res.items():
         if r["Type"] != "AWS::Serverless::Function":

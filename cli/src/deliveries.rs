@@ -227,7 +227,7 @@ fn progress(done: usize, total: usize) -> String {
 }
 
 fn age(ms: i64) -> String {
-    let s = ms / 1000;
+    let s = ms.max(0) / 1000;
     match s {
         s if s >= 3600 => format!("{}h {}m", s / 3600, s % 3600 / 60),
         s if s >= 60 => format!("{}m {}s", s / 60, s % 60),

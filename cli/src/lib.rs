@@ -501,7 +501,7 @@ where
                     "maxReceiveCount": hookledger::adapters::sqs::MAX_RECEIVE_COUNT,
                 },
                 // The reconciler function's metrics, its scheduled backfills' gauges included.
-                "metrics": { "reconciler": ([hookledger::reconciler::METRICS, hookledger::backfill::ALARMED_METRICS].concat()) },
+                "metrics": { "reconciler": ([hookledger::reconciler::METRICS, hookledger::backfill::ALARMED_METRICS, hookledger::outbox::health::METRICS].concat()) },
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
         }
@@ -626,8 +626,8 @@ where
             let listener = tokio::net::TcpListener::bind(a.bind).await?;
             let metrics = ctx.wiring.metrics(Some(a.namespace.clone()));
             let endpoints = endpoint_names(std::env::var("HOOKLEDGER_ENDPOINTS").ok().as_deref());
-            let destinations: Vec<String> =
-                ctx.wiring.settings.routes.destinations().iter().map(|d| d.name.clone()).collect();
+            let destinations =
+                ctx.wiring.settings.routes.destinations().iter().map(|d| (d.name.clone(), d.limits)).collect();
             let c = console::Console::new(ctx.ledger()?, ctx.queue()?, metrics, endpoints, a.operator.clone())
                 .with_deliveries(ctx.wiring.deliveries()?, destinations);
             writeln!(out, "console on http://{} (operator {}); Ctrl-C stops it", listener.local_addr()?, a.operator)?;

@@ -204,7 +204,11 @@ use futures::StreamExt;
 /// event without routes. The delivery refers to its event, so its cost does
 /// not grow with it: its item in the commit's transaction 2, its `due` index
 /// entry 1, the dispatcher's claim (met as its commit's own) 1, its mark 1,
-/// the entry's removal 1: at most 6, the bound the issue sets.
+/// the entry's removal 1: at most 6, the bound the issue sets. A limited
+/// destination's delivery adds its grant and its flight's take and landing
+/// (1 each, the rate item being small); one whose grant is ahead adds the
+/// hold (its item and its `due` entry moved: 3) and its claim met again
+/// when it comes back (1).
 #[tokio::test]
 async fn an_https_delivery_through_the_queue_costs_at_most_six_write_units_whatever_the_event_size() {
     use hookledger_it::capacity::Capacity;
@@ -233,8 +237,18 @@ async fn an_https_delivery_through_the_queue_costs_at_most_six_write_units_whate
     .with_payloads(Arc::new(ledger.clone()))
     .with_queue(Arc::new(hookledger::adapters::sqs::SqsDeliveries::new(stack.sqs.clone(), &deliveries_url)))
     .with_destinations(vec!["hooks".into()]);
+    // The same destination limited (5 a second, 4 in flight), as another
+    // container's dispatcher sees it.
+    let limited = dispatcher
+        .clone()
+        .with_limits([("hooks".to_owned(), hookledger::routes::Limits { step_ms: Some(204), in_flight: Some(4) })]);
+    let store = DynamoOutbox::on(stack.ledger());
     let mut per_run = Vec::new();
-    for (n, routed) in [(0, false), (1, true)] {
+    // 0: no routes; 1: one HTTPS delivery; 2: limited, granted at once;
+    // 3: limited, its grant 2 s ahead (it waits on the queue, claimed).
+    for n in 0..4 {
+        let routed = n > 0;
+        let d = if n >= 2 { &limited } else { &dispatcher };
         let mut processor = hookledger::wiring::processor(
             ledger.clone(),
             hookledger::projection::Registry::new(),
@@ -248,21 +262,47 @@ async fn an_https_delivery_through_the_queue_costs_at_most_six_write_units_whate
         assert!(body.len() >= 4096);
         let key =
             stack.claim("standard_webhooks", "svix", &format!("seats-wcu-{n}"), Some("seats.snapshot"), &body).await;
+        if n == 3 {
+            // Another dispatcher's grants reach 2 s ahead (outside the measure).
+            let ahead = hookledger::ports::RateChange::Slow {
+                resume_ms: now_ms() + 2_000,
+                factor: 1,
+                until_ms: now_ms(),
+                now_ms: now_ms(),
+            };
+            hookledger::ports::CircuitStore::change_rate(&store, "hooks", ahead).await.unwrap();
+        }
         capacity.scope(&format!("run{n}"));
         processor.process(&key, now_ms()).await.unwrap();
+        let mut sent = false;
+        while routed && !sent {
+            let out = stack.sqs.receive_message().queue_url(&deliveries_url).wait_time_seconds(2).send().await.unwrap();
+            for m in out.messages.unwrap_or_default() {
+                let message = hookledger::adapters::sqs::delivery_message(m.body.as_deref().unwrap()).unwrap();
+                let answer = d.take(&message, now_ms()).await.unwrap();
+                sent = matches!(answer, Some(hookledger::outbox::Dispatched::Published));
+                let receipt = m.receipt_handle.unwrap();
+                stack.sqs.delete_message().queue_url(&deliveries_url).receipt_handle(receipt).send().await.unwrap();
+            }
+        }
         if routed {
-            let out = stack.sqs.receive_message().queue_url(&deliveries_url).send().await.unwrap();
-            let messages = out.messages.unwrap_or_default();
-            assert_eq!(messages.len(), 1, "the HTTPS delivery handed on");
-            let message = hookledger::adapters::sqs::delivery_message(messages[0].body.as_deref().unwrap()).unwrap();
-            dispatcher.take(&message, now_ms()).await.unwrap();
-            assert_eq!(sink.ids().len(), 1, "delivered");
+            assert_eq!(sink.ids().len(), n, "delivered");
         }
         per_run.push(capacity.tallies()[&format!("run{n}")].wcu());
     }
     let per_delivery = per_run[1] - per_run[0];
-    eprintln!("write units: {} without routes, {} with one HTTPS delivery: {per_delivery}", per_run[0], per_run[1]);
+    let (limited_now, limited_ahead) = (per_run[2] - per_run[0], per_run[3] - per_run[0]);
+    eprintln!(
+        "write units: {} without routes, {} with one HTTPS delivery: {per_delivery}; limited: {limited_now} \
+         (granted at once), {limited_ahead} (its grant 2 s ahead)",
+        per_run[0], per_run[1]
+    );
     assert!(per_delivery > 0.0 && per_delivery <= 6.0, "{per_delivery} write units per delivery");
+    // A grant and a flight taken and landed: three small writes more.
+    assert!(limited_now <= per_delivery + 3.0, "{limited_now} write units per limited delivery");
+    // And, waiting for its grant: the hold (its item, and its `due` index
+    // entry moved: 3), and the claim met again as its own when it is back (1).
+    assert!(limited_ahead <= per_delivery + 7.0, "{limited_ahead} write units per paced delivery");
 }
 
 /// The most of `at` (ms, any order) in any one-second window `[t, t + 1000)`.

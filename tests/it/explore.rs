@@ -306,7 +306,8 @@ impl World {
         .with_payloads(payloads)
         .with_ambient(ambient.clone())
         .with_queue(Arc::new(delivery_queue))
-        .with_destinations(routes.destinations().iter().map(|d| d.name.clone()).collect());
+        .with_destinations(routes.destinations().iter().map(|d| d.name.clone()).collect())
+        .with_limits(routes.destinations().iter().map(|d| (d.name.clone(), d.limits)));
         let processor = hookledger::wiring::processor(
             ledger.clone(),
             hookledger_app::reference_registry(Some(source.clone()), Some(topic.clone())),
@@ -912,8 +913,9 @@ pub fn envelope_of(destination: &str, m: serde_json::Value) -> serde_json::Value
 }
 
 /// Routes for `product.*` events (no other flow's): an SQS queue, an
-/// EventBridge bus whose rule forwards to a second queue, and an SNS topic a
-/// third queue is subscribed to. Their ARNs only: the resources are made by
+/// EventBridge bus whose rule forwards to a second queue, an SNS topic a
+/// third queue is subscribed to, and an HTTPS sink limited to 50 a second
+/// and 4 in flight. Their ARNs only: the resources are made by
 /// [`World::create_routed_destinations`], in the worlds whose events route.
 fn routes_of(stack: &Stack, sink_url: &str) -> Arc<hookledger::routes::Routes> {
     let id = &stack.table[3..];
@@ -922,7 +924,10 @@ fn routes_of(stack: &Stack, sink_url: &str) -> Arc<hookledger::routes::Routes> {
             "queue": {"arn": format!("arn:aws:sqs:us-east-1:123456789012:dest-{id}")},
             "bus": {"arn": format!("arn:aws:events:us-east-1:123456789012:event-bus/dest-{id}")},
             "topic": {"arn": format!("arn:aws:sns:us-east-1:123456789012:dest-{id}")},
-            "hooks": {"url": sink_url, "secrets": ["env:HOOKS_SECRET"], "allow_private": true},
+            // Limited: its deliveries take a grant and a flight (the limiter's
+            // writes explored with the rest).
+            "hooks": {"url": sink_url, "secrets": ["env:HOOKS_SECRET"], "allow_private": true,
+                      "max_per_second": 50, "max_in_flight": 4},
         },
         "routes": [{"type": "product.*", "to": ["queue", "bus", "topic", "hooks"]}],
     });

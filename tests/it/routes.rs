@@ -210,7 +210,10 @@ async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered()
         vec![("stripe-a".to_owned(), "stripe".to_owned())],
         "ana".into(),
     )
-    .with_deliveries(wiring.deliveries().unwrap_or_else(|e| panic!("{e}")), vec!["late".to_owned()]);
+    .with_deliveries(
+        wiring.deliveries().unwrap_or_else(|e| panic!("{e}")),
+        vec![("late".to_owned(), hookledger::routes::Limits::default())],
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(console.serve(listener));
@@ -225,6 +228,43 @@ async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered()
         deliveries.contains("late") && deliveries.contains("DEAD") && deliveries.contains(&expect_key(&key)),
         "{deliveries}"
     );
+    // The destination's health: the CLI and the console's page, and the
+    // console's replay counted first (nothing replayed until confirmed).
+    let (ok, health) = stack.cli(&["--routes", &routes, "deliveries", "--destination", "late"]).await;
+    ok.unwrap_or_else(|e| panic!("{e}"));
+    assert!(health.contains("dead          1") && health.contains("pending       0"), "{health}");
+    assert!(health.contains("circuit       closed (2 failures") && health.contains("rate limit    none"), "{health}");
+    // The reconciler's delivery-health task (its own schedule) reads the same.
+    let app = reconciler::handler::from_wiring(&wiring, hookledger::projection::recheck::Rechecks::new())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let event = lambda_runtime::LambdaEvent::new(
+        serde_json::json!({"task": "delivery-health"}),
+        lambda_runtime::Context::default(),
+    );
+    match reconciler::handler::handle(&app, event).await.unwrap_or_else(|e| panic!("{e}")) {
+        reconciler::handler::Output::Health { health } => {
+            assert_eq!(health.len(), 1);
+            assert_eq!((health[0].destination.as_str(), health[0].dead, health[0].pending), ("late", 1, 0));
+        }
+        other => panic!("not the health task: {other:?}"),
+    }
+    let page = reqwest::get(format!("{base}/destinations")).await.unwrap().text().await.unwrap();
+    let row = page.split("<td>late</td>").nth(1).unwrap_or_else(|| panic!("no row for late: {page}"));
+    assert!(row.contains("id=\"count-late\""), "{row}");
+    let at = page.find("name=csrf value=\"").unwrap() + "name=csrf value=\"".len();
+    let token = &page[at..at + page[at..].find('"').unwrap()];
+    let form = [("destination", "late"), ("reason", "queue created"), ("csrf", token)];
+    let counted = reqwest::Client::new()
+        .post(format!("{base}/destinations/replay"))
+        .header("origin", &base)
+        .form(&form)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(counted.contains("replay 1 DEAD deliveries to late"), "{counted}");
     let (ok, of_event) = stack.cli(&["--routes", &routes, "deliveries", "--event", key.as_str(), "--json"]).await;
     ok.unwrap_or_else(|e| panic!("{e}"));
     let rows: serde_json::Value = serde_json::from_str(&of_event).unwrap();

@@ -8,6 +8,10 @@
 //! - Replay, park or resolve one record or a filtered set (with progress),
 //!   each after an explicit confirmation, with a reason; the ledger keeps
 //!   who and why in the record's history, and the console prints an audit line.
+//! - Destinations: each route destination's health (circuit, limits,
+//!   pending, oldest pending, DEAD, last answers) and the replay of its DEAD
+//!   deliveries by a filter, the count shown first (as `hookledger
+//!   deliveries replay`: resumable, audited on each item).
 //!
 //! Safe by default (`guard.rs`): it binds to 127.0.0.1, answers only to its
 //! own Host, refuses cross-origin writes and writes without its CSRF token,
@@ -42,6 +46,9 @@ use html::{csrf, esc, field, num, page, record_link, status, table, url, when};
 /// Records a bulk action touches at most.
 pub const BULK_MAX: usize = 1000;
 
+/// Routes' deliveries on the ledger's table.
+type LiveDeliveries = hookledger::outbox::Deliveries<hookledger::adapters::dynamodb::outbox::DynamoOutbox>;
+
 /// A bulk action's progress.
 #[derive(Debug, Clone, Default)]
 struct Job {
@@ -61,9 +68,9 @@ pub struct Console {
     endpoints: Vec<(String, String)>,
     operator: String,
     jobs: Mutex<Vec<Job>>,
-    /// Routes' deliveries and the destinations' names (a row each on a record's page).
-    deliveries:
-        Option<(hookledger::outbox::Deliveries<hookledger::adapters::dynamodb::outbox::DynamoOutbox>, Vec<String>)>,
+    /// Routes' deliveries and the destinations (names and limits): a row
+    /// each on a record's page, and the destinations' page.
+    deliveries: Option<(LiveDeliveries, Vec<(String, hookledger::routes::Limits)>)>,
 }
 
 struct App {
@@ -107,7 +114,7 @@ impl Console {
     pub fn with_deliveries(
         mut self,
         deliveries: hookledger::outbox::Deliveries<hookledger::adapters::dynamodb::outbox::DynamoOutbox>,
-        destinations: Vec<String>,
+        destinations: Vec<(String, hookledger::routes::Limits)>,
     ) -> Self {
         if !destinations.is_empty() {
             self.deliveries = Some((deliveries, destinations));
@@ -142,6 +149,8 @@ fn router(app: Shared) -> Router {
         .route("/record/action", post(action))
         .route("/bulk", post(bulk))
         .route("/jobs/{id}", get(job))
+        .route("/destinations", get(destinations))
+        .route("/destinations/replay", post(replay_deliveries))
         .fallback(|| async { html(StatusCode::NOT_FOUND, "<h1>not found</h1>".into()) })
         .with_state(app)
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
@@ -424,7 +433,7 @@ async fn record_page(app: &App, key_raw: &str, with_payload: bool, notice: &str)
     body.push_str("<h2>Timeline</h2>");
     body.push_str(&table("timeline", &["when (UTC)", "what", "detail"], &rows));
     if let Some((deliveries, names)) = &app.console.deliveries {
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let names: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).collect();
         body.push_str("<h2>Deliveries</h2>");
         match deliveries.of_event(&key, &names).await {
             Ok(rows) if rows.is_empty() => body.push_str("<p id=deliveries>No route delivers this event.</p>"),
@@ -672,4 +681,153 @@ async fn job(State(app): State<Shared>, Path(id): Path<usize>) -> Response {
     }
     let refresh = (!job.finished).then_some(1);
     html(StatusCode::OK, page(&format!("Bulk {}", job.action), &app.console.operator, &body, refresh))
+}
+
+/// Items a destination's census reads per partition.
+const HEALTH_READS: usize = 10_000;
+
+fn ago(ms: i64) -> String {
+    match ms.max(0) / 1000 {
+        s if s >= 3600 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        s if s >= 60 => format!("{}m {}s", s / 60, s % 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// Each route destination's health, and a form to replay its DEAD deliveries.
+async fn destinations(State(app): State<Shared>) -> Response {
+    let Some((deliveries, names)) = &app.console.deliveries else {
+        let body = "<p id=destinations>No routes: no destination to show (HOOKLEDGER_ROUTES).</p>";
+        return html(StatusCode::OK, page("Destinations", &app.console.operator, body, None));
+    };
+    let now = now_ms();
+    let mut rows = Vec::new();
+    let mut forms = String::new();
+    for (name, limits) in names {
+        let h = match deliveries.health(name, *limits, now, HEALTH_READS).await {
+            Ok(h) => h,
+            Err(e) => {
+                rows.push(vec![esc(name), format!("unreadable: {}", esc(&e.to_string()))]);
+                continue;
+            }
+        };
+        let circuit = match h.open_until {
+            Some(u) if h.circuit != "closed" => format!("{} (until {})", h.circuit, when(u)),
+            _ => format!("closed, {} failures in a row", h.failures),
+        };
+        let rate = match (h.limit_per_second, h.rate_in_force) {
+            (Some(l), Some(f)) if (l - f).abs() > f64::EPSILON => format!("{f:.2}/s of {l}/s (throttled)"),
+            (Some(l), _) => format!("{l}/s"),
+            (None, _) => "none".into(),
+        };
+        let flights = h.max_in_flight.map_or("-".into(), |m| format!("{} of {m}", h.in_flight));
+        let answer = h.last_answers.first().map(|(at, a)| format!("{} ({} ago)", esc(a), ago(now - at)));
+        rows.push(vec![
+            esc(name),
+            esc(&circuit),
+            esc(&rate),
+            flights,
+            format!("{}{}", h.pending + h.waiting, if h.partial { "+" } else { "" }),
+            h.oldest_pending_age_ms.map(ago).unwrap_or_default(),
+            h.dead.to_string(),
+            answer.unwrap_or_default(),
+        ]);
+        if h.dead > 0 {
+            forms.push_str(&format!(
+                "<form method=post action=\"/destinations/replay\">{}<input type=hidden name=destination value=\"{n}\">\
+                 replay {n}'s DEAD deliveries, reason <input name=reason required size=40> \
+                 <button type=submit id=\"count-{n}\">count them first</button></form>",
+                csrf(app.guard.token()),
+                n = esc(name)
+            ));
+        }
+    }
+    let mut body = table(
+        "destinations",
+        &["destination", "circuit", "rate limit", "in flight", "pending", "oldest pending", "dead", "last answer"],
+        &rows,
+    );
+    body.push_str(&forms);
+    html(StatusCode::OK, page("Destinations", &app.console.operator, &body, None))
+}
+
+/// A destination's DEAD deliveries replayed by its filter: counted and
+/// shown first; replayed (in batches, resumable, audited) once confirmed.
+async fn replay_deliveries(State(app): State<Shared>, Form(f): Form<Params>) -> Response {
+    if let Some(refused) = unchecked(&app, &f) {
+        return refused;
+    }
+    let Some((deliveries, names)) = &app.console.deliveries else {
+        return error_page(&app, StatusCode::NOT_FOUND, "no routes");
+    };
+    let destination = param(&f, "destination").to_owned();
+    if !names.iter().any(|(n, _)| *n == destination) {
+        return error_page(&app, StatusCode::BAD_REQUEST, "no such destination");
+    }
+    let reason = param(&f, "reason").to_owned();
+    if let Err(e) = reason_ok(&reason) {
+        return error_page(&app, StatusCode::BAD_REQUEST, e);
+    }
+    let filter = hookledger::outbox::health::ReplayFilter {
+        destination: destination.clone(),
+        since: None,
+        until: None,
+        reason: reason.clone(),
+    };
+    let matched = match deliveries.matching(&filter, HEALTH_READS).await {
+        Ok((matched, _)) => matched,
+        Err(e) => return error_page(&app, StatusCode::BAD_GATEWAY, &e.to_string()),
+    };
+    if param(&f, "confirm") != "yes" {
+        let sample: String = matched.iter().take(10).map(|d| format!("<li>{}</li>", esc(&d.idempotency_key))).collect();
+        let body = format!(
+            "<p id=replay-count>replay {} DEAD deliveries to {} with the reason <b>{}</b>, as {} (run {}).</p>\
+             <ul>{sample}</ul><form method=post action=\"/destinations/replay\">{}\
+             <input type=hidden name=destination value=\"{}\"><input type=hidden name=reason value=\"{}\">\
+             <input type=hidden name=confirm value=yes><button type=submit class=danger id=confirm>replay {}</button> \
+             <a href=\"/destinations\">cancel</a></form>",
+            matched.len(),
+            esc(&destination),
+            esc(&reason),
+            esc(&app.console.operator),
+            esc(&filter.run()),
+            csrf(app.guard.token()),
+            esc(&destination),
+            esc(&reason),
+            matched.len()
+        );
+        return html(StatusCode::OK, page("Confirm", &app.console.operator, &body, None));
+    }
+    let id = {
+        let mut jobs = app.console.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.push(Job {
+            action: format!("replay of {destination}'s deliveries"),
+            total: matched.len(),
+            ..Job::default()
+        });
+        jobs.len() - 1
+    };
+    let worker = app.clone();
+    tokio::spawn(async move {
+        let Some((deliveries, _)) = &worker.console.deliveries else { return };
+        for batch in matched.chunks(100) {
+            let done = deliveries.replay_batch(&filter, batch, &worker.console.operator, now_ms()).await;
+            let mut jobs = worker.console.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let job = &mut jobs[id];
+            match done {
+                Ok(d) => {
+                    job.done += d.replayed;
+                    job.failed += d.skipped;
+                }
+                Err(e) => {
+                    job.failed += batch.len();
+                    job.errors.push(e.to_string());
+                    break;
+                }
+            }
+        }
+        let mut jobs = worker.console.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs[id].finished = true;
+    });
+    see_other(&format!("/jobs/{id}"))
 }

@@ -24,6 +24,15 @@ use crate::routes::Limits;
 use super::Deliveries;
 use super::limit::{flight_until, step_in_force};
 
+/// The metrics the reconciler's `delivery-health` task writes.
+pub const METRICS: &[&str] = &[
+    "delivery_oldest_pending_age",
+    "destination_oldest_pending_age",
+    "destination_pending",
+    "destination_waiting",
+    "destination_dead",
+];
+
 /// The most recent answers shown per destination.
 pub const ANSWERS_SHOWN: usize = 5;
 
