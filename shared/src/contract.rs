@@ -799,13 +799,10 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert!(o.state("outbox#nothing").await.unwrap().is_none());
 }
 
-/// `outbox_defer`: a claimed item put back without spending its attempt
-/// (fenced; its retry recognises itself). A destination's circuit
-/// (`circuit_*`): failures counted once each (a retry meets its token),
-/// opened once, one probe at a time after its time is up, closed by a
-/// send that got through.
-pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once<B: Backend>(b: &B) {
-    let (l, e) = leased(b, "defer", "tok-1").await;
+/// A record leased and committed with one notification (an outbox item,
+/// PENDING): the item's id.
+async fn one_notification<B: Backend>(b: &B, name: &str) -> String {
+    let (l, e) = leased(b, name, "tok-1").await;
     let op = Op::new(Vec::new(), OnConflict::Stale).notify(OutboxMessage {
         topic_arn: "https://hooks.example.com/in".into(),
         delivery: None,
@@ -817,7 +814,17 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
     else {
         panic!("commits")
     };
-    let (o, id) = (b.outbox(), &ids[0]);
+    ids.into_iter().next().expect("one item")
+}
+
+/// `outbox_defer`: a claimed item put back without spending its attempt
+/// (fenced; its retry recognises itself). A destination's circuit
+/// (`circuit_*`): failures counted once each (a retry meets its token),
+/// opened once, one probe at a time after its time is up, closed by a
+/// send that got through.
+pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once<B: Backend>(b: &B) {
+    let id = &one_notification(b, "defer").await;
+    let o = b.outbox();
     let OutboxClaim::Claimed(first) = o.claim(id, "d-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
     assert_eq!(first.attempts, 1);
     let home = first.shard;
@@ -939,19 +946,7 @@ pub async fn a_rate_limit_grants_a_step_apart_and_counts_flights_once<B: Backend
     assert_eq!(o.rate("other").await.unwrap(), None, "one rate per destination");
 
     // A delivery held for its grant: claimed until then, out of the sweep's reach.
-    let (l, e) = leased(b, "hold", "tok-1").await;
-    let op = Op::new(Vec::new(), OnConflict::Stale).notify(OutboxMessage {
-        topic_arn: "https://hooks.example.com/in".into(),
-        delivery: None,
-        action: "one".into(),
-        group: "g".into(),
-        body: serde_json::json!({"a": 1}),
-    });
-    let CommitResult::Committed { outbox: ids } = l.commit(&e.key, "tok-1", &[op], "applied", None, T0).await.unwrap()
-    else {
-        panic!("commits")
-    };
-    let id = &ids[0];
+    let id = &one_notification(b, "hold").await;
     let OutboxClaim::Claimed(item) = o.claim(id, "d-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
     assert_eq!(o.hold(id, "d-2", T0 + 90_000).await.unwrap(), Held::Lapsed, "not the holder");
     assert_eq!(o.hold(id, "d-1", T0 + 90_000).await.unwrap(), Held::Yes);

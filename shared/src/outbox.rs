@@ -123,9 +123,11 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
     }
 
     /// Destinations' rate and concurrency limits (`max_per_second`,
-    /// `max_in_flight`), by name.
+    /// `max_in_flight`), by name, with a limiter of its own (a clone made
+    /// before keeps the one it had: another container's).
     pub fn with_limits(mut self, limits: impl IntoIterator<Item = (String, crate::routes::Limits)>) -> Self {
         self.limits = Arc::new(limits.into_iter().filter(|(_, l)| l.any()).collect());
+        self.limiter = Arc::new(Limiter::new());
         self
     }
 

@@ -30,7 +30,7 @@ use crate::ports::{CircuitStore, Rate, RateChange, RateWritten};
 
 /// The furthest ahead a grant is taken (SQS's longest delay: the delivery
 /// waits for it on the delivery queue).
-pub const GRANT_AHEAD_MS: i64 = super::MAX_DELAY_MS;
+pub const GRANT_AHEAD_MS: i64 = super::queue::MAX_DELAY_MS;
 /// A grant at most this far ahead is waited for in the dispatcher (then
 /// the send is at its grant, not up to a second later).
 pub const WAIT_IN_PLACE_MS: i64 = 1_000;
