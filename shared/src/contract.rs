@@ -405,8 +405,10 @@ pub async fn the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox<B: B
     assert_eq!((text(&r, "outcome"), text(&r, "subject")), (Some("applied"), Some("acct_1")));
     assert!(r.get("due_shard").is_none() && r.get("attn_shard").is_none(), "PROCESSED is in no index: {r:?}");
     let o = b.outbox();
-    let OutboxClaim::Claimed(item) = o.claim(&outbox[0], "d-1", T0 + 2, T0 + 30_000).await.unwrap() else {
-        panic!("the outbox item is due at once")
+    // Written claimed by the committing lease: its processor sends it, no other dispatcher.
+    assert_eq!(o.claim(&outbox[0], "d-1", T0 + 2, T0 + 30_000).await.unwrap(), OutboxClaim::Skipped);
+    let OutboxClaim::Claimed(item) = o.claim(&outbox[0], "tok-1", T0 + 2, T0 + 30_000).await.unwrap() else {
+        panic!("the committing lease's claim")
     };
     assert_eq!((item.group.as_str(), item.attempts), ("acct_1", 1));
 }
@@ -752,14 +754,16 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
         panic!("commits")
     };
     let o = b.outbox();
-    assert_eq!(o.due(0, T0, 10).await.unwrap().len(), 2, "due at once");
+    // Committed claimed by the lease (`tok-1`): due once that claim lapses.
+    let lapsed = T0 + crate::message::DISPATCH_LEASE_MS;
+    assert!(o.due(0, lapsed - 1, 10).await.unwrap().is_empty(), "its processor sends it");
+    assert_eq!(o.due(0, lapsed, 10).await.unwrap().len(), 2, "due when its claim lapses");
     let (a, z) = (&ids[0], &ids[1]);
-    assert!(matches!(o.claim(a, "d-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)));
-    assert!(matches!(o.claim(a, "d-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)), "our retry");
+    assert!(matches!(o.claim(a, "tok-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)), "ours");
     assert_eq!(o.claim(a, "d-2", T0 + 1, T0 + 30_001).await.unwrap(), OutboxClaim::Skipped, "a live claim");
     assert_eq!(o.mark_sent(a, "d-2", None, T0 + 2).await.unwrap(), Held::Lapsed);
-    assert_eq!(o.back_off(a, "d-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes);
-    assert_eq!(o.back_off(a, "d-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.back_off(a, "tok-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes);
+    assert_eq!(o.back_off(a, "tok-1", T0 + 5_000, "sns: throttled", T0 + 2).await.unwrap(), Held::Yes, "our retry");
     assert_eq!(o.claim(a, "d-3", T0 + 4_999, T0 + 40_000).await.unwrap(), OutboxClaim::Skipped, "not due yet");
     assert!(!o.due(0, T0 + 4_999, 10).await.unwrap().contains(a));
     let OutboxClaim::Claimed(item) = o.claim(a, "d-3", T0 + 5_000, T0 + 40_000).await.unwrap() else { panic!() };
@@ -774,11 +778,12 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert!(!o.due(0, i64::MAX / 2, 10).await.unwrap().contains(a), "a sent item leaves the index");
 
     // A claim whose dispatcher died lapses; the next one takes it over.
-    assert!(matches!(o.claim(z, "d-5", T0, T0 + 1_000).await.unwrap(), OutboxClaim::Claimed(_)));
-    assert!(matches!(o.claim(z, "d-6", T0 + 1_001, T0 + 31_001).await.unwrap(), OutboxClaim::Claimed(_)));
-    assert_eq!(o.dead(z, "d-5", 0, "gave up", T0 + 1_002).await.unwrap(), Held::Lapsed, "the lapsed claim");
-    assert_eq!(o.dead(z, "d-6", 0, "gave up", T0 + 1_002).await.unwrap(), Held::Yes);
-    assert_eq!(o.dead(z, "d-6", 0, "gave up", T0 + 1_002).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.claim(z, "d-5", lapsed - 1, lapsed).await.unwrap(), OutboxClaim::Skipped, "the commit's claim");
+    assert!(matches!(o.claim(z, "d-5", lapsed + 1, lapsed + 1_000).await.unwrap(), OutboxClaim::Claimed(_)));
+    assert!(matches!(o.claim(z, "d-6", lapsed + 1_001, lapsed + 31_001).await.unwrap(), OutboxClaim::Claimed(_)));
+    assert_eq!(o.dead(z, "d-5", 0, "gave up", lapsed + 1_002).await.unwrap(), Held::Lapsed, "the lapsed claim");
+    assert_eq!(o.dead(z, "d-6", 0, "gave up", lapsed + 1_002).await.unwrap(), Held::Yes);
+    assert_eq!(o.dead(z, "d-6", 0, "gave up", lapsed + 1_002).await.unwrap(), Held::Yes, "our retry");
     assert_eq!(l.attention().await.unwrap().outbox_dead, 1);
     assert_eq!(o.claim(z, "d-7", i64::MAX / 2, i64::MAX / 2 + 1).await.unwrap(), OutboxClaim::Skipped, "dead");
 
@@ -825,12 +830,13 @@ async fn one_notification<B: Backend>(b: &B, name: &str) -> String {
 pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_and_closes_once<B: Backend>(b: &B) {
     let id = &one_notification(b, "defer").await;
     let o = b.outbox();
-    let OutboxClaim::Claimed(first) = o.claim(id, "d-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
+    // The committing lease's own claim (the item is written claimed by it).
+    let OutboxClaim::Claimed(first) = o.claim(id, "tok-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
     assert_eq!(first.attempts, 1);
     let home = first.shard;
     assert_eq!(o.defer(id, "d-2", "partner", home, "waiting", T0).await.unwrap(), Held::Lapsed, "not the holder");
-    assert_eq!(o.defer(id, "d-1", "partner", home, "waiting", T0).await.unwrap(), Held::Yes);
-    assert_eq!(o.defer(id, "d-1", "partner", home, "waiting", T0).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.defer(id, "tok-1", "partner", home, "waiting", T0).await.unwrap(), Held::Yes);
+    assert_eq!(o.defer(id, "tok-1", "partner", home, "waiting", T0).await.unwrap(), Held::Yes, "our retry");
     // It waits in its destination's partition, out of the sweep's.
     assert!(!o.due(home, T0 + 86_400_000, 100).await.unwrap().contains(id), "out of the sweep's partition");
     assert_eq!(o.waiting("partner", T0, 10).await.unwrap(), std::slice::from_ref(id));
@@ -947,13 +953,13 @@ pub async fn a_rate_limit_grants_a_step_apart_and_counts_flights_once<B: Backend
 
     // A delivery held for its grant: claimed until then, out of the sweep's reach.
     let id = &one_notification(b, "hold").await;
-    let OutboxClaim::Claimed(item) = o.claim(id, "d-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
+    let OutboxClaim::Claimed(item) = o.claim(id, "tok-1", T0, T0 + 30_000).await.unwrap() else { panic!() };
     assert_eq!(o.hold(id, "d-2", T0 + 90_000).await.unwrap(), Held::Lapsed, "not the holder");
-    assert_eq!(o.hold(id, "d-1", T0 + 90_000).await.unwrap(), Held::Yes);
-    assert_eq!(o.hold(id, "d-1", T0 + 90_000).await.unwrap(), Held::Yes, "our retry");
+    assert_eq!(o.hold(id, "tok-1", T0 + 90_000).await.unwrap(), Held::Yes);
+    assert_eq!(o.hold(id, "tok-1", T0 + 90_000).await.unwrap(), Held::Yes, "our retry");
     assert!(!o.due(item.shard, T0 + 89_999, 100).await.unwrap().contains(id), "held: not due before");
     assert!(matches!(o.claim(id, "d-3", T0 + 60_000, T0 + 90_000).await.unwrap(), OutboxClaim::Skipped));
-    assert_eq!(o.mark_sent(id, "d-1", Some(T0 + 60_000), T0 + 60_001).await.unwrap(), Held::Yes);
+    assert_eq!(o.mark_sent(id, "tok-1", Some(T0 + 60_000), T0 + 60_001).await.unwrap(), Held::Yes);
     let state = o.state(id).await.unwrap().expect("the item");
     assert_eq!((state.status.as_str(), state.granted_at), ("SENT", Some(T0 + 60_000)));
 }

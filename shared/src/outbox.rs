@@ -1,8 +1,10 @@
 //! Effectively-once side effects outside DynamoDB: the transactional outbox.
 //!
 //! A projection's notification is written as an outbox item in the same
-//! transaction as its state change and the completion marker. A dispatcher
-//! then claims the item (conditional update), publishes to SNS with a stable
+//! transaction as its state change and the completion marker, already
+//! claimed by the lease that commits it (so its processor publishes and
+//! marks it without a claim of its own); any other dispatcher (the sweep,
+//! once that claim lapses) claims the item (conditional update), publishes to SNS with a stable
 //! idempotency key derived from the event identity (message attribute always;
 //! FIFO deduplication id when the topic is FIFO), and marks it sent. A crash
 //! between publish and mark leaves the item claimed; once that claim lapses

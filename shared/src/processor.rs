@@ -519,8 +519,14 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             } else {
                 Vec::new()
             };
-            let notifications = |outbox: Vec<String>| -> Vec<String> {
-                outbox.into_iter().filter(|id| !routed_items.iter().any(|i| &i.id == id)).collect()
+            // The projections' notifications among `outbox` (the ids a commit
+            // wrote), as the commit wrote them: claimed by this lease.
+            let notifications = |outbox: &[String]| -> Vec<OutboxItem> {
+                ops.iter()
+                    .flat_map(|op| &op.outbox)
+                    .map(|m| OutboxItem::committed(key, m, self.settings.index_shards, now_ms))
+                    .filter(|i| outbox.contains(&i.id) && !routed_items.iter().any(|r| r.id == i.id))
+                    .collect()
             };
             if !all.is_empty() && crate::planted::is(crate::planted::Bug::CompleteBeforeProjection) {
                 self.ledger.commit(key, token, &[], outcome.label(), subject, now_ms).await?;
@@ -536,7 +542,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     for at in ops.iter().filter_map(|op| op.advances.as_ref()) {
                         self.wake_successor(at, now_ms).await;
                     }
-                    self.dispatch(&notifications(outbox), now_ms).await;
+                    self.notify(&notifications(&outbox), token, now_ms).await;
                     self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms)
                         .await;
                     return Ok(Some(Report::done(outcome)));
@@ -574,7 +580,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                         .flat_map(|op| &op.outbox)
                         .map(|m| crate::message::outbox_id(key.as_str(), &m.action))
                         .collect();
-                    self.dispatch(&outbox, now_ms).await;
+                    self.notify(&notifications(&outbox), token, now_ms).await;
                     self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms)
                         .await;
                     return Ok(Some(Report::done(outcome)));
@@ -698,12 +704,14 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         futures::future::join_all(sends).await;
     }
 
-    /// Publishes this commit's outbox items now; a failure leaves them for the sweeper.
-    async fn dispatch(&self, outbox: &[String], now_ms: i64) {
+    /// Publishes this commit's notifications now, under the claim the
+    /// commit wrote them with (`token`): the send and the mark, no claim. A
+    /// failure leaves them for the sweeper (once the claim lapses).
+    async fn notify(&self, items: &[OutboxItem], token: &str, now_ms: i64) {
         let Some(d) = &self.dispatcher else { return };
-        for pk in outbox {
-            if let Err(e) = d.dispatch(pk, now_ms).await {
-                tracing::warn!(error = %e, outbox = %pk, "outbox dispatch failed; the sweeper will retry");
+        for item in items {
+            if let Err(e) = d.dispatch_committed(item, token, &[], now_ms).await {
+                tracing::warn!(error = %e, outbox = %item.id, "outbox dispatch failed; the sweeper will retry");
             }
         }
     }

@@ -1059,8 +1059,8 @@ pub async fn drain_processor(w: &mut World) {
     }
 }
 
-/// The outbox item of the seeded entitlement event, left PENDING by a
-/// processor without a dispatcher.
+/// The outbox item of the seeded entitlement event, left unsent by a
+/// processor without a dispatcher (its commit's claim lapsed since).
 async fn pending_outbox(w: &mut World, event_id: &str) -> (EventKey, String) {
     w.fake.set("sub_o", "cus_x", "active", 3);
     let key = w.seed("stripe", "stripe-a", event_id, &sub_updated(event_id, "sub_o", "cus_x"), false).await;
@@ -1079,6 +1079,9 @@ async fn pending_outbox(w: &mut World, event_id: &str) -> (EventKey, String) {
         .find(|i| s(i, "sk") == "outbox")
         .map(|i| s(&i, "pk"))
         .unwrap_or_else(|| panic!("setup wrote no outbox item"));
+    // Its processor (without a dispatcher) never sent it: the claim its
+    // commit wrote it under lapses, and it is anyone's to send.
+    w.now += hookledger::message::DISPATCH_LEASE_MS + 1;
     (key, pk)
 }
 

@@ -198,8 +198,11 @@ async fn crash_after_domain_commit_before_acknowledgement_converges() {
     assert!(stack.drain(&inbox).await.is_empty());
     let sweeper =
         hookledger::wiring::dispatcher(stack.ddb.clone(), aws_sdk_sns::Client::new(&stack.aws), stack.table.clone());
-    assert_eq!(sweeper.sweep(16, now_ms(), 0, 100).await.unwrap(), 1);
-    assert_eq!(sweeper.sweep(16, now_ms(), 0, 100).await.unwrap(), 0);
+    // Written claimed by the dead worker's lease: due once that claim lapses.
+    let lapsed = now_ms() + hookledger::message::DISPATCH_LEASE_MS + 1;
+    assert_eq!(sweeper.sweep(16, now_ms(), 0, 100).await.unwrap(), 0, "its claim is live");
+    assert_eq!(sweeper.sweep(16, lapsed, 0, 100).await.unwrap(), 1);
+    assert_eq!(sweeper.sweep(16, lapsed, 0, 100).await.unwrap(), 0);
     assert_eq!(stack.drain(&inbox).await.len(), 1);
 }
 

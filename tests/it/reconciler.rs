@@ -366,7 +366,10 @@ async fn put_outbox(stack: &Stack, event: &str, topic: &str, at: i64) -> String 
         group: "sub_x".into(),
         body: serde_json::json!({"event": event}),
     };
-    let (pk, put) = outbox_put(&stack.table, &key, &msg, "", at, 16);
+    // Committed a lease before `at` by a processor that died before it sent
+    // it: its claim (the commit's) has lapsed at `at`, one attempt spent.
+    let committed = at - hookledger::message::DISPATCH_LEASE_MS;
+    let (pk, put) = outbox_put(&stack.table, &key, &msg, "a-dead-processor", committed, 16);
     stack.ddb.transact_write_items().transact_items(put).send().await.unwrap();
     pk
 }
@@ -427,7 +430,11 @@ async fn a_failing_outbox_publish_does_not_abort_the_run_and_every_phase_reports
     assert!(stack.drain_queue().await.iter().any(|b| b.contains(lost.as_str())));
     // The failed item backs off: pending again, due later, the attempt counted.
     let item = outbox_item(&stack, &bad).await;
-    assert_eq!((s(&item, "status").as_str(), n(&item, "dispatch_attempts")), ("PENDING", 1));
+    assert_eq!(
+        (s(&item, "status").as_str(), n(&item, "dispatch_attempts")),
+        ("PENDING", 2),
+        "the commit's and this one"
+    );
     assert!(n(&item, "due_at") > at, "{item:?}");
     let again = run_json(&r, at).await;
     assert!(again["errors"].as_object().is_none_or(|e| e.is_empty()), "not retried before its backoff: {again}");
@@ -441,8 +448,9 @@ async fn an_outbox_item_that_keeps_failing_goes_dead_out_of_the_due_index_and_is
     let r = reconciler_with(&stack, stack.ddb.clone(), sqs_queue(&stack), None, ReconcilerSettings::default());
     let max = i64::from(DispatchPolicy::default().max_attempts);
     let mut last = serde_json::Value::Null;
-    // A day apart: every backoff has passed. Each run makes one attempt.
-    for i in 1..=max {
+    // A day apart: every backoff has passed. Each run makes one attempt
+    // (the first was its dead processor's commit).
+    for i in 2..=max {
         last = run_json(&r, now + i * 86_400_000).await;
         let item = outbox_item(&stack, &bad).await;
         let want = if i < max { "PENDING" } else { "DEAD" };

@@ -153,11 +153,13 @@ pub fn dead_partition(shard: u32) -> String {
 }
 
 /// The outbox item for `msg` produced by the event `key`, committed by the
-/// lease `token`. A route's delivery is written already claimed by that
-/// token (SENDING until [`crate::message::DISPATCH_LEASE_MS`] from now, one
-/// attempt), so the processor that committed it sends and marks it (two
-/// requests) without a claim; if it dies, the claim lapses and the
-/// reconciler's sweep takes the item over. A notification is written PENDING.
+/// lease `token`: written already claimed by that token (SENDING until
+/// [`crate::message::DISPATCH_LEASE_MS`] from now, one attempt), a route's
+/// delivery and a projection's notification alike, so the processor that
+/// committed it sends and marks it (two requests) without a claim of its
+/// own (a claim moves the item's `due` entry: three write units spared);
+/// if it dies, the claim lapses and the reconciler's sweep takes the item
+/// over.
 pub fn outbox_put(
     table: &str,
     key: &EventKey,
@@ -169,10 +171,14 @@ pub fn outbox_put(
     let idem = idempotency_key(key.as_str(), &msg.action);
     let pk = crate::message::outbox_id(key.as_str(), &msg.action);
     let shard = EventKey::from_stored(key.as_str()).map_or(0, |k| k.shard(shards));
+    let until = now_ms + crate::message::DISPATCH_LEASE_MS;
     let mut item = HashMap::from([
         (attr::PK.to_owned(), AttributeValue::S(pk.clone())),
         (attr::SK.to_owned(), AttributeValue::S(OUTBOX_SK.to_owned())),
-        (attr::STATUS.to_owned(), AttributeValue::S(outbox_status::PENDING.into())),
+        (attr::STATUS.to_owned(), AttributeValue::S(outbox_status::SENDING.into())),
+        (attr::DISPATCH_TOKEN.to_owned(), AttributeValue::S(token.to_owned())),
+        (attr::DISPATCH_UNTIL.to_owned(), AttributeValue::N(until.to_string())),
+        (attr::DISPATCH_ATTEMPTS.to_owned(), AttributeValue::N("1".into())),
         (attr::IDEMPOTENCY_KEY.to_owned(), AttributeValue::S(idem)),
         (attr::EVENT_KEY.to_owned(), AttributeValue::S(key.as_str().to_owned())),
         (attr::TOPIC_ARN.to_owned(), AttributeValue::S(msg.topic_arn.clone())),
@@ -181,13 +187,10 @@ pub fn outbox_put(
         (attr::BODY.to_owned(), AttributeValue::S(msg.body.to_string())),
         (attr::CREATED_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
         (attr::DUE_SHARD.to_owned(), AttributeValue::S(outbox_partition(shard))),
-        (attr::DUE_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
+        (attr::DUE_AT.to_owned(), AttributeValue::N(until.to_string())),
     ]);
     if let Some(d) = &msg.delivery {
-        let until = now_ms + crate::message::DISPATCH_LEASE_MS;
         for (k, v) in [
-            (attr::STATUS, outbox_status::SENDING.to_owned()),
-            (attr::DISPATCH_TOKEN, token.to_owned()),
             (attr::DESTINATION, d.destination.clone()),
             (attr::SOURCE, d.source.clone()),
             (attr::DETAIL_TYPE, d.detail_type.clone()),
@@ -195,14 +198,7 @@ pub fn outbox_put(
         ] {
             item.insert(k.to_owned(), AttributeValue::S(v));
         }
-        for (k, v) in [
-            (attr::DISPATCH_UNTIL, until),
-            (attr::DUE_AT, until),
-            (attr::DISPATCH_ATTEMPTS, 1),
-            (attr::RECEIVED_AT, d.received_at_ms),
-        ] {
-            item.insert(k.to_owned(), AttributeValue::N(v.to_string()));
-        }
+        item.insert(attr::RECEIVED_AT.to_owned(), AttributeValue::N(d.received_at_ms.to_string()));
     }
     let put = Put::builder()
         .table_name(table)
