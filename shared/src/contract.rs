@@ -759,6 +759,14 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert!(o.due(0, lapsed - 1, 10).await.unwrap().is_empty(), "its processor sends it");
     assert_eq!(o.due(0, lapsed, 10).await.unwrap().len(), 2, "due when its claim lapses");
     let (a, z) = (&ids[0], &ids[1]);
+    // A census of the partition (`states_in`): at most what is asked, and
+    // whether more were left, exactly.
+    use crate::ports::OutboxPartition::{Dead, Home};
+    let (one, more) = o.states_in(Home(0), 1).await.unwrap();
+    assert_eq!((one.len(), more), (1, true));
+    let (both, more) = o.states_in(Home(0), 2).await.unwrap();
+    assert_eq!((both.len(), more), (2, false), "exactly two: none left");
+    assert!(both.iter().all(|s| s.status == "SENDING" && s.created_at == Some(T0)), "{both:?}");
     assert!(matches!(o.claim(a, "tok-1", T0, T0 + 30_000).await.unwrap(), OutboxClaim::Claimed(_)), "ours");
     assert_eq!(o.claim(a, "d-2", T0 + 1, T0 + 30_001).await.unwrap(), OutboxClaim::Skipped, "a live claim");
     assert_eq!(o.mark_sent(a, "d-2", None, T0 + 2).await.unwrap(), Held::Lapsed);
@@ -789,6 +797,9 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
 
     // `outbox_revive`: an operator's replay of the DEAD item, and only of a DEAD one.
     assert_eq!(o.dead_items(0, 10).await.unwrap(), std::slice::from_ref(z));
+    let (dead, more) = o.states_in(Dead(0), 10).await.unwrap();
+    assert_eq!((dead.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), more), (vec![z.as_str()], false));
+    assert!(o.states_in(Home(0), 10).await.unwrap().0.iter().all(|s| &s.id != z), "out of its home partition");
     let dead = o.state(z).await.unwrap().expect("the item");
     assert_eq!((dead.status.as_str(), dead.last_error.as_deref()), ("DEAD", Some("gave up")));
     assert!(!o.revive(a, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap(), "a sent item is not replayed");
@@ -840,6 +851,8 @@ pub async fn a_deferred_item_gives_its_attempt_back_and_a_circuit_opens_probes_a
     // It waits in its destination's partition, out of the sweep's.
     assert!(!o.due(home, T0 + 86_400_000, 100).await.unwrap().contains(id), "out of the sweep's partition");
     assert_eq!(o.waiting("partner", T0, 10).await.unwrap(), std::slice::from_ref(id));
+    let (waiting, _) = o.states_in(crate::ports::OutboxPartition::Waiting("partner"), 10).await.unwrap();
+    assert!(waiting.len() == 1 && waiting[0].waiting && waiting[0].id == *id, "{waiting:?}");
     assert!(o.waiting("partner", T0 - 1, 10).await.unwrap().is_empty(), "waiting since T0");
     assert!(o.waiting("other", T0, 10).await.unwrap().is_empty(), "another destination's partition");
     // `outbox_unwait`: home again, due now; its retry (acknowledgement

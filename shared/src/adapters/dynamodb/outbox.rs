@@ -413,7 +413,8 @@ impl OutboxStore for DynamoOutbox {
                 .key_condition_expression("#p = :p")
                 .expression_attribute_names("#p", key)
                 .expression_attribute_values(":p", AttributeValue::S(name.clone()))
-                .limit(i32::try_from((max - keys.len()).clamp(1, 1000)).unwrap_or(1000))
+                // One more than asked: whether more are left is then known.
+                .limit(i32::try_from((max + 1 - keys.len()).clamp(1, 1000)).unwrap_or(1000))
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
@@ -425,9 +426,12 @@ impl OutboxStore for DynamoOutbox {
                     .filter(|k| text(k, attr::SK) == OUTBOX_SK)
                     .map(|k| super::DynamoLedger::item_key(&text(k, attr::PK), OUTBOX_SK)),
             );
+            if keys.len() > max {
+                keys.truncate(max);
+                break true;
+            }
             match page.last_evaluated_key {
-                Some(next) if keys.len() < max => start = Some(next),
-                Some(_) => break true,
+                Some(next) => start = Some(next),
                 None => break false,
             }
         };
