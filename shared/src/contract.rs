@@ -1362,11 +1362,28 @@ pub async fn a_transaction_token_is_honoured_for_ten_minutes(w: &crate::adapters
     let e = event("token", &body("token"), "send-1");
     assert_eq!(Ledger::claim(&l, &e, &body("token")).await.unwrap(), Claim::New);
     assert!(matches!(l.lease(&e.key, "tok-1", T0, 30_000).await.unwrap(), LeaseResult::Leased(_)));
-    w.inject("work.commit", 0, Some(1), Fault::LoseAckOnce);
+    // An op of two writes goes as one transaction: its retry after a lost
+    // acknowledgement is answered as the success it was.
+    let put = |pk: &str| crate::projection::Write::put(pk, crate::item::Item::new()).when("attribute_not_exists(pk)");
+    let op = crate::projection::Op::new(
+        vec![put("proj#tok-a"), put("proj#tok-b")],
+        crate::projection::OnConflict::AlreadyApplied,
+    );
+    w.inject("work.apply", 0, Some(1), Fault::LoseAckOnce);
     assert!(
-        matches!(l.commit(&e.key, "tok-1", &[], "applied", None, T0).await.unwrap(), CommitResult::Committed { .. }),
+        matches!(l.apply(&e.key, "tok-1", &op, T0).await.unwrap(), crate::ledger::Applied::Written { .. }),
         "the retry with the same token is answered as the success it was"
     );
+    assert_eq!(
+        l.apply(&e.key, "tok-1", &op, T0).await.unwrap(),
+        crate::ledger::Applied::Conflict,
+        "a new request meets it"
+    );
+    // The completion alone is one conditional update: its retry after a lost
+    // acknowledgement meets its own write, which `completed_by` tells.
+    w.inject("work.commit", 0, Some(1), Fault::LoseAckOnce);
+    assert_eq!(l.commit(&e.key, "tok-1", &[], "applied", None, T0).await.unwrap(), CommitResult::Fenced);
+    assert_eq!(l.completed_by(&e.key).await.unwrap().as_deref(), Some("tok-1"));
     // The table's own rules: same token and request inside the window
     // succeeds without writing; after it, the request is evaluated again;
     // another request under a used token is refused.
@@ -1441,6 +1458,79 @@ pub async fn projection_state_is_read_by_key_as_the_commit_wrote_it<B: Backend>(
     assert!(matches!(bad, Err(ProjectionError::Permanent(_))), "{bad:?}");
 }
 
+/// An op is written on its own before the completion, guarded by its own
+/// conditions and not by the lease: one write as one conditional request
+/// (put, update, delete), several writes or outbox items as one
+/// transaction that stands or falls whole; a failed condition writes
+/// nothing and says so.
+pub async fn an_op_is_written_on_its_own_guarded_by_its_conditions<B: Backend>(b: &B) {
+    use crate::ledger::Applied;
+    let (l, e) = leased(b, "apply", "tok-1").await;
+    let st = crate::projection::STATE_SK;
+    let put = |pk: &str, v: i64| {
+        Op::new(
+            vec![
+                Write::put(pk, Item::from([("v".into(), num_value(v))]))
+                    .when("attribute_not_exists(pk) OR v < :v")
+                    .value(":v", num_value(v)),
+            ],
+            OnConflict::Stale,
+        )
+    };
+    assert_eq!(l.apply(&e.key, "tok-1", &put("proj#ap#a", 2), T0).await.unwrap(), Applied::Written { outbox: vec![] });
+    assert_eq!(
+        l.apply(&e.key, "tok-1", &put("proj#ap#a", 2), T0).await.unwrap(),
+        Applied::Conflict,
+        "a repeat is refused"
+    );
+    // Not fenced by the lease: a worker whose lease was taken over writes
+    // what its condition allows (the same as the owner's, or nothing).
+    assert_eq!(
+        l.apply(&e.key, "tok-old", &put("proj#ap#a", 3), T0).await.unwrap(),
+        Applied::Written { outbox: vec![] }
+    );
+    assert_eq!(b.get("proj#ap#a", st).await.and_then(|i| i.get("v").and_then(Value::as_i64)), Some(3));
+    let add = Op::new(
+        vec![
+            Write::update("proj#ap#a", "ADD v :d").when("v = :at").value(":d", num_value(1)).value(":at", num_value(3)),
+        ],
+        OnConflict::Replan,
+    );
+    assert_eq!(l.apply(&e.key, "tok-1", &add, T0).await.unwrap(), Applied::Written { outbox: vec![] });
+    assert_eq!(l.apply(&e.key, "tok-1", &add, T0).await.unwrap(), Applied::Conflict);
+    let gone = Op::new(vec![Write::delete("proj#ap#a").when("v = :at").value(":at", num_value(4))], OnConflict::Stale);
+    assert_eq!(l.apply(&e.key, "tok-1", &gone, T0).await.unwrap(), Applied::Written { outbox: vec![] });
+    assert_eq!(b.get("proj#ap#a", st).await, None);
+    // Two writes stand or fall together.
+    b.put(Item::from([("pk".into(), str_value("proj#ap#taken")), ("sk".into(), str_value(st))])).await;
+    let new = |pk: &str| Write::put(pk, Item::new()).when("attribute_not_exists(pk)");
+    let both = Op::new(vec![new("proj#ap#b"), new("proj#ap#taken")], OnConflict::AlreadyApplied);
+    assert_eq!(l.apply(&e.key, "tok-1", &both, T0).await.unwrap(), Applied::Conflict);
+    assert_eq!(b.get("proj#ap#b", st).await, None, "nothing of a refused op");
+    // With a notification: the op and its outbox item, claimed by the lease.
+    let msg = OutboxMessage {
+        topic_arn: "arn:aws:sns:us-east-1:000000000000:t.fifo".into(),
+        delivery: None,
+        action: "ap.changed".into(),
+        group: "acct_1".into(),
+        body: serde_json::json!({"n": 1}),
+    };
+    let noted = Op::new(vec![new("proj#ap#c")], OnConflict::Stale).notify(msg);
+    let Applied::Written { outbox } = l.apply(&e.key, "tok-1", &noted, T0).await.unwrap() else {
+        panic!("written with its notification")
+    };
+    assert_eq!(outbox, [crate::message::outbox_id(e.key.as_str(), "ap.changed")]);
+    assert_eq!(l.apply(&e.key, "tok-1", &noted, T0).await.unwrap(), Applied::Conflict, "not twice");
+    let o = b.outbox();
+    assert_eq!(
+        o.claim(&outbox[0], "d-1", T0, T0 + 30_000).await.unwrap(),
+        OutboxClaim::Skipped,
+        "claimed by the lease"
+    );
+    // The record is untouched until its completion.
+    assert_eq!(text(&row(&l, &e.key).await, "status"), Some("PROCESSING"));
+}
+
 /// Runs `$run!(scenario)` for every scenario that runs on both backends.
 #[macro_export]
 macro_rules! contract_scenarios {
@@ -1451,6 +1541,7 @@ macro_rules! contract_scenarios {
         $run!(duplicates_and_conflicts_are_counted_on_the_record);
         $run!(the_lease_is_taken_when_leasable_and_recognises_its_retry);
         $run!(the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox);
+        $run!(an_op_is_written_on_its_own_guarded_by_its_conditions);
         $run!(the_exits_are_fenced_and_recognise_their_retries);
         $run!(a_gap_wakes_its_waiter_and_nothing_else);
         $run!(a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_once);

@@ -376,6 +376,19 @@ pub enum LeaseResult {
     },
 }
 
+/// What one op of a commit, written on its own before the completion
+/// ([`crate::ports::WorkLedger::apply`]), came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// The op's writes (and its outbox items, these ids) are stored.
+    Written { outbox: Vec<String> },
+    /// Its condition failed: nothing of it was written (its
+    /// [`crate::projection::OnConflict`] says what that means).
+    Conflict,
+    /// DynamoDB reported contention inside the op's transaction.
+    Contention,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommitResult {
     /// Everything committed; these outbox items were written.

@@ -23,9 +23,9 @@ use std::future::Future;
 use crate::identity::EventKey;
 use crate::ledger::Release;
 use crate::ledger::{
-    Attention, BodyBinding, Bound, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition, ExistingRecord,
-    Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row, SendLease, Status, Transitioned, WaiterCheck,
-    WaiterItem,
+    Applied, Attention, BodyBinding, Bound, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition,
+    ExistingRecord, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row, SendLease, Status, Transitioned,
+    WaiterCheck, WaiterItem,
 };
 use crate::message::{Dispatched, Held, OutboxClaim};
 use crate::projection::Op;
@@ -231,8 +231,21 @@ pub trait WorkLedger: Send + Sync {
     ) -> impl Future<Output = Result<LeaseResult, PortError>> + Send;
     /// The stored raw payload, if its item exists.
     fn payload(&self, key: &EventKey, hash: &str) -> impl Future<Output = Result<Option<Vec<u8>>, PortError>> + Send;
-    /// Commits the ops, their outbox items and the completion marker
-    /// (PROCESSED, `outcome`) in one transaction fenced by `token`.
+    /// Writes one op of a commit before its completion, guarded by its own
+    /// conditions only (not by the lease: each op's condition makes a
+    /// repeat by anyone a no-op, see docs/architecture.md "The commit"): a
+    /// single write as one conditional request, several writes or outbox
+    /// items (claimed by `token`) as one transaction of their own.
+    fn apply(
+        &self,
+        key: &EventKey,
+        token: &str,
+        op: &Op,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Applied, PortError>> + Send;
+    /// Commits the completion marker (PROCESSED, `outcome`) fenced by
+    /// `token`, with `ops` (a route's deliveries) in the same transaction
+    /// when there are any; on its own, one conditional update.
     fn commit(
         &self,
         key: &EventKey,

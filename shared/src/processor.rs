@@ -20,7 +20,7 @@ use crate::clock::Ambient;
 use crate::config::ProcessorSettings;
 use crate::config::ProviderKind;
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, NewEvent, PortError, Via, WorkRecord};
+use crate::ledger::{Applied, CommitResult, Exit, GAP, LeaseResult, NewEvent, PortError, Via, WorkRecord};
 use crate::message::{Delivery, OutboxItem, OutboxMessage, idempotency_key};
 use crate::ports::{Dispatch, Ledger, WorkLedger, WorkQueue};
 use crate::projection::sequence::Position;
@@ -470,17 +470,22 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             .collect()
     }
 
-    /// Commits, dropping ops whose conditions say "stale" or "already applied".
-    /// An event whose outcome is `applied` or `ignored` is also delivered
-    /// to the destinations its routes name: the deliveries are committed
-    /// with the completion marker (claimed by this lease), then sent at
-    /// once. `Ok(None)`: an op asked to replan.
+    /// Writes each op on its own, guarded by its own conditions (dropping
+    /// those whose conditions say "stale" or "already applied"), then
+    /// completes the record fenced by the lease (docs/architecture.md "The
+    /// commit": every op's condition makes a repeat, by a retry or by a
+    /// worker fenced out meanwhile, a no-op, so a crash between the two
+    /// converges when the record is processed again). An event whose
+    /// outcome is `applied` or `ignored` is also delivered to the
+    /// destinations its routes name: the deliveries are committed with the
+    /// completion marker (claimed by this lease), then sent at once.
+    /// `Ok(None)`: an op asked to replan.
     #[allow(clippy::too_many_arguments)]
     async fn commit(
         &self,
         record: &WorkRecord,
         token: &str,
-        mut ops: Vec<Op>,
+        ops: Vec<Op>,
         mut duplicate: bool,
         subject: Option<&str>,
         routed: Option<Routed<'_>>,
@@ -495,101 +500,91 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             .unwrap_or_default()
             .into_iter()
             .unzip();
-        // The deliveries were committed before (an operator's replay of a record that had them): not again.
-        let mut deliver = !deliveries.is_empty();
-        loop {
-            let outcome = if !ops.is_empty() {
-                Outcome::Applied
-            } else if stale {
-                Outcome::Stale
-            } else if duplicate {
-                Outcome::Duplicate
-            } else if planned {
-                Outcome::Applied
-            } else {
-                Outcome::Ignored
-            };
-            let routing = deliver && matches!(outcome, Outcome::Applied | Outcome::Ignored);
-            let mut all = ops.clone();
-            if routing {
-                all.push(Op { outbox: deliveries.clone(), ..Op::new(Vec::new(), OnConflict::AlreadyApplied) });
+        if planned && crate::planted::is(crate::planted::Bug::CompleteBeforeProjection) {
+            self.ledger.commit(key, token, &[], Outcome::Applied.label(), subject, now_ms).await?;
+        }
+        let mut applied: Vec<Op> = Vec::new();
+        let mut outbox: Vec<String> = Vec::new();
+        for op in ops {
+            match self.ledger.apply(key, token, &op, now_ms).await? {
+                Applied::Written { outbox: ids } => {
+                    outbox.extend(ids);
+                    applied.push(op);
+                }
+                Applied::Conflict => match op.on_conflict {
+                    OnConflict::Replan => return Ok(None),
+                    OnConflict::Stale => stale = true,
+                    OnConflict::AlreadyApplied => duplicate = true,
+                },
+                Applied::Contention => {
+                    let f = Failure::Transient { code: "contention", message: "transaction conflict".into() };
+                    return self.fail(record, token, f, now_ms).await.map(Some);
+                }
             }
-            let routed_items: Vec<OutboxItem> = if routing {
+        }
+        let outcome = if !applied.is_empty() {
+            Outcome::Applied
+        } else if stale {
+            Outcome::Stale
+        } else if duplicate {
+            Outcome::Duplicate
+        } else if planned {
+            Outcome::Applied
+        } else {
+            Outcome::Ignored
+        };
+        // The projections' notifications this commit wrote, claimed by this lease.
+        let notifications: Vec<OutboxItem> = applied
+            .iter()
+            .flat_map(|op| &op.outbox)
+            .map(|m| OutboxItem::committed(key, m, self.settings.index_shards, now_ms))
+            .filter(|i| outbox.contains(&i.id))
+            .collect();
+        // The deliveries were committed before (an operator's replay of a record that had them): not again.
+        let mut deliver = !deliveries.is_empty() && matches!(outcome, Outcome::Applied | Outcome::Ignored);
+        loop {
+            let with: Vec<Op> = if deliver {
+                vec![Op { outbox: deliveries.clone(), ..Op::new(Vec::new(), OnConflict::AlreadyApplied) }]
+            } else {
+                Vec::new()
+            };
+            let routed_items: Vec<OutboxItem> = if deliver {
                 deliveries.iter().map(|m| OutboxItem::committed(key, m, self.settings.index_shards, now_ms)).collect()
             } else {
                 Vec::new()
             };
-            // The projections' notifications among `outbox` (the ids a commit
-            // wrote), as the commit wrote them: claimed by this lease.
-            let notifications = |outbox: &[String]| -> Vec<OutboxItem> {
-                ops.iter()
-                    .flat_map(|op| &op.outbox)
-                    .map(|m| OutboxItem::committed(key, m, self.settings.index_shards, now_ms))
-                    .filter(|i| outbox.contains(&i.id) && !routed_items.iter().any(|r| r.id == i.id))
-                    .collect()
-            };
-            if !all.is_empty() && crate::planted::is(crate::planted::Bug::CompleteBeforeProjection) {
-                self.ledger.commit(key, token, &[], outcome.label(), subject, now_ms).await?;
-            }
-            match self.ledger.commit(key, token, &all, outcome.label(), subject, now_ms).await? {
-                CommitResult::Committed { outbox } => {
+            let ours = match self.ledger.commit(key, token, &with, outcome.label(), subject, now_ms).await? {
+                CommitResult::Committed { .. } => {
                     if self.fault == ProcessorFault::AfterCommit {
                         return Err(PortError::Unavailable {
                             service: "injected",
                             message: "crash after commit".into(),
                         });
                     }
-                    for at in ops.iter().filter_map(|op| op.advances.as_ref()) {
-                        self.wake_successor(at, now_ms).await;
-                    }
-                    self.notify(&notifications(&outbox), token, now_ms).await;
-                    self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms)
-                        .await;
-                    return Ok(Some(Report::done(outcome)));
+                    true
                 }
-                CommitResult::Conflicts(mut indices) => {
-                    if routing && indices.contains(&ops.len()) {
-                        // The deliveries exist already: the rest commits without them.
-                        deliver = false;
-                        indices.retain(|i| *i < ops.len());
-                        tracing::info!(key = %key, "deliveries committed before; not again");
-                    }
-                    if indices.iter().any(|i| ops[*i].on_conflict == OnConflict::Replan) {
-                        return Ok(None);
-                    }
-                    for i in indices.iter().rev() {
-                        match ops.remove(*i).on_conflict {
-                            OnConflict::Stale => stale = true,
-                            OnConflict::AlreadyApplied => duplicate = true,
-                            OnConflict::Replan => {}
-                        }
-                    }
+                CommitResult::Conflicts(_) => {
+                    // The deliveries exist already: the completion goes without them.
+                    deliver = false;
+                    tracing::info!(key = %key, "deliveries committed before; not again");
+                    continue;
                 }
-                CommitResult::Fenced => {
-                    // Our own earlier commit whose response was lost looks fenced too.
-                    let ours = self.ledger.completed_by(key).await?.is_some_and(|t| t == token);
-                    if !ours {
-                        return Ok(Some(Report::done(Outcome::Fenced)));
-                    }
-                    for at in ops.iter().filter_map(|op| op.advances.as_ref()) {
-                        self.wake_successor(at, now_ms).await;
-                    }
-                    // The items our commit wrote, by their ids (stable per event and action).
-                    let outbox: Vec<String> = ops
-                        .iter()
-                        .flat_map(|op| &op.outbox)
-                        .map(|m| crate::message::outbox_id(key.as_str(), &m.action))
-                        .collect();
-                    self.notify(&notifications(&outbox), token, now_ms).await;
-                    self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms)
-                        .await;
-                    return Ok(Some(Report::done(outcome)));
-                }
+                // Our own earlier commit whose response was lost looks fenced too.
+                CommitResult::Fenced => self.ledger.completed_by(key).await?.is_some_and(|t| t == token),
                 CommitResult::Contention => {
                     let f = Failure::Transient { code: "contention", message: "transaction conflict".into() };
                     return self.fail(record, token, f, now_ms).await.map(Some);
                 }
+            };
+            if !ours {
+                return Ok(Some(Report::done(Outcome::Fenced)));
             }
+            for at in applied.iter().filter_map(|op| op.advances.as_ref()) {
+                self.wake_successor(at, now_ms).await;
+            }
+            self.notify(&notifications, token, now_ms).await;
+            self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms).await;
+            return Ok(Some(Report::done(outcome)));
         }
     }
 

@@ -1,6 +1,8 @@
 //! Projections: user code that turns one verified provider event into
-//! writes, committed in the same transaction as the ledger's completion
-//! marker (fenced by the lease token).
+//! writes. Each [`Op`] is written on its own, guarded by its own conditions,
+//! before the ledger's completion marker (fenced by the lease token): a
+//! repeat of an op, by a retry or by a worker fenced out meanwhile, is a
+//! no-op or the same write (docs/architecture.md "The commit").
 //!
 //! A projection reads its state through a [`StateStore`] (typed by
 //! [`StateKey`]) and returns a [`Decision`]. Its writes come grouped in
@@ -61,7 +63,7 @@ pub struct EventContext {
 /// What the projection wants done with the event.
 #[derive(Debug)]
 pub enum Decision {
-    /// Commit these ops (possibly none) with the completion marker.
+    /// Write these ops (possibly none), then the completion marker.
     Apply(Vec<Op>),
     /// Nothing to do for this event: PROCESSED with outcome `ignored`.
     Ignore(&'static str),
@@ -97,7 +99,9 @@ pub enum OnConflict {
     Replan,
 }
 
-/// A group of writes that stand or fall together within the transaction.
+/// A group of writes that stand or fall together: one write goes as one
+/// conditional request, several (or writes with notifications) as one
+/// transaction of their own. Its conditions must make a repeat harmless.
 #[derive(Debug, Clone)]
 pub struct Op {
     pub writes: Vec<Write>,

@@ -122,6 +122,85 @@ pub async fn apply(client: &aws_sdk_dynamodb::Client, table: &str, w: &Write) ->
     }
 }
 
+/// Whether a projection's write can go on its own, as one conditional
+/// request (a put, an update or a delete; a bare condition check exists only
+/// inside a transaction).
+pub fn alone(w: &Write) -> bool {
+    !matches!(w.action, Action::Check)
+}
+
+/// Sends one projection write on its own: `Ok(true)` written, `Ok(false)`
+/// its condition failed (nothing written).
+pub async fn write_alone(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    w: &Write,
+) -> Result<bool, crate::ledger::PortError> {
+    let names = (!w.names.is_empty()).then(|| w.names.clone());
+    let values = (!w.values.is_empty()).then(|| item_to_sdk(&w.values));
+    let key = HashMap::from([
+        ("pk".to_owned(), AttributeValue::S(w.pk.clone())),
+        ("sk".to_owned(), AttributeValue::S(w.sk.clone())),
+    ]);
+    fn refused<E, R>(
+        r: Result<R, aws_sdk_dynamodb::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>>,
+        failed: impl Fn(&E) -> bool,
+    ) -> Result<bool, crate::ledger::PortError>
+    where
+        E: std::error::Error + Send + Sync + aws_sdk_dynamodb::error::ProvideErrorMetadata + 'static,
+    {
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(&failed) => Ok(false),
+            Err(e) => Err(crate::adapters::port_error("dynamodb", &e)),
+        }
+    }
+    match &w.action {
+        Action::Put(_) => refused(
+            client
+                .put_item()
+                .table_name(table)
+                .set_item(w.item().as_ref().map(item_to_sdk))
+                .set_condition_expression(w.condition.clone())
+                .set_expression_attribute_names(names)
+                .set_expression_attribute_values(values)
+                .send()
+                .await,
+            |e| e.is_conditional_check_failed_exception(),
+        ),
+        Action::Update(expression) => refused(
+            client
+                .update_item()
+                .table_name(table)
+                .set_key(Some(key))
+                .update_expression(expression)
+                .set_condition_expression(w.condition.clone())
+                .set_expression_attribute_names(names)
+                .set_expression_attribute_values(values)
+                .send()
+                .await,
+            |e| e.is_conditional_check_failed_exception(),
+        ),
+        Action::Delete => refused(
+            client
+                .delete_item()
+                .table_name(table)
+                .set_key(Some(key))
+                .set_condition_expression(w.condition.clone())
+                .set_expression_attribute_names(names)
+                .set_expression_attribute_values(values)
+                .send()
+                .await,
+            |e| e.is_conditional_check_failed_exception(),
+        ),
+        Action::Check => Err(crate::ledger::PortError::Caller {
+            service: "dynamodb",
+            code: "ValidationError".into(),
+            message: "a condition check is written inside a transaction only".into(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! lease     RECEIVED | RETRYABLE (due) | PROCESSING (lease expired) → PROCESSING(token, expiry, attempts+1)
-//! commit    PROCESSING(token) → PROCESSED   + projection writes + outbox items, one transaction
+//! apply     each projection op before the commit, guarded by its own conditions
+//! commit    PROCESSING(token) → PROCESSED   (+ a route's deliveries, one transaction)
 //! leave     PROCESSING(token) → RETRYABLE(next_attempt_at) | DEAD(reason) | PARKED(reason)
 //! wake      RETRYABLE(gap) | PARKED(gap) → RETRYABLE, due now       (its predecessor committed)
 //! ```
@@ -31,7 +32,7 @@ use super::outbox::outbox_put;
 use super::{DynamoLedger, Item, META_SK, Written, attr, payload_sk};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
-use crate::ledger::{CommitResult, Exit, GAP, LeaseResult, PortError, Status, WorkRecord};
+use crate::ledger::{Applied, CommitResult, Exit, GAP, LeaseResult, PortError, Status, WorkRecord};
 use crate::policy::expires_at;
 use crate::ports::{EventPayload, WorkLedger};
 use crate::projection::sequence::{Position, waiter_sk};
@@ -157,16 +158,10 @@ pub(crate) fn commit_items(
     let mut owner: Vec<usize> = Vec::new();
     let mut outbox = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        for w in &op.writes {
-            items.push(super::item::transact(table, w));
-            owner.push(i);
-        }
-        for msg in &op.outbox {
-            let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards);
-            items.push(put);
-            owner.push(i);
-            outbox.push(pk);
-        }
+        let (mine, ids) = op_items(table, key, token, op, now_ms, shards);
+        owner.extend(std::iter::repeat_n(i, mine.len()));
+        items.extend(mine);
+        outbox.extend(ids);
     }
     let completion = cond::complete(token, outcome, subject, now_ms, key.shard(shards))
         .transact(table, DynamoLedger::key(key, META_SK))
@@ -174,6 +169,55 @@ pub(crate) fn commit_items(
         .map_err(|e| PortError::Unavailable { service: "dynamodb", message: e.to_string() })?;
     items.push(TransactWriteItem::builder().update(completion).build());
     Ok((items, owner, outbox))
+}
+
+/// One op's transaction items (its writes, then its outbox items claimed
+/// by `token`) and the outbox ids.
+pub(crate) fn op_items(
+    table: &str,
+    key: &EventKey,
+    token: &str,
+    op: &Op,
+    now_ms: i64,
+    shards: u32,
+) -> (Vec<TransactWriteItem>, Vec<String>) {
+    let mut items: Vec<TransactWriteItem> = op.writes.iter().map(|w| super::item::transact(table, w)).collect();
+    let mut outbox = Vec::new();
+    for msg in &op.outbox {
+        let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards);
+        items.push(put);
+        outbox.push(pk);
+    }
+    (items, outbox)
+}
+
+/// Whether an op is one write that goes as one conditional request.
+pub(crate) fn single(op: &Op) -> Option<&crate::projection::Write> {
+    match (op.writes.as_slice(), op.outbox.is_empty()) {
+        ([w], true) if super::item::alone(w) => Some(w),
+        _ => None,
+    }
+}
+
+/// What a cancelled op transaction means: a condition failed, or contention.
+pub(crate) fn op_cancelled(codes: &[&str]) -> Result<Applied, PortError> {
+    if codes.contains(&"ConditionalCheckFailed") {
+        return Ok(Applied::Conflict);
+    }
+    if let Some(reason) = codes.iter().find(|c| matches!(**c, "ValidationError" | "ItemCollectionSizeLimitExceeded")) {
+        return Err(PortError::Caller {
+            service: "dynamodb",
+            code: format!("TransactionCanceled:{reason}"),
+            message: format!("an op's transaction was cancelled: {}", codes.join(", ")),
+        });
+    }
+    if codes.is_empty() {
+        return Err(PortError::Unavailable {
+            service: "dynamodb",
+            message: "transaction cancelled without reasons".into(),
+        });
+    }
+    Ok(Applied::Contention)
 }
 
 /// What a cancelled commit means, from the cancellation reasons' codes (one
@@ -260,6 +304,33 @@ impl WorkLedger for DynamoLedger {
         }
     }
 
+    async fn apply(&self, key: &EventKey, token: &str, op: &Op, now_ms: i64) -> Result<Applied, PortError> {
+        if let Some(w) = single(op) {
+            let written = super::item::write_alone(self.client(), self.table(), w).await?;
+            return Ok(if written { Applied::Written { outbox: Vec::new() } } else { Applied::Conflict });
+        }
+        let (items, outbox) = op_items(self.table(), key, token, op, now_ms, self.shards());
+        if items.is_empty() {
+            return Ok(Applied::Written { outbox });
+        }
+        let result = self
+            .client()
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(self.ambient.token())
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(Applied::Written { outbox }),
+            Err(e) => e,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(cancel)) = err.as_service_error() else {
+            return Err(port_error("dynamodb", &err));
+        };
+        let codes: Vec<&str> = cancel.cancellation_reasons().iter().map(|r| r.code().unwrap_or("None")).collect();
+        op_cancelled(&codes)
+    }
+
     async fn commit(
         &self,
         key: &EventKey,
@@ -269,6 +340,14 @@ impl WorkLedger for DynamoLedger {
         subject: Option<&str>,
         now_ms: i64,
     ) -> Result<CommitResult, PortError> {
+        if ops.iter().all(|op| op.writes.is_empty() && op.outbox.is_empty()) {
+            // The completion alone: one conditional update.
+            let update = cond::complete(token, outcome, subject, now_ms, key.shard(self.shards()));
+            return Ok(match self.conditional(key.as_str(), META_SK, update, false).await? {
+                Written::Applied(_) => CommitResult::Committed { outbox: Vec::new() },
+                Written::Refused(_) => CommitResult::Fenced,
+            });
+        }
         let (items, owner, outbox) =
             commit_items(self.table(), key, token, ops, outcome, subject, now_ms, self.shards())?;
         // The SDK's retry of this call reuses the token; drawn from the

@@ -22,16 +22,18 @@ use crate::adapters::dynamodb::outbox::{
     OUTBOX_SK, claim_refused, claimed, dead_partition, held_by, outbox_partition, short, text, wait_partition,
 };
 use crate::adapters::dynamodb::schema::{BINDING_SK, binding_pk};
-use crate::adapters::dynamodb::work::{commit_cancelled, commit_items, history_item, left_by, work_record};
+use crate::adapters::dynamodb::work::{
+    commit_cancelled, commit_items, history_item, left_by, op_cancelled, op_items, single, work_record,
+};
 use crate::adapters::dynamodb::{
     ATTENTION_INDEX, DUE_INDEX, Item, META_SK, attention_shard, attr, due_partition, due_shard, existing_from_item,
     new_record_item, payload, payload_item, payload_sk,
 };
 use crate::identity::EventKey;
 use crate::ledger::{
-    Attention, BodyBinding, Bound, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition, ExistingRecord,
-    Exit, GAP, LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease, Status, Transitioned,
-    WaiterCheck, WaiterItem, WorkRecord,
+    Applied, Attention, BodyBinding, Bound, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition,
+    ExistingRecord, Exit, GAP, LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease, Status,
+    Transitioned, WaiterCheck, WaiterItem, WorkRecord,
 };
 use crate::message::{Held, OutboxClaim};
 use crate::ports::{
@@ -631,6 +633,62 @@ impl WorkLedger for MemLedger {
         })
     }
 
+    async fn apply(&self, key: &EventKey, token: &str, op: &Op, now_ms: i64) -> Result<Applied, PortError> {
+        let shards = self.0.shards;
+        // The same token on every try of this call, as the SDK retries it.
+        let request_token = self.0.ambient.token();
+        self.0.call_on("work.apply", key.as_str(), |w, st| {
+            let record = |st: &mut super::State, written: bool| {
+                st.applied.push(super::AppliedCall {
+                    key: key.as_str().to_owned(),
+                    token: token.to_owned(),
+                    op: label(op),
+                    written,
+                });
+            };
+            if let Some(one) = single(op) {
+                let write =
+                    Write::from_sdk(&crate::adapters::dynamodb::item::transact("memory", one)).map_err(invalid)?;
+                return match st.table.write(&write) {
+                    Ok(_) => {
+                        record(st, true);
+                        Ok(Applied::Written { outbox: Vec::new() })
+                    }
+                    Err(Refusal::Invalid(e)) => Err(invalid(e)),
+                    Err(_) => {
+                        record(st, false);
+                        Ok(Applied::Conflict)
+                    }
+                };
+            }
+            let (items, outbox) = op_items("memory", key, token, op, now_ms, shards);
+            if items.is_empty() {
+                return Ok(Applied::Written { outbox });
+            }
+            let writes = items.iter().map(Write::from_sdk).collect::<Result<Vec<_>, _>>().map_err(invalid)?;
+            if !outbox.is_empty() {
+                st.exercised.insert("outbox_new");
+            }
+            let result = st.table.transact(&writes, Some(&request_token), w.now());
+            record(st, result.is_ok());
+            match result {
+                Ok(()) => Ok(Applied::Written { outbox }),
+                Err(TransactError::Cancelled(reasons)) => {
+                    let codes: Vec<&str> = reasons
+                        .iter()
+                        .map(|r| match r {
+                            None => "None",
+                            Some(Refusal::Conflict) => "TransactionConflict",
+                            Some(_) => "ConditionalCheckFailed",
+                        })
+                        .collect();
+                    op_cancelled(&codes)
+                }
+                Err(e) => Err(invalid(format!("{e:?}"))),
+            }
+        })
+    }
+
     async fn commit(
         &self,
         key: &EventKey,
@@ -644,6 +702,26 @@ impl WorkLedger for MemLedger {
         // The same token on every try of this call, as the SDK retries it.
         let request_token = self.0.ambient.token();
         self.0.call_on("work.commit", key.as_str(), |w, st| {
+            if ops.iter().all(|op| op.writes.is_empty() && op.outbox.is_empty()) {
+                // The completion alone: one conditional update.
+                st.exercised.insert("complete");
+                let update = cond::complete(token, outcome, subject, now_ms, key.shard(shards));
+                let written = st.conditional(key.as_str(), META_SK, &update)?;
+                let committed = matches!(written, Written::Applied(_));
+                st.commits.push(super::CommitCall {
+                    key: key.as_str().to_owned(),
+                    token: token.to_owned(),
+                    ops: Vec::new(),
+                    outcome: outcome.to_owned(),
+                    subject: subject.map(str::to_owned),
+                    committed,
+                });
+                return Ok(if committed {
+                    CommitResult::Committed { outbox: Vec::new() }
+                } else {
+                    CommitResult::Fenced
+                });
+            }
             let (items, owner, outbox) = commit_items("memory", key, token, ops, outcome, subject, now_ms, shards)?;
             let writes = items.iter().map(Write::from_sdk).collect::<Result<Vec<_>, _>>().map_err(invalid)?;
             st.exercised.insert("complete");

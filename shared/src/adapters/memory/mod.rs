@@ -140,6 +140,19 @@ pub struct State {
     pub exercised: BTreeSet<&'static str>,
     /// Every commit the processor asked for, in order.
     pub commits: Vec<CommitCall>,
+    /// Every op the processor wrote before a commit, in order.
+    pub applied: Vec<AppliedCall>,
+}
+
+/// One `WorkLedger::apply` call as the ledger saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedCall {
+    pub key: String,
+    pub token: String,
+    /// The op by the `pk` of its first write.
+    pub op: String,
+    /// Whether it was written (`false`: its condition failed).
+    pub written: bool,
 }
 
 /// One `WorkLedger::commit` call as the ledger saw it.
