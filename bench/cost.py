@@ -30,8 +30,9 @@ PROVIDER_API_MS = 150.0
 FULL_VCPU_MB = 1769
 # The SQS event source's long polls: 5 pollers, a 20 s poll each when idle.
 IDLE_POLLS_PER_MONTH = 5 * 3 * 60 * 24 * 30
-# EMF metric documents per invocation (bytes), beside the measured log lines.
-EMF_BYTES = 1000
+# EMF metric documents: measured per invocation (the flows' `emf_bytes`, one
+# message per processor invocation there); a processor invocation of a batch
+# flushes one document, so its bytes are shared by the batch's messages.
 # The Python runtime's own lines per invocation (START, END, REPORT), which
 # the pattern keeps (Hookledger's JSON logs at SystemLogLevel WARN drop them).
 PLATFORM_LOG_BYTES = 250
@@ -115,7 +116,10 @@ def bill(d, system, contract, cfg, volume, arch, latency_scale=1.0):
         units["sns"] += w * volume * f["sns_requests"]
         units["s3_put"] += w * volume * f["s3_put_requests"]
         units["s3_get"] += w * volume * f["s3_get_requests"]
-        extra = PLATFORM_LOG_BYTES if system == "powertools" else EMF_BYTES
+        if system == "powertools":
+            extra = PLATFORM_LOG_BYTES
+        else:
+            extra = f["emf_bytes"] if is_intake else f["emf_bytes"] / batch
         units["log"] += w * volume * (f["log_bytes"] + extra)
     proc_inv = proc_msgs / batch
     # The event source's receive and delete per batch.
@@ -194,7 +198,8 @@ def main():
           "sensitivity: the latency at 50 % and 150 %.")
     print(f"- Processor batches: min(10, events per second) messages (BatchSize 10, a 1 s window); "
           f"the event source's receive and delete per batch; {IDLE_POLLS_PER_MONTH:,} idle long polls a month.")
-    print(f"- Logs: the measured JSON lines (INFO) + {EMF_BYTES} bytes of EMF per invocation; "
+    print("- Logs: the measured JSON lines (INFO) + the EMF document each invocation flushes (measured; "
+          "a processor batch shares one); "
           f"{CUSTOM_METRICS} custom metrics; storage: {stored:,.0f} bytes per event for {RETENTION_DAYS} days, with PITR.")
     print("- X-Ray (Tracing Active): the default sampling rule, the first request each second and 5 % of the rest, per entry point.")
     print(f"- Powertools-Python: its own CPU time in this process, the same latency model, 256 MB, "

@@ -385,8 +385,23 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 request_id = req.request_id,
                 "intake"
             );
-        } else {
+        } else if answer.status >= 400 {
+            // A refused request (a bad signature, an unknown endpoint): the
+            // ledger has no trace of it, the operator needs this line.
             tracing::info!(
+                endpoint = endpoint_name,
+                provider,
+                event_id,
+                event_type,
+                outcome = outcome.label(),
+                status = answer.status,
+                duration_ms,
+                request_id = req.request_id,
+                "intake"
+            );
+        } else {
+            // Recorded: the ledger is its evidence; a line per event only at DEBUG.
+            tracing::debug!(
                 endpoint = endpoint_name,
                 provider,
                 event_id,

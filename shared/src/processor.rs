@@ -275,11 +275,19 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             if completed || report.outcome == Outcome::Dead {
                 self.tenant_metrics.finished(&r.tenant, report.outcome == Outcome::Dead, latency);
             }
-            tracing::info!(key = %key, provider = %r.provider, endpoint = %r.endpoint, event_id = %r.event_id,
-                event_type = r.event_type.as_deref().unwrap_or(""), attempt = r.attempts, outcome = report.outcome.label(),
-                duration_ms = (self.ambient.instant() - started).as_secs_f64() * 1000.0, "processed");
+            let duration_ms = (self.ambient.instant() - started).as_secs_f64() * 1000.0;
+            let (event_type, outcome) = (r.event_type.as_deref().unwrap_or(""), report.outcome.label());
+            if completed {
+                // Done: the ledger is its evidence; a line per event only at DEBUG.
+                tracing::debug!(key = %key, provider = %r.provider, endpoint = %r.endpoint, event_id = %r.event_id,
+                    event_type, attempt = r.attempts, outcome, duration_ms, "processed");
+            } else {
+                // Retrying, parked, dead, deferred, fenced: what an operator looks for.
+                tracing::info!(key = %key, provider = %r.provider, endpoint = %r.endpoint, event_id = %r.event_id,
+                    event_type, attempt = r.attempts, outcome, duration_ms, "processed");
+            }
         } else {
-            tracing::info!(key = %key, outcome = report.outcome.label(), "not leased");
+            tracing::debug!(key = %key, outcome = report.outcome.label(), "not leased");
         }
         Ok(report)
     }

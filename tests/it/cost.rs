@@ -13,7 +13,8 @@
 //! - in a second pass with plain clients, each flow's own CPU time (this
 //!   thread's, on a current-thread runtime: the code, the SDK and the HTTP
 //!   client; not the emulator's) in the build it runs in (`--release` in the
-//!   script), and the log bytes it writes (JSON lines at INFO, as deployed);
+//!   script), the log bytes it writes (JSON lines at INFO, as deployed), and
+//!   the EMF document its invocation flushes (the functions' collector);
 //! - the stored bytes each event leaves in the table (its items, by the
 //!   capacity model's item size), for storage at the retention.
 //!
@@ -288,17 +289,25 @@ async fn cost() {
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let mut cpu: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    // The functions' metrics collector: the EMF document each invocation
+    // flushes, measured (one message per processor invocation here; the
+    // bench divides it by the batch).
+    let emf = hookledger::telemetry::init_metrics("processor").expect("the only metrics recorder in this process");
+    let mut cpu: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
     let (mut cpu_at, mut log_at) = (0, 0);
     let counted = logs.clone();
     drive(&timing, &fake, n, &format!("{run}t"), |scope, done| {
         let (now_cpu, now_log) = (thread_cpu_ns(), *counted.0.lock().unwrap());
         if done.is_none() {
+            emf.flush(std::io::sink()).expect("a sink takes anything");
             (cpu_at, log_at) = (now_cpu, now_log);
         } else {
+            let mut doc = Vec::new();
+            emf.flush(&mut doc).expect("a vector takes anything");
             let e = cpu.entry(scope.to_owned()).or_default();
             e.0 += now_cpu - cpu_at;
             e.1 += now_log - log_at;
+            e.2 += doc.len() as u64;
         }
     })
     .await;
@@ -309,7 +318,7 @@ async fn cost() {
         let tally = tallies.get(scope).cloned().unwrap_or_default();
         let recorded = capacity.recorded(scope);
         let per = |x: f64| x / *count as f64;
-        let (cpu_ns, log_bytes) = cpu.get(scope).copied().unwrap_or_default();
+        let (cpu_ns, log_bytes, emf_bytes) = cpu.get(scope).copied().unwrap_or_default();
         let by_service = |prefix: &str| {
             tally.by_operation.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| *v as f64).sum::<f64>()
         };
@@ -329,6 +338,7 @@ async fn cost() {
                 "s3_get_requests": per(by_service("s3:Get")) + 0.0,
                 "cpu_ms": per(cpu_ns as f64 / 1e6),
                 "log_bytes": per(log_bytes as f64),
+                "emf_bytes": per(emf_bytes as f64),
             }),
         );
     }
