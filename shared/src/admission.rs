@@ -146,6 +146,10 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
     /// per event, in order.
     pub async fn admit(&self, events: &[(NewEvent, &[u8])]) -> Vec<Admitted> {
         let mut claims: Vec<Result<Claim, PortError>> = Vec::with_capacity(events.len());
+        // A new record is a new due entry.
+        if let Some((first, _)) = events.first() {
+            self.ledger.note_activity(first.received_at_ms).await;
+        }
         for chunk in events.chunks(CLAIMS_IN_FLIGHT) {
             let pending: Vec<_> = chunk.iter().map(|(event, bytes)| self.ledger.claim(event, bytes)).collect();
             claims.extend(futures::future::join_all(pending).await);
@@ -170,6 +174,7 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
     /// [`Step::Send`] with the record claimed now (the event's, or a
     /// notification's next generation), else what became of it.
     pub async fn claim(&self, event: &NewEvent, bytes: &[u8]) -> Step {
+        self.ledger.note_activity(event.received_at_ms).await;
         let claim = self.ledger.claim(event, bytes).await;
         self.resolve(event, bytes, claim).await
     }

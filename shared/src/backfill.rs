@@ -787,6 +787,7 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
             Err(failure) => return Err(failure.why()),
         };
         let event = new_event(target, &parked.event, &body, now_ms, self.ambient.token());
+        self.ledger.note_activity(now_ms).await;
         let tenant = match self.ledger.release(&event, &body, &format!("operator {operator}")).await {
             Ok(Release::Released { tenant }) => tenant,
             Ok(Release::NotAwaiting) => return Ok(Released::NotAwaiting),

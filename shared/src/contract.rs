@@ -1374,10 +1374,11 @@ pub async fn a_transaction_token_is_honoured_for_ten_minutes(w: &crate::adapters
         matches!(l.apply(&e.key, "tok-1", &op, T0).await.unwrap(), crate::ledger::Applied::Written { .. }),
         "the retry with the same token is answered as the success it was"
     );
+    // A new request meets the event's own puts (stamped): recognised.
     assert_eq!(
         l.apply(&e.key, "tok-1", &op, T0).await.unwrap(),
-        crate::ledger::Applied::Conflict,
-        "a new request meets it"
+        crate::ledger::Applied::Written { outbox: vec![] },
+        "its own"
     );
     // The completion alone is one conditional update: its retry after a lost
     // acknowledgement meets its own write, which `completed_by` tells.
@@ -1440,6 +1441,7 @@ pub async fn projection_state_is_read_by_key_as_the_commit_wrote_it<B: Backend>(
         panic!("our lease commits")
     };
     let mut want = attrs;
+    want.insert("applied_by".into(), str_value(e.key.as_str()));
     want.insert("pk".into(), str_value("proj#read#t1#a"));
     want.insert("sk".into(), str_value(crate::projection::STATE_SK));
     let read = StateStore::read(&l, "proj#read#t1#a", crate::projection::STATE_SK).await.unwrap();
@@ -1478,11 +1480,13 @@ pub async fn an_op_is_written_on_its_own_guarded_by_its_conditions<B: Backend>(b
         )
     };
     assert_eq!(l.apply(&e.key, "tok-1", &put("proj#ap#a", 2), T0).await.unwrap(), Applied::Written { outbox: vec![] });
-    assert_eq!(
-        l.apply(&e.key, "tok-1", &put("proj#ap#a", 2), T0).await.unwrap(),
-        Applied::Conflict,
-        "a repeat is refused"
-    );
+    // Its repeat meets its own put (stamped `applied_by`): recognised, not
+    // a conflict; another event's same write is refused.
+    assert_eq!(l.apply(&e.key, "tok-2", &put("proj#ap#a", 2), T0).await.unwrap(), Applied::Written { outbox: vec![] });
+    let other = EventKey::new("stripe", "contract", "apply-other");
+    assert_eq!(l.apply(&other, "tok-9", &put("proj#ap#a", 2), T0).await.unwrap(), Applied::Conflict, "stale");
+    let by = b.get("proj#ap#a", st).await.and_then(|i| i.get("applied_by").and_then(|v| v.as_str().map(str::to_owned)));
+    assert_eq!(by.as_deref(), Some(e.key.as_str()));
     // Not fenced by the lease: a worker whose lease was taken over writes
     // what its condition allows (the same as the owner's, or nothing).
     assert_eq!(
@@ -1520,15 +1524,61 @@ pub async fn an_op_is_written_on_its_own_guarded_by_its_conditions<B: Backend>(b
         panic!("written with its notification")
     };
     assert_eq!(outbox, [crate::message::outbox_id(e.key.as_str(), "ap.changed")]);
-    assert_eq!(l.apply(&e.key, "tok-1", &noted, T0).await.unwrap(), Applied::Conflict, "not twice");
+    assert_eq!(
+        l.apply(&e.key, "tok-2", &noted, T0).await.unwrap(),
+        Applied::Written { outbox: vec![] },
+        "its own state met again: its notification is there already, not written twice"
+    );
     let o = b.outbox();
     assert_eq!(
         o.claim(&outbox[0], "d-1", T0, T0 + 30_000).await.unwrap(),
         OutboxClaim::Skipped,
         "claimed by the lease"
     );
+    // An outbox item alone (a route's delivery): one conditional put.
+    let mut delivery = noted.outbox[0].clone();
+    delivery.action = "ap.delivered".into();
+    let alone = Op { outbox: vec![delivery], ..Op::new(Vec::new(), OnConflict::AlreadyApplied) };
+    let Applied::Written { outbox: one } = l.apply(&e.key, "tok-1", &alone, T0).await.unwrap() else {
+        panic!("written alone")
+    };
+    assert_eq!(one, [crate::message::outbox_id(e.key.as_str(), "ap.delivered")]);
+    assert_eq!(l.apply(&e.key, "tok-2", &alone, T0).await.unwrap(), Applied::Conflict, "once, whoever writes it");
     // The record is untouched until its completion.
     assert_eq!(text(&row(&l, &e.key).await, "status"), Some("PROCESSING"));
+}
+
+/// `activity_mark` and `sweep_record`: a note marks its window (found by a
+/// look back that reaches the window, not by one that starts after it);
+/// the last sweep is kept, a later one replaces it, an earlier one (a
+/// retry, a slower run) does not.
+pub async fn activity_is_marked_by_window_and_the_last_sweep_kept<B: Backend>(b: &B) {
+    use crate::ledger::{ACTIVITY_WINDOW_MS, Attention, Sweep};
+    use crate::ports::Activity;
+    let l = b.ledger(7);
+    // Far from every other scenario's time: the marks of a shared table
+    // stay apart.
+    let at = T0 + 400 * ACTIVITY_WINDOW_MS + 1_000;
+    assert!(!l.active_since(at - 3 * ACTIVITY_WINDOW_MS).await.unwrap(), "nothing noted yet");
+    l.note_activity(at).await;
+    l.note_activity(at + 1).await;
+    assert!(l.active_since(at - 3 * ACTIVITY_WINDOW_MS).await.unwrap());
+    assert!(l.active_since(at).await.unwrap(), "its own window");
+    assert!(!l.active_since(at + ACTIVITY_WINDOW_MS).await.unwrap(), "not a later window");
+    let mark = b.get("activity", &format!("mark#{:013}", at - at % ACTIVITY_WINDOW_MS)).await.expect("the mark");
+    assert_eq!(mark.get("marked_at").and_then(Value::as_i64), Some(at), "one write per container and window");
+
+    let sweep = |at_ms: i64, quiet: bool, dead: u64| Sweep {
+        at_ms,
+        quiet,
+        attention: Attention { dead_letters: dead, parked: 1, outbox_dead: 2 },
+    };
+    l.record_sweep(&sweep(at, true, 3)).await.unwrap();
+    assert_eq!(l.last_sweep().await.unwrap(), Some(sweep(at, true, 3)));
+    l.record_sweep(&sweep(at - 1, false, 9)).await.unwrap();
+    assert_eq!(l.last_sweep().await.unwrap(), Some(sweep(at, true, 3)), "an earlier run's is not kept");
+    l.record_sweep(&sweep(at + 1, false, 4)).await.unwrap();
+    assert_eq!(l.last_sweep().await.unwrap(), Some(sweep(at + 1, false, 4)));
 }
 
 /// Runs `$run!(scenario)` for every scenario that runs on both backends.
@@ -1542,6 +1592,7 @@ macro_rules! contract_scenarios {
         $run!(the_lease_is_taken_when_leasable_and_recognises_its_retry);
         $run!(the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox);
         $run!(an_op_is_written_on_its_own_guarded_by_its_conditions);
+        $run!(activity_is_marked_by_window_and_the_last_sweep_kept);
         $run!(the_exits_are_fenced_and_recognise_their_retries);
         $run!(a_gap_wakes_its_waiter_and_nothing_else);
         $run!(a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_once);

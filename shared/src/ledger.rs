@@ -668,6 +668,32 @@ pub struct DuePage {
     pub next: Option<DueCursor>,
 }
 
+/// The window an activity mark covers: a container writes at most one mark
+/// per window (docs/architecture.md "An idle reconciler").
+pub const ACTIVITY_WINDOW_MS: i64 = 300_000;
+/// How long after the last activity mark every reconciler run still reads
+/// every shard: longer than the longest backoff a write of the pipeline
+/// schedules (the outbox's 60 min) plus the re-drive grace.
+pub const ACTIVE_FOR_MS: i64 = 2 * 3_600_000;
+/// How often a reconciler with no activity still reads every shard: the
+/// bound on how late an entry whose mark was lost (or that is due long
+/// after its write, a re-check) is found.
+pub const FULL_SWEEP_EVERY_MS: i64 = 3_600_000;
+
+/// What the last run that read every shard found, kept for the idle runs
+/// after it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// When it ran.
+    pub at_ms: i64,
+    /// It read every shard without an error, acted on nothing and saw no
+    /// open record: the runs after it may skip the shards while nothing
+    /// notes activity.
+    pub quiet: bool,
+    /// Its evidence counts, which the idle runs report again.
+    pub attention: Attention,
+}
+
 /// What needs an operator, counted from the attention index.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Attention {

@@ -286,4 +286,6 @@ pub struct Drains {
     pub started: u32,
     /// Without a queue: waiting deliveries sent by the run itself.
     pub sent: u32,
+    /// Destinations whose circuit is open (deliveries may wait for it).
+    pub open: u32,
 }

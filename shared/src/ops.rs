@@ -142,6 +142,8 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
         reason: &str,
         now_ms: i64,
     ) -> Result<String, OpsError> {
+        // A replay or a release makes the record due again.
+        self.ledger.note_activity(now_ms).await;
         let tenant = match self.ledger.transition(key, action, operator, reason, now_ms).await? {
             Transitioned::Done { tenant } => tenant,
             Transitioned::Missing => return Err(OpsError::UnknownEvent(key.to_string())),

@@ -100,6 +100,11 @@ enum Unsendable {
 }
 
 impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
+    /// The outbox store it writes.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
     pub fn with_ports(store: S, publisher: P) -> Self {
         Self {
             store,
@@ -284,6 +289,8 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         mut now_ms: i64,
     ) -> Result<Dispatched, PortError> {
         let id = item.id.as_str();
+        // A failure, a wait or a pause moves its due entry.
+        self.store.note_activity(now_ms).await;
         // A destination whose circuit is open is not tried: its delivery
         // waits without spending an attempt.
         let destination = destination_of(item);
@@ -633,6 +640,7 @@ impl<S: OutboxStore> Deliveries<S> {
         now_ms: i64,
     ) -> Result<bool, PortError> {
         let shard = EventKey::from_stored(&delivery.event_key).map_or(0, |k| k.shard(self.shards));
+        self.store.note_activity(now_ms).await;
         let replayed = self.store.revive(&delivery.id, token, shard, operator, reason, now_ms).await?;
         if replayed {
             tracing::info!(outbox = %delivery.id, operator, reason, "delivery replayed");

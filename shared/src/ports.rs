@@ -24,15 +24,15 @@ use crate::identity::EventKey;
 use crate::ledger::Release;
 use crate::ledger::{
     Applied, Attention, BodyBinding, Bound, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition,
-    ExistingRecord, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row, SendLease, Status, Transitioned,
-    WaiterCheck, WaiterItem,
+    ExistingRecord, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row, SendLease, Status, Sweep,
+    Transitioned, WaiterCheck, WaiterItem,
 };
 use crate::message::{Dispatched, Held, OutboxClaim};
 use crate::projection::Op;
 use crate::projection::sequence::Position;
 
 /// The durable event ledger (DynamoDB in production).
-pub trait Ledger: Send + Sync {
+pub trait Ledger: Activity + Send + Sync {
     /// One round trip: creates the record and its payload item together
     /// (atomically) unless the key exists; on conflict returns the existing
     /// record (no read before the write). A record created by `claim` has its
@@ -216,7 +216,7 @@ pub trait Redelivery: Send + Sync {
 
 /// The processor's transitions on the ledger record, each one conditional
 /// write fenced by the lease token.
-pub trait WorkLedger: Send + Sync {
+pub trait WorkLedger: Activity + Send + Sync {
     /// Index shards (the record's due-index partition depends on them).
     fn shards(&self) -> u32;
     /// Takes the lease if the record is leasable now (RECEIVED; RETRYABLE
@@ -385,7 +385,7 @@ pub trait DeliveryQueue: Send + Sync {
 ///    ▲                      │        │
 ///    └─ back_off, defer ◀───┘        └── dead ──▶ DEAD
 /// ```
-pub trait OutboxStore: Send + Sync {
+pub trait OutboxStore: Activity + Send + Sync {
     /// Claims a due PENDING item, or a SENDING one whose claim lapsed.
     fn claim(
         &self,
@@ -705,10 +705,28 @@ pub trait EventPayloads: Send + Sync {
     }
 }
 
+/// Activity marks: a note that this container is about to add or move
+/// entries of the `due` index, so that a reconciler run with nothing noted
+/// lately need not read every shard (docs/architecture.md "An idle
+/// reconciler"). At most one write per container and
+/// [`crate::ledger::ACTIVITY_WINDOW_MS`]; a failed note is not an error
+/// (it is tried again at the next note; the reconciler's periodic full
+/// sweep bounds what a lost mark delays).
+pub trait Activity: Send + Sync {
+    fn note_activity(&self, now_ms: i64) -> impl Future<Output = ()> + Send;
+}
+
 /// The reconciler's view: the `due` index, claims on its items, and the
 /// evidence counts. Drift repairs create records through [`Ledger`].
 pub trait DueLedger: Ledger {
     fn shards(&self) -> u32;
+    /// Whether any activity was noted at `since_ms` or later (one query).
+    fn active_since(&self, since_ms: i64) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// What the last run that read every shard found (one read by key).
+    fn last_sweep(&self) -> impl Future<Output = Result<Option<Sweep>, PortError>> + Send;
+    /// Keeps what a run that read every shard found (unless a later one
+    /// is kept already).
+    fn record_sweep(&self, sweep: &Sweep) -> impl Future<Output = Result<(), PortError>> + Send;
     /// The items of one partition of `shard` due at `up_to` or earlier,
     /// oldest first, after `after` (a page's `next`), at most `limit`
     /// (≤ 100): one query, and one batch read of the records and
@@ -794,7 +812,7 @@ impl RowFilter<'_> {
 pub type Shown = (Row, Vec<Row>, Option<Vec<u8>>);
 
 /// The operator's view: the `status` index and audited transitions.
-pub trait OperatorLedger: Send + Sync {
+pub trait OperatorLedger: Activity + Send + Sync {
     fn shards(&self) -> u32;
     /// One status partition, newest first, after the filter's cursor; pages
     /// until it has `want` rows (or the partition ends).
@@ -1082,7 +1100,7 @@ pub struct ScheduleState {
 
 /// What the backfill needs from the ledger: the same claim as a webhook
 /// delivery, whether a key is recorded (for a dry run), and its progress.
-pub trait BackfillLedger: Send + Sync {
+pub trait BackfillLedger: Activity + Send + Sync {
     fn claim(&self, event: &NewEvent, body: &[u8]) -> impl Future<Output = Result<Claim, PortError>> + Send;
     fn release_send_lease(
         &self,

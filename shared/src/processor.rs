@@ -242,6 +242,8 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
     ) -> Result<Report, PortError> {
         let started = self.ambient.instant();
         let token = self.ambient.token();
+        // Its exits may add or move due entries (a retry, a gap, re-checks, notifications).
+        self.ledger.note_activity(now_ms).await;
         let leased = self.ledger.lease(key, &token, now_ms, self.settings.lease_ms).await?;
         let (report, record) = match leased {
             LeaseResult::Missing => (Report::done(Outcome::Missing), None),
@@ -478,15 +480,18 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             .collect()
     }
 
-    /// Writes each op on its own, guarded by its own conditions (dropping
-    /// those whose conditions say "stale" or "already applied"), then
-    /// completes the record fenced by the lease (docs/architecture.md "The
-    /// commit": every op's condition makes a repeat, by a retry or by a
-    /// worker fenced out meanwhile, a no-op, so a crash between the two
-    /// converges when the record is processed again). An event whose
-    /// outcome is `applied` or `ignored` is also delivered to the
-    /// destinations its routes name: the deliveries are committed with the
-    /// completion marker (claimed by this lease), then sent at once.
+    /// Commits the plan (docs/architecture.md "The commit"). Each guarded
+    /// op (the building blocks') is written on its own, guarded by its own
+    /// conditions: a repeat, by a retry or by a worker fenced out
+    /// meanwhile, is a no-op or the same write, so a crash before the
+    /// completion converges when the record is processed again. Then the
+    /// completion marker, fenced by the lease: alone, with each delivery of
+    /// the event's routes written on its own before it; or, when the plan
+    /// has ops that need the fence (an unguarded `ADD`), in one transaction
+    /// with those ops and the deliveries. Ops whose conditions say "stale"
+    /// or "already applied" are dropped. An event whose outcome is
+    /// `applied` or `ignored` is delivered to its routes' destinations:
+    /// the deliveries are written claimed by this lease, then sent at once.
     /// `Ok(None)`: an op asked to replan.
     #[allow(clippy::too_many_arguments)]
     async fn commit(
@@ -511,9 +516,10 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         if planned && crate::planted::is(crate::planted::Bug::CompleteBeforeProjection) {
             self.ledger.commit(key, token, &[], Outcome::Applied.label(), subject, now_ms).await?;
         }
+        let (guarded, mut fenced): (Vec<Op>, Vec<Op>) = ops.into_iter().partition(|op| op.guarded);
         let mut applied: Vec<Op> = Vec::new();
         let mut outbox: Vec<String> = Vec::new();
-        for op in ops {
+        for op in guarded {
             match self.ledger.apply(key, token, &op, now_ms).await? {
                 Applied::Written { outbox: ids } => {
                     outbox.extend(ids);
@@ -530,68 +536,120 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 }
             }
         }
-        let outcome = if !applied.is_empty() {
-            Outcome::Applied
-        } else if stale {
-            Outcome::Stale
-        } else if duplicate {
-            Outcome::Duplicate
-        } else if planned {
-            Outcome::Applied
-        } else {
-            Outcome::Ignored
+        let outcome_of = |fenced: &[Op], stale: bool, duplicate: bool| {
+            if !applied.is_empty() || !fenced.is_empty() {
+                Outcome::Applied
+            } else if stale {
+                Outcome::Stale
+            } else if duplicate {
+                Outcome::Duplicate
+            } else if planned {
+                Outcome::Applied
+            } else {
+                Outcome::Ignored
+            }
         };
-        // The projections' notifications this commit wrote, claimed by this lease.
-        let notifications: Vec<OutboxItem> = applied
-            .iter()
-            .flat_map(|op| &op.outbox)
-            .map(|m| OutboxItem::committed(key, m, self.settings.index_shards, now_ms))
-            .filter(|i| outbox.contains(&i.id))
-            .collect();
-        // The deliveries were committed before (an operator's replay of a record that had them): not again.
-        let mut deliver = !deliveries.is_empty() && matches!(outcome, Outcome::Applied | Outcome::Ignored);
-        loop {
-            let with: Vec<Op> = if deliver {
-                vec![Op { outbox: deliveries.clone(), ..Op::new(Vec::new(), OnConflict::AlreadyApplied) }]
-            } else {
-                Vec::new()
-            };
-            let routed_items: Vec<OutboxItem> = if deliver {
-                deliveries.iter().map(|m| OutboxItem::committed(key, m, self.settings.index_shards, now_ms)).collect()
-            } else {
-                Vec::new()
-            };
-            let ours = match self.ledger.commit(key, token, &with, outcome.label(), subject, now_ms).await? {
-                CommitResult::Committed { .. } => {
-                    if self.fault == ProcessorFault::AfterCommit {
-                        return Err(PortError::Unavailable {
-                            service: "injected",
-                            message: "crash after commit".into(),
-                        });
+        let routes_it = |o: Outcome| matches!(o, Outcome::Applied | Outcome::Ignored);
+        let committed = |m: &OutboxMessage| OutboxItem::committed(key, m, self.settings.index_shards, now_ms);
+        // Without fenced ops: each delivery on its own (one conditional
+        // put, claimed by this lease); one written by an earlier attempt is
+        // not written again, and its claim's lapse hands it to the sweep.
+        let mut routed_items: Vec<OutboxItem> = Vec::new();
+        let mut routed_kinds: Vec<Kind> = Vec::new();
+        if fenced.is_empty() && routes_it(outcome_of(&fenced, stale, duplicate)) {
+            for (m, kind) in deliveries.iter().zip(&kinds) {
+                let op = Op { outbox: vec![m.clone()], ..Op::new(Vec::new(), OnConflict::AlreadyApplied) };
+                match self.ledger.apply(key, token, &op, now_ms).await? {
+                    Applied::Written { .. } => {
+                        routed_items.push(committed(m));
+                        routed_kinds.push(*kind);
                     }
-                    true
+                    Applied::Conflict => tracing::info!(key = %key, "delivery committed before; not again"),
+                    Applied::Contention => {
+                        let f = Failure::Transient { code: "contention", message: "transaction conflict".into() };
+                        return self.fail(record, token, f, now_ms).await.map(Some);
+                    }
                 }
-                CommitResult::Conflicts(_) => {
-                    // The deliveries exist already: the completion goes without them.
-                    deliver = false;
-                    tracing::info!(key = %key, "deliveries committed before; not again");
-                    continue;
-                }
-                // Our own earlier commit whose response was lost looks fenced too.
-                CommitResult::Fenced => self.ledger.completed_by(key).await?.is_some_and(|t| t == token),
-                CommitResult::Contention => {
-                    let f = Failure::Transient { code: "contention", message: "transaction conflict".into() };
-                    return self.fail(record, token, f, now_ms).await.map(Some);
-                }
-            };
+            }
+        }
+        // With fenced ops: they and the deliveries go in the completion's transaction.
+        let mut deliver = !fenced.is_empty() && !deliveries.is_empty();
+        loop {
+            let outcome = outcome_of(&fenced, stale, duplicate);
+            let routing = deliver && routes_it(outcome);
+            let mut with = fenced.clone();
+            if routing {
+                with.push(Op { outbox: deliveries.clone(), ..Op::new(Vec::new(), OnConflict::AlreadyApplied) });
+                routed_items = deliveries.iter().map(committed).collect();
+                routed_kinds.clone_from(&kinds);
+            } else if !fenced.is_empty() {
+                routed_items.clear();
+                routed_kinds.clear();
+            }
+            let (ours, fenced_outbox) =
+                match self.ledger.commit(key, token, &with, outcome.label(), subject, now_ms).await? {
+                    CommitResult::Committed { outbox } => {
+                        if self.fault == ProcessorFault::AfterCommit {
+                            return Err(PortError::Unavailable {
+                                service: "injected",
+                                message: "crash after commit".into(),
+                            });
+                        }
+                        (true, outbox)
+                    }
+                    CommitResult::Conflicts(mut indices) => {
+                        if routing && indices.contains(&fenced.len()) {
+                            // The deliveries exist already: the rest commits without them.
+                            deliver = false;
+                            indices.retain(|i| *i < fenced.len());
+                            tracing::info!(key = %key, "deliveries committed before; not again");
+                        }
+                        if indices.iter().any(|i| fenced[*i].on_conflict == OnConflict::Replan) {
+                            return Ok(None);
+                        }
+                        for i in indices.iter().rev() {
+                            match fenced.remove(*i).on_conflict {
+                                OnConflict::Stale => stale = true,
+                                OnConflict::AlreadyApplied => duplicate = true,
+                                OnConflict::Replan => {}
+                            }
+                        }
+                        continue;
+                    }
+                    // Our own earlier completion whose response was lost looks fenced too.
+                    CommitResult::Fenced => {
+                        let ours = self.ledger.completed_by(key).await?.is_some_and(|t| t == token);
+                        // The items our commit wrote, by their ids (stable per event and action).
+                        let ids = fenced
+                            .iter()
+                            .flat_map(|op| &op.outbox)
+                            .map(|m| crate::message::outbox_id(key.as_str(), &m.action))
+                            .collect();
+                        (ours, ids)
+                    }
+                    CommitResult::Contention => {
+                        let f = Failure::Transient { code: "contention", message: "transaction conflict".into() };
+                        return self.fail(record, token, f, now_ms).await.map(Some);
+                    }
+                };
             if !ours {
                 return Ok(Some(Report::done(Outcome::Fenced)));
             }
-            for at in applied.iter().filter_map(|op| op.advances.as_ref()) {
+            outbox.extend(fenced_outbox);
+            // The projections' notifications this commit wrote, claimed by this lease.
+            let notifications: Vec<OutboxItem> = applied
+                .iter()
+                .chain(&fenced)
+                .flat_map(|op| &op.outbox)
+                .map(committed)
+                .filter(|i| outbox.contains(&i.id) && !routed_items.iter().any(|r| r.id == i.id))
+                .collect();
+            for at in applied.iter().chain(&fenced).filter_map(|op| op.advances.as_ref()) {
                 self.wake_successor(at, now_ms).await;
             }
             self.notify(&notifications, token, now_ms).await;
-            self.deliver(&routed_items, &kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms).await;
+            self.deliver(&routed_items, &routed_kinds, token, routed.as_ref().map_or(&[][..], |r| r.payload), now_ms)
+                .await;
             return Ok(Some(Report::done(outcome)));
         }
     }

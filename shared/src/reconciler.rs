@@ -56,7 +56,8 @@ use crate::clock::Ambient;
 use crate::config::ReconcilerSettings;
 use crate::identity::EventKey;
 use crate::ledger::{
-    CheckItem, Due, DueCursor, DueItem, DuePartition, DueRecord, PortError, Status, WaiterCheck, WaiterItem,
+    ACTIVE_FOR_MS, Attention, CheckItem, Due, DueCursor, DueItem, DuePartition, DueRecord, FULL_SWEEP_EVERY_MS,
+    PortError, Status, Sweep, WaiterCheck, WaiterItem,
 };
 use crate::message::Dispatched;
 use crate::ports::{Dispatch, DueLedger, Outgoing, SEND_BATCH_MAX, WorkQueue};
@@ -100,6 +101,8 @@ pub struct Summary {
     pub outbox_handed: u64,
     /// Destinations back whose waiting deliveries this run drains.
     pub outbox_drains: u64,
+    /// Destinations whose circuit is open (their deliveries may be waiting).
+    pub circuits_open: u64,
     pub drift_checked: u64,
     pub drift_found: u64,
     pub drift_repaired: u64,
@@ -132,6 +135,11 @@ pub struct Summary {
     /// False when the evidence queries failed (its counts above are then not
     /// measured, and their metrics are not emitted).
     pub evidence: bool,
+    /// Items due that this run reached (acted on or not).
+    pub due_seen: u64,
+    /// An idle run: nothing noted activity lately and the last full sweep
+    /// was quiet, so no shard was read; the evidence is that sweep's.
+    pub idle: bool,
 }
 
 impl Summary {
@@ -350,8 +358,13 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     /// ([`shares`]); what the phases leave unused then goes to those that
     /// ran out of theirs, in the same order.
     pub async fn run(&self, now_ms: i64, deadline: Instant) -> Summary {
-        let mut summary = Summary { complete: true, ..Default::default() };
         let started = self.ambient.instant();
+        // A failed read of the last sweep is the same as none: a full run.
+        let last = self.ledger.last_sweep().await.ok().flatten();
+        if let Some(summary) = self.idle(last, now_ms, started).await {
+            return summary;
+        }
+        let mut summary = Summary { complete: true, ..Default::default() };
         let mut run = Run::new(now_ms, started, waiter_share(self.settings.max_items));
         let mut left = 0;
         let mut cut = [false; 3];
@@ -401,8 +414,57 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 tracing::error!(error = %e, "reconciler evidence not gathered");
             }
         }
+        self.keep_sweep(last, &mut summary, now_ms).await;
         self.emit(&summary, run.gauge.measured, started);
         summary
+    }
+
+    /// An idle run (docs/architecture.md "An idle reconciler"): the last run
+    /// that read every shard was quiet and is less than
+    /// [`FULL_SWEEP_EVERY_MS`] old, and no activity was noted in the last
+    /// [`ACTIVE_FOR_MS`]: nothing can be due that the sweep did not see, so
+    /// no shard is read. Two reads; the evidence is the sweep's. `None`: a
+    /// full run is needed (a failed read counts as activity).
+    async fn idle(&self, last: Option<Sweep>, now_ms: i64, started: Instant) -> Option<Summary> {
+        let sweep = last.filter(|s| s.quiet && (0..FULL_SWEEP_EVERY_MS).contains(&(now_ms - s.at_ms)))?;
+        if !matches!(self.ledger.active_since(now_ms - ACTIVE_FOR_MS).await, Ok(false)) {
+            return None;
+        }
+        let summary = Summary {
+            dead_letters: sweep.attention.dead_letters,
+            parked: sweep.attention.parked,
+            outbox_dead: sweep.attention.outbox_dead,
+            complete: true,
+            evidence: true,
+            idle: true,
+            ..Default::default()
+        };
+        // A quiet sweep saw no open record, and nothing was added since.
+        self.emit(&summary, true, started);
+        Some(summary)
+    }
+
+    /// Keeps what this full run found for the idle runs after it: written
+    /// when it was quiet (every shard read, no error, nothing due, no open
+    /// record, evidence measured), or to end a quiet one kept before.
+    async fn keep_sweep(&self, last: Option<Sweep>, summary: &mut Summary, now_ms: i64) {
+        let quiet = summary.complete
+            && summary.errors.is_empty()
+            && summary.evidence
+            && summary.due_seen == 0
+            && summary.outbox_drains + summary.outbox_republished + summary.circuits_open == 0
+            && summary.oldest_unprocessed_age_ms.is_none();
+        if !quiet && !last.is_some_and(|s| s.quiet) {
+            return;
+        }
+        let attention =
+            Attention { dead_letters: summary.dead_letters, parked: summary.parked, outbox_dead: summary.outbox_dead };
+        if let Err(e) = self.ledger.record_sweep(&Sweep { at_ms: now_ms, quiet, attention }).await {
+            // The next run reads every shard again (an earlier quiet sweep
+            // ages out within the hour): nothing is skipped for it.
+            *summary.errors.entry("sweep".into()).or_default() += 1;
+            tracing::warn!(error = %e, "the sweep was not kept");
+        }
     }
 
     /// One phase over every shard of its partition, starting at a shard
@@ -424,6 +486,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 // (a queue), or by this run within its share.
                 let drains = d.drains(now_ms, *allowance).await;
                 summary.outbox_drains += u64::from(drains.started);
+                summary.circuits_open += u64::from(drains.open);
                 summary.outbox_republished += u64::from(drains.sent);
                 *allowance = allowance.saturating_sub(drains.sent as usize);
             }
@@ -515,6 +578,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 if let Due::Record(record) = due {
                     run.gauge.observe(record, now_ms);
                 }
+                summary.due_seen += 1;
                 if *allowance == 0 {
                     end = PhaseEnd::Budget;
                     continue;

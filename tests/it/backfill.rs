@@ -582,6 +582,7 @@ mod github {
         assert_eq!(requests, want, "progress, look, park, progress");
         let key = hookledger::identity::EventKey::new("github", "gh", &guid(7));
 
+        w.warm().await;
         w.plan.reset_counts();
         let body = serde_json::to_vec(&push(7)).unwrap();
         assert_eq!(deliver(&mut w, 7, &body).await, 202);

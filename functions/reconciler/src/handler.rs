@@ -36,7 +36,7 @@ pub struct App {
 pub enum Output {
     Run {
         #[serde(flatten)]
-        reconciliation: Summary,
+        reconciliation: Box<Summary>,
         backfills: Vec<crate::backfills::Ran>,
     },
     Health {
@@ -118,7 +118,7 @@ pub async fn handle(app: &App, event: LambdaEvent<serde_json::Value>) -> Result<
     let now_ms = app.ambient.now_ms();
     let reconciliation = app.reconciler.run(now_ms, deadline).await;
     let backfills = app.backfills.run(now_ms, deadline).await;
-    Ok(Output::Run { reconciliation, backfills })
+    Ok(Output::Run { reconciliation: Box::new(reconciliation), backfills })
 }
 
 #[cfg(test)]

@@ -397,7 +397,9 @@ mod ports {
         let a = h.deliver(&body("e1", 1), 0).await;
         assert_eq!((a.status, a.code), (202, "accepted"));
         let calls: Vec<String> = h.world.calls().into_iter().map(|c| c.split(' ').next().unwrap().to_owned()).collect();
-        assert_eq!(calls, ["ledger.claim", "queue.send"], "two round trips");
+        // The first new event of an activity window notes it (once per
+        // container and window); every other event: two round trips.
+        assert_eq!(calls, ["activity.note", "ledger.claim", "queue.send"]);
         assert_eq!(h.field("e1", "status").as_deref(), Some("RECEIVED"));
         let (_, _, payload) =
             crate::adapters::memory::ready(crate::ports::OperatorLedger::show(&h.world.ledger(), &h.key("e1"), true))
@@ -405,6 +407,10 @@ mod ports {
                 .unwrap();
         assert_eq!(payload, Some(body("e1", 1)), "the payload is durable with the claim");
         assert_eq!(h.world.queue().keys(), [h.key("e1")]);
+        h.world.clear_calls();
+        assert_eq!(h.deliver(&body("e2", 2), 0).await.status, 202);
+        let calls: Vec<String> = h.world.calls().into_iter().map(|c| c.split(' ').next().unwrap().to_owned()).collect();
+        assert_eq!(calls, ["ledger.claim", "queue.send"], "two round trips");
     }
 
     #[tokio::test]
@@ -608,7 +614,8 @@ mod ports {
         let a = h.deliver_batch(&body, 0).await;
         assert_eq!((a.status, a.code), (202, "accepted"), "{}", a.detail);
         let calls: Vec<String> = h.world.calls().into_iter().map(|c| c.split(' ').next().unwrap().to_owned()).collect();
-        assert_eq!(calls, ["ledger.claim"; 3].into_iter().chain(["queue.send"; 3]).collect::<Vec<_>>());
+        let want = ["activity.note"].into_iter().chain(["ledger.claim"; 3]).chain(["queue.send"; 3]);
+        assert_eq!(calls, want.collect::<Vec<_>>());
         let events = crate::verify::quiltt::events(&body).unwrap();
         for e in &events {
             let k = h.quiltt_key(&e.event_id);

@@ -156,6 +156,11 @@ impl Circuits {
         }
     }
 
+    /// Whether `destination`'s circuit is open (read as [`Self::drainable`] reads it).
+    pub async fn is_open<S: CircuitStore>(&self, store: &S, destination: &str, now_ms: i64) -> bool {
+        self.read(store, destination, now_ms).await.is_some_and(|c| c.open_until.is_some())
+    }
+
     /// How many of `destination`'s waiting deliveries may be handed on now:
     /// all of them (`usize::MAX`) while its circuit is closed (or cannot be
     /// read), one (the probe's) once its open time is up, none while open

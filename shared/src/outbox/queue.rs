@@ -208,6 +208,9 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
         // Every destination's circuit in one read.
         self.circuits.prime(&self.store, &self.destinations, now_ms).await;
         for destination in self.destinations.iter() {
+            if self.circuits.is_open(&self.store, destination, now_ms).await {
+                out.open += 1;
+            }
             if self.circuits.drainable(&self.store, destination, now_ms).await == 0 {
                 continue;
             }

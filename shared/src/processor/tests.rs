@@ -299,8 +299,15 @@ pub(crate) fn put(h: &Harness, rec: WorkRecord) -> EventKey {
 
 /// An op labelled by the `pk` of its one write.
 fn op(label: &str, on_conflict: OnConflict) -> Op {
-    // Conflicts when the item is there already (`Ledger::taken`).
-    Op::new(vec![Write::put(label, Item::new()).when("attribute_not_exists(pk)")], on_conflict)
+    // Conflicts when the item is there already (`Ledger::taken`); a repeat
+    // is harmless: written on its own before the completion.
+    Op::guarded(vec![Write::put(label, Item::new()).when("attribute_not_exists(pk)")], on_conflict)
+}
+
+/// An op that needs the lease's fence (an `ADD` with no guard): committed
+/// with the completion, in one transaction.
+fn fenced_op(label: &str) -> Op {
+    Op::new(vec![Write::update(label, "ADD n :one").value(":one", crate::item::n(1))], OnConflict::Stale)
 }
 
 fn notify(action: &str) -> OutboxMessage {
@@ -1540,4 +1547,33 @@ async fn an_https_destination_is_stored_and_listed_by_its_name_never_its_url_or_
         .unwrap();
     assert_eq!(listed.len(), 1);
     assert!(!serde_json::to_string(&listed).unwrap().contains("s3cret"));
+}
+
+// ------------------------------------------------------- fenced ops
+
+/// An op without a guard of its own is committed with the completion, in
+/// one transaction fenced by the lease; the guarded ops of the same plan
+/// are written before it, on their own.
+#[tokio::test]
+async fn an_unguarded_op_is_committed_with_the_completion_and_a_guarded_one_before_it() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![fenced_op("tally"), op("state", OnConflict::Stale)])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(h.ledger.applied(), [("state".to_owned(), true)]);
+    let commits = h.ledger.commits();
+    assert_eq!(commits.len(), 1);
+    assert_eq!((commits[0].ops.clone(), commits[0].committed), (vec!["tally".to_owned()], true));
+}
+
+/// A worker whose lease was taken over meanwhile applies no unguarded op:
+/// its transaction is refused on the token, the tally is untouched.
+#[tokio::test]
+async fn a_fenced_out_worker_applies_no_unguarded_op() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![fenced_op("tally")])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    take_over_at_commit(&h, &k, "other");
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Fenced));
+    assert!(h.world.state_item("tally").is_none(), "not applied");
 }

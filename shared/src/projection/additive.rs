@@ -36,5 +36,5 @@ pub fn apply_many(entries: Vec<(String, Item, i64)>, balance_pk: &str, balance_a
             .value(":amt", n(total))
             .value(":count", n(count)),
     );
-    Op::new(writes, OnConflict::Replan)
+    Op::guarded(writes, OnConflict::Replan)
 }

@@ -99,13 +99,23 @@ pub enum OnConflict {
     Replan,
 }
 
-/// A group of writes that stand or fall together: one write goes as one
-/// conditional request, several (or writes with notifications) as one
-/// transaction of their own. Its conditions must make a repeat harmless.
+/// A group of writes that stand or fall together.
+///
+/// A **guarded** op (every building block's: [`Op::guarded`]) carries
+/// conditions that make its repeat, by a retry or by a worker fenced out
+/// meanwhile, a no-op or the same write: it is written on its own before
+/// the completion (one write as one conditional request; several, or a
+/// put with notifications, as docs/architecture.md "The commit" says).
+/// Any other op ([`Op::new`]: an `ADD` with no guard, a write whose
+/// condition does not make a repeat harmless) is committed with the
+/// completion marker in one transaction fenced by the lease, so that only
+/// the lease's owner applies it, once.
 #[derive(Debug, Clone)]
 pub struct Op {
     pub writes: Vec<Write>,
     pub on_conflict: OnConflict,
+    /// Whether its own conditions make a repeat harmless (see above).
+    pub guarded: bool,
     /// Outbound notifications written (as outbox items) only if the op applies.
     pub outbox: Vec<OutboxMessage>,
     /// The stream position this op applies, if it is an ordered delta: once
@@ -114,8 +124,15 @@ pub struct Op {
 }
 
 impl Op {
+    /// An op fenced by the lease: committed with the completion marker.
     pub fn new(writes: Vec<Write>, on_conflict: OnConflict) -> Self {
-        Self { writes, on_conflict, outbox: Vec::new(), advances: None }
+        Self { writes, on_conflict, guarded: false, outbox: Vec::new(), advances: None }
+    }
+
+    /// An op whose conditions make its repeat, by anyone, a no-op or the
+    /// same write: written on its own before the completion.
+    pub fn guarded(writes: Vec<Write>, on_conflict: OnConflict) -> Self {
+        Self { guarded: true, ..Self::new(writes, on_conflict) }
     }
 
     pub fn notify(mut self, msg: OutboxMessage) -> Self {

@@ -23,7 +23,7 @@ pub fn advance(pk: &str, rank: i64, explicit_from: &[i64], mut attrs: Item) -> O
         condition.push_str(&format!(" OR #rank = :from{i}"));
         put = put.value(format!(":from{i}"), n(*from));
     }
-    Op::new(vec![put.when(condition)], OnConflict::Stale)
+    Op::guarded(vec![put.when(condition)], OnConflict::Stale)
 }
 
 #[cfg(test)]

@@ -88,7 +88,7 @@ pub fn apply_next(pk: &str, seq: i64, attr: &str, delta: i64, extra: Item) -> Op
         sets.push(format!("#x{i} = :x{i}"));
     }
     update.action = super::Action::Update(format!("SET {} ADD #v :d", sets.join(", ")));
-    let mut op = Op::new(vec![update], OnConflict::Replan);
+    let mut op = Op::guarded(vec![update], OnConflict::Replan);
     op.advances = Some(Position { stream: pk.to_owned(), seq });
     op
 }

@@ -32,7 +32,7 @@ pub fn replace_if_newer(pk: &str, version: Version, mut attrs: Item) -> Op {
         "attribute_not_exists(pk) OR generation < :g OR (generation = :g AND revision < :r)"
     };
     let put = Write::put(pk, attrs).when(guard).value(":g", n(version.generation)).value(":r", n(version.revision));
-    Op::new(vec![put], OnConflict::Stale)
+    Op::guarded(vec![put], OnConflict::Stale)
 }
 
 #[cfg(test)]

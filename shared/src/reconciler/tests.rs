@@ -147,6 +147,11 @@ impl Recheck for StateDrift {
 type Outbox = Dispatcher<MemOutbox, MemPublisher>;
 type Recon = Reconciler<MemQueue, MemLedger, Outbox>;
 
+/// The reconciler's reads and writes of its activity marks and last sweep.
+fn bookkeeping(call: &str) -> bool {
+    ["activity.note ", "due.last_sweep ", "due.active_since ", "due.record_sweep "].iter().any(|p| call.starts_with(p))
+}
+
 /// The memory world, the provider and the reconciler's settings; the run,
 /// the world and the dispatcher share one manual clock and one entropy.
 struct Harness {
@@ -196,7 +201,11 @@ impl Harness {
         self.clock.instant() + Duration::from_secs(3_600)
     }
 
+    /// A run after the pipeline's writers noted activity (the items these
+    /// tests plant stand for their writes); the idle runs have tests of
+    /// their own.
     async fn run(&self, now_ms: i64) -> Summary {
+        crate::ports::Activity::note_activity(&self.ledger(), now_ms).await;
         self.reconciler().run(now_ms, self.far()).await
     }
 
@@ -391,7 +400,11 @@ impl Harness {
     /// What was done, in order: every port call and fetch but the index and
     /// evidence reads.
     fn acts(&self) -> Vec<String> {
-        self.world.calls().into_iter().filter(|c| !c.starts_with("due.due ") && c != "due.attention").collect()
+        self.world
+            .calls()
+            .into_iter()
+            .filter(|c| !c.starts_with("due.due ") && c != "due.attention" && !bookkeeping(c))
+            .collect()
     }
 
     /// Forgets the calls made and the messages sent so far.
@@ -979,7 +992,8 @@ async fn a_passed_deadline_acts_on_nothing_but_evidence_is_gathered() {
     w.other_phases();
     let summary = w.reconciler().run(NOW, w.clock.instant()).await;
     assert!(w.acts().is_empty(), "{:?}", w.acts());
-    assert_eq!(w.world.calls(), ["due.attention"], "not even the index is read");
+    let calls: Vec<String> = w.world.calls().into_iter().filter(|c| !bookkeeping(c)).collect();
+    assert_eq!(calls, ["due.attention"], "not even the index is read");
     assert!(!summary.complete && summary.errors.is_empty(), "{summary:?}");
     assert!(summary.evidence && summary.dead_letters == 1, "{summary:?}");
 }
@@ -1792,4 +1806,54 @@ async fn a_processor_backlog_is_absorbed_each_event_re_sent_a_bounded_number_of_
         assert_eq!(published.iter().filter(|p| p.idempotency_key == key).count(), 1, "{k}: delivered once");
     }
     eprintln!("backlog {} s: at most {worst} re-sends per event (bound {bound})", backlog_ms / 1000);
+}
+
+// ------------------------------------------------------------ idle runs
+
+/// docs/architecture.md "An idle reconciler": after a quiet run that read
+/// every shard, and with no activity noted, a run reads its last sweep and
+/// one activity query and nothing else, and reports that sweep's evidence.
+#[tokio::test]
+async fn an_idle_run_reads_no_shard_and_reports_the_last_sweeps_evidence() {
+    let w = Harness::new();
+    w.record("evt_dead", Status::Dead, None, NOW - 1);
+    let full = w.reconciler().run(NOW, w.far()).await;
+    assert!(!full.idle && full.complete && full.dead_letters == 1, "no sweep kept yet: {full:?}");
+    w.forget();
+    let idle = w.reconciler().run(NOW + 300_000, w.far()).await;
+    assert!(idle.idle && idle.complete && idle.evidence, "{idle:?}");
+    assert_eq!(w.world.calls(), ["due.last_sweep activity", "due.active_since activity"]);
+    assert_eq!((idle.dead_letters, idle.parked, idle.outbox_dead), (1, 0, 0), "the sweep's evidence");
+}
+
+/// Activity noted in the last two hours makes a run read every shard; a
+/// run that found anything due is not quiet, so the one after it reads
+/// every shard too, whatever was noted.
+#[tokio::test]
+async fn noted_activity_or_work_found_makes_the_next_run_full() {
+    use crate::ledger::ACTIVE_FOR_MS;
+    let w = Harness::new();
+    assert!(!w.reconciler().run(NOW, w.far()).await.idle);
+    crate::ports::Activity::note_activity(&w.ledger(), NOW + 1).await;
+    w.record("evt_1", Status::Received, None, NOW + 1);
+    let next = w.reconciler().run(NOW + 300_000, w.far()).await;
+    assert!(!next.idle, "{next:?}");
+    assert_eq!(next.redriven.values().sum::<u64>(), 1, "{next:?}");
+    let after = w.reconciler().run(NOW + ACTIVE_FOR_MS + 600_000, w.far()).await;
+    assert!(!after.idle, "the last run re-drove a record: not quiet: {after:?}");
+}
+
+/// An entry whose writer's mark was lost is not seen by the idle runs, and
+/// is found by the next full sweep, at most an hour after the last.
+#[tokio::test]
+async fn an_entry_without_its_mark_is_found_by_the_next_full_sweep() {
+    use crate::ledger::FULL_SWEEP_EVERY_MS;
+    let w = Harness::new();
+    assert!(!w.reconciler().run(NOW, w.far()).await.idle);
+    w.record("evt_unmarked", Status::Received, None, NOW + 1);
+    let idle = w.reconciler().run(NOW + 600_000, w.far()).await;
+    assert!(idle.idle && idle.redriven.is_empty(), "{idle:?}");
+    let full = w.reconciler().run(NOW + FULL_SWEEP_EVERY_MS, w.far()).await;
+    assert!(!full.idle, "{full:?}");
+    assert_eq!(full.redriven.get("never_sent"), Some(&1), "{full:?}");
 }

@@ -94,6 +94,8 @@ pub const OUTBOX_NEW: &str = "attribute_not_exists(pk)";
 /// (`crate::contract`) exercises each one that a port sends; the table
 /// upgrade's two (`migrate_*`) are the emulator tests' of `migrate.rs`.
 pub const EXPRESSIONS: &[&str] = &[
+    "activity_mark",
+    "sweep_record",
     "claim",
     "outbox_new",
     "payload_stored",
@@ -843,6 +845,34 @@ pub fn outbox_unwait(wait_partition: &str, now_ms: i64) -> Update {
         .remove("home_due")
         .value(":wait", s(wait_partition))
         .value(":now", n(now_ms))
+}
+
+/// An activity mark (`pk = activity`, `sk = mark#<window>`): this
+/// container is about to add or move due entries in the window. Moved
+/// forward only; its retry, or another container's mark of the same
+/// window, changes nothing that matters (the mark exists).
+pub fn activity_mark(now_ms: i64, expires_at_s: i64) -> Update {
+    Update::when("activity_mark", "attribute_not_exists(marked_at) OR marked_at < :now")
+        .set("marked_at = :now")
+        .set("expires_at = :exp")
+        .value(":now", n(now_ms))
+        .value(":exp", n(expires_at_s))
+}
+
+/// What a run that read every shard found (`pk = activity`, `sk =
+/// sweep`), unless a later run's is kept already.
+pub fn sweep_record(sweep: &crate::ledger::Sweep) -> Update {
+    Update::when("sweep_record", "attribute_not_exists(swept_at) OR swept_at < :at")
+        .set("swept_at = :at")
+        .set("quiet = :quiet")
+        .set("dead_letters = :dead")
+        .set("parked = :parked")
+        .set("outbox_dead = :odead")
+        .value(":at", n(sweep.at_ms))
+        .value(":quiet", AttributeValue::Bool(sweep.quiet))
+        .value(":dead", n(sweep.attention.dead_letters))
+        .value(":parked", n(sweep.attention.parked))
+        .value(":odead", n(sweep.attention.outbox_dead))
 }
 
 /// A destination's circuit (`dest#<name>`, `sk = "circuit"`): one more

@@ -213,6 +213,18 @@ impl DueLedger for DynamoLedger {
         DynamoLedger::shards(self)
     }
 
+    async fn active_since(&self, since_ms: i64) -> Result<bool, PortError> {
+        self.marked_since(since_ms).await
+    }
+
+    async fn last_sweep(&self) -> Result<Option<crate::ledger::Sweep>, PortError> {
+        self.read_sweep().await
+    }
+
+    async fn record_sweep(&self, sweep: &crate::ledger::Sweep) -> Result<(), PortError> {
+        self.write_sweep(sweep).await
+    }
+
     async fn due(
         &self,
         partition: DuePartition,

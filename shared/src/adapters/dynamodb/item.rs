@@ -63,6 +63,9 @@ pub fn transact(table: &str, w: &Write) -> TransactWriteItem {
             .table_name(table)
             .set_item(w.item().as_ref().map(item_to_sdk))
             .set_condition_expression(w.condition.clone())
+            .set_return_values_on_condition_check_failure(
+                w.condition.is_some().then_some(aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld),
+            )
             .set_expression_attribute_names(names)
             .set_expression_attribute_values(values)
             .build()
@@ -129,76 +132,74 @@ pub fn alone(w: &Write) -> bool {
     !matches!(w.action, Action::Check)
 }
 
-/// Sends one projection write on its own: `Ok(true)` written, `Ok(false)`
-/// its condition failed (nothing written).
+/// Sends one transaction item on its own, as the request it stands for (a
+/// put, an update, a delete): `Ok(None)` written, `Ok(Some(met))` its
+/// condition failed (nothing written) against `met` (a put's refusal
+/// returns the item it met; `None`: none, or not returned).
 pub async fn write_alone(
     client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    w: &Write,
-) -> Result<bool, crate::ledger::PortError> {
-    let names = (!w.names.is_empty()).then(|| w.names.clone());
-    let values = (!w.values.is_empty()).then(|| item_to_sdk(&w.values));
-    let key = HashMap::from([
-        ("pk".to_owned(), AttributeValue::S(w.pk.clone())),
-        ("sk".to_owned(), AttributeValue::S(w.sk.clone())),
-    ]);
-    fn refused<E, R>(
-        r: Result<R, aws_sdk_dynamodb::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>>,
-        failed: impl Fn(&E) -> bool,
-    ) -> Result<bool, crate::ledger::PortError>
-    where
-        E: std::error::Error + Send + Sync + aws_sdk_dynamodb::error::ProvideErrorMetadata + 'static,
-    {
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) if e.as_service_error().is_some_and(&failed) => Ok(false),
+    item: &TransactWriteItem,
+) -> Result<Option<Option<HashMap<String, AttributeValue>>>, crate::ledger::PortError> {
+    use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld;
+    if let Some(p) = item.put() {
+        let r = client
+            .put_item()
+            .table_name(p.table_name())
+            .set_item(Some(p.item().clone()))
+            .set_condition_expression(p.condition_expression().map(str::to_owned))
+            .set_expression_attribute_names(p.expression_attribute_names().cloned())
+            .set_expression_attribute_values(p.expression_attribute_values().cloned())
+            .return_values_on_condition_check_failure(AllOld)
+            .send()
+            .await;
+        return match r {
+            Ok(_) => Ok(None),
+            Err(e) => match e.as_service_error() {
+                Some(aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c)) => {
+                    Ok(Some(c.item().cloned()))
+                }
+                _ => Err(crate::adapters::port_error("dynamodb", &e)),
+            },
+        };
+    }
+    if let Some(u) = item.update() {
+        let r = client
+            .update_item()
+            .table_name(u.table_name())
+            .set_key(Some(u.key().clone()))
+            .update_expression(u.update_expression())
+            .set_condition_expression(u.condition_expression().map(str::to_owned))
+            .set_expression_attribute_names(u.expression_attribute_names().cloned())
+            .set_expression_attribute_values(u.expression_attribute_values().cloned())
+            .send()
+            .await;
+        return match r {
+            Ok(_) => Ok(None),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => Ok(Some(None)),
             Err(e) => Err(crate::adapters::port_error("dynamodb", &e)),
-        }
+        };
     }
-    match &w.action {
-        Action::Put(_) => refused(
-            client
-                .put_item()
-                .table_name(table)
-                .set_item(w.item().as_ref().map(item_to_sdk))
-                .set_condition_expression(w.condition.clone())
-                .set_expression_attribute_names(names)
-                .set_expression_attribute_values(values)
-                .send()
-                .await,
-            |e| e.is_conditional_check_failed_exception(),
-        ),
-        Action::Update(expression) => refused(
-            client
-                .update_item()
-                .table_name(table)
-                .set_key(Some(key))
-                .update_expression(expression)
-                .set_condition_expression(w.condition.clone())
-                .set_expression_attribute_names(names)
-                .set_expression_attribute_values(values)
-                .send()
-                .await,
-            |e| e.is_conditional_check_failed_exception(),
-        ),
-        Action::Delete => refused(
-            client
-                .delete_item()
-                .table_name(table)
-                .set_key(Some(key))
-                .set_condition_expression(w.condition.clone())
-                .set_expression_attribute_names(names)
-                .set_expression_attribute_values(values)
-                .send()
-                .await,
-            |e| e.is_conditional_check_failed_exception(),
-        ),
-        Action::Check => Err(crate::ledger::PortError::Caller {
-            service: "dynamodb",
-            code: "ValidationError".into(),
-            message: "a condition check is written inside a transaction only".into(),
-        }),
+    if let Some(d) = item.delete() {
+        let r = client
+            .delete_item()
+            .table_name(d.table_name())
+            .set_key(Some(d.key().clone()))
+            .set_condition_expression(d.condition_expression().map(str::to_owned))
+            .set_expression_attribute_names(d.expression_attribute_names().cloned())
+            .set_expression_attribute_values(d.expression_attribute_values().cloned())
+            .send()
+            .await;
+        return match r {
+            Ok(_) => Ok(None),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => Ok(Some(None)),
+            Err(e) => Err(crate::adapters::port_error("dynamodb", &e)),
+        };
     }
+    Err(crate::ledger::PortError::Caller {
+        service: "dynamodb",
+        code: "ValidationError".into(),
+        message: "a condition check is written inside a transaction only".into(),
+    })
 }
 
 #[cfg(test)]

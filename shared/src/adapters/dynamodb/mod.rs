@@ -16,6 +16,7 @@
 //! (the outbox items). Every condition expression they send is in
 //! `conditions`, which draws the state machine.
 
+pub mod activity;
 pub mod backfill;
 pub mod claim;
 pub mod conditions;
@@ -67,6 +68,8 @@ pub struct DynamoLedger {
     retention_days: u32,
     /// Tokens and item ids.
     ambient: crate::clock::Ambient,
+    /// The last activity window this container marked (its clones share it).
+    marked: activity::Marked,
 }
 
 impl DynamoLedger {
@@ -78,6 +81,7 @@ impl DynamoLedger {
             payloads: None,
             retention_days: crate::policy::DEFAULT_RETENTION_DAYS,
             ambient: crate::clock::Ambient::system(),
+            marked: activity::Marked::default(),
         }
     }
 

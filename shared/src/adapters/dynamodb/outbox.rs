@@ -320,6 +320,12 @@ pub(crate) fn claimed(item: &Item) -> OutboxItem {
     }
 }
 
+impl crate::ports::Activity for DynamoOutbox {
+    async fn note_activity(&self, now_ms: i64) {
+        self.ledger.note_activity(now_ms).await
+    }
+}
+
 impl OutboxStore for DynamoOutbox {
     async fn claim(&self, id: &str, token: &str, now_ms: i64, until_ms: i64) -> Result<OutboxClaim, PortError> {
         match self.ledger.conditional(id, OUTBOX_SK, cond::outbox_claim(token, now_ms, until_ms), true).await? {

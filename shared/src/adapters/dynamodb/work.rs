@@ -171,6 +171,26 @@ pub(crate) fn commit_items(
     Ok((items, owner, outbox))
 }
 
+/// The attribute every projection put carries: the event that wrote it, so
+/// that a retry of the put (after a lost acknowledgement, a crash before
+/// the completion, a worker fenced out meanwhile) recognises its own write
+/// in the item its refused condition met.
+pub const APPLIED_BY: &str = "applied_by";
+
+/// A projection write as the commit sends it: a put stamped with the event.
+fn stamped(key: &EventKey, w: &crate::projection::Write) -> crate::projection::Write {
+    let mut w = w.clone();
+    if let crate::projection::Action::Put(attrs) = &mut w.action {
+        attrs.insert(APPLIED_BY.to_owned(), crate::item::Value::S(key.as_str().to_owned()));
+    }
+    w
+}
+
+/// Whether an item a refused condition met is this event's own put.
+pub(crate) fn ours(met: Option<&Item>, key: &EventKey) -> bool {
+    met.and_then(|i| i.get(APPLIED_BY)).and_then(|v| v.as_s().ok()).is_some_and(|by| by == key.as_str())
+}
+
 /// One op's transaction items (its writes, then its outbox items claimed
 /// by `token`) and the outbox ids.
 pub(crate) fn op_items(
@@ -181,7 +201,8 @@ pub(crate) fn op_items(
     now_ms: i64,
     shards: u32,
 ) -> (Vec<TransactWriteItem>, Vec<String>) {
-    let mut items: Vec<TransactWriteItem> = op.writes.iter().map(|w| super::item::transact(table, w)).collect();
+    let mut items: Vec<TransactWriteItem> =
+        op.writes.iter().map(|w| super::item::transact(table, &stamped(key, w))).collect();
     let mut outbox = Vec::new();
     for msg in &op.outbox {
         let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards);
@@ -191,17 +212,55 @@ pub(crate) fn op_items(
     (items, outbox)
 }
 
-/// Whether an op is one write that goes as one conditional request.
-pub(crate) fn single(op: &Op) -> Option<&crate::projection::Write> {
-    match (op.writes.as_slice(), op.outbox.is_empty()) {
-        ([w], true) if super::item::alone(w) => Some(w),
+/// An op that goes as one conditional request (one write, or one outbox
+/// item), as the transaction item it would be, with its outbox ids.
+pub(crate) fn single(
+    table: &str,
+    key: &EventKey,
+    token: &str,
+    op: &Op,
+    now_ms: i64,
+    shards: u32,
+) -> Option<(TransactWriteItem, Vec<String>)> {
+    match (op.writes.as_slice(), op.outbox.as_slice()) {
+        ([w], []) if super::item::alone(w) => Some((super::item::transact(table, &stamped(key, w)), Vec::new())),
+        ([], [msg]) => {
+            let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards);
+            Some((put, vec![pk]))
+        }
         _ => None,
     }
 }
 
-/// What a cancelled op transaction means: a condition failed, or contention.
-pub(crate) fn op_cancelled(codes: &[&str]) -> Result<Applied, PortError> {
+/// An op of one put and its notifications: the put goes first on its own,
+/// then each notification on its own (see docs/architecture.md "The
+/// commit"). Its put, stamped, and the notifications' items and ids.
+pub(crate) fn put_then_notify(
+    table: &str,
+    key: &EventKey,
+    token: &str,
+    op: &Op,
+    now_ms: i64,
+    shards: u32,
+) -> Option<(TransactWriteItem, Vec<(String, TransactWriteItem)>)> {
+    match op.writes.as_slice() {
+        [w] if matches!(w.action, crate::projection::Action::Put(_)) && !op.outbox.is_empty() => Some((
+            super::item::transact(table, &stamped(key, w)),
+            op.outbox.iter().map(|m| outbox_put(table, key, m, token, now_ms, shards)).collect(),
+        )),
+        _ => None,
+    }
+}
+
+/// What a cancelled op transaction means: a condition failed (unless the
+/// item it met is this event's own put: then the op was written before, by
+/// us), or contention. `met`: the items the refused conditions met.
+pub(crate) fn op_cancelled(codes: &[&str], met: &[Option<Item>], key: &EventKey) -> Result<Applied, PortError> {
     if codes.contains(&"ConditionalCheckFailed") {
+        let refused = codes.iter().zip(met.iter().chain(std::iter::repeat(&None)));
+        if refused.filter(|(c, _)| **c == "ConditionalCheckFailed").all(|(_, m)| ours(m.as_ref(), key)) {
+            return Ok(Applied::Written { outbox: Vec::new() });
+        }
         return Ok(Applied::Conflict);
     }
     if let Some(reason) = codes.iter().find(|c| matches!(**c, "ValidationError" | "ItemCollectionSizeLimitExceeded")) {
@@ -305,9 +364,27 @@ impl WorkLedger for DynamoLedger {
     }
 
     async fn apply(&self, key: &EventKey, token: &str, op: &Op, now_ms: i64) -> Result<Applied, PortError> {
-        if let Some(w) = single(op) {
-            let written = super::item::write_alone(self.client(), self.table(), w).await?;
-            return Ok(if written { Applied::Written { outbox: Vec::new() } } else { Applied::Conflict });
+        if let Some((item, outbox)) = single(self.table(), key, token, op, now_ms, self.shards()) {
+            return Ok(match super::item::write_alone(self.client(), &item).await? {
+                None => Applied::Written { outbox },
+                Some(met) if ours(met.as_ref(), key) => Applied::Written { outbox },
+                Some(_) => Applied::Conflict,
+            });
+        }
+        if let Some((put, notes)) = put_then_notify(self.table(), key, token, op, now_ms, self.shards()) {
+            if let Some(met) = super::item::write_alone(self.client(), &put).await? {
+                if !ours(met.as_ref(), key) {
+                    return Ok(Applied::Conflict);
+                }
+            }
+            // Refused: written by an earlier attempt, whose claim lapses.
+            let mut outbox = Vec::new();
+            for (id, item) in notes {
+                if super::item::write_alone(self.client(), &item).await?.is_none() {
+                    outbox.push(id);
+                }
+            }
+            return Ok(Applied::Written { outbox });
         }
         let (items, outbox) = op_items(self.table(), key, token, op, now_ms, self.shards());
         if items.is_empty() {
@@ -328,7 +405,8 @@ impl WorkLedger for DynamoLedger {
             return Err(port_error("dynamodb", &err));
         };
         let codes: Vec<&str> = cancel.cancellation_reasons().iter().map(|r| r.code().unwrap_or("None")).collect();
-        op_cancelled(&codes)
+        let met: Vec<Option<Item>> = cancel.cancellation_reasons().iter().map(|r| r.item().cloned()).collect();
+        op_cancelled(&codes, &met, key)
     }
 
     async fn commit(

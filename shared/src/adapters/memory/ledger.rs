@@ -7,6 +7,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::table::{Refusal, TransactError, Write};
 use super::{MemLedger, MemOutbox, State, World};
+use crate::adapters::dynamodb::activity;
 use crate::adapters::dynamodb::backfill::{
     PARKED_ATTRIBUTES_BYTES, PROGRESS_SK, SCHEDULE_SK, parked_item, progress_from, progress_item, progress_pk,
     redelivery_item, release_refused, schedule_from, schedule_item,
@@ -23,7 +24,8 @@ use crate::adapters::dynamodb::outbox::{
 };
 use crate::adapters::dynamodb::schema::{BINDING_SK, binding_pk};
 use crate::adapters::dynamodb::work::{
-    commit_cancelled, commit_items, history_item, left_by, op_cancelled, op_items, single, work_record,
+    commit_cancelled, commit_items, history_item, left_by, op_cancelled, op_items, ours, put_then_notify, single,
+    work_record,
 };
 use crate::adapters::dynamodb::{
     ATTENTION_INDEX, DUE_INDEX, Item, META_SK, attention_shard, attr, due_partition, due_shard, existing_from_item,
@@ -33,12 +35,12 @@ use crate::identity::EventKey;
 use crate::ledger::{
     Applied, Attention, BodyBinding, Bound, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition,
     ExistingRecord, Exit, GAP, LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease, Status,
-    Transitioned, WaiterCheck, WaiterItem, WorkRecord,
+    Sweep, Transitioned, WaiterCheck, WaiterItem, WorkRecord,
 };
 use crate::message::{Held, OutboxClaim};
 use crate::ports::{
-    BackfillLedger, BackfillProgress, DueLedger, Ledger, OperatorLedger, OutboxStore, RowFilter, ScheduleState, Shown,
-    UnfetchedEvent, WorkLedger,
+    Activity, BackfillLedger, BackfillProgress, DueLedger, Ledger, OperatorLedger, OutboxStore, RowFilter,
+    ScheduleState, Shown, UnfetchedEvent, WorkLedger,
 };
 use crate::projection::sequence::{Position, waiter_sk};
 use crate::projection::{Op, ProjectionError, STATE_SK, StateFuture, StateStore};
@@ -637,29 +639,51 @@ impl WorkLedger for MemLedger {
         let shards = self.0.shards;
         // The same token on every try of this call, as the SDK retries it.
         let request_token = self.0.ambient.token();
+        let record = |st: &mut super::State, written: bool| {
+            st.applied.push(super::AppliedCall {
+                key: key.as_str().to_owned(),
+                token: token.to_owned(),
+                op: label(op),
+                written,
+            });
+        };
+        // One request each, as the adapter sends them: `Ok(true)` written
+        // (or met this event's own put), `Ok(false)` refused.
+        let alone = |item: &aws_sdk_dynamodb::types::TransactWriteItem, st: &mut super::State| {
+            let write = Write::from_sdk(item).map_err(invalid)?;
+            if item.put().is_some_and(|p| p.condition_expression() == Some(cond::OUTBOX_NEW)) {
+                st.exercised.insert("outbox_new");
+            }
+            match st.table.write(&write) {
+                Ok(_) => Ok(true),
+                Err(Refusal::Invalid(e)) => Err(invalid(e)),
+                // Only a put's refusal returns the item it met (`ALL_OLD`).
+                Err(Refusal::Condition(met)) => Ok(item.put().is_some() && ours(met.as_ref(), key)),
+                Err(Refusal::Conflict) => unreachable!("single writes are never in contention"),
+            }
+        };
+        if let Some((put, notes)) = put_then_notify("memory", key, token, op, now_ms, shards) {
+            let written = self.0.call_on("work.apply", key.as_str(), |_, st| {
+                let written = alone(&put, st)?;
+                record(st, written);
+                Ok(written)
+            })?;
+            if !written {
+                return Ok(Applied::Conflict);
+            }
+            let mut outbox = Vec::new();
+            for (id, item) in notes {
+                if self.0.call_on("work.apply", key.as_str(), |_, st| alone(&item, st))? {
+                    outbox.push(id);
+                }
+            }
+            return Ok(Applied::Written { outbox });
+        }
         self.0.call_on("work.apply", key.as_str(), |w, st| {
-            let record = |st: &mut super::State, written: bool| {
-                st.applied.push(super::AppliedCall {
-                    key: key.as_str().to_owned(),
-                    token: token.to_owned(),
-                    op: label(op),
-                    written,
-                });
-            };
-            if let Some(one) = single(op) {
-                let write =
-                    Write::from_sdk(&crate::adapters::dynamodb::item::transact("memory", one)).map_err(invalid)?;
-                return match st.table.write(&write) {
-                    Ok(_) => {
-                        record(st, true);
-                        Ok(Applied::Written { outbox: Vec::new() })
-                    }
-                    Err(Refusal::Invalid(e)) => Err(invalid(e)),
-                    Err(_) => {
-                        record(st, false);
-                        Ok(Applied::Conflict)
-                    }
-                };
+            if let Some((item, outbox)) = single("memory", key, token, op, now_ms, shards) {
+                let written = alone(&item, st)?;
+                record(st, written);
+                return Ok(if written { Applied::Written { outbox } } else { Applied::Conflict });
             }
             let (items, outbox) = op_items("memory", key, token, op, now_ms, shards);
             if items.is_empty() {
@@ -682,7 +706,16 @@ impl WorkLedger for MemLedger {
                             Some(_) => "ConditionalCheckFailed",
                         })
                         .collect();
-                    op_cancelled(&codes)
+                    // Only the puts ask for the item they met (`ALL_OLD`).
+                    let met: Vec<Option<super::expr::Item>> = reasons
+                        .iter()
+                        .zip(&items)
+                        .map(|(r, item)| match r {
+                            Some(Refusal::Condition(met)) if item.put().is_some() => met.clone(),
+                            _ => None,
+                        })
+                        .collect();
+                    op_cancelled(&codes, &met, key)
                 }
                 Err(e) => Err(invalid(format!("{e:?}"))),
             }
@@ -835,9 +868,54 @@ impl StateStore for MemLedger {
 
 // -------------------------------------------------------------- reconciler
 
+impl Activity for MemLedger {
+    async fn note_activity(&self, now_ms: i64) {
+        let window = activity::window(now_ms);
+        if self.0.state().marked == Some(window) {
+            return;
+        }
+        let sk = activity::mark_sk(window);
+        let marked = self.0.call_on("activity.note", activity::ACTIVITY_PK, |_, st| {
+            st.conditional(activity::ACTIVITY_PK, &sk, &activity::mark(now_ms)).map(|_| ())
+        });
+        if marked.is_ok() {
+            self.0.state().marked = Some(window);
+        }
+    }
+}
+
+impl Activity for MemOutbox {
+    async fn note_activity(&self, now_ms: i64) {
+        MemLedger(self.0.clone()).note_activity(now_ms).await
+    }
+}
+
 impl DueLedger for MemLedger {
     fn shards(&self) -> u32 {
         self.0.shards
+    }
+
+    async fn active_since(&self, since_ms: i64) -> Result<bool, PortError> {
+        let from = activity::mark_sk(activity::window(since_ms));
+        self.0.call_on("due.active_since", activity::ACTIVITY_PK, |_, st| {
+            Ok(st.table.partition(activity::ACTIVITY_PK).iter().any(|i| {
+                i.get("sk").and_then(|v| v.as_s().ok()).is_some_and(|sk| {
+                    sk.starts_with("mark#") && sk.as_str() >= from.as_str() && sk.as_str() <= activity::MARK_LAST
+                })
+            }))
+        })
+    }
+
+    async fn last_sweep(&self) -> Result<Option<Sweep>, PortError> {
+        self.0.call_on("due.last_sweep", activity::ACTIVITY_PK, |_, st| {
+            Ok(st.table.get(activity::ACTIVITY_PK, activity::SWEEP_SK).and_then(activity::sweep_of))
+        })
+    }
+
+    async fn record_sweep(&self, sweep: &Sweep) -> Result<(), PortError> {
+        self.0.call_on("due.record_sweep", activity::ACTIVITY_PK, |_, st| {
+            st.conditional(activity::ACTIVITY_PK, activity::SWEEP_SK, &cond::sweep_record(sweep)).map(|_| ())
+        })
     }
 
     async fn due(

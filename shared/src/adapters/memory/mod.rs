@@ -113,6 +113,8 @@ pub struct Published {
 #[derive(Default)]
 pub struct State {
     pub table: Table,
+    /// The last activity window the world's containers marked.
+    pub marked: Option<i64>,
     /// The payload bucket (`None`: not configured).
     pub bucket: Option<HashMap<String, Vec<u8>>>,
     pub queue: queue::QueueState,
@@ -263,30 +265,29 @@ impl World {
         self.item(pk, crate::projection::STATE_SK)
     }
 
-    /// Commits `ops`' writes in one transaction, as the processor's commit
-    /// does (without a record to complete): `Err` names the ops whose
-    /// conditions failed. For unit tests of projections.
+    /// Writes `ops` as the processor does before its completion (without a
+    /// record to complete): each op on its own, its writes all or nothing;
+    /// `Err` names the ops whose conditions failed (the others are written).
+    /// For unit tests of projections.
     pub fn apply(&self, ops: &[crate::projection::Op]) -> Result<(), Vec<usize>> {
-        let mut writes = Vec::new();
-        let mut owner = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            for w in &op.writes {
-                let sdk = crate::adapters::dynamodb::item::transact("memory", w);
-                writes.push(table::Write::from_sdk(&sdk).unwrap_or_else(|e| panic!("an op's write: {e}")));
-                owner.push(i);
-            }
-        }
         let now = self.ambient.now_ms();
-        match self.state().table.transact(&writes, None, now) {
-            Ok(()) => Ok(()),
-            Err(table::TransactError::Cancelled(reasons)) => {
-                let mut failed: Vec<usize> =
-                    reasons.iter().zip(&owner).filter(|(r, _)| r.is_some()).map(|(_, i)| *i).collect();
-                failed.dedup();
-                Err(failed)
+        let mut failed = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let writes: Vec<table::Write> = op
+                .writes
+                .iter()
+                .map(|w| {
+                    let sdk = crate::adapters::dynamodb::item::transact("memory", w);
+                    table::Write::from_sdk(&sdk).unwrap_or_else(|e| panic!("an op's write: {e}"))
+                })
+                .collect();
+            match self.state().table.transact(&writes, None, now) {
+                Ok(()) => {}
+                Err(table::TransactError::Cancelled(_)) => failed.push(i),
+                Err(e) => panic!("an invalid op: {e:?}"),
             }
-            Err(e) => panic!("an invalid transaction: {e:?}"),
         }
+        if failed.is_empty() { Ok(()) } else { Err(failed) }
     }
 
     pub fn outbox(&self) -> MemOutbox {
