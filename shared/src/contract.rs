@@ -193,8 +193,8 @@ fn body(name: &str) -> Vec<u8> {
     format!(r#"{{"id":"{name}","object":"event"}}"#).into_bytes()
 }
 
-/// Bytes that do not compress: too large for the record, so the claim is a
-/// transaction with the payload item.
+/// Bytes that do not compress: too large for the record, so the claim reads
+/// the record first and writes the payload item before it.
 fn large_body(name: &str) -> Vec<u8> {
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     let mut out = format!(r#"{{"id":"{name}","noise":""#).into_bytes();

@@ -69,7 +69,7 @@ impl DynamoLedger {
     ) -> Result<Release, PortError> {
         let stored = payload::encode(body);
         let record = payload::item_size(&new_record_item(event)) + PARKED_ATTRIBUTES_BYTES;
-        let placed = if record + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES {
+        let placed = if payload::inline(record, stored.bytes.len()) {
             Placed::Inline(stored)
         } else if stored.bytes.len() <= payload::ITEM_PAYLOAD_BYTES {
             self.put_payload(&event.key, &event.payload_hash, body, event.expires_at).await?;

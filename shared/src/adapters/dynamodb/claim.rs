@@ -3,12 +3,11 @@
 //! in `conditions`.
 
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 
 use super::conditions::{self as cond, Update};
 use super::schema::{BINDING_SK, binding_pk};
-use super::{DynamoLedger, META_SK, Written, attr, existing_from_item, get_s, new_record_item, payload, payload_item};
+use super::{DynamoLedger, META_SK, Written, attr, existing_from_item, get_s, new_record_item, payload};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{BodyBinding, Bound, Claim, ExistingRecord, NewEvent, PortError, SendLease};
@@ -126,71 +125,38 @@ impl Ledger for DynamoLedger {
         // Timeline guarded: two deliveries (or our own SDK retry after a lost
         // response) race to create the record; exactly one write passes
         // `conditions::CLAIM`, the other gets the winner's record back. The
-        // payload is durable with the record: a small one travels in the
-        // record (one put), a larger one in its own item written in the same
-        // transaction, one too large for an item in S3 before the record
-        // that refers to it (one put). A put that committed and lost its acknowledgement is
-        // retried by the SDK and fails against its own record, whose send
-        // token says so: the claim is ours (`Claim::New`), never a duplicate.
-        // A transaction is retried with the same `ClientRequestToken` (the
-        // send token), which DynamoDB answers as the success it was; an
-        // endpoint that ignores the token fails it against our record as
-        // above.
+        // payload is durable before the record that refers to it: a small
+        // one travels in the record (one put, one write unit); a larger one,
+        // which would make every later write of the record pay for it, is
+        // written beside it first — its own item, or S3 when too large for an
+        // item — and the record after. That path reads the record first
+        // (one strongly consistent read): a duplicate is answered from it and
+        // writes nothing, instead of paying for its payload again. A put that
+        // committed and lost its acknowledgement is retried by the SDK and
+        // fails against its own record, whose send token says so: the claim
+        // is ours (`Claim::New`), never a duplicate. A payload item or object
+        // written by an invocation that died before its record, or that lost
+        // the race, is keyed by its own hash and expires with the record's
+        // time to live: it is never read.
         let mut record = new_record_item(event);
         let stored = payload::encode(body);
-        let inline = payload::item_size(&record) + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES;
-        if inline {
+        if payload::inline(payload::item_size(&record), stored.bytes.len()) {
             payload::put(&mut record, stored);
             return self.put_claim(event, record).await;
         }
+        if let Some(item) = self.read_meta(&event.key).await? {
+            return claim_met(event, &item);
+        }
         if stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES {
-            // Too large for an item: in S3 first, then the record that
-            // refers to it (one round trip more, for large bodies only).
             let Some(s3) = &self.payloads else {
                 return Err(PortError::TooLarge { size: stored.bytes.len(), limit: payload::ITEM_PAYLOAD_BYTES });
             };
             s3.put(&event.key, &event.payload_hash, &stored).await?;
             record.insert(PAYLOAD_IN.into(), aws_sdk_dynamodb::types::AttributeValue::S("s3".into()));
-            return self.put_claim(event, record).await;
+        } else {
+            self.put_stored_payload(&event.key, &event.payload_hash, stored, event.expires_at).await?;
         }
-        let meta = Put::builder()
-            .table_name(self.table())
-            .set_item(Some(record))
-            .condition_expression(cond::CLAIM)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| PortError::Unavailable { service: "dynamodb", message: e.to_string() })?;
-        let payload = Put::builder()
-            .table_name(self.table())
-            .set_item(Some(payload_item(&event.key, &event.payload_hash, body, event.expires_at)))
-            .build()
-            .map_err(|e| PortError::Unavailable { service: "dynamodb", message: e.to_string() })?;
-        let result = self
-            .client()
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().put(meta).build())
-            .transact_items(TransactWriteItem::builder().put(payload).build())
-            .client_request_token(&event.send.token)
-            .send()
-            .await;
-        let err = match result {
-            Ok(_) => return Ok(Claim::New),
-            Err(err) => err,
-        };
-        let met = match err.as_service_error() {
-            Some(TransactWriteItemsError::TransactionCanceledException(cancel)) => {
-                let reason = cancel.cancellation_reasons().first();
-                match reason.and_then(|r| r.code()) {
-                    Some("ConditionalCheckFailed") => reason.and_then(|r| r.item()).cloned(),
-                    // Two claims of one key at once: the other one's record
-                    // decides, once it is there.
-                    Some("TransactionConflict") => None,
-                    _ => return Err(port_error("dynamodb", &err)),
-                }
-            }
-            _ => return Err(port_error("dynamodb", &err)),
-        };
-        self.claimed_by(event, met).await
+        self.put_claim(event, record).await
     }
 
     async fn store_payload(

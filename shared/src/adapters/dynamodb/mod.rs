@@ -210,7 +210,18 @@ impl DynamoLedger {
 
     /// Writes the payload item (idempotent: same key, same bytes).
     async fn put_payload(&self, key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Result<(), PortError> {
-        let item = payload_item(key, hash, body, expires_at);
+        self.put_stored_payload(key, hash, payload::encode(body), expires_at).await
+    }
+
+    /// Writes the payload item from its stored form.
+    async fn put_stored_payload(
+        &self,
+        key: &EventKey,
+        hash: &str,
+        stored: payload::Stored,
+        expires_at: i64,
+    ) -> Result<(), PortError> {
+        let item = stored_payload_item(key, hash, stored, expires_at);
         self.client
             .put_item()
             .table_name(&self.table)
@@ -264,14 +275,19 @@ pub fn existing_from_item(item: &HashMap<String, AttributeValue>) -> Result<Exis
 
 /// The payload item of `key` (`sk = payload#<hash>`), written once.
 pub fn payload_item(key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Item {
+    stored_payload_item(key, hash, payload::encode(body), expires_at)
+}
+
+/// [`payload_item`] from the body's stored form.
+pub fn stored_payload_item(key: &EventKey, hash: &str, stored: payload::Stored, expires_at: i64) -> Item {
     let mut item = DynamoLedger::key(key, &payload_sk(hash));
-    payload::put(&mut item, payload::encode(body));
+    payload::put(&mut item, stored);
     item.insert(attr::EXPIRES_AT.into(), n(expires_at));
     item
 }
 
-/// The new ledger record, as written by the claim (with its payload item
-/// in the same transaction: `payload_stored` is true from the start).
+/// The new ledger record, as written by the claim (its payload in it, or
+/// written beside it before it: `payload_stored` is true from the start).
 pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     let mut item = DynamoLedger::key(&event.key, META_SK);
     item.insert(attr::PROVIDER.into(), s(&event.provider));

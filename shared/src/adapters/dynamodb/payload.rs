@@ -1,9 +1,10 @@
 //! How a payload is stored: compressed (deflate) when that makes it smaller,
-//! in the record itself when the record stays within [`INLINE_ITEM_BYTES`],
-//! else in its own item (`sk = payload#<hash>`). DynamoDB bills a write by
-//! the started KB of the whole item, so a small record carrying a small
-//! compressed payload costs less than two items written in a transaction;
-//! a large payload in the record would make every status update pay for it.
+//! in the record itself when the record stays within one write unit
+//! ([`inline`]), else beside it in its own item (`sk = payload#<hash>`),
+//! written before the record. DynamoDB bills a write by the started KB of
+//! the whole item, so a small record carrying a small compressed payload
+//! costs one unit; a payload that took the record past 1 KB would make every
+//! later write of it (lease, completion, each refused duplicate) pay for it.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -18,8 +19,19 @@ pub const ENCODING: &str = "enc";
 const DEFLATE: &str = "deflate";
 
 /// A record carries its payload when record and payload fit in this many
-/// bytes (two write units).
-pub const INLINE_ITEM_BYTES: usize = 2048;
+/// bytes (one write unit) with room for what its life adds to it.
+pub const INLINE_ITEM_BYTES: usize = 1024;
+
+/// What a record gains over its life (its lease, then its completion:
+/// owner token, times, outcome, subject), so that carrying its payload never
+/// makes a later write of it cost a second unit.
+pub const LIFE_BYTES: usize = 200;
+
+/// Whether a record of `record` bytes carries a stored payload of `stored`
+/// bytes (its attribute names included), or the payload goes beside it.
+pub fn inline(record: usize, stored: usize) -> bool {
+    record + stored + 16 + LIFE_BYTES <= INLINE_ITEM_BYTES
+}
 
 /// The largest stored payload a payload item holds (DynamoDB items stop at
 /// 400 KB; room for the key and attributes). Larger ones go to S3 when a

@@ -410,7 +410,7 @@ impl From<Option<i64>> for Value {
 
 impl Ledger for MemLedger {
     async fn claim(&self, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
-        self.0.call_on("ledger.claim", event.key.as_str(), |w, st| claim(w, st, event, body))
+        self.0.call_on("ledger.claim", event.key.as_str(), |_, st| claim(st, event, body))
     }
 
     async fn store_payload(&self, key: &EventKey, hash: &str, body: &[u8], expires_at: i64) -> Result<(), PortError> {
@@ -513,40 +513,32 @@ impl Ledger for MemLedger {
     }
 }
 
-/// The claim, placed as the DynamoDB adapter places it: in the record, in
-/// its own item in the same transaction (token: the send token), or in the
-/// bucket first.
-fn claim(w: &World, st: &mut State, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
+/// The claim, placed as the DynamoDB adapter places it: in the record, or
+/// beside it (its own item, or the bucket) after reading the record (a
+/// duplicate writes nothing) and before the record.
+fn claim(st: &mut State, event: &NewEvent, body: &[u8]) -> Result<Claim, PortError> {
     let mut record = new_record_item(event);
     let stored = payload::encode(body);
-    if payload::item_size(&record) + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES {
+    if payload::inline(payload::item_size(&record), stored.bytes.len()) {
         payload::put(&mut record, stored);
         return st.put_claim(event, record);
+    }
+    if let Some(met) = st.table.get(event.key.as_str(), META_SK) {
+        return claim_met(event, &met.clone());
     }
     if stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES {
         st.bucket_put(&event.key, &event.payload_hash, body, stored.bytes.len())?;
         record.insert(PAYLOAD_IN.into(), AttributeValue::S("s3".into()));
-        return st.put_claim(event, record);
+    } else {
+        st.put(payload_item(&event.key, &event.payload_hash, body, event.expires_at))?;
     }
-    st.exercised.insert("claim");
-    let writes = [
-        Write::put(record, Some(cond::CLAIM)),
-        Write::put(payload_item(&event.key, &event.payload_hash, body, event.expires_at), None),
-    ];
-    match st.table.transact(&writes, Some(&event.send.token), w.now()) {
-        Ok(()) => Ok(Claim::New),
-        Err(TransactError::Cancelled(reasons)) => match reasons.into_iter().next().flatten() {
-            Some(Refusal::Condition(Some(met))) => claim_met(event, &met),
-            other => Err(invalid(format!("claim cancelled: {other:?}"))),
-        },
-        Err(e) => Err(invalid(format!("{e:?}"))),
-    }
+    st.put_claim(event, record)
 }
 
 fn release(st: &mut State, event: &NewEvent, body: &[u8], by: &str) -> Result<Release, PortError> {
     let stored = payload::encode(body);
     let record = payload::item_size(&new_record_item(event)) + PARKED_ATTRIBUTES_BYTES;
-    let placed = if record + stored.bytes.len() + 16 <= payload::INLINE_ITEM_BYTES {
+    let placed = if payload::inline(record, stored.bytes.len()) {
         Placed::Inline(stored)
     } else if stored.bytes.len() <= payload::ITEM_PAYLOAD_BYTES {
         st.put(payload_item(&event.key, &event.payload_hash, body, event.expires_at))?;
