@@ -118,6 +118,12 @@ async fn without_a_payload_bucket_a_payload_too_large_for_an_item_is_refused_not
         other => panic!("{other:?}"),
     }
     assert!(stack.meta_items().await.is_empty(), "nothing claimed");
+    // Refused before the record is read: an id already recorded (with a
+    // small body) is refused the same way, never taken for its duplicate.
+    let small = br#"{"id":"msg_refused"}"#;
+    let first = NewEvent { payload_hash: payload_hash(small), content_hash: payload_hash(small), ..event.clone() };
+    assert_eq!(ledger.claim(&first, small).await.unwrap(), hookledger::ledger::Claim::New);
+    assert!(matches!(ledger.claim(&event, &body).await, Err(PortError::TooLarge { .. })), "refused as too large");
     let answer = hookledger::intake::Outcome::TooLarge { limit: 380 * 1024 }.answer();
     assert_eq!(answer.status, 413, "a permanent refusal, not a retry");
 }

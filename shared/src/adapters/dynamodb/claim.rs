@@ -144,13 +144,15 @@ impl Ledger for DynamoLedger {
             payload::put(&mut record, stored);
             return self.put_claim(event, record).await;
         }
+        let too_large = stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES;
+        if too_large && self.payloads.is_none() {
+            // Refused (413) before anything is read or written.
+            return Err(PortError::TooLarge { size: stored.bytes.len(), limit: payload::ITEM_PAYLOAD_BYTES });
+        }
         if let Some(item) = self.read_meta(&event.key).await? {
             return claim_met(event, &item);
         }
-        if stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES {
-            let Some(s3) = &self.payloads else {
-                return Err(PortError::TooLarge { size: stored.bytes.len(), limit: payload::ITEM_PAYLOAD_BYTES });
-            };
+        if let Some(s3) = self.payloads.as_ref().filter(|_| too_large) {
             s3.put(&event.key, &event.payload_hash, &stored).await?;
             record.insert(PAYLOAD_IN.into(), aws_sdk_dynamodb::types::AttributeValue::S("s3".into()));
         } else {

@@ -523,10 +523,14 @@ fn claim(st: &mut State, event: &NewEvent, body: &[u8]) -> Result<Claim, PortErr
         payload::put(&mut record, stored);
         return st.put_claim(event, record);
     }
+    let too_large = stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES;
+    if too_large && st.bucket.is_none() {
+        return Err(PortError::TooLarge { size: stored.bytes.len(), limit: payload::ITEM_PAYLOAD_BYTES });
+    }
     if let Some(met) = st.table.get(event.key.as_str(), META_SK) {
         return claim_met(event, &met.clone());
     }
-    if stored.bytes.len() > payload::ITEM_PAYLOAD_BYTES {
+    if too_large {
         st.bucket_put(&event.key, &event.payload_hash, body, stored.bytes.len())?;
         record.insert(PAYLOAD_IN.into(), AttributeValue::S("s3".into()));
     } else {
