@@ -403,7 +403,9 @@ pub async fn the_commit_is_fenced_names_its_conflicts_and_writes_its_outbox<B: B
     assert_eq!(l.lease(&e.key, "tok-3", T0 + 60_000, 1).await.unwrap(), LeaseResult::Final(Status::Processed));
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "outcome"), text(&r, "subject")), (Some("applied"), Some("acct_1")));
-    assert!(r.get("due_shard").is_none() && r.get("attn_shard").is_none(), "PROCESSED is in no index: {r:?}");
+    // PROCESSED leaves its due entry where it was (the reconciler's cursor
+    // passes it) and is not in the attention index.
+    assert!(r.get("due_shard").is_some() && r.get("attn_shard").is_none(), "{r:?}");
     let o = b.outbox();
     // Written claimed by the committing lease: its processor sends it, no other dispatcher.
     assert_eq!(o.claim(&outbox[0], "d-1", T0 + 2, T0 + 30_000).await.unwrap(), OutboxClaim::Skipped);
@@ -1581,6 +1583,69 @@ pub async fn activity_is_marked_by_window_and_the_last_sweep_kept<B: Backend>(b:
     assert_eq!(l.last_sweep().await.unwrap(), Some(sweep(at + 1, false, 4)));
 }
 
+/// `due_cursors`, and the due index's entries: a completion leaves its
+/// record's entry where it was; a page lists every entry it read, in index
+/// order, each with the item read at it; a page starts after a place or at
+/// a time. The places kept are a later run's, never an earlier one's; a
+/// run's own retry writes the same again.
+pub async fn a_finished_records_entry_stays_and_the_places_are_kept<B: Backend>(b: &B) {
+    use crate::ledger::{DueCursor, DueCursors};
+    let l = b.ledger(7);
+    // Far from every other scenario's time: the entries of a shared table stay apart.
+    let base = T0 + 500 * 300_000;
+    let mut keys = Vec::new();
+    for (i, name) in ["place-a", "place-b", "place-c"].into_iter().enumerate() {
+        let mut e = event(name, &body(name), "send-1");
+        e.received_at_ms = base + i as i64;
+        assert_eq!(Ledger::claim(&l, &e, &body(name)).await.unwrap(), Claim::New);
+        keys.push(e.key);
+    }
+    assert!(matches!(l.lease(&keys[1], "tok-b", base + 10, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    let done = l.commit(&keys[1], "tok-b", &[], "applied", None, base + 20).await.unwrap();
+    assert!(matches!(done, CommitResult::Committed { .. }), "{done:?}");
+    let up_to = base + REDRIVE_GRACE_MS + 10;
+    let pks = |p: &crate::ledger::DuePage| -> Vec<String> { p.entries.iter().map(|e| e.place.pk.clone()).collect() };
+    let all: Vec<String> = keys.iter().map(|k| k.as_str().to_owned()).collect();
+    let page = l.due(DuePartition::Records, 0, up_to, 10, Some(&DueCursor::from_ms(base))).await.unwrap();
+    assert_eq!(pks(&page), all, "every entry, in index order");
+    let statuses: Vec<Status> = page
+        .entries
+        .iter()
+        .map(|e| match &page.items[e.item.expect("read")] {
+            Due::Record(r) => r.status,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(statuses, [Status::Received, Status::Processed, Status::Received], "the finished one stays");
+    assert_eq!(page.entries[1].place.due_at_ms, base + 1 + REDRIVE_GRACE_MS, "where its claim put it");
+    let after = l.due(DuePartition::Records, 0, up_to, 10, Some(&page.entries[0].place)).await.unwrap();
+    assert_eq!(pks(&after), all[1..], "after a place: the entries that follow it");
+    let from = DueCursor::from_ms(base + 2 + REDRIVE_GRACE_MS);
+    assert_eq!(pks(&l.due(DuePartition::Records, 0, up_to, 10, Some(&from)).await.unwrap()), all[2..]);
+    let past = DueCursor::from_ms(up_to + 1);
+    assert!(l.due(DuePartition::Records, 0, up_to, 10, Some(&past)).await.unwrap().entries.is_empty());
+
+    assert_eq!(l.due_cursors().await.unwrap(), DueCursors::default(), "none kept yet");
+    let kept = DueCursors {
+        shards: std::collections::BTreeMap::from([
+            (0, page.entries[1].place.clone()),
+            (3, DueCursor { due_at_ms: base, pk: "evt#x#y#z".into(), sk: "meta".into() }),
+        ]),
+        rewound_at_ms: Some(base),
+        at_ms: base + 100,
+    };
+    l.keep_due_cursors(&kept).await.unwrap();
+    assert_eq!(l.due_cursors().await.unwrap(), kept);
+    b.ledger(7).keep_due_cursors(&kept).await.unwrap();
+    assert_eq!(l.due_cursors().await.unwrap(), kept, "its own retry");
+    let earlier = DueCursors { at_ms: base + 99, ..DueCursors::default() };
+    l.keep_due_cursors(&earlier).await.unwrap();
+    assert_eq!(l.due_cursors().await.unwrap(), kept, "an earlier run's are not kept");
+    let later = DueCursors { at_ms: base + 101, rewound_at_ms: Some(base), ..kept.clone() };
+    l.keep_due_cursors(&later).await.unwrap();
+    assert_eq!(l.due_cursors().await.unwrap(), later);
+}
+
 /// Runs `$run!(scenario)` for every scenario that runs on both backends.
 #[macro_export]
 macro_rules! contract_scenarios {
@@ -1598,6 +1663,7 @@ macro_rules! contract_scenarios {
         $run!(a_parked_waiter_is_due_until_its_predecessor_commits_then_woken_once);
         $run!(a_record_whose_redrive_is_refused_as_invalid_is_dead_unless_a_worker_holds_it);
         $run!(due_items_are_paged_claimed_once_and_rescheduled);
+        $run!(a_finished_records_entry_stays_and_the_places_are_kept);
         $run!(the_attention_index_counts_what_needs_an_operator);
         $run!(operator_transitions_leave_only_their_statuses);
         $run!(outbox_items_are_claimed_sent_backed_off_and_dead_once);

@@ -12,6 +12,8 @@
 //!                     └──── lease expired (crash) is reclaimable
 //! ```
 
+use std::collections::BTreeMap;
+
 use crate::identity::EventKey;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -651,22 +653,82 @@ impl DuePartition {
     }
 }
 
-/// Where a page of the `due` index ended: the last item read (its next
-/// look and keys). Opaque to the reconciler, which hands it back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A place in a `due` partition: an entry's next look and keys (a page
+/// read after it starts with the entry that follows), or a start at a time
+/// ([`DueCursor::from_ms`]: the entries due at it or later).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DueCursor {
     pub due_at_ms: i64,
     pub pk: String,
     pub sk: String,
 }
 
+impl DueCursor {
+    /// A start at `at_ms`: a page read after it begins with the first entry
+    /// due at `at_ms` or later (no entry has empty keys).
+    pub fn from_ms(at_ms: i64) -> Self {
+        Self { due_at_ms: at_ms, pk: String::new(), sk: String::new() }
+    }
+
+    /// Whether this is a start at a time rather than an entry's place.
+    pub fn is_time(&self) -> bool {
+        self.pk.is_empty()
+    }
+}
+
 /// One page of a `due` partition, oldest first; `next`: more items within
-/// the range follow.
+/// the range follow. `entries`: every index entry the page read, in index
+/// order, whether or not its item was still there to be read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DuePage {
     pub items: Vec<Due>,
     pub next: Option<DueCursor>,
+    pub entries: Vec<DueEntry>,
 }
+
+/// An index entry a page read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueEntry {
+    pub place: DueCursor,
+    /// The item read at it (its index in the page's `items`); `None`: gone
+    /// since the index listed it (or not an item the reconciler knows).
+    pub item: Option<usize>,
+}
+
+/// Where the records phase has read each shard's `due#NNN` partition to
+/// (docs/architecture.md "Finished records stay in the due index"): every
+/// entry at or before a shard's place was finished, gone or moved on when a
+/// run read it, and due at least [`CURSOR_SETTLE_MS`] before that run. A
+/// completion leaves its record's entry in place (a keys-only index: the
+/// completion writes nothing to it); the records phase starts after these
+/// places instead of at the oldest entry. Kept in one item (`pk =
+/// activity`, `sk = cursors`), each run's from its start: a run that ran
+/// at the same time and wrote before may be moved back by it, which only
+/// reads some entries again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DueCursors {
+    /// By shard; a shard not here is read from its oldest entry.
+    pub shards: BTreeMap<u32, DueCursor>,
+    /// When a run last read every shard from [`CURSOR_REWIND_MS`] before
+    /// its place (`None`: never).
+    pub rewound_at_ms: Option<i64>,
+    /// The run that wrote them (its start): a run's write never replaces
+    /// a later run's.
+    pub at_ms: i64,
+}
+
+/// How long after an entry is due the cursor may pass it: far longer than
+/// an index entry takes to appear (normally well under a second) and than
+/// the clocks of the functions differ, so an entry is never passed before
+/// it can be read. Every write that places an entry places it at its
+/// writer's now or later.
+pub const CURSOR_SETTLE_MS: i64 = 120_000;
+/// How far back a rewound run reads (once every [`CURSOR_REWIND_EVERY_MS`]):
+/// an entry that appeared in the index later than [`CURSOR_SETTLE_MS`] after
+/// its write is found by it.
+pub const CURSOR_REWIND_MS: i64 = 15 * 60_000;
+/// How often a run reads every shard from [`CURSOR_REWIND_MS`] before its place.
+pub const CURSOR_REWIND_EVERY_MS: i64 = 3_600_000;
 
 /// The window an activity mark covers: a container writes at most one mark
 /// per window (docs/architecture.md "An idle reconciler").

@@ -23,7 +23,7 @@ use std::future::Future;
 use crate::identity::EventKey;
 use crate::ledger::Release;
 use crate::ledger::{
-    Applied, Attention, BodyBinding, Bound, Claim, CommitResult, DueCursor, DueItem, DuePage, DuePartition,
+    Applied, Attention, BodyBinding, Bound, Claim, CommitResult, DueCursor, DueCursors, DueItem, DuePage, DuePartition,
     ExistingRecord, Exit, LeaseResult, NewEvent, OperatorAction, PortError, Row, SendLease, Status, Sweep,
     Transitioned, WaiterCheck, WaiterItem,
 };
@@ -727,6 +727,13 @@ pub trait DueLedger: Ledger {
     /// Keeps what a run that read every shard found (unless a later one
     /// is kept already).
     fn record_sweep(&self, sweep: &Sweep) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Where the records phase has read each shard to (one read by key;
+    /// default when never written).
+    fn due_cursors(&self) -> impl Future<Output = Result<DueCursors, PortError>> + Send;
+    /// Keeps where the records phase has read each shard to (one write),
+    /// unless a later run's are kept already; its own retry after a lost
+    /// acknowledgement writes the same again.
+    fn keep_due_cursors(&self, cursors: &DueCursors) -> impl Future<Output = Result<(), PortError>> + Send;
     /// The items of one partition of `shard` due at `up_to` or earlier,
     /// oldest first, after `after` (a page's `next`), at most `limit`
     /// (≤ 100): one query, and one batch read of the records and

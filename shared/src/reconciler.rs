@@ -56,13 +56,19 @@ use crate::clock::Ambient;
 use crate::config::ReconcilerSettings;
 use crate::identity::EventKey;
 use crate::ledger::{
-    ACTIVE_FOR_MS, Attention, CheckItem, Due, DueCursor, DueItem, DuePartition, DueRecord, FULL_SWEEP_EVERY_MS,
-    PortError, Status, Sweep, WaiterCheck, WaiterItem,
+    ACTIVE_FOR_MS, Attention, CURSOR_REWIND_EVERY_MS, CURSOR_REWIND_MS, CURSOR_SETTLE_MS, CheckItem, Due, DueCursor,
+    DueCursors, DueItem, DuePage, DuePartition, DueRecord, FULL_SWEEP_EVERY_MS, PortError, Status, Sweep, WaiterCheck,
+    WaiterItem,
 };
 use crate::message::Dispatched;
 use crate::ports::{Dispatch, DueLedger, Outgoing, SEND_BATCH_MAX, WorkQueue};
 use crate::projection::ProjectionError;
 use crate::projection::recheck::{Recheck, Rechecks, Verdict};
+
+/// The records phase reads at most this many pages of a shard past now
+/// (the look-ahead, for the oldest open record's age) in one walk; a shard
+/// with more is a lower bound (`reconciler_incomplete`).
+pub const LOOKAHEAD_PAGES: usize = 10;
 
 /// A phase stops after this many item failures in a row (its dependency is
 /// down); what it did not reach stays due for the next run.
@@ -210,11 +216,65 @@ struct Run {
     /// time plus what has elapsed since ([`Run::now`]).
     start_ms: i64,
     started: Instant,
+    /// Where the records phase reads each shard from, and to.
+    places: Places,
+}
+
+/// The records phase's places in one run ([`DueCursors`]): where each
+/// shard's walk starts and how far it has passed.
+#[derive(Default)]
+struct Places {
+    /// As read at the run's start (`None`: the read failed: nothing is
+    /// written back, and each shard is read from [`CURSOR_REWIND_MS`] ago).
+    stored: Option<DueCursors>,
+    /// Where each shard's next walk starts: the place passed so far.
+    at: BTreeMap<u32, DueCursor>,
+    /// This run reads every shard from [`CURSOR_REWIND_MS`] before its
+    /// place (the first walk of each shard).
+    rewinding: bool,
+    /// Shards walked at least once in this run.
+    walked: std::collections::HashSet<u32>,
+}
+
+impl Places {
+    fn new(stored: Option<DueCursors>, now_ms: i64) -> Self {
+        let rewinding = stored.as_ref().is_some_and(|s| {
+            !s.shards.is_empty() && s.rewound_at_ms.is_none_or(|at| now_ms - at >= CURSOR_REWIND_EVERY_MS)
+        });
+        let at = stored.as_ref().map(|s| s.shards.clone()).unwrap_or_default();
+        Self { stored, at, rewinding, walked: Default::default() }
+    }
+
+    /// Where a walk of `shard` starts.
+    fn start(&self, shard: u32, now_ms: i64) -> Option<DueCursor> {
+        if self.stored.is_none() {
+            return Some(DueCursor::from_ms(now_ms - CURSOR_REWIND_MS));
+        }
+        match self.at.get(&shard) {
+            Some(p) if self.rewinding && !self.walked.contains(&shard) => {
+                Some(DueCursor::from_ms(p.due_at_ms - CURSOR_REWIND_MS))
+            }
+            other => other.cloned(),
+        }
+    }
+
+    /// What to keep at the run's end (`None`: nothing changed, or the
+    /// places were not read).
+    fn to_keep(&self, now_ms: i64) -> Option<DueCursors> {
+        let stored = self.stored.as_ref()?;
+        if self.at == stored.shards && !self.rewinding {
+            return None;
+        }
+        let rewound_at_ms =
+            if self.rewinding || stored.rewound_at_ms.is_none() { Some(now_ms) } else { stored.rewound_at_ms };
+        Some(DueCursors { shards: self.at.clone(), rewound_at_ms, at_ms: now_ms })
+    }
 }
 
 impl Run {
     fn new(start_ms: i64, started: Instant, waiters: usize) -> Self {
         Self {
+            places: Places::default(),
             phases: Phases::default(),
             gauge: Gauge::default(),
             sends: Vec::new(),
@@ -250,6 +310,21 @@ struct Redrive {
     reason: &'static str,
     /// When it was claimed.
     at: i64,
+}
+
+/// Moves `shard`'s place over the entries of `page`, in index order, up
+/// to the first whose item is still there and open, or due after `up_to`;
+/// `false` once one stopped it (the rest of the walk moves it no further).
+fn pass(places: &mut Places, shard: u32, page: &DuePage, passed: &[bool], up_to: i64) -> bool {
+    for entry in &page.entries {
+        // Gone since the index listed it: nothing is left to find there.
+        let past = entry.item.is_none_or(|i| passed[i]);
+        if entry.place.due_at_ms > up_to || !past {
+            return false;
+        }
+        places.at.insert(shard, entry.place.clone());
+    }
+    true
 }
 
 /// The oldest open record: max(now − open since) over the open records
@@ -366,6 +441,16 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
         let mut summary = Summary { complete: true, ..Default::default() };
         let mut run = Run::new(now_ms, started, waiter_share(self.settings.max_items));
+        let stored = match self.ledger.due_cursors().await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                summary.complete = false;
+                *summary.errors.entry("cursors".into()).or_default() += 1;
+                tracing::warn!(error = %e, "the records phase's places were not read; this run reads the last minutes only");
+                None
+            }
+        };
+        run.places = Places::new(stored, now_ms);
         let mut left = 0;
         let mut cut = [false; 3];
         let order = DuePartition::ALL;
@@ -404,6 +489,13 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
         if timed_out || cut.iter().any(|c| *c) {
             summary.complete = false;
+        }
+        if let Some(keep) = run.places.to_keep(now_ms)
+            && let Err(e) = self.ledger.keep_due_cursors(&keep).await
+        {
+            // The next run reads from the places kept before: again, not less.
+            *summary.errors.entry("cursors".into()).or_default() += 1;
+            tracing::warn!(error = %e, "the records phase's places were not kept");
         }
         summary.oldest_unprocessed_age_ms = run.gauge.oldest_ms;
         summary.incomplete_shards = run.gauge.incomplete(self.ledger.shards());
@@ -537,7 +629,17 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             DuePartition::Outbox => (now_ms - self.settings.outbox_grace_ms, (*allowance).clamp(1, 100)),
             DuePartition::Checks | DuePartition::Waiters => (now_ms, (*allowance).clamp(1, 100)),
         };
-        let mut after: Option<DueCursor> = None;
+        let records = partition == DuePartition::Records;
+        let mut after: Option<DueCursor> = if records { run.places.start(shard, now_ms) } else { None };
+        // The place moves only over entries due long enough ago, each
+        // finished, gone or moved on.
+        let pass_up_to = now_ms - CURSOR_SETTLE_MS;
+        let mut passing = records && run.places.stored.is_some();
+        // Pages read that reach past now (the look-ahead).
+        let mut ahead = 0;
+        if records {
+            run.places.walked.insert(shard);
+        }
         let mut end = PhaseEnd::Done;
         loop {
             if self.ambient.past(deadline) {
@@ -563,9 +665,18 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 run.gauge.measured = true;
             }
             let mut due_beyond = false;
-            for due in &page.items {
+            // The items of this page finished or no longer where the index had them.
+            let mut passed = vec![false; page.items.len()];
+            for (i, due) in page.items.iter().enumerate() {
                 if self.ambient.past(deadline) {
                     return PhaseEnd::OutOfTime;
+                }
+                if let Due::Record(record) = due
+                    && record.status.is_terminal()
+                {
+                    // A finished record's entry, left by its completion.
+                    passed[i] = true;
+                    continue;
                 }
                 if due.due_at_ms() > now_ms {
                     // Read ahead for the gauge only: not due yet.
@@ -588,7 +699,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 let at = run.now(&self.ambient);
                 match due {
                     Due::Record(record) => {
-                        self.redrive_one(record, at, allowance, summary, run).await;
+                        passed[i] = self.redrive_one(record, at, allowance, summary, run).await;
                         if run.sends.len() >= SEND_BATCH_MAX {
                             self.send_redrives(run, summary).await;
                         }
@@ -622,6 +733,12 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     return PhaseEnd::Stopped;
                 }
             }
+            if passing {
+                passing = pass(&mut run.places, shard, &page, &passed, pass_up_to);
+            }
+            if due_beyond {
+                ahead += 1;
+            }
             match page.next {
                 None => {
                     if partition == DuePartition::Records {
@@ -629,8 +746,11 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     }
                     return end;
                 }
-                // What follows is due later, or this phase's share is spent.
-                Some(_) if due_beyond || end == PhaseEnd::Budget => return end,
+                // This phase's share is spent; or what follows is due later
+                // (records are read to the end of the look-ahead, where most
+                // entries are finished records').
+                Some(_) if end == PhaseEnd::Budget => return end,
+                Some(_) if due_beyond && (!records || ahead >= LOOKAHEAD_PAGES) => return end,
                 Some(_) if partition == DuePartition::Records && run.phases.redrive.stopped => return end,
                 Some(next) => after = Some(next),
             }
@@ -652,7 +772,8 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
     }
 
     /// Claims one due record for a re-drive and adds it to the run's sends;
-    /// `true` when it moved out of this run's range.
+    /// `true` when its entry is no longer where it was read (moved by this
+    /// claim, or by another run's first).
     async fn redrive_one(
         &self,
         record: &DueRecord,
@@ -671,7 +792,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             // the record in the index). Refused: another run moved it first.
             if let (Status::Processing, Some(end)) = (record.status, record.lease_expires_at_ms) {
                 return match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, end + 1).await {
-                    Ok(moved) => moved.is_some(),
+                    Ok(_) => true,
                     Err(e) => {
                         failures.item("redrive", key.as_str(), &e, summary);
                         false
@@ -685,7 +806,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         let next = record.next_look(reason, self.settings.redrive_backoff_ms, now_ms);
         match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, next).await {
             Ok(Some(_)) => {}
-            Ok(None) => return false,
+            Ok(None) => return true,
             Err(e) => {
                 failures.item("redrive", key.as_str(), &e, summary);
                 return false;

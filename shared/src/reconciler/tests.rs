@@ -20,6 +20,7 @@ use crate::adapters::memory::{
 use crate::clock::{Clock, ManualClock, SeededEntropy};
 use crate::config::DispatchPolicy;
 use crate::identity::{payload_hash, shard_of};
+use crate::ledger::{CURSOR_REWIND_EVERY_MS, CURSOR_REWIND_MS, CURSOR_SETTLE_MS};
 use crate::message::OutboxClaim;
 use crate::outbox::{DISPATCH_LEASE_MS, Dispatcher};
 use crate::policy::REDRIVE_GRACE_MS;
@@ -149,7 +150,16 @@ type Recon = Reconciler<MemQueue, MemLedger, Outbox>;
 
 /// The reconciler's reads and writes of its activity marks and last sweep.
 fn bookkeeping(call: &str) -> bool {
-    ["activity.note ", "due.last_sweep ", "due.active_since ", "due.record_sweep "].iter().any(|p| call.starts_with(p))
+    [
+        "activity.note ",
+        "due.last_sweep ",
+        "due.active_since ",
+        "due.record_sweep ",
+        "due.due_cursors ",
+        "due.keep_due_cursors ",
+    ]
+    .iter()
+    .any(|p| call.starts_with(p))
 }
 
 /// The memory world, the provider and the reconciler's settings; the run,
@@ -620,7 +630,7 @@ async fn the_oldest_open_record_is_measured_when_its_retry_is_not_yet_due() {
 #[tokio::test]
 async fn a_shard_with_more_open_records_than_a_page_is_a_lower_bound_and_says_so() {
     let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
-    for id in ids_in_shard(2, 150) {
+    for id in ids_in_shard(2, 100 * crate::reconciler::LOOKAHEAD_PAGES + 50) {
         w.record(&id, Status::Retryable, Some(1), NOW + 1_000);
     }
     let gauges = Gauges::default();
@@ -1856,4 +1866,109 @@ async fn an_entry_without_its_mark_is_found_by_the_next_full_sweep() {
     let full = w.reconciler().run(NOW + FULL_SWEEP_EVERY_MS, w.far()).await;
     assert!(!full.idle, "{full:?}");
     assert_eq!(full.redriven.get("never_sent"), Some(&1), "{full:?}");
+}
+
+// ------------------------------------------------------- the records' places
+
+/// The records phase's place in `shard`, as kept.
+async fn place(w: &Harness, shard: u32) -> Option<crate::ledger::DueCursor> {
+    w.ledger().due_cursors().await.unwrap().shards.remove(&shard)
+}
+
+/// Ids of shard 1, sorted by their key: entries due at the same time sort
+/// by key in the index.
+fn sorted_ids(n: usize) -> Vec<String> {
+    let mut ids = ids_in_shard(1, n);
+    ids.sort_by_key(|id| key(id).as_str().to_owned());
+    ids
+}
+
+#[tokio::test]
+async fn finished_records_entries_are_passed_and_the_next_run_starts_after_them() {
+    let w = Harness::new();
+    let ids = sorted_ids(6);
+    for (i, id) in ids[..5].iter().enumerate() {
+        w.record(id, Status::Processed, Some(1), NOW - 600_000 + i as i64);
+    }
+    let open = w.record(&ids[5], Status::Received, None, NOW - 300_000);
+    let first = w.run(NOW).await;
+    assert_eq!((first.redriven.clone(), first.due_seen), (counts(&[("never_sent", 1)]), 1), "{first:?}");
+    let at = place(&w, 1).await.expect("kept");
+    assert_eq!((at.due_at_ms, at.pk.as_str()), (NOW - 300_000, open.as_str()), "past the finished and the moved one");
+    // A finished record behind the place is not read again: were it read,
+    // this one (open, planted there) would be re-driven.
+    w.record(&ids[0], Status::Received, None, NOW - 600_000);
+    w.forget();
+    let second = w.run(NOW + 1_000).await;
+    assert!(second.redriven.is_empty() && second.due_seen == 0, "{second:?}");
+    assert!(second.complete && second.errors.is_empty(), "{second:?}");
+}
+
+#[tokio::test]
+async fn an_open_record_not_reached_stops_the_place_until_a_run_moves_it_on() {
+    let w = Harness::with(ReconcilerSettings { max_items: 10, ..settings() });
+    let ids = sorted_ids(14);
+    for (i, id) in ids[..2].iter().enumerate() {
+        w.record(id, Status::Processed, Some(1), NOW - 900_000 + i as i64);
+    }
+    let open: Vec<EventKey> = ids[2..]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| w.record(id, Status::Received, None, NOW - 600_000 + i as i64))
+        .collect();
+    let first = w.run(NOW).await;
+    assert_eq!(first.redriven.values().sum::<u64>(), 10, "{first:?}");
+    let at = place(&w, 1).await.expect("kept");
+    assert_eq!(at.pk, open[9].as_str(), "up to the last one moved on, not past the first left");
+    let second = w.run(NOW + 1_000).await;
+    assert_eq!(second.redriven.values().sum::<u64>(), 2, "{second:?}");
+    assert_eq!(place(&w, 1).await.expect("kept").pk, open[11].as_str());
+}
+
+#[tokio::test]
+async fn the_place_never_passes_an_entry_due_within_the_settle() {
+    let w = Harness::new();
+    let ids = sorted_ids(2);
+    let old = w.record(&ids[0], Status::Processed, Some(1), NOW - CURSOR_SETTLE_MS - 1);
+    w.record(&ids[1], Status::Processed, Some(1), NOW - CURSOR_SETTLE_MS + 1);
+    let summary = w.run(NOW).await;
+    assert!(summary.complete && summary.due_seen == 0, "{summary:?}");
+    assert_eq!(place(&w, 1).await.expect("kept").pk, old.as_str(), "not the one due within the settle");
+}
+
+#[tokio::test]
+async fn a_rewound_run_finds_an_entry_that_appeared_behind_the_place() {
+    let w = Harness::new();
+    let ids = sorted_ids(3);
+    w.record(&ids[0], Status::Processed, Some(1), NOW - 600_000);
+    w.record(&ids[1], Status::Processed, Some(1), NOW - 300_000);
+    w.run(NOW).await;
+    let kept = w.ledger().due_cursors().await.unwrap();
+    assert_eq!(kept.rewound_at_ms, Some(NOW), "the first run is a rewound one");
+    // An entry that appeared in the index behind the place after the run
+    // read there (later than the settle: never seen so far).
+    let late = w.record(&ids[2], Status::Received, None, NOW - 400_000);
+    let next = w.run(NOW + 60_000).await;
+    assert!(next.redriven.is_empty(), "behind the place: {next:?}");
+    let rewound = w.run(NOW + CURSOR_REWIND_EVERY_MS).await;
+    assert_eq!(rewound.redriven, counts(&[("never_sent", 1)]), "{rewound:?}");
+    assert!(w.claimed(&late));
+    assert_eq!(w.ledger().due_cursors().await.unwrap().rewound_at_ms, Some(NOW + CURSOR_REWIND_EVERY_MS));
+}
+
+#[tokio::test]
+async fn a_failed_read_of_the_places_reads_the_last_minutes_and_keeps_nothing() {
+    let w = Harness::new();
+    let ids = sorted_ids(2);
+    let recent = w.record(&ids[0], Status::Received, None, NOW - 60_000);
+    let older = w.record(&ids[1], Status::Received, None, NOW - CURSOR_REWIND_MS - 1);
+    w.world.inject("due.due_cursors", 0, Some(1), Fault::Unavailable);
+    let summary = w.run(NOW).await;
+    assert_eq!(summary.redriven, counts(&[("never_sent", 1)]), "{summary:?}");
+    assert!(w.claimed(&recent) && !w.claimed(&older));
+    assert_eq!((summary.errors.get("cursors"), summary.complete), (Some(&1), false));
+    assert_eq!(w.ledger().due_cursors().await.unwrap(), crate::ledger::DueCursors::default(), "nothing kept");
+    let next = w.run(NOW + 1_000).await;
+    assert_eq!(next.redriven, counts(&[("never_sent", 1)]), "read from its place (none: the oldest): {next:?}");
+    assert!(w.claimed(&older));
 }

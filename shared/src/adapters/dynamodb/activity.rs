@@ -1,6 +1,7 @@
 //! Activity marks and the last full sweep (docs/architecture.md "An idle
 //! reconciler"): `pk = activity`, `sk = mark#<window start>` (one per
-//! [`ACTIVITY_WINDOW_MS`], kept two days) and `sk = sweep`.
+//! [`ACTIVITY_WINDOW_MS`], kept two days), `sk = sweep`, and where the
+//! records phase has read each shard to, `sk = cursors`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -10,13 +11,15 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use super::conditions as cond;
 use super::{DynamoLedger, Item, Written, get_n};
 use crate::adapters::port_error;
-use crate::ledger::{ACTIVITY_WINDOW_MS, Attention, PortError, Sweep};
+use crate::ledger::{ACTIVITY_WINDOW_MS, Attention, DueCursor, DueCursors, PortError, Sweep};
 use crate::ports::Activity;
 
 /// The partition of the marks and of the last sweep.
 pub const ACTIVITY_PK: &str = "activity";
 /// The last sweep's sort key.
 pub const SWEEP_SK: &str = "sweep";
+/// The sort key of the records phase's places ([`DueCursors`]).
+pub const CURSORS_SK: &str = "cursors";
 /// How long a mark is kept (seconds): far longer than any reader looks back.
 const MARK_KEPT_S: i64 = 2 * 86_400;
 
@@ -74,6 +77,23 @@ pub fn sweep_of(item: &Item) -> Option<Sweep> {
     })
 }
 
+/// The records phase's places, from their item (a shard whose place is
+/// malformed is read from its oldest entry).
+pub fn cursors_of(item: &Item) -> DueCursors {
+    let mut shards = std::collections::BTreeMap::new();
+    if let Some(AttributeValue::M(places)) = item.get("places") {
+        for (shard, place) in places {
+            let (Ok(shard), AttributeValue::L(l)) = (shard.parse::<u32>(), place) else { continue };
+            if let [AttributeValue::N(at), AttributeValue::S(pk), AttributeValue::S(sk)] = &l[..]
+                && let Ok(at) = at.parse::<i64>()
+            {
+                shards.insert(shard, DueCursor { due_at_ms: at, pk: pk.clone(), sk: sk.clone() });
+            }
+        }
+    }
+    DueCursors { shards, rewound_at_ms: get_n(item, "rewound_at"), at_ms: get_n(item, "cursors_at").unwrap_or(0) }
+}
+
 impl Activity for DynamoLedger {
     async fn note_activity(&self, now_ms: i64) {
         if !self.marked.needs(now_ms) {
@@ -109,6 +129,15 @@ impl DynamoLedger {
 
     pub(crate) async fn read_sweep(&self) -> Result<Option<Sweep>, PortError> {
         Ok(self.read_item(ACTIVITY_PK, SWEEP_SK).await?.as_ref().and_then(sweep_of))
+    }
+
+    pub(crate) async fn read_cursors(&self) -> Result<DueCursors, PortError> {
+        Ok(self.read_item(ACTIVITY_PK, CURSORS_SK).await?.as_ref().map(cursors_of).unwrap_or_default())
+    }
+
+    pub(crate) async fn write_cursors(&self, cursors: &DueCursors) -> Result<(), PortError> {
+        // Refused: a later run's are kept already.
+        self.conditional(ACTIVITY_PK, CURSORS_SK, cond::due_cursors(cursors), false).await.map(|_| ())
     }
 
     pub(crate) async fn write_sweep(&self, sweep: &Sweep) -> Result<(), PortError> {

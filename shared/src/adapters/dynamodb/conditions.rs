@@ -48,12 +48,15 @@
 //!
 //! Index bookkeeping ([`Update::to`]): every status change sets `#st`; DEAD
 //! and PARKED enter the sparse `attention` index (`attn_shard`, `attn_at` =
-//! `received_at`), every other status leaves it; a terminal status leaves
-//! the sparse `due` index (`due_shard`, `due_at`, `next_attempt_at` removed);
-//! a non-terminal one names its next look (`due_at`, and `due_shard` when it
-//! comes back into the index), except the lease, which keeps it;
-//! RETRYABLE's `next_attempt_at` is its `due_at`. PROCESSED records are in no
-//! index.
+//! `received_at`), every other status leaves it; DEAD and PARKED leave the
+//! sparse `due` index (`due_shard`, `due_at`, `next_attempt_at` removed);
+//! the completion (PROCESSED) leaves its entry where it is, which costs the
+//! keys-only index nothing (the reconciler's cursor passes it, the TTL
+//! removes it with the record); a non-terminal status names its next look
+//! (`due_at`, and `due_shard` when it comes back into the index), except
+//! the lease, which keeps it; RETRYABLE's `next_attempt_at` is its
+//! `due_at`. Every write that places an entry places it at its writer's
+//! now or later (the cursor relies on it).
 //!
 //! Every write lets its own retry recognise itself: the SDK retries a
 //! request whose acknowledgement was lost, and the retry fails its condition
@@ -96,6 +99,7 @@ pub const OUTBOX_NEW: &str = "attribute_not_exists(pk)";
 pub const EXPRESSIONS: &[&str] = &[
     "activity_mark",
     "sweep_record",
+    "due_cursors",
     "claim",
     "outbox_new",
     "payload_stored",
@@ -246,7 +250,16 @@ impl Update {
         } else {
             self.remove("attn_shard").remove("attn_at")
         };
-        debug_assert_eq!(to.is_terminal(), due == Due::Leave, "terminal statuses leave the due index");
+        // Terminal statuses leave the due index, but for a completion, which
+        // leaves its entry where it is (the reconciler's cursor passes it).
+        debug_assert!(
+            if to.is_terminal() {
+                due == Due::Leave || (to == Status::Processed && due == Due::Keep)
+            } else {
+                due != Due::Leave
+            },
+            "terminal statuses leave the due index (a completion may leave its entry in place)"
+        );
         match due {
             Due::Leave => self.remove("due_shard").remove("due_at").remove("next_attempt_at"),
             Due::Keep => self,
@@ -516,7 +529,7 @@ fn fenced(name: &'static str, token: &str) -> Update {
 /// acknowledgement was lost is recognised by `completed_token`.
 pub fn complete(token: &str, outcome: &str, subject: Option<&str>, now_ms: i64, shard: u32) -> Update {
     let mut u = fenced("complete", token)
-        .to(Status::Processed, shard, Due::Leave)
+        .to(Status::Processed, shard, Due::Keep)
         .set("outcome = :o")
         .set("processed_at = :now")
         .set("completed_token = :tok")
@@ -857,6 +870,29 @@ pub fn activity_mark(now_ms: i64, expires_at_s: i64) -> Update {
         .set("expires_at = :exp")
         .value(":now", n(now_ms))
         .value(":exp", n(expires_at_s))
+}
+
+/// Where the records phase has read each shard to (`pk = activity`, `sk =
+/// cursors`; see [`crate::ledger::DueCursors`]), unless a later run's are
+/// kept already. A shard's place is `[due_at, pk, sk]` under its number;
+/// the run's own retry after a lost acknowledgement writes the same again.
+pub fn due_cursors(cursors: &crate::ledger::DueCursors) -> Update {
+    let places = cursors
+        .shards
+        .iter()
+        .map(|(shard, c)| {
+            (shard.to_string(), AttributeValue::L(vec![n(c.due_at_ms), s(c.pk.clone()), s(c.sk.clone())]))
+        })
+        .collect();
+    let mut u = Update::when("due_cursors", "attribute_not_exists(cursors_at) OR cursors_at <= :at")
+        .set("cursors_at = :at")
+        .set("places = :places")
+        .value(":at", n(cursors.at_ms))
+        .value(":places", AttributeValue::M(places));
+    if let Some(at) = cursors.rewound_at_ms {
+        u = u.set("rewound_at = :rw").value(":rw", n(at));
+    }
+    u
 }
 
 /// What a run that read every shard found (`pk = activity`, `sk =
@@ -1232,11 +1268,11 @@ mod tests {
         assert!(parked.values.contains(&(":bk_attn".into(), s("attn#007"))));
         let replayed = operator(OperatorAction::Replay, "op", "why", "tok", 5, 7).expression();
         assert!(replayed.contains("REMOVE") && replayed.contains("attn_shard, attn_at"), "{replayed}");
+        // The completion leaves the attention index and its due entry where
+        // it is: no index write for it.
         let processed = complete("t", "applied", None, 5, 7).expression();
-        assert!(
-            processed.contains("attn_shard, attn_at") && processed.contains("due_shard, due_at"),
-            "in no index: {processed}"
-        );
+        assert!(processed.contains("REMOVE") && processed.contains("attn_shard, attn_at"), "{processed}");
+        assert!(!processed.contains("due_shard") && !processed.contains("due_at"), "the entry stays: {processed}");
     }
 
     #[test]

@@ -17,8 +17,8 @@ use super::{
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{
-    Attention, CheckItem, Due, DueCursor, DueItem, DuePage, DuePartition, DueRecord, GAP, PortError, Status,
-    WaiterCheck, WaiterItem,
+    Attention, CheckItem, Due, DueCursor, DueCursors, DueEntry, DueItem, DuePage, DuePartition, DueRecord, GAP,
+    PortError, Status, WaiterCheck, WaiterItem,
 };
 use crate::ports::DueLedger;
 use crate::projection::STATE_SK;
@@ -34,7 +34,9 @@ impl DynamoLedger {
         limit: usize,
         after: Option<&DueCursor>,
     ) -> Result<(Vec<Item>, Option<DueCursor>), PortError> {
-        let start = after.map(|c| {
+        // After an entry: from its place on (its `due_at` bounds the range
+        // too); from a time: the entries due at it or later.
+        let start = after.filter(|c| !c.is_time()).map(|c| {
             HashMap::from([
                 (attr::PK.to_owned(), AttributeValue::S(c.pk.clone())),
                 (attr::SK.to_owned(), AttributeValue::S(c.sk.clone())),
@@ -42,14 +44,23 @@ impl DynamoLedger {
                 (attr::DUE_AT.to_owned(), AttributeValue::N(c.due_at_ms.to_string())),
             ])
         });
-        let out = self
+        if after.is_some_and(|c| c.due_at_ms > up_to) {
+            return Ok((Vec::new(), None));
+        }
+        let query = self
             .client()
             .query()
             .table_name(self.table())
             .index_name(DUE_INDEX)
-            .key_condition_expression("due_shard = :s AND due_at <= :t")
             .expression_attribute_values(":s", AttributeValue::S(partition.to_owned()))
-            .expression_attribute_values(":t", AttributeValue::N(up_to.to_string()))
+            .expression_attribute_values(":t", AttributeValue::N(up_to.to_string()));
+        let query = match after {
+            Some(c) => query
+                .key_condition_expression("due_shard = :s AND due_at BETWEEN :f AND :t")
+                .expression_attribute_values(":f", AttributeValue::N(c.due_at_ms.to_string())),
+            None => query.key_condition_expression("due_shard = :s AND due_at <= :t"),
+        };
+        let out = query
             .limit(limit.clamp(1, 100) as i32)
             .set_exclusive_start_key(start)
             .send()
@@ -76,6 +87,11 @@ impl DynamoLedger {
     /// with its other shards and meets them next time), so a throttled table
     /// never holds a run in a loop.
     pub(super) async fn batch_read(&self, keys: Vec<Item>) -> Result<Vec<Item>, PortError> {
+        self.batch_read_as(keys, true).await
+    }
+
+    /// [`Self::batch_read`], strongly consistent or not.
+    pub(super) async fn batch_read_as(&self, keys: Vec<Item>, consistent: bool) -> Result<Vec<Item>, PortError> {
         let clock = &self.ambient.clock;
         let give_up = clock.instant() + std::time::Duration::from_millis(BATCH_READ_BUDGET_MS);
         let mut found = Vec::new();
@@ -84,7 +100,7 @@ impl DynamoLedger {
             let mut pending = Some(
                 KeysAndAttributes::builder()
                     .set_keys(Some(chunk.to_vec()))
-                    .consistent_read(true)
+                    .consistent_read(consistent)
                     .build()
                     .map_err(|e| PortError::Unavailable { service: "dynamodb", message: e.to_string() })?,
             );
@@ -163,6 +179,28 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
     }
 }
 
+/// The keys (`pk`, `sk`) of a due item.
+pub(crate) fn keys_of(due: &Due) -> (&str, &str) {
+    match due {
+        Due::Record(r) => (r.key.as_str(), META_SK),
+        Due::Outbox { id, .. } => (id.as_str(), super::outbox::OUTBOX_SK),
+        Due::Check(c) => (c.pk.as_str(), crate::projection::STATE_SK),
+        Due::Waiter(w) => (w.stream.as_str(), w.sk.as_str()),
+    }
+}
+
+/// A page of the items read (sorted here, oldest first) and the entries
+/// listed, each with the item read at it.
+pub(crate) fn page_of(mut items: Vec<Due>, next: Option<DueCursor>, places: Vec<DueCursor>) -> DuePage {
+    items.sort_by_key(Due::due_at_ms);
+    let at: HashMap<(&str, &str), usize> = items.iter().enumerate().map(|(i, d)| (keys_of(d), i)).collect();
+    let entries = places
+        .iter()
+        .map(|p| DueEntry { place: p.clone(), item: at.get(&(p.pk.as_str(), p.sk.as_str())).copied() })
+        .collect();
+    DuePage { items, next, entries }
+}
+
 /// Whether a refused `claim_due` met our own claim (our retried update).
 pub(crate) fn claimed_by(met: Option<&Item>, token: &str) -> bool {
     met.is_some_and(|m| get_s(m, cond::CLAIM_TOKEN) == Some(token))
@@ -225,6 +263,14 @@ impl DueLedger for DynamoLedger {
         self.write_sweep(sweep).await
     }
 
+    async fn due_cursors(&self) -> Result<DueCursors, PortError> {
+        self.read_cursors().await
+    }
+
+    async fn keep_due_cursors(&self, cursors: &DueCursors) -> Result<(), PortError> {
+        self.write_cursors(cursors).await
+    }
+
     async fn due(
         &self,
         partition: DuePartition,
@@ -239,11 +285,13 @@ impl DueLedger for DynamoLedger {
         let mut out = Vec::new();
         let mut seen: HashMap<(String, String), i64> = HashMap::new();
         let mut to_read = Vec::new();
+        let mut entries = Vec::with_capacity(keys.len());
         for k in &keys {
             let (Some(pk), Some(sk), Some(at)) = (get_s(k, attr::PK), get_s(k, attr::SK), get_n(k, attr::DUE_AT))
             else {
                 continue;
             };
+            entries.push(DueCursor { due_at_ms: at, pk: pk.to_owned(), sk: sk.to_owned() });
             if sk == super::outbox::OUTBOX_SK {
                 out.push(Due::Outbox { id: pk.to_owned(), due_at_ms: at });
                 continue;
@@ -254,13 +302,19 @@ impl DueLedger for DynamoLedger {
                 (attr::SK.to_owned(), AttributeValue::S(sk.to_owned())),
             ]));
         }
-        for i in self.batch_read(to_read).await? {
+        // The records partition holds finished records too (a completion
+        // leaves its entry): read as of a moment ago, half the price. A
+        // record read before its latest change only makes the run act on it
+        // needlessly (its claim and re-drive meet the record as it is); the
+        // cursor passes only entries due long before (`CURSOR_SETTLE_MS`),
+        // and a finished record reopens only at a new place.
+        let consistent = partition != DuePartition::Records;
+        for i in self.batch_read_as(to_read, consistent).await? {
             let (Some(pk), Some(sk)) = (get_s(&i, attr::PK), get_s(&i, attr::SK)) else { continue };
             let Some(&at) = seen.get(&(pk.to_owned(), sk.to_owned())) else { continue };
             out.extend(due_of(&i, at));
         }
-        out.sort_by_key(Due::due_at_ms);
-        Ok(DuePage { items: out, next })
+        Ok(page_of(out, next, entries))
     }
 
     async fn claim_due(&self, item: DueItem<'_>, seen: i64, next: i64) -> Result<Option<String>, PortError> {

@@ -6,10 +6,11 @@
 //!   status updates (DynamoDB bills a write by the whole item's size).
 //!
 //! Non-terminal records carry `due_shard`/`due_at`, the keys of the sparse,
-//! sharded `due` index the reconciler queries (never a scan); every record
-//! DEAD and PARKED records (and DEAD outbox items) carry `attn_shard`/`attn_at`,
-//! the keys of the sparse `attention` index operators and the evidence read.
-//! PROCESSED records are in no index.
+//! sharded `due` index the reconciler queries (never a scan); a PROCESSED
+//! record keeps the entry it had (the reconciler reads behind a cursor that
+//! passes it). DEAD and PARKED records (and DEAD outbox items) carry
+//! `attn_shard`/`attn_at`, the keys of the sparse `attention` index
+//! operators and the evidence read.
 //!
 //! Split by actor, each implementing its use case's port: `claim` (intake),
 //! `work` (processor), `due` (reconciler), `operator` (operations), `outbox`

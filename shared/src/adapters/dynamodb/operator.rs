@@ -10,8 +10,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::conditions as cond;
 use super::{
-    ATTENTION_INDEX, DUE_INDEX, DynamoLedger, Item, META_SK, Written, attention_shard, attr, due_shard, get_n, get_s,
-    payload_sk,
+    ATTENTION_INDEX, DynamoLedger, Item, META_SK, Written, attention_shard, attr, due_shard, get_n, get_s, payload_sk,
 };
 use crate::adapters::port_error;
 use crate::identity::EventKey;
@@ -144,30 +143,21 @@ impl DynamoLedger {
         Ok(order.iter().filter_map(|k| read.remove(k)).collect())
     }
 
-    /// Every open record of the shard in one of `statuses`, newest first.
+    /// Every open record of the shard in one of `statuses`, newest first:
+    /// the entries after the reconciler's place in the shard (every one
+    /// before it is a finished record's, or gone).
     async fn due_rows(&self, statuses: &[Status], shard: u32, filter: &RowFilter<'_>) -> Result<Vec<Row>, PortError> {
+        let mut after = self.read_cursors().await?.shards.remove(&shard);
+        let partition = due_shard(shard);
         let mut keys = Vec::new();
-        let mut start = None;
         loop {
-            let page = self
-                .client()
-                .query()
-                .table_name(self.table())
-                .index_name(DUE_INDEX)
-                .key_condition_expression("due_shard = :p")
-                .expression_attribute_values(":p", AttributeValue::S(due_shard(shard)))
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| port_error("dynamodb", &e))?;
+            let (page, next) = self.due_keys(&partition, i64::MAX, 100, after.as_ref()).await?;
             keys.extend(
-                page.items
-                    .unwrap_or_default()
-                    .into_iter()
+                page.into_iter()
                     .map(|k| k.into_iter().filter(|(n, _)| n == attr::PK || n == attr::SK).collect::<Item>()),
             );
-            match page.last_evaluated_key {
-                Some(k) => start = Some(k),
+            match next {
+                Some(n) => after = Some(n),
                 None => break,
             }
         }
@@ -208,12 +198,12 @@ impl OperatorLedger for DynamoLedger {
         let rows = match status {
             // DEAD and PARKED: the attention index, newest first.
             Status::Dead | Status::Parked => self.attention_rows(status, shard, filter, want).await?,
-            // Open records: every one is in the due index (keys only); read
-            // them in batches.
+            // Open records: every one is in the due index (keys only), after
+            // the reconciler's place; read them in batches.
             Status::Received | Status::Processing | Status::Retryable => {
                 self.due_rows(&[status], shard, filter).await?
             }
-            // Finished records are in no index: `show KEY` reads one.
+            // Finished records are listed by no index: `show KEY` reads one.
             Status::Processed => Vec::new(),
         };
         Ok(rows)

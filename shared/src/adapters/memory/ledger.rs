@@ -33,9 +33,9 @@ use crate::adapters::dynamodb::{
 };
 use crate::identity::EventKey;
 use crate::ledger::{
-    Applied, Attention, BodyBinding, Bound, Claim, CommitResult, Due, DueCursor, DueItem, DuePage, DuePartition,
-    ExistingRecord, Exit, GAP, LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease, Status,
-    Sweep, Transitioned, WaiterCheck, WaiterItem, WorkRecord,
+    Applied, Attention, BodyBinding, Bound, Claim, CommitResult, Due, DueCursor, DueCursors, DueItem, DuePage,
+    DuePartition, ExistingRecord, Exit, GAP, LeaseResult, NewEvent, OperatorAction, PortError, Release, Row, SendLease,
+    Status, Sweep, Transitioned, WaiterCheck, WaiterItem, WorkRecord,
 };
 use crate::message::{Held, OutboxClaim};
 use crate::ports::{
@@ -225,9 +225,8 @@ impl MemLedger {
                 item.insert(attr::ATTN_SHARD.into(), AttributeValue::S(attention_shard(shard)));
                 item.insert(attr::ATTN_AT.into(), n(received_at));
             }
+            // Its completion left its due entry where its claim put it.
             Status::Processed => {
-                item.remove(attr::DUE_SHARD);
-                item.remove(attr::DUE_AT);
                 item.insert("outcome".into(), AttributeValue::S("applied".into()));
             }
         }
@@ -914,6 +913,18 @@ impl DueLedger for MemLedger {
         })
     }
 
+    async fn due_cursors(&self) -> Result<DueCursors, PortError> {
+        self.0.call_on("due.due_cursors", activity::ACTIVITY_PK, |_, st| {
+            Ok(st.table.get(activity::ACTIVITY_PK, activity::CURSORS_SK).map(activity::cursors_of).unwrap_or_default())
+        })
+    }
+
+    async fn keep_due_cursors(&self, cursors: &DueCursors) -> Result<(), PortError> {
+        self.0.call_on("due.keep_due_cursors", activity::ACTIVITY_PK, |_, st| {
+            st.conditional(activity::ACTIVITY_PK, activity::CURSORS_SK, &cond::due_cursors(cursors)).map(|_| ())
+        })
+    }
+
     async fn due(
         &self,
         partition: DuePartition,
@@ -942,6 +953,10 @@ impl DueLedger for MemLedger {
                 None
             };
             let mut out = Vec::new();
+            let entries = page
+                .iter()
+                .map(|(at, (pk, sk))| DueCursor { due_at_ms: *at, pk: pk.clone(), sk: sk.clone() })
+                .collect();
             for (at, (pk, sk)) in page {
                 if sk == OUTBOX_SK {
                     out.push(Due::Outbox { id: pk, due_at_ms: at });
@@ -952,8 +967,7 @@ impl DueLedger for MemLedger {
                     out.extend(due_of(i, at));
                 }
             }
-            out.sort_by_key(Due::due_at_ms);
-            Ok(DuePage { items: out, next })
+            Ok(crate::adapters::dynamodb::due::page_of(out, next, entries))
         })
     }
 
@@ -1140,10 +1154,18 @@ impl OperatorLedger for MemLedger {
 /// Open records of one shard from the due index (keys), read by key,
 /// newest first (the adapter's `due_rows`).
 fn open(st: &State, statuses: &[Status], shard: u32, filter: &RowFilter<'_>) -> Vec<Row> {
+    let place = st
+        .table
+        .get(activity::ACTIVITY_PK, activity::CURSORS_SK)
+        .map(activity::cursors_of)
+        .and_then(|mut c| c.shards.remove(&shard));
     let mut items: Vec<Item> = st
         .table
         .index(DUE_INDEX, &due_shard(shard), None)
         .into_iter()
+        .filter(|(at, (pk, sk), _)| {
+            place.as_ref().is_none_or(|c| (*at, pk.as_str(), sk.as_str()) > (c.due_at_ms, c.pk.as_str(), c.sk.as_str()))
+        })
         .filter_map(|(_, (pk, sk), _)| st.table.get(&pk, &sk).cloned())
         .filter(|i| statuses.iter().any(|s| get_s(i, attr::STATUS) == Some(s.as_str())) && passes(i, filter))
         .collect();
