@@ -38,6 +38,11 @@ IDLE_POLLS_PER_MONTH = 5 * 3 * 60 * 24 * 30
 PLATFORM_LOG_BYTES = 250
 RECONCILER_RUNS = 12 * 24 * 30  # rate(5 minutes)
 RECONCILER_RUN = {"cpu_ms": 10.0, "dynamodb": 8, "read_units": 8.0}  # an idle run (golden ReconcilerIdle: 8 queries)
+# A finished record's due entry stays in the index; the reconciler's records
+# phase reads it in every run that meets it: those with it in the look-ahead
+# (300 s) or within the cursor's settle (120 s), the one that passes it, and
+# the hourly rewind (15 min of entries read again): 1 + 420/300 + 900/3600.
+RECONCILER_READS_PER_ENTRY = 1 + (300 + 120) / 300 + 900 / 3600
 CUSTOM_METRICS = 52  # metric names the functions emit (one dimension set each)
 RETENTION_DAYS = 30
 SECONDS_PER_MONTH = 30 * 24 * 3600
@@ -121,6 +126,9 @@ def bill(d, system, contract, cfg, volume, arch, latency_scale=1.0):
         else:
             extra = f["emf_bytes"] if is_intake else f["emf_bytes"] / batch
         units["log"] += w * volume * (f["log_bytes"] + extra)
+    if system != "powertools" and "reconciler" in d:
+        # Each unique event's due entry, read by the reconciler as it passes.
+        units["rcu"] += volume * RECONCILER_READS_PER_ENTRY * d["reconciler"]["read_units_per_entry_per_run"]
     proc_inv = proc_msgs / batch
     # The event source's receive and delete per batch.
     units["sqs"] += 2 * proc_inv
@@ -201,6 +209,12 @@ def main():
     print("- Logs: the measured JSON lines (INFO) + the EMF document each invocation flushes (measured; "
           "a processor batch shares one); "
           f"{CUSTOM_METRICS} custom metrics; storage: {stored:,.0f} bytes per event for {RETENTION_DAYS} days, with PITR.")
+    rec = hook.get("reconciler")
+    if rec:
+        print(f"- The reconciler at load: each event's due entry read {RECONCILER_READS_PER_ENTRY:.2f} times "
+              f"(the look-ahead and the cursor's settle, the run that passes it, the hourly rewind) at "
+              f"{rec['read_units_per_entry_per_run']:.3f} read units a read (measured over {rec['entries']} entries); "
+              f"the places kept: {rec['write_units_per_run']:.1f} write units a run at the measured shards.")
     print("- X-Ray (Tracing Active): the default sampling rule, the first request each second and 5 % of the rest, per entry point.")
     print(f"- Powertools-Python: its own CPU time in this process, the same latency model, 256 MB, "
           f"{PLATFORM_LOG_BYTES} bytes of the runtime's own log lines per invocation and none of its own.\n")

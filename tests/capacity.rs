@@ -503,6 +503,22 @@ impl HttpConnector for CapacityConnector {
                         let consistent = body["ConsistentRead"].as_bool().unwrap_or(false);
                         read_units(size) * if consistent { 1.0 } else { 0.5 }
                     }
+                    // Each item read is billed on its own (rounded up to 4 KB).
+                    "BatchGetItem" => answer["Responses"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(table, items)| {
+                            let consistent = body["RequestItems"][table]["ConsistentRead"].as_bool().unwrap_or(false);
+                            items
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|i| read_units(item_size(&item_from_json(i))))
+                                .sum::<f64>()
+                                * if consistent { 1.0 } else { 0.5 }
+                        })
+                        .sum(),
                     "Query" | "Scan" => {
                         let size: usize = answer["Items"]
                             .as_array()

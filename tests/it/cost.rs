@@ -249,6 +249,36 @@ async fn drive(rig: &Rig, fake: &FakeStripe, n: usize, run: &str, mut around: im
     events_total
 }
 
+/// Reconciler runs at `at` on `stack` (after activity, as at load), through
+/// the capacity model under `scope`: (read units, write units).
+async fn reconciler_runs(
+    stack: &Stack,
+    aws: &aws_config::SdkConfig,
+    capacity: &Capacity,
+    scope: &str,
+    at: [i64; 2],
+) -> (f64, f64) {
+    use hookledger::ports::Activity;
+    let ddb = aws_sdk_dynamodb::Client::new(aws);
+    let ledger = DynamoLedger::new(ddb.clone(), &stack.table).with_shards(stack.settings().index_shards);
+    let reconciler = hookledger::reconciler::Reconciler::new(
+        ledger.clone(),
+        SqsQueue::new(aws_sdk_sqs::Client::new(aws), &stack.queue_url),
+        Some(hookledger::wiring::dispatcher(ddb, aws_sdk_sns::Client::new(aws), stack.table.clone())),
+        hookledger::projection::recheck::Rechecks::new(),
+        hookledger::config::ReconcilerSettings::default(),
+    );
+    for t in at {
+        ledger.note_activity(t).await;
+        capacity.scope(scope);
+        let summary = reconciler.run(t, std::time::Instant::now() + std::time::Duration::from_secs(300)).await;
+        capacity.scope("harness");
+        assert!(summary.errors.is_empty() && summary.due_seen == 0, "{scope}: {summary:?}");
+    }
+    let tally = capacity.tallies().remove(scope).unwrap_or_default();
+    (tally.rcu, tally.wcu())
+}
+
 #[tokio::test]
 #[ignore = "a bench: run by scripts/bench-cost, prints JSON"]
 async fn cost() {
@@ -277,6 +307,20 @@ async fn cost() {
     capacity.record_requests(false);
     let stored: Vec<usize> = units.stack.items().await.iter().map(item_size).collect();
     let stored_events = CONTRACTS.len() * n + n.div_ceil(4);
+    // The reconciler at load: finished records' entries stay in the due
+    // index, and the records phase reads each one in the runs that meet it
+    // (the look-ahead, then the run that passes it). Two runs over them
+    // (before, then past them), less the same two runs over an empty
+    // table: what an entry costs per run that reads it.
+    let past = now_ms() + hookledger::policy::REDRIVE_GRACE_MS + hookledger::ledger::CURSOR_SETTLE_MS + 1_000;
+    let at = [now_ms(), past];
+    let loaded = reconciler_runs(&units.stack, &measured, &capacity, "reconciler_loaded", at).await;
+    let empty = reconciler_runs(&Stack::new().await, &measured, &capacity, "reconciler_empty", at).await;
+    let reconciler = json!({
+        "entries": stored_events,
+        "read_units_per_entry_per_run": (loaded.0 - empty.0).max(0.0) / stored_events as f64 / 2.0,
+        "write_units_per_run": (loaded.1 - empty.1).max(0.0) / 2.0,
+    });
 
     // Pass 2: CPU time and log bytes, with plain clients and the functions' log format.
     let plain = aws_config::from_env().http_client(emulator_http_client()).load().await;
@@ -362,6 +406,7 @@ async fn cost() {
         "table": table,
         "flows": flows,
         "stored_bytes_per_event": stored.iter().sum::<usize>() as f64 / stored_events as f64,
+        "reconciler": reconciler,
     });
     println!("{}", serde_json::to_string_pretty(&out).unwrap());
 }

@@ -1964,9 +1964,9 @@ async fn a_flow_with_a_fixed_clock_and_seed_sends_the_same_requests_byte_for_byt
     }
 }
 
-/// An idle reconciler run: at most 5 queries per shard (records, outbox,
-/// re-checks, parked gap waiters, attention), one read of the routes'
-/// circuits together (whose waiting deliveries may drain; none ever opened,
+/// An idle reconciler run: two reads; a full sweep: at most 5 queries per
+/// shard (records, outbox, re-checks, parked gap waiters, attention), one
+/// read of the records' places, one read of the routes' circuits together (whose waiting deliveries may drain; none ever opened,
 /// so no waiting partition is read), and nothing else.
 #[tokio::test]
 async fn an_idle_reconciler_run_reads_two_items_and_a_full_sweep_every_shard() {
@@ -1983,5 +1983,9 @@ async fn an_idle_reconciler_run_reads_two_items_and_a_full_sweep_every_shard() {
         .filter(|(_, service, op)| !(*service == "dynamodb" && op == "Query"))
         .map(|(_, _, op)| op.as_str())
         .collect();
-    assert_eq!(others, ["GetItem", "BatchGetItem", "UpdateItem"], "the last sweep, the circuits, the sweep kept");
+    assert_eq!(
+        others,
+        ["GetItem", "GetItem", "BatchGetItem", "UpdateItem"],
+        "the last sweep, the records' places, the circuits, the sweep kept"
+    );
 }
