@@ -1526,11 +1526,24 @@ pub async fn an_op_is_written_on_its_own_guarded_by_its_conditions<B: Backend>(b
         panic!("written with its notification")
     };
     assert_eq!(outbox, [crate::message::outbox_id(e.key.as_str(), "ap.changed")]);
+    let index_of = |i: Option<Item>| {
+        let i = i.expect("the outbox item");
+        (i.get("due_shard").and_then(|v| v.as_str().map(str::to_owned)), i.get("due_at").and_then(Value::as_i64))
+    };
+    assert_eq!(
+        index_of(b.get(&outbox[0], "outbox").await),
+        (None, None),
+        "out of the index: sent before the completion"
+    );
     assert_eq!(
         l.apply(&e.key, "tok-2", &noted, T0).await.unwrap(),
         Applied::Written { outbox: vec![] },
         "its own state met again: its notification is there already, not written twice"
     );
+    let lapse = T0 + crate::message::DISPATCH_LEASE_MS;
+    let (partition, due) = index_of(b.get(&outbox[0], "outbox").await);
+    assert!(partition.as_deref().is_some_and(|p| p.starts_with("out#")), "{partition:?}");
+    assert_eq!(due, Some(lapse), "the attempt that wrote it died: the sweep's once its claim lapses");
     let o = b.outbox();
     assert_eq!(
         o.claim(&outbox[0], "d-1", T0, T0 + 30_000).await.unwrap(),
@@ -1545,7 +1558,27 @@ pub async fn an_op_is_written_on_its_own_guarded_by_its_conditions<B: Backend>(b
         panic!("written alone")
     };
     assert_eq!(one, [crate::message::outbox_id(e.key.as_str(), "ap.delivered")]);
+    assert_eq!(index_of(b.get(&one[0], "outbox").await), (None, None));
     assert_eq!(l.apply(&e.key, "tok-2", &alone, T0).await.unwrap(), Applied::Conflict, "once, whoever writes it");
+    assert_eq!(index_of(b.get(&one[0], "outbox").await).1, Some(lapse), "kept for the sweep by the retry");
+    // A notification not sent goes into the index once, its back-off's time
+    // kept; a sent one stays out of it.
+    let shard = e.key.shard(WorkLedger::shards(&l));
+    let mut unsent = noted.outbox[0].clone();
+    unsent.action = "ap.failed".into();
+    let failing = Op { outbox: vec![unsent], ..Op::new(Vec::new(), OnConflict::AlreadyApplied) };
+    let Applied::Written { outbox: failed } = l.apply(&e.key, "tok-1", &failing, T0).await.unwrap() else { panic!() };
+    o.back_off(&failed[0], "tok-1", T0 + 99, "publish failed", T0).await.unwrap();
+    l.keep_for_sweep(&failed[0], shard, lapse).await.unwrap();
+    l.keep_for_sweep(&failed[0], shard, lapse + 5).await.unwrap();
+    assert_eq!(index_of(b.get(&failed[0], "outbox").await).1, Some(T0 + 99), "its back-off's time, once");
+    let mut sent = noted.outbox[0].clone();
+    sent.action = "ap.sent".into();
+    let sending = Op { outbox: vec![sent], ..Op::new(Vec::new(), OnConflict::AlreadyApplied) };
+    let Applied::Written { outbox: done } = l.apply(&e.key, "tok-1", &sending, T0).await.unwrap() else { panic!() };
+    o.mark_sent(&done[0], "tok-1", None, T0).await.unwrap();
+    l.keep_for_sweep(&done[0], shard, lapse).await.unwrap();
+    assert_eq!(index_of(b.get(&done[0], "outbox").await), (None, None), "sent: never in the index");
     // The record is untouched until its completion.
     assert_eq!(text(&row(&l, &e.key).await, "status"), Some("PROCESSING"));
 }

@@ -219,6 +219,11 @@ pub trait Redelivery: Send + Sync {
 pub trait WorkLedger: Activity + Send + Sync {
     /// Index shards (the record's due-index partition depends on them).
     fn shards(&self) -> u32;
+    /// A notification written out of the `due` index (a guarded op's, sent
+    /// before the completion) and not sent: into `shard`'s outbox partition,
+    /// due at `at_ms` at the latest (a back-off's time kept), for the sweep.
+    /// Nothing when it is sent, dead, or there already (its own retry).
+    fn keep_for_sweep(&self, id: &str, shard: u32, at_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
     /// Takes the lease if the record is leasable now (RECEIVED; RETRYABLE
     /// and due; PROCESSING with an expired lease). Our own lease whose
     /// acknowledgement was lost is `Leased`.

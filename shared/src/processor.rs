@@ -572,6 +572,18 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 }
             }
         }
+        // The guarded ops' notifications, written out of the due index: sent
+        // now, under the lease, before the completion (a crash before it
+        // leaves the record open, and its retry finds them); one not sent
+        // goes into the index for the sweep before the completion.
+        let early: Vec<OutboxItem> = applied
+            .iter()
+            .flat_map(|op| &op.outbox)
+            .filter(|m| m.delivery.is_none())
+            .map(committed)
+            .filter(|i| outbox.contains(&i.id))
+            .collect();
+        self.notify_before_completion(&early, token, now_ms).await?;
         // With fenced ops: they and the deliveries go in the completion's transaction.
         let mut deliver = !fenced.is_empty() && !deliveries.is_empty();
         loop {
@@ -642,7 +654,11 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 .chain(&fenced)
                 .flat_map(|op| &op.outbox)
                 .map(committed)
-                .filter(|i| outbox.contains(&i.id) && !routed_items.iter().any(|r| r.id == i.id))
+                .filter(|i| {
+                    outbox.contains(&i.id)
+                        && !routed_items.iter().any(|r| r.id == i.id)
+                        && !early.iter().any(|e| e.id == i.id)
+                })
                 .collect();
             for at in applied.iter().chain(&fenced).filter_map(|op| op.advances.as_ref()) {
                 self.wake_successor(at, now_ms).await;
@@ -775,6 +791,28 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 tracing::warn!(error = %e, outbox = %item.id, "outbox dispatch failed; the sweeper will retry");
             }
         }
+    }
+
+    /// Publishes the guarded ops' notifications before the completion, under
+    /// the claim they were written with (`token`); each not published (its
+    /// send failed, no dispatcher) goes into the due index for the sweep,
+    /// due when that claim lapses at the latest. An error there fails the
+    /// attempt: the record stays open and its retry finds the notification.
+    async fn notify_before_completion(&self, items: &[OutboxItem], token: &str, now_ms: i64) -> Result<(), PortError> {
+        for item in items {
+            let sent = match &self.dispatcher {
+                Some(d) => d.dispatch_committed(item, token, &[], now_ms).await,
+                None => Ok(crate::message::Dispatched::Skipped),
+            };
+            if !matches!(sent, Ok(crate::message::Dispatched::Published)) {
+                if let Err(e) = &sent {
+                    tracing::warn!(error = %e, outbox = %item.id, "outbox dispatch failed; the sweeper will retry");
+                }
+                let at = now_ms + crate::message::DISPATCH_LEASE_MS;
+                self.ledger.keep_for_sweep(&item.id, item.shard, at).await?;
+            }
+        }
+        Ok(())
     }
 
     /// History is evidence, not state: a failure to write it is only logged.

@@ -369,7 +369,7 @@ async fn put_outbox(stack: &Stack, event: &str, topic: &str, at: i64) -> String 
     // Committed a lease before `at` by a processor that died before it sent
     // it: its claim (the commit's) has lapsed at `at`, one attempt spent.
     let committed = at - hookledger::message::DISPATCH_LEASE_MS;
-    let (pk, put) = outbox_put(&stack.table, &key, &msg, "a-dead-processor", committed, 16);
+    let (pk, put) = outbox_put(&stack.table, &key, &msg, "a-dead-processor", committed, 16, true);
     stack.ddb.transact_write_items().transact_items(put).send().await.unwrap();
     pk
 }

@@ -174,7 +174,7 @@ async fn a_record_backlog_leaves_the_outbox_and_the_rechecks_their_shares() {
             body: serde_json::json!({"n": i}),
         };
         let key = EventKey::new("stripe", "stripe-a", &format!("evt_out_{i}"));
-        let (_, put) = outbox_put(&stack.table, &key, &msg, "", at - 120_000, SHARDS);
+        let (_, put) = outbox_put(&stack.table, &key, &msg, "", at - 120_000, SHARDS, true);
         stack.ddb.transact_write_items().transact_items(put).send().await.unwrap();
     }
     let r = reconciler(&stack, 10, Some(source));

@@ -124,7 +124,7 @@ async fn migrate_brings_an_earlier_releases_items_to_todays_indexes_once() {
         group: "sub_old".into(),
         body: serde_json::json!({"event": "evt_old_outbox"}),
     };
-    let (outbox_pk, put_outbox) = outbox_put(&stack.table, &producer, &msg, "", now - 3_600_000, 16);
+    let (outbox_pk, put_outbox) = outbox_put(&stack.table, &producer, &msg, "", now - 3_600_000, 16, true);
     stack.ddb.transact_write_items().transact_items(put_outbox).send().await.unwrap();
     let old_partition = format!("out#{:03}", producer.shard(16));
     stack
@@ -225,7 +225,7 @@ async fn outbox_items_and_entitlements_in_the_records_partitions_are_acted_on_th
             group: event.into(),
             body: serde_json::json!({ "event": event }),
         };
-        let (pk, put_outbox) = outbox_put(&stack.table, &producer, &msg, "", at, 16);
+        let (pk, put_outbox) = outbox_put(&stack.table, &producer, &msg, "", at, 16, true);
         stack.ddb.transact_write_items().transact_items(put_outbox).send().await.unwrap();
         to_records_partition(pk.clone(), "outbox", producer.shard(16)).await;
         outbox.push(pk);

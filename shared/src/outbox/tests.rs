@@ -81,9 +81,18 @@ async fn claimed_not_yet_due_sent_dead_and_unknown_items_are_skipped_without_pub
         ("outbox#later", pending("later", 0, NOW + 1)),
         (
             "outbox#sent",
-            OutboxView { status: SENT.into(), due_at: None, sent_at: Some(NOW - 5), ..pending("sent", 0, 0) },
+            OutboxView {
+                status: SENT.into(),
+                due_at: None,
+                due_shard: None,
+                sent_at: Some(NOW - 5),
+                ..pending("sent", 0, 0)
+            },
         ),
-        ("outbox#dead", OutboxView { status: DEAD.into(), due_at: None, attempts: 3, ..pending("dead", 0, 0) }),
+        (
+            "outbox#dead",
+            OutboxView { status: DEAD.into(), due_at: None, due_shard: None, attempts: 3, ..pending("dead", 0, 0) },
+        ),
     ];
     for (id, item) in &items {
         store.put(id, item);

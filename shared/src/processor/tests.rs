@@ -525,14 +525,15 @@ async fn the_subject_is_committed_with_the_completion() {
 }
 
 #[tokio::test]
-async fn a_crash_after_the_commit_leaves_the_outbox_to_the_sweeper_and_the_redelivery_is_final() {
+async fn a_crash_after_the_commit_finds_the_notification_sent_and_the_redelivery_is_final() {
     let (proj, calls) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
     let mut h = harness(proj);
     h.p.fault = ProcessorFault::AfterCommit;
     let k = put(&h, record("a", Status::Received));
     assert!(h.p.process(&k, NOW).await.is_err());
     assert_eq!(h.ledger.get(&k).rec.status, Status::Processed);
-    assert!(h.dispatched().is_empty());
+    // A guarded op's notification goes before the completion: sent already.
+    assert_eq!(h.dispatched().len(), 1);
     h.p.fault = ProcessorFault::None;
     assert_eq!(h.p.process(&k, NOW + 40_000).await.unwrap(), done(Outcome::AlreadyFinal));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -551,8 +552,54 @@ async fn a_commit_fenced_by_a_worker_that_took_over_is_fenced() {
     assert_eq!((s.rec.status, s.rec.lease_owner.as_deref()), (Status::Processing, Some("other")));
     assert_eq!(s.rec.completed_token, None);
     assert!(h.ledger.committed().is_empty());
-    assert!(h.dispatched().is_empty());
+    // Its guarded write stands (the taker-over meets it as this event's
+    // own), and so does the notification sent for it before the completion.
+    assert_eq!(h.dispatched().len(), 1);
     assert!(h.ledger.history_of(&k).is_empty());
+}
+
+/// A guarded op's notification is written out of the due index and sent
+/// before the completion: one not sent goes into the index first (due when
+/// its claim lapses, or at its back-off), and the sweep sends it once.
+#[tokio::test]
+async fn a_notification_not_sent_before_the_completion_is_left_in_the_index_for_the_sweep() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
+    let h = harness(proj);
+    h.world.publisher().fail_all();
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    let id = crate::message::outbox_id(k.as_str(), "n");
+    let item = h.world.outbox().get(&id);
+    assert!(item.due_shard.as_deref().is_some_and(|p| p.starts_with("out#")) && item.status == "PENDING", "{item:?}");
+    h.world.clear_faults();
+    let d = Dispatcher::with_ports(h.world.outbox(), h.world.publisher()).with_ambient(h.world.ambient().clone());
+    let later = NOW + 3_600_000;
+    assert_eq!(d.sweep(settings().index_shards, later, 0, 100).await.unwrap(), 1);
+    assert_eq!(d.sweep(settings().index_shards, later + 1, 0, 100).await.unwrap(), 0, "once");
+    assert_eq!(h.world.publisher().published().len(), 1);
+}
+
+/// The attempt dies between its notification's write and its send: the
+/// record stays open; its retry (the lease lapsed) meets the notification
+/// its own and puts it in the index for the sweep, then completes.
+#[tokio::test]
+async fn a_notification_of_an_attempt_that_died_before_its_send_is_found_by_the_retry() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
+    let h = harness(proj);
+    let k = put(&h, record("a", Status::Received));
+    h.world.inject("outbox.mark_sent", 0, None, Fault::Unavailable);
+    h.world.inject("work.keep_for_sweep", 0, Some(1), Fault::Unavailable);
+    h.world.publisher().fail_all();
+    assert!(h.p.process(&k, NOW).await.is_err(), "not kept for the sweep: the attempt fails");
+    assert_eq!(h.ledger.get(&k).rec.status, Status::Processing, "not completed");
+    let id = crate::message::outbox_id(k.as_str(), "n");
+    assert_eq!(h.world.outbox().get(&id).due_shard, None, "out of the index");
+    h.world.clear_faults();
+    let retry = NOW + settings().lease_ms + 1;
+    assert_eq!(h.p.process(&k, retry).await.unwrap(), done(Outcome::Applied));
+    assert_eq!(h.ledger.get(&k).rec.status, Status::Processed);
+    let kept = h.world.outbox().get(&id).due_shard;
+    assert!(kept.as_deref().is_some_and(|p| p.starts_with("out#")), "kept for the sweep by the retry: {kept:?}");
 }
 
 #[tokio::test]

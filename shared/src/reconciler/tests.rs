@@ -338,6 +338,7 @@ impl Harness {
             let dead = OutboxView {
                 status: "DEAD".into(),
                 due_at: None,
+                due_shard: None,
                 attempts: DispatchPolicy::default().max_attempts,
                 last_error: Some("sns: gone".into()),
                 dead_at: Some(NOW - 1_000),

@@ -100,6 +100,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "activity_mark",
     "sweep_record",
     "due_cursors",
+    "outbox_index",
     "claim",
     "outbox_new",
     "payload_stored",
@@ -822,6 +823,26 @@ pub fn outbox_back_off(token: &str, next_at_ms: i64, error: &str, now_ms: i64) -
         .value(":err", s(error))
         .value(":now", n(now_ms))
         .value(":next", n(next_at_ms))
+}
+
+/// A notification written out of the index (sent before its completion)
+/// and not sent: its send failed, or the attempt that wrote it died. Into
+/// its shard's outbox partition, due at `at_ms` (the end of the claim it
+/// was written with) unless a back-off set its time; the sweep claims it
+/// once the claim lapses. Refused, changing nothing: sent, dead, or in the
+/// index already (its own retry, or a delivery).
+pub fn outbox_index(partition: &str, at_ms: i64) -> Update {
+    Update::when(
+        "outbox_index",
+        "attribute_exists(pk) AND attribute_not_exists(due_shard) AND (#st = :pending OR #st = :sending)",
+    )
+    .status()
+    .set("due_shard = :p")
+    .set("due_at = if_not_exists(due_at, :at)")
+    .value(":p", s(partition))
+    .value(":at", n(at_ms))
+    .value(":pending", s(PENDING))
+    .value(":sending", s(SENDING))
 }
 
 /// Not sent: the destination's circuit is open. PENDING again, moved out of

@@ -159,7 +159,12 @@ pub fn dead_partition(shard: u32) -> String {
 /// committed it sends and marks it (two requests) without a claim of its
 /// own (a claim moves the item's `due` entry: three write units spared);
 /// if it dies, the claim lapses and the reconciler's sweep takes the item
-/// over.
+/// over. `indexed`: in its shard's outbox partition of the `due` index (due
+/// when the claim lapses), as a route's delivery and a notification
+/// committed with the completion always are; else out of it (a guarded
+/// op's notification, sent before the completion: see docs/architecture.md
+/// "The commit"), put there only when it is not sent
+/// ([`crate::adapters::dynamodb::conditions::outbox_index`]).
 pub fn outbox_put(
     table: &str,
     key: &EventKey,
@@ -167,6 +172,7 @@ pub fn outbox_put(
     token: &str,
     now_ms: i64,
     shards: u32,
+    indexed: bool,
 ) -> (String, TransactWriteItem) {
     let idem = idempotency_key(key.as_str(), &msg.action);
     let pk = crate::message::outbox_id(key.as_str(), &msg.action);
@@ -186,9 +192,11 @@ pub fn outbox_put(
         (attr::GROUP_ID.to_owned(), AttributeValue::S(msg.group.clone())),
         (attr::BODY.to_owned(), AttributeValue::S(msg.body.to_string())),
         (attr::CREATED_AT.to_owned(), AttributeValue::N(now_ms.to_string())),
-        (attr::DUE_SHARD.to_owned(), AttributeValue::S(outbox_partition(shard))),
-        (attr::DUE_AT.to_owned(), AttributeValue::N(until.to_string())),
     ]);
+    if indexed || msg.delivery.is_some() {
+        item.insert(attr::DUE_SHARD.to_owned(), AttributeValue::S(outbox_partition(shard)));
+        item.insert(attr::DUE_AT.to_owned(), AttributeValue::N(until.to_string()));
+    }
     if let Some(d) = &msg.delivery {
         for (k, v) in [
             (attr::DESTINATION, d.destination.clone()),

@@ -33,6 +33,7 @@ use super::{DynamoLedger, Item, META_SK, Written, attr, payload_sk};
 use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{Applied, CommitResult, Exit, GAP, LeaseResult, PortError, Status, WorkRecord};
+use crate::message::DISPATCH_LEASE_MS;
 use crate::policy::expires_at;
 use crate::ports::{EventPayload, WorkLedger};
 use crate::projection::sequence::{Position, waiter_sk};
@@ -158,7 +159,7 @@ pub(crate) fn commit_items(
     let mut owner: Vec<usize> = Vec::new();
     let mut outbox = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        let (mine, ids) = op_items(table, key, token, op, now_ms, shards);
+        let (mine, ids) = op_items(table, key, token, op, now_ms, shards, true);
         owner.extend(std::iter::repeat_n(i, mine.len()));
         items.extend(mine);
         outbox.extend(ids);
@@ -200,12 +201,13 @@ pub(crate) fn op_items(
     op: &Op,
     now_ms: i64,
     shards: u32,
+    indexed: bool,
 ) -> (Vec<TransactWriteItem>, Vec<String>) {
     let mut items: Vec<TransactWriteItem> =
         op.writes.iter().map(|w| super::item::transact(table, &stamped(key, w))).collect();
     let mut outbox = Vec::new();
     for msg in &op.outbox {
-        let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards);
+        let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards, indexed);
         items.push(put);
         outbox.push(pk);
     }
@@ -225,7 +227,7 @@ pub(crate) fn single(
     match (op.writes.as_slice(), op.outbox.as_slice()) {
         ([w], []) if super::item::alone(w) => Some((super::item::transact(table, &stamped(key, w)), Vec::new())),
         ([], [msg]) => {
-            let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards);
+            let (pk, put) = outbox_put(table, key, msg, token, now_ms, shards, false);
             Some((put, vec![pk]))
         }
         _ => None,
@@ -246,7 +248,7 @@ pub(crate) fn put_then_notify(
     match op.writes.as_slice() {
         [w] if matches!(w.action, crate::projection::Action::Put(_)) && !op.outbox.is_empty() => Some((
             super::item::transact(table, &stamped(key, w)),
-            op.outbox.iter().map(|m| outbox_put(table, key, m, token, now_ms, shards)).collect(),
+            op.outbox.iter().map(|m| outbox_put(table, key, m, token, now_ms, shards, false)).collect(),
         )),
         _ => None,
     }
@@ -338,6 +340,11 @@ pub(crate) fn history_item(
 }
 
 impl WorkLedger for DynamoLedger {
+    async fn keep_for_sweep(&self, id: &str, shard: u32, at_ms: i64) -> Result<(), PortError> {
+        let update = cond::outbox_index(&super::outbox::outbox_partition(shard), at_ms);
+        self.conditional(id, super::outbox::OUTBOX_SK, update, false).await.map(|_| ())
+    }
+
     fn shards(&self) -> u32 {
         DynamoLedger::shards(self)
     }
@@ -368,7 +375,16 @@ impl WorkLedger for DynamoLedger {
             return Ok(match super::item::write_alone(self.client(), &item).await? {
                 None => Applied::Written { outbox },
                 Some(met) if ours(met.as_ref(), key) => Applied::Written { outbox },
-                Some(_) => Applied::Conflict,
+                Some(_) => {
+                    // A notification of an attempt that died before it sent it.
+                    if let ([], [msg]) = (op.writes.as_slice(), op.outbox.as_slice())
+                        && msg.delivery.is_none()
+                    {
+                        let id = crate::message::outbox_id(key.as_str(), &msg.action);
+                        self.keep_for_sweep(&id, key.shard(self.shards()), now_ms + DISPATCH_LEASE_MS).await?;
+                    }
+                    Applied::Conflict
+                }
             });
         }
         if let Some((put, notes)) = put_then_notify(self.table(), key, token, op, now_ms, self.shards()) {
@@ -377,16 +393,20 @@ impl WorkLedger for DynamoLedger {
                     return Ok(Applied::Conflict);
                 }
             }
-            // Refused: written by an earlier attempt, whose claim lapses.
+            // Refused: written by an earlier attempt that died before it
+            // sent it: into the index unless sent (the sweep takes it over
+            // once that attempt's claim lapses).
             let mut outbox = Vec::new();
             for (id, item) in notes {
                 if super::item::write_alone(self.client(), &item).await?.is_none() {
                     outbox.push(id);
+                } else {
+                    self.keep_for_sweep(&id, key.shard(self.shards()), now_ms + DISPATCH_LEASE_MS).await?;
                 }
             }
             return Ok(Applied::Written { outbox });
         }
-        let (items, outbox) = op_items(self.table(), key, token, op, now_ms, self.shards());
+        let (items, outbox) = op_items(self.table(), key, token, op, now_ms, self.shards(), false);
         if items.is_empty() {
             return Ok(Applied::Written { outbox });
         }

@@ -603,6 +603,11 @@ impl crate::ports::EventPayloads for MemLedger {
 }
 
 impl WorkLedger for MemLedger {
+    async fn keep_for_sweep(&self, id: &str, shard: u32, at_ms: i64) -> Result<(), PortError> {
+        let update = cond::outbox_index(&crate::adapters::dynamodb::outbox::outbox_partition(shard), at_ms);
+        self.0.call_on("work.keep_for_sweep", id, |_, st| st.conditional(id, OUTBOX_SK, &update).map(|_| ()))
+    }
+
     fn shards(&self) -> u32 {
         self.0.shards
     }
@@ -670,17 +675,33 @@ impl WorkLedger for MemLedger {
             for (id, item) in notes {
                 if self.0.call_on("work.apply", key.as_str(), |_, st| alone(&item, st))? {
                     outbox.push(id);
+                } else {
+                    // Written by an attempt that died before it sent it.
+                    self.keep_for_sweep(&id, key.shard(shards), now_ms + crate::message::DISPATCH_LEASE_MS).await?;
                 }
             }
             return Ok(Applied::Written { outbox });
         }
-        self.0.call_on("work.apply", key.as_str(), |w, st| {
-            if let Some((item, outbox)) = single("memory", key, token, op, now_ms, shards) {
+        if let Some((item, outbox)) = single("memory", key, token, op, now_ms, shards) {
+            let written = self.0.call_on("work.apply", key.as_str(), |_, st| {
                 let written = alone(&item, st)?;
                 record(st, written);
-                return Ok(if written { Applied::Written { outbox } } else { Applied::Conflict });
+                Ok(written)
+            })?;
+            if written {
+                return Ok(Applied::Written { outbox });
             }
-            let (items, outbox) = op_items("memory", key, token, op, now_ms, shards);
+            // A notification of an attempt that died before it sent it.
+            if let ([], [msg]) = (op.writes.as_slice(), op.outbox.as_slice())
+                && msg.delivery.is_none()
+            {
+                let id = crate::message::outbox_id(key.as_str(), &msg.action);
+                self.keep_for_sweep(&id, key.shard(shards), now_ms + crate::message::DISPATCH_LEASE_MS).await?;
+            }
+            return Ok(Applied::Conflict);
+        }
+        self.0.call_on("work.apply", key.as_str(), |w, st| {
+            let (items, outbox) = op_items("memory", key, token, op, now_ms, shards, false);
             if items.is_empty() {
                 return Ok(Applied::Written { outbox });
             }
@@ -1252,8 +1273,11 @@ pub struct OutboxView {
     pub body: String,
     /// The event's index shard (its `out#NNN` partition, or `attn#NNN` once DEAD).
     pub shard: u32,
-    /// `due_at`; `None`: out of the `due` index (SENT, DEAD).
+    /// `due_at`; `None`: out of the `due` index (SENT, DEAD, or a
+    /// notification sent before its completion).
     pub due_at: Option<i64>,
+    /// Its partition of the `due` index; `None`: out of it.
+    pub due_shard: Option<String>,
     pub token: Option<String>,
     /// `dispatch_until`: when the current claim lapses.
     pub until: Option<i64>,
@@ -1274,6 +1298,7 @@ impl OutboxView {
             body: format!(r#"{{"subscription":"sub_{idempotency_key}","status":"active"}}"#),
             shard,
             due_at: Some(due_at),
+            due_shard: Some(outbox_partition(shard)),
             token: None,
             until: None,
             attempts: 0,
@@ -1328,6 +1353,7 @@ impl OutboxView {
             body: text(i, "body"),
             shard: partition.rsplit('#').next().and_then(|s| s.parse().ok()).unwrap_or(0),
             due_at: get_n(i, "due_at"),
+            due_shard: opt("due_shard"),
             token: opt("dispatch_token"),
             until: get_n(i, "dispatch_until"),
             attempts: get_n(i, "dispatch_attempts").and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
