@@ -343,11 +343,11 @@ async fn cost() {
     drive(&timing, &fake, n, &format!("{run}t"), |scope, done| {
         let (now_cpu, now_log) = (thread_cpu_ns(), *counted.0.lock().unwrap());
         if done.is_none() {
-            emf.flush(std::io::sink()).expect("a sink takes anything");
+            hookledger::telemetry::write_emf(emf, std::io::sink()).expect("a sink takes anything");
             (cpu_at, log_at) = (now_cpu, now_log);
         } else {
             let mut doc = Vec::new();
-            emf.flush(&mut doc).expect("a vector takes anything");
+            hookledger::telemetry::write_emf(emf, &mut doc).expect("a vector takes anything");
             let e = cpu.entry(scope.to_owned()).or_default();
             e.0 += now_cpu - cpu_at;
             e.1 += now_log - log_at;
