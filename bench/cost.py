@@ -43,6 +43,8 @@ RECONCILER_RUN = {"cpu_ms": 10.0, "dynamodb": 8, "read_units": 8.0}  # an idle r
 # (300 s) or within the cursor's settle (120 s), the one that passes it, and
 # the hourly rewind (15 min of entries read again): 1 + 420/300 + 900/3600.
 RECONCILER_READS_PER_ENTRY = 1 + (300 + 120) / 300 + 900 / 3600
+INDEX_BYTES = 0.0  # the due index's bytes per event (measured: `index_bytes_per_event`)
+PLACES_UNITS_PER_RUN = 0.0  # write units of the places item per loaded run (measured)
 CUSTOM_METRICS = 52  # metric names the functions emit (one dimension set each)
 RETENTION_DAYS = 30
 SECONDS_PER_MONTH = 30 * 24 * 3600
@@ -167,6 +169,12 @@ def fixed(cfg, volume, stored_bytes, system):
     alarms = sum(1 for r in res.values() if r["Type"] == "AWS::CloudWatch::Alarm")
     keys = sum(1 for r in res.values() if r["Type"] == "AWS::KMS::Key")
     storage_gb = volume * stored_bytes * (RETENTION_DAYS / 30) / 1e9
+    # The due index's entries the records keep until they expire (no PITR on
+    # a global secondary index).
+    index_gb = volume * INDEX_BYTES * (RETENTION_DAYS / 30) / 1e9
+    # A loaded run writes the records' places: measured at the bench's 16
+    # shards, the item grows with the shards (80 by default).
+    places_units = RECONCILER_RUNS * PLACES_UNITS_PER_RUN * 80 / 16
     run_gb_s = RECONCILER_RUNS * 0.25 * (RECONCILER_RUN["cpu_ms"] * FULL_VCPU_MB / 256 + RECONCILER_RUN["dynamodb"] * LATENCY_MS["dynamodb"]) / 1000
     return {
         f"CloudWatch alarms ({alarms})": price(p, "cloudwatch_alarms", alarms),
@@ -176,7 +184,9 @@ def fixed(cfg, volume, stored_bytes, system):
         "reconciler runs (every 5 min, idle)": price(p, "lambda_requests", RECONCILER_RUNS)
         + price(p, "lambda_gb_second_x86", run_gb_s)
         + price(p, "dynamodb_read_request_units", RECONCILER_RUNS * RECONCILER_RUN["read_units"]),
+        "the records' places (runs at load)": price(p, "dynamodb_write_request_units", places_units),
         f"DynamoDB storage at {RETENTION_DAYS} days": price(p, "dynamodb_storage", storage_gb),
+        f"the due index's kept entries at {RETENTION_DAYS} days": price(p, "dynamodb_storage", index_gb),
         "PITR": price(p, "dynamodb_pitr", storage_gb),
     }
 
@@ -192,8 +202,10 @@ def table(rows, head):
 
 
 def main():
-    global PRICES, TEMPLATE
+    global PRICES, TEMPLATE, INDEX_BYTES, PLACES_UNITS_PER_RUN
     hook, pt = load(sys.argv[1]), load(sys.argv[2])
+    INDEX_BYTES = hook.get("index_bytes_per_event", 0.0)
+    PLACES_UNITS_PER_RUN = hook.get("reconciler", {}).get("write_units_per_run", 0.0)
     PRICES = tomllib.load(open(sys.argv[3], "rb"))
     TEMPLATE = sys.argv[4]
     stored = hook["stored_bytes_per_event"]
@@ -208,7 +220,7 @@ def main():
           f"the event source's receive and delete per batch; {IDLE_POLLS_PER_MONTH:,} idle long polls a month.")
     print("- Logs: the measured JSON lines (INFO) + the EMF document each invocation flushes (measured; "
           "a processor batch shares one); "
-          f"{CUSTOM_METRICS} custom metrics; storage: {stored:,.0f} bytes per event for {RETENTION_DAYS} days, with PITR.")
+          f"{CUSTOM_METRICS} custom metrics; storage: {stored:,.0f} bytes per event (+{INDEX_BYTES:,.0f} in the due index) for {RETENTION_DAYS} days, with PITR.")
     rec = hook.get("reconciler")
     if rec:
         print(f"- The reconciler at load: each event's due entry read {RECONCILER_READS_PER_ENTRY:.2f} times "
