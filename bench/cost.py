@@ -45,6 +45,8 @@ RECONCILER_RUN = {"cpu_ms": 10.0, "dynamodb": 8, "read_units": 8.0}  # an idle r
 RECONCILER_READS_PER_ENTRY = 1 + (300 + 120) / 300 + 900 / 3600
 INDEX_BYTES = 0.0  # the due index's bytes per event (measured: `index_bytes_per_event`)
 PLACES_UNITS_PER_RUN = 0.0  # write units of the places item per loaded run (measured)
+LOADED_RUN_READ_UNITS = 0.0  # read units of a run that reads every shard, finding nothing (measured)
+LOADED_RUN_SHARDS = 16  # the shards it was measured at
 CUSTOM_METRICS = 52  # metric names the functions emit (one dimension set each)
 RETENTION_DAYS = 30
 SECONDS_PER_MONTH = 30 * 24 * 3600
@@ -175,6 +177,9 @@ def fixed(cfg, volume, stored_bytes, system):
     # A loaded run writes the records' places: measured at the bench's 16
     # shards, the item grows with the shards (80 by default).
     places_units = RECONCILER_RUNS * PLACES_UNITS_PER_RUN * 80 / 16
+    # With traffic every run reads every shard (5 queries a shard, and the
+    # places): measured on an empty table at the bench's shards, scaled to 80.
+    loaded_reads = RECONCILER_RUNS * LOADED_RUN_READ_UNITS * 80 / LOADED_RUN_SHARDS
     run_gb_s = RECONCILER_RUNS * 0.25 * (RECONCILER_RUN["cpu_ms"] * FULL_VCPU_MB / 256 + RECONCILER_RUN["dynamodb"] * LATENCY_MS["dynamodb"]) / 1000
     return {
         f"CloudWatch alarms ({alarms})": price(p, "cloudwatch_alarms", alarms),
@@ -185,6 +190,7 @@ def fixed(cfg, volume, stored_bytes, system):
         + price(p, "lambda_gb_second_x86", run_gb_s)
         + price(p, "dynamodb_read_request_units", RECONCILER_RUNS * RECONCILER_RUN["read_units"]),
         "the records' places (runs at load)": price(p, "dynamodb_write_request_units", places_units),
+        "every shard read by each run at load": price(p, "dynamodb_read_request_units", loaded_reads),
         f"DynamoDB storage at {RETENTION_DAYS} days": price(p, "dynamodb_storage", storage_gb),
         f"the due index's kept entries at {RETENTION_DAYS} days": price(p, "dynamodb_storage", index_gb),
         "PITR": price(p, "dynamodb_pitr", storage_gb),
@@ -202,10 +208,12 @@ def table(rows, head):
 
 
 def main():
-    global PRICES, TEMPLATE, INDEX_BYTES, PLACES_UNITS_PER_RUN
+    global PRICES, TEMPLATE, INDEX_BYTES, PLACES_UNITS_PER_RUN, LOADED_RUN_READ_UNITS, LOADED_RUN_SHARDS
     hook, pt = load(sys.argv[1]), load(sys.argv[2])
     INDEX_BYTES = hook.get("index_bytes_per_event", 0.0)
     PLACES_UNITS_PER_RUN = hook.get("reconciler", {}).get("write_units_per_run", 0.0)
+    LOADED_RUN_READ_UNITS = hook.get("reconciler", {}).get("read_units_per_run_empty", 0.0)
+    LOADED_RUN_SHARDS = hook.get("reconciler", {}).get("shards", 16)
     PRICES = tomllib.load(open(sys.argv[3], "rb"))
     TEMPLATE = sys.argv[4]
     stored = hook["stored_bytes_per_event"]
