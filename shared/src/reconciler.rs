@@ -4,9 +4,14 @@
 //!
 //! 1. records, `due#…`: RECEIVED records never sent or not picked up (due
 //!    60 s after receipt), PROCESSING records whose lease expired (due at
-//!    expiry), RETRYABLE records whose retry is due → re-driven to SQS. Its
-//!    pages reach [`ReconcilerSettings::lookahead_ms`] past now, so the
-//!    oldest open record's age is measured from the same reads;
+//!    expiry), RETRYABLE records whose retry is due → re-driven to SQS. A
+//!    completed record's entry stays where it was; each shard is read from
+//!    the place the runs before passed to ([`crate::ledger::DueCursors`]:
+//!    finished, gone and moved entries due [`CURSOR_SETTLE_MS`] ago or
+//!    more), 15 minutes further back once an hour. Its pages reach
+//!    [`ReconcilerSettings::lookahead_ms`] past now (at most
+//!    [`LOOKAHEAD_PAGES`]), so the oldest open record's age is measured
+//!    from the same reads;
 //! 2. outbox, `out#…`: outbox items still pending, or claimed by a
 //!    dispatcher that died → published (same idempotency key); a failed
 //!    publish backs off and, its attempts exhausted, goes DEAD (see
@@ -141,7 +146,8 @@ pub struct Summary {
     /// False when the evidence queries failed (its counts above are then not
     /// measured, and their metrics are not emitted).
     pub evidence: bool,
-    /// Items due that this run reached (acted on or not).
+    /// Items due that this run reached (acted on or not); finished
+    /// records' entries, which the records phase passes, are not counted.
     pub due_seen: u64,
     /// An idle run: nothing noted activity lately and the last full sweep
     /// was quiet, so no shard was read; the evidence is that sweep's.
@@ -709,14 +715,15 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     // their phase.
                     Due::Outbox { id, due_at_ms } => {
                         if *due_at_ms <= now_ms - self.settings.outbox_grace_ms {
-                            self.outbox_one(id, at, allowance, summary, &mut run.phases, &mut run.handovers).await;
+                            passed[i] =
+                                self.outbox_one(id, at, allowance, summary, &mut run.phases, &mut run.handovers).await;
                             if run.handovers.len() >= SEND_BATCH_MAX {
                                 self.hand_over(run, summary).await;
                             }
                         }
                     }
                     Due::Check(item) => {
-                        self.check_one(item, at, allowance, summary, &mut run.phases).await;
+                        passed[i] = self.check_one(item, at, allowance, summary, &mut run.phases).await;
                     }
                     Due::Waiter(waiter) if partition == DuePartition::Waiters => {
                         self.waiter_one(waiter, at, allowance, summary, &mut run.phases).await;
@@ -725,7 +732,8 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                     // before: under the waiters' bound, not the records'.
                     Due::Waiter(waiter) => {
                         if run.waiters_left > 0 {
-                            self.waiter_one(waiter, at, &mut run.waiters_left, summary, &mut run.phases).await;
+                            passed[i] =
+                                self.waiter_one(waiter, at, &mut run.waiters_left, summary, &mut run.phases).await;
                         }
                     }
                 }

@@ -1739,6 +1739,23 @@ async fn a_waiter_pointer_left_in_the_records_partition_is_still_looked_at() {
     assert_eq!(w.status(&k), Status::Retryable);
 }
 
+/// A legacy item in a records partition (a table not yet migrated) is
+/// passed by the place once its look moved it on: it never holds the
+/// records phase back.
+#[tokio::test]
+async fn a_legacy_item_in_the_records_partition_is_passed_once_acted_on() {
+    let w = Harness::new();
+    let k = w.parked_waiter("evt_legacy", "seq#legacy", 2, NOW - 600_000);
+    let sk = crate::projection::sequence::waiter_sk(2);
+    let mut pointer = w.world.state().table.get("seq#legacy", &sk).cloned().expect("pointer");
+    set(&mut pointer, attr::DUE_SHARD, due_shard(k.shard(SHARDS)).as_str());
+    w.world.state().table.insert(pointer);
+    w.world.seed(&stream_state("seq#legacy", 1));
+    assert_eq!(w.run(NOW).await.gaps_woken, 1);
+    let at = place(&w, k.shard(SHARDS)).await.expect("kept");
+    assert_eq!((at.pk.as_str(), at.sk.as_str()), ("seq#legacy", sk.as_str()), "{at:?}");
+}
+
 /// A stream's state item at `last_seq`.
 fn stream_state(pk: &str, last_seq: i64) -> crate::item::Item {
     use crate::item::{n, s};
