@@ -579,6 +579,22 @@ async fn a_notification_not_sent_before_the_completion_is_left_in_the_index_for_
     assert_eq!(h.world.publisher().published().len(), 1);
 }
 
+/// The write that puts an unsent notification in the index commits and its
+/// acknowledgement is lost: the SDK's retry meets it there (refused,
+/// changing nothing) and the record completes.
+#[tokio::test]
+async fn a_notification_kept_for_the_sweep_whose_acknowledgement_was_lost_is_kept_once() {
+    let (proj, _) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale).notify(notify("n"))])));
+    let h = harness(proj);
+    h.world.publisher().fail_all();
+    h.world.inject("work.keep_for_sweep", 0, Some(1), Fault::LoseAckOnce);
+    let k = put(&h, record("a", Status::Received));
+    assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Applied));
+    let item = h.world.outbox().get(&crate::message::outbox_id(k.as_str(), "n"));
+    assert!(item.due_shard.as_deref().is_some_and(|p| p.starts_with("out#")), "{item:?}");
+    assert_eq!(item.status, "PENDING", "its back-off kept: {item:?}");
+}
+
 /// The attempt dies between its notification's write and its send: the
 /// record stays open; its retry (the lease lapsed) meets the notification
 /// its own and puts it in the index for the sweep, then completes.

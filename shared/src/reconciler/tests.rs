@@ -1728,15 +1728,26 @@ async fn a_parked_gap_waiter_is_looked_at_less_often_as_it_ages() {
 #[tokio::test]
 async fn a_waiter_pointer_left_in_the_records_partition_is_still_looked_at() {
     let w = Harness::new();
-    let k = w.parked_waiter("evt_legacy", "seq#legacy", 2, NOW - 1_000);
+    let (k, _) = legacy_pointer(&w, NOW - 1_000, true);
+    assert_eq!(w.run(NOW).await.gaps_woken, 1);
+    assert_eq!(w.status(&k), Status::Retryable);
+}
+
+/// A record parked at the gap bound whose waiter pointer an earlier release
+/// left in the records partition (`without_parked_at`: as that release
+/// wrote it), due at `due_at`, its predecessor committed: (the record, the
+/// pointer's `sk`).
+fn legacy_pointer(w: &Harness, due_at: i64, without_parked_at: bool) -> (EventKey, String) {
+    let k = w.parked_waiter("evt_legacy", "seq#legacy", 2, due_at);
     let sk = crate::projection::sequence::waiter_sk(2);
     let mut pointer = w.world.state().table.get("seq#legacy", &sk).cloned().expect("pointer");
     set(&mut pointer, attr::DUE_SHARD, due_shard(k.shard(SHARDS)).as_str());
-    pointer.remove(crate::projection::sequence::PARKED_AT);
+    if without_parked_at {
+        pointer.remove(crate::projection::sequence::PARKED_AT);
+    }
     w.world.state().table.insert(pointer);
     w.world.seed(&stream_state("seq#legacy", 1));
-    assert_eq!(w.run(NOW).await.gaps_woken, 1);
-    assert_eq!(w.status(&k), Status::Retryable);
+    (k, sk)
 }
 
 /// A legacy item in a records partition (a table not yet migrated) is
@@ -1745,12 +1756,7 @@ async fn a_waiter_pointer_left_in_the_records_partition_is_still_looked_at() {
 #[tokio::test]
 async fn a_legacy_item_in_the_records_partition_is_passed_once_acted_on() {
     let w = Harness::new();
-    let k = w.parked_waiter("evt_legacy", "seq#legacy", 2, NOW - 600_000);
-    let sk = crate::projection::sequence::waiter_sk(2);
-    let mut pointer = w.world.state().table.get("seq#legacy", &sk).cloned().expect("pointer");
-    set(&mut pointer, attr::DUE_SHARD, due_shard(k.shard(SHARDS)).as_str());
-    w.world.state().table.insert(pointer);
-    w.world.seed(&stream_state("seq#legacy", 1));
+    let (k, sk) = legacy_pointer(&w, NOW - 600_000, false);
     assert_eq!(w.run(NOW).await.gaps_woken, 1);
     let at = place(&w, k.shard(SHARDS)).await.expect("kept");
     assert_eq!((at.pk.as_str(), at.sk.as_str()), ("seq#legacy", sk.as_str()), "{at:?}");
