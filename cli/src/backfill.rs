@@ -93,6 +93,18 @@ fn window_of(args: &BackfillArgs, now_s: i64) -> Result<Window, String> {
     Ok(Window { since_s: args.since, until_s: until, types: args.types.clone() })
 }
 
+impl BackfillArgs {
+    /// The endpoint it recovers (the audit entry's target).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// A dry run writes nothing (and is not audited).
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+}
+
 pub async fn run(
     args: BackfillArgs,
     wiring: &Wiring,

@@ -142,9 +142,10 @@ pub async fn run(
             let rows = selected(&r.select, wiring).await?;
             let deliveries = wiring.deliveries().map_err(|e| e.to_string())?;
             let token = wiring.ambient().token();
+            let caller = crate::audit::caller(wiring.aws(), &r.operator).await?;
             let (mut replayed, mut skipped) = (0, 0);
             for row in &rows {
-                if deliveries.replay(row, &token, &r.operator, &r.reason, now_ms()).await.map_err(|e| e.to_string())? {
+                if deliveries.replay(row, &token, &caller, &r.reason, now_ms()).await.map_err(|e| e.to_string())? {
                     replayed += 1;
                     writeln!(out, "replayed {} ({})", row.id, row.destination.as_deref().unwrap_or("-"))
                         .map_err(|e| e.to_string())?;
@@ -203,9 +204,10 @@ async fn replay_by_filter(
         ));
     }
     let total = matched.len();
+    let caller = crate::audit::caller(wiring.aws(), &r.operator).await?;
     let (mut replayed, mut skipped) = (0, 0);
     for batch in matched.chunks(r.batch.max(1)) {
-        let done = deliveries.replay_batch(&filter, batch, &r.operator, now_ms()).await.map_err(|e| e.to_string())?;
+        let done = deliveries.replay_batch(&filter, batch, &caller, now_ms()).await.map_err(|e| e.to_string())?;
         replayed += done.replayed;
         skipped += done.skipped;
         if !json {

@@ -12,9 +12,12 @@
 //! - `backfill`: recover an endpoint's events the intake never recorded from
 //!   the provider's API (Stripe's events list, a GitHub hook's deliveries).
 //! - `replay-sns`: send an SNS subscription's dead-letter queue through the intake.
+//! - `audit-log`: every operator write (who, as AWS reports the caller; when;
+//!   what; why; the result), by time or by record.
 //!
 //! Human-readable tables by default, `--json` for scripts.
 
+mod audit;
 mod backfill;
 mod bridge;
 pub mod console;
@@ -73,6 +76,10 @@ struct Global {
     /// Routes (the functions' HOOKLEDGER_ROUTES); `deliveries` reads their destinations.
     #[arg(long, global = true, env = "HOOKLEDGER_ROUTES", hide_env_values = true)]
     routes: Option<String>,
+    /// Where secrets handed over at a handshake are kept (the functions'
+    /// HOOKLEDGER_HANDSHAKE_PATH); `providers arm` opens windows there.
+    #[arg(long, global = true, env = "HOOKLEDGER_HANDSHAKE_PATH")]
+    handshake_path: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -143,16 +150,35 @@ enum Command {
         subject: String,
         #[arg(long)]
         account: String,
+        #[command(flatten)]
+        who: audit::WhoArgs,
     },
     /// Bring the items an earlier release wrote to today's indexes (docs/operations.md,
     /// "Upgrading a deployed stack"); safe to run again, and while the functions work.
-    Migrate,
+    Migrate {
+        #[command(flatten)]
+        who: audit::WhoArgs,
+    },
     /// Recover a window of an endpoint's events from the provider's API (the
     /// same identity and claim as its webhooks; resumes an interrupted run).
-    Backfill(backfill::BackfillArgs),
+    Backfill {
+        #[command(flatten)]
+        args: backfill::BackfillArgs,
+        #[command(flatten)]
+        who: audit::WhoArgs,
+    },
     /// Send what SNS could not deliver (the subscription's dead-letter queue)
     /// through the intake's verification and claim.
-    ReplaySns(replay_sns::ReplaySnsArgs),
+    ReplaySns {
+        #[command(flatten)]
+        args: replay_sns::ReplaySnsArgs,
+        #[command(flatten)]
+        who: audit::WhoArgs,
+    },
+    /// The operator audit log: every operator write (replay, park, resolve,
+    /// release, deliveries replay, map-subject, arm, migrate, backfill,
+    /// replay-sns), oldest first, by time (paged) or by record.
+    AuditLog(audit::AuditLogArgs),
     /// A local web console: overview with plots, search, timelines, audited
     /// (bulk) replay, park and resolve. Binds to 127.0.0.1 by default.
     Console(ConsoleArgs),
@@ -179,6 +205,7 @@ impl Command {
                 | Command::Send(_)
                 | Command::Providers { .. }
                 | Command::MapSubject { .. }
+                | Command::AuditLog(_)
         )
     }
 }
@@ -406,6 +433,7 @@ impl Ctx {
                 "HOOKLEDGER_PAYLOAD_BUCKET" => flags.payload_bucket.clone(),
                 "HOOKLEDGER_INDEX_SHARDS" => shards.map(|n| n.to_string()),
                 "HOOKLEDGER_ROUTES" => flags.routes.clone(),
+                "HOOKLEDGER_HANDSHAKE_PATH" => flags.handshake_path.clone(),
                 other => std::env::var(other).ok(),
             })
         };
@@ -453,6 +481,11 @@ impl Ctx {
     fn insight(&self, w: &WindowArgs) -> Result<Insight<DynamoLedger, CloudWatchMetrics>, CliError> {
         let metrics = self.wiring.metrics(Some(w.namespace.clone()));
         Ok(Insight::new(self.ledger()?, metrics).with_limits(w.cap, hookledger::insight::DEFAULT_TOP))
+    }
+
+    /// Who is acting: the caller AWS reports and the name given.
+    async fn caller(&self, operator: &str) -> Result<hookledger::audit::Caller, CliError> {
+        audit::caller(self.wiring.aws(), operator).await.map_err(CliError::Failed)
     }
 
     fn ops_read_only(&self) -> Result<LiveOps, CliError> {
@@ -517,7 +550,12 @@ where
         Command::Deliveries(args) => deliveries::run(args, &ctx.wiring, json, out).await.map_err(CliError::Failed)?,
         Command::Providers { action: None } => send::providers(json, out).map_err(CliError::Failed)?,
         Command::Providers { action: Some(send::ProvidersAction::Arm(args)) } => {
-            send::arm(args, &ctx.wiring, out).await.map_err(CliError::Failed)?
+            let (ledger, caller) = (ctx.ledger()?, ctx.caller(&args.who.operator).await?);
+            let target = format!("endpoint {}", args.endpoint());
+            let entry = audit::entry(&ledger, hookledger::audit::verb::ARM, &target, &caller, &args.who.reason);
+            audit::around(&ledger, entry, send::arm(args, &ctx.wiring, out), |()| "window open".into())
+                .await
+                .map_err(CliError::Failed)?
         }
         Command::Stats(StatsArgs { window: w, tenant: Some(tenant) }) => {
             if !hookledger::config::valid_tenant(&tenant) {
@@ -589,32 +627,55 @@ where
         Command::Replay(a) => act(&ctx, out, a.action, Action::Replay, Some(&a.source)).await?,
         Command::Park(a) => act(&ctx, out, a, Action::Park, None).await?,
         Command::Resolve(a) => act(&ctx, out, a, Action::Resolve, None).await?,
-        Command::MapSubject { provider, tenant, subject, account } => {
-            map_subject(&ctx.wiring.dynamodb_client(), &ctx.table()?, &provider, &tenant, &subject, &account)
+        Command::MapSubject { provider, tenant, subject, account, who } => {
+            let (ledger, caller) = (ctx.ledger()?, ctx.caller(&who.operator).await?);
+            let target = format!("subject {provider}/{tenant}/{subject} -> account {account}");
+            let entry = audit::entry(&ledger, hookledger::audit::verb::MAP_SUBJECT, &target, &caller, &who.reason);
+            map_subject_audited(&ledger, &provider, &tenant, &subject, &account, &entry)
                 .await
                 .map_err(CliError::Failed)?;
             writeln!(out, "mapped {provider} subject {subject} (tenant {tenant}) to account {account}")?;
         }
-        Command::Backfill(args) => {
-            let summary = backfill::run(args, &ctx.wiring, ctx.ledger()?, ctx.queue()?, json, out)
-                .await
-                .map_err(CliError::Failed)?;
+        Command::Backfill { args, who } => {
+            let ledger = ctx.ledger()?;
+            let caller = if args.dry_run() { Default::default() } else { ctx.caller(&who.operator).await? };
+            let target = format!("endpoint {}", args.endpoint());
+            let entry = audit::entry(&ledger, hookledger::audit::verb::BACKFILL, &target, &caller, &who.reason);
+            let dry = args.dry_run();
+            let run = backfill::run(args, &ctx.wiring, ctx.ledger()?, ctx.queue()?, json, out);
+            let summary = if dry {
+                run.await
+            } else {
+                audit::around(&ledger, entry, run, |s| serde_json::to_string(s).unwrap_or_default()).await
+            }
+            .map_err(CliError::Failed)?;
             if summary.failed > 0 {
                 return Err(CliError::Failed(format!("{} events could not be recorded; run it again", summary.failed)));
             }
         }
-        Command::ReplaySns(args) => {
+        Command::ReplaySns { args, who } => {
             ctx.queue_url()?;
-            ctx.table()?;
-            let s = replay_sns::run(args, &ctx.wiring, json, out).await.map_err(CliError::Failed)?;
+            let (ledger, caller) = (ctx.ledger()?, ctx.caller(&who.operator).await?);
+            let target = format!("endpoint {}", args.endpoint());
+            let entry = audit::entry(&ledger, hookledger::audit::verb::REPLAY_SNS, &target, &caller, &who.reason);
+            let run = replay_sns::run(args, &ctx.wiring, json, out);
+            let s = audit::around(&ledger, entry, run, |s| serde_json::to_string(s).unwrap_or_default())
+                .await
+                .map_err(CliError::Failed)?;
             if s.failed > 0 {
                 return Err(CliError::Failed(format!("{} messages could not be taken now; run it again", s.failed)));
             }
         }
-        Command::Migrate => {
-            let done = ctx.ledger()?.migrate().await?;
+        Command::Migrate { who } => {
+            let (ledger, caller) = (ctx.ledger()?, ctx.caller(&who.operator).await?);
+            let entry = audit::entry(&ledger, hookledger::audit::verb::MIGRATE, ledger.table(), &caller, &who.reason);
+            let done =
+                audit::around(&ledger, entry, ledger.migrate(), |m| serde_json::to_string(m).unwrap_or_default())
+                    .await
+                    .map_err(CliError::Failed)?;
             writeln!(out, "{}", serde_json::to_string_pretty(&done).unwrap_or_default())?;
         }
+        Command::AuditLog(args) => audit::run(args, &ctx.ledger()?, json, out).await.map_err(CliError::Failed)?,
         Command::Console(a) => {
             if !console::is_loopback(&a.bind) && !a.allow_remote {
                 return Err(CliError::Failed(format!(
@@ -628,7 +689,8 @@ where
             let endpoints = endpoint_names(std::env::var("HOOKLEDGER_ENDPOINTS").ok().as_deref());
             let destinations =
                 ctx.wiring.settings.routes.destinations().iter().map(|d| (d.name.clone(), d.limits)).collect();
-            let c = console::Console::new(ctx.ledger()?, ctx.queue()?, metrics, endpoints, a.operator.clone())
+            let caller = ctx.caller(&a.operator).await?;
+            let c = console::Console::new(ctx.ledger()?, ctx.queue()?, metrics, endpoints, caller)
                 .with_deliveries(ctx.wiring.deliveries()?, destinations);
             writeln!(out, "console on http://{} (operator {}); Ctrl-C stops it", listener.local_addr()?, a.operator)?;
             out.flush()?;
@@ -690,6 +752,7 @@ async fn act(
         Action::Replay => ctx.ops()?,
         _ => ctx.ops_read_only()?,
     };
+    let caller = ctx.caller(&a.operator).await?;
     let filtered = !a.select.statuses.is_empty()
         || a.select.endpoint.is_some()
         || a.select.event_type.is_some()
@@ -725,22 +788,29 @@ async fn act(
         let result = match parse_key(raw) {
             Err(e) => Err(e.to_string()),
             Ok(key) => match action {
-                Action::Replay => match ops.replay(&key, &a.operator, &a.reason, now_ms()).await {
+                Action::Replay => match ops.replay(&key, &caller, &a.reason, now_ms()).await {
                     // A backfill parked it without its payload: fetch it from its provider again.
                     Err(e) if e.needs_its_source() => match (source, ops.show(&key, false).await) {
                         (Some(source), Ok((row, _, _))) => {
                             let (ledger, queue) = (ctx.ledger()?, ctx.queue()?);
-                            backfill::replay_from_source(
+                            let entry = audit::entry(
+                                &ledger,
+                                hookledger::audit::verb::RELEASE,
+                                key.as_str(),
+                                &caller,
+                                &a.reason,
+                            )
+                            .on_record(&key);
+                            let run = backfill::replay_from_source(
                                 &ctx.wiring,
-                                ledger,
+                                ledger.clone(),
                                 queue,
                                 &row,
                                 &a.operator,
                                 &a.reason,
                                 source,
-                            )
-                            .await
-                            .map(Some)
+                            );
+                            audit::around(&ledger, entry, run, String::clone).await.map(Some)
                         }
                         (_, Err(e)) => Err(e.to_string()),
                         (None, _) => Err(e.to_string()),
@@ -748,10 +818,10 @@ async fn act(
                     r => r.map(|()| None).map_err(|e| e.to_string()),
                 },
                 Action::Park => {
-                    ops.park(&key, &a.operator, &a.reason, now_ms()).await.map(|()| None).map_err(|e| e.to_string())
+                    ops.park(&key, &caller, &a.reason, now_ms()).await.map(|()| None).map_err(|e| e.to_string())
                 }
                 Action::Resolve => {
-                    ops.resolve(&key, &a.operator, &a.reason, now_ms()).await.map(|()| None).map_err(|e| e.to_string())
+                    ops.resolve(&key, &caller, &a.reason, now_ms()).await.map(|()| None).map_err(|e| e.to_string())
                 }
             },
         };
@@ -794,7 +864,8 @@ pub(crate) fn app(wiring: &hookledger::wiring::Wiring) -> Result<hookledger::pro
 }
 
 /// Maps a provider subject to an account (the reference app's mapping,
-/// applied as one write; the tests seed with it too).
+/// applied as one write): the demo's and the tests' seeding. An operator's
+/// `map-subject` is [`map_subject_audited`].
 pub async fn map_subject(
     ddb: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -805,4 +876,21 @@ pub async fn map_subject(
 ) -> Result<(), String> {
     let write = hookledger_app::subjects::mapping(provider, tenant, subject, account);
     hookledger::adapters::dynamodb::item::apply(ddb, table, &write).await.map_err(|e| e.to_string())
+}
+
+/// Maps a provider subject to an account (the reference app's mapping),
+/// written with its audit entry as one transaction.
+pub async fn map_subject_audited(
+    ledger: &DynamoLedger,
+    provider: &str,
+    tenant: &str,
+    subject: &str,
+    account: &str,
+    entry: &hookledger::audit::AuditEntry,
+) -> Result<(), String> {
+    let write = hookledger_app::subjects::mapping(provider, tenant, subject, account);
+    match ledger.apply_audited(&write, entry).await.map_err(|e| e.to_string())? {
+        true => Ok(()),
+        false => Err(format!("the mapping of {provider} subject {subject} was refused by its condition")),
+    }
 }

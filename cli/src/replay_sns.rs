@@ -211,6 +211,13 @@ async fn judge<L: Ledger, Q: WorkQueue>(
     }
 }
 
+impl ReplaySnsArgs {
+    /// The endpoint its messages are for (the audit entry's target).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+}
+
 pub async fn run(
     args: ReplaySnsArgs,
     wiring: &hookledger::wiring::Wiring,

@@ -70,6 +70,15 @@ pub struct ArmArgs {
     /// Endpoint configuration JSON (the same value the intake reads).
     #[arg(long, env = "HOOKLEDGER_ENDPOINTS", hide_env_values = true)]
     endpoints: String,
+    #[command(flatten)]
+    pub who: crate::audit::WhoArgs,
+}
+
+impl ArmArgs {
+    /// The endpoint it arms (the audit entry's target).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
 }
 
 /// The longest handshake window an operator may open.

@@ -240,3 +240,22 @@ pub fn show(
         (false, _) => writeln!(out, "\npayload: redacted (use --payload to show it)"),
     }
 }
+
+/// The operator audit log: one line per entry, oldest first.
+pub fn audit(out: &mut (dyn Write + Send), entries: &[hookledger::audit::AuditEntry]) -> io::Result<()> {
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            vec![
+                time(&e.at_ms.to_string()),
+                e.verb.clone(),
+                e.target.clone(),
+                e.operator.clone(),
+                e.principal.clone(),
+                e.reason.clone(),
+                e.result.clone(),
+            ]
+        })
+        .collect();
+    columns(out, &["at", "verb", "target", "operator", "principal", "reason", "result"], &rows)
+}

@@ -303,6 +303,30 @@ pub fn retention_days(get: &impl Fn(&str) -> Option<String>) -> Result<u32, Conf
     Ok(env_number(get, "HOOKLEDGER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS.into(), 4, 3650)? as u32)
 }
 
+/// `HOOKLEDGER_AUDIT_RETENTION_DAYS`: how long operator audit entries are
+/// kept (the template's `AuditRetentionDays`); at least the records'
+/// retention, so an entry never expires before the record it names.
+pub fn audit_retention_days(get: &impl Fn(&str) -> Option<String>) -> Result<u32, ConfigError> {
+    let records = retention_days(get)?;
+    let days = env_number(
+        get,
+        "HOOKLEDGER_AUDIT_RETENTION_DAYS",
+        i64::from(crate::audit::DEFAULT_AUDIT_RETENTION_DAYS.max(records)),
+        1,
+        3650,
+    )? as u32;
+    if days < records {
+        return Err(ConfigError::Invalid {
+            name: "HOOKLEDGER_AUDIT_RETENTION_DAYS".into(),
+            reason: format!(
+                "{days} days is shorter than the records' retention (HOOKLEDGER_RETENTION_DAYS = {records}): an entry \
+                 would expire before the record it names"
+            ),
+        });
+    }
+    Ok(days)
+}
+
 /// Reconciler settings (`HOOKLEDGER_RECONCILE_MAX_ITEMS`, `HOOKLEDGER_REDRIVE_BACKOFF_SECS`,
 /// `HOOKLEDGER_DRIFT_INTERVAL_SECS`, `HOOKLEDGER_OUTBOX_GRACE_SECS`, `HOOKLEDGER_RETENTION_DAYS`),
 /// with the look-ahead of the processor these variables configure.

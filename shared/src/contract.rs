@@ -44,7 +44,15 @@ fn record_item(e: &NewEvent) -> Item {
 
 /// What a backend gives a scenario: a fresh, empty store (one index shard).
 pub trait Backend: Send + Sync {
-    type Ledger: Ledger + WorkLedger + DueLedger + OperatorLedger + BackfillLedger + StateStore + Clone + 'static;
+    type Ledger: Ledger
+        + WorkLedger
+        + DueLedger
+        + OperatorLedger
+        + BackfillLedger
+        + crate::ports::AuditLog
+        + StateStore
+        + Clone
+        + 'static;
     type Outbox: OutboxStore + CircuitStore;
     type Queue: WorkQueue + Redelivery;
     /// The ledger, drawing its tokens from `seed`: two ledgers of one seed
@@ -649,7 +657,7 @@ pub async fn the_attention_index_counts_what_needs_an_operator<B: Backend>(b: &B
     assert_eq!((counts.dead_letters, counts.parked, counts.outbox_dead), (1, 1, 0));
     assert_eq!(l.count(Status::Dead).await.unwrap(), 1);
     assert_eq!(
-        l.transition(&dead.key, OperatorAction::Replay, "op", "fixed", T0 + 1).await.unwrap(),
+        l.transition(&dead.key, OperatorAction::Replay, &by("op", "fixed"), T0 + 1).await.unwrap(),
         Transitioned::Done { tenant: "t1".into() }
     );
     assert_eq!(l.attention().await.unwrap().dead_letters, 0, "a replayed record leaves the index");
@@ -659,27 +667,110 @@ pub async fn the_attention_index_counts_what_needs_an_operator<B: Backend>(b: &B
 
 /// `operator_replay`, `operator_park`, `operator_resolve`: from the statuses
 /// each may leave, audited, recognising their own retries.
+/// An operator's audit entry as the use case hands it to the ledger (the
+/// adapter sets its id, time, verb and target).
+fn by(operator: &str, reason: &str) -> crate::audit::AuditEntry {
+    crate::audit::AuditEntry::new("", 0, "", "", &crate::audit::Caller::named(operator)).because(reason)
+}
+
+/// `audit_entry`, `audit_end`: an operator action and its audit entry are
+/// one write (a refused action writes none; the action's retry finds its
+/// entry and is done, once); a run's entry is written before it and
+/// completed once; the log is read by time (paged, inside its window, across
+/// months) and by record.
+pub async fn an_operator_action_and_its_audit_entry_are_one_write_listed_by_time_and_record<B: Backend>(b: &B) {
+    use crate::audit::{AuditEntry, Caller};
+    use crate::ports::AuditLog;
+    let (l, e) = leased(b, "audited", "tok-1").await;
+    assert!(l.leave(&e.key, "tok-1", &Exit::Dead { reason: "r", message: "m" }, T0).await.unwrap());
+    // Refused: a RECEIVED record is not replayed.
+    let (_, open) = claimed(b, "audited-open").await;
+    assert_eq!(
+        b.ledger(30).transition(&open.key, OperatorAction::Replay, &by("alice", "no"), T0 + 1).await.unwrap(),
+        Transitioned::Refused(Status::Received)
+    );
+    assert!(l.audit_of(&open.key).await.unwrap().is_empty(), "a refused action writes no entry");
+    // Done, and its retry (same token) is done once.
+    for _ in 0..2 {
+        assert_eq!(
+            b.ledger(31).transition(&e.key, OperatorAction::Replay, &by("alice", "fixed"), T0 + 2).await.unwrap(),
+            Transitioned::Done { tenant: "t1".into() }
+        );
+    }
+    let entries = l.audit_of(&e.key).await.unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = &entries[0];
+    assert_eq!(
+        (entry.verb.as_str(), entry.target.as_str(), entry.operator.as_str(), entry.reason.as_str()),
+        ("replay", e.key.as_str(), "alice", "fixed")
+    );
+    assert_eq!((entry.principal.as_str(), entry.result.as_str(), entry.at_ms), ("name:alice", "done", T0 + 2));
+    assert_eq!(l.audit_page(T0, T0 + 2, None, 10).await.unwrap().entries, entries);
+
+    // A run: started, then its outcome, once.
+    let caller = Caller::named("bob");
+    let run = AuditEntry::new(l.audit_id(), T0 + 3, crate::audit::verb::MIGRATE, "table", &caller).because("upgrade");
+    l.audit_begin(&run).await.unwrap();
+    l.audit_begin(&run).await.unwrap();
+    let listed =
+        |page: crate::audit::AuditPage| page.entries.into_iter().map(|e| (e.verb, e.result)).collect::<Vec<_>>();
+    assert_eq!(
+        listed(l.audit_page(T0 + 3, T0 + 3, None, 10).await.unwrap()),
+        [("migrate".to_owned(), "started".to_owned())]
+    );
+    l.audit_end(&run, "done: 3 items").await.unwrap();
+    l.audit_end(&run, "done: 3 items").await.unwrap();
+    l.audit_end(&run, "failed: later").await.unwrap();
+    assert_eq!(
+        listed(l.audit_page(T0 + 3, T0 + 3, None, 10).await.unwrap()),
+        [("migrate".to_owned(), "done: 3 items".to_owned())],
+        "an outcome is recorded once, never overwritten"
+    );
+    // An end whose begin never happened creates nothing.
+    let ghost = AuditEntry::new(l.audit_id(), T0 + 4, crate::audit::verb::ARM, "ep", &caller);
+    l.audit_end(&ghost, "done").await.unwrap();
+    assert!(l.audit_page(T0 + 4, T0 + 4, None, 10).await.unwrap().entries.is_empty());
+
+    // Paged by time, across a month's end, and only inside the window.
+    let next_month = T0 + 40 * 86_400_000;
+    let late = AuditEntry::new(l.audit_id(), next_month, crate::audit::verb::ARM, "ep", &caller);
+    l.audit_begin(&late).await.unwrap();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = l.audit_page(T0, next_month, after.as_deref(), 1).await.unwrap();
+        assert!(page.entries.len() <= 1);
+        seen.extend(page.entries.iter().map(|e| e.at_ms));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [T0 + 2, T0 + 3, next_month]);
+    assert_eq!(l.audit_page(T0 + 3, next_month - 1, None, 10).await.unwrap().entries.len(), 1);
+}
+
 pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     let (l, e) = leased(b, "op", "tok-1").await;
     assert_eq!(
-        l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0).await.unwrap(),
+        l.transition(&e.key, OperatorAction::Park, &by("alice", "hold"), T0).await.unwrap(),
         Transitioned::Refused(Status::Processing),
         "a PROCESSING record finishes its lease first"
     );
     assert!(l.leave(&e.key, "tok-1", &Exit::Dead { reason: "r", message: "m" }, T0).await.unwrap());
     let op = b.ledger(21);
     assert_eq!(
-        op.transition(&e.key, OperatorAction::Replay, "alice", "fixed", T0 + 1).await.unwrap(),
+        op.transition(&e.key, OperatorAction::Replay, &by("alice", "fixed"), T0 + 1).await.unwrap(),
         Transitioned::Done { tenant: "t1".into() }
     );
     // The same command drawing the same token: our own retried update.
     let retry = b.ledger(21);
     assert_eq!(
-        retry.transition(&e.key, OperatorAction::Replay, "alice", "fixed", T0 + 1).await.unwrap(),
+        retry.transition(&e.key, OperatorAction::Replay, &by("alice", "fixed"), T0 + 1).await.unwrap(),
         Transitioned::Done { tenant: "t1".into() }
     );
     assert_eq!(
-        b.ledger(22).transition(&e.key, OperatorAction::Replay, "bob", "again", T0 + 2).await.unwrap(),
+        b.ledger(22).transition(&e.key, OperatorAction::Replay, &by("bob", "again"), T0 + 2).await.unwrap(),
         Transitioned::Refused(Status::Retryable)
     );
     let r = row(&l, &e.key).await;
@@ -690,22 +781,22 @@ pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     let replayed = due.items.iter().find_map(|d| if let Due::Record(r) = d { Some(r) } else { None });
     assert_eq!(replayed.map(|r| (&r.key, r.received_at_ms, r.open_since_ms)), Some((&e.key, T0, T0 + 1)));
     assert_eq!(
-        l.transition(&e.key, OperatorAction::Park, "alice", "hold", T0 + 3).await.unwrap(),
+        l.transition(&e.key, OperatorAction::Park, &by("alice", "hold"), T0 + 3).await.unwrap(),
         Transitioned::Done { tenant: "t1".into() }
     );
     assert_eq!(text(&row(&l, &e.key).await, "park_reason"), Some("operator alice: hold"));
     assert_eq!(
-        l.transition(&e.key, OperatorAction::Resolve, "alice", "done by hand", T0 + 4).await.unwrap(),
+        l.transition(&e.key, OperatorAction::Resolve, &by("alice", "done by hand"), T0 + 4).await.unwrap(),
         Transitioned::Done { tenant: "t1".into() }
     );
     let r = row(&l, &e.key).await;
     assert_eq!((text(&r, "status"), text(&r, "outcome")), (Some("PROCESSED"), Some("resolved")));
     assert_eq!(
-        l.transition(&e.key, OperatorAction::Replay, "alice", "x", T0 + 5).await.unwrap(),
+        l.transition(&e.key, OperatorAction::Replay, &by("alice", "x"), T0 + 5).await.unwrap(),
         Transitioned::Refused(Status::Processed)
     );
     let missing = EventKey::new("stripe", "contract", "nobody");
-    assert_eq!(l.transition(&missing, OperatorAction::Replay, "a", "b", T0).await.unwrap(), Transitioned::Missing);
+    assert_eq!(l.transition(&missing, OperatorAction::Replay, &by("a", "b"), T0).await.unwrap(), Transitioned::Missing);
 
     // Rows by status, and one record with its history and payload.
     let (l, open) = claimed(b, "op-open").await;
@@ -723,7 +814,7 @@ pub async fn operator_transitions_leave_only_their_statuses<B: Backend>(b: &B) {
     let (_, history, payload) = l.show(&open.key, true).await.unwrap().unwrap();
     assert_eq!(history.iter().filter_map(|h| text(h, "kind")).collect::<Vec<_>>(), vec!["note"]);
     assert_eq!(payload, Some(body("op-open")));
-    let parked_now = l.transition(&open.key, OperatorAction::Park, "alice", "hold", T0 + 8).await.unwrap();
+    let parked_now = l.transition(&open.key, OperatorAction::Park, &by("alice", "hold"), T0 + 8).await.unwrap();
     assert_eq!(parked_now, Transitioned::Done { tenant: "t1".into() });
     let parked = l.rows(Status::Parked, 0, &all, 10).await.unwrap();
     assert!(parked.iter().any(|r| text(r, "pk") == Some(open.key.as_str())), "{parked:?}");
@@ -804,10 +895,13 @@ pub async fn outbox_items_are_claimed_sent_backed_off_and_dead_once<B: Backend>(
     assert!(o.states_in(Home(0), 10).await.unwrap().0.iter().all(|s| &s.id != z), "out of its home partition");
     let dead = o.state(z).await.unwrap().expect("the item");
     assert_eq!((dead.status.as_str(), dead.last_error.as_deref()), ("DEAD", Some("gave up")));
-    assert!(!o.revive(a, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap(), "a sent item is not replayed");
-    assert!(o.revive(z, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap());
-    assert!(o.revive(z, "op-1", 0, "alice", "fixed", T0 + 2_000).await.unwrap(), "our retry");
-    assert!(!o.revive(z, "op-2", 0, "bob", "again", T0 + 2_001).await.unwrap(), "not DEAD any more");
+    assert!(
+        !o.revive(a, "op-1", 0, &by("alice", "fixed").at(T0 + 2_000)).await.unwrap(),
+        "a sent item is not replayed"
+    );
+    assert!(o.revive(z, "op-1", 0, &by("alice", "fixed").at(T0 + 2_000)).await.unwrap());
+    assert!(o.revive(z, "op-1", 0, &by("alice", "fixed").at(T0 + 2_000)).await.unwrap(), "our retry");
+    assert!(!o.revive(z, "op-2", 0, &by("bob", "again").at(T0 + 2_001)).await.unwrap(), "not DEAD any more");
     let revived = o.state(z).await.unwrap().expect("the item");
     assert_eq!((revived.status.as_str(), revived.due_at, revived.dead_at), ("PENDING", Some(T0 + 2_000), None));
     assert!(o.dead_items(0, 10).await.unwrap().is_empty(), "out of the attention index");
@@ -1013,7 +1107,7 @@ pub async fn backfill_cursors_parked_records_and_their_release<B: Backend>(b: &B
     assert!(l.recorded(&e.key).await.unwrap());
     assert_eq!(l.count(Status::Parked).await.unwrap(), 1);
     assert_eq!(
-        l.transition(&e.key, OperatorAction::Replay, "alice", "x", T0).await.unwrap(),
+        l.transition(&e.key, OperatorAction::Replay, &by("alice", "x"), T0).await.unwrap(),
         Transitioned::Refused(Status::Parked),
         "a record without its payload cannot be replayed"
     );
@@ -1699,6 +1793,7 @@ macro_rules! contract_scenarios {
         $run!(a_finished_records_entry_stays_and_the_places_are_kept);
         $run!(the_attention_index_counts_what_needs_an_operator);
         $run!(operator_transitions_leave_only_their_statuses);
+        $run!(an_operator_action_and_its_audit_entry_are_one_write_listed_by_time_and_record);
         $run!(outbox_items_are_claimed_sent_backed_off_and_dead_once);
         $run!(backfill_cursors_parked_records_and_their_release);
         $run!(the_work_queue_carries_keys_payloads_and_receive_counts);

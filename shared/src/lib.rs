@@ -6,7 +6,7 @@
 //! against it):
 //!
 //! <!-- layers:begin -->
-//! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`
+//! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`, `audit`
 //! 2. building blocks: `verify`, `projection`, `ports`, `config`, `seed001`
 //! 3. adapters: `adapters`, `telemetry`
 //! 4. use cases: `admission`, `contract`, `intake`, `backfill`, `insight`, `ops`, `outbox`, `processor`, `batch`, `reconciler`
@@ -26,6 +26,7 @@
 
 pub mod adapters;
 pub mod admission;
+pub mod audit;
 pub mod backfill;
 pub mod backoff;
 pub mod batch;
@@ -65,7 +66,7 @@ mod layers {
             "domain",
             &[
                 "planted", "clock", "netguard", "secret", "item", "identity", "event", "backoff", "policy", "ledger",
-                "message", "routes",
+                "message", "routes", "audit",
             ],
         ),
         ("building blocks", &["verify", "projection", "ports", "config", "seed001"]),

@@ -2,9 +2,10 @@
 //! figures are `insight`'s). Reads go through the sparse `attention` and
 //! `due` indexes (never a table scan); every
 //! change is one conditional update that names the statuses it may leave
-//! (the [`OperatorLedger`] port; [`OperatorAction`] says which), plus an
-//! audit entry in the record's history.
+//! (the [`OperatorLedger`] port; [`OperatorAction`] says which), written in
+//! one transaction with its operator audit entry ([`crate::audit`]).
 
+use crate::audit::{AuditEntry, Caller};
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
 use crate::ports::{OperatorLedger, RowFilter, Shown, WorkQueue};
@@ -133,81 +134,62 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
         self.ledger.show(key, with_payload).await?.ok_or_else(|| OpsError::UnknownEvent(key.to_string()))
     }
 
-    /// One audited, conditional transition; the record's tenant.
+    /// One conditional transition and its audit entry, as one write; the
+    /// record's tenant.
     async fn transition(
         &self,
         key: &EventKey,
         action: OperatorAction,
-        operator: &str,
+        caller: &Caller,
         reason: &str,
         now_ms: i64,
     ) -> Result<String, OpsError> {
         // A replay or a release makes the record due again.
         self.ledger.note_activity(now_ms).await;
-        let tenant = match self.ledger.transition(key, action, operator, reason, now_ms).await? {
-            Transitioned::Done { tenant } => tenant,
-            Transitioned::Missing => return Err(OpsError::UnknownEvent(key.to_string())),
+        let entry = AuditEntry::new("", now_ms, action.name(), key.as_str(), caller).on_record(key).because(reason);
+        match self.ledger.transition(key, action, &entry, now_ms).await? {
+            Transitioned::Done { tenant } => Ok(tenant),
+            Transitioned::Missing => Err(OpsError::UnknownEvent(key.to_string())),
             // PARKED may be replayed, unless a backfill parked it without its payload.
             Transitioned::Refused(Status::Parked) if action == OperatorAction::Replay => {
-                return Err(OpsError::IllegalTransition {
+                Err(OpsError::IllegalTransition {
                     action: action.name(),
                     key: key.to_string(),
                     from: Status::Parked.as_str(),
                     allowed: NEEDS_ITS_SOURCE,
-                });
+                })
             }
-            Transitioned::Refused(from) => {
-                return Err(OpsError::IllegalTransition {
-                    action: action.name(),
-                    key: key.to_string(),
-                    from: from.as_str(),
-                    allowed: action.allowed(),
-                });
-            }
-        };
-        if action != OperatorAction::Replay {
-            self.history(key, action, operator, reason, now_ms).await?;
+            Transitioned::Refused(from) => Err(OpsError::IllegalTransition {
+                action: action.name(),
+                key: key.to_string(),
+                from: from.as_str(),
+                allowed: action.allowed(),
+            }),
         }
-        Ok(tenant)
-    }
-
-    async fn history(
-        &self,
-        key: &EventKey,
-        action: OperatorAction,
-        operator: &str,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<(), OpsError> {
-        self.ledger.append_history(key, action.name(), &format!("by {operator}: {reason}"), now_ms).await?;
-        Ok(())
     }
 
     /// DEAD or PARKED → RETRYABLE, due now, attempts and failures reset, a
-    /// new time window (set by the next lease), same identity; audited; the
-    /// key is queued at once. A record a backfill parked without its payload
-    /// is refused ([`OpsError::needs_its_source`]): `hookledger replay`
-    /// fetches it from its provider again (`backfill::Backfill::release`).
-    pub async fn replay(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
-        let tenant = self.transition(key, OperatorAction::Replay, operator, reason, now_ms).await?;
-        // Sent first: a history write that fails (or dies) leaves it queued,
-        // and the record names who replayed it already. A failed send is
-        // still audited (the reconciler re-drives the record, due now).
-        let sent = self.queue.send(key, &tenant).await;
-        let audited = self.history(key, OperatorAction::Replay, operator, reason, now_ms).await;
-        sent?;
-        audited
+    /// new time window (set by the next lease), same identity; audited in the
+    /// same write; the key is queued at once (a failed send leaves it to the
+    /// reconciler, which re-drives the record: it is due now). A record a
+    /// backfill parked without its payload is refused
+    /// ([`OpsError::needs_its_source`]): `hookledger replay` fetches it from
+    /// its provider again (`backfill::Backfill::release`).
+    pub async fn replay(&self, key: &EventKey, caller: &Caller, reason: &str, now_ms: i64) -> Result<(), OpsError> {
+        let tenant = self.transition(key, OperatorAction::Replay, caller, reason, now_ms).await?;
+        self.queue.send(key, &tenant).await?;
+        Ok(())
     }
 
     /// RECEIVED, RETRYABLE or DEAD → PARKED: stop working on it until replayed.
-    pub async fn park(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
-        self.transition(key, OperatorAction::Park, operator, reason, now_ms).await.map(drop)
+    pub async fn park(&self, key: &EventKey, caller: &Caller, reason: &str, now_ms: i64) -> Result<(), OpsError> {
+        self.transition(key, OperatorAction::Park, caller, reason, now_ms).await.map(drop)
     }
 
     /// DEAD or PARKED → PROCESSED with outcome `resolved`: the operator
     /// settled the outcome outside Hookledger.
-    pub async fn resolve(&self, key: &EventKey, operator: &str, reason: &str, now_ms: i64) -> Result<(), OpsError> {
-        self.transition(key, OperatorAction::Resolve, operator, reason, now_ms).await.map(drop)
+    pub async fn resolve(&self, key: &EventKey, caller: &Caller, reason: &str, now_ms: i64) -> Result<(), OpsError> {
+        self.transition(key, OperatorAction::Resolve, caller, reason, now_ms).await.map(drop)
     }
 }
 

@@ -630,20 +630,29 @@ impl<S: OutboxStore> Deliveries<S> {
     }
 
     /// A DEAD delivery, due again now with the same key (the sweep sends
-    /// it), audited on the item. `Ok(false)`: it is not DEAD.
+    /// it), who and why on the item and in the audit log, in one write.
+    /// `run` names the replaying command: a rerun of it does not replay (or
+    /// audit) again what it replayed. `Ok(false)`: it is not DEAD.
     pub async fn replay(
         &self,
         delivery: &crate::message::OutboxState,
-        token: &str,
-        operator: &str,
+        run: &str,
+        caller: &crate::audit::Caller,
         reason: &str,
         now_ms: i64,
     ) -> Result<bool, PortError> {
-        let shard = EventKey::from_stored(&delivery.event_key).map_or(0, |k| k.shard(self.shards));
+        let key = EventKey::from_stored(&delivery.event_key);
+        let shard = key.as_ref().map_or(0, |k| k.shard(self.shards));
+        let mut entry =
+            crate::audit::AuditEntry::new("", now_ms, crate::audit::verb::DELIVERY_REPLAY, &delivery.id, caller)
+                .because(reason);
+        if let Some(k) = &key {
+            entry = entry.on_record(k);
+        }
         self.store.note_activity(now_ms).await;
-        let replayed = self.store.revive(&delivery.id, token, shard, operator, reason, now_ms).await?;
+        let replayed = self.store.revive(&delivery.id, run, shard, &entry).await?;
         if replayed {
-            tracing::info!(outbox = %delivery.id, operator, reason, "delivery replayed");
+            tracing::info!(outbox = %delivery.id, operator = %caller.operator, "delivery replayed");
             metrics::counter!("delivery_replayed", "destination" => delivery.destination.clone().unwrap_or_default())
                 .increment(1);
         }

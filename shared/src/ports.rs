@@ -468,16 +468,16 @@ pub trait OutboxStore: Activity + Send + Sync {
         partition: OutboxPartition<'_>,
         max: usize,
     ) -> impl Future<Output = Result<(Vec<crate::message::OutboxState>, bool), PortError>> + Send;
-    /// DEAD → PENDING, due now, by an operator (audited on the item).
-    /// `Ok(false)`: the item is not DEAD.
+    /// DEAD → PENDING, due now, by an operator (who and why on the item),
+    /// with its audit entry in the same write (`entry.id` is the write's
+    /// token: a retry that finds its entry is done). `Ok(false)`: the item
+    /// is not DEAD (and no entry is written).
     fn revive(
         &self,
         id: &str,
-        token: &str,
+        run: &str,
         shard: u32,
-        operator: &str,
-        reason: &str,
-        now_ms: i64,
+        entry: &crate::audit::AuditEntry,
     ) -> impl Future<Output = Result<bool, PortError>> + Send;
 }
 
@@ -852,13 +852,15 @@ pub trait OperatorLedger: Activity + Send + Sync {
     /// The record, its history (oldest first) and, if asked, its payload.
     fn show(&self, key: &EventKey, with_payload: bool)
     -> impl Future<Output = Result<Option<Shown>, PortError>> + Send;
-    /// One conditional transition from the statuses `action` may leave.
+    /// One conditional transition from the statuses `action` may leave, and
+    /// its audit entry, as one write: the entry exists if and only if the
+    /// transition happened (`entry.id`, `at_ms`, `verb` and `target` are the
+    /// adapter's to set: the call's token, `now_ms`, the action, the key).
     fn transition(
         &self,
         key: &EventKey,
         action: OperatorAction,
-        operator: &str,
-        reason: &str,
+        entry: &crate::audit::AuditEntry,
         now_ms: i64,
     ) -> impl Future<Output = Result<Transitioned, PortError>> + Send;
     fn append_history(
@@ -868,6 +870,35 @@ pub trait OperatorLedger: Activity + Send + Sync {
         detail: &str,
         now_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+/// The operator audit log ([`crate::audit`]): read by time and by record,
+/// and the entries of runs (written before, completed after).
+pub trait AuditLog: Send + Sync {
+    /// Entries written in `[since_ms, until_ms]`, oldest first, after
+    /// `after` (a page's `next`), at most `limit`: one query per month of
+    /// the window, never a scan.
+    fn audit_page(
+        &self,
+        since_ms: i64,
+        until_ms: i64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<crate::audit::AuditPage, PortError>> + Send;
+    /// The entries of actions on one record, oldest first (one query of its partition).
+    fn audit_of(&self, key: &EventKey)
+    -> impl Future<Output = Result<Vec<crate::audit::AuditEntry>, PortError>> + Send;
+    /// Writes a run's entry (`result = started`) before the run; its retry
+    /// writes nothing new.
+    fn audit_begin(&self, entry: &crate::audit::AuditEntry) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Completes a run's entry with its outcome (only an entry that exists).
+    fn audit_end(
+        &self,
+        entry: &crate::audit::AuditEntry,
+        result: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// A fresh, unique entry id (the ledger's token).
+    fn audit_id(&self) -> String;
 }
 
 /// A time range of the functions' metrics, cut into periods.

@@ -68,6 +68,8 @@ pub struct Settings {
     pub index_shards: u32,
     /// `HOOKLEDGER_RETENTION_DAYS`
     pub retention_days: u32,
+    /// `HOOKLEDGER_AUDIT_RETENTION_DAYS`
+    pub audit_retention_days: u32,
     /// `HOOKLEDGER_MAX_BODY_BYTES` (its default depends on the bucket)
     pub max_body_bytes: usize,
     /// `HOOKLEDGER_ENDPOINTS`, parsed (secrets not resolved); `None` when unset.
@@ -216,6 +218,7 @@ impl Settings {
             notify_topic: get("HOOKLEDGER_NOTIFY_TOPIC_ARN"),
             index_shards: intake.index_shards,
             retention_days: intake.retention_days,
+            audit_retention_days: crate::config::audit_retention_days(&get)?,
             max_body_bytes: intake.max_body_bytes,
             endpoints,
             processor,
@@ -309,6 +312,7 @@ impl Wiring {
         let ledger = DynamoLedger::new(self.dynamodb_client(), self.settings.table()?)
             .with_shards(s.index_shards)
             .with_retention(s.retention_days)
+            .with_audit_retention(s.audit_retention_days)
             .with_ambient(self.ambient.clone());
         Ok(match &s.payload_bucket {
             Some(bucket) => ledger.with_payload_bucket(S3Payloads::from_config(&self.aws, bucket.clone())),

@@ -807,7 +807,13 @@ impl Sim {
             let states = invoke(self.parts.deliveries.of_event(&key, &["orders", "bus", PARTNER]));
             for state in states.and_then(Result::ok).unwrap_or_default() {
                 let token = format!("op-{now}");
-                let got = invoke(self.parts.deliveries.replay(&state, &token, "sim-operator", "a second look", now));
+                let got = invoke(self.parts.deliveries.replay(
+                    &state,
+                    &token,
+                    &hookledger::audit::Caller::named("sim-operator"),
+                    "a second look",
+                    now,
+                ));
                 let what = match got {
                     Some(Ok(replayed)) => format!("replayed {replayed}"),
                     Some(Err(e)) => format!("error ({})", short(&e.to_string())),
@@ -818,9 +824,14 @@ impl Sim {
             return;
         }
         let answer = if park {
-            invoke(self.parts.ops.park(&key, "sim-operator", "holding it for a look", now))
+            invoke(self.parts.ops.park(
+                &key,
+                &hookledger::audit::Caller::named("sim-operator"),
+                "holding it for a look",
+                now,
+            ))
         } else {
-            invoke(self.parts.ops.replay(&key, "sim-operator", "a second look", now))
+            invoke(self.parts.ops.replay(&key, &hookledger::audit::Caller::named("sim-operator"), "a second look", now))
         };
         let what = if park { "park" } else { "replay" };
         let result = match answer {
@@ -1065,7 +1076,12 @@ impl Sim {
             if get_s(&r, "status") == Some("PARKED") {
                 let key = EventKey::from_stored(get_s(&r, "pk").unwrap_or_default()).expect("a stored key");
                 let now = self.now();
-                if let Some(Err(e)) = invoke(self.parts.ops.replay(&key, "sim-operator", "runbook", now)) {
+                if let Some(Err(e)) = invoke(self.parts.ops.replay(
+                    &key,
+                    &hookledger::audit::Caller::named("sim-operator"),
+                    "runbook",
+                    now,
+                )) {
                     self.sched().violations.push(Violation::new("other", format!("runbook replay of {key}: {e}")));
                 }
             }

@@ -242,6 +242,11 @@ async fn the_cli_backfills_a_window_and_its_dry_run_says_the_same() {
         "{dry}"
     );
     assert!(real.contains("seen 4, already recorded 1, recovered 3") && real.contains("window complete"), "{real}");
+    // The run is in the operator audit log (the dry run wrote nothing, and is not).
+    let log = w.stack.audit_log().await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!((log[0]["verb"].as_str(), log[0]["target"].as_str()), (Some("backfill"), Some("endpoint stripe-a")));
+    assert!(log[0]["result"].as_str().unwrap().starts_with("done: {"), "{log:?}");
     drain_processor(&mut w).await;
     assert_eq!(balance(&w).await.1, 4);
     for (endpoint, extra, why) in [
@@ -495,7 +500,7 @@ mod github {
         );
 
         // A replay that cannot fetch it (ops, the console) is refused, and says what to do.
-        let err = w.ops.replay(&key, "alice", "try", w.now).await.unwrap_err();
+        let err = w.ops.replay(&key, &hookledger::audit::Caller::named("alice"), "try", w.now).await.unwrap_err();
         assert!(err.needs_its_source() && err.to_string().contains("hookledger replay"), "{err}");
 
         *fake.other_token.lock().unwrap() = Some(std::env::var("PATH").unwrap());
@@ -550,6 +555,15 @@ mod github {
         // Replayed again: nothing awaits its payload any more.
         let err = hookledger_cli::run(cli("again"), &mut Vec::new()).await.unwrap_err();
         assert!(err.to_string().contains("PROCESSED"), "{err}");
+        // Each release fetched from the provider is audited with its outcome
+        // (the refused replay of a PROCESSED record writes nothing).
+        let log = w.stack.audit_log().await;
+        let listed: Vec<(&str, &str)> =
+            log.iter().map(|e| (e["verb"].as_str().unwrap(), e["reason"].as_str().unwrap())).collect();
+        assert_eq!(listed, [("release", "served yet?"), ("release", "GitHub serves it now")], "{log:?}");
+        assert!(log[0]["result"].as_str().unwrap().starts_with("failed: "), "{log:?}");
+        assert!(log[1]["result"].as_str().unwrap().starts_with("done: "), "{log:?}");
+        assert_eq!(log[1]["record"].as_str(), Some(key.as_str()));
     }
 
     /// Issue 18.3: a webhook delivery of an identity a backfill parked

@@ -794,13 +794,39 @@ impl<'w> Run<'w> {
                     .plan
                     .run(async {
                         match step.action {
-                            Action::Park => vec![w.ops.park(&key, "chaos-op", "provider incident", now).await],
-                            Action::Replay => vec![w.ops.replay(&key, "chaos-op", "incident over", now).await],
-                            Action::Resolve => vec![w.ops.resolve(&key, "chaos-op", "settled by hand", now).await],
+                            Action::Park => vec![
+                                w.ops
+                                    .park(&key, &hookledger::audit::Caller::named("chaos-op"), "provider incident", now)
+                                    .await,
+                            ],
+                            Action::Replay => vec![
+                                w.ops
+                                    .replay(&key, &hookledger::audit::Caller::named("chaos-op"), "incident over", now)
+                                    .await,
+                            ],
+                            Action::Resolve => vec![
+                                w.ops
+                                    .resolve(
+                                        &key,
+                                        &hookledger::audit::Caller::named("chaos-op"),
+                                        "settled by hand",
+                                        now,
+                                    )
+                                    .await,
+                            ],
                             Action::MapAndReplay => {
                                 let mut out = Vec::new();
                                 for k in &unknown {
-                                    out.push(w.ops.replay(k, "chaos-op", "customer mapped", now).await);
+                                    out.push(
+                                        w.ops
+                                            .replay(
+                                                k,
+                                                &hookledger::audit::Caller::named("chaos-op"),
+                                                "customer mapped",
+                                                now,
+                                            )
+                                            .await,
+                                    );
                                 }
                                 out
                             }
@@ -908,7 +934,11 @@ impl<'w> Run<'w> {
         for r in self.w.stack.meta_items().await {
             if s(&r, "status") == "PARKED" {
                 let key = EventKey::from_stored(&s(&r, "pk")).unwrap();
-                self.w.ops.replay(&key, "chaos-op", "runbook", self.w.now).await.unwrap();
+                self.w
+                    .ops
+                    .replay(&key, &hookledger::audit::Caller::named("chaos-op"), "runbook", self.w.now)
+                    .await
+                    .unwrap();
             }
         }
     }

@@ -213,8 +213,21 @@ async fn replay_after_repair_keeps_the_identity_makes_a_new_attempt_and_is_audit
     assert_eq!(n(&stack.state(&balance_pk("t1", "acct_new")).await.unwrap(), "balance"), 250);
     let (_, out) = stack.cli(&["show", key]).await;
     assert!(out.contains("parked: unknown stripe customer cus_new"), "{out}");
-    assert!(out.contains("replay: by ana: customer mapping added"), "{out}");
+    assert!(out.contains("replay: by ana (arn:aws:") && out.contains("): customer mapping added"), "{out}");
     assert!(out.contains("completed (applied)"), "{out}");
+    // Both writes in the audit log: who (as AWS reports the caller, and the
+    // name given), what, why, the result; the replay listed by its record too.
+    let log = stack.audit_log().await;
+    let listed: Vec<(&str, &str)> =
+        log.iter().map(|e| (e["verb"].as_str().unwrap(), e["result"].as_str().unwrap())).collect();
+    assert_eq!(listed, [("map-subject", "done"), ("replay", "done")], "{log:?}");
+    assert!(log.iter().all(|e| e["principal"].as_str().unwrap().starts_with("arn:aws:")), "{log:?}");
+    assert_eq!((log[1]["target"].as_str(), log[1]["operator"].as_str()), (Some(key), Some("ana")));
+    assert_eq!(log[1]["reason"], "customer mapping added");
+    let (r, out) = stack.cli(&["audit-log", "--record", key, "--json"]).await;
+    r.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["entries"].as_array().map(Vec::len), Some(1), "{v}");
 
     // A PROCESSED record cannot be replayed; an unknown one is named.
     let (r, _) = stack.cli(&["replay", key, "--reason", "again"]).await;
@@ -258,6 +271,13 @@ async fn filtered_replay_shows_progress_and_park_and_resolve_are_conditional() {
     let (r, out) = stack.cli(&["resolve", dead, "--operator", "bo", "--reason", "refunded by hand"]).await;
     r.unwrap();
     assert!(out.contains("resolved 1 of 1"), "{out}");
+    // Every write audited, no refused one: park, the two replays, park, resolve.
+    let (r, out) = stack.cli(&["audit-log", "--record", dead, "--json"]).await;
+    r.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let verbs: Vec<&str> = v["entries"].as_array().unwrap().iter().map(|e| e["verb"].as_str().unwrap()).collect();
+    assert_eq!(verbs, ["park", "replay", "park", "resolve"], "{v}");
+    assert_eq!(stack.audit_log().await.len(), 5, "and the filtered replay of the other parked record");
     let rec = stack.record(&hookledger::identity::EventKey::from_stored(dead).unwrap()).await;
     assert_eq!(
         (s(&rec, "status").as_str(), s(&rec, "outcome").as_str(), s(&rec, "resolved_by").as_str()),

@@ -28,7 +28,7 @@ async fn console(stack: &Stack) -> (String, String) {
         SqsQueue::new(stack.sqs.clone(), &stack.queue_url),
         metrics,
         endpoints,
-        "ana".into(),
+        hookledger::audit::Caller::named("ana"),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

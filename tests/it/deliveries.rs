@@ -495,7 +495,10 @@ async fn dead_deliveries_are_replayed_by_a_filter_counted_first_resumable_and_au
     };
     let (matched, partial) = deliveries.matching(&filter, 10_000).await.unwrap();
     assert_eq!((matched.len(), partial), (N, false));
-    let first = deliveries.replay_batch(&filter, &matched[..10], "ops-1", now_ms()).await.unwrap();
+    let first = deliveries
+        .replay_batch(&filter, &matched[..10], &hookledger::audit::Caller::named("ops-1"), now_ms())
+        .await
+        .unwrap();
     assert_eq!(first.replayed, 10);
     // Those ten are sent again, and die again (the partner still refuses).
     for d in &matched[..10] {
@@ -522,4 +525,14 @@ async fn dead_deliveries_are_replayed_by_a_filter_counted_first_resumable_and_au
         let replayed_first = matched[..10].iter().any(|d| d.id == id);
         assert_eq!(crate::support::s(&item, "status"), if replayed_first { "DEAD" } else { "PENDING" }, "{i}");
     }
+    // One audit entry per delivery replayed, none for the rerun that found
+    // nothing; each listed by its event's record too.
+    let log = stack.audit_log().await;
+    assert_eq!(log.len(), N, "{log:?}");
+    assert!(log.iter().all(|e| e["verb"] == "deliveries-replay" && e["reason"] == "partner fixed its schema"));
+    let targets: std::collections::BTreeSet<&str> = log.iter().map(|e| e["target"].as_str().unwrap()).collect();
+    assert_eq!(targets.len(), N, "one entry per delivery");
+    let (ok, by_record) = stack.cli(&["audit-log", "--record", keys[0].as_str(), "--json"]).await;
+    ok.unwrap();
+    assert!(by_record.contains("deliveries-replay"), "{by_record}");
 }

@@ -1417,15 +1417,24 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         }
         Flow::OperatorReplay => {
             w.plan.scope("operator");
-            let _ = w.plan.run(w.ops.replay(&ctx.key, "alice", "customer mapped", w.now)).await;
+            let _ = w
+                .plan
+                .run(w.ops.replay(&ctx.key, &hookledger::audit::Caller::named("alice"), "customer mapped", w.now))
+                .await;
         }
         Flow::OperatorResolve => {
             w.plan.scope("operator");
-            let _ = w.plan.run(w.ops.resolve(&ctx.key, "alice", "settled by hand", w.now)).await;
+            let _ = w
+                .plan
+                .run(w.ops.resolve(&ctx.key, &hookledger::audit::Caller::named("alice"), "settled by hand", w.now))
+                .await;
         }
         Flow::OperatorPark => {
             w.plan.scope("operator");
-            let _ = w.plan.run(w.ops.park(&ctx.key, "alice", "provider incident", w.now)).await;
+            let _ = w
+                .plan
+                .run(w.ops.park(&ctx.key, &hookledger::audit::Caller::named("alice"), "provider incident", w.now))
+                .await;
             w.fake.fail.store(false, Ordering::SeqCst);
         }
     }

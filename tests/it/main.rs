@@ -3,6 +3,7 @@
 //! aws-sdk clients. Run by `scripts/test`, which starts moto and sets
 //! `AWS_ENDPOINT_URL`. One binary, so it builds once.
 
+mod audit;
 mod backfill;
 mod bench;
 mod browser;

@@ -23,7 +23,11 @@ async fn an_operator_replay_whose_ack_is_lost_is_done_not_refused() {
     let key = parked(&mut w, "evt_op_ack").await;
     w.stack.drain_queue().await;
     w.plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "UpdateItem").containing("operator_token").nth(0));
-    let replayed = w.plan.run(w.ops.replay(&key, "alice", "customer mapped", w.now)).await.expect("no crash");
+    let replayed = w
+        .plan
+        .run(w.ops.replay(&key, &hookledger::audit::Caller::named("alice"), "customer mapped", w.now))
+        .await
+        .expect("no crash");
     assert_eq!(w.plan.injected().get("lost_ack"), Some(&1), "the fault fired");
     assert!(replayed.is_ok(), "our own transition, not an illegal one: {replayed:?}");
     assert_eq!(w.meta(&key).await.map(|m| s(&m, "status")).as_deref(), Some("RETRYABLE"));
@@ -34,8 +38,8 @@ async fn an_operator_replay_whose_ack_is_lost_is_done_not_refused() {
 async fn a_second_operator_meets_the_first_ones_transition_and_is_refused() {
     let mut w = World::new(1).await;
     let key = parked(&mut w, "evt_op_twice").await;
-    w.ops.resolve(&key, "alice", "settled by hand", w.now).await.unwrap();
-    let again = w.ops.resolve(&key, "bob", "settled by hand", w.now).await;
+    w.ops.resolve(&key, &hookledger::audit::Caller::named("alice"), "settled by hand", w.now).await.unwrap();
+    let again = w.ops.resolve(&key, &hookledger::audit::Caller::named("bob"), "settled by hand", w.now).await;
     assert!(
         matches!(again, Err(OpsError::IllegalTransition { from: "PROCESSED", .. })),
         "another operator's transition is not ours: {again:?}"

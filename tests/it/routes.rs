@@ -208,7 +208,7 @@ async fn a_dead_delivery_is_listed_replayed_by_the_operator_and_then_delivered()
             "it-routes",
         ),
         vec![("stripe-a".to_owned(), "stripe".to_owned())],
-        "ana".into(),
+        hookledger::audit::Caller::named("ana"),
     )
     .with_deliveries(
         wiring.deliveries().unwrap_or_else(|e| panic!("{e}")),

@@ -511,6 +511,14 @@ impl Stack {
     }
 
     /// Runs the CLI in-process against this stack; returns (ok, output).
+    /// The operator audit log of the last day, oldest first (`audit-log --json`).
+    pub async fn audit_log(&self) -> Vec<serde_json::Value> {
+        let (r, out) = self.cli(&["audit-log", "--since", "1d", "--limit", "1000", "--json"]).await;
+        r.unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["entries"].as_array().cloned().unwrap_or_default()
+    }
+
     pub async fn cli(&self, args: &[&str]) -> (Result<(), String>, String) {
         // The stack's shards (16), as its intake and ledger use them.
         let mut argv = vec!["hookledger", "--table", &self.table, "--queue-url", &self.queue_url, "--shards", "16"];

@@ -396,7 +396,7 @@ async fn ops_a_replay_is_queued_in_the_records_tenant() {
     assert_eq!(p.process(&key, now_ms()).await.unwrap().outcome, Outcome::Parked);
     stack.map_customer_in("acme", "cus_tn_op", "acct_tn_op").await;
     let ops = hookledger::ops::Ops::new(stack.ledger(), SqsQueue::new(stack.sqs.clone(), &stack.queue_url));
-    ops.replay(&key, "alice", "customer mapped", now_ms()).await.unwrap();
+    ops.replay(&key, &hookledger::audit::Caller::named("alice"), "customer mapped", now_ms()).await.unwrap();
     assert_eq!(s(&stack.record(&key).await, "status"), "RETRYABLE");
     assert_eq!(queued(&stack).await, expected(&[(&key, "acme")]));
 }

@@ -169,6 +169,11 @@ async fn migrate_brings_an_earlier_releases_items_to_todays_indexes_once() {
         (0.into(), 0.into(), 0.into()),
         "a second run changes nothing: {again}"
     );
+    // Both runs in the operator audit log, each with what it did.
+    let log = stack.audit_log().await;
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert!(log.iter().all(|e| e["verb"] == "migrate" && e["target"] == stack.table.as_str()), "{log:?}");
+    assert!(log[0]["result"].as_str().unwrap().contains("\"attention\":1"), "{log:?}");
 
     // Today's reconciler and operators see them.
     let ent = stack.state("proj#entitlement#tenant-a#sub_old").await.unwrap();

@@ -38,6 +38,7 @@ use hookledger::identity::EventKey;
 use hookledger::insight::Insight;
 use hookledger::ledger::Status;
 use hookledger::ops::{ListFilter, Ops, OpsError, parse_key};
+use hookledger::ports::AuditLog;
 use hookledger::ports::MetricWindow;
 
 pub use guard::Guard;
@@ -67,6 +68,10 @@ pub struct Console {
     /// (endpoint name, provider) of the configured endpoints, for search by id.
     endpoints: Vec<(String, String)>,
     operator: String,
+    /// Who acts, as AWS reports the console's credentials (every action's audit entry).
+    caller: hookledger::audit::Caller,
+    /// The operator audit log (a record's entries on its page).
+    ledger: DynamoLedger,
     jobs: Mutex<Vec<Job>>,
     /// Routes' deliveries and the destinations (names and limits): a row
     /// each on a record's page, and the destinations' page.
@@ -98,13 +103,15 @@ impl Console {
         queue: SqsQueue,
         metrics: CloudWatchMetrics,
         endpoints: Vec<(String, String)>,
-        operator: String,
+        caller: hookledger::audit::Caller,
     ) -> Self {
         Self {
             ops: Ops::new(ledger.clone(), queue),
-            insight: Insight::new(ledger, metrics),
+            insight: Insight::new(ledger.clone(), metrics),
             endpoints,
-            operator,
+            operator: caller.operator.clone(),
+            caller,
+            ledger,
             jobs: Mutex::default(),
             deliveries: None,
         }
@@ -492,6 +499,33 @@ async fn record_page(app: &App, key_raw: &str, with_payload: bool, notice: &str)
              <button type=submit id=show-payload>Show the payload</button></form>"
         )),
     }
+    body.push_str("<h2>Operator audit</h2>");
+    match app.console.ledger.audit_of(&key).await {
+        Ok(entries) if entries.is_empty() => {
+            body.push_str("<p id=audit>No operator has acted on this record.</p>");
+        }
+        Ok(entries) => {
+            let rows: Vec<Vec<String>> = entries
+                .iter()
+                .map(|e| {
+                    vec![
+                        when(e.at_ms),
+                        esc(&e.verb),
+                        esc(&e.operator),
+                        esc(&e.principal),
+                        esc(&e.reason),
+                        esc(&e.result),
+                    ]
+                })
+                .collect();
+            body.push_str(&table(
+                "audit",
+                &["at (UTC)", "verb", "operator", "principal (AWS)", "reason", "result"],
+                &rows,
+            ));
+        }
+        Err(e) => body.push_str(&format!("<p id=audit>The audit log could not be read: {}</p>", esc(&e.to_string()))),
+    }
     body.push_str("<h2>Fields</h2>");
     let mut keys: Vec<&String> = record.keys().collect();
     keys.sort();
@@ -533,10 +567,11 @@ fn reason_ok(reason: &str) -> Result<(), &'static str> {
 
 async fn act(app: &App, action: &str, key: &EventKey, reason: &str) -> Result<(), OpsError> {
     let (ops, op, now) = (&app.console.ops, &app.console.operator, now_ms());
+    let caller = &app.console.caller;
     let r = match action {
-        "replay" => ops.replay(key, op, reason, now).await,
-        "park" => ops.park(key, op, reason, now).await,
-        _ => ops.resolve(key, op, reason, now).await,
+        "replay" => ops.replay(key, caller, reason, now).await,
+        "park" => ops.park(key, caller, reason, now).await,
+        _ => ops.resolve(key, caller, reason, now).await,
     };
     // The audit line (the ledger keeps the same in the record's history).
     println!(
@@ -811,7 +846,7 @@ async fn replay_deliveries(State(app): State<Shared>, Form(f): Form<Params>) -> 
     tokio::spawn(async move {
         let Some((deliveries, _)) = &worker.console.deliveries else { return };
         for batch in matched.chunks(100) {
-            let done = deliveries.replay_batch(&filter, batch, &worker.console.operator, now_ms()).await;
+            let done = deliveries.replay_batch(&filter, batch, &worker.console.caller, now_ms()).await;
             let mut jobs = worker.console.jobs.lock().unwrap_or_else(|e| e.into_inner());
             let job = &mut jobs[id];
             match done {

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::adapters::memory::{MemLedger, MemQueue, World};
 use crate::clock::Ambient;
+use crate::ports::AuditLog;
 
 const NOW: i64 = 1_700_000_000_000;
 const SHARDS: u32 = 4;
@@ -45,8 +46,8 @@ async fn replay_moves_dead_and_parked_records_to_retryable_audits_it_and_queues_
     ledger.add(&dead, Status::Dead, NOW - 1_000, json!({"attempts": 7, "failures": 5, "window_start": NOW - 900}));
     ledger.add(&parked, Status::Parked, NOW - 2_000, json!({"park_reason": "gap"}));
 
-    ops.replay(&dead, "alice", "the API key is fixed", NOW).await.unwrap();
-    ops.replay(&parked, "alice", "gap filled by hand", NOW + 1).await.unwrap();
+    ops.replay(&dead, &crate::audit::Caller::named("alice"), "the API key is fixed", NOW).await.unwrap();
+    ops.replay(&parked, &crate::audit::Caller::named("alice"), "gap filled by hand", NOW + 1).await.unwrap();
 
     assert_eq!(queue.keys(), vec![dead.clone(), parked.clone()]);
     let r = ledger.row(&dead).unwrap();
@@ -60,9 +61,16 @@ async fn replay_moves_dead_and_parked_records_to_retryable_audits_it_and_queues_
     let history = ledger.history_rows(&dead);
     assert_eq!(history.len(), 1, "{history:?}");
     assert_eq!(history[0]["kind"], "replay");
-    assert_eq!(history[0]["detail"], "by alice: the API key is fixed");
+    assert_eq!(history[0]["detail"], "by alice (name:alice): the API key is fixed");
     assert_eq!(history[0]["at"], NOW);
-    assert_eq!(ledger.history_rows(&parked)[0]["detail"], "by alice: gap filled by hand");
+    assert_eq!(ledger.history_rows(&parked)[0]["detail"], "by alice (name:alice): gap filled by hand");
+    // The audit log lists both, by time and by record.
+    let page = ledger.audit_page(0, NOW + 1, None, 10).await.unwrap();
+    let listed: Vec<(&str, &str, &str)> =
+        page.entries.iter().map(|e| (e.verb.as_str(), e.target.as_str(), e.result.as_str())).collect();
+    assert_eq!(listed, [("replay", dead.as_str(), "done"), ("replay", parked.as_str(), "done")]);
+    assert_eq!(page.entries[0].principal, "name:alice");
+    assert_eq!(ledger.audit_of(&dead).await.unwrap(), page.entries[..1]);
 }
 
 /// Issue 18.3: a record a backfill parked without its payload would only
@@ -74,13 +82,13 @@ async fn a_record_a_backfill_parked_without_its_payload_is_not_replayed_without_
     let k = key("evt_unfetched");
     let reason = "backfill_unrecoverable:no_payload";
     ledger.add(&k, Status::Parked, NOW - 1_000, json!({"park_reason": reason, "payload_stored": false}));
-    let err = ops.replay(&k, "alice", "try it", NOW).await.unwrap_err();
+    let err = ops.replay(&k, &crate::audit::Caller::named("alice"), "try it", NOW).await.unwrap_err();
     assert!(matches!(err, OpsError::IllegalTransition { from: "PARKED", .. }), "{err}");
     assert!(err.needs_its_source(), "{err}");
     assert!(err.to_string().contains("hookledger replay"), "{err}");
     assert_eq!((status_of(&ledger, &k), queue.keys().len()), ("PARKED".to_owned(), 0));
     assert!(ledger.no_history());
-    ops.resolve(&k, "alice", "sent by hand", NOW).await.unwrap();
+    ops.resolve(&k, &crate::audit::Caller::named("alice"), "sent by hand", NOW).await.unwrap();
     assert_eq!(status_of(&ledger, &k), "PROCESSED");
 }
 
@@ -93,8 +101,10 @@ async fn replay_and_resolve_of_a_record_that_is_not_dead_or_parked_are_refused_n
         let before = ledger.row(&k).unwrap();
         for action in [OperatorAction::Replay, OperatorAction::Resolve] {
             let err = match action {
-                OperatorAction::Replay => ops.replay(&k, "alice", "why", NOW).await.unwrap_err(),
-                _ => ops.resolve(&k, "alice", "why", NOW).await.unwrap_err(),
+                OperatorAction::Replay => {
+                    ops.replay(&k, &crate::audit::Caller::named("alice"), "why", NOW).await.unwrap_err()
+                }
+                _ => ops.resolve(&k, &crate::audit::Caller::named("alice"), "why", NOW).await.unwrap_err(),
             };
             match err {
                 OpsError::IllegalTransition { action: name, key: ref shown, from, allowed } => {
@@ -117,7 +127,7 @@ async fn park_of_a_record_in_flight_processed_or_parked_is_refused_naming_its_st
         let k = key(&format!("evt_{}", status.as_str()));
         ledger.add(&k, status, NOW - 1_000, json!({}));
         let before = ledger.row(&k).unwrap();
-        let err = ops.park(&k, "bob", "noisy", NOW).await.unwrap_err();
+        let err = ops.park(&k, &crate::audit::Caller::named("bob"), "noisy", NOW).await.unwrap_err();
         assert!(
             matches!(err, OpsError::IllegalTransition { action: "park", from, .. } if from == status.as_str()),
             "{status:?}: {err:?}"
@@ -135,7 +145,7 @@ async fn park_stops_received_retryable_and_dead_records_without_queueing() {
     for status in [Status::Received, Status::Retryable, Status::Dead] {
         let k = key(&format!("evt_{}", status.as_str()));
         ledger.add(&k, status, NOW - 1_000, json!({"due_at": NOW, "due_shard": "due#001"}));
-        ops.park(&k, "bob", "customer asked to wait", NOW).await.unwrap();
+        ops.park(&k, &crate::audit::Caller::named("bob"), "customer asked to wait", NOW).await.unwrap();
         let r = ledger.row(&k).unwrap();
         assert_eq!(r["status"], "PARKED");
         assert_eq!(r["park_reason"], "operator bob: customer asked to wait");
@@ -152,7 +162,7 @@ async fn resolve_settles_dead_and_parked_records_as_processed_without_queueing()
     for status in [Status::Dead, Status::Parked] {
         let k = key(&format!("evt_{}", status.as_str()));
         ledger.add(&k, status, NOW - 1_000, json!({}));
-        ops.resolve(&k, "carol", "refunded by hand", NOW).await.unwrap();
+        ops.resolve(&k, &crate::audit::Caller::named("carol"), "refunded by hand", NOW).await.unwrap();
         let r = ledger.row(&k).unwrap();
         assert_eq!((r["status"].as_str(), r["outcome"].as_str()), (Some("PROCESSED"), Some("resolved")));
         assert_eq!(r["resolved_by"], "carol");
@@ -160,7 +170,7 @@ async fn resolve_settles_dead_and_parked_records_as_processed_without_queueing()
         assert_eq!(history.len(), 1);
         assert_eq!(
             (&history[0]["kind"], &history[0]["detail"]),
-            (&json!("resolve"), &json!("by carol: refunded by hand"))
+            (&json!("resolve"), &json!("by carol (name:carol): refunded by hand"))
         );
     }
     assert!(queue.keys().is_empty());
@@ -172,9 +182,9 @@ async fn actions_on_an_unknown_key_report_an_unknown_event() {
     ledger.add(&key("evt_other"), Status::Dead, NOW, json!({}));
     let k = key("evt_missing");
     let results = [
-        ops.replay(&k, "alice", "why", NOW).await,
-        ops.park(&k, "alice", "why", NOW).await,
-        ops.resolve(&k, "alice", "why", NOW).await,
+        ops.replay(&k, &crate::audit::Caller::named("alice"), "why", NOW).await,
+        ops.park(&k, &crate::audit::Caller::named("alice"), "why", NOW).await,
+        ops.resolve(&k, &crate::audit::Caller::named("alice"), "why", NOW).await,
         ops.show(&k, true).await.map(|_| ()),
     ];
     for r in results {
@@ -192,35 +202,59 @@ async fn a_queue_failure_after_a_replay_is_an_error_but_the_record_is_already_re
     ledger.add(&k, Status::Dead, NOW - 1_000, json!({}));
     queue.fail_sends();
 
-    let err = ops.replay(&k, "alice", "fixed", NOW).await.unwrap_err();
+    let err = ops.replay(&k, &crate::audit::Caller::named("alice"), "fixed", NOW).await.unwrap_err();
     assert!(matches!(err, OpsError::Storage(PortError::Unavailable { service: "sqs", .. })), "{err:?}");
     // Audited and due now: the reconciler re-drives it; a second replay is refused.
     assert_eq!(status_of(&ledger, &k), "RETRYABLE");
     assert_eq!(ledger.row(&k).unwrap()["due_at"], NOW);
     assert_eq!(ledger.history_rows(&k).len(), 1);
     assert!(matches!(
-        ops.replay(&k, "alice", "again", NOW).await,
+        ops.replay(&k, &crate::audit::Caller::named("alice"), "again", NOW).await,
         Err(OpsError::IllegalTransition { from: "RETRYABLE", .. })
     ));
 }
 
-/// A replay sends the key before it writes its history entry: a history
-/// write that fails (or an invocation that dies there) leaves the record
-/// queued, not RETRYABLE waiting for the reconciler while the operator is
-/// told it failed. (Who replayed it is on the record already.)
+/// A replay's transition and its audit entry are one write; the key is
+/// sent after it. A send that fails leaves the record RETRYABLE and due now
+/// (the reconciler re-drives it) with its entry; a transition whose
+/// acknowledgement was lost is recognised by its entry and written once.
 #[tokio::test]
-async fn a_replay_queues_the_key_before_it_writes_its_history() {
+async fn a_replay_and_its_audit_entry_are_one_write_and_its_send_comes_after() {
     let w = world();
     let (ledger, queue, ops) = (w.ledger(), w.queue(), Ops::new(w.ledger(), w.queue()));
     let k = key("evt_dead");
     ledger.add(&k, Status::Dead, NOW - 1_000, json!({}));
-    w.inject("work.append_history", 0, Some(1), crate::adapters::memory::Fault::Unavailable);
-
-    let err = ops.replay(&k, "alice", "fixed", NOW).await.unwrap_err();
+    w.inject("queue.send", 0, Some(1), crate::adapters::memory::Fault::Unavailable);
+    let err = ops.replay(&k, &crate::audit::Caller::named("alice"), "fixed", NOW).await.unwrap_err();
     assert!(matches!(err, OpsError::Storage(PortError::Unavailable { .. })), "{err:?}");
-    assert_eq!(queue.keys(), std::slice::from_ref(&k), "queued although its history entry failed");
+    assert!(queue.keys().is_empty());
     assert_eq!(status_of(&ledger, &k), "RETRYABLE");
-    assert_eq!(ledger.row(&k).unwrap()["last_replay_by"], "alice");
+    assert_eq!(ledger.row(&k).unwrap()["due_at"], NOW, "due now: the reconciler re-drives it");
+    assert_eq!(ledger.audit_of(&k).await.unwrap().len(), 1, "audited with the transition");
+
+    for fault in [crate::adapters::memory::Fault::LoseAckOnce, crate::adapters::memory::Fault::LoseAckAlways] {
+        let k = key(&format!("evt_lost_{fault:?}"));
+        ledger.add(&k, Status::Dead, NOW - 1_000, json!({}));
+        w.inject("operator.transition", 0, Some(1), fault);
+        let done = ops.replay(&k, &crate::audit::Caller::named("alice"), "fixed", NOW).await;
+        let entries = ledger.audit_of(&k).await.unwrap();
+        assert_eq!(entries.len(), 1, "{fault:?}: one entry, for the one transition");
+        assert_eq!(status_of(&ledger, &k), "RETRYABLE", "{fault:?}");
+        match fault {
+            crate::adapters::memory::Fault::LoseAckOnce => {
+                assert!(done.is_ok(), "the retry recognises its own write: {done:?}");
+                assert_eq!(queue.keys().iter().filter(|q| **q == k).count(), 1);
+            }
+            _ => assert!(done.is_err(), "never acknowledged: the operator is told"),
+        }
+    }
+    // A refused action writes no entry.
+    let processed = key("evt_processed");
+    ledger.add(&processed, Status::Processed, NOW - 1_000, json!({}));
+    assert!(ops.park(&processed, &crate::audit::Caller::named("bob"), "x", NOW).await.is_err());
+    assert!(ledger.audit_of(&processed).await.unwrap().is_empty());
+    let all = ledger.audit_page(0, NOW, None, 100).await.unwrap().entries;
+    assert!(all.iter().all(|e| e.target != processed.as_str()), "{all:?}");
 }
 
 #[tokio::test]
@@ -229,8 +263,8 @@ async fn show_returns_the_record_its_history_oldest_first_and_the_payload_when_a
     let k = key("evt_1");
     ledger.add(&k, Status::Dead, NOW - 5_000, json!({}));
     ledger.put_payload(&k, b"{\"id\":\"evt_1\"}");
-    ops.park(&k, "bob", "first", NOW).await.unwrap();
-    ops.replay(&k, "bob", "second", NOW + 1).await.unwrap();
+    ops.park(&k, &crate::audit::Caller::named("bob"), "first", NOW).await.unwrap();
+    ops.replay(&k, &crate::audit::Caller::named("bob"), "second", NOW + 1).await.unwrap();
 
     let (record, history, payload) = ops.show(&k, false).await.unwrap();
     assert_eq!((record["status"].as_str(), payload), (Some("RETRYABLE"), None));

@@ -130,13 +130,13 @@ impl<S: OutboxStore> Deliveries<S> {
         &self,
         filter: &ReplayFilter,
         batch: &[OutboxState],
-        operator: &str,
+        caller: &crate::audit::Caller,
         now_ms: i64,
     ) -> Result<Replayed, PortError> {
         let run = filter.run();
         let mut done = Replayed::default();
         for chunk in batch.chunks(10) {
-            let replays = chunk.iter().map(|d| self.replay(d, &run, operator, &filter.reason, now_ms));
+            let replays = chunk.iter().map(|d| self.replay(d, &run, caller, &filter.reason, now_ms));
             for r in futures::future::join_all(replays).await {
                 if r? {
                     done.replayed += 1;

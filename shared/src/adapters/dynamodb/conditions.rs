@@ -151,6 +151,8 @@ pub const EXPRESSIONS: &[&str] = &[
     "bind_body",
     "take_binding",
     "flag_replay",
+    "audit_entry",
+    "audit_end",
 ];
 
 /// A conditional update: its expressions and their values.
@@ -1118,11 +1120,12 @@ pub fn outbox_dead(token: &str, attention_partition: &str, error: &str, now_ms: 
 
 /// An operator's replay of a DEAD item (a route's delivery): PENDING, due
 /// now in its shard's outbox partition, its retry bound counted from now,
-/// who and why kept on it. Timeline guarded: only a DEAD item is replayed;
-/// our own retry after a lost acknowledgement meets PENDING with our token
-/// and writes the same again.
+/// who and why kept on it, the replaying run's token too. Timeline guarded:
+/// only a DEAD item is replayed. It goes in one transaction with its audit
+/// entry: our own retry after a lost acknowledgement finds the entry, and a
+/// rerun of the same batch meets PENDING with its run's token (both done).
 pub fn outbox_revive(token: &str, due_partition: &str, operator: &str, reason: &str, now_ms: i64) -> Update {
-    Update::when("outbox_revive", "#st = :dead OR (#st = :pending AND revive_token = :tok)")
+    Update::when("outbox_revive", "#st = :dead")
         .status()
         .set("#st = :pending")
         .set("due_shard = :p")
@@ -1141,6 +1144,23 @@ pub fn outbox_revive(token: &str, due_partition: &str, operator: &str, reason: &
         .value(":who", s(operator))
         .value(":why", s(reason))
         .value(":now", n(now_ms))
+}
+
+// -------------------------------------------------------------- audit (audit.rs)
+
+/// An audit entry (and its record's copy) is put once: its id is the
+/// writing call's token, so a put that finds it is that call's retry.
+pub const AUDIT_ENTRY: &str = "attribute_not_exists(pk)";
+
+/// A run's entry completed with its outcome: only an entry that exists and
+/// is still `started` (a begin that failed leaves nothing to complete, and
+/// an outcome is never overwritten), or that holds this very outcome (our
+/// own retry after a lost acknowledgement).
+pub fn audit_end(result: &str) -> Update {
+    Update::when("audit_end", "attribute_exists(pk) AND (audit_result = :started OR audit_result = :result)")
+        .set("audit_result = :result")
+        .value(":started", s(crate::audit::STARTED))
+        .value(":result", s(result))
 }
 
 // ------------------------------------------------------------ upgrade (migrate.rs)

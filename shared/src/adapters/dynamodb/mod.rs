@@ -18,6 +18,7 @@
 //! `conditions`, which draws the state machine.
 
 pub mod activity;
+pub mod audit;
 pub mod backfill;
 pub mod claim;
 pub mod conditions;
@@ -67,6 +68,8 @@ pub struct DynamoLedger {
     payloads: Option<crate::adapters::s3::S3Payloads>,
     /// How long the history items it writes are kept.
     retention_days: u32,
+    /// How long the audit entries it writes are kept.
+    audit_days: u32,
     /// Tokens and item ids.
     ambient: crate::clock::Ambient,
     /// The last activity window this container marked (its clones share it).
@@ -81,6 +84,7 @@ impl DynamoLedger {
             shards: DEFAULT_INDEX_SHARDS,
             payloads: None,
             retention_days: crate::policy::DEFAULT_RETENTION_DAYS,
+            audit_days: crate::audit::DEFAULT_AUDIT_RETENTION_DAYS,
             ambient: crate::clock::Ambient::system(),
             marked: activity::Marked::default(),
         }

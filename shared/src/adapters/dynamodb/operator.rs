@@ -8,11 +8,11 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use super::audit::{self, Audited};
 use super::conditions as cond;
-use super::{
-    ATTENTION_INDEX, DynamoLedger, Item, META_SK, Written, attention_shard, attr, due_shard, get_n, get_s, payload_sk,
-};
+use super::{ATTENTION_INDEX, DynamoLedger, Item, META_SK, attention_shard, attr, due_shard, get_n, get_s, payload_sk};
 use crate::adapters::port_error;
+use crate::audit::AuditEntry;
 use crate::identity::EventKey;
 use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
 use crate::ports::{OperatorLedger, RowFilter, Shown, WorkLedger};
@@ -259,15 +259,22 @@ impl OperatorLedger for DynamoLedger {
         &self,
         key: &EventKey,
         action: OperatorAction,
-        operator: &str,
-        reason: &str,
+        entry: &AuditEntry,
         now_ms: i64,
     ) -> Result<Transitioned, PortError> {
         let token = self.ambient.token();
-        let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.shards()));
-        match self.conditional(key.as_str(), META_SK, update, true).await? {
-            Written::Applied(new) => Ok(transitioned(&new.unwrap_or_default())),
-            Written::Refused(met) => Ok(transition_refused(met.as_ref(), &token)),
+        let entry = audit::on_record(entry, action.name(), key, &token, now_ms);
+        let update = cond::operator(action, &entry.operator, &entry.reason, &token, now_ms, key.shard(self.shards()));
+        let item = audit::update_item(self.table(), key.as_str(), META_SK, update);
+        match self.audited(vec![item], &entry).await? {
+            Audited::Done => Ok(transitioned(&self.read_meta(key).await?.unwrap_or_default())),
+            Audited::Refused(met) => {
+                let met = match met.into_iter().next().flatten() {
+                    Some(met) if !met.is_empty() => Some(met),
+                    _ => self.read_meta(key).await?,
+                };
+                Ok(transition_refused(met.as_ref(), &token))
+            }
         }
     }
 

@@ -8,6 +8,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 
 use super::conditions::{self as cond, outbox_status};
 use super::{Item, Written};
+use crate::audit::AuditEntry;
 use crate::identity::EventKey;
 use crate::ledger::PortError;
 use crate::message::{Held, OutboxClaim, OutboxItem, OutboxMessage, OutboxState, idempotency_key};
@@ -221,6 +222,17 @@ pub fn outbox_put(
 #[derive(Clone)]
 pub struct DynamoOutbox {
     ledger: super::DynamoLedger,
+}
+
+/// A delivery's replay entry as written: the call's token its id.
+pub(crate) fn revive_entry(entry: &AuditEntry, id: &str, token: &str) -> AuditEntry {
+    AuditEntry { id: token.to_owned(), target: id.to_owned(), ..entry.clone() }
+}
+
+/// A refused replay of a delivery: already replayed by this run (a rerun of
+/// an interrupted batch; its entry was written then), or not DEAD.
+pub(crate) fn revived_by(met: Option<&Item>, run: &str) -> bool {
+    met.is_some_and(|m| text(m, "status") == outbox_status::PENDING && text(m, "revive_token") == run)
 }
 
 pub(crate) fn text(item: &Item, k: &str) -> String {
@@ -472,17 +484,21 @@ impl OutboxStore for DynamoOutbox {
         Ok(page.items.unwrap_or_default().iter().map(|i| text(i, attr::PK)).filter(|pk| !pk.is_empty()).collect())
     }
 
-    async fn revive(
-        &self,
-        id: &str,
-        token: &str,
-        shard: u32,
-        operator: &str,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<bool, PortError> {
-        let update = cond::outbox_revive(token, &outbox_partition(shard), operator, &short(reason), now_ms);
-        Ok(matches!(self.ledger.conditional(id, OUTBOX_SK, update, false).await?, Written::Applied(_)))
+    async fn revive(&self, id: &str, run: &str, shard: u32, entry: &AuditEntry) -> Result<bool, PortError> {
+        let entry = revive_entry(entry, id, &self.ledger.ambient.token());
+        let update =
+            cond::outbox_revive(run, &outbox_partition(shard), &entry.operator, &short(&entry.reason), entry.at_ms);
+        let item = super::audit::update_item(self.ledger.table(), id, OUTBOX_SK, update);
+        match self.ledger.audited(vec![item], &entry).await? {
+            super::audit::Audited::Done => Ok(true),
+            super::audit::Audited::Refused(met) => {
+                let met = match met.into_iter().next().flatten() {
+                    Some(met) if !met.is_empty() => Some(met),
+                    _ => self.ledger.read_item(id, OUTBOX_SK).await?,
+                };
+                Ok(revived_by(met.as_ref(), run))
+            }
+        }
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {

@@ -122,11 +122,11 @@ impl State {
 }
 
 impl World {
-    fn read(&self, pk: &str, sk: &str) -> Option<Item> {
+    pub(super) fn read(&self, pk: &str, sk: &str) -> Option<Item> {
         self.state().table.get(pk, sk).cloned()
     }
 
-    fn now(&self) -> i64 {
+    pub(super) fn now(&self) -> i64 {
         self.ambient.clock.now_ms()
     }
 }
@@ -1153,18 +1153,25 @@ impl OperatorLedger for MemLedger {
         &self,
         key: &EventKey,
         action: OperatorAction,
-        operator: &str,
-        reason: &str,
+        entry: &crate::audit::AuditEntry,
         now_ms: i64,
     ) -> Result<Transitioned, PortError> {
+        use crate::adapters::dynamodb::audit::{self, Audited};
         let token = self.0.ambient.token();
-        let update = cond::operator(action, operator, reason, &token, now_ms, key.shard(self.0.shards));
-        self.0.call_on("operator.transition", key.as_str(), |_, st| {
-            Ok(match st.conditional(key.as_str(), META_SK, &update)? {
-                Written::Applied(new) => transitioned(&new),
-                Written::Refused(met) => transition_refused(met.as_ref(), &token),
-            })
-        })
+        let entry = audit::on_record(entry, action.name(), key, &token, now_ms);
+        let update = cond::operator(action, &entry.operator, &entry.reason, &token, now_ms, key.shard(self.0.shards));
+        let name = update.name();
+        let item = audit::update_item("memory", key.as_str(), META_SK, update);
+        match self.0.audited("operator.transition", vec![item], &entry, &[name])? {
+            Audited::Done => Ok(transitioned(&self.0.read(key.as_str(), META_SK).unwrap_or_default())),
+            Audited::Refused(met) => {
+                let met = match met.into_iter().next().flatten() {
+                    Some(met) if !met.is_empty() => Some(met),
+                    _ => self.0.read(key.as_str(), META_SK),
+                };
+                Ok(transition_refused(met.as_ref(), &token))
+            }
+        }
     }
 
     async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
@@ -1553,16 +1560,27 @@ impl OutboxStore for MemOutbox {
     async fn revive(
         &self,
         id: &str,
-        token: &str,
+        run: &str,
         shard: u32,
-        operator: &str,
-        reason: &str,
-        now_ms: i64,
+        entry: &crate::audit::AuditEntry,
     ) -> Result<bool, PortError> {
-        let update = cond::outbox_revive(token, &outbox_partition(shard), operator, &short(reason), now_ms);
-        self.0.call_on("outbox.revive", id, |_, st| {
-            Ok(matches!(st.conditional(id, OUTBOX_SK, &update)?, Written::Applied(_)))
-        })
+        use crate::adapters::dynamodb::audit::{self, Audited};
+        use crate::adapters::dynamodb::outbox::{revive_entry, revived_by};
+        let entry = revive_entry(entry, id, &self.0.ambient.token());
+        let update =
+            cond::outbox_revive(run, &outbox_partition(shard), &entry.operator, &short(&entry.reason), entry.at_ms);
+        let name = update.name();
+        let item = audit::update_item("memory", id, OUTBOX_SK, update);
+        match self.0.audited("outbox.revive", vec![item], &entry, &[name])? {
+            Audited::Done => Ok(true),
+            Audited::Refused(met) => {
+                let met = match met.into_iter().next().flatten() {
+                    Some(met) if !met.is_empty() => Some(met),
+                    _ => self.0.read(id, OUTBOX_SK),
+                };
+                Ok(revived_by(met.as_ref(), run))
+            }
+        }
     }
 
     async fn due(&self, shard: u32, up_to: i64, limit: usize) -> Result<Vec<String>, PortError> {

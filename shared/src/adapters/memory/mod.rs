@@ -25,6 +25,7 @@
 //! after the write (a panic, which [`crashed`] recognises). Random faults
 //! are drawn from the world's `Entropy`; every time comes from its `Clock`.
 
+mod audit;
 pub mod expr;
 mod ledger;
 mod queue;
