@@ -22,7 +22,25 @@ Asserts, each with a clear message:
   (never alias/aws/*: CloudWatch cannot publish to such a topic) with
   rotation on, administered by the account, and whose policy lets
   cloudwatch.amazonaws.com kms:Decrypt and kms:GenerateDataKey* under an
-  aws:SourceAccount condition;
+  aws:SourceAccount condition; or with the key passed in as KeyArn, whose
+  policy lives outside the template (docs/deploy.md checks it after a
+  deploy); checked as deployed, for each key variant below;
+- the customer managed key (check_keys), as deployed for no key,
+  CreateKey=true (with and without SesTopicArn) and KeyArn (an example ARN),
+  each variant printing its number of checks: the Rules refuse both at once;
+  with no key every store keeps its own encryption, the only key created is
+  AlarmKey and no function is granted any KMS action; with a key, the table,
+  the payload bucket (with an S3 Bucket Key), the work and delivery queues and
+  their dead-letter queues (with a data key reuse period), the SES
+  dead-letter queue and the alarm topic are encrypted with it, NotifyTopic
+  stays on alias/aws/sns, and each function is granted exactly the KMS
+  actions its recorded operations (and its SQS event sources) need on the
+  stores under the key (KMS_FOR_OPERATION), each through its service
+  (kms:ViaService), on the key's ARN alone; the key CreateKey creates is
+  retained, has rotation on, an alias, and a policy letting the account
+  administer it, CloudWatch encrypt for the alarm topic, SNS encrypt for the
+  SES dead-letter queue (with SesTopicArn) and DynamoDB describe it; with
+  KeyArn no key is created;
 - every function's policy grants exactly what `infra/iam-actions.json` (the
   operations the code was seen to make, recorded by the integration tests)
   needs: a `TransactWriteItems` needs the actions of its items, a query on an
@@ -38,11 +56,14 @@ Asserts, each with a clear message:
   IngressRateLimit/IngressBurstLimit parameters, and absent when no limit
   is set;
 - both values of `Ingress` (the template transformed by the SAM translator,
-  offline, and its conditions evaluated): exactly one public entry (the
+  offline, its parameter constraints and Rules applied and its conditions
+  evaluated): exactly one public entry (the
   HTTP API with its two routes and API Gateway's permission alone, or the
   intake's function URL with auth NONE and both permissions a new URL
   needs), the SES subscription and WebhookBaseUrl following it; `Tracing`
   sets every function's tracing mode;
+- the reconciler is given AuditRetentionDays (HOOKLEDGER_AUDIT_RETENTION_DAYS),
+  whose default is at least RetentionDays' (the code refuses less);
 - no secret value appears in the template;
 - every alarm says how it treats missing data; alarms on the project's own
   metrics never read missing data as healthy (no `notBreaching`), name only
@@ -55,6 +76,7 @@ Asserts, each with a clear message:
 import fnmatch
 import json
 import os
+import re
 import sys
 
 from cfnlint.decode import decode
@@ -262,6 +284,10 @@ def check_iam(res, iam):
         for action in sorted(granted):
             if not action.startswith(DATA_SERVICES) or action in need:
                 continue
+            if action.startswith("kms:"):
+                # Granted only with a customer managed key: check_keys checks
+                # them as deployed, against the operations on the stores under it.
+                continue
             if action in ALLOWED_UNUSED.get(function, {}):
                 continue
             fail(
@@ -380,6 +406,19 @@ def translate(template_path, parameters):
     template, matches = decode(template_path)
     if matches:
         fail(f"template does not parse: {matches}")
+    # What CloudFormation refuses before it deploys anything: a value outside
+    # a parameter's AllowedValues or AllowedPattern, a failed Rules assertion.
+    for name, value in parameters.items():
+        p = template.get("Parameters", {}).get(name)
+        if p is None:
+            fail(f"the template has no parameter {name}")
+        if "AllowedValues" in p and str(value) not in [str(v) for v in p["AllowedValues"]]:
+            fail(f"{name}={value!r} is not one of its AllowedValues {p['AllowedValues']}")
+        if "AllowedPattern" in p and not re.fullmatch(p["AllowedPattern"], str(value)):
+            fail(f"{name}={value!r} does not match its AllowedPattern {p['AllowedPattern']}")
+    refused = rule_violations(template, parameters)
+    if refused:
+        fail(f"the template's Rules refuse {parameters}: {refused}")
     template = copy.deepcopy(template)
     for r in template["Resources"].values():
         if r.get("Type") == "AWS::Serverless::Function":
@@ -521,6 +560,405 @@ def check_routes(template):
     if unreadable:
         fail(f"HTTPS destinations' secrets outside /{path}/ (the functions could not read them): {unreadable}")
     return 1
+
+
+def check_alarm_topics(res, label, user_key=None):
+    """Alarms reach someone: CloudWatch must be able to encrypt for every topic
+    an alarm notifies, which the AWS managed key (alias/aws/sns) never allows.
+    `res` as deployed; `user_key`, the ARN of a key passed in (KeyArn), whose
+    policy lives outside the template (docs/deploy.md gives the command that
+    checks it after a deploy)."""
+    checks = 0
+    alarm_topics = {}
+    for name, r in res.items():
+        if r["Type"] not in ("AWS::CloudWatch::Alarm", "AWS::CloudWatch::CompositeAlarm"):
+            continue
+        for field in ALARM_ACTIONS:
+            for target in referenced(r["Properties"].get(field, [])):
+                if res.get(target, {}).get("Type") == "AWS::SNS::Topic":
+                    alarm_topics.setdefault(target, name)
+    for topic, alarm in sorted(alarm_topics.items()):
+        key_id = (res[topic].get("Properties") or {}).get("KmsMasterKeyId")
+        if key_id is None:
+            fail(f"{label}: {topic} (notified by {alarm}) is not encrypted; give it a key of this template that CloudWatch may use")
+        if isinstance(key_id, str):
+            if key_id.startswith("alias/aws/"):
+                fail(f"{label}: {topic} (notified by {alarm}) is encrypted with the AWS managed key {key_id}: CloudWatch cannot publish to it")
+            if user_key is not None and key_id == user_key:
+                checks += 1
+                continue
+            fail(f"{label}: {topic} (notified by {alarm}) uses key {key_id!r}, not a key of this template whose policy the check can read")
+        key = key_named(res, key_id)
+        if key is None or key not in res:
+            fail(f"{label}: {topic} (notified by {alarm}): KmsMasterKeyId {key_id} is not a Ref/GetAtt of an AWS::KMS::Key in the template")
+        kprops = res[key]["Properties"]
+        statements = as_list(kprops.get("KeyPolicy", {}).get("Statement", []))
+        if not any(cloudwatch_may_use(st) for st in statements):
+            fail(
+                f"{label}: {topic} (notified by {alarm}): the policy of {key} has no statement allowing Service "
+                f"cloudwatch.amazonaws.com {' and '.join(ALARM_KMS_ACTIONS)} with an aws:SourceAccount condition"
+            )
+        if not any(account_administers(st) for st in statements):
+            fail(f"{label}: {key}: its policy does not let the account root (arn:${{AWS::Partition}}:iam::${{AWS::AccountId}}:root) administer it (kms:*)")
+        if kprops.get("EnableKeyRotation") is not True:
+            fail(f"{label}: {key}: key rotation is off (EnableKeyRotation: true)")
+        checks += 1
+    if not alarm_topics:
+        fail(f"{label}: no alarm notifies an SNS topic of the template")
+    return checks
+
+
+# --- The customer managed key (CreateKey=true, or KeyArn) -------------------
+
+KEY_ARN_EXAMPLE = "arn:aws:kms:us-east-1:123456789012:key/00000000-0000-0000-0000-000000000000"
+SES_TOPIC_EXAMPLE = "arn:aws:sns:us-east-1:123456789012:ses"
+# The stores encrypted with the customer managed key when there is one (the
+# SES dead-letter queue exists only with SesTopicArn). NotifyTopic is not
+# among them: it stays on alias/aws/sns (its subscribers are the user's).
+KEY_STORES = (
+    "LedgerTable", "PayloadBucket", "WorkQueue", "WorkDeadLetterQueue", "DeliveryQueue",
+    "DeliveryDeadLetterQueue", "SesDeadLetterQueue", "AlarmTopic",
+)
+# The store an operation of infra/iam-actions.json touches, by its resource
+# kind; None: not a store of ours (destinations, SSM parameters, secrets).
+STORE_OF_KIND = {"table": "LedgerTable", "bucket": "PayloadBucket", "queue": "WorkQueue", "deliveries": "DeliveryQueue", "topic": "NotifyTopic"}
+
+DYNAMODB_READS = ("dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:TransactGetItems")
+DYNAMODB_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:TransactWriteItems", "dynamodb:BatchWriteItem")
+# What an operation on a store encrypted with the key needs of the key (each
+# service's documentation), and the service it goes through (kms:ViaService,
+# <service>.${AWS::Region}.amazonaws.com). The caller's own IAM permissions
+# authorise these: SQS, S3 and DynamoDB call KMS on the caller's behalf.
+#
+#   operation                              KMS actions on the key                          through
+#   sqs:SendMessage, sqs:SendMessageBatch  kms:GenerateDataKey, kms:Decrypt                sqs
+#   an SQS event source (Lambda receives   kms:Decrypt                                     sqs
+#     with the function's role)
+#   sqs:ChangeMessageVisibility            nothing (no message body is touched)
+#   s3:PutObject                           kms:GenerateDataKey                             s3
+#   s3:GetObject                           kms:Decrypt                                     s3
+#   a DynamoDB read (GetItem,              kms:Decrypt, kms:DescribeKey                    dynamodb
+#     BatchGetItem, Query, Scan,
+#     TransactGetItems)
+#   a DynamoDB write (PutItem, UpdateItem, kms:Decrypt, kms:DescribeKey,                   dynamodb
+#     DeleteItem, TransactWriteItems,        kms:Encrypt, kms:GenerateDataKey
+#     BatchWriteItem)
+#
+# (DynamoDB: AWS's guidance for principals of a table under a customer
+# managed key, as the CDK's table grants give it, with the actions named: the
+# checker allows no wildcard action.) sns:Publish to NotifyTopic (on
+# alias/aws/sns) and every operation on a destination need nothing of this
+# key: neither is encrypted with it (a destination under a key of the user's
+# needs its own grant, docs/deploy.md). An operation on a store under the key
+# that is not in this table fails the check until it is added.
+KMS_FOR_OPERATION = {
+    "sqs:SendMessage": (("kms:GenerateDataKey", "kms:Decrypt"), "sqs"),
+    "sqs:SendMessageBatch": (("kms:GenerateDataKey", "kms:Decrypt"), "sqs"),
+    "sqs:ReceiveMessage": (("kms:Decrypt",), "sqs"),
+    "sqs:ChangeMessageVisibility": ((), "sqs"),
+    "s3:PutObject": (("kms:GenerateDataKey",), "s3"),
+    "s3:GetObject": (("kms:Decrypt",), "s3"),
+    **{op: (("kms:Decrypt", "kms:DescribeKey"), "dynamodb") for op in DYNAMODB_READS},
+    **{op: (("kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"), "dynamodb") for op in DYNAMODB_WRITES},
+}
+
+
+def key_named(res, value):
+    """The KMS key a reference names: a key of the template (its logical
+    name; through an alias of the template too), an ARN as given, or None."""
+    if isinstance(value, str):
+        return value
+    refs = referenced(value)
+    name = next(iter(refs)) if len(refs) == 1 else None
+    if res.get(name, {}).get("Type") == "AWS::KMS::Alias":
+        target = referenced(res[name]["Properties"].get("TargetKeyId"))
+        name = next(iter(target)) if len(target) == 1 else None
+    return name if res.get(name, {}).get("Type") == "AWS::KMS::Key" else None
+
+
+def granted_key(value):
+    """The key an IAM statement's Resource names: a key's ARN (Fn::GetAtt
+    <key>.Arn), or an ARN as given; a key id or an alias authorises nothing."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        att = value["Fn::GetAtt"]
+        name, attr = att.split(".", 1) if isinstance(att, str) else att
+        return name if attr == "Arn" else None
+    return None
+
+
+def store_key(res, name):
+    """(the key reference a store is encrypted with, or None; what it is encrypted with, in words)."""
+    r = res[name]
+    props = r.get("Properties", {})
+    if r["Type"] == "AWS::DynamoDB::Table":
+        sse = props.get("SSESpecification", {})
+        if sse.get("SSEEnabled") is True and sse.get("SSEType") == "KMS" and "KMSMasterKeyId" in sse:
+            return sse["KMSMasterKeyId"], "SSESpecification KMS"
+        return None, f"SSESpecification {sse} (SSEType KMS and KMSMasterKeyId needed)"
+    if r["Type"] == "AWS::S3::Bucket":
+        rules = props.get("BucketEncryption", {}).get("ServerSideEncryptionConfiguration", [])
+        defaults = [rule.get("ServerSideEncryptionByDefault", {}) for rule in rules]
+        if len(defaults) == 1 and defaults[0].get("SSEAlgorithm") == "aws:kms" and "KMSMasterKeyID" in defaults[0]:
+            return defaults[0]["KMSMasterKeyID"], "SSE-KMS"
+        return None, f"default encryption {defaults} (SSEAlgorithm aws:kms and KMSMasterKeyID needed)"
+    if r["Type"] == "AWS::SQS::Queue":
+        if "KmsMasterKeyId" in props:
+            return props["KmsMasterKeyId"], "SSE-KMS"
+        what = "SQS-managed SSE (SqsManagedSseEnabled)" if props.get("SqsManagedSseEnabled") else "no KmsMasterKeyId (SQS-managed SSE by default)"
+        return None, what
+    if r["Type"] == "AWS::SNS::Topic":
+        key = props.get("KmsMasterKeyId")
+        return key, f"KmsMasterKeyId {key}"
+    fail(f"{name}: a {r['Type']} is not a store the key checks know")
+
+
+def service_principal(statement, service):
+    if statement.get("Effect") != "Allow":
+        return False
+    principal = statement.get("Principal", {})
+    return isinstance(principal, dict) and service in as_list(principal.get("Service", []))
+
+
+def sns_may_use_for(statement, topic_arn):
+    """The statement lets SNS encrypt for the SES topic's subscription (its dead-letter queue) only."""
+    if not service_principal(statement, "sns.amazonaws.com"):
+        return False
+    if not all(covers(as_list(statement.get("Action", [])), a) for a in ("kms:Decrypt", "kms:GenerateDataKey")):
+        return False
+    for op, conds in statement.get("Condition", {}).items():
+        if op not in ("ArnEquals", "ArnLike", "StringEquals"):
+            continue
+        for key, value in conds.items():
+            if key.lower() == "aws:sourcearn" and as_list(value) == [topic_arn]:
+                return True
+    return False
+
+
+def dynamodb_may_describe(statement):
+    return service_principal(statement, "dynamodb.amazonaws.com") and covers(as_list(statement.get("Action", [])), "kms:DescribeKey")
+
+
+def via_service(statement):
+    """The services a statement's kms:ViaService condition names (sqs, s3, dynamodb, ...), or None without one."""
+    cond = statement.get("Condition", {}).get("StringEquals", {})
+    values = [v for k, v in cond.items() if k.lower() == "kms:viaservice"]
+    if not values:
+        return None
+    services = []
+    for v in as_list(values[0]):
+        text = sub_text(v) or ""
+        service, _, rest = text.partition(".")
+        if rest != "${AWS::Region}.amazonaws.com":
+            fail(f"kms:ViaService {v} is not <service>.${{AWS::Region}}.amazonaws.com")
+        services.append(service)
+    return services
+
+
+def kms_grants(res, function):
+    """(KMS action, service it goes through) -> the resources a function's role allows it on, as deployed."""
+    role_refs = referenced(res[function]["Properties"].get("Role"))
+    role = next(iter(role_refs)) if len(role_refs) == 1 else None
+    if res.get(role, {}).get("Type") != "AWS::IAM::Role":
+        fail(f"{function}: its role is not an AWS::IAM::Role of the template ({res[function]['Properties'].get('Role')})")
+    out = {}
+    for policy in res[role]["Properties"].get("Policies", []):
+        for st in as_list(policy.get("PolicyDocument", {}).get("Statement", [])):
+            actions = [a for a in as_list(st.get("Action", [])) if a.lower().startswith("kms:")]
+            if not actions or st.get("Effect") != "Allow":
+                continue
+            vias = via_service(st)
+            if vias is None:
+                fail(f"{function} is granted {actions} without a kms:ViaService condition (each grant names the service it goes through)")
+            for a in actions:
+                for via in vias:
+                    out.setdefault((a, via), []).extend(as_list(st.get("Resource", [])))
+    return out
+
+
+def kms_needs(res, function, operations, key):
+    """(KMS action, service) -> why: what a function's recorded operations
+    and its SQS event sources need of `key`, for the stores encrypted with it."""
+    def on_key(store):
+        return store in res and key_named(res, store_key(res, store)[0]) == key
+
+    need = {}
+    for op, kinds in sorted(operations.items()):
+        for kind in kinds:
+            store = "LedgerTable" if kind.startswith(("index:", "table:")) else STORE_OF_KIND.get(kind)
+            if store is None or not on_key(store):
+                continue
+            if op not in KMS_FOR_OPERATION:
+                fail(f"{function} makes {op} on {store}, which is encrypted with the key, and KMS_FOR_OPERATION does not say what that needs of the key")
+            actions, service = KMS_FOR_OPERATION[op]
+            for a in actions:
+                need.setdefault((a, service), set()).add(f"{op} on {store}")
+    for name, r in res.items():
+        if r["Type"] != "AWS::Lambda::EventSourceMapping" or function not in referenced(r["Properties"].get("FunctionName")):
+            continue
+        for queue in referenced(r["Properties"].get("EventSourceArn")):
+            if res.get(queue, {}).get("Type") == "AWS::SQS::Queue" and on_key(queue):
+                actions, service = KMS_FOR_OPERATION["sqs:ReceiveMessage"]
+                for a in actions:
+                    need.setdefault((a, service), set()).add(f"its SQS event source on {queue}")
+    return need
+
+
+def rule_violations(template, parameters):
+    """The template's Rules as CloudFormation evaluates them for these
+    parameter values (the defaults for the others): each failed assertion's
+    description."""
+    declared = template.get("Parameters", {})
+    params = {}
+    for name, p in declared.items():
+        value = parameters.get(name, p.get("Default", ""))
+        params[name] = [v.strip() for v in str(value).split(",")] if p.get("Type") == "CommaDelimitedList" else str(value)
+
+    def ev(x):
+        if isinstance(x, dict) and len(x) == 1:
+            (k, v), = x.items()
+            if k == "Ref":
+                if v not in params:
+                    fail(f"Rules: Ref {v} is not a parameter")
+                return params[v]
+            if k == "Fn::Equals":
+                return str(ev(v[0])) == str(ev(v[1]))
+            if k == "Fn::Not":
+                return not ev(v[0])
+            if k == "Fn::And":
+                return all(ev(i) for i in v)
+            if k == "Fn::Or":
+                return any(ev(i) for i in v)
+            if k == "Fn::Contains":
+                return str(ev(v[1])) in [str(ev(i)) for i in as_list(ev(v[0]))]
+            fail(f"Rules: {k} is a rule function this check cannot evaluate")
+        return x
+
+    out = []
+    for name, rule in template.get("Rules", {}).items():
+        if "RuleCondition" in rule and not ev(rule["RuleCondition"]):
+            continue
+        for assertion in rule.get("Assertions", []):
+            if not ev(assertion["Assert"]):
+                out.append(f"{name}: {assertion.get('AssertDescription', assertion['Assert'])}")
+    return out
+
+
+def check_keys(template_path, template, iam):
+    """The customer managed key, three ways, as deployed (the SAM translator,
+    offline): none (every store as before, no KMS grant), CreateKey=true (the
+    stack's key: every store on it, rotation on, the statements its policy
+    needs; with and without SesTopicArn), and KeyArn (the user's key: every
+    store on it, no key created). For both keys, each function is granted
+    exactly the KMS actions its recorded operations need on it, each through
+    its service; both at once are refused by the template's Rules."""
+    total = 0
+    both = {"EndpointsConfig": "{}", "CreateKey": "true", "KeyArn": KEY_ARN_EXAMPLE}
+    if not rule_violations(template, both):
+        fail("CreateKey=true with KeyArn set is not refused (a Rules assertion must allow one key at most)")
+    total += 1
+    variants = (
+        ("no key", {"SesTopicArn": SES_TOPIC_EXAMPLE}, None),
+        ("CreateKey=true", {"CreateKey": "true"}, "DataKey"),
+        ("CreateKey=true with SesTopicArn", {"CreateKey": "true", "SesTopicArn": SES_TOPIC_EXAMPLE}, "DataKey"),
+        ("KeyArn", {"KeyArn": KEY_ARN_EXAMPLE, "SesTopicArn": SES_TOPIC_EXAMPLE}, KEY_ARN_EXAMPLE),
+    )
+    for label, extra, key in variants:
+        params = {"EndpointsConfig": "{}", **extra}
+        res, _ = translate(template_path, params)
+        checks = 0
+        created = sorted(n for n, r in res.items() if r["Type"] == "AWS::KMS::Key")
+        notify = res.get("NotifyTopic", {}).get("Properties", {}).get("KmsMasterKeyId")
+        if notify != "alias/aws/sns":
+            fail(f"{label}: NotifyTopic must stay on alias/aws/sns (its subscribers are the user's), got {notify}")
+        checks += 1
+        if key is None:
+            # As before the key: AWS managed and SQS-managed encryption, the
+            # alarm topic on AlarmKey, and no KMS grant to any function.
+            for name in KEY_STORES:
+                if name not in res or name == "AlarmTopic":
+                    continue
+                if store_key(res, name)[0] is not None:
+                    fail(f"{label}: {name} is encrypted with a customer managed key although neither CreateKey nor KeyArn is set")
+                checks += 1
+            if created != ["AlarmKey"]:
+                fail(f"{label}: the template creates the keys {created}, expected AlarmKey alone")
+            for function in FUNCTIONS.values():
+                grants = kms_grants(res, function)
+                if grants:
+                    granted = ", ".join(sorted(f"{a} via {service}" for a, service in grants))
+                    fail(f"{label}: {function} is granted {granted} with no customer managed key (a KMS grant exists only under HasCmk)")
+                checks += 1
+        else:
+            for name in KEY_STORES:
+                if name not in res:
+                    if name == "SesDeadLetterQueue" and "SesTopicArn" not in extra:
+                        continue
+                    fail(f"{label}: no {name}")
+                ref, what = store_key(res, name)
+                if key_named(res, ref) != key:
+                    fail(f"{label}: {name} is not encrypted with the customer managed key ({what})")
+                props = res[name]["Properties"]
+                if res[name]["Type"] == "AWS::SQS::Queue":
+                    if props.get("SqsManagedSseEnabled") is True:
+                        fail(f"{label}: {name} sets both SqsManagedSseEnabled and KmsMasterKeyId")
+                    if "KmsDataKeyReusePeriodSeconds" not in props:
+                        fail(f"{label}: {name} has no KmsDataKeyReusePeriodSeconds (the default 300 s asks KMS 12 times as often as an hour)")
+                if name == "PayloadBucket":
+                    rule = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+                    if rule.get("BucketKeyEnabled") is not True:
+                        fail(f"{label}: PayloadBucket uses the key without an S3 Bucket Key (BucketKeyEnabled: true): a KMS request per object")
+                checks += 1
+            if key == "DataKey":
+                if created != ["DataKey"]:
+                    fail(f"{label}: the template creates the keys {created}, expected DataKey alone (AlarmKey only without a customer managed key)")
+                data_key = res["DataKey"]
+                kprops = data_key["Properties"]
+                statements = as_list(kprops.get("KeyPolicy", {}).get("Statement", []))
+                if kprops.get("EnableKeyRotation") is not True:
+                    fail(f"{label}: DataKey: key rotation is off (EnableKeyRotation: true)")
+                if (data_key.get("DeletionPolicy"), data_key.get("UpdateReplacePolicy")) != ("Retain", "Retain"):
+                    fail(f"{label}: DataKey must be retained (DeletionPolicy and UpdateReplacePolicy Retain): deleting it destroys every payload encrypted under it")
+                if not any(account_administers(st) for st in statements):
+                    fail(f"{label}: DataKey: its policy does not let the account root (arn:${{AWS::Partition}}:iam::${{AWS::AccountId}}:root) administer it (kms:*), so the functions' IAM grants would count for nothing")
+                if not any(cloudwatch_may_use(st) for st in statements):
+                    fail(f"{label}: DataKey: its policy has no statement allowing Service cloudwatch.amazonaws.com {' and '.join(ALARM_KMS_ACTIONS)} with an aws:SourceAccount condition: alarms could not publish to AlarmTopic")
+                if "SesTopicArn" in extra and not any(sns_may_use_for(st, extra["SesTopicArn"]) for st in statements):
+                    fail(f"{label}: DataKey: its policy does not let SNS (sns.amazonaws.com) kms:Decrypt and kms:GenerateDataKey* for the SES topic (aws:SourceArn = SesTopicArn): SNS could not dead-letter to SesDeadLetterQueue")
+                if not any(dynamodb_may_describe(st) for st in statements):
+                    fail(f"{label}: DataKey: its policy does not let DynamoDB (dynamodb.amazonaws.com) kms:DescribeKey")
+                aliases = [r["Properties"] for r in res.values() if r["Type"] == "AWS::KMS::Alias" and key_named(res, r["Properties"].get("TargetKeyId")) == "DataKey"]
+                if [sub_text(a.get("AliasName")) for a in aliases] != ["alias/${AWS::StackName}-data"]:
+                    fail(f"{label}: DataKey has no alias alias/${{AWS::StackName}}-data")
+                checks += 7
+            elif created:
+                fail(f"{label}: the template creates the keys {created}; with KeyArn it creates none")
+            else:
+                checks += 1
+            for function, logical in FUNCTIONS.items():
+                need = kms_needs(res, logical, iam.get(function, {}), key)
+                granted = kms_grants(res, logical)
+                for (action, service), why in sorted(need.items()):
+                    if (action, service) not in granted:
+                        fail(
+                            f"{label}: {logical} needs {action} on the key via {service}.${{AWS::Region}}.amazonaws.com "
+                            f"({'; '.join(sorted(why))}) but is not granted it"
+                        )
+                    checks += 1
+                for (action, service), resources in sorted(granted.items()):
+                    if (action, service) not in need:
+                        fail(
+                            f"{label}: {logical} is granted {action} via {service}.${{AWS::Region}}.amazonaws.com, which none of "
+                            f"its operations needs on the key (infra/iam-actions.json, KMS_FOR_OPERATION)"
+                        )
+                    wrong = [r for r in resources if granted_key(r) != key]
+                    if wrong:
+                        fail(f"{label}: {logical}: {action} is granted on {wrong}, not on the customer managed key's ARN alone")
+        checks += check_alarm_topics(res, label, user_key=key if key != "DataKey" else None)
+        print(f"check_template: key variant {label}: {checks} checks passed")
+        total += checks
+    return total
 
 
 def main():
@@ -738,52 +1176,27 @@ def main():
                 fail(f"{name} holds secret references ({', '.join(holders)}) but may not read {what}: {action}")
             checks += 1
 
-    # Alarms reach someone: CloudWatch must be able to encrypt for every topic
-    # an alarm notifies, which the AWS managed key (alias/aws/sns) never allows.
-    alarm_topics = {}
-    for name, r in res.items():
-        if r["Type"] not in ("AWS::CloudWatch::Alarm", "AWS::CloudWatch::CompositeAlarm"):
-            continue
-        for field in ALARM_ACTIONS:
-            for target in referenced(r["Properties"].get(field, [])):
-                if res.get(target, {}).get("Type") == "AWS::SNS::Topic":
-                    alarm_topics.setdefault(target, name)
-    for topic, alarm in sorted(alarm_topics.items()):
-        key_id = (res[topic].get("Properties") or {}).get("KmsMasterKeyId")
-        if key_id is None:
-            fail(f"{topic} (notified by {alarm}) is not encrypted; give it a key of this template that CloudWatch may use")
-        if isinstance(key_id, str):
-            if key_id.startswith("alias/aws/"):
-                fail(f"{topic} (notified by {alarm}) is encrypted with the AWS managed key {key_id}: CloudWatch cannot publish to it")
-            fail(f"{topic} (notified by {alarm}) uses key {key_id!r}, not a key of this template whose policy the check can read")
-        refs = referenced(key_id)
-        key = next(iter(refs)) if len(refs) == 1 else None
-        if key in res and res[key]["Type"] == "AWS::KMS::Alias":
-            target = referenced(res[key]["Properties"].get("TargetKeyId"))
-            key = next(iter(target)) if len(target) == 1 else None
-        if key not in res or res[key]["Type"] != "AWS::KMS::Key":
-            fail(f"{topic} (notified by {alarm}): KmsMasterKeyId {key_id} is not a Ref/GetAtt of an AWS::KMS::Key in the template")
-        kprops = res[key]["Properties"]
-        statements = as_list(kprops.get("KeyPolicy", {}).get("Statement", []))
-        if not any(cloudwatch_may_use(st) for st in statements):
-            fail(
-                f"{topic} (notified by {alarm}): the policy of {key} has no statement allowing Service "
-                f"cloudwatch.amazonaws.com {' and '.join(ALARM_KMS_ACTIONS)} with an aws:SourceAccount condition"
-            )
-        if not any(account_administers(st) for st in statements):
-            fail(f"{key}: its policy does not let the account root (arn:${{AWS::Partition}}:iam::${{AWS::AccountId}}:root) administer it (kms:*)")
-        if kprops.get("EnableKeyRotation") is not True:
-            fail(f"{key}: key rotation is off (EnableKeyRotation: true)")
-        checks += 1
-    if not alarm_topics:
-        fail("no alarm notifies an SNS topic of the template")
+    # Operator audit entries: kept AuditRetentionDays, which the reconciler
+    # is given, and which by default outlives the records (the code refuses
+    # less; CloudFormation rules cannot compare two numbers).
+    params = template.get("Parameters", {})
+    env = res["ReconcilerFunction"]["Properties"].get("Environment", {}).get("Variables", {})
+    if "AuditRetentionDays" not in referenced(env.get("HOOKLEDGER_AUDIT_RETENTION_DAYS")):
+        fail("the ReconcilerFunction's HOOKLEDGER_AUDIT_RETENTION_DAYS is not the AuditRetentionDays parameter")
+    audit_days = int(params.get("AuditRetentionDays", {}).get("Default", 0))
+    record_days = int(params.get("RetentionDays", {}).get("Default", 0))
+    if audit_days < record_days:
+        fail(f"AuditRetentionDays' default ({audit_days}) is below RetentionDays' ({record_days}): the reconciler refuses it")
+    checks += 1
 
     checks += check_tenants(template, res)
 
     iam_path = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "iam-actions.json")
-    checks += check_iam(res, json.load(open(iam_path)))
+    iam = json.load(open(iam_path))
+    checks += check_iam(res, iam)
     checks += check_routes(template)
     checks += check_ingress(template_path)
+    checks += check_keys(template_path, template, iam)
 
     text = open(template_path).read()
     for marker in ("whsec_", "sk_live_", "sk_test_"):

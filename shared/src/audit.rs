@@ -142,6 +142,13 @@ pub struct AuditPage {
     pub next: Option<String>,
 }
 
+/// The part of a window entries kept `days` can be in: no earlier than
+/// `days` (and two days of TTL's lag) before its end.
+pub fn kept_window(since_ms: i64, until_ms: i64, days: u32) -> (i64, i64) {
+    let earliest = until_ms.saturating_sub((i64::from(days) + 2) * 86_400_000);
+    (since_ms.max(earliest), until_ms)
+}
+
 /// The month partitions (`YYYY-MM`, UTC) a window touches, oldest first.
 pub fn months(since_ms: i64, until_ms: i64) -> Vec<String> {
     let (mut y, mut m) = year_month(since_ms.max(0));
@@ -188,6 +195,16 @@ mod tests {
         // The last millisecond of February in a leap year.
         assert_eq!(month(1_709_251_199_999), "2024-02");
         assert_eq!(month(1_709_251_200_000), "2024-03");
+    }
+
+    #[test]
+    fn a_window_is_read_only_where_entries_are_kept() {
+        let day = 86_400_000;
+        assert_eq!(kept_window(0, 1_000 * day, 400), (598 * day, 1_000 * day));
+        assert_eq!(kept_window(990 * day, 1_000 * day, 400), (990 * day, 1_000 * day));
+        // At most 14 month partitions, whatever the window asked.
+        let (since, until) = kept_window(0, 1_800_000_000_000, 400);
+        assert!(months(since, until).len() <= 15);
     }
 
     #[test]

@@ -1461,6 +1461,14 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
         _ => &[],
     };
     w.check(allowed).await;
+    if let Some(verb) = match flow {
+        Flow::OperatorReplay => Some("replay"),
+        Flow::OperatorPark => Some("park"),
+        Flow::OperatorResolve => Some("resolve"),
+        _ => None,
+    } {
+        audited_once(w, verb, ctx).await;
+    }
     let bal = |tenant: &str, acct: &str| balance_pk(tenant, acct);
     match flow {
         Flow::IntakeNew
@@ -1655,6 +1663,36 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
     // One record per identity: every meta item's key is unique by
     // construction; check no record exists under an unexpected identity.
     let _ = &ctx.key;
+}
+
+/// An operator action and its audit entry are one outcome: the action
+/// happened (who did it is on the record) if and only if its entry exists,
+/// once, in its month and in the record's partition.
+async fn audited_once(w: &mut World, verb: &str, ctx: &Ctx) {
+    use hookledger::ports::AuditLog;
+    let meta = w.meta(&ctx.key).await.unwrap_or_default();
+    let acted = match verb {
+        "replay" => s(&meta, "last_replay_by") == "alice",
+        "park" => s(&meta, "park_reason").starts_with("operator alice"),
+        _ => s(&meta, "resolved_by") == "alice",
+    };
+    let ledger = w.stack.ledger();
+    let of_record = ledger.audit_of(&ctx.key).await.unwrap_or_default();
+    let by_time = ledger
+        .audit_page(w.now - 86_400_000, w.now + 86_400_000, None, 1_000)
+        .await
+        .map(|p| p.entries)
+        .unwrap_or_default();
+    let by_time: Vec<_> = by_time.into_iter().filter(|e| e.target == ctx.key.as_str()).collect();
+    let entries = of_record.iter().filter(|e| e.verb == verb).count();
+    match (acted, entries, by_time.len()) {
+        (true, 1, 1) | (false, 0, 0) => {}
+        (true, 0, _) => w.violation("unaudited", format!("{verb} happened without its audit entry")),
+        (false, n, _) if n > 0 => {
+            w.violation("audited", format!("{n} {verb} entries for an action that did not happen"))
+        }
+        (_, n, m) => w.violation("audited", format!("{verb}: {n} entries by record, {m} by time")),
+    }
 }
 
 /// Runs `flow` once with `rule` (or none) armed for its act; returns the

@@ -22,7 +22,8 @@ async fn an_operator_replay_whose_ack_is_lost_is_done_not_refused() {
     let mut w = World::new(1).await;
     let key = parked(&mut w, "evt_op_ack").await;
     w.stack.drain_queue().await;
-    w.plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "UpdateItem").containing("operator_token").nth(0));
+    // The transition and its audit entry: one transaction.
+    w.plan.arm(Rule::new(Fault::LoseAck).on("dynamodb", "TransactWriteItems").containing("operator_token").nth(0));
     let replayed = w
         .plan
         .run(w.ops.replay(&key, &hookledger::audit::Caller::named("alice"), "customer mapped", w.now))
@@ -32,6 +33,8 @@ async fn an_operator_replay_whose_ack_is_lost_is_done_not_refused() {
     assert!(replayed.is_ok(), "our own transition, not an illegal one: {replayed:?}");
     assert_eq!(w.meta(&key).await.map(|m| s(&m, "status")).as_deref(), Some("RETRYABLE"));
     assert_eq!(w.stack.drain_queue().await.len(), 1, "queued once");
+    use hookledger::ports::AuditLog;
+    assert_eq!(w.stack.ledger().audit_of(&key).await.unwrap().len(), 1, "audited once");
 }
 
 #[tokio::test]

@@ -278,6 +278,7 @@ impl AuditLog for DynamoLedger {
         limit: usize,
     ) -> Result<AuditPage, PortError> {
         let limit = limit.clamp(1, 1_000);
+        let (since_ms, until_ms) = crate::audit::kept_window(since_ms, until_ms, self.audit_days);
         let (lo, hi) = page_range(since_ms, until_ms, after);
         let mut entries = Vec::new();
         for m in months(since_ms, until_ms) {

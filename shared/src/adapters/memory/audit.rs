@@ -71,6 +71,8 @@ impl AuditLog for MemLedger {
         limit: usize,
     ) -> Result<AuditPage, PortError> {
         let limit = limit.clamp(1, 1_000);
+        let (since_ms, until_ms) =
+            crate::audit::kept_window(since_ms, until_ms, crate::audit::DEFAULT_AUDIT_RETENTION_DAYS);
         let (lo, hi) = page_range(since_ms, until_ms, after);
         self.0.call_on("audit.page", "", |_, st| {
             let mut entries = Vec::new();
