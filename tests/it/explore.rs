@@ -879,9 +879,14 @@ pub enum Flow {
     OperatorReplay,
     OperatorPark,
     OperatorResolve,
+    /// An HTTPS delivery DEAD after a permanent 4xx, replayed by an
+    /// operator: the replay and its audit entry are one write.
+    OperatorDeliveryReplay,
+    /// A subject's mapping and its audit entry, one transaction.
+    OperatorMapSubject,
 }
 
-pub const FLOWS: [Flow; 37] = [
+pub const FLOWS: [Flow; 39] = [
     Flow::IntakeNew,
     Flow::IntakeNewCold,
     Flow::IntakeNewLarge,
@@ -919,6 +924,8 @@ pub const FLOWS: [Flow; 37] = [
     Flow::OperatorReplay,
     Flow::OperatorPark,
     Flow::OperatorResolve,
+    Flow::OperatorDeliveryReplay,
+    Flow::OperatorMapSubject,
 ];
 
 /// The envelope in a message of a destination's queue: an EventBridge rule
@@ -1339,6 +1346,19 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             map_customer(w, "cus_later", "acct_l").await;
             none(key)
         }
+        Flow::OperatorDeliveryReplay => {
+            w.create_routed_destinations().await;
+            // The partner refuses it for good: DEAD; then it is fixed.
+            w.sink.status.store(400, Ordering::SeqCst);
+            let body =
+                br#"{"id":"evt_refused","object":"event","type":"product.created","data":{"object":{"id":"prod_3"}}}"#;
+            let key = w.seed("stripe", "stripe-a", "evt_refused", body, true).await;
+            w.converge().await;
+            w.sink.status.store(200, Ordering::SeqCst);
+            let id = hookledger::message::outbox_id(key.as_str(), &hookledger::routes::delivery_action("hooks"));
+            Ctx { key, delivery: None, outbox_pk: Some(id) }
+        }
+        Flow::OperatorMapSubject => none(EventKey::new("stripe", "stripe-a", "evt_none")),
         Flow::OperatorPark => {
             w.fake.set("sub_p", "cus_x", "active", 2);
             w.fake.fail.store(true, Ordering::SeqCst);
@@ -1437,6 +1457,23 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
                 .await;
             w.fake.fail.store(false, Ordering::SeqCst);
         }
+        Flow::OperatorDeliveryReplay => {
+            use hookledger::adapters::dynamodb::outbox::DynamoOutbox;
+            let id = ctx.outbox_pk.clone().unwrap_or_default();
+            let clean = DynamoOutbox::on(DynamoLedger::new(w.stack.ddb.clone(), &w.stack.table));
+            let state = hookledger::ports::OutboxStore::state(&clean, &id).await.ok().flatten();
+            let state = state.unwrap_or_else(|| panic!("the DEAD delivery {id}"));
+            assert_eq!(state.status, "DEAD", "set up DEAD");
+            let deliveries = hookledger::outbox::Deliveries::new(DynamoOutbox::on(w.ledger.clone()), SHARDS);
+            w.plan.scope("operator");
+            let caller = hookledger::audit::Caller::named("alice");
+            let _ = w.plan.run(deliveries.replay(&state, "run-op", &caller, "partner fixed", w.now)).await;
+        }
+        Flow::OperatorMapSubject => {
+            let (write, entry) = mapping_entry(w);
+            w.plan.scope("operator");
+            let _ = w.plan.run(w.ledger.apply_audited(&write, &entry)).await;
+        }
     }
 }
 
@@ -1461,13 +1498,28 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
         _ => &[],
     };
     w.check(allowed).await;
-    if let Some(verb) = match flow {
-        Flow::OperatorReplay => Some("replay"),
-        Flow::OperatorPark => Some("park"),
-        Flow::OperatorResolve => Some("resolve"),
-        _ => None,
-    } {
-        audited_once(w, verb, ctx).await;
+    match flow {
+        Flow::OperatorReplay | Flow::OperatorPark | Flow::OperatorResolve => {
+            let meta = w.meta(&ctx.key).await.unwrap_or_default();
+            let (verb, acted) = match flow {
+                Flow::OperatorReplay => ("replay", s(&meta, "last_replay_by") == "alice"),
+                Flow::OperatorPark => ("park", s(&meta, "park_reason").starts_with("operator alice")),
+                _ => ("resolve", s(&meta, "resolved_by") == "alice"),
+            };
+            audited_once(w, verb, acted, Some(&ctx.key), ctx.key.as_str()).await;
+        }
+        Flow::OperatorDeliveryReplay => {
+            let id = ctx.outbox_pk.clone().unwrap_or_default();
+            let item = w.stack.get_item(&id, "outbox").await.unwrap_or_default();
+            let acted = s(&item, "replayed_by") == "alice";
+            audited_once(w, "deliveries-replay", acted, Some(&ctx.key), &id).await;
+        }
+        Flow::OperatorMapSubject => {
+            let (write, _) = mapping_entry(w);
+            let acted = w.item(&write.pk, &write.sk).await.is_some();
+            audited_once(w, "map-subject", acted, None, MAPPED).await;
+        }
+        _ => {}
     }
     let bal = |tenant: &str, acct: &str| balance_pk(tenant, acct);
     match flow {
@@ -1652,6 +1704,8 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::ProcessorPark
         | Flow::OperatorPark
         | Flow::OperatorResolve
+        | Flow::OperatorMapSubject
+        | Flow::OperatorDeliveryReplay
         | Flow::ReconcilerIdle
         | Flow::ReconcilerFullSweep => {
             let none = w.state(&bal("t1", "acct_x")).await.is_none();
@@ -1665,33 +1719,37 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
     let _ = &ctx.key;
 }
 
+/// The subject mapping of [`Flow::OperatorMapSubject`], and its entry.
+const MAPPED: &str = "subject stripe/t1/cus_op -> account acct_op";
+fn mapping_entry(w: &World) -> (hookledger::projection::Write, hookledger::audit::AuditEntry) {
+    let write = hookledger_app::subjects::mapping("stripe", "t1", "cus_op", "acct_op");
+    let caller = hookledger::audit::Caller::named("alice");
+    // The id is the call's: one call per run (the act), so a fixed one.
+    let entry = hookledger::audit::AuditEntry::new("op-map-1", w.now, "map-subject", MAPPED, &caller);
+    (write, entry)
+}
+
 /// An operator action and its audit entry are one outcome: the action
-/// happened (who did it is on the record) if and only if its entry exists,
-/// once, in its month and in the record's partition.
-async fn audited_once(w: &mut World, verb: &str, ctx: &Ctx) {
+/// happened (who did it is on what it changed) if and only if its entry
+/// exists, once, in its month and (for an action on a record) in the
+/// record's partition.
+async fn audited_once(w: &mut World, verb: &str, acted: bool, record: Option<&EventKey>, target: &str) {
     use hookledger::ports::AuditLog;
-    let meta = w.meta(&ctx.key).await.unwrap_or_default();
-    let acted = match verb {
-        "replay" => s(&meta, "last_replay_by") == "alice",
-        "park" => s(&meta, "park_reason").starts_with("operator alice"),
-        _ => s(&meta, "resolved_by") == "alice",
-    };
     let ledger = w.stack.ledger();
-    let of_record = ledger.audit_of(&ctx.key).await.unwrap_or_default();
-    let by_time = ledger
-        .audit_page(w.now - 86_400_000, w.now + 86_400_000, None, 1_000)
-        .await
-        .map(|p| p.entries)
-        .unwrap_or_default();
-    let by_time: Vec<_> = by_time.into_iter().filter(|e| e.target == ctx.key.as_str()).collect();
-    let entries = of_record.iter().filter(|e| e.verb == verb).count();
-    match (acted, entries, by_time.len()) {
+    let day = 86_400_000;
+    let by_time = ledger.audit_page(w.now - day, w.now + day, None, 1_000).await.map(|p| p.entries).unwrap_or_default();
+    let by_time = by_time.iter().filter(|e| e.verb == verb && e.target == target).count();
+    let by_record = match record {
+        Some(k) => ledger.audit_of(k).await.unwrap_or_default().iter().filter(|e| e.verb == verb).count(),
+        None => by_time,
+    };
+    match (acted, by_time, by_record) {
         (true, 1, 1) | (false, 0, 0) => {}
         (true, 0, _) => w.violation("unaudited", format!("{verb} happened without its audit entry")),
         (false, n, _) if n > 0 => {
             w.violation("audited", format!("{n} {verb} entries for an action that did not happen"))
         }
-        (_, n, m) => w.violation("audited", format!("{verb}: {n} entries by record, {m} by time")),
+        (_, n, m) => w.violation("audited", format!("{verb}: {n} entries by time, {m} by record")),
     }
 }
 
@@ -1842,7 +1900,7 @@ const OUTCOME_FLOWS: [Flow; 6] = [
     Flow::ProcessorSplit,
     Flow::ProcessorRouted,
 ];
-const BACKGROUND_FLOWS: [Flow; 12] = [
+const BACKGROUND_FLOWS: [Flow; 14] = [
     Flow::DispatcherDeliver,
     Flow::DispatcherWait,
     Flow::DispatcherDrain,
@@ -1855,6 +1913,8 @@ const BACKGROUND_FLOWS: [Flow; 12] = [
     Flow::OperatorReplay,
     Flow::OperatorPark,
     Flow::OperatorResolve,
+    Flow::OperatorDeliveryReplay,
+    Flow::OperatorMapSubject,
 ];
 
 #[test]

@@ -4,7 +4,7 @@
 //! both put once (`attribute_not_exists(pk)`), expiring after the audit
 //! retention.
 //!
-//! An action is audited by [`DynamoLedger::audited`]: its own transaction
+//! An action is audited by `DynamoLedger::audited`: its own transaction
 //! items and the entry's puts in one `TransactWriteItems`, whose
 //! `ClientRequestToken` is the entry's id. A cancelled transaction whose entry
 //! exists was ours (the SDK's retry after a lost acknowledgement, on a
