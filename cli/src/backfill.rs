@@ -126,6 +126,7 @@ pub async fn run(
         retention_days: args.retention_days,
         index_shards: ledger.shards(),
         mode,
+        payload: spec.payload.clone(),
     };
     let settings = BackfillSettings {
         max_pages: args.max_pages,
@@ -351,6 +352,20 @@ pub async fn replay_from_source(
         let status = row.get("status").and_then(|v| v.as_str()).unwrap_or("unknown");
         format!("nothing to fetch: the record is {status}, no longer parked without its payload")
     })?;
+    // The fetched body is kept as a delivered one would be: the endpoint's
+    // policy, which a record parked under a policy other than `keep` names.
+    let marked = row.get("payload_policy").and_then(|v| v.as_str());
+    let payload = match (wiring.settings.payload_policy(&parked.endpoint), marked) {
+        (Some(policy), _) => policy,
+        (None, None) => hookledger::redaction::PayloadPolicy::Keep,
+        (None, Some(policy)) => {
+            return Err(format!(
+                "the record's endpoint {} keeps payloads under its {policy} policy: run with HOOKLEDGER_ENDPOINTS \
+                 as the stack's, so the fetched body is kept as a delivered one would be",
+                parked.endpoint
+            ));
+        }
+    };
     let target = Target {
         provider: parked.provider.clone(),
         endpoint: parked.endpoint.clone(),
@@ -358,6 +373,7 @@ pub async fn replay_from_source(
         retention_days: args.retention_days,
         index_shards: ledger.shards(),
         mode: Mode::Import,
+        payload,
     };
     let settings = BackfillSettings { max_body_bytes: args.max_backfill_body_bytes, ..BackfillSettings::default() };
     let list = ProviderKind::named(&parked.provider).and_then(|p| p.backfill());

@@ -539,6 +539,7 @@ impl Providers<'_> {
             retention_days: self.wiring.settings.retention_days,
             index_shards: self.wiring.settings.index_shards,
             mode: hookledger::backfill::Mode::Import,
+            payload: Default::default(),
         };
         let window = hookledger::ports::Window {
             since_s: self.now - 60,

@@ -66,7 +66,7 @@ fn verify_identify(
 }
 
 fn endpoint(provider: ProviderKind, verifier: Box<dyn Verifier>) -> Endpoint {
-    Endpoint { name: "bench".into(), tenant: "bench".into(), provider, verifier }
+    Endpoint { name: "bench".into(), tenant: "bench".into(), provider, verifier, payload: Default::default() }
 }
 
 /// A body in the preset's shape (its `hookledger send` sample), padded to `len` bytes.
@@ -192,6 +192,19 @@ fn main() {
     out.insert(
         "stripe_verify_identify_ns".into(),
         verify_identify(&ep, &settings, &body, || sv.verify(&body, &h, now)).into(),
+    );
+    // The `redact` payload policy on the same body, after verification:
+    // three pointers (a member, a map, a field of every item).
+    let policy: hookledger::redaction::PayloadPolicy = serde_json::from_value(serde_json::json!({
+        "policy": "redact", "remove": ["/data/object/default_payment_method", "/data/object/metadata"],
+        "mask": ["/data/object/items/data/*/price/id"]}))
+    .unwrap();
+    out.insert(
+        "stripe_redact_ns".into(),
+        median_ns(|| {
+            std::hint::black_box(policy.apply(&body).unwrap());
+        })
+        .into(),
     );
     let mut forged = HeaderMap::new();
     forged.insert(

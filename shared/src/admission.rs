@@ -7,10 +7,13 @@
 //! record never sent whose sender let go of it is handed over under the
 //! send lease. The new ones are then sent together, each with its payload.
 
+use std::borrow::Cow;
+
 use crate::identity::{EventKey, payload_hash};
-use crate::ledger::{Claim, ExistingRecord, Generation, NewEvent, PortError, Release, SendLease, Status, Via};
+use crate::ledger::{Claim, ExistingRecord, Generation, Kept, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, Outgoing, WorkQueue};
+use crate::redaction::{PayloadPolicy, Unredactable};
 use crate::verify::registry;
 
 /// An event as any path offers it for admission: who sent it, which
@@ -36,6 +39,9 @@ pub struct Arrival<'a> {
     /// Whether it is a notification ([`Provider::notification`](crate::verify::provider::Provider::notification)):
     /// its repeats are claimed by generation ([`Admission`]).
     pub notification: bool,
+    /// What its endpoint's payload policy kept (`None`: the whole payload;
+    /// see [`kept`], which makes it from a policy).
+    pub kept: Option<Kept>,
 }
 
 /// The one constructor of the record an admission claims: its identity key,
@@ -59,7 +65,33 @@ pub fn new_event(a: Arrival<'_>, now_ms: i64, send_token: String) -> NewEvent {
         send: SendLease { token: send_token, until_ms: now_ms + SEND_LEASE_MS },
         via: a.via,
         batch_hash: a.batch_hash,
+        kept: a.kept,
         notification: a.notification.then_some(Generation { n: 1, index_shards: a.index_shards }),
+    }
+}
+
+/// An event and the bytes it stores and queues, as its endpoint's payload
+/// policy keeps them ([`kept`]).
+pub type KeptEvent<'b> = (NewEvent, Cow<'b, [u8]>);
+
+/// `event` and the bytes to store and queue, as its endpoint's payload
+/// policy keeps them ([`crate::redaction`]): under `redact` the redacted
+/// bytes, `payload_hash` theirs and the verified body's hash kept beside it
+/// (`kept.verified_hash`); under `drop_after` the bytes as they are, the
+/// record marked to drop them once done; under `keep` both unchanged.
+pub fn kept<'b>(policy: &PayloadPolicy, mut event: NewEvent, body: &'b [u8]) -> Result<KeptEvent<'b>, Unredactable> {
+    match policy.apply(body)? {
+        None => {
+            if policy.drops_after() {
+                event.kept = Some(Kept { policy: policy.label(), verified_hash: None });
+            }
+            Ok((event, Cow::Borrowed(body)))
+        }
+        Some(stored) => {
+            let verified = std::mem::replace(&mut event.payload_hash, payload_hash(&stored));
+            event.kept = Some(Kept { policy: policy.label(), verified_hash: Some(verified) });
+            Ok((event, Cow::Owned(stored)))
+        }
     }
 }
 
@@ -409,5 +441,65 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
         if let Err(e) = self.ledger.release_send_lease(key, lease).await {
             tracing::warn!(error = %e, key = %key, "could not release send lease; it lapses by itself");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(body: &[u8]) -> NewEvent {
+        let arrival = Arrival {
+            provider: "hmac",
+            endpoint: "ep",
+            tenant: "t",
+            event_id: "e1",
+            event_type: None,
+            body,
+            hashes: None,
+            via: Via::Webhook,
+            batch_hash: None,
+            retention_days: 30,
+            index_shards: 4,
+            notification: false,
+            kept: None,
+        };
+        new_event(arrival, 1_000, "send".into())
+    }
+
+    fn policy(v: serde_json::Value) -> PayloadPolicy {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn keep_changes_nothing_and_marks_nothing() {
+        let body = br#"{"id":"e1","email":"a@x"}"#;
+        let (e, stored) = kept(&PayloadPolicy::Keep, event(body), body).unwrap();
+        assert!(matches!(stored, Cow::Borrowed(_)) && *stored == body[..]);
+        assert_eq!((e.payload_hash, e.kept), (payload_hash(body), None));
+    }
+
+    #[test]
+    fn redact_stores_the_redacted_bytes_under_their_hash_and_keeps_the_verified_hash_beside_it() {
+        let body = br#"{"id":"e1","email":"a@x"}"#;
+        let p = policy(serde_json::json!({"policy": "redact", "remove": ["/email"]}));
+        let before = event(body);
+        let (e, stored) = kept(&p, before.clone(), body).unwrap();
+        assert_eq!(&*stored, br#"{"id":"e1"}"#);
+        assert_eq!(e.payload_hash, payload_hash(&stored));
+        assert_eq!(e.kept, Some(Kept { policy: "redact", verified_hash: Some(payload_hash(body)) }));
+        assert_eq!(
+            e.content_hash, before.content_hash,
+            "the content hash (duplicates, conflicts) is the verified body's"
+        );
+        assert_eq!(kept(&p, event(b"x=1"), b"x=1").unwrap_err(), Unredactable);
+    }
+
+    #[test]
+    fn drop_after_keeps_the_bytes_and_marks_the_record() {
+        let body = br#"{"id":"e1"}"#;
+        let (e, stored) = kept(&policy(serde_json::json!({"policy": "drop_after"})), event(body), body).unwrap();
+        assert_eq!(&*stored, body);
+        assert_eq!(e.kept, Some(Kept { policy: "drop_after", verified_hash: None }));
     }
 }

@@ -126,6 +126,10 @@ impl AuditEntry {
 
     /// A record's history line for it (what `show` prints).
     pub fn detail(&self) -> String {
+        if self.principal == format!("name:{}", self.operator) {
+            // No identity beyond the name given: said once.
+            return format!("by {}: {}", self.operator, self.reason);
+        }
         format!("by {} ({}): {}", self.operator, self.principal, self.reason)
     }
 }
@@ -205,6 +209,15 @@ mod tests {
         // At most 14 month partitions, whatever the window asked.
         let (since, until) = kept_window(0, 1_800_000_000_000, 400);
         assert!(months(since, until).len() <= 15);
+    }
+
+    #[test]
+    fn the_detail_names_the_principal_when_aws_reported_one() {
+        let arn = Caller::new("arn:aws:sts::123456789012:assumed-role/ops/ana", "ana");
+        let e = AuditEntry::new("id", 0, verb::REPLAY, "k", &arn).because("rule fixed");
+        assert_eq!(e.detail(), "by ana (arn:aws:sts::123456789012:assumed-role/ops/ana): rule fixed");
+        let named = AuditEntry::new("id", 0, verb::REPLAY, "k", &Caller::named("ana")).because("rule fixed");
+        assert_eq!(named.detail(), "by ana: rule fixed", "a name alone is said once");
     }
 
     #[test]

@@ -34,7 +34,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::admission::{Admission, Admitted, Arrival, Step};
+use crate::admission::{Admission, Admitted, Arrival, Step, kept};
 use crate::backoff::Backoff;
 use crate::clock::Ambient;
 use crate::config::ProviderKind;
@@ -57,6 +57,8 @@ pub struct Target {
     pub retention_days: u32,
     pub index_shards: u32,
     pub mode: Mode,
+    /// The endpoint's payload policy: a fetched body is kept as a delivered one would be.
+    pub payload: crate::redaction::PayloadPolicy,
 }
 
 /// How a missing event is recovered.
@@ -554,6 +556,10 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
             Err(failure) => return Err(failure.why()),
         };
         let event = new_event(target, ev, &body, now_ms, self.ambient.token());
+        let Ok((event, body)) = kept(&target.payload, event, &body).map(|(e, b)| (e, b.into_owned())) else {
+            let detail = "the body is not JSON and the endpoint's policy redacts it";
+            return self.park(target, ev, Unfetchable::NotJson, detail, now_ms, summary).await.map(|()| None);
+        };
         // The one admission path's first step; the page sends the new ones together.
         match self.admission().claim(&event, &body).await {
             Step::Send(event) => {
@@ -620,6 +626,10 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
         let mut event = new_event(target, ev, b"", now_ms, self.ambient.token());
         event.payload_hash = crate::ledger::NO_PAYLOAD_HASH.into();
         event.content_hash = String::new();
+        // Its endpoint's policy, named on the record: its release keeps the body the same way.
+        if target.payload != crate::redaction::PayloadPolicy::Keep {
+            event.kept = Some(crate::ledger::Kept { policy: target.payload.label(), verified_hash: None });
+        }
         let reason = cause.park_reason();
         let origin = self.source.origin();
         let unfetched = UnfetchedEvent {
@@ -787,6 +797,9 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
             Err(failure) => return Err(failure.why()),
         };
         let event = new_event(target, &parked.event, &body, now_ms, self.ambient.token());
+        let Ok((event, body)) = kept(&target.payload, event, &body) else {
+            return still(Unfetchable::NotJson, "the body is not JSON and the endpoint's policy redacts it".into());
+        };
         self.ledger.note_activity(now_ms).await;
         let tenant = match self.ledger.release(&event, &body, &format!("operator {operator}")).await {
             Ok(Release::Released { tenant }) => tenant,
@@ -897,6 +910,7 @@ pub fn new_event(target: &Target, ev: &SourceEvent, body: &[u8], now_ms: i64, se
         retention_days: target.retention_days,
         index_shards: target.index_shards,
         notification: false,
+        kept: None,
     };
     crate::admission::new_event(arrival, now_ms, send_token)
 }

@@ -188,6 +188,8 @@ pub struct Endpoint {
     pub tenant: String,
     pub provider: ProviderKind,
     pub verifier: Box<dyn Verifier>,
+    /// What is kept of its verified payloads.
+    pub payload: crate::redaction::PayloadPolicy,
 }
 
 /// Runtime settings other than endpoints.
@@ -408,6 +410,7 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
         }
         _ => {}
     }
+    spec.payload.validate()?;
     let needs_secrets = spec.provider.takes_secrets();
     if needs_secrets && spec.secrets.is_empty() && !spec.provider.learns_secret() {
         return Err(format!("provider {} needs at least one secret", spec.provider));
@@ -484,7 +487,7 @@ pub async fn build_endpoint(
         .verifier(spec, keys, &cx)
         .map_err(|reason| ConfigError::Endpoint { endpoint: name.to_owned(), reason })?;
     let tenant = spec.tenant.clone().unwrap_or_else(|| name.to_owned());
-    Ok(Endpoint { name: name.to_owned(), tenant, provider: spec.provider, verifier })
+    Ok(Endpoint { name: name.to_owned(), tenant, provider: spec.provider, verifier, payload: spec.payload.clone() })
 }
 
 /// What builds the intake's endpoints, kept by the intake so that an
@@ -787,6 +790,22 @@ mod tests {
                 "verify_token is for providers that check the endpoint with a GET",
             ),
             (r#"{"t": {"provider": "twilio", "secrets": ["env:A"]}}"#, "needs its public_url"),
+            (
+                r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "payload": {"policy": "redact", "remove": ["data"]}}}"#,
+                "payload policy pointer \"data\": must start with '/'",
+            ),
+            (
+                r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "payload": {"policy": "redact"}}}"#,
+                "at least one pointer",
+            ),
+            (
+                r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "payload": {"policy": "drop_after"}}}"#,
+                "not available",
+            ),
+            (
+                r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "payload": {"policy": "shred"}}}"#,
+                "unknown payload policy",
+            ),
         ];
         for (json, needle) in cases {
             let err = parse_endpoints(json).err().unwrap_or_else(|| panic!("accepted {json}"));

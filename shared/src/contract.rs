@@ -193,6 +193,7 @@ fn event(name: &str, body: &[u8], token: &str) -> NewEvent {
         via: Via::Webhook,
         key,
         batch_hash: None,
+        kept: None,
         notification: None,
     }
 }

@@ -27,13 +27,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, Method};
 
-use crate::admission::{Admission, Admitted, Arrival, BATCH_TYPE, LARGE_BATCH, batch_id};
+use crate::admission::{Admission, Admitted, Arrival, BATCH_TYPE, KeptEvent, LARGE_BATCH, batch_id, kept};
 use crate::clock::Ambient;
 use crate::config::{Endpoint, ProviderKind, Settings};
 use crate::identity::EventKey;
-use crate::ledger::{BodyBinding, Bound, NewEvent, PortError, Via};
+use crate::ledger::{BodyBinding, Bound, Kept, NewEvent, PortError, Via};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, WorkQueue};
+use crate::redaction::{PayloadPolicy, Unredactable};
 use crate::telemetry::TenantMetrics;
 use crate::verify::hashes::delivery_hashes;
 use crate::verify::provider::Delivery;
@@ -96,6 +97,9 @@ pub enum Outcome {
     Unavailable {
         stage: &'static str,
     },
+    /// The endpoint's payload policy redacts and the payload is not JSON:
+    /// refused, never stored whole (the provider's dashboard shows it).
+    Unredactable,
     /// The endpoint's secret could not be resolved (see [`waiting`]).
     SecretUnavailable {
         retry_after_secs: u32,
@@ -147,6 +151,7 @@ impl Outcome {
             Self::Rejected(e) => e.reason(),
             Self::Unavailable { .. } => "unavailable",
             Self::SecretUnavailable { .. } => "secret_unavailable",
+            Self::Unredactable => "unredactable",
         }
     }
 
@@ -187,6 +192,11 @@ impl Outcome {
             }
             Self::UnknownEndpoint => a(404, "unknown_endpoint", "no such webhook endpoint".into()),
             Self::TooLarge { limit } => a(413, "payload_too_large", format!("body exceeds {limit} bytes")),
+            Self::Unredactable => a(
+                422,
+                "unredactable",
+                "this endpoint redacts payloads and this one is not JSON; nothing was stored".into(),
+            ),
             Self::Rejected(e @ VerifyError::TopicNotAllowed) => a(403, e.reason(), e.to_string()),
             Self::Rejected(e @ VerifyError::MalformedPayload(_)) => a(400, e.reason(), e.to_string()),
             Self::Rejected(e @ VerifyError::HandshakeRefused(_)) => a(403, e.reason(), e.to_string()),
@@ -465,6 +475,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
 
     async fn record(&self, endpoint: &Endpoint, verified: &Verified, req: &IntakeRequest<'_>) -> Outcome {
         let event = new_event(endpoint, &self.settings, verified, req.body, req.now, self.ambient.token());
+        // What the endpoint keeps, after verification, before anything is stored or queued.
+        let Ok((event, stored)) = kept(&endpoint.payload, event, req.body) else { return Outcome::Unredactable };
         if endpoint.provider.identity().replay == Replay::BoundToBody {
             if let Some(refused) = self.bind_body(&event).await {
                 return refused;
@@ -472,7 +484,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         }
         // Round trip 1: the record and its payload, in one write; round trip
         // 2: the key, with the payload, on the queue.
-        let admitted = self.admission().admit(&[(event.clone(), req.body)]).await;
+        let admitted = self.admission().admit(&[(event.clone(), stored.as_ref())]).await;
         let Some(a) = admitted.into_iter().next() else { return Outcome::Unavailable { stage: "claim" } };
         self.outcome(&event, a)
     }
@@ -488,13 +500,16 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
     /// retry meets the others as duplicates).
     async fn record_batch(&self, endpoint: &Endpoint, events: &[BatchEvent], req: &IntakeRequest<'_>) -> Outcome {
         let batch_hash = crate::identity::payload_hash(req.body);
-        if events.len() > self.large_batch_over {
+        // A redacting endpoint's events are redacted one by one before
+        // they are stored: its batches are never claimed whole.
+        let redacts = matches!(endpoint.payload, PayloadPolicy::Redact { .. });
+        if events.len() > self.large_batch_over && !redacts {
             // Boxed where it is built, so the rare path stays out of every delivery's future.
             let large: std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + '_>> =
                 Box::pin(self.record_large_batch(endpoint, events, batch_hash, req));
             return large.await;
         }
-        let prepared: Vec<(NewEvent, &[u8])> = events
+        let prepared: Result<Vec<KeptEvent<'_>>, Unredactable> = events
             .iter()
             .map(|e| {
                 let bytes = &req.body[e.bytes.clone()];
@@ -504,9 +519,11 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                     ..Verified::record(e.event_id.clone(), e.event_type.clone())
                 };
                 let event = new_event(endpoint, &self.settings, &verified, bytes, req.now, self.ambient.token());
-                (NewEvent { batch_hash: Some(batch_hash.clone()), ..event }, bytes)
+                kept(&endpoint.payload, NewEvent { batch_hash: Some(batch_hash.clone()), ..event }, bytes)
             })
             .collect();
+        let Ok(prepared) = prepared else { return Outcome::Unredactable };
+        let prepared: Vec<(NewEvent, &[u8])> = prepared.iter().map(|(e, b)| (e.clone(), b.as_ref())).collect();
         let admitted = self.admission().admit(&prepared).await;
         let outcomes = prepared.iter().zip(admitted).map(|((event, _), a)| self.outcome(event, a)).collect();
         batch_outcome(outcomes)
@@ -541,6 +558,11 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             // Its events' repeats are judged when it is split; its own bytes
             // repeat with theirs, so it is claimed by generation too.
             notification: events.iter().any(|e| endpoint.provider.notification(&req.body[e.bytes.clone()])),
+            // (Never `redact`: such an endpoint's batches are claimed event by event.)
+            kept: endpoint
+                .payload
+                .drops_after()
+                .then(|| Kept { policy: endpoint.payload.label(), verified_hash: None }),
         };
         let event = crate::admission::new_event(arrival, unix_ms(req.now), self.ambient.token());
         let admitted = self.admission().admit(&[(event.clone(), req.body)]).await;
@@ -567,7 +589,8 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         let binding = BodyBinding {
             provider: &event.provider,
             endpoint: &event.endpoint,
-            payload_hash: &event.payload_hash,
+            // The body as verified: two events whose redacted bodies agree are not one body.
+            payload_hash: event.kept.as_ref().and_then(|k| k.verified_hash.as_deref()).unwrap_or(&event.payload_hash),
             key: &event.key,
             at_ms: event.received_at_ms,
             expires_at: event.expires_at,
@@ -663,6 +686,7 @@ pub fn new_event(
         retention_days: settings.retention_days,
         index_shards: settings.index_shards,
         notification: endpoint.provider.notification(body),
+        kept: None,
     };
     crate::admission::new_event(arrival, unix_ms(now), send_token)
 }

@@ -127,6 +127,20 @@ pub struct NewEvent {
     /// ([`crate::verify::provider::Contract::Notification`]): which
     /// generation of its identity this record is.
     pub notification: Option<Generation>,
+    /// What its endpoint's payload policy kept, when not the whole payload
+    /// ([`crate::redaction`]).
+    pub kept: Option<Kept>,
+}
+
+/// What a payload policy other than `keep` did to an event's payload: the
+/// record says so (and a route's envelope), and a redacted record keeps the
+/// hash of the body as verified beside the hash of what is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// `redact` or `drop_after`.
+    pub policy: &'static str,
+    /// The verified body's hash, when what is stored differs from it.
+    pub verified_hash: Option<String>,
 }
 
 /// A notification's generation: the first is the record of its identity,
@@ -331,6 +345,8 @@ pub struct WorkRecord {
     pub payload: Option<Vec<u8>>,
     /// How the event came (a route's envelope says so).
     pub via: Via,
+    /// Its endpoint's payload policy when not `keep` (a route's envelope says so).
+    pub payload_policy: Option<String>,
 }
 
 impl WorkRecord {

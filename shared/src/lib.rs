@@ -6,7 +6,7 @@
 //! against it):
 //!
 //! <!-- layers:begin -->
-//! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`, `audit`
+//! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`, `audit`, `redaction`
 //! 2. building blocks: `verify`, `projection`, `ports`, `config`, `seed001`
 //! 3. adapters: `adapters`, `telemetry`
 //! 4. use cases: `admission`, `contract`, `intake`, `backfill`, `insight`, `ops`, `outbox`, `processor`, `batch`, `reconciler`
@@ -50,6 +50,7 @@ pub mod ports;
 pub mod processor;
 pub mod projection;
 pub mod reconciler;
+pub mod redaction;
 pub mod routes;
 pub mod secret;
 pub mod seed001;
@@ -65,8 +66,20 @@ mod layers {
         (
             "domain",
             &[
-                "planted", "clock", "netguard", "secret", "item", "identity", "event", "backoff", "policy", "ledger",
-                "message", "routes", "audit",
+                "planted",
+                "clock",
+                "netguard",
+                "secret",
+                "item",
+                "identity",
+                "event",
+                "backoff",
+                "policy",
+                "ledger",
+                "message",
+                "routes",
+                "audit",
+                "redaction",
             ],
         ),
         ("building blocks", &["verify", "projection", "ports", "config", "seed001"]),

@@ -449,7 +449,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                 let fifo = matches!(d.kind, Kind::Sqs { fifo: true }) || d.target.ends_with(".fifo");
                 // FIFO: order per subject; standard SQS: the tenant's fair-queue group.
                 let group = if fifo { subject.unwrap_or(&record.tenant) } else { &record.tenant };
-                let head = serde_json::json!({
+                let mut head = serde_json::json!({
                     "idempotency_key": idempotency_key(record.key.as_str(), &action),
                     "destination": d.name,
                     "provider": record.provider,
@@ -462,6 +462,10 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     "processed_at": time(now_ms),
                     "subject": subject,
                 });
+                if let (Some(policy), Some(h)) = (&record.payload_policy, head.as_object_mut()) {
+                    // What the endpoint's payload policy kept: `event` is the redacted payload.
+                    h.insert("payload_policy".into(), serde_json::Value::from(policy.as_str()));
+                }
                 let message = OutboxMessage {
                     topic_arn: d.target.clone(),
                     action,
@@ -715,6 +719,9 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
                     retention_days: self.settings.retention_days,
                     index_shards: self.settings.index_shards,
                     notification: ProviderKind::named(&record.provider).is_some_and(|p| p.notification(bytes)),
+                    // A `drop_after` endpoint's batch: its events drop their payloads too.
+                    kept: (record.payload_policy.as_deref() == Some("drop_after"))
+                        .then_some(crate::ledger::Kept { policy: "drop_after", verified_hash: None }),
                 };
                 (crate::admission::new_event(arrival, now_ms, self.ambient.token()), bytes)
             })

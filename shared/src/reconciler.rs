@@ -1077,6 +1077,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
             retention_days: self.settings.retention_days,
             index_shards: self.ledger.shards(),
             notification: false,
+            kept: None,
         };
         let event = crate::admission::new_event(arrival, now_ms, self.ambient.token());
         let key = event.key.clone();

@@ -154,6 +154,12 @@ impl Settings {
         Some(endpoint_tenant(endpoint, spec).to_owned())
     }
 
+    /// The payload policy of `endpoint`, from `HOOKLEDGER_ENDPOINTS`
+    /// (`None`: not set, or no such endpoint).
+    pub fn payload_policy(&self, endpoint: &str) -> Option<crate::redaction::PayloadPolicy> {
+        Some(self.endpoints.as_ref()?.get(endpoint)?.payload.clone())
+    }
+
     /// The process environment (empty values count as unset).
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())

@@ -766,6 +766,7 @@ impl Sim {
             retention_days: 30,
             index_shards: SHARDS,
             mode: Mode::Import,
+            payload: Default::default(),
         };
         let window =
             hookledger::ports::Window { since_s: START_MS / 1000 - 60, until_s: now / 1000 + 1, types: Vec::new() };

@@ -82,6 +82,7 @@ fn target() -> Target {
         retention_days: 30,
         index_shards: SHARDS,
         mode: hookledger::backfill::Mode::Import,
+        payload: Default::default(),
     }
 }
 
@@ -354,6 +355,7 @@ mod github {
             retention_days: 30,
             index_shards: SHARDS,
             mode,
+            payload: Default::default(),
         }
     }
 
@@ -526,6 +528,28 @@ mod github {
                 base.clone(),
             ]
         };
+        // Parked under a policy other than keep, without the endpoints' configuration to
+        // say how: refused before anything is fetched (a body is never stored whole by mistake).
+        let mark = |update: &'static str| {
+            let (ddb, table, key) = (w.stack.ddb.clone(), w.stack.table.clone(), key.clone());
+            async move {
+                let item = ddb.update_item().table_name(&table).update_expression(update);
+                let item = item
+                    .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(key.as_str().to_owned()))
+                    .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("meta".into()));
+                let item = if update.starts_with("SET") {
+                    item.expression_attribute_values(":p", aws_sdk_dynamodb::types::AttributeValue::S("redact".into()))
+                } else {
+                    item
+                };
+                item.send().await.unwrap_or_else(|e| panic!("{e:?}"));
+            }
+        };
+        mark("SET payload_policy = :p").await;
+        let err = hookledger_cli::run(cli("redacted?"), &mut Vec::new()).await.unwrap_err();
+        assert!(err.to_string().contains("redact policy: run with HOOKLEDGER_ENDPOINTS"), "{err}");
+        assert_eq!(text(&w.meta(&key).await.unwrap(), "status"), "PARKED");
+        mark("REMOVE payload_policy").await;
         // GitHub still serves nothing: it stays parked, and the operator is told why.
         let err = hookledger_cli::run(cli("served yet?"), &mut Vec::new()).await.unwrap_err();
         assert!(err.to_string().contains("no_payload"), "{err}");
@@ -560,10 +584,12 @@ mod github {
         let log = w.stack.audit_log().await;
         let listed: Vec<(&str, &str)> =
             log.iter().map(|e| (e["verb"].as_str().unwrap(), e["reason"].as_str().unwrap())).collect();
-        assert_eq!(listed, [("release", "served yet?"), ("release", "GitHub serves it now")], "{log:?}");
-        assert!(log[0]["result"].as_str().unwrap().starts_with("failed: "), "{log:?}");
-        assert!(log[1]["result"].as_str().unwrap().starts_with("done: "), "{log:?}");
-        assert_eq!(log[1]["record"].as_str(), Some(key.as_str()));
+        let want = [("release", "redacted?"), ("release", "served yet?"), ("release", "GitHub serves it now")];
+        assert_eq!(listed, want, "{log:?}");
+        assert!(log[0]["result"].as_str().unwrap().contains("redact policy"), "{log:?}");
+        assert!(log[1]["result"].as_str().unwrap().starts_with("failed: "), "{log:?}");
+        assert!(log[2]["result"].as_str().unwrap().starts_with("done: "), "{log:?}");
+        assert_eq!(log[2]["record"].as_str(), Some(key.as_str()));
     }
 
     /// Issue 18.3: a webhook delivery of an identity a backfill parked

@@ -94,6 +94,7 @@ async fn two_thousand_deliveries_hold_with_one_destination_failing_and_one_slow(
             send: SendLease { token: "seed".into(), until_ms: now_ms() },
             via: hookledger::ledger::Via::Webhook,
             batch_hash: None,
+            kept: None,
             notification: None,
         };
         assert_eq!(ledger.claim(&event, &body).await.unwrap(), Claim::New);

@@ -502,6 +502,7 @@ impl World {
             send: SendLease { token: "seed".into(), until_ms: self.now },
             via: hookledger::ledger::Via::Webhook,
             batch_hash: None,
+            kept: None,
             notification: None,
         };
         assert_eq!(ledger.claim(&event, body).await.unwrap_or_else(|e| panic!("seed claim: {e}")), Claim::New);
@@ -1211,6 +1212,7 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
                 send: SendLease { token: "dead-lambda".into(), until_ms: w.now - 15_000 },
                 via: hookledger::ledger::Via::Webhook,
                 batch_hash: None,
+                kept: None,
                 notification: None,
             };
             // A record of the previous release, whose intake wrote the

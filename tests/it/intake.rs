@@ -342,6 +342,7 @@ async fn crash_between_claim_and_send_is_recovered_by_the_next_delivery_once_the
         send: SendLease { token: "dead-lambda".into(), until_ms: now_ms - 45_000 },
         via: hookledger::ledger::Via::Webhook,
         batch_hash: None,
+        kept: None,
         notification: None,
     };
     // (A record of the previous release: its intake wrote the payload in a
@@ -379,6 +380,7 @@ async fn a_live_send_lease_held_by_another_delivery_is_respected() {
         send: SendLease { token: "first-delivery".into(), until_ms: now_ms + 60_000 },
         via: hookledger::ledger::Via::Webhook,
         batch_hash: None,
+        kept: None,
         notification: None,
     };
     stack.ledger().claim(&inflight, &body).await.unwrap();

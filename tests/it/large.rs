@@ -111,6 +111,7 @@ async fn without_a_payload_bucket_a_payload_too_large_for_an_item_is_refused_not
         send: SendLease { token: "t".into(), until_ms: 0 },
         via: hookledger::ledger::Via::Webhook,
         batch_hash: None,
+        kept: None,
         notification: None,
     };
     match ledger.claim(&event, &body).await {

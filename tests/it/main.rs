@@ -23,6 +23,7 @@ mod intake_faults;
 mod large;
 mod logs;
 mod ops_faults;
+mod privacy;
 mod processor;
 mod queues;
 mod quiltt;

@@ -256,6 +256,7 @@ impl Stack {
             send: SendLease { token: "test".into(), until_ms: lease_until_ms },
             via: hookledger::ledger::Via::Webhook,
             batch_hash: None,
+            kept: None,
             notification: None,
         };
         let ledger = self.ledger();

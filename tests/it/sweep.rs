@@ -87,6 +87,7 @@ async fn claimed(stack: &Stack, id: &str, received_at: i64) -> EventKey {
         send: SendLease { token: "intake".into(), until_ms: received_at },
         via: Via::Webhook,
         batch_hash: None,
+        kept: None,
         notification: None,
     };
     let ledger = ledger(stack);

@@ -37,6 +37,7 @@ fn event(key: &EventKey, body: &[u8], received_at_ms: i64) -> NewEvent {
         send: SendLease { token: "earlier-release".into(), until_ms: received_at_ms },
         via: hookledger::ledger::Via::Webhook,
         batch_hash: None,
+        kept: None,
         notification: None,
     }
 }

@@ -83,6 +83,7 @@ fn target() -> Target {
         retention_days: 30,
         index_shards: 16,
         mode: Mode::Import,
+        payload: Default::default(),
     }
 }
 
@@ -538,4 +539,25 @@ fn an_endpoint_is_overdue_when_its_window_or_mark_falls_behind_its_bound() {
     assert!(!overdue(&fresh, &sc, now, false));
     assert!(!overdue(&mark(edge - 1), &sc, now, true), "catching up: a window completed in this run");
     assert!(!overdue(&ScheduleState::default(), &sc, now, false), "never ran");
+}
+
+/// A fetched body is kept as its endpoint's policy keeps a delivered one:
+/// under `redact`, what is stored and queued is the redacted body.
+#[tokio::test]
+async fn a_redacting_endpoints_recovered_events_are_stored_redacted() {
+    let b = backfill(3, 10, settings());
+    let policy = serde_json::from_value(serde_json::json!({"policy": "redact", "remove": ["/object"]})).unwrap();
+    let t = Target { payload: policy, ..target() };
+    let s = b.run(&t, &window(), false, 5_000, later(), |_| {}).await;
+    assert_eq!(s.recovered, 3, "{s:?}");
+    for id in ["evt_000", "evt_001", "evt_002"] {
+        let key = EventKey::new("stripe", "stripe-a", id);
+        let (_, _, payload) =
+            crate::adapters::memory::ready(crate::ports::OperatorLedger::show(&b.ledger, &key, true)).unwrap().unwrap();
+        assert_eq!(payload.unwrap(), format!(r#"{{"id":"{id}"}}"#).into_bytes(), "stored redacted");
+        assert_eq!(b.ledger.field(&key, "payload_policy").as_deref(), Some("redact"));
+    }
+    let bodies = b.queue.bodies();
+    assert_eq!(bodies.len(), 3);
+    assert!(bodies.iter().all(|m| m.contains("evt_0") && !m.contains("object")), "queued redacted: {bodies:?}");
 }

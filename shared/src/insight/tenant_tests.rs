@@ -39,6 +39,7 @@ async fn a_tenants_standing_counts_its_records_only() {
             send: SendLease { token: "s".into(), until_ms: NOW },
             via: Via::Webhook,
             batch_hash: None,
+            kept: None,
             notification: None,
         }
     };

@@ -68,7 +68,13 @@ pub(super) fn intake(p: &'static dyn Provider, secret: &str, store: &MemSecretSt
     };
     let secrets = if spec.secrets.is_empty() { Vec::new() } else { vec![Secret::new(secret)] };
     let verifier = p.verifier(&spec, secrets, &cx).unwrap_or_else(|e| panic!("{}: {e}", p.name()));
-    let endpoint = Endpoint { name: "ep".into(), tenant: "t1".into(), provider: ProviderKind::of(p), verifier };
+    let endpoint = Endpoint {
+        name: "ep".into(),
+        tenant: "t1".into(),
+        provider: ProviderKind::of(p),
+        verifier,
+        payload: Default::default(),
+    };
     let intake = super::preset_tests::one_endpoint(&world, endpoint);
     (world, intake)
 }

@@ -165,7 +165,10 @@ fn intake_for(
         learned: None,
     };
     let verifier = provider.verifier(&spec, vec![Secret::new(secret)], &cx).unwrap();
-    let intake = one_endpoint(&world, Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier });
+    let intake = one_endpoint(
+        &world,
+        Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier, payload: Default::default() },
+    );
     (world, intake)
 }
 

@@ -292,6 +292,10 @@ mod ports {
     }
 
     fn harness() -> Harness {
+        harness_with(crate::redaction::PayloadPolicy::Keep)
+    }
+
+    fn harness_with(payload: crate::redaction::PayloadPolicy) -> Harness {
         let world = World::new(Ambient::fixed(NOW_MS, 5)).with_shards(16);
         let spec: crate::verify::provider::HmacSpec = serde_json::from_value(json!({
             "signature_header": "x-sig", "prefix": "sha256=", "encoding": "hex",
@@ -304,6 +308,7 @@ mod ports {
             tenant: "t1".into(),
             provider: ProviderKind::HMAC,
             verifier: Box::new(verifier),
+            payload,
         };
         let settings = Settings {
             table_name: "memory".into(),
@@ -318,6 +323,7 @@ mod ports {
             tenant: "t1".into(),
             provider: ProviderKind::QUILTT,
             verifier: Box::new(crate::verify::quiltt::QuilttVerifier::new(vec![Secret::new(SECRET)], 300)),
+            payload: Default::default(),
         };
         let endpoints = BTreeMap::from([("ep".to_owned(), endpoint), ("q".to_owned(), quiltt)]);
         let intake =
@@ -414,6 +420,84 @@ mod ports {
     }
 
     #[tokio::test]
+    async fn a_redacting_endpoint_stores_and_queues_only_what_it_keeps_and_knows_its_retry() {
+        let policy = serde_json::from_value(json!({
+            "policy": "redact", "remove": ["/card"], "mask": ["/customer/email"]}))
+        .unwrap();
+        let h = harness_with(policy);
+        let raw = br#"{"id": "e1", "type": "thing.changed", "card": "MARKER-4242",
+            "customer": {"email": "MARKER@x.example", "plan": "pro"}, "v": 1}"#;
+        let a = h.deliver(raw, 0).await;
+        assert_eq!((a.status, a.code), (202, "accepted"));
+        let expected = br#"{"id": "e1", "type": "thing.changed",
+            "customer": {"email": "[redacted]", "plan": "pro"}, "v": 1}"#;
+        let (_, _, payload) =
+            crate::adapters::memory::ready(crate::ports::OperatorLedger::show(&h.world.ledger(), &h.key("e1"), true))
+                .unwrap()
+                .unwrap();
+        assert_eq!(payload.as_deref(), Some(&expected[..]), "stored: the redacted bytes, every other byte kept");
+        let bodies = h.world.queue().bodies();
+        assert_eq!(bodies.len(), 1);
+        assert!(!bodies.iter().any(|b| b.contains("MARKER")), "queued: no redacted value");
+        assert_eq!(h.field("e1", "payload_policy").as_deref(), Some("redact"));
+        assert_eq!(h.field("e1", "payload_hash"), Some(crate::identity::payload_hash(expected)));
+        assert_eq!(h.field("e1", "verified_hash"), Some(crate::identity::payload_hash(raw)));
+        // Its retry, the same bytes: a duplicate, nothing stored or sent again.
+        let again = h.deliver(raw, 1_000).await;
+        assert_eq!((again.status, again.code), (200, "duplicate"));
+        assert_eq!(h.sent(), 1);
+        // A policy that keeps everything: no mark on the record.
+        let keep = harness();
+        assert_eq!(keep.deliver(raw, 0).await.status, 202);
+        assert_eq!(keep.field("e1", "payload_policy"), None);
+        assert_eq!(keep.field("e1", "verified_hash"), None);
+        assert!(keep.world.queue().bodies()[0].contains("MARKER"), "the control: keep queues the whole payload");
+    }
+
+    #[tokio::test]
+    async fn a_redacting_endpoints_batch_is_redacted_event_by_event_even_when_large() {
+        let policy: crate::redaction::PayloadPolicy =
+            serde_json::from_value(json!({"policy": "redact", "remove": ["/record/email"]})).unwrap();
+        let mut h = harness_with(policy.clone());
+        // Quiltt's endpoint redacts too, and a batch of 3 counts as large here.
+        let quiltt = h.intake.endpoints.get_mut("q").unwrap();
+        quiltt.payload = policy;
+        h.intake.set_large_batch_over(2);
+        let events: Vec<serde_json::Value> = (1..=3)
+            .map(|i| {
+                json!({"id": format!("q{i}"), "type": "account.created", "at": "2027-01-15T08:00:00Z",
+                       "profile": {"id": "p_demo"}, "record": {"email": format!("MARKER{i}"), "n": i}})
+            })
+            .collect();
+        let body = serde_json::to_vec(&json!({"environment": {"id": "env_demo"}, "eventTypes": ["account.created"],
+                                              "events": events}))
+        .unwrap();
+        let a = h.deliver_batch(&body, 0).await;
+        assert_eq!(a.status, 202, "{a:?}");
+        let bodies = h.world.queue().bodies();
+        assert_eq!(bodies.len(), 3, "claimed event by event, never whole: {bodies:?}");
+        assert!(!bodies.iter().any(|b| b.contains("MARKER")));
+        for i in 1..=3 {
+            let (_, _, payload) = crate::adapters::memory::ready(crate::ports::OperatorLedger::show(
+                &h.world.ledger(),
+                &h.quiltt_key(&format!("q{i}")),
+                true,
+            ))
+            .unwrap()
+            .unwrap();
+            let stored = String::from_utf8(payload.unwrap()).unwrap();
+            assert!(!stored.contains("MARKER") && stored.contains(&format!("\"n\":{i}")), "{stored}");
+        }
+    }
+
+    #[test]
+    fn an_unredactable_payload_is_refused_with_422_and_says_nothing_was_stored() {
+        let a = Outcome::Unredactable.answer();
+        assert_eq!((a.status, a.code), (422, "unredactable"));
+        assert!(a.detail.contains("nothing was stored"));
+    }
+
+    #[tokio::test]
     async fn a_duplicate_of_a_sent_record_writes_nothing_and_sends_nothing() {
         let h = harness();
         h.deliver(&body("e1", 1), 0).await;
@@ -475,6 +559,7 @@ mod ports {
                 send: SendLease { token: "old".into(), until_ms: NOW_MS - 590_000 },
                 via: crate::ledger::Via::Webhook,
                 batch_hash: None,
+                kept: None,
                 notification: None,
             };
             h.world.ledger().arrange(&e, b"", |i| {
@@ -576,6 +661,7 @@ mod ports {
             send: SendLease { token: "backfill".into(), until_ms: NOW_MS - 1_000 },
             via: crate::ledger::Via::Backfill,
             batch_hash: None,
+            kept: None,
             notification: None,
         };
         let u = crate::ports::UnfetchedEvent {

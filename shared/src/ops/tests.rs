@@ -61,9 +61,9 @@ async fn replay_moves_dead_and_parked_records_to_retryable_audits_it_and_queues_
     let history = ledger.history_rows(&dead);
     assert_eq!(history.len(), 1, "{history:?}");
     assert_eq!(history[0]["kind"], "replay");
-    assert_eq!(history[0]["detail"], "by alice (name:alice): the API key is fixed");
+    assert_eq!(history[0]["detail"], "by alice: the API key is fixed");
     assert_eq!(history[0]["at"], NOW);
-    assert_eq!(ledger.history_rows(&parked)[0]["detail"], "by alice (name:alice): gap filled by hand");
+    assert_eq!(ledger.history_rows(&parked)[0]["detail"], "by alice: gap filled by hand");
     // The audit log lists both, by time and by record.
     let page = ledger.audit_page(0, NOW + 1, None, 10).await.unwrap();
     let listed: Vec<(&str, &str, &str)> =
@@ -170,7 +170,7 @@ async fn resolve_settles_dead_and_parked_records_as_processed_without_queueing()
         assert_eq!(history.len(), 1);
         assert_eq!(
             (&history[0]["kind"], &history[0]["detail"]),
-            (&json!("resolve"), &json!("by carol (name:carol): refunded by hand"))
+            (&json!("resolve"), &json!("by carol: refunded by hand"))
         );
     }
     assert!(queue.keys().is_empty());

@@ -272,6 +272,7 @@ pub(crate) fn record(id: &str, status: Status) -> WorkRecord {
         transition_token: None,
         payload: None,
         via: crate::ledger::Via::Webhook,
+        payload_policy: None,
     }
 }
 

@@ -1592,6 +1592,7 @@ async fn a_record_the_intake_handed_over_is_redriven_as_not_picked_up_and_one_wh
         retention_days: 30,
         index_shards: SHARDS,
         notification: false,
+        kept: None,
     };
     let (sent, refused) =
         (new_event(arrival("evt_sent"), NOW, "send-a".into()), new_event(arrival("evt_refused"), NOW, "send-b".into()));

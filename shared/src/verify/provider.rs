@@ -533,6 +533,10 @@ pub struct EndpointSpec {
     /// that checks the endpoint with a GET (Meta).
     #[serde(default)]
     pub verify_token: Option<String>,
+    /// What is kept of each verified payload ([`crate::redaction`]):
+    /// `keep` (default), `redact` or `drop_after`.
+    #[serde(default)]
+    pub payload: crate::redaction::PayloadPolicy,
 }
 
 /// The `hmac` section of a generic endpoint (see docs/configuration.md for

@@ -1382,6 +1382,7 @@ mod tests {
             send: SendLease { token: "tok".into(), until_ms: 2_000 },
             via: crate::ledger::Via::Webhook,
             batch_hash: None,
+            kept: None,
             notification: None,
         }
     }

@@ -319,6 +319,12 @@ pub fn new_record_item(event: &NewEvent) -> HashMap<String, AttributeValue> {
     if let Some(g) = event.notification.filter(|g| g.n > 1) {
         item.insert(attr::GENERATION.into(), n(g.n));
     }
+    if let Some(kept) = &event.kept {
+        item.insert(attr::PAYLOAD_POLICY.into(), s(kept.policy));
+        if let Some(h) = &kept.verified_hash {
+            item.insert(attr::VERIFIED_HASH.into(), s(h));
+        }
+    }
     if !crate::planted::is(crate::planted::Bug::NoDueAtClaim) {
         item.insert(attr::DUE_SHARD.into(), s(due_shard(event.shard)));
         item.insert(attr::DUE_AT.into(), n(event.received_at_ms + REDRIVE_GRACE_MS));

@@ -60,6 +60,10 @@ pub mod attr {
     /// On a record: how often its body came again under another identity, the last such identity.
     pub const BODY_REPLAYS: &str = "body_replays";
     pub const LAST_BODY_REPLAY_ID: &str = "last_body_replay_id";
+    /// On a record whose endpoint's payload policy is not `keep`: which it is.
+    pub const PAYLOAD_POLICY: &str = "payload_policy";
+    /// On a redacted record: the hash of the body as verified (`payload_hash` is of what is stored).
+    pub const VERIFIED_HASH: &str = "verified_hash";
 }
 
 /// The sort key of a body binding (`pk = body#<provider>#<endpoint>#<payload hash>`).

@@ -70,6 +70,7 @@ pub fn work_record(item: &Item) -> Option<WorkRecord> {
         transition_token: gs(TRANSITION_TOKEN),
         payload: super::payload::body(item),
         via: crate::ledger::Via::parse(gs(attr::VIA).as_deref()),
+        payload_policy: gs(attr::PAYLOAD_POLICY),
     })
 }
 

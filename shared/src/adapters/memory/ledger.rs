@@ -200,6 +200,7 @@ impl MemLedger {
             send: SendLease { token: format!("send-{event_id}"), until_ms: received_at + 10_000 },
             via: crate::ledger::Via::Webhook,
             batch_hash: None,
+            kept: None,
             notification: None,
         };
         let mut item = new_record_item(&event);

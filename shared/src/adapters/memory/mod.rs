@@ -665,6 +665,7 @@ mod tests {
             send: SendLease { token: format!("send-{id}"), until_ms: NOW + 10_000 },
             via: Via::Webhook,
             batch_hash: None,
+            kept: None,
             notification: None,
         }
     }

@@ -76,6 +76,12 @@ impl MemQueue {
             .collect()
     }
 
+    /// Every message body sent, waiting, in flight or dead, in order.
+    pub fn bodies(&self) -> Vec<String> {
+        let st = self.world.state();
+        st.queue.messages.iter().chain(&st.queue.dead).map(|m| m.body.clone()).collect()
+    }
+
     /// Messages waiting or in flight.
     pub fn len(&self) -> usize {
         self.world.state().queue.messages.len()

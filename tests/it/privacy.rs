@@ -1,0 +1,213 @@
+//! Payload policies on the emulator: what a `redact` endpoint removes or
+//! masks never reaches the table, the payload bucket, the work queue or a
+//! destination, whatever the payload's size (in the record, in its own
+//! item, in S3), searched in the raw bytes and in what decoding yields.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use hookledger::adapters::dynamodb::payload::decode;
+use hookledger::adapters::s3::{S3Payloads, create_bucket};
+use hookledger::adapters::sqs::SqsQueue;
+use hookledger::identity::{EventKey, payload_hash};
+use hookledger::intake::Intake;
+use hookledger::processor::Outcome;
+use hookledger::secret::Secret;
+use hookledger::verify::standard;
+use http::{HeaderMap, HeaderValue};
+
+use crate::intake::post;
+use crate::support::{SVIX_SECRET, Stack, now_s, s};
+
+/// The marker every redacted value carries.
+const MARKER: &str = "PLANTED-SECRET-7f3a";
+
+/// Every readable form of stored bytes: as they are, and inflated when
+/// they inflate (the table and the bucket deflate what compresses).
+fn readable(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = vec![bytes.to_vec()];
+    out.extend(decode(bytes, Some("deflate")));
+    out
+}
+
+fn holds_marker(bytes: &[u8]) -> bool {
+    readable(bytes).iter().any(|b| b.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()))
+}
+
+/// Every attribute value's bytes in an item (strings, numbers, blobs, inside lists and maps).
+fn values(v: &AttributeValue, out: &mut Vec<Vec<u8>>) {
+    match v {
+        AttributeValue::S(s) | AttributeValue::N(s) => out.push(s.clone().into_bytes()),
+        AttributeValue::B(b) => out.push(b.as_ref().to_vec()),
+        AttributeValue::L(l) => l.iter().for_each(|e| values(e, out)),
+        AttributeValue::M(m) => m.values().for_each(|e| values(e, out)),
+        AttributeValue::Ss(l) => out.extend(l.iter().map(|s| s.clone().into_bytes())),
+        _ => {}
+    }
+}
+
+/// Where the marker is readable: table items, bucket objects, queue messages.
+async fn marker_found(stack: &Stack, bucket: &str, queues: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for item in stack.items().await {
+        let mut vs = Vec::new();
+        item.values().for_each(|v| values(v, &mut vs));
+        if vs.iter().any(|b| holds_marker(b)) {
+            found.push(format!("table item {} {}", s(&item, "pk"), s(&item, "sk")));
+        }
+    }
+    let s3 = aws_sdk_s3::Client::new(&stack.aws);
+    let listed = s3.list_objects_v2().bucket(bucket).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+    for object in listed.contents() {
+        let key = object.key().unwrap_or_default();
+        let got = s3.get_object().bucket(bucket).key(key).send().await.unwrap_or_else(|e| panic!("{e:?}"));
+        let bytes = got.body.collect().await.unwrap().into_bytes().to_vec();
+        if holds_marker(&bytes) {
+            found.push(format!("object {key}"));
+        }
+    }
+    for url in queues {
+        for body in stack.drain(url).await {
+            if holds_marker(body.as_bytes()) {
+                found.push(format!("message on {url}"));
+            }
+        }
+    }
+    found
+}
+
+/// An inventory delta (the first of its own SKU, `sku-<n>`) with two planted
+/// values (a card, an email) and about `bytes` of text that compresses to half.
+fn event(n: u64, bytes: usize) -> Vec<u8> {
+    let mut noise = String::new();
+    let mut block = payload_hash(&n.to_be_bytes());
+    while noise.len() < bytes {
+        block = payload_hash(block.as_bytes());
+        noise.push_str(&block);
+    }
+    serde_json::json!({"type": "inventory.adjusted", "data": {
+        "sku": format!("sku-{n}"), "seq": 1, "delta": 1,
+        "card": format!("{MARKER}-4242"), "email": format!("{MARKER}@example.com"), "attachment": noise}})
+    .to_string()
+    .into_bytes()
+}
+
+fn svix_headers(id: &str, body: &[u8]) -> HeaderMap {
+    let key = standard::decode_secret(&Secret::new(SVIX_SECRET)).unwrap();
+    let mut h = HeaderMap::new();
+    h.insert("webhook-id", HeaderValue::from_str(id).unwrap());
+    h.insert("webhook-timestamp", HeaderValue::from(now_s()));
+    h.insert("webhook-signature", HeaderValue::from_str(&standard::sign(&key, id, now_s(), body)).unwrap());
+    h
+}
+
+#[tokio::test]
+async fn a_redacted_field_never_reaches_the_table_the_bucket_a_queue_or_a_destination() {
+    let stack = Stack::new().await;
+    let bucket = format!("payloads-{}", &stack.table[3..]);
+    create_bucket(&aws_sdk_s3::Client::new(&stack.aws), &bucket).await.unwrap();
+    let destination =
+        hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-{}", &stack.table[3..])).await.unwrap();
+    let attrs = stack
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&destination)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let dest_arn = attrs.attributes.unwrap_or_default()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn].clone();
+    let endpoints = r#"{"svix": {"provider": "standard_webhooks", "secrets": ["env:SVIX"],
+        "payload": {"policy": "redact", "remove": ["/data/card"], "mask": ["/data/email"]}}}"#;
+    let mut settings = stack.settings();
+    settings.max_body_bytes = hookledger::config::MAX_BODY_BYTES_WITH_BUCKET;
+    settings.payload_bucket = Some(bucket.clone());
+    let ledger = stack.ledger().with_payload_bucket(S3Payloads::from_config(&stack.aws, bucket.clone()));
+    let intake = Intake::new(
+        stack.endpoints_from(endpoints).await,
+        settings,
+        ledger.clone(),
+        SqsQueue::new(stack.sqs.clone(), &stack.queue_url),
+    );
+
+    // One in the record, one in its own item, one in S3.
+    let sizes = [("msg_small", 0usize), ("msg_mid", 6 * 1024), ("msg_large", 1024 * 1024)];
+    for (i, (id, size)) in sizes.iter().enumerate() {
+        let body = event(i as u64, *size);
+        assert_eq!(post(&intake, "svix", &svix_headers(id, &body), &body).await, 202, "{id}");
+        // Its retry: a duplicate, never stored again.
+        assert_eq!(post(&intake, "svix", &svix_headers(id, &body), &body).await, 200, "{id}");
+    }
+    let keys: Vec<EventKey> = sizes.iter().map(|(id, _)| EventKey::new("standard_webhooks", "svix", id)).collect();
+    let places: Vec<String> = {
+        let mut p = Vec::new();
+        for k in &keys {
+            let r = stack.record(k).await;
+            assert_eq!(s(&r, "payload_policy"), "redact", "{k}");
+            assert!(!s(&r, "verified_hash").is_empty() && s(&r, "verified_hash") != s(&r, "payload_hash"), "{k}");
+            p.push(if r.contains_key("payload_in") {
+                s(&r, "payload_in")
+            } else if r.contains_key("body") {
+                "record".into()
+            } else {
+                "item".into()
+            });
+        }
+        p
+    };
+    assert_eq!(places, ["record", "item", "s3"], "each place a payload is stored is covered");
+
+    // The processor as deployed, routing every event to a queue.
+    let routes = serde_json::json!({"destinations": {"dest": {"arn": dest_arn}},
+        "routes": [{"endpoint": "svix", "to": ["dest"]}]})
+    .to_string();
+    let vars = [
+        ("HOOKLEDGER_TABLE", stack.table.clone()),
+        ("HOOKLEDGER_QUEUE_URL", stack.queue_url.clone()),
+        ("HOOKLEDGER_ROUTES", routes),
+        ("HOOKLEDGER_PAYLOAD_BUCKET", bucket.clone()),
+        ("HOOKLEDGER_INDEX_SHARDS", "16".to_owned()),
+    ];
+    let wsettings = hookledger::wiring::Settings::from_lookup(move |k| {
+        vars.iter().find(|(name, _)| *name == k).map(|(_, v)| v.clone())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), wsettings);
+    let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
+    // The work queue's messages, read before they are processed (each carries its payload or the key).
+    let work = stack.drain_queue().await;
+    assert_eq!(work.len(), 3, "one message per event");
+    assert!(!work.iter().any(|m| holds_marker(m.as_bytes())), "the work queue");
+    for k in &keys {
+        let report = processor.process(k, now_s() * 1000).await.unwrap_or_else(|e| panic!("{k}: {e}"));
+        assert_eq!(report.outcome, Outcome::Applied, "{k}");
+    }
+    let delivered = stack.drain(&destination).await;
+    assert_eq!(delivered.len(), 3, "one delivery per event");
+    for envelope in &delivered {
+        assert!(!holds_marker(envelope.as_bytes()), "a destination: {envelope:.200}");
+        let v: serde_json::Value = serde_json::from_str(envelope).unwrap();
+        assert_eq!(v["payload_policy"], "redact", "the envelope says what the policy kept");
+        if v.get("event").is_some() {
+            assert_eq!(v["event"]["data"]["email"], "[redacted]");
+            assert!(v["event"]["data"].get("card").is_none());
+        } else {
+            assert!(
+                v.get("payload_ref").is_some(),
+                "too large for the queue: a reference to the stored (redacted) payload"
+            );
+        }
+    }
+    let found = marker_found(&stack, &bucket, &[&stack.queue_url, &destination]).await;
+    assert!(found.is_empty(), "the marker is readable in {found:?}");
+
+    // The control: the same scan finds the marker where an endpoint keeps the whole payload.
+    let keep = Intake::new(
+        stack.endpoints().await,
+        stack.settings(),
+        stack.ledger(),
+        SqsQueue::new(stack.sqs.clone(), &stack.queue_url),
+    );
+    let body = event(9, 0);
+    assert_eq!(post(&keep, "svix", &svix_headers("msg_kept", &body), &body).await, 202);
+    let found = marker_found(&stack, &bucket, &[&stack.queue_url]).await;
+    assert_eq!(found.len(), 2, "the kept record and its work message: {found:?}");
+}
