@@ -95,13 +95,7 @@ async fn records(stack: &Stack, from: usize, count: usize) {
             WriteRequest::builder().put_request(PutRequest::builder().set_item(Some(item)).build().unwrap()).build()
         })
         .collect();
-    for chunk in requests.chunks(25) {
-        let mut pending = chunk.to_vec();
-        while !pending.is_empty() {
-            let out = stack.ddb.batch_write_item().request_items(&stack.table, pending.clone()).send().await.unwrap();
-            pending = out.unprocessed_items.and_then(|mut u| u.remove(&stack.table)).unwrap_or_default();
-        }
-    }
+    stack.put_all(&requests).await;
 }
 
 /// Reads the whole log of the window page by page, and one record's

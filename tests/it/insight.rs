@@ -65,13 +65,7 @@ async fn processed_copies(stack: &Stack, item: &HashMap<String, AttributeValue>,
             WriteRequest::builder().put_request(PutRequest::builder().set_item(Some(copy)).build().unwrap()).build()
         })
         .collect();
-    for chunk in requests.chunks(25) {
-        let mut pending = chunk.to_vec();
-        while !pending.is_empty() {
-            let out = stack.ddb.batch_write_item().request_items(&stack.table, pending.clone()).send().await.unwrap();
-            pending = out.unprocessed_items.and_then(|mut u| u.remove(&stack.table)).unwrap_or_default();
-        }
-    }
+    stack.put_all(&requests).await;
 }
 
 /// A reconciler run late enough to pass every entry written so far (their

@@ -35,7 +35,7 @@ fn hex_to_bytes(hex: &[u8]) -> Vec<u8> {
     hex.chunks(2).map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap()).collect()
 }
 
-fn svix_headers(id: &str, body: &[u8]) -> HeaderMap {
+pub(crate) fn svix_headers(id: &str, body: &[u8]) -> HeaderMap {
     let key = standard::decode_secret(&Secret::new(SVIX_SECRET)).unwrap();
     let mut h = HeaderMap::new();
     h.insert("webhook-id", HeaderValue::from_str(id).unwrap());

@@ -10,12 +10,10 @@ use hookledger::adapters::sqs::SqsQueue;
 use hookledger::identity::{EventKey, payload_hash};
 use hookledger::intake::Intake;
 use hookledger::processor::Outcome;
-use hookledger::secret::Secret;
-use hookledger::verify::standard;
-use http::{HeaderMap, HeaderValue};
 
 use crate::intake::post;
-use crate::support::{SVIX_SECRET, Stack, now_s, s};
+use crate::large::svix_headers;
+use crate::support::{Stack, now_s, s};
 
 /// The marker every redacted value carries.
 const MARKER: &str = "PLANTED-SECRET-7f3a";
@@ -88,15 +86,6 @@ fn event(n: u64, bytes: usize) -> Vec<u8> {
         "card": format!("{MARKER}-4242"), "email": format!("{MARKER}@example.com"), "attachment": noise}})
     .to_string()
     .into_bytes()
-}
-
-fn svix_headers(id: &str, body: &[u8]) -> HeaderMap {
-    let key = standard::decode_secret(&Secret::new(SVIX_SECRET)).unwrap();
-    let mut h = HeaderMap::new();
-    h.insert("webhook-id", HeaderValue::from_str(id).unwrap());
-    h.insert("webhook-timestamp", HeaderValue::from(now_s()));
-    h.insert("webhook-signature", HeaderValue::from_str(&standard::sign(&key, id, now_s(), body)).unwrap());
-    h
 }
 
 #[tokio::test]

@@ -152,6 +152,17 @@ impl Stack {
         Intake::new(self.endpoints().await, self.settings(), self.ledger(), queue)
     }
 
+    /// Writes `requests` to the table, 25 at a time, until none is left unprocessed.
+    pub async fn put_all(&self, requests: &[aws_sdk_dynamodb::types::WriteRequest]) {
+        for chunk in requests.chunks(25) {
+            let mut pending = chunk.to_vec();
+            while !pending.is_empty() {
+                let out = self.ddb.batch_write_item().request_items(&self.table, pending.clone()).send().await.unwrap();
+                pending = out.unprocessed_items.and_then(|mut u| u.remove(&self.table)).unwrap_or_default();
+            }
+        }
+    }
+
     /// Every item in the table (a scan is fine for a test's small table).
     pub async fn items(&self) -> Vec<HashMap<String, AttributeValue>> {
         let out = self.ddb.scan().table_name(&self.table).consistent_read(true).send().await.unwrap();

@@ -38,14 +38,7 @@ impl World {
             match st.table.transact(&writes, Some(&entry.id), w.now()) {
                 Ok(()) => Ok(Audited::Done),
                 Err(TransactError::Cancelled(reasons)) => {
-                    let codes: Vec<&str> = reasons
-                        .iter()
-                        .map(|r| match r {
-                            None => "None",
-                            Some(Refusal::Conflict) => "TransactionConflict",
-                            Some(_) => "ConditionalCheckFailed",
-                        })
-                        .collect();
+                    let codes = Refusal::codes(&reasons);
                     let met = reasons
                         .iter()
                         .map(|r| match r {

@@ -715,14 +715,7 @@ impl WorkLedger for MemLedger {
             match result {
                 Ok(()) => Ok(Applied::Written { outbox }),
                 Err(TransactError::Cancelled(reasons)) => {
-                    let codes: Vec<&str> = reasons
-                        .iter()
-                        .map(|r| match r {
-                            None => "None",
-                            Some(Refusal::Conflict) => "TransactionConflict",
-                            Some(_) => "ConditionalCheckFailed",
-                        })
-                        .collect();
+                    let codes = Refusal::codes(&reasons);
                     // Only the puts ask for the item they met (`ALL_OLD`).
                     let met: Vec<Option<super::expr::Item>> = reasons
                         .iter()
@@ -790,14 +783,7 @@ impl WorkLedger for MemLedger {
             match result {
                 Ok(()) => Ok(CommitResult::Committed { outbox: outbox.clone() }),
                 Err(TransactError::Cancelled(reasons)) => {
-                    let codes: Vec<&str> = reasons
-                        .iter()
-                        .map(|r| match r {
-                            None => "None",
-                            Some(Refusal::Conflict) => "TransactionConflict",
-                            Some(_) => "ConditionalCheckFailed",
-                        })
-                        .collect();
+                    let codes = Refusal::codes(&reasons);
                     commit_cancelled(&codes, &owner)
                 }
                 Err(e) => Err(invalid(format!("{e:?}"))),

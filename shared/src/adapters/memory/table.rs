@@ -41,6 +41,21 @@ pub enum Refusal {
     Conflict,
 }
 
+impl Refusal {
+    /// A cancelled transaction's reasons as DynamoDB's cancellation codes
+    /// (`None` for an item that passed).
+    pub fn codes(reasons: &[Option<Refusal>]) -> Vec<&'static str> {
+        reasons
+            .iter()
+            .map(|r| match r {
+                None => "None",
+                Some(Refusal::Conflict) => "TransactionConflict",
+                Some(_) => "ConditionalCheckFailed",
+            })
+            .collect()
+    }
+}
+
 fn key_of(item: &Item) -> Option<Key> {
     let get = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
     Some((get(attr::PK)?, get(attr::SK)?))
