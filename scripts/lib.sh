@@ -54,6 +54,13 @@ stop_pid() { # pid
   kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
 }
 
+stop_tree() { # pid: a background job that is not a process group (its children first)
+  local pid=$1 child
+  [ -n "$pid" ] || return 0
+  for child in $(pgrep -P "$pid" 2>/dev/null); do stop_tree "$child"; done
+  kill -TERM "$pid" 2>/dev/null || true
+}
+
 # Local-only endpoint configuration and development secrets.
 local_env() {
   set -a
