@@ -640,6 +640,7 @@ DYNAMODB_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteIt
 #   sqs:ChangeMessageVisibility            nothing (no message body is touched)
 #   s3:PutObject                           kms:GenerateDataKey                             s3
 #   s3:GetObject                           kms:Decrypt                                     s3
+#   s3:DeleteObject                        nothing (no object body is touched)
 #   a DynamoDB read (GetItem,              kms:Decrypt, kms:DescribeKey                    dynamodb
 #     BatchGetItem, Query, Scan,
 #     TransactGetItems)
@@ -661,6 +662,7 @@ KMS_FOR_OPERATION = {
     "sqs:ChangeMessageVisibility": ((), "sqs"),
     "s3:PutObject": (("kms:GenerateDataKey",), "s3"),
     "s3:GetObject": (("kms:Decrypt",), "s3"),
+    "s3:DeleteObject": ((), "s3"),
     **{op: (("kms:Decrypt", "kms:DescribeKey"), "dynamodb") for op in DYNAMODB_READS},
     **{op: (("kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"), "dynamodb") for op in DYNAMODB_WRITES},
 }

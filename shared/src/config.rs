@@ -799,8 +799,8 @@ mod tests {
                 "at least one pointer",
             ),
             (
-                r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "payload": {"policy": "drop_after"}}}"#,
-                "not available",
+                r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "payload": {"policy": "drop_after", "mask": ["/a"]}}}"#,
+                "redact policy only",
             ),
             (
                 r#"{"s": {"provider": "stripe", "secrets": ["env:A"], "payload": {"policy": "shred"}}}"#,

@@ -1774,6 +1774,93 @@ pub async fn a_finished_records_entry_stays_and_the_places_are_kept<B: Backend>(
     assert_eq!(l.due_cursors().await.unwrap(), later);
 }
 
+/// `drop_payload`: a PROCESSED record of the `drop_after` policy loses its
+/// payload once, whether the record carried it or its item beside it; the
+/// record, its hashes and `payload_stored` stay, and its retry meets the
+/// note. A record not finished, or of another policy, keeps its payload.
+/// Deliveries are settled when every one is SENT or was never made.
+pub async fn a_finished_records_payload_is_dropped_once_under_drop_after<B: Backend>(b: &B) {
+    use crate::ledger::{DueCursor, Kept};
+    let l = b.ledger(seed("drop"));
+    // Far from every other scenario's time: the entries of a shared table stay apart.
+    let base = T0 + 600 * 300_000;
+    let drop_after = Some(Kept { policy: "drop_after", verified_hash: None });
+    let up_to = base + REDRIVE_GRACE_MS + 10;
+    let drop_of = |page: &crate::ledger::DuePage, key: &EventKey| {
+        page.items.iter().find_map(|d| match d {
+            Due::Record(r) if &r.key == key => Some(r.drop.clone()),
+            _ => None,
+        })
+    };
+    for (name, bytes) in [("drop-small", body("drop-small")), ("drop-large", large_body("drop-large"))] {
+        let mut e = event(name, &bytes, "send-1");
+        e.received_at_ms = base;
+        e.kept.clone_from(&drop_after);
+        assert_eq!(Ledger::claim(&l, &e, &bytes).await.unwrap(), Claim::New);
+        let page = l.due(DuePartition::Records, 0, up_to, 100, Some(&DueCursor::from_ms(base))).await.unwrap();
+        assert_eq!(drop_of(&page, &e.key), Some(None), "{name}: not finished, nothing to drop");
+        if name == "drop-small" {
+            // (A payload beside its record is deleted before the condition is
+            // met: the port is given only what a PROCESSED record says.)
+            let early =
+                crate::ledger::PayloadDrop { hash: e.payload_hash.clone(), inline: true, processed_at_ms: base };
+            assert!(!l.drop_payload(&e.key, &early, base + 1).await.unwrap(), "RECEIVED keeps its payload");
+            assert!(b.get(e.key.as_str(), "meta").await.expect("record").contains_key("body"));
+        }
+        assert!(matches!(l.lease(&e.key, "tok-1", base + 10, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+        let done = l.commit(&e.key, "tok-1", &[], "applied", None, base + 20).await.unwrap();
+        assert!(matches!(done, CommitResult::Committed { .. }), "{done:?}");
+        let page = l.due(DuePartition::Records, 0, up_to, 100, Some(&DueCursor::from_ms(base))).await.unwrap();
+        let drop = drop_of(&page, &e.key).flatten().unwrap_or_else(|| panic!("{name}: its payload to drop"));
+        assert_eq!(
+            (drop.hash.as_str(), drop.inline, drop.processed_at_ms),
+            (e.payload_hash.as_str(), name == "drop-small", base + 20)
+        );
+        assert!(l.drop_payload(&e.key, &drop, base + 30).await.unwrap(), "{name}: dropped");
+        assert!(b.ledger(seed("drop")).drop_payload(&e.key, &drop, base + 30).await.unwrap(), "{name}: its own retry");
+        let record = b.get(e.key.as_str(), "meta").await.expect("the record stays");
+        assert!(!record.contains_key("body") && !record.contains_key("enc"), "{name}: {record:?}");
+        let text = |k: &str| record.get(k).and_then(Value::as_str);
+        assert_eq!(text("payload_hash"), Some(e.payload_hash.as_str()), "{name}: its hash stays");
+        assert_eq!(text("status"), Some("PROCESSED"));
+        assert!(record.contains_key("payload_dropped_at") && record.contains_key("payload_stored"), "{record:?}");
+        let item = crate::adapters::dynamodb::payload_sk(&e.payload_hash);
+        assert!(b.get(e.key.as_str(), &item).await.is_none(), "{name}: no payload item left");
+        assert!(l.payload(&e.key, &e.payload_hash).await.unwrap().is_none());
+        let page = l.due(DuePartition::Records, 0, up_to, 100, Some(&DueCursor::from_ms(base))).await.unwrap();
+        assert_eq!(drop_of(&page, &e.key), Some(None), "{name}: nothing left to drop");
+        let mut later = event(name, &bytes, "send-2");
+        later.received_at_ms = base + 40;
+        later.kept.clone_from(&drop_after);
+        let again = Ledger::claim(&l, &later, &bytes).await.unwrap();
+        assert!(again != Claim::New, "{name}: a later delivery is not new: {again:?}");
+        assert!(b.get(e.key.as_str(), &item).await.is_none(), "{name}: and stores nothing");
+        let record = b.get(e.key.as_str(), "meta").await.expect("the record");
+        assert!(!record.contains_key("body"), "{name}: and stores nothing in the record");
+    }
+    // Another policy: kept.
+    let mut kept = event("drop-kept", &body("drop-kept"), "send-1");
+    kept.received_at_ms = base;
+    assert_eq!(Ledger::claim(&l, &kept, &body("drop-kept")).await.unwrap(), Claim::New);
+    assert!(matches!(l.lease(&kept.key, "tok-1", base + 10, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    l.commit(&kept.key, "tok-1", &[], "applied", None, base + 20).await.unwrap();
+    let page = l.due(DuePartition::Records, 0, up_to, 100, Some(&DueCursor::from_ms(base))).await.unwrap();
+    assert_eq!(drop_of(&page, &kept.key), Some(None), "keep: nothing to drop");
+    let as_if = crate::ledger::PayloadDrop { hash: kept.payload_hash.clone(), inline: true, processed_at_ms: base };
+    assert!(!l.drop_payload(&kept.key, &as_if, base + 30).await.unwrap());
+    assert!(b.get(kept.key.as_str(), "meta").await.expect("record").contains_key("body"), "keep keeps");
+
+    // Deliveries: settled when none was made, or each is SENT.
+    assert!(l.deliveries_settled(&[]).await.unwrap());
+    assert!(l.deliveries_settled(&["outbox#never-made".to_owned()]).await.unwrap());
+    let id = one_notification(b, "drop-delivery").await;
+    let both = [id.clone(), "outbox#never-made".to_owned()];
+    // Written claimed by its committer (SENDING).
+    assert!(!l.deliveries_settled(&both).await.unwrap(), "SENDING is not settled");
+    b.outbox().mark_sent(&id, "tok-1", None, T0 + 1).await.unwrap();
+    assert!(l.deliveries_settled(&both).await.unwrap(), "SENT");
+}
+
 /// Runs `$run!(scenario)` for every scenario that runs on both backends.
 #[macro_export]
 macro_rules! contract_scenarios {
@@ -1792,6 +1879,7 @@ macro_rules! contract_scenarios {
         $run!(a_record_whose_redrive_is_refused_as_invalid_is_dead_unless_a_worker_holds_it);
         $run!(due_items_are_paged_claimed_once_and_rescheduled);
         $run!(a_finished_records_entry_stays_and_the_places_are_kept);
+        $run!(a_finished_records_payload_is_dropped_once_under_drop_after);
         $run!(the_attention_index_counts_what_needs_an_operator);
         $run!(operator_transitions_leave_only_their_statuses);
         $run!(an_operator_action_and_its_audit_entry_are_one_write_listed_by_time_and_record);

@@ -525,7 +525,30 @@ pub struct DueRecord {
     pub lease_expires_at_ms: Option<i64>,
     /// How many times the reconciler claimed it for a re-drive so far.
     pub redrives: u32,
+    /// A PROCESSED record of the `drop_after` policy whose payload is still
+    /// stored: what the reconciler drops.
+    pub drop: Option<PayloadDrop>,
 }
+
+/// The stored payload of a finished record whose endpoint keeps payloads
+/// only until their event is done (`drop_after`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadDrop {
+    /// The stored payload's hash (the key of its item and of its object).
+    pub hash: String,
+    /// The record carries it itself (no item or object beside it).
+    pub inline: bool,
+    /// When the record completed.
+    pub processed_at_ms: i64,
+}
+
+/// How long after its completion a `drop_after` payload is kept: a
+/// destination handed a large payload by reference reads the object in
+/// that time.
+pub const DROP_AFTER_GRACE_MS: i64 = 3_600_000;
+/// When a payload waits on deliveries not SENT yet (pending, or DEAD until
+/// an operator replays them), the next look.
+pub const DROP_RECHECK_MS: i64 = 3_600_000;
 
 /// The longest a record merely waiting (`never_sent`, `not_picked_up`)
 /// waits between two re-drives: 4 hours.

@@ -683,6 +683,10 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatch for Dispatcher<S, P> 
         Dispatcher::queued(self)
     }
 
+    fn destinations(&self) -> Vec<String> {
+        self.destinations.as_ref().clone()
+    }
+
     async fn hand_over_committed(&self, items: &[OutboxItem], token: &str) -> bool {
         Dispatcher::hand_over_committed(self, items, token).await
     }

@@ -321,6 +321,10 @@ pub trait Dispatch: Send + Sync {
     fn queued(&self) -> bool {
         false
     }
+    /// The routes' destinations it delivers to, by name.
+    fn destinations(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// A commit's route deliveries, claimed under `token`, handed to the
     /// delivery queue; `false`: there is none (send them inline).
     fn hand_over_committed(
@@ -770,6 +774,23 @@ pub trait DueLedger: Ledger {
     /// DEAD and PARKED records and DEAD outbox items (all shards; one query
     /// per shard).
     fn attention(&self) -> impl Future<Output = Result<Attention, PortError>> + Send;
+    /// Drops the payload of a finished record of the `drop_after` policy:
+    /// its item and its object (when beside the record) deleted, then the
+    /// record's own copy removed and the drop noted, on condition that it
+    /// is PROCESSED, of that policy and not dropped yet. `Ok(true)`:
+    /// dropped (now, or by our own earlier try whose acknowledgement was
+    /// lost); `Ok(false)`: not such a record. `drop` must come from a record
+    /// read PROCESSED ([`crate::ledger::DueRecord::drop`]): no status follows
+    /// PROCESSED, so the copies beside the record go first, and a repeat
+    /// after a crash between two steps finds the rest to do.
+    fn drop_payload(
+        &self,
+        key: &EventKey,
+        drop: &crate::ledger::PayloadDrop,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+    /// Whether every outbox item of `ids` is SENT or does not exist.
+    fn deliveries_settled(&self, ids: &[String]) -> impl Future<Output = Result<bool, PortError>> + Send;
     /// A record whose re-drive was refused as invalid (a caller error)
     /// ends DEAD `caller_error` with `message`, if no worker holds it.
     /// `Ok(false)`: it moved on meanwhile (or is gone); our own retry after

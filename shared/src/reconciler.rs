@@ -61,9 +61,9 @@ use crate::clock::Ambient;
 use crate::config::ReconcilerSettings;
 use crate::identity::EventKey;
 use crate::ledger::{
-    ACTIVE_FOR_MS, Attention, CURSOR_REWIND_EVERY_MS, CURSOR_REWIND_MS, CURSOR_SETTLE_MS, CheckItem, Due, DueCursor,
-    DueCursors, DueItem, DuePage, DuePartition, DueRecord, FULL_SWEEP_EVERY_MS, PortError, Status, Sweep, WaiterCheck,
-    WaiterItem,
+    ACTIVE_FOR_MS, Attention, CURSOR_REWIND_EVERY_MS, CURSOR_REWIND_MS, CURSOR_SETTLE_MS, CheckItem,
+    DROP_AFTER_GRACE_MS, DROP_RECHECK_MS, Due, DueCursor, DueCursors, DueItem, DuePage, DuePartition, DueRecord,
+    FULL_SWEEP_EVERY_MS, PayloadDrop, PortError, Status, Sweep, WaiterCheck, WaiterItem,
 };
 use crate::message::Dispatched;
 use crate::ports::{Dispatch, DueLedger, Outgoing, SEND_BATCH_MAX, WorkQueue};
@@ -152,6 +152,11 @@ pub struct Summary {
     /// An idle run: nothing noted activity lately and the last full sweep
     /// was quiet, so no shard was read; the evidence is that sweep's.
     pub idle: bool,
+    /// Payloads of finished `drop_after` records dropped this run.
+    pub payloads_dropped: u64,
+    /// Payloads of finished `drop_after` records kept this run because a
+    /// delivery of theirs is not SENT yet (pending, or DEAD).
+    pub payloads_waiting: u64,
 }
 
 impl Summary {
@@ -680,8 +685,18 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
                 if let Due::Record(record) = due
                     && record.status.is_terminal()
                 {
-                    // A finished record's entry, left by its completion.
-                    passed[i] = true;
+                    match &record.drop {
+                        // A finished record's entry, left by its completion.
+                        None => passed[i] = true,
+                        // Its payload to drop, not yet.
+                        Some(_) if due.due_at_ms() > now_ms => due_beyond = true,
+                        Some(_) if *allowance == 0 => end = PhaseEnd::Budget,
+                        Some(drop) => {
+                            summary.due_seen += 1;
+                            let at = run.now(&self.ambient);
+                            passed[i] = self.drop_one(record, drop, at, allowance, summary, run).await;
+                        }
+                    }
                     continue;
                 }
                 if due.due_at_ms() > now_ms {
@@ -822,6 +837,73 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         }
         *budget -= 1;
         run.sends.push(Redrive { key: key.clone(), tenant: record.tenant.clone(), reason, at: now_ms });
+        true
+    }
+
+    /// The payload of a finished record of the `drop_after` policy: dropped
+    /// once [`DROP_AFTER_GRACE_MS`] have passed since its completion and its
+    /// deliveries (one per destination of the routes, by their stable ids)
+    /// are SENT or were never made; else looked at again then. Claimed
+    /// first, like a re-drive: the entry moves to its next look, so a run
+    /// that dies or fails after the claim leaves it to a later one, and each
+    /// step of the drop is a no-op when repeated. `true` when its entry
+    /// moved out of this run's range.
+    async fn drop_one(
+        &self,
+        record: &DueRecord,
+        drop: &PayloadDrop,
+        now_ms: i64,
+        budget: &mut usize,
+        summary: &mut Summary,
+        run: &mut Run,
+    ) -> bool {
+        let failures = &mut run.phases.redrive;
+        let key = &record.key;
+        if failures.stopped || failures.failed_before(key.as_str()) {
+            return false;
+        }
+        let ready_at = drop.processed_at_ms.saturating_add(DROP_AFTER_GRACE_MS);
+        let next = if ready_at > now_ms { ready_at } else { now_ms + DROP_RECHECK_MS };
+        match self.ledger.claim_due(DueItem::Record(key), record.due_at_ms, next).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return true,
+            Err(e) => {
+                failures.item("drop", key.as_str(), &e, summary);
+                return false;
+            }
+        }
+        *budget -= 1;
+        if ready_at > now_ms {
+            return true;
+        }
+        let destinations = self.dispatcher.as_ref().map(Dispatch::destinations).unwrap_or_default();
+        let ids: Vec<String> = destinations
+            .iter()
+            .map(|d| crate::message::outbox_id(key.as_str(), &crate::routes::delivery_action(d)))
+            .collect();
+        match self.ledger.deliveries_settled(&ids).await {
+            Ok(true) => {}
+            Ok(false) => {
+                summary.payloads_waiting += 1;
+                return true;
+            }
+            Err(e) => {
+                failures.item("drop", key.as_str(), &e, summary);
+                return true;
+            }
+        }
+        match self.ledger.drop_payload(key, drop, now_ms).await {
+            Ok(dropped) => {
+                failures.ok();
+                if dropped {
+                    summary.payloads_dropped += 1;
+                    tracing::info!(key = %key, "payload dropped (drop_after)");
+                }
+            }
+            Err(e) => {
+                failures.item("drop", key.as_str(), &e, summary);
+            }
+        }
         true
     }
 

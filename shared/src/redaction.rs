@@ -19,10 +19,10 @@
 //!   other byte is kept as sent (whitespace, key order, numbers). A pointer
 //!   that names nothing in a payload changes nothing. A payload that is not
 //!   JSON cannot be redacted and is refused (422), never stored whole.
-//! - `drop_after` (parsed, and refused by [`PayloadPolicy::validate`] in this
-//!   release): the payload kept until the event is processed and its
-//!   deliveries are sent, then removed; the record and its evidence (hashes,
-//!   status, history) kept until their time to live.
+//! - `drop_after`: the payload kept until the event is processed and its
+//!   deliveries are sent, then removed by the reconciler
+//!   ([`crate::ledger::DROP_AFTER_GRACE_MS`] after the completion); the record
+//!   and its evidence (hashes, status, history) kept until their time to live.
 //!
 //! What each gives up is in docs/privacy.md.
 
@@ -94,11 +94,6 @@ impl PayloadPolicy {
     /// pointer and at most [`MAX_POINTERS`], each a valid JSON pointer to
     /// something below the document (not the document itself).
     pub fn validate(&self) -> Result<(), String> {
-        if self.drops_after() {
-            // Its records are marked (`payload_policy`), but nothing drops
-            // their payloads yet: refused rather than kept silently.
-            return Err("payload policy drop_after is not available in this release; use keep or redact".into());
-        }
         let Self::Redact { remove, mask } = self else { return Ok(()) };
         let n = remove.len() + mask.len();
         if n == 0 {
@@ -518,7 +513,7 @@ mod tests {
         assert!(err(r#"{"remove":["/a"]}"#).contains("missing field `policy`"));
         let drop: PayloadPolicy = serde_json::from_str(r#"{"policy":"drop_after"}"#).unwrap();
         assert!(drop.drops_after());
-        assert!(drop.validate().unwrap_err().contains("not available"), "refused until payloads are dropped");
+        assert_eq!(drop.validate(), Ok(()));
         assert_eq!(PayloadPolicy::default().apply(b"x"), Ok(None));
     }
 

@@ -182,6 +182,9 @@ impl hookledger::ports::DeliveryQueue for VirtualDelays {
 /// The world a flow runs in: a fresh table and queue, the code under test
 /// on faulty clients, the harness on clean ones, and a virtual clock.
 pub struct World {
+    /// What [`World::seed`] marks its records with (an endpoint's payload
+    /// policy other than `keep`).
+    pub seed_kept: Option<hookledger::ledger::Kept>,
     pub stack: Stack,
     pub plan: FaultPlan,
     /// The SDK configuration whose clients go through `plan` (the code
@@ -333,6 +336,7 @@ impl World {
             SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
         };
         Self {
+            seed_kept: None,
             payloads: S3Payloads::from_config(&stack.aws, bucket),
             stack,
             plan,
@@ -452,10 +456,13 @@ impl World {
         } else {
             self.item(key.as_str(), &format!("payload#{hash}")).await
         };
-        if !stored || payload.is_none() {
+        let status = s(&meta, "status");
+        // Done, and its payload dropped by its endpoint's policy: a later
+        // delivery is a duplicate with nothing left to keep.
+        let dropped = status == "PROCESSED" && meta.contains_key("payload_dropped_at");
+        if !stored || (payload.is_none() && !dropped) {
             self.violation("wrong_2xx", format!("{key}: answered 2xx while the payload was not durable"));
         }
-        let status = s(&meta, "status");
         let terminal = matches!(status.as_str(), "PROCESSED" | "DEAD" | "PARKED");
         if !terminal && !meta.contains_key("due_shard") {
             self.violation("wrong_2xx", format!("{key}: answered 2xx, {status} and not re-drivable"));
@@ -502,7 +509,7 @@ impl World {
             send: SendLease { token: "seed".into(), until_ms: self.now },
             via: hookledger::ledger::Via::Webhook,
             batch_hash: None,
-            kept: None,
+            kept: self.seed_kept.clone(),
             notification: None,
         };
         assert_eq!(ledger.claim(&event, body).await.unwrap_or_else(|e| panic!("seed claim: {e}")), Claim::New);
@@ -667,7 +674,7 @@ impl World {
             "meta" => matches!(s(i, "status").as_str(), "PROCESSED" | "DEAD" | "PARKED"),
             "outbox" => matches!(s(i, "status").as_str(), "SENT" | "DEAD"),
             _ => true,
-        })
+        }) && !items.iter().any(drop_pending)
     }
 
     /// Lets the world run until nothing is left to do (or the horizon).
@@ -885,9 +892,41 @@ pub enum Flow {
     OperatorDeliveryReplay,
     /// A subject's mapping and its audit entry, one transaction.
     OperatorMapSubject,
+    /// A routed event of a `drop_after` endpoint, processed and delivered
+    /// to every destination, its grace over: the reconciler claims its
+    /// entry, finds its deliveries SENT, deletes its payload item and
+    /// object and clears the record's copy.
+    ReconcilerDropPayload,
 }
 
-pub const FLOWS: [Flow; 39] = [
+/// A finished record of the `drop_after` policy whose payload is not
+/// dropped yet (the world has not converged while one is left).
+fn drop_pending(i: &HashMap<String, AttributeValue>) -> bool {
+    s(i, "sk") == "meta"
+        && s(i, "status") == "PROCESSED"
+        && s(i, "payload_policy") == "drop_after"
+        && !i.contains_key("payload_dropped_at")
+}
+
+/// A `product.created` event over an item's inline size, that does not
+/// compress: its payload in an item of its own beside the record.
+fn dropped_body() -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let noise: String = (0..1_500)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    serde_json::json!({"id": "evt_drop", "object": "event", "type": "product.created",
+        "data": {"object": {"id": "prod_drop", "secret_note": "DROP-MARKER", "noise": noise}}})
+    .to_string()
+    .into_bytes()
+}
+
+pub const FLOWS: [Flow; 40] = [
     Flow::IntakeNew,
     Flow::IntakeNewCold,
     Flow::IntakeNewLarge,
@@ -927,6 +966,7 @@ pub const FLOWS: [Flow; 39] = [
     Flow::OperatorResolve,
     Flow::OperatorDeliveryReplay,
     Flow::OperatorMapSubject,
+    Flow::ReconcilerDropPayload,
 ];
 
 /// The envelope in a message of a destination's queue: an EventBridge rule
@@ -1332,6 +1372,23 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             w.now += ReconcilerSettings::default().drift_interval_ms + 1_000;
             none(key)
         }
+        Flow::ReconcilerDropPayload => {
+            w.create_routed_destinations().await;
+            w.seed_kept = Some(hookledger::ledger::Kept { policy: "drop_after", verified_hash: None });
+            let key = w.seed("stripe", "stripe-a", "evt_drop", &dropped_body(), true).await;
+            w.seed_kept = None;
+            drain_processor(w).await;
+            for _ in 0..20 {
+                w.poll_deliveries().await;
+                if w.delivering.is_empty() {
+                    break;
+                }
+                w.deliver_one(0).await;
+            }
+            w.now += hookledger::ledger::DROP_AFTER_GRACE_MS + 1_000;
+            w.next_tick = w.now;
+            none(key)
+        }
         Flow::ReconcilerIdle | Flow::ReconcilerFullSweep => {
             // A quiet run that read every shard.
             w.reconcile().await;
@@ -1434,7 +1491,8 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::ReconcilerOutboxSweep
         | Flow::ReconcilerDriftRepair
         | Flow::ReconcilerIdle
-        | Flow::ReconcilerFullSweep => {
+        | Flow::ReconcilerFullSweep
+        | Flow::ReconcilerDropPayload => {
             w.reconcile().await;
         }
         Flow::OperatorReplay => {
@@ -1649,7 +1707,14 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             }
             w.expect_count("distinct idempotency keys published", keys.len() as i64, 1);
         }
-        Flow::ProcessorRouted | Flow::DispatcherDeliver | Flow::DispatcherWait | Flow::DispatcherDrain => {
+        Flow::ProcessorRouted
+        | Flow::DispatcherDeliver
+        | Flow::DispatcherWait
+        | Flow::DispatcherDrain
+        | Flow::ReconcilerDropPayload => {
+            if flow == Flow::ReconcilerDropPayload {
+                check_dropped(w, &ctx.key).await;
+            }
             // Each destination got the event at least once, under its one key.
             for (queue, name) in [
                 (w.routed_queue.clone(), "queue"),
@@ -1719,6 +1784,39 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
     // One record per identity: every meta item's key is unique by
     // construction; check no record exists under an unexpected identity.
     let _ = &ctx.key;
+}
+
+/// A `drop_after` record after convergence: its payload nowhere in the
+/// table or the bucket, the record and its hashes kept; a later delivery
+/// of the event is a 2xx duplicate that stores nothing again.
+async fn check_dropped(w: &mut World, key: &EventKey) {
+    let Some(meta) = w.meta(key).await else {
+        return w.violation("lost", format!("{key}: no record"));
+    };
+    let hash = s(&meta, "payload_hash");
+    if !meta.contains_key("payload_dropped_at") || meta.contains_key("body") || hash.is_empty() {
+        w.violation("kept", format!("{key}: payload not dropped ({:?})", meta.keys().collect::<Vec<_>>()));
+    }
+    let readable = |items: &[HashMap<String, AttributeValue>]| {
+        items.iter().any(|i| {
+            hookledger::adapters::dynamodb::payload::body(i)
+                .is_some_and(|b| b.windows(11).any(|win| win == b"DROP-MARKER"))
+        })
+    };
+    if readable(&w.stack.items().await) {
+        w.violation("kept", format!("{key}: its payload is still in the table"));
+    }
+    if w.payloads.get(key, &hash).await.ok().flatten().is_some() {
+        w.violation("kept", format!("{key}: its payload object is still in the bucket"));
+    }
+    let late = Delivery { endpoint: "stripe-a", event_id: key.event_id().to_owned(), body: dropped_body() };
+    let status = w.deliver(late, 0).await;
+    if status != Some(200) {
+        w.violation("refused", format!("{key}: a later delivery answered {status:?}, not a 200 duplicate"));
+    }
+    if readable(&w.stack.items().await) {
+        w.violation("kept", format!("{key}: a later delivery stored the payload again"));
+    }
 }
 
 /// The subject mapping of [`Flow::OperatorMapSubject`], and its entry.
@@ -1902,14 +2000,19 @@ const OUTCOME_FLOWS: [Flow; 6] = [
     Flow::ProcessorSplit,
     Flow::ProcessorRouted,
 ];
-const BACKGROUND_FLOWS: [Flow; 14] = [
+/// The background flows in two groups of about the same number of calls
+/// (runs), so that no one test holds a test thread for most of the run.
+const DELIVERY_FLOWS: [Flow; 6] = [
     Flow::DispatcherDeliver,
     Flow::DispatcherWait,
     Flow::DispatcherDrain,
     Flow::OutboxDispatch,
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,
+];
+const RECONCILER_OPERATOR_FLOWS: [Flow; 9] = [
     Flow::ReconcilerDriftRepair,
+    Flow::ReconcilerDropPayload,
     Flow::ReconcilerIdle,
     Flow::ReconcilerFullSweep,
     Flow::OperatorReplay,
@@ -1921,8 +2024,14 @@ const BACKGROUND_FLOWS: [Flow; 14] = [
 
 #[test]
 fn the_exploration_tests_cover_every_flow() {
-    let mut covered: Vec<Flow> =
-        [&INTAKE_FLOWS[..], &CONTRACT_FLOWS[..], &OUTCOME_FLOWS[..], &BACKGROUND_FLOWS[..]].concat();
+    let mut covered: Vec<Flow> = [
+        &INTAKE_FLOWS[..],
+        &CONTRACT_FLOWS[..],
+        &OUTCOME_FLOWS[..],
+        &DELIVERY_FLOWS[..],
+        &RECONCILER_OPERATOR_FLOWS[..],
+    ]
+    .concat();
     covered.sort();
     assert_eq!(covered, FLOWS.to_vec());
 }
@@ -1950,8 +2059,13 @@ async fn exploration_processor_outcomes() {
 }
 
 #[tokio::test]
-async fn exploration_outbox_reconciler_operator() {
-    explore_and_assert(&BACKGROUND_FLOWS, false).await;
+async fn exploration_deliveries_and_redrives() {
+    explore_and_assert(&DELIVERY_FLOWS, false).await;
+}
+
+#[tokio::test]
+async fn exploration_reconciler_and_operator() {
+    explore_and_assert(&RECONCILER_OPERATOR_FLOWS, false).await;
 }
 
 #[tokio::test]

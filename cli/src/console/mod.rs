@@ -493,7 +493,7 @@ async fn record_page(app: &App, key_raw: &str, with_payload: bool, notice: &str)
             esc(&String::from_utf8_lossy(&p)),
             p.len()
         )),
-        (true, None) => body.push_str("<p id=payload>The payload is not stored (expired or never kept).</p>"),
+        (true, None) => body.push_str("<p id=payload>The payload is not stored (expired, dropped by its endpoint's payload policy, or never kept).</p>"),
         (false, _) => body.push_str(&format!(
             "<form method=post action=\"/record/payload\">{token}<input type=hidden name=key value=\"{k}\">\
              <button type=submit id=show-payload>Show the payload</button></form>"

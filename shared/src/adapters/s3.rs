@@ -59,6 +59,18 @@ impl S3Payloads {
         Ok(())
     }
 
+    /// Deletes a payload's object (idempotent: none is not an error).
+    pub async fn delete(&self, key: &EventKey, hash: &str) -> Result<(), PortError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(Self::object_key(key, hash))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
     /// The payload, decoded; `None` when there is no such object.
     pub async fn get(&self, key: &EventKey, hash: &str) -> Result<Option<Vec<u8>>, PortError> {
         let out = match self.client.get_object().bucket(&self.bucket).key(Self::object_key(key, hash)).send().await {

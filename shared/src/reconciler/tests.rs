@@ -1997,3 +1997,62 @@ async fn a_failed_read_of_the_places_reads_the_last_minutes_and_keeps_nothing() 
     assert_eq!(next.redriven, counts(&[("never_sent", 1)]), "read from its place (none: the oldest): {next:?}");
     assert!(w.claimed(&older));
 }
+
+/// `drop_after`: a finished record's payload is kept through the grace
+/// after its completion and while a delivery of its is not SENT, its entry
+/// moved to its next look each time; then dropped once. A finished record
+/// of another policy keeps its payload.
+#[tokio::test]
+async fn a_drop_after_payload_waits_for_its_grace_and_its_deliveries_then_is_dropped_once() {
+    let h = Harness::new();
+    let dropping = key("evt_drop");
+    h.ledger().add(
+        &dropping,
+        Status::Processed,
+        NOW - 1_000,
+        json!({"payload_policy": "drop_after", "processed_at": NOW}),
+    );
+    let kept = key("evt_kept");
+    h.ledger().add(&kept, Status::Processed, NOW - 1_000, json!({"processed_at": NOW}));
+    for k in [&dropping, &kept] {
+        h.ledger().edit(k, |item| payload::put(item, payload::encode(br#"{"card":"4242"}"#)));
+    }
+    let dispatcher = h.dispatcher().with_destinations(vec!["queue".to_owned()]);
+    let recon = Reconciler::new(h.ledger(), h.world.queue(), Some(dispatcher), h.rechecks(), h.settings)
+        .with_ambient(h.ambient());
+    let run = |at: i64| {
+        let (recon, ledger, far) = (&recon, h.ledger(), h.far());
+        async move {
+            crate::ports::Activity::note_activity(&ledger, at).await;
+            recon.run(at, far).await
+        }
+    };
+
+    // Within the grace: kept, its entry moved to the grace's end.
+    let first = run(NOW + 120_000).await;
+    assert_eq!((first.payloads_dropped, first.payloads_waiting), (0, 0), "{first:?}");
+    assert!(h.payload_of(&dropping).is_some());
+    assert_eq!(h.num(&dropping, attr::DUE_AT), Some(NOW + DROP_AFTER_GRACE_MS));
+
+    // The grace over, its delivery still PENDING: kept, looked at again later.
+    let id = crate::message::outbox_id(dropping.as_str(), &crate::routes::delivery_action("queue"));
+    h.outbox_item(&id, NOW + 10 * 86_400_000);
+    let at = NOW + DROP_AFTER_GRACE_MS;
+    let waiting = run(at).await;
+    assert_eq!((waiting.payloads_dropped, waiting.payloads_waiting), (0, 1), "{waiting:?}");
+    assert!(h.payload_of(&dropping).is_some(), "a delivery still needs it");
+    assert_eq!(h.num(&dropping, attr::DUE_AT), Some(at + DROP_RECHECK_MS));
+
+    // SENT: dropped at the next look, once.
+    let sent = OutboxView { status: "SENT".into(), due_at: None, due_shard: None, ..Harness::pending(&id, NOW) };
+    h.world.outbox().put(&id, &sent);
+    let dropped = run(at + DROP_RECHECK_MS).await;
+    assert_eq!((dropped.payloads_dropped, dropped.payloads_waiting), (1, 0), "{dropped:?}");
+    assert!(h.payload_of(&dropping).is_none(), "dropped");
+    assert_eq!(h.num(&dropping, "payload_dropped_at"), Some(at + DROP_RECHECK_MS));
+    assert_eq!(h.status(&dropping), Status::Processed);
+    assert!(h.text(&dropping, attr::PAYLOAD_HASH).is_some(), "its hash stays");
+    let after = run(at + 2 * DROP_RECHECK_MS).await;
+    assert_eq!((after.payloads_dropped, after.payloads_waiting), (0, 0), "{after:?}");
+    assert!(h.payload_of(&kept).is_some(), "keep keeps");
+}

@@ -153,6 +153,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "flag_replay",
     "audit_entry",
     "audit_end",
+    "drop_payload",
 ];
 
 /// A conditional update: its expressions and their values.
@@ -1272,6 +1273,31 @@ fn not_awaiting_payload(u: Update) -> Update {
     let condition =
         format!("{} AND (attribute_not_exists(park_reason) OR NOT begins_with(park_reason, :unrec))", u.condition);
     Update { condition, ..u }.value(":unrec", s(crate::ledger::BACKFILL_UNRECOVERABLE))
+}
+
+/// The payload of a finished record whose endpoint keeps it only until
+/// then (`drop_after`): the record's own copy removed and the drop noted
+/// (`payload_dropped_at`); `payload_stored` stays, so a later delivery of
+/// the event is still a duplicate and never stores it again. Only a
+/// PROCESSED record of that policy not dropped yet; our own retry after a
+/// lost acknowledgement meets the note ([`dropped`]).
+pub fn drop_payload(now_ms: i64) -> Update {
+    Update::when(
+        "drop_payload",
+        "#st = :processed AND payload_policy = :drop AND attribute_not_exists(payload_dropped_at)",
+    )
+    .status()
+    .remove(attr::BODY)
+    .remove(super::payload::ENCODING)
+    .set("payload_dropped_at = :now")
+    .value(":processed", s(Status::Processed.as_str()))
+    .value(":drop", s("drop_after"))
+    .value(":now", n(now_ms))
+}
+
+/// Whether a record a refused [`drop_payload`] met has its payload dropped.
+pub fn dropped(met: Option<&std::collections::HashMap<String, AttributeValue>>) -> bool {
+    met.is_some_and(|m| m.contains_key(attr::PAYLOAD_DROPPED_AT))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use crate::adapters::port_error;
 use crate::identity::EventKey;
 use crate::ledger::{
     Attention, CheckItem, Due, DueCursor, DueCursors, DueEntry, DueItem, DuePage, DuePartition, DueRecord, GAP,
-    PortError, Status, WaiterCheck, WaiterItem,
+    PayloadDrop, PortError, Status, WaiterCheck, WaiterItem,
 };
 use crate::ports::DueLedger;
 use crate::projection::STATE_SK;
@@ -162,6 +162,7 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
                 open_since_ms: reopened.map_or(received_at_ms, |r| r.max(received_at_ms)),
                 lease_expires_at_ms: get_n(i, "lease_expires_at"),
                 redrives: get_n(i, "redrives").and_then(|r| u32::try_from(r).ok()).unwrap_or(0),
+                drop: drop_of(i),
             }))
         }
         sk if sk.starts_with("wait#") => Some(Due::Waiter(WaiterItem {
@@ -177,6 +178,21 @@ pub(crate) fn due_of(i: &Item, at: i64) -> Option<Due> {
         }
         _ => None,
     }
+}
+
+/// The payload a record of the `drop_after` policy still holds once
+/// PROCESSED (`None`: another policy, not finished, or dropped already).
+fn drop_of(i: &Item) -> Option<PayloadDrop> {
+    let finished = get_s(i, attr::STATUS) == Some(Status::Processed.as_str());
+    let dropping = get_s(i, attr::PAYLOAD_POLICY) == Some("drop_after");
+    if !finished || !dropping || i.contains_key(attr::PAYLOAD_DROPPED_AT) {
+        return None;
+    }
+    Some(PayloadDrop {
+        hash: get_s(i, attr::PAYLOAD_HASH)?.to_owned(),
+        inline: i.contains_key(attr::BODY),
+        processed_at_ms: get_n(i, "processed_at").unwrap_or(0),
+    })
 }
 
 /// The keys (`pk`, `sk`) of a due item.
@@ -249,6 +265,33 @@ pub(crate) fn predecessor_committed(state: Option<&Item>, seq: i64) -> bool {
 impl DueLedger for DynamoLedger {
     fn shards(&self) -> u32 {
         DynamoLedger::shards(self)
+    }
+
+    async fn drop_payload(&self, key: &EventKey, drop: &PayloadDrop, now_ms: i64) -> Result<bool, PortError> {
+        if !drop.inline {
+            // Beside the record: its item, or its object (a payload over an
+            // item's size, or one a route handed by reference). Both
+            // deletions are no-ops when repeated.
+            let item = Self::key(key, &super::schema::payload_sk(&drop.hash));
+            let deleted = self.client().delete_item().table_name(self.table()).set_key(Some(item)).send().await;
+            deleted.map_err(|e| port_error("dynamodb", &e))?;
+            if let Some(s3) = &self.payloads {
+                s3.delete(key, &drop.hash).await?;
+            }
+        }
+        Ok(match self.conditional(key.as_str(), META_SK, cond::drop_payload(now_ms), false).await? {
+            Written::Applied(_) => true,
+            Written::Refused(met) => cond::dropped(met.as_ref()),
+        })
+    }
+
+    async fn deliveries_settled(&self, ids: &[String]) -> Result<bool, PortError> {
+        if ids.is_empty() {
+            return Ok(true);
+        }
+        let keys = ids.iter().map(|id| Self::item_key(id, super::outbox::OUTBOX_SK)).collect();
+        let items = self.batch_read(keys).await?;
+        Ok(items.iter().all(|i| get_s(i, attr::STATUS) == Some(cond::outbox_status::SENT)))
     }
 
     async fn active_since(&self, since_ms: i64) -> Result<bool, PortError> {

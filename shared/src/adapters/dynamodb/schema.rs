@@ -64,6 +64,8 @@ pub mod attr {
     pub const PAYLOAD_POLICY: &str = "payload_policy";
     /// On a redacted record: the hash of the body as verified (`payload_hash` is of what is stored).
     pub const VERIFIED_HASH: &str = "verified_hash";
+    /// On a record of the `drop_after` policy whose payload was dropped: when.
+    pub const PAYLOAD_DROPPED_AT: &str = "payload_dropped_at";
 }
 
 /// The sort key of a body binding (`pk = body#<provider>#<endpoint>#<payload hash>`).

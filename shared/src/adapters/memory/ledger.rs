@@ -898,6 +898,34 @@ impl DueLedger for MemLedger {
         self.0.shards
     }
 
+    async fn drop_payload(
+        &self,
+        key: &EventKey,
+        drop: &crate::ledger::PayloadDrop,
+        now_ms: i64,
+    ) -> Result<bool, PortError> {
+        self.0.call_on("due.drop_payload", key.as_str(), |_, st| {
+            if !drop.inline {
+                st.table.remove(key.as_str(), &payload_sk(&drop.hash));
+                if let Some(b) = &mut st.bucket {
+                    b.remove(&format!("{}/{}", key.as_str(), drop.hash));
+                }
+            }
+            Ok(match st.conditional(key.as_str(), META_SK, &cond::drop_payload(now_ms))? {
+                Written::Applied(_) => true,
+                Written::Refused(met) => cond::dropped(met.as_ref()),
+            })
+        })
+    }
+
+    async fn deliveries_settled(&self, ids: &[String]) -> Result<bool, PortError> {
+        self.0.call_on("due.deliveries_settled", "", |_, st| {
+            Ok(ids.iter().all(|id| {
+                st.table.get(id, OUTBOX_SK).is_none_or(|i| text(i, attr::STATUS) == cond::outbox_status::SENT)
+            }))
+        })
+    }
+
     async fn active_since(&self, since_ms: i64) -> Result<bool, PortError> {
         let from = activity::mark_sk(activity::window(since_ms));
         self.0.call_on("due.active_since", activity::ACTIVITY_PK, |_, st| {
