@@ -127,6 +127,7 @@ pub async fn run(
         index_shards: ledger.shards(),
         mode,
         payload: spec.payload.clone(),
+        erasable: spec.erasable,
     };
     let settings = BackfillSettings {
         max_pages: args.max_pages,
@@ -226,7 +227,11 @@ fn on(
     source: ProviderSource,
     settings: BackfillSettings,
 ) -> LiveBackfill {
-    Backfill::new(ledger, queue, source, settings).with_ambient(wiring.ambient().clone())
+    let backfill = Backfill::new(ledger, queue, source, settings).with_ambient(wiring.ambient().clone());
+    match wiring.keys() {
+        Some(keys) => backfill.with_keys(keys),
+        None => backfill,
+    }
 }
 
 /// Runs the backfill with a progress spinner on a terminal.
@@ -374,6 +379,7 @@ pub async fn replay_from_source(
         index_shards: ledger.shards(),
         mode: Mode::Import,
         payload,
+        erasable: wiring.settings.erasable(&parked.endpoint),
     };
     let settings = BackfillSettings { max_body_bytes: args.max_backfill_body_bytes, ..BackfillSettings::default() };
     let list = ProviderKind::named(&parked.provider).and_then(|p| p.backfill());

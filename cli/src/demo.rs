@@ -540,6 +540,7 @@ impl Providers<'_> {
             index_shards: self.wiring.settings.index_shards,
             mode: hookledger::backfill::Mode::Import,
             payload: Default::default(),
+            erasable: false,
         };
         let window = hookledger::ports::Window {
             since_s: self.now - 60,

@@ -12,7 +12,8 @@ use std::borrow::Cow;
 use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, ExistingRecord, Generation, Kept, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
-use crate::ports::{Ledger, Outgoing, WorkQueue};
+use crate::ports::{Ledger, Outgoing, PayloadKeys, WorkQueue};
+use crate::sealing::KeyState;
 use crate::redaction::{PayloadPolicy, Unredactable};
 use crate::verify::registry;
 
@@ -169,6 +170,14 @@ pub struct Admission<'a, L, Q> {
     pub queue: &'a Q,
     /// Who releases a parked record (`webhook`, `backfill`, ...), for its history.
     pub by: &'a str,
+    /// Where the data keys are, when the events' payloads are sealed (an
+    /// erasable endpoint's, [`crate::sealing`]); `None`: stored as they are.
+    pub keys: Option<&'a dyn PayloadKeys>,
+}
+
+/// The key store failed: nothing was stored.
+fn key_failed(e: PortError) -> Admitted {
+    failed("data_key", e)
 }
 
 impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
@@ -177,6 +186,56 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
     /// together (`SendMessageBatch`; one `SendMessage` for one). One answer
     /// per event, in order.
     pub async fn admit(&self, events: &[(NewEvent, &[u8])]) -> Vec<Admitted> {
+        if self.keys.is_none() {
+            return self.admit_as_given(events).await;
+        }
+        // Sealed first, each under its event's key (one write each, at most
+        // CLAIMS_IN_FLIGHT at once); an erased event is not claimed again.
+        let mut sealed: Vec<Result<Cow<'_, [u8]>, Admitted>> = Vec::with_capacity(events.len());
+        for chunk in events.chunks(CLAIMS_IN_FLIGHT) {
+            let pending: Vec<_> = chunk.iter().map(|(event, bytes)| self.sealed(event, bytes)).collect();
+            sealed.extend(futures::future::join_all(pending).await);
+        }
+        let ready: Vec<(NewEvent, &[u8])> = events
+            .iter()
+            .zip(&sealed)
+            .filter_map(|((event, _), s)| s.as_ref().ok().map(|bytes| (event.clone(), bytes.as_ref())))
+            .collect();
+        let mut admitted = self.admit_as_given(&ready).await.into_iter();
+        sealed
+            .into_iter()
+            .map(|s| match s {
+                Ok(_) => admitted.next().unwrap_or_else(|| failed("claim", lost())),
+                Err(done) => done,
+            })
+            .collect()
+    }
+
+    /// The bytes to store and queue for `event`: sealed under its data key
+    /// when this admission seals (the key made now, or the one an earlier
+    /// claim of the same event made), else `bytes` as they are. `Err`: what
+    /// became of it without a claim: an erased event is a duplicate (its
+    /// record keeps its identity), a key store that failed is a failure.
+    pub async fn sealed<'b>(&self, event: &NewEvent, bytes: &'b [u8]) -> Result<Cow<'b, [u8]>, Admitted> {
+        let Some(keys) = self.keys else { return Ok(Cow::Borrowed(bytes)) };
+        let fresh = crate::sealing::DataKey::generate()
+            .map_err(|_| key_failed(PortError::Unavailable { service: "kms", message: "no random bytes".into() }))?;
+        match keys.key_for(&event.key, &fresh, event.expires_at).await {
+            Ok(KeyState::Live(key)) => Ok(Cow::Owned(crate::sealing::seal(&key, &event.key, bytes))),
+            Ok(KeyState::Erased { .. }) => {
+                tracing::info!(key = %event.key, "delivery of an erased event: a duplicate, nothing stored");
+                Err(Admitted::Duplicate { resent: false, conflict: false })
+            }
+            Ok(KeyState::Missing) => Err(key_failed(PortError::Unavailable {
+                service: "dynamodb",
+                message: "the data key was neither stored nor found".into(),
+            })),
+            Err(e) => Err(key_failed(e)),
+        }
+    }
+
+    /// [`Self::admit`] of bytes already as they are to be stored.
+    async fn admit_as_given(&self, events: &[(NewEvent, &[u8])]) -> Vec<Admitted> {
         let mut claims: Vec<Result<Claim, PortError>> = Vec::with_capacity(events.len());
         // A new record is a new due entry.
         if let Some((first, _)) = events.first() {
@@ -202,7 +261,8 @@ impl<L: Ledger, Q: WorkQueue> Admission<'_, L, Q> {
     }
 
     /// The first step alone, for a caller that claims one event at a time
-    /// and sends the new ones together later ([`Self::send`]):
+    /// and sends the new ones together later ([`Self::send`]), `bytes` as
+    /// they are stored (sealed first by [`Self::sealed`] when it seals):
     /// [`Step::Send`] with the record claimed now (the event's, or a
     /// notification's next generation), else what became of it.
     pub async fn claim(&self, event: &NewEvent, bytes: &[u8]) -> Step {

@@ -35,6 +35,7 @@ pub mod verb {
     pub const MIGRATE: &str = "migrate";
     pub const BACKFILL: &str = "backfill";
     pub const REPLAY_SNS: &str = "replay-sns";
+    pub const ERASE: &str = "erase";
 }
 
 /// A run's entry before its outcome is known.

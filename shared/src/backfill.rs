@@ -59,6 +59,8 @@ pub struct Target {
     pub mode: Mode,
     /// The endpoint's payload policy: a fetched body is kept as a delivered one would be.
     pub payload: crate::redaction::PayloadPolicy,
+    /// The endpoint's payloads are sealed ([`crate::sealing`]): so is a fetched one.
+    pub erasable: bool,
 }
 
 /// How a missing event is recovered.
@@ -302,11 +304,19 @@ pub struct Backfill<L, Q, S> {
     source: S,
     settings: BackfillSettings,
     ambient: Ambient,
+    /// The data keys of erasable endpoints' payloads.
+    keys: Option<std::sync::Arc<dyn crate::ports::PayloadKeys>>,
 }
 
 impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q, S> {
     pub fn new(ledger: L, queue: Q, source: S, settings: BackfillSettings) -> Self {
-        Self { ledger, queue, source, settings, ambient: Ambient::system() }
+        Self { ledger, queue, source, settings, ambient: Ambient::system(), keys: None }
+    }
+
+    /// Seals erasable endpoints' payloads under data keys kept in `keys`.
+    pub fn with_keys(mut self, keys: std::sync::Arc<dyn crate::ports::PayloadKeys>) -> Self {
+        self.keys = Some(keys);
+        self
     }
 
     /// Reads time, sleeps and draws tokens and jitter through `ambient`.
@@ -485,8 +495,10 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
         ScheduledRun { ran: Some((window, summary)), state: Some(state), error: None }
     }
 
-    fn admission(&self) -> Admission<'_, L, Q> {
-        Admission { ledger: &self.ledger, queue: &self.queue, by: "backfill" }
+    /// The admission path, sealing for an erasable endpoint (`target`).
+    fn admission(&self, target: Option<&Target>) -> Admission<'_, L, Q> {
+        let keys = if target.is_some_and(|t| t.erasable) { self.keys.as_deref() } else { None };
+        Admission { ledger: &self.ledger, queue: &self.queue, by: "backfill", keys }
     }
 
     /// Sends the events a page recorded, together (`SendMessageBatch`), each
@@ -494,7 +506,7 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
     /// given back and the reconciler sends it after the grace period.
     async fn send_recovered(&self, sends: Vec<Recovered>, summary: &mut Summary) {
         let events: Vec<(NewEvent, &[u8])> = sends.iter().map(|r| (r.event.clone(), r.body.as_slice())).collect();
-        for (r, sent) in sends.iter().zip(self.admission().send(&events).await) {
+        for (r, sent) in sends.iter().zip(self.admission(None).send(&events).await) {
             if let Admitted::Failed { error, .. } = sent {
                 summary.send_deferred += 1;
                 tracing::warn!(key = %r.event.key, error = %error, "backfilled event not queued; the reconciler sends it");
@@ -561,7 +573,16 @@ impl<L: BackfillLedger + Ledger, Q: WorkQueue, S: BackfillSource> Backfill<L, Q,
             return self.park(target, ev, Unfetchable::NotJson, detail, now_ms, summary).await.map(|()| None);
         };
         // The one admission path's first step; the page sends the new ones together.
-        match self.admission().claim(&event, &body).await {
+        let admission = self.admission(Some(target));
+        // Sealed first for an erasable endpoint; an erased event is a duplicate.
+        let (step, body) = match admission.sealed(&event, &body).await {
+            Ok(sealed) => {
+                let sealed = sealed.into_owned();
+                (admission.claim(&event, &sealed).await, sealed)
+            }
+            Err(done) => (Step::Done(done), body),
+        };
+        match step {
             Step::Send(event) => {
                 summary.recovered += 1;
                 Ok(Some(Recovered { event: *event, body }))

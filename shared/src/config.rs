@@ -190,6 +190,8 @@ pub struct Endpoint {
     pub verifier: Box<dyn Verifier>,
     /// What is kept of its verified payloads.
     pub payload: crate::redaction::PayloadPolicy,
+    /// Whether its payloads are sealed under their events' own keys.
+    pub erasable: bool,
 }
 
 /// Runtime settings other than endpoints.
@@ -487,7 +489,7 @@ pub async fn build_endpoint(
         .verifier(spec, keys, &cx)
         .map_err(|reason| ConfigError::Endpoint { endpoint: name.to_owned(), reason })?;
     let tenant = spec.tenant.clone().unwrap_or_else(|| name.to_owned());
-    Ok(Endpoint { name: name.to_owned(), tenant, provider: spec.provider, verifier, payload: spec.payload.clone() })
+    Ok(Endpoint { name: name.to_owned(), tenant, provider: spec.provider, verifier, payload: spec.payload.clone(), erasable: spec.erasable })
 }
 
 /// What builds the intake's endpoints, kept by the intake so that an

@@ -1282,7 +1282,7 @@ pub async fn the_admission_path_claims_hands_over_and_sends_each_once<B: Backend
     use crate::admission::{Admission, Admitted};
     let l = b.ledger(seed("admission"));
     let q = b.queue();
-    let admission = Admission { ledger: &l, queue: &q, by: "contract" };
+    let admission = Admission { ledger: &l, queue: &q, by: "contract", keys: None };
     let (a, c) = (body("adm-a"), body("adm-c"));
     let ea = event("adm-a", &a, "send-a");
     let ec = event("adm-c", &c, "send-c");
@@ -1351,7 +1351,7 @@ pub async fn a_notification_repeated_once_its_record_is_leased_is_its_next_gener
     use crate::ledger::Generation;
     let l = b.ledger(seed("generations"));
     let q = b.queue();
-    let admission = Admission { ledger: &l, queue: &q, by: "contract" };
+    let admission = Admission { ledger: &l, queue: &q, by: "contract", keys: None };
     let bytes = body("note");
     let note = |token: &str, at: i64| NewEvent {
         notification: Some(Generation { n: 1, index_shards: 1 }),

@@ -232,6 +232,8 @@ pub struct Intake<L, Q> {
     ambient: Ambient,
     tenant_metrics: TenantMetrics,
     large_batch_over: usize,
+    /// The data keys of erasable endpoints' payloads.
+    keys: Option<std::sync::Arc<dyn crate::ports::PayloadKeys>>,
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -249,7 +251,14 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             ambient: Ambient::system(),
             tenant_metrics: TenantMetrics::default(),
             large_batch_over: LARGE_BATCH,
+            keys: None,
         }
+    }
+
+    /// Seals erasable endpoints' payloads under data keys kept in `keys`.
+    pub fn with_keys(mut self, keys: std::sync::Arc<dyn crate::ports::PayloadKeys>) -> Self {
+        self.keys = Some(keys);
+        self
     }
 
     /// Batches of more than `n` events go the large-batch way (default
@@ -484,7 +493,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         }
         // Round trip 1: the record and its payload, in one write; round trip
         // 2: the key, with the payload, on the queue.
-        let admitted = self.admission().admit(&[(event.clone(), stored.as_ref())]).await;
+        let admitted = self.admission(endpoint).admit(&[(event.clone(), stored.as_ref())]).await;
         let Some(a) = admitted.into_iter().next() else { return Outcome::Unavailable { stage: "claim" } };
         self.outcome(&event, a)
     }
@@ -524,7 +533,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
             .collect();
         let Ok(prepared) = prepared else { return Outcome::Unredactable };
         let prepared: Vec<(NewEvent, &[u8])> = prepared.iter().map(|(e, b)| (e.clone(), b.as_ref())).collect();
-        let admitted = self.admission().admit(&prepared).await;
+        let admitted = self.admission(endpoint).admit(&prepared).await;
         let outcomes = prepared.iter().zip(admitted).map(|((event, _), a)| self.outcome(event, a)).collect();
         batch_outcome(outcomes)
     }
@@ -565,7 +574,7 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
                 .then(|| Kept { policy: endpoint.payload.label(), verified_hash: None }),
         };
         let event = crate::admission::new_event(arrival, unix_ms(req.now), self.ambient.token());
-        let admitted = self.admission().admit(&[(event.clone(), req.body)]).await;
+        let admitted = self.admission(endpoint).admit(&[(event.clone(), req.body)]).await;
         let Some(a) = admitted.into_iter().next() else { return Outcome::Unavailable { stage: "claim" } };
         metrics::counter!("intake_large_batch").increment(1);
         match a {
@@ -624,8 +633,10 @@ impl<L: Ledger, Q: WorkQueue> Intake<L, Q> {
         }
     }
 
-    fn admission(&self) -> Admission<'_, L, Q> {
-        Admission { ledger: &self.ledger, queue: &self.queue, by: "webhook" }
+    /// The admission path for `endpoint`'s events: sealed when it is erasable.
+    fn admission(&self, endpoint: &Endpoint) -> Admission<'_, L, Q> {
+        let keys = if endpoint.erasable { self.keys.as_deref() } else { None };
+        Admission { ledger: &self.ledger, queue: &self.queue, by: "webhook", keys }
     }
 
     /// The intake's outcome of one admitted event (counted, and logged when it failed).

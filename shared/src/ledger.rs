@@ -491,6 +491,19 @@ impl OperatorAction {
     }
 }
 
+/// What an erasure of a record's payload did ([`crate::sealing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Erasure {
+    /// Erased now (or by our own write whose acknowledgement was lost).
+    Erased,
+    /// Erased before.
+    AlreadyErased,
+    /// No such record.
+    Missing,
+    /// Still in flight (RECEIVED, PROCESSING, RETRYABLE): left alone.
+    NotFinished(Status),
+}
+
 /// What an operator transition met.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transitioned {

@@ -6,7 +6,7 @@
 //! against it):
 //!
 //! <!-- layers:begin -->
-//! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`, `audit`, `redaction`
+//! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`, `audit`, `redaction`, `sealing`
 //! 2. building blocks: `verify`, `projection`, `ports`, `config`, `seed001`
 //! 3. adapters: `adapters`, `telemetry`
 //! 4. use cases: `admission`, `contract`, `intake`, `backfill`, `insight`, `ops`, `outbox`, `processor`, `batch`, `reconciler`
@@ -53,6 +53,7 @@ pub mod reconciler;
 pub mod redaction;
 pub mod routes;
 pub mod secret;
+pub mod sealing;
 pub mod seed001;
 pub mod telemetry;
 pub mod verify;
@@ -80,6 +81,7 @@ mod layers {
                 "routes",
                 "audit",
                 "redaction",
+                "sealing",
             ],
         ),
         ("building blocks", &["verify", "projection", "ports", "config", "seed001"]),

@@ -7,8 +7,9 @@
 
 use crate::audit::{AuditEntry, Caller};
 use crate::identity::EventKey;
-use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
-use crate::ports::{OperatorLedger, RowFilter, Shown, WorkQueue};
+use crate::ledger::{Erasure, OperatorAction, PortError, Row, Status, Transitioned};
+use crate::ports::{OperatorLedger, PayloadKeys, RowFilter, Shown, WorkQueue};
+use crate::sealing::KeyState;
 
 pub const ALL_STATUSES: [Status; 6] =
     [Status::Received, Status::Processing, Status::Retryable, Status::Processed, Status::Dead, Status::Parked];
@@ -62,6 +63,40 @@ pub struct ListFilter {
 pub struct Ops<Q, L> {
     ledger: L,
     queue: Q,
+    /// The data keys of sealed payloads, for `erase`.
+    keys: Option<std::sync::Arc<dyn PayloadKeys>>,
+}
+
+/// What an erasure did to one event.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Erased {
+    pub key: String,
+    /// `erased`, `already erased`, `would erase` (a dry run), `in flight`
+    /// (RECEIVED, PROCESSING or RETRYABLE: left alone; erase it again once
+    /// it settles), or `unknown` (no such record).
+    pub outcome: &'static str,
+    /// Its status, when the record exists.
+    pub status: Option<String>,
+    /// Whether its payload was sealed under a key of its own, destroyed by
+    /// the erasure: then every copy anywhere (a queue's, a backup's) is
+    /// unreadable. Unsealed, only the ledger's copies are deleted.
+    pub sealed: bool,
+}
+
+impl Erased {
+    /// Whether the event's payload is erased (now or before) or gone.
+    pub fn settled(&self) -> bool {
+        matches!(self.outcome, "erased" | "already erased" | "unknown")
+    }
+}
+
+/// Why an erasure could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EraseError {
+    #[error("erasing by subject needs the key store (HOOKLEDGER_KEYS_TABLE): subjects are indexed there")]
+    NoKeyStore,
+    #[error(transparent)]
+    Storage(#[from] PortError),
 }
 
 pub fn parse_key(raw: &str) -> Result<EventKey, OpsError> {
@@ -78,7 +113,95 @@ fn row_str<'a>(r: &'a Row, k: &str) -> Option<&'a str> {
 
 impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
     pub fn new(ledger: L, queue: Q) -> Self {
-        Self { ledger, queue }
+        Self { ledger, queue, keys: None }
+    }
+
+    /// Erases sealed payloads by destroying their keys in `keys`.
+    pub fn with_keys(mut self, keys: std::sync::Arc<dyn PayloadKeys>) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// Erases one event's payload ([`crate::sealing`]): its data key
+    /// destroyed (a tombstone, so a later delivery is a duplicate that
+    /// stores nothing), then its ledger copies deleted and the record marked
+    /// erased with its audit entry (who, why). Identity, status and hashes
+    /// stay. A record still in flight is left alone (`in flight`). Each
+    /// step is safe to repeat: run it again after any failure.
+    pub async fn erase(
+        &self,
+        key: &EventKey,
+        caller: &Caller,
+        reason: &str,
+        now_ms: i64,
+        dry_run: bool,
+    ) -> Result<Erased, PortError> {
+        let mut out = Erased { key: key.as_str().to_owned(), outcome: "unknown", status: None, sealed: false };
+        let Some((record, _, _)) = self.ledger.show(key, false).await? else { return Ok(out) };
+        let text = |k: &str| record.get(k).and_then(serde_json::Value::as_str).map(str::to_owned);
+        let status = text("status").as_deref().and_then(Status::parse);
+        out.status = status.map(|s| s.as_str().to_owned());
+        let state = match &self.keys {
+            Some(keys) => keys.key_of(key).await?,
+            None => KeyState::Missing,
+        };
+        out.sealed = !matches!(state, KeyState::Missing);
+        if record.get("erased_at").is_some_and(|v| !v.is_null()) && !matches!(state, KeyState::Live(_)) {
+            out.outcome = "already erased";
+            return Ok(out);
+        }
+        if !matches!(status, Some(Status::Processed | Status::Dead | Status::Parked)) {
+            out.outcome = "in flight";
+            return Ok(out);
+        }
+        if dry_run {
+            out.outcome = "would erase";
+            return Ok(out);
+        }
+        if let (Some(keys), KeyState::Live(_)) = (&self.keys, &state) {
+            let expires_at = record.get("expires_at").and_then(serde_json::Value::as_i64).unwrap_or(0);
+            keys.destroy(key, &caller.operator, now_ms, expires_at).await?;
+        }
+        let hash = text("payload_hash").unwrap_or_default();
+        let entry = AuditEntry::new("", now_ms, crate::audit::verb::ERASE, key.as_str(), caller).on_record(key).because(reason);
+        out.outcome = match self.ledger.erase(key, &hash, &entry, now_ms).await? {
+            Erasure::Erased => "erased",
+            Erasure::AlreadyErased => "already erased",
+            Erasure::Missing => "unknown",
+            Erasure::NotFinished(st) => {
+                out.status = Some(st.as_str().to_owned());
+                "in flight"
+            }
+        };
+        Ok(out)
+    }
+
+    /// Erases every event noted under `subject` (only `endpoint`'s, when
+    /// given), one at a time, and forgets each note once its event is
+    /// settled. The subject index holds erasable endpoints' events.
+    pub async fn erase_subject(
+        &self,
+        subject: &str,
+        endpoint: Option<&str>,
+        caller: &Caller,
+        reason: &str,
+        now_ms: i64,
+        dry_run: bool,
+    ) -> Result<Vec<Erased>, EraseError> {
+        let keys = self.keys.as_ref().ok_or(EraseError::NoKeyStore)?;
+        let events = keys.subject_events(subject).await?;
+        let mut out = Vec::with_capacity(events.len());
+        for key in events {
+            if endpoint.is_some_and(|e| key.as_str().split('#').nth(2) != Some(e)) {
+                continue;
+            }
+            let erased = self.erase(&key, caller, reason, now_ms, dry_run).await?;
+            if !dry_run && erased.settled() {
+                keys.forget_subject(subject, &key).await?;
+            }
+            out.push(erased);
+        }
+        Ok(out)
     }
 
     /// One status partition, newest first, after the filter's cursor.
@@ -130,8 +253,16 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
     }
 
     /// The record, its history (oldest first) and, if asked, its payload.
+    /// A sealed payload is opened under its event's key; an erased one's
+    /// is none.
     pub async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Shown, OpsError> {
-        self.ledger.show(key, with_payload).await?.ok_or_else(|| OpsError::UnknownEvent(key.to_string()))
+        let (record, history, payload) =
+            self.ledger.show(key, with_payload).await?.ok_or_else(|| OpsError::UnknownEvent(key.to_string()))?;
+        let payload = match payload {
+            Some(bytes) => crate::ports::open_payload(self.keys.as_deref(), key, bytes).await?.ok(),
+            None => None,
+        };
+        Ok((record, history, payload))
     }
 
     /// One conditional transition and its audit entry, as one write; the

@@ -71,6 +71,8 @@ pub struct Dispatcher<S, P> {
     ambient: Ambient,
     /// Where a route's delivery reads its event's payload from.
     payloads: Option<Arc<dyn EventPayloads>>,
+    /// The data keys of sealed payloads ([`crate::sealing`]).
+    keys: Option<Arc<dyn crate::ports::PayloadKeys>>,
     /// Route destinations' circuits as this container knows them.
     circuits: Arc<Circuits>,
     /// Where deliveries go to be sent apart (`HOOKLEDGER_DELIVERY_QUEUE_URL`);
@@ -112,6 +114,7 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
             policy: DispatchPolicy::default(),
             ambient: Ambient::system(),
             payloads: None,
+            keys: None,
             circuits: Arc::new(Circuits::new(CircuitPolicy::default())),
             queue: None,
             destinations: Arc::new(Vec::new()),
@@ -159,6 +162,12 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
     /// Reads the events of route deliveries from `payloads` (the ledger).
     pub fn with_payloads(mut self, payloads: Arc<dyn EventPayloads>) -> Self {
         self.payloads = Some(payloads);
+        self
+    }
+
+    /// Opens sealed payloads with the data keys in `keys`.
+    pub fn with_keys(mut self, keys: Arc<dyn crate::ports::PayloadKeys>) -> Self {
+        self.keys = Some(keys);
         self
     }
 
@@ -240,7 +249,16 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
                 let payloads = payloads.ok_or_else(|| Unsendable::Retry("no payload reader".into()))?;
                 match payloads.event_payload(&key, &d.payload_hash).await {
                     Ok(EventPayload::Bytes(bytes)) => {
-                        read = bytes;
+                        // A sealed payload opens under its event's key; an
+                        // erased event's never will.
+                        read = match crate::ports::open_payload(self.keys.as_deref(), &key, bytes).await {
+                            Ok(Ok(plain)) => plain,
+                            Ok(Err(crate::sealing::Unreadable::Erased)) => {
+                                return Err(Unsendable::Never("the event was erased".into()));
+                            }
+                            Ok(Err(e)) => return Err(Unsendable::Retry(e.to_string())),
+                            Err(e) => return Err(Unsendable::Retry(format!("reading the data key: {e}"))),
+                        };
                         Some(&read[..])
                     }
                     // In the bucket already: too large for any destination.

@@ -691,6 +691,55 @@ pub struct PayloadRef {
     pub sha256: String,
 }
 
+/// A boxed future of a dyn-compatible port.
+pub type PortFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T, PortError>> + Send + 'a>>;
+
+/// The data keys of sealed payloads ([`crate::sealing`]) and the subject
+/// index that finds an erasure's events, in a store without backups (its
+/// own DynamoDB table, no point-in-time recovery).
+pub trait PayloadKeys: Send + Sync {
+    /// The event's data key: `fresh` stored now unless the event has one
+    /// (one conditional write that returns the key already there: a retried
+    /// claim, or our own retried write, seals under the first key). An
+    /// erased event's tombstone is [`KeyState::Erased`](crate::sealing::KeyState::Erased).
+    fn key_for<'a>(
+        &'a self,
+        event: &'a EventKey,
+        fresh: &'a crate::sealing::DataKey,
+        expires_at: i64,
+    ) -> PortFuture<'a, crate::sealing::KeyState>;
+    /// The event's data key as stored (a strongly consistent read).
+    fn key_of<'a>(&'a self, event: &'a EventKey) -> PortFuture<'a, crate::sealing::KeyState>;
+    /// Overwrites the event's key with a tombstone (who, when), kept until
+    /// `expires_at` (the record's): every sealed copy is unreadable from
+    /// now on. Repeating it is harmless.
+    fn destroy<'a>(&'a self, event: &'a EventKey, by: &'a str, at_ms: i64, expires_at: i64) -> PortFuture<'a, ()>;
+    /// Notes that `event` is about `subject` (until `expires_at`).
+    fn index_subject<'a>(&'a self, subject: &'a str, event: &'a EventKey, expires_at: i64) -> PortFuture<'a, ()>;
+    /// The events noted under `subject`, in key order.
+    fn subject_events<'a>(&'a self, subject: &'a str) -> PortFuture<'a, Vec<EventKey>>;
+    /// Removes the note that `event` is about `subject`.
+    fn forget_subject<'a>(&'a self, subject: &'a str, event: &'a EventKey) -> PortFuture<'a, ()>;
+}
+
+/// `bytes` of `event` opened: as they are when they are not sealed, else
+/// under the event's key (one read of `keys`; none configured: the key is
+/// missing). `Ok(Err(_))`: they will never open.
+pub async fn open_payload(
+    keys: Option<&dyn PayloadKeys>,
+    event: &EventKey,
+    bytes: Vec<u8>,
+) -> Result<Result<Vec<u8>, crate::sealing::Unreadable>, PortError> {
+    if !crate::sealing::is_sealed(&bytes) {
+        return Ok(Ok(bytes));
+    }
+    let state = match keys {
+        Some(keys) => keys.key_of(event).await?,
+        None => crate::sealing::KeyState::Missing,
+    };
+    Ok(crate::sealing::open_with(&state, event, bytes))
+}
+
 /// The stored payload of an event, by its key and payload hash (a route's
 /// delivery refers to the event; the dispatcher reads it when it sends).
 pub trait EventPayloads: Send + Sync {
@@ -891,6 +940,17 @@ pub trait OperatorLedger: Activity + Send + Sync {
         detail: &str,
         now_ms: i64,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// Erases a finished record's payload from the ledger: its payload item
+    /// (`payload_hash`'s) and bucket object deleted (no-ops when repeated),
+    /// then, in one transaction with its audit entry, its own copy removed
+    /// and the erasure noted ([`crate::ledger::Erasure`]).
+    fn erase(
+        &self,
+        key: &EventKey,
+        payload_hash: &str,
+        entry: &crate::audit::AuditEntry,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<crate::ledger::Erasure, PortError>> + Send;
 }
 
 /// The operator audit log ([`crate::audit`]): read by time and by record,

@@ -113,6 +113,8 @@ pub struct Processor<L, Q, D> {
     tenant_metrics: TenantMetrics,
     /// Where verified events are handed on (`HOOKLEDGER_ROUTES`).
     routes: std::sync::Arc<Routes>,
+    /// The data keys of sealed payloads ([`crate::sealing`]).
+    keys: Option<std::sync::Arc<dyn crate::ports::PayloadKeys>>,
     pub fault: ProcessorFault,
 }
 
@@ -189,8 +191,46 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             ambient: Ambient::system(),
             tenant_metrics: TenantMetrics::default(),
             routes: std::sync::Arc::new(Routes::none()),
+            keys: None,
             fault: ProcessorFault::None,
         }
+    }
+
+    /// Opens sealed payloads with the data keys in `keys`, and notes their
+    /// subjects there for erasure.
+    pub fn with_keys(mut self, keys: std::sync::Arc<dyn crate::ports::PayloadKeys>) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// `bytes` opened: the payload, and whether it was sealed. The event's
+    /// key is read once per call of `work` (`state`).
+    async fn open(
+        &self,
+        key: &EventKey,
+        bytes: Vec<u8>,
+        state: &mut Option<crate::sealing::KeyState>,
+    ) -> Result<Result<(Vec<u8>, bool), crate::sealing::Unreadable>, PortError> {
+        if !crate::sealing::is_sealed(&bytes) {
+            return Ok(Ok((bytes, false)));
+        }
+        let state = match state {
+            Some(s) => s,
+            None => state.insert(match &self.keys {
+                Some(keys) => keys.key_of(key).await?,
+                None => crate::sealing::KeyState::Missing,
+            }),
+        };
+        Ok(crate::sealing::open_with(state, key, bytes).map(|p| (p, true)))
+    }
+
+    /// Notes a sealed event's subject in the key store, before the record
+    /// names it, so `erase --subject` finds every event that could hold it
+    /// (a note whose record never completes is harmless).
+    async fn index_subject(&self, record: &WorkRecord, subject: Option<&str>) -> Result<(), PortError> {
+        let (Some(keys), Some(subject)) = (&self.keys, subject) else { return Ok(()) };
+        let expires_at = crate::policy::expires_at(record.received_at_ms, self.settings.retention_days);
+        keys.index_subject(subject, &record.key, expires_at).await
     }
 
     /// Hands the events these routes match to their destinations.
@@ -329,17 +369,36 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             return self.dead(record, token, "transient_exhausted", &message, now_ms).await;
         }
         // The record's own copy (small payloads), the message's, or the
-        // payload item, whichever is the record's payload first.
-        let ours = |p: &[u8]| payload_hash(p) == record.payload_hash;
-        let known = match record.payload.as_deref().filter(|p| ours(p)) {
-            Some(p) => Some(p.to_vec()),
-            None => carried.filter(|p| ours(p)).map(<[u8]>::to_vec),
-        };
-        let stored = match known {
-            Some(p) => Some(p),
-            None => self.ledger.payload(key, &record.payload_hash).await?,
-        };
-        let payload = match stored {
+        // payload item, whichever is the record's payload first; a sealed
+        // one opened under the event's key (its hash is of what it seals).
+        let ours = |p: &(Vec<u8>, bool)| payload_hash(&p.0) == record.payload_hash;
+        let (mut state, mut unreadable) = (None, None);
+        let mut found = None;
+        for bytes in [record.payload.clone(), carried.map(<[u8]>::to_vec)].into_iter().flatten() {
+            match self.open(key, bytes, &mut state).await? {
+                Ok(p) if ours(&p) => {
+                    found = Some(p);
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => unreadable = Some(e),
+            }
+        }
+        if found.is_none() {
+            if let Some(bytes) = self.ledger.payload(key, &record.payload_hash).await? {
+                match self.open(key, bytes, &mut state).await? {
+                    Ok(p) if ours(&p) => found = Some(p),
+                    Ok(_) => {}
+                    Err(e) => unreadable = Some(e),
+                }
+            }
+        }
+        if found.is_none() {
+            if let Some(e) = unreadable {
+                return self.unreadable(record, token, e, now_ms).await;
+            }
+        }
+        let (payload, sealed) = match found {
             Some(p) => p,
             None => {
                 return self
@@ -353,7 +412,7 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             }
         };
         if is_large_batch(record) {
-            return self.split_boxed(record, token, &payload, now_ms).await;
+            return self.split_boxed(record, token, &payload, sealed, now_ms).await;
         }
         // An element of a batch that could not be read as an event: kept for
         // an operator, never applied (its bytes are the payload).
@@ -377,6 +436,12 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         };
 
         let subject = self.registry.subject(&event);
+        if sealed {
+            if let Err(e) = self.index_subject(record, subject.as_deref()).await {
+                let f = Failure::Transient { code: "subject_index", message: e.to_string() };
+                return self.fail(record, token, f, now_ms).await;
+            }
+        }
         for _round in 0..MAX_PLAN_ROUNDS {
             let decision = match self.plan(&event).await {
                 Ok(d) => d,
@@ -681,9 +746,27 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
         record: &'a WorkRecord,
         token: &'a str,
         payload: &'a [u8],
+        sealed: bool,
         now_ms: i64,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Report, PortError>> + Send + 'a>> {
-        Box::pin(self.split(record, token, payload, now_ms))
+        Box::pin(self.split(record, token, payload, sealed, now_ms))
+    }
+
+    /// A sealed payload that does not open: an erased event's never will
+    /// (DEAD, `erased`: an erasure met a replay of it); a key not found or
+    /// bytes that do not open are retried within the time bound.
+    async fn unreadable(
+        &self,
+        record: &WorkRecord,
+        token: &str,
+        why: crate::sealing::Unreadable,
+        now_ms: i64,
+    ) -> Result<Report, PortError> {
+        if why == crate::sealing::Unreadable::Erased {
+            return self.dead(record, token, "erased", &why.to_string(), now_ms).await;
+        }
+        let f = Failure::Transient { code: "payload_unreadable", message: why.to_string() };
+        self.fail(record, token, f, now_ms).await
     }
 
     /// A large batch's record (see [`crate::admission::LARGE_BATCH`]): its
@@ -693,7 +776,16 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
     /// (lost acknowledgement, crash between two calls) meets the events
     /// claimed before as duplicates and hands over any never sent; without
     /// a queue the claimed events wait for the reconciler's re-drive.
-    async fn split(&self, record: &WorkRecord, token: &str, payload: &[u8], now_ms: i64) -> Result<Report, PortError> {
+    async fn split(
+        &self,
+        record: &WorkRecord,
+        token: &str,
+        payload: &[u8],
+        sealed: bool,
+        now_ms: i64,
+    ) -> Result<Report, PortError> {
+        // A sealed batch's events are sealed under keys of their own.
+        let keys = if sealed { self.keys.as_deref() } else { None };
         let split = ProviderKind::named(&record.provider).and_then(|p| p.split(payload));
         let events = match split {
             Some(Ok(events)) => events,
@@ -727,12 +819,19 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             })
             .collect();
         let admitted = match &self.queue {
-            Some(queue) => Admission { ledger: &self.ledger, queue, by: "batch" }.admit(&prepared).await,
+            Some(queue) => Admission { ledger: &self.ledger, queue, by: "batch", keys }.admit(&prepared).await,
             None => {
-                let admission = Admission { ledger: &self.ledger, queue: &NoQueue, by: "batch" };
+                let admission = Admission { ledger: &self.ledger, queue: &NoQueue, by: "batch", keys };
                 let mut out = Vec::with_capacity(prepared.len());
                 for (event, bytes) in &prepared {
-                    out.push(match admission.claim(event, bytes).await {
+                    let bytes = match admission.sealed(event, bytes).await {
+                        Ok(b) => b,
+                        Err(done) => {
+                            out.push(done);
+                            continue;
+                        }
+                    };
+                    out.push(match admission.claim(event, &bytes).await {
                         Step::Send(_) => Admitted::New,
                         Step::Done(a) => a,
                     });

@@ -1169,7 +1169,7 @@ impl<Q: WorkQueue, L: DueLedger, D: Dispatch> Reconciler<Q, L, D> {
         // a run that died before sending. "Already exists" never means
         // "done": the admission makes good a missing payload and hands over a
         // record never sent (a duplicate on the queue is absorbed by the lease).
-        let admission = Admission { ledger: &self.ledger, queue: &self.queue, by: "reconciler" };
+        let admission = Admission { ledger: &self.ledger, queue: &self.queue, by: "reconciler", keys: None };
         let admitted = admission.admit(&[(event, &repair.body)]).await.into_iter().next();
         match admitted {
             Some(a) if a.sent() => {

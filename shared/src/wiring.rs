@@ -62,6 +62,9 @@ pub struct Settings {
     pub delivery_queue_url: Option<String>,
     /// `HOOKLEDGER_PAYLOAD_BUCKET`
     pub payload_bucket: Option<String>,
+    /// `HOOKLEDGER_KEYS_TABLE`: the data keys of erasable endpoints'
+    /// payloads and the subject index ([`crate::sealing`]).
+    pub keys_table: Option<String>,
     /// `HOOKLEDGER_NOTIFY_TOPIC_ARN`
     pub notify_topic: Option<String>,
     /// `HOOKLEDGER_INDEX_SHARDS`
@@ -154,6 +157,11 @@ impl Settings {
         Some(endpoint_tenant(endpoint, spec).to_owned())
     }
 
+    /// Whether `endpoint` is erasable in `HOOKLEDGER_ENDPOINTS`.
+    pub fn erasable(&self, endpoint: &str) -> bool {
+        self.endpoints.as_ref().and_then(|e| e.get(endpoint)).is_some_and(|s| s.erasable)
+    }
+
     /// The payload policy of `endpoint`, from `HOOKLEDGER_ENDPOINTS`
     /// (`None`: not set, or no such endpoint).
     pub fn payload_policy(&self, endpoint: &str) -> Option<crate::redaction::PayloadPolicy> {
@@ -210,6 +218,16 @@ impl Settings {
                 ));
             }
         }
+        let keys_table = get("HOOKLEDGER_KEYS_TABLE").filter(|t| !t.is_empty());
+        if keys_table.is_none() {
+            let erasable = endpoints.iter().flatten().find(|(_, spec)| spec.erasable);
+            if let Some((name, _)) = erasable {
+                return Err(invalid(
+                    "HOOKLEDGER_ENDPOINTS",
+                    format!("{name} is erasable: its data keys need HOOKLEDGER_KEYS_TABLE"),
+                ));
+            }
+        }
         let routes = match get("HOOKLEDGER_ROUTES") {
             Some(json) => crate::routes::Routes::parse(&json).map_err(|e| invalid("HOOKLEDGER_ROUTES", e))?,
             None => crate::routes::Routes::none(),
@@ -221,6 +239,7 @@ impl Settings {
             queue_url: get("HOOKLEDGER_QUEUE_URL"),
             delivery_queue_url: get("HOOKLEDGER_DELIVERY_QUEUE_URL").filter(|u| !u.is_empty()),
             payload_bucket: intake.payload_bucket,
+            keys_table,
             notify_topic: get("HOOKLEDGER_NOTIFY_TOPIC_ARN"),
             index_shards: intake.index_shards,
             retention_days: intake.retention_days,
@@ -326,6 +345,12 @@ impl Wiring {
         })
     }
 
+    /// The data keys of sealed payloads (`HOOKLEDGER_KEYS_TABLE`), if set.
+    pub fn keys(&self) -> Option<Arc<dyn crate::ports::PayloadKeys>> {
+        let table = self.settings.keys_table.clone()?;
+        Some(Arc::new(crate::adapters::dynamodb::keys::DynamoKeys::new(self.dynamodb_client(), table)))
+    }
+
     /// The work queue.
     pub fn queue(&self) -> Result<SqsQueue, ConfigError> {
         Ok(self.queue_at(self.settings.queue_url()?))
@@ -360,6 +385,9 @@ impl Wiring {
         if let Some(url) = &self.settings.delivery_queue_url {
             dispatcher =
                 dispatcher.with_queue(Arc::new(crate::adapters::sqs::SqsDeliveries::new(self.sqs_client(), url)));
+        }
+        if let Some(keys) = self.keys() {
+            dispatcher = dispatcher.with_keys(keys);
         }
         Ok(dispatcher)
     }
@@ -416,7 +444,10 @@ impl Wiring {
         let builder = config::EndpointBuilder::new(secrets, certificates, learned);
         let built = builder.build_all(specs).await?;
         let waiting = crate::intake::waiting::WaitingEndpoints::new(builder, built.waiting, self.ambient.now_ms());
-        let intake = Intake::new(built.ready, self.settings.intake()?, self.ledger()?, self.queue()?);
+        let mut intake = Intake::new(built.ready, self.settings.intake()?, self.ledger()?, self.queue()?);
+        if let Some(keys) = self.keys() {
+            intake = intake.with_keys(keys);
+        }
         Ok(intake
             .with_waiting(waiting)
             .with_ambient(self.ambient.clone())
@@ -442,10 +473,14 @@ impl Wiring {
         registry: crate::projection::Registry,
         dispatcher: Option<LiveDispatcher>,
     ) -> Result<LiveProcessor, ConfigError> {
-        Ok(processor(self.ledger()?, registry, dispatcher, self.settings.processor)
+        let processor = processor(self.ledger()?, registry, dispatcher, self.settings.processor)
             .with_routes(self.settings.routes.clone())
             .with_ambient(self.ambient.clone())
-            .with_tenant_metrics(self.settings.tenant_metrics.clone()))
+            .with_tenant_metrics(self.settings.tenant_metrics.clone());
+        Ok(match self.keys() {
+            Some(keys) => processor.with_keys(keys),
+            None => processor,
+        })
     }
 
     /// The reconciler with its configured settings and the application's
@@ -466,13 +501,20 @@ impl Wiring {
 
     /// Operator actions (sends go to the work queue).
     pub fn ops(&self) -> Result<LiveOps, ConfigError> {
-        Ok(Ops::new(self.ledger()?, self.queue()?))
+        Ok(self.with_keys(Ops::new(self.ledger()?, self.queue()?)))
+    }
+
+    fn with_keys(&self, ops: LiveOps) -> LiveOps {
+        match self.keys() {
+            Some(keys) => ops.with_keys(keys),
+            None => ops,
+        }
     }
 
     /// Operator reads: never send, so no queue needs to be configured.
     pub fn ops_read_only(&self) -> Result<LiveOps, ConfigError> {
         let url = self.settings.queue_url.clone().unwrap_or_default();
-        Ok(Ops::new(self.ledger()?, self.queue_at(&url)))
+        Ok(self.with_keys(Ops::new(self.ledger()?, self.queue_at(&url))))
     }
 
     /// The backfill source of one provider: Stripe's event list (an account's
@@ -515,7 +557,11 @@ impl Wiring {
         source: S,
         settings: BackfillSettings,
     ) -> Result<Backfill<DynamoLedger, SqsQueue, S>, ConfigError> {
-        Ok(Backfill::new(self.ledger()?, self.queue()?, source, settings).with_ambient(self.ambient.clone()))
+        let backfill = Backfill::new(self.ledger()?, self.queue()?, source, settings).with_ambient(self.ambient.clone());
+        Ok(match self.keys() {
+            Some(keys) => backfill.with_keys(keys),
+            None => backfill,
+        })
     }
 
     /// The operator's metrics reader (CloudWatch).

@@ -767,6 +767,7 @@ impl Sim {
             index_shards: SHARDS,
             mode: Mode::Import,
             payload: Default::default(),
+            erasable: false,
         };
         let window =
             hookledger::ports::Window { since_s: START_MS / 1000 - 60, until_s: now / 1000 + 1, types: Vec::new() };

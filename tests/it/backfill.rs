@@ -83,6 +83,7 @@ fn target() -> Target {
         index_shards: SHARDS,
         mode: hookledger::backfill::Mode::Import,
         payload: Default::default(),
+        erasable: false,
     }
 }
 
@@ -356,6 +357,7 @@ mod github {
             index_shards: SHARDS,
             mode,
             payload: Default::default(),
+            erasable: false,
         }
     }
 

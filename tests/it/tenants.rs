@@ -130,6 +130,7 @@ async fn github_backfill(stack: &Stack, deliveries: Vec<Value>, tenant: &str) ->
         index_shards: 16,
         mode: Mode::Import,
         payload: Default::default(),
+        erasable: false,
     };
     let window = Window { since_s: now_s() - 3 * 86_400, until_s: now_s() + 1, types: vec![] };
     let summary = b.run(&target, &window, false, now_ms(), Instant::now() + Duration::from_secs(20), |_| {}).await;

@@ -71,6 +71,7 @@ impl Backfills {
                 index_shards: self.ledger.shards(),
                 mode: schedule.mode,
                 payload: self.wiring.settings.payload_policy(endpoint).unwrap_or_default(),
+                erasable: self.wiring.settings.erasable(endpoint),
             };
             let built = match self.wiring.scheduled_source(schedule).await {
                 Ok(source) => self.wiring.backfill(source, self.wiring.settings.backfill()).map_err(|e| e.to_string()),

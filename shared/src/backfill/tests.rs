@@ -84,6 +84,7 @@ fn target() -> Target {
         index_shards: 16,
         mode: Mode::Import,
         payload: Default::default(),
+        erasable: false,
     }
 }
 

@@ -74,6 +74,7 @@ pub(super) fn intake(p: &'static dyn Provider, secret: &str, store: &MemSecretSt
         provider: ProviderKind::of(p),
         verifier,
         payload: Default::default(),
+        erasable: false,
     };
     let intake = super::preset_tests::one_endpoint(&world, endpoint);
     (world, intake)

@@ -309,6 +309,7 @@ mod ports {
             provider: ProviderKind::HMAC,
             verifier: Box::new(verifier),
             payload,
+            erasable: false,
         };
         let settings = Settings {
             table_name: "memory".into(),
@@ -324,6 +325,7 @@ mod ports {
             provider: ProviderKind::QUILTT,
             verifier: Box::new(crate::verify::quiltt::QuilttVerifier::new(vec![Secret::new(SECRET)], 300)),
             payload: Default::default(),
+            erasable: false,
         };
         let endpoints = BTreeMap::from([("ep".to_owned(), endpoint), ("q".to_owned(), quiltt)]);
         let intake =

@@ -1598,7 +1598,7 @@ async fn a_record_the_intake_handed_over_is_redriven_as_not_picked_up_and_one_wh
         (new_event(arrival("evt_sent"), NOW, "send-a".into()), new_event(arrival("evt_refused"), NOW, "send-b".into()));
     w.world.inject_on("queue.send", refused.key.as_str(), Some(1), Fault::Unavailable);
     let (ledger, queue) = (w.ledger(), w.world.queue());
-    let admission = Admission { ledger: &ledger, queue: &queue, by: "webhook" };
+    let admission = Admission { ledger: &ledger, queue: &queue, by: "webhook", keys: None };
     let admitted = admission.admit(&[(sent.clone(), b"{}".as_slice()), (refused.clone(), b"{}".as_slice())]).await;
     assert!(admitted[0].sent() && !admitted[1].sent(), "{admitted:?}");
     // The processor is behind: the first message is still on the queue.

@@ -537,6 +537,11 @@ pub struct EndpointSpec {
     /// `keep` (default), `redact` or `drop_after`.
     #[serde(default)]
     pub payload: crate::redaction::PayloadPolicy,
+    /// Each payload sealed under a data key of its own event, so that
+    /// `hookledger erase` can make every copy unreadable
+    /// ([`crate::sealing`]; needs `HOOKLEDGER_KEYS_TABLE`).
+    #[serde(default)]
+    pub erasable: bool,
 }
 
 /// The `hmac` section of a generic endpoint (see docs/configuration.md for

@@ -154,6 +154,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "audit_entry",
     "audit_end",
     "drop_payload",
+    "erase_record",
 ];
 
 /// A conditional update: its expressions and their values.
@@ -1270,8 +1271,11 @@ pub fn release_parked(event: &crate::ledger::NewEvent, by: &str, placed: Placed)
 /// RETRYABLE, it would only fail for want of one. `hookledger replay`
 /// fetches it from its source again instead ([`release_parked`]).
 fn not_awaiting_payload(u: Update) -> Update {
-    let condition =
-        format!("{} AND (attribute_not_exists(park_reason) OR NOT begins_with(park_reason, :unrec))", u.condition);
+    let condition = format!(
+        "{} AND (attribute_not_exists(park_reason) OR NOT begins_with(park_reason, :unrec)) AND attribute_not_exists({})",
+        u.condition,
+        attr::ERASED_AT
+    );
     Update { condition, ..u }.value(":unrec", s(crate::ledger::BACKFILL_UNRECOVERABLE))
 }
 
@@ -1293,6 +1297,46 @@ pub fn drop_payload(now_ms: i64) -> Update {
     .value(":processed", s(Status::Processed.as_str()))
     .value(":drop", s("drop_after"))
     .value(":now", n(now_ms))
+}
+
+/// An erased record ([`crate::sealing`], `hookledger erase`): its own
+/// copy of the payload and its subject removed, the erasure noted (when,
+/// by whom, why). Its identity, status, hashes and `payload_stored` stay,
+/// so a later delivery of the event is a duplicate that stores nothing.
+/// Only a finished record (PROCESSED, DEAD, PARKED) not erased yet: one in
+/// flight would be worked on without its payload. Our own retry after a
+/// lost acknowledgement finds its audit entry.
+pub fn erase_record(operator: &str, reason: &str, now_ms: i64) -> Update {
+    Update::when(
+        "erase_record",
+        "attribute_exists(pk) AND (#st = :processed OR #st = :dead OR #st = :parked) AND attribute_not_exists(erased_at)",
+    )
+    .status()
+    .remove(attr::BODY)
+    .remove(super::payload::ENCODING)
+    .remove("subject")
+    .set(format!("{} = :now", attr::ERASED_AT))
+    .set("erased_by = :op")
+    .set("erase_reason = :why")
+    .value(":processed", s(Status::Processed.as_str()))
+    .value(":dead", s(Status::Dead.as_str()))
+    .value(":parked", s(Status::Parked.as_str()))
+    .value(":now", n(now_ms))
+    .value(":op", s(operator))
+    .value(":why", s(reason))
+}
+
+/// What a refused [`erase_record`] met: erased already, or not finished.
+pub fn erase_refused(met: Option<&std::collections::HashMap<String, AttributeValue>>) -> crate::ledger::Erasure {
+    use crate::ledger::Erasure;
+    let Some(met) = met.filter(|m| !m.is_empty()) else { return Erasure::Missing };
+    if met.contains_key(attr::ERASED_AT) {
+        return Erasure::AlreadyErased;
+    }
+    match met.get(attr::STATUS).and_then(|v| v.as_s().ok()).and_then(|v| Status::parse(v)) {
+        Some(st) => Erasure::NotFinished(st),
+        None => Erasure::Missing,
+    }
 }
 
 /// Whether a record a refused [`drop_payload`] met has its payload dropped.

@@ -24,6 +24,7 @@ pub mod claim;
 pub mod conditions;
 pub mod due;
 pub mod item;
+pub mod keys;
 pub mod migrate;
 pub mod operator;
 pub mod outbox;

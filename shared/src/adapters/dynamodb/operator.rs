@@ -281,4 +281,34 @@ impl OperatorLedger for DynamoLedger {
     async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
         WorkLedger::append_history(self, key, kind, detail, now_ms).await
     }
+
+    async fn erase(
+        &self,
+        key: &EventKey,
+        payload_hash: &str,
+        entry: &AuditEntry,
+        now_ms: i64,
+    ) -> Result<crate::ledger::Erasure, PortError> {
+        // The copies beside the record first: deleting them again is a no-op.
+        let item = Self::key(key, &payload_sk(payload_hash));
+        let deleted = self.client().delete_item().table_name(self.table()).set_key(Some(item)).send().await;
+        deleted.map_err(|e| port_error("dynamodb", &e))?;
+        if let Some(s3) = &self.payloads {
+            s3.delete(key, payload_hash).await?;
+        }
+        let token = self.ambient.token();
+        let entry = audit::on_record(entry, crate::audit::verb::ERASE, key, &token, now_ms);
+        let update = cond::erase_record(&entry.operator, &entry.reason, now_ms);
+        let item = audit::update_item(self.table(), key.as_str(), META_SK, update);
+        match self.audited(vec![item], &entry).await? {
+            Audited::Done => Ok(crate::ledger::Erasure::Erased),
+            Audited::Refused(met) => {
+                let met = match met.into_iter().next().flatten() {
+                    Some(met) if !met.is_empty() => Some(met),
+                    _ => self.read_meta(key).await?,
+                };
+                Ok(cond::erase_refused(met.as_ref()))
+            }
+        }
+    }
 }

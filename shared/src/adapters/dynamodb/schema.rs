@@ -66,6 +66,8 @@ pub mod attr {
     pub const VERIFIED_HASH: &str = "verified_hash";
     /// On a record of the `drop_after` policy whose payload was dropped: when.
     pub const PAYLOAD_DROPPED_AT: &str = "payload_dropped_at";
+    /// An erased record: when (`hookledger erase`; with `erased_by`, `erase_reason`).
+    pub const ERASED_AT: &str = "erased_at";
 }
 
 /// The sort key of a body binding (`pk = body#<provider>#<endpoint>#<payload hash>`).

@@ -1192,6 +1192,38 @@ impl OperatorLedger for MemLedger {
     async fn append_history(&self, key: &EventKey, kind: &str, detail: &str, now_ms: i64) -> Result<(), PortError> {
         WorkLedger::append_history(self, key, kind, detail, now_ms).await
     }
+
+    async fn erase(
+        &self,
+        key: &EventKey,
+        payload_hash: &str,
+        entry: &crate::audit::AuditEntry,
+        now_ms: i64,
+    ) -> Result<crate::ledger::Erasure, PortError> {
+        use crate::adapters::dynamodb::audit::{self, Audited};
+        self.0.call_on("operator.erase_copies", key.as_str(), |_, st| {
+            st.table.remove(key.as_str(), &payload_sk(payload_hash));
+            if let Some(b) = &mut st.bucket {
+                b.remove(&format!("{}/{payload_hash}", key.as_str()));
+            }
+            Ok(())
+        })?;
+        let token = self.0.ambient.token();
+        let entry = audit::on_record(entry, crate::audit::verb::ERASE, key, &token, now_ms);
+        let update = cond::erase_record(&entry.operator, &entry.reason, now_ms);
+        let name = update.name();
+        let item = audit::update_item("memory", key.as_str(), META_SK, update);
+        match self.0.audited("operator.erase", vec![item], &entry, &[name])? {
+            Audited::Done => Ok(crate::ledger::Erasure::Erased),
+            Audited::Refused(met) => {
+                let met = match met.into_iter().next().flatten() {
+                    Some(met) if !met.is_empty() => Some(met),
+                    _ => self.0.read(key.as_str(), META_SK),
+                };
+                Ok(cond::erase_refused(met.as_ref()))
+            }
+        }
+    }
 }
 
 /// Open records of one shard from the due index (keys), read by key,

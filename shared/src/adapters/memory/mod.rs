@@ -15,6 +15,7 @@
 //! | [`MemOutbox`] | `OutboxStore` |
 //! | [`MemQueue`] | `WorkQueue`, `Redelivery` (visibility, receive counts, a dead-letter queue) |
 //! | [`MemPublisher`] | `Publisher` |
+//! | [`MemKeys`] | `PayloadKeys` |
 //! | [`MemSource`] | `BackfillSource` |
 //! | [`MemSecretStore`] | `verify::provider::SecretStore` |
 //!
@@ -27,6 +28,7 @@
 
 mod audit;
 pub mod expr;
+mod keys;
 mod ledger;
 mod queue;
 mod recorder;
@@ -37,6 +39,7 @@ pub mod table;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use self::keys::MemKeys;
 pub use self::ledger::{OutboxView, Value, set};
 pub use self::queue::{MemQueue, Message};
 pub use self::recorder::MemMetrics;
@@ -114,6 +117,8 @@ pub struct Published {
 #[derive(Default)]
 pub struct State {
     pub table: Table,
+    /// The key store's table (`adapters::dynamodb::keys`'s items).
+    pub keys: Table,
     /// The last activity window the world's containers marked.
     pub marked: Option<i64>,
     /// The payload bucket (`None`: not configured).
@@ -304,6 +309,11 @@ impl World {
     /// The delivery queue, as SQS's: messages with their group and delay.
     pub fn deliveries(&self) -> MemDeliveries {
         MemDeliveries(self.clone())
+    }
+
+    /// The key store of sealed payloads.
+    pub fn keys(&self) -> MemKeys {
+        MemKeys(self.clone())
     }
 
     pub fn publisher(&self) -> MemPublisher {
