@@ -78,6 +78,9 @@ pub trait Backend: Send + Sync {
     /// Where secrets handed over at a handshake are kept (a fresh store).
     type Secrets: SecretStore + 'static;
     fn secrets(&self) -> Self::Secrets;
+    /// The key store of sealed payloads (its own table).
+    type Keys: crate::ports::PayloadKeys + 'static;
+    fn keys(&self) -> Self::Keys;
     /// The delivery queue.
     type Deliveries: crate::ports::DeliveryQueue;
     fn deliveries(&self) -> Self::Deliveries;
@@ -1861,6 +1864,105 @@ pub async fn a_finished_records_payload_is_dropped_once_under_drop_after<B: Back
     assert!(l.deliveries_settled(&both).await.unwrap(), "SENT");
 }
 
+/// Erasure ([`crate::sealing`]): an event's data key is made once (a
+/// second claim, or our own retried write, gets the first); subjects are
+/// noted and listed. An erasure destroys the key (a tombstone a later
+/// claim meets), deletes the payload item, removes the record's own copy
+/// and subject and notes who erased it, with its audit entry, in one
+/// write; only a finished record; its own retry is `Erased`, another's
+/// `AlreadyErased`. An erased DEAD record is not replayed.
+pub async fn a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_finished_record_once<B: Backend>(
+    b: &B,
+) {
+    use crate::ledger::Erasure;
+    use crate::ports::PayloadKeys;
+    use crate::sealing::{DataKey, KeyState};
+    let keys = b.keys();
+    let l = b.ledger(seed("erase"));
+    let (first, second) = (DataKey::generate().unwrap(), DataKey::generate().unwrap());
+    let e = event("erase-small", &body("erase-small"), "send-1");
+    assert_eq!(keys.key_of(&e.key).await.unwrap(), KeyState::Missing);
+    assert_eq!(keys.key_for(&e.key, &first, e.expires_at).await.unwrap(), KeyState::Live(first.clone()));
+    assert_eq!(keys.key_for(&e.key, &second, e.expires_at).await.unwrap(), KeyState::Live(first.clone()), "the first");
+    assert_eq!(keys.key_of(&e.key).await.unwrap(), KeyState::Live(first.clone()));
+
+    // Finished records, sealed: small (in the record), large (beside it), and DEAD.
+    let mut finished = Vec::new();
+    for (name, bytes, dead) in [
+        ("erase-small", body("erase-small"), false),
+        ("erase-large", large_body("erase-large"), false),
+        ("erase-dead", body("erase-dead"), true),
+    ] {
+        let e = event(name, &bytes, "send-1");
+        let KeyState::Live(key) = keys.key_for(&e.key, &DataKey::generate().unwrap(), e.expires_at).await.unwrap() else {
+            panic!("{name}: a key")
+        };
+        let sealed = crate::sealing::seal(&key, &e.key, &bytes);
+        assert_eq!(Ledger::claim(&l, &e, &sealed).await.unwrap(), Claim::New);
+        assert!(matches!(l.lease(&e.key, "tok-1", T0 + 10, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+        if dead {
+            assert!(l.leave(&e.key, "tok-1", &Exit::Dead { reason: "r", message: "m" }, T0 + 20).await.unwrap());
+        } else {
+            let done = l.commit(&e.key, "tok-1", &[], "applied", Some("cus_erase"), T0 + 20).await.unwrap();
+            assert!(matches!(done, CommitResult::Committed { .. }), "{done:?}");
+        }
+        keys.index_subject("cus_erase", &e.key, e.expires_at).await.unwrap();
+        finished.push(e);
+    }
+    let mut noted = keys.subject_events("cus_erase").await.unwrap();
+    noted.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    let mut want: Vec<EventKey> = finished.iter().map(|e| e.key.clone()).collect();
+    want.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    assert_eq!(noted, want);
+
+    // In flight: left alone.
+    let open = event("erase-open", &body("erase-open"), "send-1");
+    assert_eq!(Ledger::claim(&l, &open, &body("erase-open")).await.unwrap(), Claim::New);
+    let entry = by("ops", "subject asked");
+    assert_eq!(l.erase(&open.key, &open.payload_hash, &entry, T0 + 30).await.unwrap(), Erasure::NotFinished(Status::Received));
+    assert!(b.get(open.key.as_str(), "meta").await.expect("record").contains_key("body"), "its payload stays");
+    let nobody = EventKey::new("stripe", "ep", "erase-nobody");
+    assert_eq!(l.erase(&nobody, "h", &entry, T0 + 30).await.unwrap(), Erasure::Missing);
+
+    for e in &finished {
+        keys.destroy(&e.key, "ops", T0 + 30, e.expires_at).await.unwrap();
+        keys.destroy(&e.key, "someone else", T0 + 31, e.expires_at).await.unwrap();
+        assert_eq!(keys.key_of(&e.key).await.unwrap(), KeyState::Erased { at_ms: T0 + 30, by: "ops".into() });
+        let again = keys.key_for(&e.key, &DataKey::generate().unwrap(), e.expires_at).await.unwrap();
+        assert!(matches!(again, KeyState::Erased { .. }), "a later claim meets the tombstone: {again:?}");
+
+        // Two ledgers of one seed draw the same token: the second is our own retry.
+        let mine = || b.ledger(seed(e.key.as_str()));
+        assert_eq!(mine().erase(&e.key, &e.payload_hash, &entry, T0 + 40).await.unwrap(), Erasure::Erased);
+        let retry = mine().erase(&e.key, &e.payload_hash, &entry, T0 + 40).await.unwrap();
+        assert_eq!(retry, Erasure::Erased, "its own retry");
+        let other = b.ledger(seed("erase-other")).erase(&e.key, &e.payload_hash, &entry, T0 + 50).await.unwrap();
+        assert_eq!(other, Erasure::AlreadyErased);
+        let record = b.get(e.key.as_str(), "meta").await.expect("the record stays");
+        for gone in ["body", "enc", "subject"] {
+            assert!(!record.contains_key(gone), "{}: {gone} left: {record:?}", e.key);
+        }
+        let text = |k: &str| record.get(k).and_then(Value::as_str);
+        assert_eq!(text("payload_hash"), Some(e.payload_hash.as_str()), "its hash stays");
+        assert_eq!(text("erased_by"), Some("ops"));
+        assert_eq!(text("erase_reason"), Some("subject asked"));
+        assert!(record.contains_key("erased_at") && record.contains_key("payload_stored"), "{record:?}");
+        let item = crate::adapters::dynamodb::payload_sk(&e.payload_hash);
+        assert!(b.get(e.key.as_str(), &item).await.is_none(), "no payload item left");
+        assert!(l.payload(&e.key, &e.payload_hash).await.unwrap().is_none());
+        let (_, history, _) = l.show(&e.key, false).await.unwrap().expect("shown");
+        assert!(history.iter().any(|h| h.get("audit_verb").and_then(serde_json::Value::as_str) == Some("erase")), "{history:?}");
+    }
+    let dead = &finished[2];
+    let replay = l.transition(&dead.key, OperatorAction::Replay, &entry, T0 + 60).await.unwrap();
+    assert_eq!(replay, crate::ledger::Transitioned::Refused(Status::Dead), "an erased record is not replayed");
+
+    for e in &finished {
+        keys.forget_subject("cus_erase", &e.key).await.unwrap();
+    }
+    assert!(keys.subject_events("cus_erase").await.unwrap().is_empty());
+}
+
 /// Runs `$run!(scenario)` for every scenario that runs on both backends.
 #[macro_export]
 macro_rules! contract_scenarios {
@@ -1880,6 +1982,7 @@ macro_rules! contract_scenarios {
         $run!(due_items_are_paged_claimed_once_and_rescheduled);
         $run!(a_finished_records_entry_stays_and_the_places_are_kept);
         $run!(a_finished_records_payload_is_dropped_once_under_drop_after);
+        $run!(a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_finished_record_once);
         $run!(the_attention_index_counts_what_needs_an_operator);
         $run!(operator_transitions_leave_only_their_statuses);
         $run!(an_operator_action_and_its_audit_entry_are_one_write_listed_by_time_and_record);
@@ -1977,6 +2080,11 @@ mod tests {
         }
 
         type Secrets = crate::adapters::memory::MemSecretStore;
+        type Keys = crate::adapters::memory::MemKeys;
+
+        fn keys(&self) -> crate::adapters::memory::MemKeys {
+            self.0.keys()
+        }
 
         fn secrets(&self) -> crate::adapters::memory::MemSecretStore {
             crate::adapters::memory::MemSecretStore::default()

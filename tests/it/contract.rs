@@ -31,6 +31,9 @@ impl Dynamo {
         let ssm = aws_sdk_ssm::Client::new(&aws);
         let name = format!("contract-{}", uuid::Uuid::new_v4().simple());
         create_table(&ddb, &name).await.expect("create table");
+        hookledger::adapters::dynamodb::keys::create_keys_table(&ddb, &format!("{name}-keys"))
+            .await
+            .expect("create the key table");
         // The work queue with a dead-letter queue after MAX_RECEIVES, as the
         // template's redrive policy (with its own count).
         let dlq_url = create_queue(&sqs, &format!("{name}-dlq")).await.expect("create dead-letter queue");
@@ -151,6 +154,12 @@ impl Backend for Dynamo {
     }
 
     type Secrets = SsmSecretStore;
+    type Keys = hookledger::adapters::dynamodb::keys::DynamoKeys;
+
+    /// The key table beside this scenario's table.
+    fn keys(&self) -> Self::Keys {
+        hookledger::adapters::dynamodb::keys::DynamoKeys::new(self.ddb.clone(), format!("{}-keys", self.table))
+    }
 
     /// SSM, under a path of this scenario's table.
     fn secrets(&self) -> SsmSecretStore {

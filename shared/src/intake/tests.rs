@@ -456,6 +456,77 @@ mod ports {
         assert!(keep.world.queue().bodies()[0].contains("MARKER"), "the control: keep queues the whole payload");
     }
 
+    /// An erasable endpoint: what is stored and queued is sealed under the
+    /// event's own key (no plaintext anywhere), its retry is a duplicate,
+    /// the operator reads it opened; `erase` leaves a record in flight
+    /// alone, then, finished, destroys its key, removes its copies and
+    /// marks it; every copy left (the queue's) no longer opens, and a later
+    /// delivery is a 200 duplicate that stores and queues nothing.
+    #[tokio::test]
+    async fn an_erasable_endpoint_seals_what_it_stores_and_queues_and_its_erasure_reaches_every_copy() {
+        use crate::ports::{PayloadKeys, WorkLedger};
+        let mut h = harness();
+        let keys = std::sync::Arc::new(h.world.keys());
+        h.intake.endpoints.get_mut("ep").unwrap().erasable = true;
+        h.intake.keys = Some(keys.clone());
+        let raw = br#"{"id": "e1", "type": "thing.changed", "email": "MARKER@x.example", "v": 1}"#;
+        let a = h.deliver(raw, 0).await;
+        assert_eq!((a.status, a.code), (202, "accepted"));
+        let key = h.key("e1");
+        // Every value of every item, and every queued message (dead letters too).
+        let scan = |w: &World| -> Vec<Vec<u8>> {
+            let mut out: Vec<Vec<u8>> = w
+                .state()
+                .table
+                .items()
+                .flat_map(|i| i.values())
+                .filter_map(|v| {
+                    v.as_b().ok().map(|b| b.as_ref().to_vec()).or_else(|| v.as_s().ok().map(|s| s.clone().into_bytes()))
+                })
+                .collect();
+            out.extend(w.queue().bodies().into_iter().map(String::into_bytes));
+            out
+        };
+        let has_marker = |bytes: &[u8]| bytes.windows(6).any(|w| w == b"MARKER");
+        assert!(!scan(&h.world).iter().any(|b| has_marker(b)), "no plaintext stored or queued");
+        assert_eq!(h.field("e1", "payload_hash"), Some(crate::identity::payload_hash(raw)), "the hash of what it seals");
+        let ops = crate::ops::Ops::new(h.world.ledger(), h.world.queue()).with_keys(keys.clone());
+        let (_, _, payload) = ops.show(&key, true).await.unwrap();
+        assert_eq!(payload.as_deref(), Some(&raw[..]), "the operator reads it opened");
+        let again = h.deliver(raw, 1_000).await;
+        assert_eq!((again.status, again.code), (200, "duplicate"), "its retry seals the same bytes");
+        assert_eq!(h.sent(), 1);
+
+        let caller = crate::audit::Caller::named("ops");
+        let erased = ops.erase(&key, &caller, "subject asked", NOW_MS + 2_000, false).await.unwrap();
+        assert_eq!((erased.outcome, erased.sealed), ("in flight", true), "RECEIVED is left alone");
+        let led = h.world.ledger();
+        assert!(matches!(led.lease(&key, "tok", NOW_MS + 3_000, 30_000).await.unwrap(), crate::ledger::LeaseResult::Leased(_)));
+        led.commit(&key, "tok", &[], "applied", Some("cus_1"), NOW_MS + 3_100).await.unwrap();
+        let dry = ops.erase(&key, &caller, "subject asked", NOW_MS + 4_000, true).await.unwrap();
+        assert_eq!(dry.outcome, "would erase");
+        assert!(matches!(keys.key_of(&key).await.unwrap(), crate::sealing::KeyState::Live(_)), "a dry run touches nothing");
+        let erased = ops.erase(&key, &caller, "subject asked", NOW_MS + 4_000, false).await.unwrap();
+        assert_eq!((erased.outcome, erased.sealed), ("erased", true));
+        assert_eq!(ops.erase(&key, &caller, "again", NOW_MS + 5_000, false).await.unwrap().outcome, "already erased");
+        assert!(h.field("e1", "erased_at").is_some() && h.field("e1", "body").is_none());
+        let (_, _, payload) = ops.show(&key, true).await.unwrap();
+        assert_eq!(payload, None, "nothing to read");
+        for copy in scan(&h.world).into_iter().filter(|b| crate::sealing::is_sealed(b) || b.starts_with(b"{")) {
+            let bytes = match serde_json::from_slice::<crate::adapters::sqs::WorkMessage>(&copy) {
+                Ok(m) => m.payload().unwrap_or_default(),
+                Err(_) => copy,
+            };
+            let opened = crate::ports::open_payload(Some(keys.as_ref()), &key, bytes.clone()).await.unwrap();
+            assert!(opened.is_err() || !has_marker(&opened.unwrap()), "a copy still opens");
+            assert!(!has_marker(&bytes));
+        }
+        let later = h.deliver(raw, 10_000).await;
+        assert_eq!((later.status, later.code), (200, "duplicate"), "a later delivery is a duplicate");
+        assert_eq!(h.sent(), 1, "and queues nothing");
+        assert!(h.field("e1", "body").is_none(), "and stores nothing");
+    }
+
     #[tokio::test]
     async fn a_redacting_endpoints_batch_is_redacted_event_by_event_even_when_large() {
         let policy: crate::redaction::PayloadPolicy =

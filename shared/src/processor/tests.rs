@@ -1641,3 +1641,66 @@ async fn a_fenced_out_worker_applies_no_unguarded_op() {
     assert_eq!(h.p.process(&k, NOW).await.unwrap(), done(Outcome::Fenced));
     assert!(h.world.state_item("tally").is_none(), "not applied");
 }
+
+// ---------------------------------------------------------------- sealed payloads
+
+/// A record whose payload is sealed under its event's key (an erasable
+/// endpoint's), carried by its message or only stored: opened, applied, and
+/// its subject noted in the key store before the completion. Once its key
+/// is destroyed, a replayed record meets a payload that will never open: DEAD
+/// `erased`, never applied.
+#[tokio::test]
+async fn a_sealed_payload_is_opened_its_subject_noted_and_an_erased_one_is_never_applied() {
+    use crate::ports::PayloadKeys;
+    use crate::sealing::{DataKey, KeyState, seal};
+    let (unused, _) = scripted(|_| Ok(Decision::Ignore("unused")));
+    let mut h = harness(unused);
+    let keys = Arc::new(h.world.keys());
+    let (mut proj, calls) = scripted(|_| Ok(Decision::Apply(vec![op("x", OnConflict::Stale)])));
+    proj.subject = Some("cus_9".into());
+    h.p = processor(&h.world, Registry::new().register(proj), settings()).with_keys(keys.clone());
+    let mut sealed_of = Vec::new();
+    for id in ["sealed-carried", "sealed-stored"] {
+        let plain = body(id);
+        let rec = WorkRecord { payload_hash: crate::identity::payload_hash(&plain), ..record(id, Status::Received) };
+        let KeyState::Live(k) = keys.key_for(&rec.key, &DataKey::generate().unwrap(), 0).await.unwrap() else {
+            panic!("a key")
+        };
+        let sealed = seal(&k, &rec.key, &plain);
+        h.ledger.insert_with_payload(rec.clone(), &sealed);
+        sealed_of.push((rec.key.clone(), sealed));
+    }
+    let (carried_key, carried) = &sealed_of[0];
+    let report = h.p.process_message(carried_key, Some(carried), NOW).await.unwrap();
+    assert_eq!(report, done(Outcome::Applied), "opened from the message");
+    let (stored_key, _) = &sealed_of[1];
+    // (The same op as the first event's: stale the second time, planned all the same.)
+    assert_eq!(h.p.process(stored_key, NOW).await.unwrap(), done(Outcome::Stale), "opened from the payload item");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "each planned once");
+    let mut noted: Vec<String> =
+        keys.subject_events("cus_9").await.unwrap().iter().map(|k| k.as_str().to_owned()).collect();
+    noted.sort();
+    assert_eq!(noted, vec![carried_key.as_str().to_owned(), stored_key.as_str().to_owned()]);
+
+    // Erased while it waited for a replay.
+    let plain = body("sealed-erased");
+    let rec = WorkRecord { payload_hash: crate::identity::payload_hash(&plain), ..record("sealed-erased", Status::Received) };
+    let KeyState::Live(k) = keys.key_for(&rec.key, &DataKey::generate().unwrap(), 0).await.unwrap() else {
+        panic!("a key")
+    };
+    h.ledger.insert_with_payload(rec.clone(), &seal(&k, &rec.key, &plain));
+    keys.destroy(&rec.key, "ops", NOW, 0).await.unwrap();
+    let report = h.p.process(&rec.key, NOW).await.unwrap();
+    assert_eq!(report, done(Outcome::Dead), "never applied");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "not planned");
+    assert_eq!(h.world.ledger().field(&rec.key, "dead_reason").as_deref(), Some("erased"));
+    // Without the key store, a sealed payload is not opened: retried, not applied.
+    let plain = body("sealed-no-store");
+    let rec = WorkRecord { payload_hash: crate::identity::payload_hash(&plain), ..record("sealed-no-store", Status::Received) };
+    let KeyState::Live(k) = keys.key_for(&rec.key, &DataKey::generate().unwrap(), 0).await.unwrap() else {
+        panic!("a key")
+    };
+    h.ledger.insert_with_payload(rec.clone(), &seal(&k, &rec.key, &plain));
+    let plain_processor = processor(&h.world, Registry::new(), settings());
+    assert_eq!(plain_processor.process(&rec.key, NOW).await.unwrap().outcome, Outcome::Retrying);
+}
