@@ -13,6 +13,7 @@
 //! `table`, `index:<name>` (a query on a global index), `table:<Put|Update|
 //! ConditionCheck|Delete>` (the items of a `TransactWriteItems`, which IAM
 //! authorises item by item), `queue`, `topic`, `bucket`, `parameter` and
+//! `keys` (the key table of sealed payloads),
 //! `parameter:secretsmanager` (an SSM reference to a Secrets Manager secret)
 //! and `parameter:handshake` (a secret handed over at a handshake, under
 //! `HOOKLEDGER_HANDSHAKE_PATH`).
@@ -46,6 +47,8 @@ pub fn functions_of(scope: &str) -> &'static [&'static str] {
 pub fn resources(call: &Call) -> Vec<String> {
     let body = || serde_json::from_str::<serde_json::Value>(&call.body).unwrap_or_default();
     match (call.service, call.operation.as_str()) {
+        // The key table of sealed payloads (`<table>-keys` in the recorded runs).
+        ("dynamodb", _) if body()["TableName"].as_str().is_some_and(|t| t.ends_with("-keys")) => vec!["keys".into()],
         ("dynamodb", "TransactWriteItems") => {
             let v = body();
             let kinds: BTreeSet<String> = v["TransactItems"]

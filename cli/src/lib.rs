@@ -137,6 +137,11 @@ enum Command {
     Park(ActionArgs),
     /// Mark DEAD or PARKED records as settled outside Hookledger.
     Resolve(ActionArgs),
+    /// Erase payloads: one event's (--event) or every event of an erasable
+    /// endpoint noted under a subject (--subject). Destroys each event's data
+    /// key, deletes the ledger's copies and marks the record erased (audited);
+    /// identity, status and hashes stay. Finished records only.
+    Erase(EraseArgs),
     /// Routes' deliveries: an event's to each destination, or a destination's
     /// DEAD ones; `deliveries replay` gives DEAD ones a new attempt, same key.
     Deliveries(deliveries::DeliveriesArgs),
@@ -301,6 +306,29 @@ struct ActionArgs {
     keys: Vec<String>,
     #[command(flatten)]
     select: SelectArgs,
+    /// Who is acting (kept in the audit entry).
+    #[arg(long, env = "USER", default_value = "operator")]
+    operator: String,
+    /// Why (kept in the audit entry).
+    #[arg(long)]
+    reason: String,
+}
+
+#[derive(Args)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["event", "subject"]))]
+struct EraseArgs {
+    /// One event's key (evt#<provider>#<endpoint>#<id>).
+    #[arg(long)]
+    event: Option<String>,
+    /// Every event noted under this provider subject (a customer id, ...).
+    #[arg(long)]
+    subject: Option<String>,
+    /// Only this endpoint's events of the subject.
+    #[arg(long, requires = "subject")]
+    endpoint: Option<String>,
+    /// Print what would be erased; change nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// Who is acting (kept in the audit entry).
     #[arg(long, env = "USER", default_value = "operator")]
     operator: String,
@@ -627,6 +655,7 @@ where
         Command::Replay(a) => act(&ctx, out, a.action, Action::Replay, Some(&a.source)).await?,
         Command::Park(a) => act(&ctx, out, a, Action::Park, None).await?,
         Command::Resolve(a) => act(&ctx, out, a, Action::Resolve, None).await?,
+        Command::Erase(a) => erase(&ctx, out, a).await?,
         Command::MapSubject { provider, tenant, subject, account, who } => {
             let (ledger, caller) = (ctx.ledger()?, ctx.caller(&who.operator).await?);
             let target = format!("subject {provider}/{tenant}/{subject} -> account {account}");
@@ -855,6 +884,46 @@ async fn act(
         (1, 1) => Err(CliError::Failed(failed.remove(0))),
         (n, _) => Err(CliError::Failed(format!("{n} of {total} failed"))),
     }
+}
+
+/// `hookledger erase`: each event it touched and what became of it. Fails
+/// (non-zero) when an event is still in flight, so a script runs it again.
+async fn erase(ctx: &Ctx, out: &mut (dyn Write + Send), a: EraseArgs) -> Result<(), CliError> {
+    if a.reason.trim().is_empty() {
+        return Err(CliError::Failed("--reason must say why (it is kept in the audit entry)".into()));
+    }
+    let ops = ctx.ops_read_only()?;
+    let caller = ctx.caller(&a.operator).await?;
+    let now = now_ms();
+    let erased = match (&a.event, &a.subject) {
+        (Some(raw), _) => {
+            let key = parse_key(raw)?;
+            vec![ops.erase(&key, &caller, &a.reason, now, a.dry_run).await?]
+        }
+        (None, Some(subject)) => ops
+            .erase_subject(subject, a.endpoint.as_deref(), &caller, &a.reason, now, a.dry_run)
+            .await
+            .map_err(|e| CliError::Failed(e.to_string()))?,
+        (None, None) => return Err(CliError::Failed("give --event or --subject".into())),
+    };
+    let in_flight = erased.iter().filter(|e| e.outcome == "in flight").count();
+    if ctx.global.json {
+        let v = serde_json::json!({ "dry_run": a.dry_run, "events": erased, "in_flight": in_flight });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
+    } else {
+        for e in &erased {
+            let sealed = if e.sealed { "sealed: every copy unreadable" } else { "not sealed: the ledger's copies only" };
+            let status = e.status.as_deref().unwrap_or("-");
+            writeln!(out, "{:<16} {status:<10} {}  ({sealed})", e.outcome, e.key)?;
+        }
+        writeln!(out, "{} event(s){}", erased.len(), if a.dry_run { ", nothing changed (dry run)" } else { "" })?;
+    }
+    if in_flight > 0 {
+        return Err(CliError::Failed(format!(
+            "{in_flight} event(s) still in flight were left alone: erase again once they settle"
+        )));
+    }
+    Ok(())
 }
 
 /// The application the CLI runs with: the reference app, as the functions

@@ -203,6 +203,8 @@ pub struct World {
     payloads: S3Payloads,
     pub dispatcher: hookledger::wiring::LiveDispatcher,
     pub ops: hookledger::wiring::LiveOps,
+    /// The key table of sealed payloads (`stripe-e`'s, an erasable endpoint).
+    pub keys_table: String,
     pub fake: Arc<FakeStripe>,
     fake_base: String,
     topic_arn: String,
@@ -285,8 +287,18 @@ impl World {
         settings.max_body_bytes = hookledger::config::MAX_BODY_BYTES_WITH_BUCKET;
         settings.payload_bucket = Some(bucket.clone());
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
-        let intake =
-            Intake::new(stack.endpoints().await, settings, ledger.clone(), queue.clone()).with_ambient(ambient.clone());
+        // The data keys of the erasable endpoint's payloads, in their own table.
+        let keys_table = format!("{}-keys", stack.table);
+        hookledger::adapters::dynamodb::keys::create_keys_table(&stack.ddb, &keys_table)
+            .await
+            .unwrap_or_else(|e| panic!("key table: {e}"));
+        let keys: Arc<dyn hookledger::ports::PayloadKeys> =
+            Arc::new(hookledger::adapters::dynamodb::keys::DynamoKeys::new(ddb.clone(), &keys_table));
+        let mut endpoints = stack.endpoints().await;
+        endpoints.extend(stack.endpoints_from(ERASABLE_ENDPOINT).await);
+        let intake = Intake::new(endpoints, settings, ledger.clone(), queue.clone())
+            .with_ambient(ambient.clone())
+            .with_keys(keys.clone());
         let (sink, sink_url) = crate::webhook_sink::Sink::start().await;
         let routes = routes_of(&stack, &sink_url);
         let payloads: Arc<dyn hookledger::ports::EventPayloads> =
@@ -310,7 +322,8 @@ impl World {
         .with_ambient(ambient.clone())
         .with_queue(Arc::new(delivery_queue))
         .with_destinations(routes.destinations().iter().map(|d| d.name.clone()).collect())
-        .with_limits(routes.destinations().iter().map(|d| (d.name.clone(), d.limits)));
+        .with_limits(routes.destinations().iter().map(|d| (d.name.clone(), d.limits)))
+        .with_keys(keys.clone());
         let processor = hookledger::wiring::processor(
             ledger.clone(),
             hookledger_app::reference_registry(Some(source.clone()), Some(topic.clone())),
@@ -320,7 +333,8 @@ impl World {
         // As deployed (`Wiring::processor`): woken gap waiters are queued at once.
         .with_queue(queue.clone())
         .with_routes(routes)
-        .with_ambient(ambient.clone());
+        .with_ambient(ambient.clone())
+        .with_keys(keys.clone());
         let reconciler = Reconciler::new(
             ledger.clone(),
             queue.clone(),
@@ -329,7 +343,7 @@ impl World {
             ReconcilerSettings::default(),
         )
         .with_ambient(ambient.clone());
-        let ops = Ops::new(ledger.clone(), queue.clone());
+        let ops = Ops::new(ledger.clone(), queue.clone()).with_keys(keys);
         let now = if fixed {
             ambient.now_ms()
         } else {
@@ -349,6 +363,7 @@ impl World {
             queue,
             dispatcher,
             ops,
+            keys_table,
             fake,
             fake_base: base,
             topic_arn: topic,
@@ -439,6 +454,13 @@ impl World {
         answer
     }
 
+    /// `bytes` of `key` opened with its data key when they are sealed
+    /// (`None`: they do not open).
+    pub async fn opened(&self, key: &EventKey, bytes: Vec<u8>) -> Option<Vec<u8>> {
+        let keys = hookledger::adapters::dynamodb::keys::DynamoKeys::new(self.stack.ddb.clone(), &self.keys_table);
+        hookledger::ports::open_payload(Some(&keys), key, bytes).await.ok()?.ok()
+    }
+
     /// A 2xx promises: the payload is durable, and the key is on the queue
     /// or certain to be re-driven (a non-terminal record is in the due index).
     pub async fn check_durable(&mut self, key: &EventKey) {
@@ -447,9 +469,11 @@ impl World {
         };
         let stored = meta.get("payload_stored").and_then(|v| v.as_bool().ok()).copied().unwrap_or(false);
         let hash = s(&meta, "payload_hash");
-        // In the record itself (small payloads), or in its own item.
-        let inline = hookledger::adapters::dynamodb::payload::body(&meta)
-            .is_some_and(|b| hookledger::identity::payload_hash(&b) == hash);
+        // In the record itself (small payloads; opened when sealed), or in its own item.
+        let inline = match hookledger::adapters::dynamodb::payload::body(&meta) {
+            Some(b) => self.opened(key, b).await.is_some_and(|b| hookledger::identity::payload_hash(&b) == hash),
+            None => false,
+        };
         let in_s3 = s(&meta, "payload_in") == "s3" && self.payloads.get(key, &hash).await.ok().flatten().is_some();
         let payload = if inline || in_s3 {
             Some(meta.clone())
@@ -459,7 +483,8 @@ impl World {
         let status = s(&meta, "status");
         // Done, and its payload dropped by its endpoint's policy: a later
         // delivery is a duplicate with nothing left to keep.
-        let dropped = status == "PROCESSED" && meta.contains_key("payload_dropped_at");
+        // Or erased by an operator: nothing is left to keep either.
+        let dropped = (status == "PROCESSED" && meta.contains_key("payload_dropped_at")) || meta.contains_key("erased_at");
         if !stored || (payload.is_none() && !dropped) {
             self.violation("wrong_2xx", format!("{key}: answered 2xx while the payload was not durable"));
         }
@@ -897,6 +922,14 @@ pub enum Flow {
     /// entry, finds its deliveries SENT, deletes its payload item and
     /// object and clears the record's copy.
     ReconcilerDropPayload,
+    /// A new event on an erasable endpoint: its data key made (one
+    /// conditional write), then claimed and sent sealed.
+    IntakeErasable,
+    /// A sealed event processed: its key read to open it, its subject noted.
+    ProcessorErasable,
+    /// An operator erases a finished sealed event: its key destroyed, its
+    /// copies deleted, the record marked with its audit entry.
+    OperatorErase,
 }
 
 /// A finished record of the `drop_after` policy whose payload is not
@@ -926,7 +959,20 @@ fn dropped_body() -> Vec<u8> {
     .into_bytes()
 }
 
-pub const FLOWS: [Flow; 40] = [
+/// An erasable endpoint: its payloads sealed under their events' own keys.
+pub const ERASABLE_ENDPOINT: &str =
+    r#"{"stripe-e": {"provider": "stripe", "tenant": "tenant-a", "secrets": ["env:STRIPE"], "erasable": true}}"#;
+
+/// A payment on the erasable endpoint, its payload marked in a field no
+/// projection keeps (`pi_SEALMARK`, the card holder's note).
+fn sealed_payment(id: &str) -> Delivery {
+    let mut body: serde_json::Value =
+        serde_json::from_slice(&pi_succeeded(id, "pi_sealed", Some("cus_x"), 500)).unwrap_or_default();
+    body["data"]["object"]["description"] = serde_json::Value::from("pi_SEALMARK: the holder's note");
+    Delivery { endpoint: "stripe-e", event_id: id.into(), body: body.to_string().into_bytes() }
+}
+
+pub const FLOWS: [Flow; 43] = [
     Flow::IntakeNew,
     Flow::IntakeNewCold,
     Flow::IntakeNewLarge,
@@ -967,6 +1013,9 @@ pub const FLOWS: [Flow; 40] = [
     Flow::OperatorDeliveryReplay,
     Flow::OperatorMapSubject,
     Flow::ReconcilerDropPayload,
+    Flow::IntakeErasable,
+    Flow::ProcessorErasable,
+    Flow::OperatorErase,
 ];
 
 /// The envelope in a message of a destination's queue: an EventBridge rule
@@ -1173,6 +1222,22 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
     match flow {
         Flow::IntakeNew | Flow::IntakeNewCold => {
             let d = payment("evt_new", 500);
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::IntakeErasable => {
+            let d = sealed_payment("evt_sealed");
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::ProcessorErasable => {
+            // Delivered and on the queue, sealed: the act processes it.
+            let d = sealed_payment("evt_sealed");
+            w.deliver(d.clone(), 0).await;
+            Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
+        }
+        Flow::OperatorErase => {
+            let d = sealed_payment("evt_sealed");
+            w.deliver(d.clone(), 0).await;
+            drain_processor(w).await;
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
         Flow::IntakeBatch => {
@@ -1444,7 +1509,8 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::IntakeNotificationRepeat
         | Flow::IntakeReplay
         | Flow::IntakeBoundNew
-        | Flow::IntakeLargeBatch => {
+        | Flow::IntakeLargeBatch
+        | Flow::IntakeErasable => {
             let d = ctx.delivery.clone().unwrap_or_else(|| unreachable!("intake flows deliver"));
             w.deliver(d, 0).await;
         }
@@ -1458,7 +1524,8 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::ProcessorPark
         | Flow::ProcessorGap
         | Flow::ProcessorSplit
-        | Flow::ProcessorRouted => {
+        | Flow::ProcessorRouted
+        | Flow::ProcessorErasable => {
             w.poll().await;
             let i = w.inflight.iter().position(|m| m.key == ctx.key).unwrap_or_else(|| panic!("no message"));
             w.process_one(i).await;
@@ -1534,6 +1601,11 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
             w.plan.scope("operator");
             let _ = w.plan.run(w.ledger.apply_audited(&write, &entry)).await;
         }
+        Flow::OperatorErase => {
+            w.plan.scope("operator");
+            let caller = hookledger::audit::Caller::named("alice");
+            let _ = w.plan.run(w.ops.erase(&ctx.key, &caller, "subject asked", w.now, false)).await;
+        }
     }
 }
 
@@ -1590,7 +1662,15 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
         | Flow::IntakeDuplicate
         | Flow::IntakeNeverSentDuplicate
         | Flow::IntakeChangedRetryOfUnstored
-        | Flow::IntakeHashConflict => {
+        | Flow::IntakeHashConflict
+        | Flow::IntakeErasable
+        | Flow::ProcessorErasable
+        | Flow::OperatorErase => {
+            if flow == Flow::OperatorErase {
+                check_erased(w, &ctx.key).await;
+            } else if matches!(flow, Flow::IntakeErasable | Flow::ProcessorErasable) {
+                check_sealed(w, &ctx.key).await;
+            }
             let b = w.state(&bal("tenant-a", "acct_x")).await;
             let (balance, entries) = b.as_ref().map_or((0, 0), |b| (n(b, "balance"), n(b, "entries")));
             w.expect_count("ledger entries", entries, 1);
@@ -1819,6 +1899,77 @@ async fn check_dropped(w: &mut World, key: &EventKey) {
     }
 }
 
+/// Whether any item of the table holds the sealed flows' marker, as stored
+/// (any string or binary attribute) or inflated (a stored body).
+async fn marker_in_table(w: &World) -> bool {
+    let marked = |b: &[u8]| b.windows(11).any(|win| win == b"pi_SEALMARK");
+    w.stack.items().await.iter().any(|i| {
+        hookledger::adapters::dynamodb::payload::body(i).is_some_and(|b| marked(&b))
+            || i.values().any(|v| {
+                v.as_s().is_ok_and(|s| marked(s.as_bytes())) || v.as_b().is_ok_and(|b| marked(b.as_ref()))
+            })
+    })
+}
+
+/// A sealed event after convergence: its payload in no item in the clear,
+/// and applied once (checked by the caller); its subject noted.
+async fn check_sealed(w: &mut World, key: &EventKey) {
+    use hookledger::ports::PayloadKeys;
+    if marker_in_table(w).await {
+        w.violation("leaked", format!("{key}: its payload is in the table in the clear"));
+    }
+    let keys = hookledger::adapters::dynamodb::keys::DynamoKeys::new(w.stack.ddb.clone(), &w.keys_table);
+    let noted = keys.subject_events("cus_x").await.unwrap_or_default();
+    if !noted.contains(key) {
+        w.violation("lost", format!("{key}: its subject is not noted for erasure"));
+    }
+}
+
+/// An erasure after convergence: the operator runs it again when the act
+/// failed (the CLI says so), then nothing of the payload is readable: the
+/// key is a tombstone, no item holds the payload (sealed or not), the
+/// record keeps its identity and is marked once, with one audit entry; a
+/// later delivery is a 200 duplicate that stores nothing and applies nothing.
+async fn check_erased(w: &mut World, key: &EventKey) {
+    use hookledger::ports::PayloadKeys;
+    let keys = hookledger::adapters::dynamodb::keys::DynamoKeys::new(w.stack.ddb.clone(), &w.keys_table);
+    let clean = Ops::new(w.stack.ledger().with_shards(SHARDS), SqsQueue::new(w.stack.sqs.clone(), &w.stack.queue_url))
+        .with_keys(Arc::new(keys.clone()));
+    let caller = hookledger::audit::Caller::named("alice");
+    match clean.erase(key, &caller, "subject asked", w.now, false).await {
+        Ok(e) if e.settled() => {}
+        other => return w.violation("kept", format!("{key}: the operator's second erase: {other:?}")),
+    }
+    if !matches!(keys.key_of(key).await, Ok(hookledger::sealing::KeyState::Erased { .. })) {
+        w.violation("kept", format!("{key}: its data key is not destroyed"));
+    }
+    let Some(meta) = w.meta(key).await else {
+        return w.violation("lost", format!("{key}: no record"));
+    };
+    if !meta.contains_key("erased_at") || meta.contains_key("body") || s(&meta, "payload_hash").is_empty() {
+        w.violation("kept", format!("{key}: record not erased ({:?})", meta.keys().collect::<Vec<_>>()));
+    }
+    let payload_items = w
+        .stack
+        .items()
+        .await
+        .iter()
+        .filter(|i| i.get("sk").and_then(|v| v.as_s().ok()).is_some_and(|sk| sk.starts_with("payload#")))
+        .filter(|i| i.get("pk").and_then(|v| v.as_s().ok()).is_some_and(|pk| pk == key.as_str()))
+        .count();
+    if payload_items > 0 || marker_in_table(w).await {
+        w.violation("kept", format!("{key}: a copy of its payload is still in the table"));
+    }
+    audited_once(w, "erase", true, Some(key), key.as_str()).await;
+    let status = w.deliver(sealed_payment(key.event_id()), 0).await;
+    if status != Some(200) {
+        w.violation("refused", format!("{key}: a later delivery answered {status:?}, not a 200 duplicate"));
+    }
+    if w.meta(key).await.is_some_and(|m| m.contains_key("body")) {
+        w.violation("kept", format!("{key}: a later delivery stored the payload again"));
+    }
+}
+
 /// The subject mapping of [`Flow::OperatorMapSubject`], and its entry.
 const MAPPED: &str = "subject stripe/t1/cus_op -> account acct_op";
 fn mapping_entry(w: &World) -> (hookledger::projection::Write, hookledger::audit::AuditEntry) {
@@ -2022,9 +2173,12 @@ const RECONCILER_OPERATOR_FLOWS: [Flow; 9] = [
     Flow::OperatorMapSubject,
 ];
 
+const ERASURE_FLOWS: [Flow; 3] = [Flow::IntakeErasable, Flow::ProcessorErasable, Flow::OperatorErase];
+
 #[test]
 fn the_exploration_tests_cover_every_flow() {
     let mut covered: Vec<Flow> = [
+        &ERASURE_FLOWS[..],
         &INTAKE_FLOWS[..],
         &CONTRACT_FLOWS[..],
         &OUTCOME_FLOWS[..],
@@ -2066,6 +2220,11 @@ async fn exploration_deliveries_and_redrives() {
 #[tokio::test]
 async fn exploration_reconciler_and_operator() {
     explore_and_assert(&RECONCILER_OPERATOR_FLOWS, false).await;
+}
+
+#[tokio::test]
+async fn exploration_erasure() {
+    explore_and_assert(&ERASURE_FLOWS, false).await;
 }
 
 #[tokio::test]
