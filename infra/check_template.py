@@ -201,7 +201,7 @@ def needed_actions(operations):
                     fail(f"iam-actions.json: unknown transaction item kind {kind!r}")
                 add(TRANSACT_ITEM_ACTIONS[kind], "table")
             elif service == "dynamodb":
-                add(op, "index" if kind.startswith("index:") else "table")
+                add(op, "index" if kind.startswith("index:") else "keys" if kind == "keys" else "table")
             elif op == "s3:GetObject":
                 add("s3:GetObject", "objects")
                 add("s3:ListBucket", "bucket")
@@ -249,6 +249,11 @@ def resource_fits(kind, texts):
     """Whether one of the granted resource texts is of `kind`."""
     if kind == "index":
         return any("/index/" in t for t in texts)
+    if kind == "keys":
+        # The key table of sealed payloads, not the ledger's.
+        return any("PayloadKeysTable" in t for t in texts)
+    if kind == "table":
+        return any("LedgerTable" in t and "/index/" not in t for t in texts)
     if kind == "destination":
         # A route's destinations: the DestinationArns parameter, nothing wider.
         return any("DestinationArns" in t for t in texts)
@@ -619,12 +624,12 @@ SES_TOPIC_EXAMPLE = "arn:aws:sns:us-east-1:123456789012:ses"
 # SES dead-letter queue exists only with SesTopicArn). NotifyTopic is not
 # among them: it stays on alias/aws/sns (its subscribers are the user's).
 KEY_STORES = (
-    "LedgerTable", "PayloadBucket", "WorkQueue", "WorkDeadLetterQueue", "DeliveryQueue",
+    "LedgerTable", "PayloadKeysTable", "PayloadBucket", "WorkQueue", "WorkDeadLetterQueue", "DeliveryQueue",
     "DeliveryDeadLetterQueue", "SesDeadLetterQueue", "AlarmTopic",
 )
 # The store an operation of infra/iam-actions.json touches, by its resource
 # kind; None: not a store of ours (destinations, SSM parameters, secrets).
-STORE_OF_KIND = {"table": "LedgerTable", "bucket": "PayloadBucket", "queue": "WorkQueue", "deliveries": "DeliveryQueue", "topic": "NotifyTopic"}
+STORE_OF_KIND = {"table": "LedgerTable", "keys": "PayloadKeysTable", "bucket": "PayloadBucket", "queue": "WorkQueue", "deliveries": "DeliveryQueue", "topic": "NotifyTopic"}
 
 DYNAMODB_READS = ("dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:TransactGetItems")
 DYNAMODB_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:TransactWriteItems", "dynamodb:BatchWriteItem")

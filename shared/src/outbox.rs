@@ -262,7 +262,21 @@ impl<S: OutboxStore + CircuitStore, P: Publisher> Dispatcher<S, P> {
                         Some(&read[..])
                     }
                     // In the bucket already: too large for any destination.
-                    Ok(EventPayload::TooLarge) => None,
+                    // A sealed one is not handed by reference: the
+                    // destination could not open the object.
+                    Ok(EventPayload::TooLarge) => match &self.keys {
+                        Some(keys) => match keys.key_of(&key).await {
+                            Ok(crate::sealing::KeyState::Missing) => None,
+                            Ok(_) => {
+                                return Err(Unsendable::Never(
+                                    "a sealed payload over an item's size is not handed by reference (the destination could not open it)"
+                                        .into(),
+                                ));
+                            }
+                            Err(e) => return Err(Unsendable::Retry(format!("reading the data key: {e}"))),
+                        },
+                        None => None,
+                    },
                     Ok(EventPayload::Gone) => return Err(Unsendable::Never("the event is gone (expired?)".into())),
                     Err(e) => return Err(Unsendable::Retry(format!("reading the event: {e}"))),
                 }
