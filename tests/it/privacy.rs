@@ -200,3 +200,246 @@ async fn a_redacted_field_never_reaches_the_table_the_bucket_a_queue_or_a_destin
     let found = marker_found(&stack, &bucket, &[&stack.queue_url]).await;
     assert_eq!(found.len(), 2, "the kept record and its work message: {found:?}");
 }
+
+/// The bodies of the messages on `url`, left there (received with no
+/// visibility timeout, so each shows again at once).
+async fn peek(stack: &Stack, url: &str) -> Vec<String> {
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..5 {
+        let out = stack
+            .sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        for m in out.messages.unwrap_or_default() {
+            seen.insert(m.message_id.unwrap_or_default(), m.body.unwrap_or_default());
+        }
+    }
+    seen.into_values().collect()
+}
+
+/// A queue's message as the processor reads it: its payload, if it carries one.
+fn carried(body: &str) -> Option<Vec<u8>> {
+    serde_json::from_str::<hookledger::adapters::sqs::WorkMessage>(body).ok()?.payload()
+}
+
+/// Erasure on the emulator, one event under each payload policy on an
+/// erasable endpoint (in the record, in its own item, in S3): before,
+/// nothing stored or queued holds the planted marker in the clear, and the
+/// dead-letter queue's copies open to it under their keys; after `erase`,
+/// every copy in the table, the key table, the bucket, the work, dead-letter
+/// and delivery queues is gone or opens to nothing, searched raw, inflated
+/// and opened. A later delivery is a 200 duplicate, not applied again.
+#[tokio::test]
+async fn after_erase_no_copy_in_the_table_the_bucket_or_a_queue_can_be_read() {
+    use hookledger::ports::{PayloadKeys, open_payload};
+    let stack = Stack::new().await;
+    let id = &stack.table[3..];
+    let bucket = format!("payloads-{id}");
+    create_bucket(&aws_sdk_s3::Client::new(&stack.aws), &bucket).await.unwrap();
+    let keys_table = format!("{}-keys", stack.table);
+    hookledger::adapters::dynamodb::keys::create_keys_table(&stack.ddb, &keys_table).await.unwrap();
+    let keys = hookledger::adapters::dynamodb::keys::DynamoKeys::new(stack.ddb.clone(), &keys_table);
+    // The work queue, its messages moved to a dead-letter queue after one receive.
+    let dlq = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("work-dlq-{id}")).await.unwrap();
+    let arn_of = |url: String| {
+        let sqs = stack.sqs.clone();
+        async move {
+            let attrs = sqs
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            attrs.attributes.unwrap_or_default()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn].clone()
+        }
+    };
+    let policy = format!(r#"{{"deadLetterTargetArn":"{}","maxReceiveCount":"1"}}"#, arn_of(dlq.clone()).await);
+    let work = stack
+        .sqs
+        .create_queue()
+        .queue_name(format!("work-{id}"))
+        .attributes(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy, policy)
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let deliveries = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("deliveries-{id}")).await.unwrap();
+    let destination = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-{id}")).await.unwrap();
+    let dest_arn = arn_of(destination.clone()).await;
+
+    let endpoints = r#"{
+        "keep": {"provider": "standard_webhooks", "secrets": ["env:SVIX"], "erasable": true},
+        "redact": {"provider": "standard_webhooks", "secrets": ["env:SVIX"], "erasable": true,
+                   "payload": {"policy": "redact", "remove": ["/data/card"]}},
+        "drop": {"provider": "standard_webhooks", "secrets": ["env:SVIX"], "erasable": true,
+                 "payload": {"policy": "drop_after"}}}"#;
+    let mut settings = stack.settings();
+    settings.queue_url = work.clone();
+    settings.max_body_bytes = hookledger::config::MAX_BODY_BYTES_WITH_BUCKET;
+    settings.payload_bucket = Some(bucket.clone());
+    let ledger = stack.ledger().with_payload_bucket(S3Payloads::from_config(&stack.aws, bucket.clone()));
+    let intake =
+        Intake::new(stack.endpoints_from(endpoints).await, settings, ledger, SqsQueue::new(stack.sqs.clone(), &work))
+            .with_keys(std::sync::Arc::new(keys.clone()));
+    // In the record, in its own item, in S3.
+    let events = [("keep", "msg_keep", 0usize), ("redact", "msg_redact", 6 * 1024), ("drop", "msg_drop", 1024 * 1024)];
+    let mut bodies = Vec::new();
+    for (i, (endpoint, msg, size)) in events.iter().enumerate() {
+        let body = event(100 + i as u64, *size);
+        assert_eq!(post(&intake, endpoint, &svix_headers(msg, &body), &body).await, 202, "{endpoint}");
+        assert_eq!(post(&intake, endpoint, &svix_headers(msg, &body), &body).await, 200, "{endpoint}: its retry");
+        bodies.push(body);
+    }
+    let keys_of: Vec<EventKey> =
+        events.iter().map(|(endpoint, msg, _)| EventKey::new("standard_webhooks", endpoint, msg)).collect();
+    let places: Vec<String> = {
+        let mut p = Vec::new();
+        for k in &keys_of {
+            let r = stack.record(k).await;
+            p.push(if r.contains_key("payload_in") {
+                s(&r, "payload_in")
+            } else if r.contains_key("body") {
+                "record".into()
+            } else {
+                "item".into()
+            });
+        }
+        p
+    };
+    assert_eq!(places, ["record", "item", "s3"], "each place a payload is stored is covered");
+    let found = marker_found(&stack, &bucket, &[]).await;
+    assert!(found.is_empty(), "sealed: the marker is readable in {found:?}");
+
+    // Every work message received once and left: on the dead-letter queue.
+    assert_eq!(peek(&stack, &work).await.len(), 3, "one message per event");
+    for _ in 0..5 {
+        if peek(&stack, &work).await.is_empty() {
+            break;
+        }
+    }
+    let dead = peek(&stack, &dlq).await;
+    assert_eq!(dead.len(), 3, "the dead-letter queue's copies");
+    let mut opened_before = 0;
+    for (body, k) in dead.iter().filter_map(|b| carried(b).map(|p| (p, b))).map(|(p, b)| (p, b.clone())) {
+        assert!(!holds_marker(&body), "a dead letter in the clear: {k:.120}");
+        let key = keys_of.iter().find(|key| k.contains(key.as_str())).unwrap_or_else(|| panic!("{k:.120}"));
+        let plain = open_payload(Some(&keys), key, body).await.unwrap().unwrap_or_else(|e| panic!("{key}: {e}"));
+        opened_before += usize::from(holds_marker(&plain));
+    }
+    assert!(opened_before >= 2, "the control: the dead letters that carry their payload open to the marker");
+
+    // Processed as deployed: the routed ones sent to their SQS destination
+    // at the commit (a delivery queue configured beside, for HTTPS ones).
+    let routes = serde_json::json!({"destinations": {"dest": {"arn": dest_arn}},
+        "routes": [{"endpoint": "keep", "to": ["dest"]}, {"endpoint": "redact", "to": ["dest"]}]})
+    .to_string();
+    let vars = [
+        ("HOOKLEDGER_TABLE", stack.table.clone()),
+        ("HOOKLEDGER_QUEUE_URL", work.clone()),
+        ("HOOKLEDGER_ROUTES", routes),
+        ("HOOKLEDGER_PAYLOAD_BUCKET", bucket.clone()),
+        ("HOOKLEDGER_INDEX_SHARDS", "16".to_owned()),
+        ("HOOKLEDGER_KEYS_TABLE", keys_table.clone()),
+        ("HOOKLEDGER_DELIVERY_QUEUE_URL", deliveries.clone()),
+    ];
+    let wsettings = hookledger::wiring::Settings::from_lookup(move |k| {
+        vars.iter().find(|(name, _)| *name == k).map(|(_, v)| v.clone())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let wiring = hookledger::wiring::Wiring::new(stack.aws.clone(), wsettings);
+    let processor = wiring.processor(crate::support::reference(&wiring)).unwrap_or_else(|e| panic!("{e}"));
+    for k in &keys_of {
+        let report = processor.process(k, now_s() * 1000).await.unwrap_or_else(|e| panic!("{k}: {e}"));
+        assert_eq!(report.outcome, Outcome::Applied, "{k}");
+    }
+    let delivered = stack.drain(&destination).await;
+    assert_eq!(delivered.len(), 2);
+    for envelope in &delivered {
+        let v: serde_json::Value = serde_json::from_str(envelope).unwrap();
+        assert!(v["event"]["data"].get("card").is_none() || v["endpoint"] == "keep", "a redacted field reached a destination");
+        // Delivered copies are the user's own systems: erasure cannot reach them.
+        assert!(holds_marker(envelope.as_bytes()), "the destination got the event opened");
+    }
+
+    // Erased, each of them, by the operator.
+    let ops = wiring.ops_read_only().unwrap_or_else(|e| panic!("{e}"));
+    let caller = hookledger::audit::Caller::named("dpo");
+    for k in &keys_of {
+        let erased = ops.erase(k, &caller, "erasure request 42", now_s() * 1000, false).await.unwrap();
+        assert_eq!((erased.outcome, erased.sealed), ("erased", true), "{k}");
+    }
+    // Nothing readable: raw, inflated, or opened under any event's key.
+    let found = marker_found(&stack, &bucket, &[]).await;
+    assert!(found.is_empty(), "the marker is readable in {found:?}");
+    let mut sealed_copies = 0;
+    let mut copies: Vec<Vec<u8>> = Vec::new();
+    for item in stack.items().await {
+        let mut vs = Vec::new();
+        item.values().for_each(|v| values(v, &mut vs));
+        copies.extend(vs);
+    }
+    let s3 = aws_sdk_s3::Client::new(&stack.aws);
+    let listed = s3.list_objects_v2().bucket(&bucket).send().await.unwrap();
+    assert_eq!(listed.contents().len(), 0, "the bucket's object is deleted: {:?}", listed.contents());
+    let key_items = stack.ddb.scan().table_name(&keys_table).send().await.unwrap().items.unwrap_or_default();
+    for item in &key_items {
+        assert!(!item.contains_key("dk"), "a data key survived: {:?}", item.get("pk"));
+        let mut vs = Vec::new();
+        item.values().for_each(|v| values(v, &mut vs));
+        copies.extend(vs);
+    }
+    for url in [&work, &dlq, &deliveries] {
+        for body in peek(&stack, url).await {
+            copies.extend(carried(&body));
+            copies.push(body.into_bytes());
+        }
+    }
+    for copy in copies {
+        assert!(!holds_marker(&copy), "a copy in the clear");
+        if hookledger::sealing::is_sealed(&copy) {
+            sealed_copies += 1;
+            for k in &keys_of {
+                let opened = open_payload(Some(&keys), k, copy.clone()).await.unwrap();
+                assert!(opened.is_err(), "a sealed copy still opens under {k}");
+            }
+        }
+    }
+    assert!(sealed_copies >= 2, "the dead letters' sealed copies were searched ({sealed_copies})");
+    for k in &keys_of {
+        let r = stack.record(k).await;
+        assert!(r.contains_key("erased_at") && !r.contains_key("body"), "{k}: {:?}", r.keys());
+        assert!(!s(&r, "payload_hash").is_empty(), "{k}: its identity and hashes stay");
+        assert!(matches!(keys.key_of(k).await.unwrap(), hookledger::sealing::KeyState::Erased { .. }));
+    }
+
+    // A later delivery of each: a duplicate, nothing stored, queued or applied.
+    // The projections' state: every item that is not the ledger's own.
+    let projected = || async {
+        let mut state: Vec<String> = stack
+            .items()
+            .await
+            .iter()
+            .filter(|i| s(i, "pk").starts_with("proj#"))
+            .map(|i| format!("{:?}", std::collections::BTreeMap::from_iter(i.iter())))
+            .collect();
+        state.sort();
+        state
+    };
+    let before = projected().await;
+    assert!(before.len() >= 3, "each event applied: {before:?}");
+    for (i, (endpoint, msg, _)) in events.iter().enumerate() {
+        let status = post(&intake, endpoint, &svix_headers(msg, &bodies[i]), &bodies[i]).await;
+        assert_eq!(status, 200, "{endpoint}: a later delivery is a duplicate");
+    }
+    assert!(peek(&stack, &work).await.is_empty(), "nothing queued again");
+    let found = marker_found(&stack, &bucket, &[]).await;
+    assert!(found.is_empty(), "nothing stored again: {found:?}");
+    assert_eq!(before, projected().await, "not applied again");
+}
