@@ -777,3 +777,51 @@ async fn a_delivery_over_max_in_flight_waits_on_the_queue() {
     assert_eq!(world.deliveries().len(), 1, "back on the queue");
     assert!(world.publisher().attempts().is_empty(), "not sent");
 }
+
+/// Sealed payloads by event key (an erasable endpoint's events).
+#[derive(Default)]
+struct SealedEvents(std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>);
+
+impl crate::ports::EventPayloads for SealedEvents {
+    fn event_payload<'a>(
+        &'a self,
+        key: &'a EventKey,
+        _: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<crate::ports::EventPayload, PortError>> + Send + 'a>>
+    {
+        let bytes = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(key.as_str()).cloned();
+        Box::pin(async move { Ok(bytes.map_or(crate::ports::EventPayload::Gone, crate::ports::EventPayload::Bytes)) })
+    }
+}
+
+/// A delivery of a sealed event (an erasable endpoint's) is sent with its
+/// payload opened under the event's key; once the event is erased, its
+/// delivery is DEAD at once and nothing is sent.
+#[tokio::test]
+async fn a_sealed_event_is_opened_for_its_envelope_and_an_erased_ones_delivery_is_dead() {
+    use crate::ports::PayloadKeys;
+    use crate::sealing::{DataKey, KeyState, seal};
+    let w = World::new(Ambient::fixed(NOW, 3));
+    let (store, publisher, keys) = (w.outbox(), w.publisher(), w.keys());
+    let sealed = SealedEvents::default();
+    for i in 0..2 {
+        let event = EventKey::new("acme", "main", &format!("orders{i}"));
+        let KeyState::Live(k) = keys.key_for(&event, &DataKey::generate().unwrap(), 0).await.unwrap() else {
+            panic!("a key")
+        };
+        let bytes = seal(&k, &event, br#"{"card":"SEALED-MARKER"}"#);
+        sealed.0.lock().unwrap().insert(event.as_str().to_owned(), bytes);
+    }
+    let d = Dispatcher::with_ports(store.clone(), publisher.clone())
+        .with_policy(POLICY)
+        .with_payloads(std::sync::Arc::new(sealed))
+        .with_keys(std::sync::Arc::new(keys.clone()));
+    let first = queue_delivery(&store, 0);
+    assert_eq!(d.dispatch(&first, NOW).await.unwrap(), Dispatched::Published);
+    assert!(publisher.published()[0].body.contains("SEALED-MARKER"), "sent opened");
+    keys.destroy(&EventKey::new("acme", "main", "orders1"), "ops", NOW, 0).await.unwrap();
+    let second = queue_delivery(&store, 1);
+    let got = d.dispatch(&second, NOW).await.unwrap();
+    assert_eq!(store.status(&second), DEAD, "{got:?}");
+    assert_eq!(publisher.attempts().len(), 1, "nothing sent for the erased event");
+}
