@@ -912,7 +912,8 @@ async fn erase(ctx: &Ctx, out: &mut (dyn Write + Send), a: EraseArgs) -> Result<
         writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
     } else {
         for e in &erased {
-            let sealed = if e.sealed { "sealed: every copy unreadable" } else { "not sealed: the ledger's copies only" };
+            let sealed =
+                if e.sealed { "sealed: every copy unreadable" } else { "not sealed: the ledger's copies only" };
             let status = e.status.as_deref().unwrap_or("-");
             writeln!(out, "{:<16} {status:<10} {}  ({sealed})", e.outcome, e.key)?;
         }

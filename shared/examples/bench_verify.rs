@@ -66,7 +66,14 @@ fn verify_identify(
 }
 
 fn endpoint(provider: ProviderKind, verifier: Box<dyn Verifier>) -> Endpoint {
-    Endpoint { name: "bench".into(), tenant: "bench".into(), provider, verifier, payload: Default::default(), erasable: false }
+    Endpoint {
+        name: "bench".into(),
+        tenant: "bench".into(),
+        provider,
+        verifier,
+        payload: Default::default(),
+        erasable: false,
+    }
 }
 
 /// A body in the preset's shape (its `hookledger send` sample), padded to `len` bytes.

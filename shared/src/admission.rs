@@ -13,8 +13,8 @@ use crate::identity::{EventKey, payload_hash};
 use crate::ledger::{Claim, ExistingRecord, Generation, Kept, NewEvent, PortError, Release, SendLease, Status, Via};
 use crate::policy::SEND_LEASE_MS;
 use crate::ports::{Ledger, Outgoing, PayloadKeys, WorkQueue};
-use crate::sealing::KeyState;
 use crate::redaction::{PayloadPolicy, Unredactable};
+use crate::sealing::KeyState;
 use crate::verify::registry;
 
 /// An event as any path offers it for admission: who sent it, which

@@ -489,7 +489,14 @@ pub async fn build_endpoint(
         .verifier(spec, keys, &cx)
         .map_err(|reason| ConfigError::Endpoint { endpoint: name.to_owned(), reason })?;
     let tenant = spec.tenant.clone().unwrap_or_else(|| name.to_owned());
-    Ok(Endpoint { name: name.to_owned(), tenant, provider: spec.provider, verifier, payload: spec.payload.clone(), erasable: spec.erasable })
+    Ok(Endpoint {
+        name: name.to_owned(),
+        tenant,
+        provider: spec.provider,
+        verifier,
+        payload: spec.payload.clone(),
+        erasable: spec.erasable,
+    })
 }
 
 /// What builds the intake's endpoints, kept by the intake so that an

@@ -1871,9 +1871,7 @@ pub async fn a_finished_records_payload_is_dropped_once_under_drop_after<B: Back
 /// and subject and notes who erased it, with its audit entry, in one
 /// write; only a finished record; its own retry is `Erased`, another's
 /// `AlreadyErased`. An erased DEAD record is not replayed.
-pub async fn a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_finished_record_once<B: Backend>(
-    b: &B,
-) {
+pub async fn a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_finished_record_once<B: Backend>(b: &B) {
     use crate::ledger::Erasure;
     use crate::ports::PayloadKeys;
     use crate::sealing::{DataKey, KeyState};
@@ -1894,7 +1892,8 @@ pub async fn a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_fi
         ("erase-dead", body("erase-dead"), true),
     ] {
         let e = event(name, &bytes, "send-1");
-        let KeyState::Live(key) = keys.key_for(&e.key, &DataKey::generate().unwrap(), e.expires_at).await.unwrap() else {
+        let KeyState::Live(key) = keys.key_for(&e.key, &DataKey::generate().unwrap(), e.expires_at).await.unwrap()
+        else {
             panic!("{name}: a key")
         };
         let sealed = crate::sealing::seal(&key, &e.key, &bytes);
@@ -1919,7 +1918,10 @@ pub async fn a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_fi
     let open = event("erase-open", &body("erase-open"), "send-1");
     assert_eq!(Ledger::claim(&l, &open, &body("erase-open")).await.unwrap(), Claim::New);
     let entry = by("ops", "subject asked");
-    assert_eq!(l.erase(&open.key, &open.payload_hash, &entry, T0 + 30).await.unwrap(), Erasure::NotFinished(Status::Received));
+    assert_eq!(
+        l.erase(&open.key, &open.payload_hash, &entry, T0 + 30).await.unwrap(),
+        Erasure::NotFinished(Status::Received)
+    );
     assert!(b.get(open.key.as_str(), "meta").await.expect("record").contains_key("body"), "its payload stays");
     let nobody = EventKey::new("stripe", "ep", "erase-nobody");
     assert_eq!(l.erase(&nobody, "h", &entry, T0 + 30).await.unwrap(), Erasure::Missing);
@@ -1951,7 +1953,10 @@ pub async fn a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_fi
         assert!(b.get(e.key.as_str(), &item).await.is_none(), "no payload item left");
         assert!(l.payload(&e.key, &e.payload_hash).await.unwrap().is_none());
         let (_, history, _) = l.show(&e.key, false).await.unwrap().expect("shown");
-        assert!(history.iter().any(|h| h.get("audit_verb").and_then(serde_json::Value::as_str) == Some("erase")), "{history:?}");
+        assert!(
+            history.iter().any(|h| h.get("audit_verb").and_then(serde_json::Value::as_str) == Some("erase")),
+            "{history:?}"
+        );
     }
     let dead = &finished[2];
     let replay = l.transition(&dead.key, OperatorAction::Replay, &entry, T0 + 60).await.unwrap();

@@ -163,7 +163,8 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
             keys.destroy(key, &caller.operator, now_ms, expires_at).await?;
         }
         let hash = text("payload_hash").unwrap_or_default();
-        let entry = AuditEntry::new("", now_ms, crate::audit::verb::ERASE, key.as_str(), caller).on_record(key).because(reason);
+        let entry =
+            AuditEntry::new("", now_ms, crate::audit::verb::ERASE, key.as_str(), caller).on_record(key).because(reason);
         out.outcome = match self.ledger.erase(key, &hash, &entry, now_ms).await? {
             Erasure::Erased => "erased",
             Erasure::AlreadyErased => "already erased",

@@ -85,7 +85,10 @@ impl std::fmt::Debug for DataKey {
 pub enum KeyState {
     Live(DataKey),
     /// Destroyed by an erasure: `at_ms`, by whom.
-    Erased { at_ms: i64, by: String },
+    Erased {
+        at_ms: i64,
+        by: String,
+    },
     /// Never made (the event was not sealed), or expired with its record.
     Missing,
 }

@@ -557,7 +557,8 @@ impl Wiring {
         source: S,
         settings: BackfillSettings,
     ) -> Result<Backfill<DynamoLedger, SqsQueue, S>, ConfigError> {
-        let backfill = Backfill::new(self.ledger()?, self.queue()?, source, settings).with_ambient(self.ambient.clone());
+        let backfill =
+            Backfill::new(self.ledger()?, self.queue()?, source, settings).with_ambient(self.ambient.clone());
         Ok(match self.keys() {
             Some(keys) => backfill.with_keys(keys),
             None => backfill,

@@ -484,7 +484,8 @@ impl World {
         // Done, and its payload dropped by its endpoint's policy: a later
         // delivery is a duplicate with nothing left to keep.
         // Or erased by an operator: nothing is left to keep either.
-        let dropped = (status == "PROCESSED" && meta.contains_key("payload_dropped_at")) || meta.contains_key("erased_at");
+        let dropped =
+            (status == "PROCESSED" && meta.contains_key("payload_dropped_at")) || meta.contains_key("erased_at");
         if !stored || (payload.is_none() && !dropped) {
             self.violation("wrong_2xx", format!("{key}: answered 2xx while the payload was not durable"));
         }
@@ -1905,9 +1906,8 @@ async fn marker_in_table(w: &World) -> bool {
     let marked = |b: &[u8]| b.windows(11).any(|win| win == b"pi_SEALMARK");
     w.stack.items().await.iter().any(|i| {
         hookledger::adapters::dynamodb::payload::body(i).is_some_and(|b| marked(&b))
-            || i.values().any(|v| {
-                v.as_s().is_ok_and(|s| marked(s.as_bytes())) || v.as_b().is_ok_and(|b| marked(b.as_ref()))
-            })
+            || i.values()
+                .any(|v| v.as_s().is_ok_and(|s| marked(s.as_bytes())) || v.as_b().is_ok_and(|b| marked(b.as_ref())))
     })
 }
 

@@ -363,7 +363,10 @@ async fn after_erase_no_copy_in_the_table_the_bucket_or_a_queue_can_be_read() {
     assert_eq!(delivered.len(), 2);
     for envelope in &delivered {
         let v: serde_json::Value = serde_json::from_str(envelope).unwrap();
-        assert!(v["event"]["data"].get("card").is_none() || v["endpoint"] == "keep", "a redacted field reached a destination");
+        assert!(
+            v["event"]["data"].get("card").is_none() || v["endpoint"] == "keep",
+            "a redacted field reached a destination"
+        );
         // Delivered copies are the user's own systems: erasure cannot reach them.
         assert!(holds_marker(envelope.as_bytes()), "the destination got the event opened");
     }

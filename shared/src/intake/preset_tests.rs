@@ -167,7 +167,14 @@ fn intake_for(
     let verifier = provider.verifier(&spec, vec![Secret::new(secret)], &cx).unwrap();
     let intake = one_endpoint(
         &world,
-        Endpoint { name: "ep".into(), tenant: "t1".into(), provider, verifier, payload: Default::default(), erasable: false },
+        Endpoint {
+            name: "ep".into(),
+            tenant: "t1".into(),
+            provider,
+            verifier,
+            payload: Default::default(),
+            erasable: false,
+        },
     );
     (world, intake)
 }

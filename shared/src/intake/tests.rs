@@ -489,7 +489,11 @@ mod ports {
         };
         let has_marker = |bytes: &[u8]| bytes.windows(6).any(|w| w == b"MARKER");
         assert!(!scan(&h.world).iter().any(|b| has_marker(b)), "no plaintext stored or queued");
-        assert_eq!(h.field("e1", "payload_hash"), Some(crate::identity::payload_hash(raw)), "the hash of what it seals");
+        assert_eq!(
+            h.field("e1", "payload_hash"),
+            Some(crate::identity::payload_hash(raw)),
+            "the hash of what it seals"
+        );
         let ops = crate::ops::Ops::new(h.world.ledger(), h.world.queue()).with_keys(keys.clone());
         let (_, _, payload) = ops.show(&key, true).await.unwrap();
         assert_eq!(payload.as_deref(), Some(&raw[..]), "the operator reads it opened");
@@ -501,11 +505,17 @@ mod ports {
         let erased = ops.erase(&key, &caller, "subject asked", NOW_MS + 2_000, false).await.unwrap();
         assert_eq!((erased.outcome, erased.sealed), ("in flight", true), "RECEIVED is left alone");
         let led = h.world.ledger();
-        assert!(matches!(led.lease(&key, "tok", NOW_MS + 3_000, 30_000).await.unwrap(), crate::ledger::LeaseResult::Leased(_)));
+        assert!(matches!(
+            led.lease(&key, "tok", NOW_MS + 3_000, 30_000).await.unwrap(),
+            crate::ledger::LeaseResult::Leased(_)
+        ));
         led.commit(&key, "tok", &[], "applied", Some("cus_1"), NOW_MS + 3_100).await.unwrap();
         let dry = ops.erase(&key, &caller, "subject asked", NOW_MS + 4_000, true).await.unwrap();
         assert_eq!(dry.outcome, "would erase");
-        assert!(matches!(keys.key_of(&key).await.unwrap(), crate::sealing::KeyState::Live(_)), "a dry run touches nothing");
+        assert!(
+            matches!(keys.key_of(&key).await.unwrap(), crate::sealing::KeyState::Live(_)),
+            "a dry run touches nothing"
+        );
         let erased = ops.erase(&key, &caller, "subject asked", NOW_MS + 4_000, false).await.unwrap();
         assert_eq!((erased.outcome, erased.sealed), ("erased", true));
         assert_eq!(ops.erase(&key, &caller, "again", NOW_MS + 5_000, false).await.unwrap().outcome, "already erased");

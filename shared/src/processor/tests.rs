@@ -1684,7 +1684,8 @@ async fn a_sealed_payload_is_opened_its_subject_noted_and_an_erased_one_is_never
 
     // Erased while it waited for a replay.
     let plain = body("sealed-erased");
-    let rec = WorkRecord { payload_hash: crate::identity::payload_hash(&plain), ..record("sealed-erased", Status::Received) };
+    let rec =
+        WorkRecord { payload_hash: crate::identity::payload_hash(&plain), ..record("sealed-erased", Status::Received) };
     let KeyState::Live(k) = keys.key_for(&rec.key, &DataKey::generate().unwrap(), 0).await.unwrap() else {
         panic!("a key")
     };
@@ -1696,7 +1697,10 @@ async fn a_sealed_payload_is_opened_its_subject_noted_and_an_erased_one_is_never
     assert_eq!(h.world.ledger().field(&rec.key, "dead_reason").as_deref(), Some("erased"));
     // Without the key store, a sealed payload is not opened: retried, not applied.
     let plain = body("sealed-no-store");
-    let rec = WorkRecord { payload_hash: crate::identity::payload_hash(&plain), ..record("sealed-no-store", Status::Received) };
+    let rec = WorkRecord {
+        payload_hash: crate::identity::payload_hash(&plain),
+        ..record("sealed-no-store", Status::Received)
+    };
     let KeyState::Live(k) = keys.key_for(&rec.key, &DataKey::generate().unwrap(), 0).await.unwrap() else {
         panic!("a key")
     };

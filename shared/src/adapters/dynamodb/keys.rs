@@ -95,9 +95,9 @@ impl PayloadKeys for DynamoKeys {
                 Ok(_) => Ok(KeyState::Live(fresh.clone())),
                 Err(e) => {
                     let met = match e.as_service_error() {
-                        Some(aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c)) => {
-                            c.item().cloned()
-                        }
+                        Some(aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(
+                            c,
+                        )) => c.item().cloned(),
                         _ => return Err(port_error("dynamodb", &e)),
                     };
                     // The key already there (ours, if our write's answer was lost).
@@ -214,9 +214,8 @@ pub async fn create_keys_table(client: &Client, table: &str) -> Result<(), crate
     use aws_sdk_dynamodb::types::{
         AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TimeToLiveSpecification,
     };
-    let attr = |name: &str| {
-        AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build()
-    };
+    let attr =
+        |name: &str| AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build();
     let key = |name: &str, kind| KeySchemaElement::builder().attribute_name(name).key_type(kind).build();
     #[allow(clippy::expect_used)] // Every required field is set above.
     let created = client
