@@ -287,11 +287,9 @@ impl World {
         settings.max_body_bytes = hookledger::config::MAX_BODY_BYTES_WITH_BUCKET;
         settings.payload_bucket = Some(bucket.clone());
         let queue = SqsQueue::new(sqs.clone(), &stack.queue_url);
-        // The data keys of the erasable endpoint's payloads, in their own table.
+        // The data keys of the erasable endpoint's payloads, in their own
+        // table (made by the flows that use it: [`World::create_keys_table`]).
         let keys_table = format!("{}-keys", stack.table);
-        hookledger::adapters::dynamodb::keys::create_keys_table(&stack.ddb, &keys_table)
-            .await
-            .unwrap_or_else(|e| panic!("key table: {e}"));
         let keys: Arc<dyn hookledger::ports::PayloadKeys> =
             Arc::new(hookledger::adapters::dynamodb::keys::DynamoKeys::new(ddb.clone(), &keys_table));
         let mut endpoints = stack.endpoints().await;
@@ -452,6 +450,13 @@ impl World {
             }
         }
         answer
+    }
+
+    /// The key table of the erasable endpoint (only the erasure flows deliver to it).
+    pub async fn create_keys_table(&self) {
+        hookledger::adapters::dynamodb::keys::create_keys_table(&self.stack.ddb, &self.keys_table)
+            .await
+            .unwrap_or_else(|e| panic!("key table: {e}"));
     }
 
     /// `bytes` of `key` opened with its data key when they are sealed
@@ -1226,16 +1231,19 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
         Flow::IntakeErasable => {
+            w.create_keys_table().await;
             let d = sealed_payment("evt_sealed");
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
         Flow::ProcessorErasable => {
             // Delivered and on the queue, sealed: the act processes it.
+            w.create_keys_table().await;
             let d = sealed_payment("evt_sealed");
             w.deliver(d.clone(), 0).await;
             Ctx { key: d.key(), delivery: Some(d), outbox_pk: None }
         }
         Flow::OperatorErase => {
+            w.create_keys_table().await;
             let d = sealed_payment("evt_sealed");
             w.deliver(d.clone(), 0).await;
             drain_processor(w).await;
