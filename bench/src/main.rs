@@ -195,6 +195,8 @@ fn subjects(root: &Path, bin_dir: &Path, aws: SocketAddr) -> Result<Vec<Subject>
         ("HOOKLEDGER_QUEUE_URL", format!("{aws_url}/123456789012/hookledger-local")),
         ("HOOKLEDGER_NOTIFY_TOPIC_ARN", "arn:aws:sns:us-east-1:123456789012:hookledger-local-notify".to_owned()),
         ("HOOKLEDGER_ENDPOINTS", endpoints),
+        // The key table of erasable endpoints' payloads (`hookledger setup`'s, the template's).
+        ("HOOKLEDGER_KEYS_TABLE", "hookledger-local-keys".to_owned()),
         // Where a handshake's secret is kept (the local stack's Asana endpoint learns one).
         ("HOOKLEDGER_HANDSHAKE_PATH", "/hookledger/local/handshake".to_owned()),
         // As deployed with a Stripe key (the template's HasStripeKey), through an env reference.

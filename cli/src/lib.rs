@@ -542,6 +542,7 @@ where
             writeln!(out, "HOOKLEDGER_NOTIFY_TOPIC_ARN={topic}")?;
             writeln!(out, "HOOKLEDGER_PAYLOAD_BUCKET={bucket}")?;
             writeln!(out, "HOOKLEDGER_DELIVERY_QUEUE_URL={}", created.delivery_queue_url)?;
+            writeln!(out, "HOOKLEDGER_KEYS_TABLE={}", created.keys_table)?;
             // The table records its shard count from the start, so the
             // operator's tools find it before the reconciler's first run.
             let recorded = shards::record(&ctx.ledger()?).await.map_err(|e| CliError::Failed(e.to_string()))?;

@@ -385,10 +385,10 @@ impl<L: WorkLedger + Ledger, Q: WorkQueue, D: Dispatch> Processor<L, Q, D> {
             }
         }
         if found.is_none() {
+            // The payload item is the record's by its key (`payload#<hash>`).
             if let Some(bytes) = self.ledger.payload(key, &record.payload_hash).await? {
                 match self.open(key, bytes, &mut state).await? {
-                    Ok(p) if ours(&p) => found = Some(p),
-                    Ok(_) => {}
+                    Ok(p) => found = Some(p),
                     Err(e) => unreadable = Some(e),
                 }
             }

@@ -603,12 +603,18 @@ impl Wiring {
         // The delivery queue, with its dead-letter queue, as the template's.
         let deliveries =
             crate::adapters::sqs::create_work_queues(&self.sqs_client(), &format!("{queue}-delivery")).await?;
+        // The key table of erasable endpoints' payloads, as the template's.
+        let keys_table = format!("{queue}-keys");
+        crate::adapters::dynamodb::keys::create_keys_table(&self.dynamodb_client(), &keys_table)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(Created {
             queue_url: queues.work_url,
             dead_letter_url: queues.dead_letter_url,
             topic,
             bucket,
             delivery_queue_url: deliveries.work_url,
+            keys_table,
         })
     }
 }
@@ -634,18 +640,7 @@ impl Wiring {
         let sqs = self.sqs_client();
         let arn_of = |url: String| {
             let sqs = sqs.clone();
-            async move {
-                let attrs = sqs
-                    .get_queue_attributes()
-                    .queue_url(&url)
-                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-                    .send()
-                    .await
-                    .map_err(|e| crate::ledger::error_chain(&e))?;
-                let arn =
-                    attrs.attributes.unwrap_or_default().remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn);
-                arn.map(|arn| (url, arn)).ok_or_else(|| "the queue has no ARN".to_owned())
-            }
+            async move { crate::adapters::sqs::queue_arn(&sqs, &url).await.map(|arn| (url, arn)) }
         };
         let (queue_url, queue_arn) =
             arn_of(crate::adapters::sqs::create_queue(&sqs, &format!("{prefix}-deliveries")).await?).await?;
@@ -727,6 +722,8 @@ pub struct Created {
     pub bucket: String,
     /// The delivery queue (`HOOKLEDGER_DELIVERY_QUEUE_URL`).
     pub delivery_queue_url: String,
+    /// The key table of sealed payloads (`HOOKLEDGER_KEYS_TABLE`).
+    pub keys_table: String,
 }
 
 /// The environment's AWS configuration for one function (or the CLI): its

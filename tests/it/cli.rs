@@ -302,6 +302,7 @@ async fn reconcile_and_setup_commands_run() {
     assert!(lines[2].starts_with("HOOKLEDGER_NOTIFY_TOPIC_ARN=arn:aws:sns:"), "{out}");
     assert!(lines[3].starts_with("HOOKLEDGER_PAYLOAD_BUCKET=cli-") && lines[3].ends_with("-payloads"), "{out}");
     assert!(lines[4].starts_with("HOOKLEDGER_DELIVERY_QUEUE_URL=http://") && lines[4].ends_with("-delivery"), "{out}");
+    assert!(lines[5].starts_with("HOOKLEDGER_KEYS_TABLE=cli-") && lines[5].ends_with("-keys"), "{out}");
     let (r, out) = stack.cli(&["schema"]).await;
     r.unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

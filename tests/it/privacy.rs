@@ -72,6 +72,22 @@ async fn marker_found(stack: &Stack, bucket: &str, queues: &[&str]) -> Vec<Strin
     found
 }
 
+/// Where each record's payload is stored: `record`, `item` or `s3`.
+async fn places(stack: &Stack, keys: &[EventKey]) -> Vec<String> {
+    let mut out = Vec::new();
+    for k in keys {
+        let r = stack.record(k).await;
+        out.push(if r.contains_key("payload_in") {
+            s(&r, "payload_in")
+        } else if r.contains_key("body") {
+            "record".into()
+        } else {
+            "item".into()
+        });
+    }
+    out
+}
+
 /// An inventory delta (the first of its own SKU, `sku-<n>`) with two planted
 /// values (a card, an email) and about `bytes` of text that compresses to half.
 fn event(n: u64, bytes: usize) -> Vec<u8> {
@@ -95,15 +111,7 @@ async fn a_redacted_field_never_reaches_the_table_the_bucket_a_queue_or_a_destin
     create_bucket(&aws_sdk_s3::Client::new(&stack.aws), &bucket).await.unwrap();
     let destination =
         hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-{}", &stack.table[3..])).await.unwrap();
-    let attrs = stack
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&destination)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    let dest_arn = attrs.attributes.unwrap_or_default()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn].clone();
+    let dest_arn = hookledger::adapters::sqs::queue_arn(&stack.sqs, &destination).await.unwrap();
     let endpoints = r#"{"svix": {"provider": "standard_webhooks", "secrets": ["env:SVIX"],
         "payload": {"policy": "redact", "remove": ["/data/card"], "mask": ["/data/email"]}}}"#;
     let mut settings = stack.settings();
@@ -126,23 +134,12 @@ async fn a_redacted_field_never_reaches_the_table_the_bucket_a_queue_or_a_destin
         assert_eq!(post(&intake, "svix", &svix_headers(id, &body), &body).await, 200, "{id}");
     }
     let keys: Vec<EventKey> = sizes.iter().map(|(id, _)| EventKey::new("standard_webhooks", "svix", id)).collect();
-    let places: Vec<String> = {
-        let mut p = Vec::new();
-        for k in &keys {
-            let r = stack.record(k).await;
-            assert_eq!(s(&r, "payload_policy"), "redact", "{k}");
-            assert!(!s(&r, "verified_hash").is_empty() && s(&r, "verified_hash") != s(&r, "payload_hash"), "{k}");
-            p.push(if r.contains_key("payload_in") {
-                s(&r, "payload_in")
-            } else if r.contains_key("body") {
-                "record".into()
-            } else {
-                "item".into()
-            });
-        }
-        p
-    };
-    assert_eq!(places, ["record", "item", "s3"], "each place a payload is stored is covered");
+    for k in &keys {
+        let r = stack.record(k).await;
+        assert_eq!(s(&r, "payload_policy"), "redact", "{k}");
+        assert!(!s(&r, "verified_hash").is_empty() && s(&r, "verified_hash") != s(&r, "payload_hash"), "{k}");
+    }
+    assert_eq!(places(&stack, &keys).await, ["record", "item", "s3"], "each place a payload is stored is covered");
 
     // The processor as deployed, routing every event to a queue.
     let routes = serde_json::json!({"destinations": {"dest": {"arn": dest_arn}},
@@ -246,20 +243,8 @@ async fn after_erase_no_copy_in_the_table_the_bucket_or_a_queue_can_be_read() {
     let keys = hookledger::adapters::dynamodb::keys::DynamoKeys::new(stack.ddb.clone(), &keys_table);
     // The work queue, its messages moved to a dead-letter queue after one receive.
     let dlq = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("work-dlq-{id}")).await.unwrap();
-    let arn_of = |url: String| {
-        let sqs = stack.sqs.clone();
-        async move {
-            let attrs = sqs
-                .get_queue_attributes()
-                .queue_url(&url)
-                .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e:?}"));
-            attrs.attributes.unwrap_or_default()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn].clone()
-        }
-    };
-    let policy = format!(r#"{{"deadLetterTargetArn":"{}","maxReceiveCount":"1"}}"#, arn_of(dlq.clone()).await);
+    let dlq_arn = hookledger::adapters::sqs::queue_arn(&stack.sqs, &dlq).await.unwrap();
+    let policy = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"1"}}"#);
     let work = stack
         .sqs
         .create_queue()
@@ -272,7 +257,7 @@ async fn after_erase_no_copy_in_the_table_the_bucket_or_a_queue_can_be_read() {
         .unwrap();
     let deliveries = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("deliveries-{id}")).await.unwrap();
     let destination = hookledger::adapters::sqs::create_queue(&stack.sqs, &format!("dest-{id}")).await.unwrap();
-    let dest_arn = arn_of(destination.clone()).await;
+    let dest_arn = hookledger::adapters::sqs::queue_arn(&stack.sqs, &destination).await.unwrap();
 
     let endpoints = r#"{
         "keep": {"provider": "standard_webhooks", "secrets": ["env:SVIX"], "erasable": true},
@@ -299,21 +284,7 @@ async fn after_erase_no_copy_in_the_table_the_bucket_or_a_queue_can_be_read() {
     }
     let keys_of: Vec<EventKey> =
         events.iter().map(|(endpoint, msg, _)| EventKey::new("standard_webhooks", endpoint, msg)).collect();
-    let places: Vec<String> = {
-        let mut p = Vec::new();
-        for k in &keys_of {
-            let r = stack.record(k).await;
-            p.push(if r.contains_key("payload_in") {
-                s(&r, "payload_in")
-            } else if r.contains_key("body") {
-                "record".into()
-            } else {
-                "item".into()
-            });
-        }
-        p
-    };
-    assert_eq!(places, ["record", "item", "s3"], "each place a payload is stored is covered");
+    assert_eq!(places(&stack, &keys_of).await, ["record", "item", "s3"], "each place a payload is stored is covered");
     let found = marker_found(&stack, &bucket, &[]).await;
     assert!(found.is_empty(), "sealed: the marker is readable in {found:?}");
 

@@ -292,6 +292,19 @@ pub const WORK_QUEUE_VISIBILITY_SECS: i32 = 120;
 pub const MAX_RECEIVE_COUNT: i32 = 10;
 
 /// Creates a standard queue (idempotent) and returns its URL.
+/// The ARN of the queue at `url`.
+pub async fn queue_arn(client: &Client, url: &str) -> Result<String, String> {
+    let attrs = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| super::error_chain(&e))?;
+    let arn = attrs.attributes.unwrap_or_default().remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn);
+    arn.ok_or_else(|| "the queue has no ARN".to_owned())
+}
+
 pub async fn create_queue(client: &Client, name: &str) -> Result<String, String> {
     let out = client.create_queue().queue_name(name).send().await.map_err(|e| super::error_chain(&e))?;
     out.queue_url.ok_or_else(|| "CreateQueue returned no URL".to_owned())

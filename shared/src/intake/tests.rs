@@ -494,34 +494,27 @@ mod ports {
             Some(crate::identity::payload_hash(raw)),
             "the hash of what it seals"
         );
-        let ops = crate::ops::Ops::new(h.world.ledger(), h.world.queue()).with_keys(keys.clone());
-        let (_, _, payload) = ops.show(&key, true).await.unwrap();
-        assert_eq!(payload.as_deref(), Some(&raw[..]), "the operator reads it opened");
+        let led = h.world.ledger();
+        let (_, _, stored) = crate::ports::OperatorLedger::show(&led, &key, true).await.unwrap().unwrap();
+        let opened = crate::ports::open_payload(Some(keys.as_ref()), &key, stored.unwrap()).await.unwrap();
+        assert_eq!(opened.as_deref(), Ok(&raw[..]), "it opens under the event's key");
         let again = h.deliver(raw, 1_000).await;
         assert_eq!((again.status, again.code), (200, "duplicate"), "its retry seals the same bytes");
         assert_eq!(h.sent(), 1);
 
-        let caller = crate::audit::Caller::named("ops");
-        let erased = ops.erase(&key, &caller, "subject asked", NOW_MS + 2_000, false).await.unwrap();
-        assert_eq!((erased.outcome, erased.sealed), ("in flight", true), "RECEIVED is left alone");
-        let led = h.world.ledger();
+        // Erased once finished, as `hookledger erase` does it (`ops`): the
+        // key destroyed, then the ledger's copies.
         assert!(matches!(
             led.lease(&key, "tok", NOW_MS + 3_000, 30_000).await.unwrap(),
             crate::ledger::LeaseResult::Leased(_)
         ));
         led.commit(&key, "tok", &[], "applied", Some("cus_1"), NOW_MS + 3_100).await.unwrap();
-        let dry = ops.erase(&key, &caller, "subject asked", NOW_MS + 4_000, true).await.unwrap();
-        assert_eq!(dry.outcome, "would erase");
-        assert!(
-            matches!(keys.key_of(&key).await.unwrap(), crate::sealing::KeyState::Live(_)),
-            "a dry run touches nothing"
-        );
-        let erased = ops.erase(&key, &caller, "subject asked", NOW_MS + 4_000, false).await.unwrap();
-        assert_eq!((erased.outcome, erased.sealed), ("erased", true));
-        assert_eq!(ops.erase(&key, &caller, "again", NOW_MS + 5_000, false).await.unwrap().outcome, "already erased");
+        keys.destroy(&key, "ops", NOW_MS + 4_000, 0).await.unwrap();
+        let hash = h.field("e1", "payload_hash").unwrap();
+        let entry = crate::audit::AuditEntry::new("", 0, "", "", &crate::audit::Caller::named("ops")).because("asked");
+        let erased = crate::ports::OperatorLedger::erase(&led, &key, &hash, &entry, NOW_MS + 4_000).await.unwrap();
+        assert_eq!(erased, crate::ledger::Erasure::Erased);
         assert!(h.field("e1", "erased_at").is_some() && h.field("e1", "body").is_none());
-        let (_, _, payload) = ops.show(&key, true).await.unwrap();
-        assert_eq!(payload, None, "nothing to read");
         for copy in scan(&h.world).into_iter().filter(|b| crate::sealing::is_sealed(b) || b.starts_with(b"{")) {
             let bytes = match serde_json::from_slice::<crate::adapters::sqs::WorkMessage>(&copy) {
                 Ok(m) => m.payload().unwrap_or_default(),

@@ -466,3 +466,101 @@ async fn insight_over_an_empty_ledger_is_zero() {
     assert!(stats.now.by_status.values().all(|n| *n == 0));
     assert_eq!((stats.duplicate_rate, stats.now.oldest_unprocessed_age_ms), (0.0, None));
 }
+
+// -------------------------------------------------------------- erasure
+
+/// Sealed events claimed through the admission path (an erasable
+/// endpoint's), each noted under `cus_e`; `finished` of them leased and
+/// completed.
+async fn sealed_events(w: &World, ids: &[&str], finished: usize) -> Vec<EventKey> {
+    use crate::admission::{Admission, Arrival, new_event};
+    use crate::ports::{PayloadKeys, WorkLedger};
+    let (ledger, queue, keys) = (w.ledger(), w.queue(), w.keys());
+    let admission = Admission { ledger: &ledger, queue: &queue, by: "webhook", keys: Some(&keys) };
+    let mut out = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let body = format!(r#"{{"id":"{id}","email":"SEALED-{id}"}}"#).into_bytes();
+        let arrival = Arrival {
+            provider: "stripe",
+            endpoint: "billing-eu",
+            tenant: "t1",
+            event_id: id,
+            event_type: Some("customer.updated"),
+            body: &body,
+            hashes: None,
+            via: crate::ledger::Via::Webhook,
+            batch_hash: None,
+            retention_days: 30,
+            index_shards: SHARDS,
+            notification: false,
+            kept: None,
+        };
+        let event = new_event(arrival, NOW, format!("send-{id}"));
+        let admitted = admission.admit(&[(event.clone(), &body)]).await;
+        assert!(admitted[0].sent(), "{admitted:?}");
+        if i < finished {
+            ledger.lease(&event.key, "tok", NOW + 1, 30_000).await.unwrap();
+            ledger.commit(&event.key, "tok", &[], "applied", Some("cus_e"), NOW + 2).await.unwrap();
+        }
+        keys.index_subject("cus_e", &event.key, event.expires_at).await.unwrap();
+        out.push(event.key);
+    }
+    out
+}
+
+/// `erase`: a dry run changes nothing; a finished sealed event has its key
+/// destroyed and its ledger copies removed, once (a second run says
+/// `already erased`); one in flight is left alone; an unknown key is
+/// `unknown`; `show --payload` finds nothing to read after it. By subject:
+/// every noted event of the endpoint asked for, each note forgotten once
+/// its event is settled (the one in flight keeps its note, for the rerun).
+#[tokio::test]
+async fn erase_destroys_a_finished_events_key_once_leaves_one_in_flight_and_works_by_subject() {
+    use crate::ports::PayloadKeys;
+    let w = world();
+    let keys = std::sync::Arc::new(w.keys());
+    let ops = Ops::new(w.ledger(), w.queue()).with_keys(keys.clone());
+    let caller = Caller::named("dpo");
+    let events = sealed_events(&w, &["ev_a", "ev_b", "ev_open"], 2).await;
+    let (_, _, payload) = ops.show(&events[0], true).await.unwrap();
+    assert_eq!(payload.as_deref(), Some(&br#"{"id":"ev_a","email":"SEALED-ev_a"}"#[..]), "shown opened");
+
+    let dry = ops.erase(&events[0], &caller, "asked", NOW + 10, true).await.unwrap();
+    assert_eq!((dry.outcome, dry.sealed, dry.status.as_deref()), ("would erase", true, Some("PROCESSED")));
+    assert!(matches!(keys.key_of(&events[0]).await.unwrap(), crate::sealing::KeyState::Live(_)));
+    let open = ops.erase(&events[2], &caller, "asked", NOW + 10, false).await.unwrap();
+    assert_eq!((open.outcome, open.status.as_deref()), ("in flight", Some("RECEIVED")));
+    assert!(matches!(keys.key_of(&events[2]).await.unwrap(), crate::sealing::KeyState::Live(_)), "left alone");
+    let unknown = ops.erase(&key("nobody"), &caller, "asked", NOW + 10, false).await.unwrap();
+    assert_eq!((unknown.outcome, unknown.sealed), ("unknown", false));
+
+    let erased = ops.erase(&events[0], &caller, "asked", NOW + 20, false).await.unwrap();
+    assert_eq!((erased.outcome, erased.sealed), ("erased", true));
+    assert!(matches!(keys.key_of(&events[0]).await.unwrap(), crate::sealing::KeyState::Erased { .. }));
+    assert_eq!(ops.erase(&events[0], &caller, "again", NOW + 30, false).await.unwrap().outcome, "already erased");
+    let (record, history, payload) = ops.show(&events[0], true).await.unwrap();
+    assert_eq!(payload, None, "nothing to read");
+    assert_eq!(record["erased_by"], "dpo");
+    let audited = history.iter().filter(|h| h["audit_verb"] == "erase").count();
+    assert_eq!(audited, 1, "one audit entry: {history:?}");
+
+    // By subject, another endpoint's events of the same subject left out.
+    let other = EventKey::new("stripe", "billing-us", "ev_other");
+    keys.index_subject("cus_e", &other, 0).await.unwrap();
+    let dry = ops.erase_subject("cus_e", Some("billing-eu"), &caller, "asked", NOW + 40, true).await.unwrap();
+    let outcomes: Vec<(&str, &str)> = dry.iter().map(|e| (e.key.as_str(), e.outcome)).collect();
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert_eq!(keys.subject_events("cus_e").await.unwrap().len(), 4, "a dry run forgets nothing");
+    let done = ops.erase_subject("cus_e", Some("billing-eu"), &caller, "asked", NOW + 50, false).await.unwrap();
+    let by_key: BTreeMap<&str, &str> = done.iter().map(|e| (e.key.as_str(), e.outcome)).collect();
+    assert_eq!(by_key[events[0].as_str()], "already erased");
+    assert_eq!(by_key[events[1].as_str()], "erased");
+    assert_eq!(by_key[events[2].as_str()], "in flight");
+    let left: Vec<String> = keys.subject_events("cus_e").await.unwrap().iter().map(|k| k.as_str().to_owned()).collect();
+    assert_eq!(left, vec![events[2].as_str().to_owned(), other.as_str().to_owned()], "settled notes forgotten");
+    let without = Ops::new(w.ledger(), w.queue());
+    assert!(matches!(
+        without.erase_subject("cus_e", None, &caller, "asked", NOW, false).await,
+        Err(EraseError::NoKeyStore)
+    ));
+}
