@@ -312,3 +312,37 @@ async fn reconcile_and_setup_commands_run() {
     let (r, _) = stack.cli(&["no-such-command"]).await;
     assert!(r.unwrap_err().contains("unrecognized subcommand"));
 }
+
+/// `erase --event`: a record in flight is left alone (non-zero, saying
+/// why); finished, a dry run changes nothing, then the record loses its
+/// payload and says who erased it, the output saying it was not sealed (no
+/// key table here: only the ledger's copies). `--subject` needs the key
+/// table and says so; one of `--event` and `--subject` is required.
+#[tokio::test]
+async fn erase_by_event_marks_the_finished_record_and_says_what_it_touched() {
+    use hookledger::ports::WorkLedger;
+    let stack = Stack::new().await;
+    let body = br#"{"type":"x","email":"someone@example.com"}"#;
+    let key = stack.claim("standard_webhooks", "svix", "msg_erase", None, body).await;
+    let k = key.as_str();
+    let (r, out) = stack.cli(&["erase", "--event", k, "--reason", "asked"]).await;
+    assert!(r.unwrap_err().contains("in flight"), "{out}");
+    assert!(out.contains("in flight") && out.contains("RECEIVED"), "{out}");
+    let ledger = stack.ledger();
+    ledger.lease(&key, "tok", now_ms(), 30_000).await.unwrap();
+    ledger.commit(&key, "tok", &[], "applied", None, now_ms()).await.unwrap();
+    let (r, out) = stack.cli(&["erase", "--event", k, "--reason", "asked", "--dry-run"]).await;
+    r.unwrap();
+    assert!(out.contains("would erase") && out.contains("nothing changed"), "{out}");
+    assert!(stack.record(&key).await.contains_key("body"), "a dry run changes nothing");
+    let (r, out) = stack.cli(&["erase", "--event", k, "--reason", "asked", "--operator", "dpo"]).await;
+    r.unwrap();
+    assert!(out.contains("erased") && out.contains("not sealed"), "{out}");
+    let record = stack.record(&key).await;
+    assert!(!record.contains_key("body") && s(&record, "erased_by") == "dpo", "{record:?}");
+    assert_eq!(s(&record, "status"), "PROCESSED", "its status stays");
+    let (r, _) = stack.cli(&["erase", "--subject", "cus_1", "--reason", "asked"]).await;
+    assert!(r.unwrap_err().contains("HOOKLEDGER_KEYS_TABLE"));
+    let (r, _) = stack.cli(&["erase", "--reason", "asked"]).await;
+    assert!(r.is_err(), "neither --event nor --subject");
+}

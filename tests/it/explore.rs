@@ -2069,7 +2069,13 @@ pub async fn explore(flows: &[Flow], honour_tokens: bool) -> (BTreeMap<Flow, Row
     let mut table = BTreeMap::new();
     let mut failures = Vec::new();
     for &flow in flows {
-        let (ops, clean) = run_flow(flow, None, honour_tokens).await;
+        // Every run's logs, metrics and answers are searched for what it
+        // sent (crate::logs): no secret, signature or payload in them.
+        let capture = crate::logs::RunCapture::start();
+        let (ops, clean) = capture.run(run_flow(flow, None, honour_tokens)).await;
+        for leak in capture.leaks(&clean) {
+            failures.push(format!("{flow:?} ({mode}) without faults: leaked: {leak}"));
+        }
         let mut row = Row { calls: ops.len(), ..Default::default() };
         for (kind, what) in &clean.violations {
             failures.push(format!("{flow:?} ({mode}) without faults: {kind}: {what}"));
@@ -2077,11 +2083,16 @@ pub async fn explore(flows: &[Flow], honour_tokens: bool) -> (BTreeMap<Flow, Row
         for (k, (scope, service, op)) in ops.iter().enumerate() {
             for (label, rule) in kinds() {
                 let t = Instant::now();
-                let (_, w) = run_flow(flow, Some(rule(k)), honour_tokens).await;
+                let capture = crate::logs::RunCapture::start();
+                let (_, w) = capture.run(run_flow(flow, Some(rule(k)), honour_tokens)).await;
                 if t.elapsed() > Duration::from_secs(5) {
                     eprintln!("slow run: {flow:?} {label} at #{k}: {:.1} s", t.elapsed().as_secs_f64());
                 }
                 *row.runs.entry(label).or_default() += 1;
+                for leak in capture.leaks(&w) {
+                    *row.violations.entry("leaked").or_default() += 1;
+                    failures.push(format!("{flow:?} ({mode}) {label} at #{k} {scope}:{service}:{op}: leaked: {leak}"));
+                }
                 for (kind, what) in &w.violations {
                     *row.violations.entry(kind).or_default() += 1;
                     failures.push(format!("{flow:?} ({mode}) {label} at #{k} {scope}:{service}:{op}: {kind}: {what}"));
