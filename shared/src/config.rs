@@ -387,6 +387,17 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
             return Err(TENANT_RULE.into());
         }
     }
+    // A notification's later generations are records of their own, claimed
+    // with the first delivery's bytes: sealed under the first one's key,
+    // they would not open. Such providers cannot be erasable yet.
+    let repeats = spec.provider.identity().contract == crate::verify::provider::Contract::Notification
+        || spec.provider.as_str() == "microsoft_graph";
+    if spec.erasable && repeats {
+        return Err(format!(
+            "erasable is not available for {} yet: its notifications repeat as later generations of one identity",
+            spec.provider.as_str()
+        ));
+    }
     if let Some(tol) = spec.tolerance_secs {
         if !(1..=86_400).contains(&tol) {
             return Err("tolerance_secs must be within 1..=86400".into());
@@ -819,6 +830,17 @@ mod tests {
         for (json, needle) in cases {
             let err = parse_endpoints(json).err().unwrap_or_else(|| panic!("accepted {json}"));
             assert!(err.to_string().contains(needle), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_erasable_endpoint_of_a_provider_whose_notifications_repeat_is_refused_with_why() {
+        let ok = parse_endpoints(r#"{"s": {"provider": "stripe", "secrets": ["env:S"], "erasable": true}}"#);
+        assert!(ok.is_ok(), "{ok:?}");
+        for provider in ["dropbox", "microsoft_graph"] {
+            let json = format!(r#"{{"n": {{"provider": "{provider}", "secrets": ["env:S"], "erasable": true}}}}"#);
+            let err = parse_endpoints(&json).unwrap_err().to_string();
+            assert!(err.contains("erasable is not available"), "{provider}: {err}");
         }
     }
 }
