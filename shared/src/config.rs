@@ -390,9 +390,7 @@ fn validate_spec(name: &str, spec: &EndpointSpec) -> Result<(), String> {
     // A notification's later generations are records of their own, claimed
     // with the first delivery's bytes: sealed under the first one's key,
     // they would not open. Such providers cannot be erasable yet.
-    let repeats = spec.provider.identity().contract == crate::verify::provider::Contract::Notification
-        || spec.provider.as_str() == "microsoft_graph";
-    if spec.erasable && repeats {
+    if spec.erasable && spec.provider.repeats() {
         return Err(format!(
             "erasable is not available for {} yet: its notifications repeat as later generations of one identity",
             spec.provider.as_str()

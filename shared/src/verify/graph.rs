@@ -153,6 +153,10 @@ impl Provider for MicrosoftGraph {
         etag.is_none() && state.is_none()
     }
 
+    fn repeats(&self) -> bool {
+        true
+    }
+
     /// Graph wants a 2xx within 3 s (202 Accepted is what its documentation shows).
     fn success(&self, _: Option<&str>) -> SuccessAnswer {
         SuccessAnswer::Accepted

@@ -448,6 +448,13 @@ pub trait Provider: Send + Sync + 'static {
         self.identity().contract == Contract::Notification
     }
 
+    /// Whether any of its events can repeat as a later generation of one
+    /// identity (a notification): by the contract, or where some elements
+    /// of a [`Contract::PerElement`] batch may be notifications.
+    fn repeats(&self) -> bool {
+        self.identity().contract == Contract::Notification
+    }
+
     /// Whether `hookledger send` can sign its deliveries with the endpoint's
     /// secrets (not Discord's: it signs with a private key of its own).
     fn tool_signs(&self) -> bool {
