@@ -159,8 +159,8 @@ pub async fn run(
     Ok(summary)
 }
 
-/// The provider flags a backfill and a replay from the source share.
-struct Keys<'a> {
+/// The provider flags a backfill, an audit and a replay from the source share.
+pub(crate) struct Keys<'a> {
     api_key: Option<&'a str>,
     api_base: &'a str,
     github_token: Option<&'a str>,
@@ -169,6 +169,15 @@ struct Keys<'a> {
 }
 
 impl<'a> Keys<'a> {
+    pub(crate) fn new(
+        api_key: Option<&'a str>,
+        api_base: &'a str,
+        github_token: Option<&'a str>,
+        github_api_base: &'a str,
+    ) -> Self {
+        Self { api_key, api_base, github_token, github_api_base, max_body_bytes: hookledger::backfill::DEFAULT_MAX_BODY_BYTES }
+    }
+
     fn of_backfill(a: &'a BackfillArgs) -> Self {
         Self {
             api_key: a.api_key.as_deref(),
@@ -190,7 +199,7 @@ impl<'a> Keys<'a> {
     }
 
     /// Stripe's event list (a connected account's when `account` is set).
-    fn stripe(&self, account: Option<String>) -> Result<SourceSpec<'a>, String> {
+    pub(crate) fn stripe(&self, account: Option<String>) -> Result<SourceSpec<'a>, String> {
         let secret = self.api_key.ok_or("Stripe needs --api-key or HOOKLEDGER_STRIPE_API_KEY")?;
         let base = Some(self.api_base);
         Ok(SourceSpec {
@@ -204,7 +213,7 @@ impl<'a> Keys<'a> {
     }
 
     /// A GitHub hook's deliveries.
-    fn github(&self, hook: &'a str) -> Result<SourceSpec<'a>, String> {
+    pub(crate) fn github(&self, hook: &'a str) -> Result<SourceSpec<'a>, String> {
         let secret = self.github_token.ok_or("GitHub needs --github-token or HOOKLEDGER_GITHUB_TOKEN")?;
         let (base, hook) = (Some(self.github_api_base), Some(hook));
         Ok(SourceSpec {

@@ -222,7 +222,7 @@ async fn replay_by_filter(
 }
 
 /// `[#####-----] 50/100`.
-fn progress(done: usize, total: usize) -> String {
+pub(crate) fn progress(done: usize, total: usize) -> String {
     let width = 30;
     let filled = (done * width).checked_div(total).unwrap_or(width);
     format!("[{}{}] {done}/{total}", "#".repeat(filled), "-".repeat(width - filled))

@@ -23,6 +23,7 @@ mod bridge;
 pub mod console;
 mod deliveries;
 mod demo;
+mod provider_audit;
 pub mod replay_sns;
 pub mod reported;
 mod send;
@@ -137,6 +138,11 @@ enum Command {
     Park(ActionArgs),
     /// Mark DEAD or PARKED records as settled outside Hookledger.
     Resolve(ActionArgs),
+    /// An endpoint's window as its provider lists it (Stripe, GitHub) against
+    /// the ledger and every route: missing, doubled, DEAD, PARKED, pending
+    /// deliveries, each with its repair. Exits non-zero when anything is
+    /// missing or doubled. Without a provider list: the ledger's view only.
+    Audit(provider_audit::AuditArgs),
     /// Erase payloads: one event's (--event) or every event of an erasable
     /// endpoint noted under a subject (--subject). Destroys each event's data
     /// key, deletes the ledger's copies and marks the record erased (audited);
@@ -342,7 +348,45 @@ struct ReplayArgs {
     #[command(flatten)]
     action: ActionArgs,
     #[command(flatten)]
+    bulk: BulkArgs,
+    #[command(flatten)]
     source: backfill::SourceArgs,
+}
+
+/// A replay by filter: DEAD or PARKED records, counted first, replayed in
+/// bounded batches; the filter and the reason name the run, and the same
+/// command again resumes it without replaying anything twice.
+#[derive(Args)]
+struct BulkArgs {
+    /// Only this provider's records.
+    #[arg(long)]
+    provider: Option<String>,
+    /// Only this tenant's records.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Received at or after (unix ms, or an age like 30m, 6h, 2d).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<i64>,
+    /// Received before (unix ms, or an age).
+    #[arg(long, value_parser = parse_time)]
+    until: Option<i64>,
+    /// Print the count and a sample; replay nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Replay more than --max-without-yes.
+    #[arg(long)]
+    yes: bool,
+    #[arg(long, default_value_t = 100)]
+    max_without_yes: usize,
+    /// Records replayed per batch.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+}
+
+impl BulkArgs {
+    fn any(&self) -> bool {
+        self.provider.is_some() || self.tenant.is_some() || self.since.is_some() || self.until.is_some() || self.dry_run
+    }
 }
 
 #[derive(Args)]
@@ -358,6 +402,12 @@ struct SelectArgs {
     /// Most records a filtered action touches.
     #[arg(long, default_value_t = 1000)]
     max: usize,
+}
+
+impl SelectArgs {
+    fn any(&self) -> bool {
+        !self.statuses.is_empty() || self.endpoint.is_some() || self.event_type.is_some() || self.subject.is_some()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -653,7 +703,15 @@ where
                 table::show(out, &record, &history, body.as_deref(), payload)?;
             }
         }
+        Command::Replay(a) if a.action.keys.is_empty() && (a.bulk.any() || a.action.select.any()) => {
+            replay_by_filter(&ctx, out, a).await?
+        }
         Command::Replay(a) => act(&ctx, out, a.action, Action::Replay, Some(&a.source)).await?,
+        Command::Audit(a) => {
+            if provider_audit::run(a, &ctx.wiring, ctx.global.json, out).await.map_err(CliError::Failed)? {
+                return Err(CliError::Failed("the audit found events missing or doubled".into()));
+            }
+        }
         Command::Park(a) => act(&ctx, out, a, Action::Park, None).await?,
         Command::Resolve(a) => act(&ctx, out, a, Action::Resolve, None).await?,
         Command::Erase(a) => erase(&ctx, out, a).await?,
@@ -885,6 +943,89 @@ async fn act(
         (1, 1) => Err(CliError::Failed(failed.remove(0))),
         (n, _) => Err(CliError::Failed(format!("{n} of {total} failed"))),
     }
+}
+
+/// `hookledger replay` by filter: the matching DEAD or PARKED records
+/// counted (`--dry-run`: the count and a sample, nothing changed), then
+/// replayed in batches with a progress line, each audited in the run.
+async fn replay_by_filter(ctx: &Ctx, out: &mut (dyn Write + Send), a: ReplayArgs) -> Result<(), CliError> {
+    use hookledger::ops::bulk::RecordFilter;
+    let (select, bulk) = (&a.action.select, &a.bulk);
+    let filter = RecordFilter {
+        provider: bulk.provider.clone(),
+        endpoint: select.endpoint.clone(),
+        tenant: bulk.tenant.clone(),
+        event_type: select.event_type.clone(),
+        subject: select.subject.clone(),
+        statuses: select.statuses.clone(),
+        since_ms: bulk.since,
+        until_ms: bulk.until,
+        reason: a.action.reason.clone(),
+    };
+    filter.check().map_err(CliError::Failed)?;
+    let ops = if bulk.dry_run { ctx.ops_read_only()? } else { ctx.ops()? };
+    let (selection, partial) = ops.matching(&filter, select.max).await?;
+    let run = filter.run();
+    let json = ctx.global.json;
+    let more = if partial { " (a partition held more than --max: run again when these are done)" } else { "" };
+    let count = selection.records.len();
+    if bulk.dry_run {
+        if json {
+            let sample: Vec<_> = selection.records.iter().take(5).collect();
+            let v = serde_json::json!({"run": run, "count": count, "partial": partial, "sample": sample,
+                "replayed_by_this_run": selection.replayed_by_this_run, "need_their_source": selection.need_their_source});
+            writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
+            return Ok(());
+        }
+        writeln!(out, "{count} records would be replayed (run {run}){more}")?;
+        for m in selection.records.iter().take(5) {
+            writeln!(
+                out,
+                "  {}  {}  {}  {}",
+                m.key,
+                m.status,
+                m.event_type.as_deref().unwrap_or("-"),
+                m.reason.as_deref().unwrap_or("")
+            )?;
+        }
+    } else {
+        if count > bulk.max_without_yes && !bulk.yes {
+            return Err(CliError::Failed(format!(
+                "{count} records match, more than {}: look with --dry-run, then run again with --yes",
+                bulk.max_without_yes
+            )));
+        }
+        let caller = ctx.caller(&a.action.operator).await?;
+        let (mut replayed, mut skipped) = (0, 0);
+        for batch in selection.records.chunks(bulk.batch.max(1)) {
+            let done = ops.replay_batch(&filter, batch, &caller, now_ms()).await?;
+            replayed += done.replayed;
+            skipped += done.skipped;
+            if !json {
+                eprintln!("{}", deliveries::progress(replayed + skipped, count));
+            }
+        }
+        if json {
+            let v = serde_json::json!({"run": run, "replayed": replayed, "skipped": skipped, "partial": partial,
+                "replayed_by_this_run_before": selection.replayed_by_this_run, "need_their_source": selection.need_their_source});
+            writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default())?;
+            return Ok(());
+        }
+        writeln!(out, "{replayed} replayed, {skipped} moved meanwhile (left as they are); run {run}{more}")?;
+    }
+    if !json {
+        if selection.replayed_by_this_run > 0 {
+            writeln!(out, "{} replayed by this run before (not again)", selection.replayed_by_this_run)?;
+        }
+        if !selection.need_their_source.is_empty() {
+            writeln!(
+                out,
+                "{} parked by a backfill without their payload: replay each by key with the provider's flags (hookledger replay KEY)",
+                selection.need_their_source.len()
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// `hookledger erase`: each event it touched and what became of it. Fails

@@ -82,6 +82,9 @@ pub struct AuditEntry {
     pub reason: String,
     /// [`DONE`] for an action; [`STARTED`] then the outcome for a run.
     pub result: String,
+    /// The bulk run this action belongs to (`replay --filter`): a record
+    /// replayed by a run is never replayed again by the same run.
+    pub run: Option<String>,
 }
 
 impl AuditEntry {
@@ -97,7 +100,14 @@ impl AuditEntry {
             operator: caller.operator.clone(),
             reason: String::new(),
             result: DONE.to_owned(),
+            run: None,
         }
+    }
+
+    /// Part of the bulk run `run`.
+    pub fn in_run(mut self, run: &str) -> Self {
+        self.run = Some(run.to_owned());
+        self
     }
 
     pub fn on_record(mut self, key: &EventKey) -> Self {

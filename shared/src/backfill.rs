@@ -110,6 +110,12 @@ pub struct Schedule {
     pub types: Vec<String>,
     #[serde(default)]
     pub mode: Mode,
+    /// Audit a window of this length behind the lag after each run
+    /// ([`crate::completeness`]): the provider's list against the ledger and
+    /// the routes, as `audit_missing` and `audit_doubled`, its summary kept
+    /// for the console. Off when absent.
+    #[serde(default)]
+    pub audit_window_secs: Option<i64>,
 }
 
 fn default_lag() -> i64 {
@@ -189,6 +195,9 @@ pub fn parse_schedules(
                 ));
             }
         }
+        if s.audit_window_secs.is_some_and(|w| !(60..=86_400).contains(&w)) {
+            return bad("audit_window_secs must be within 60..=86400");
+        }
         let positive = s.lag_secs >= 0 && s.overlap_secs >= 0 && s.lookback_secs > 0 && s.max_window_secs > 0;
         if !positive {
             return bad("lag and overlap must be ≥ 0, lookback and max window > 0");
@@ -219,6 +228,7 @@ impl Default for Schedule {
             max_window_secs: default_max_window(),
             types: Vec::new(),
             mode: Mode::Import,
+            audit_window_secs: None,
         }
     }
 }
@@ -886,6 +896,16 @@ pub const METRICS: &[&str] =
 /// invocation's scheduled backfills, all endpoints) and
 /// `backfill_overdue_windows` (scheduled endpoints [`overdue`] after it).
 pub const ALARMED_METRICS: &[&str] = &["backfill_failed_last_run", "backfill_overdue_windows"];
+
+/// The scheduled audit's alarmed gauges (all audited endpoints): events
+/// the provider listed and the ledger never recorded, and facts held twice.
+pub const AUDIT_METRICS: &[&str] = &["audit_missing", "audit_doubled"];
+
+/// Sets [`AUDIT_METRICS`].
+pub fn emit_audit_gauges(missing: u64, doubled: u64) {
+    metrics::gauge!("audit_missing").set(missing as f64);
+    metrics::gauge!("audit_doubled").set(doubled as f64);
+}
 
 /// Sets [`ALARMED_METRICS`].
 pub fn emit_gauges(failed_last_run: u64, overdue_windows: u64) {

@@ -31,6 +31,7 @@ pub mod backfill;
 pub mod backoff;
 pub mod batch;
 pub mod clock;
+pub mod completeness;
 pub mod config;
 #[cfg(any(test, feature = "testkit"))]
 pub mod contract;

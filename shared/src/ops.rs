@@ -325,5 +325,7 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
     }
 }
 
+pub mod bulk;
+
 #[cfg(test)]
 mod tests;

@@ -462,6 +462,19 @@ pub trait OutboxStore: Activity + Send + Sync {
     fn due(&self, shard: u32, up_to: i64, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
     /// The item, as an operator reads it (`None`: no such item).
     fn state(&self, id: &str) -> impl Future<Output = Result<Option<crate::message::OutboxState>, PortError>> + Send;
+    /// The items of these ids that exist (batched where the store allows).
+    fn states(
+        &self,
+        ids: &[String],
+    ) -> impl Future<Output = Result<Vec<crate::message::OutboxState>, PortError>> + Send {
+        async move {
+            let mut out = Vec::new();
+            for id in ids {
+                out.extend(self.state(id).await?);
+            }
+            Ok(out)
+        }
+    }
     /// DEAD items of `shard` (the attention index), newest first, at most `limit`.
     fn dead_items(&self, shard: u32, limit: usize) -> impl Future<Output = Result<Vec<String>, PortError>> + Send;
     /// The items of one partition as an operator reads them, at most `max`
@@ -919,6 +932,10 @@ pub trait OperatorLedger: Activity + Send + Sync {
     }
     /// Records in `status` (all shards).
     fn count(&self, status: Status) -> impl Future<Output = Result<u64, PortError>> + Send;
+    /// The records of these keys that exist, read by key in batches (one
+    /// `BatchGetItem` per hundred keys: no index, no scan), without their
+    /// payload bytes.
+    fn records(&self, keys: &[EventKey]) -> impl Future<Output = Result<Vec<Row>, PortError>> + Send;
     /// The record, its history (oldest first) and, if asked, its payload.
     fn show(&self, key: &EventKey, with_payload: bool)
     -> impl Future<Output = Result<Option<Shown>, PortError>> + Send;
@@ -1243,6 +1260,10 @@ pub trait BackfillLedger: Activity + Send + Sync {
     fn progress(&self, run: &str) -> impl Future<Output = Result<Option<BackfillProgress>, PortError>> + Send;
     /// A scheduled backfill's state for one endpoint.
     fn schedule_state(&self, endpoint: &str) -> impl Future<Output = Result<Option<ScheduleState>, PortError>> + Send;
+    /// Keeps the last scheduled audit's summary of `endpoint` (JSON).
+    fn save_audit(&self, endpoint: &str, report: &str, now_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
+    /// The last scheduled audit's summary of `endpoint` (JSON), if any.
+    fn last_audit(&self, endpoint: &str) -> impl Future<Output = Result<Option<String>, PortError>> + Send;
     fn save_schedule_state(
         &self,
         endpoint: &str,

@@ -28,6 +28,19 @@ pub struct Ran {
     pub summary: Option<Summary>,
     pub error: Option<String>,
     pub overdue: bool,
+    /// The scheduled audit after it (`audit_window_secs`), if configured.
+    pub audit: Option<Audited>,
+}
+
+/// One endpoint's scheduled audit: its window and counts, or why it failed.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Audited {
+    pub window: (i64, i64),
+    pub listed: u64,
+    pub missing: u64,
+    pub doubled: u64,
+    pub dead: u64,
+    pub error: Option<String>,
 }
 
 impl Backfills {
@@ -49,7 +62,8 @@ impl Backfills {
         let mut out = Vec::new();
         let schedules = &self.wiring.settings.backfill_schedules;
         for (endpoint, schedule) in schedules {
-            let mut ran = Ran { endpoint: endpoint.clone(), window: None, summary: None, error: None, overdue: false };
+            let mut ran =
+                Ran { endpoint: endpoint.clone(), window: None, summary: None, error: None, overdue: false, audit: None };
             if self.wiring.ambient().past(deadline) {
                 // Not run: still counted if it falls behind (a starved schedule alarms).
                 ran.error = Some("not run: the invocation's time was used up".into());
@@ -95,7 +109,16 @@ impl Backfills {
                 tracing::warn!(endpoint, error = %e, "scheduled backfill failed; the next run resumes");
                 ran.error = Some(e);
             }
+            if let Some(window_secs) = schedule.audit_window_secs {
+                ran.audit = Some(self.audit(endpoint, &target, schedule, window_secs, now_ms).await);
+            }
             out.push(ran);
+        }
+        let audited: Vec<&Audited> = out.iter().filter_map(|r| r.audit.as_ref()).collect();
+        if !audited.is_empty() {
+            let missing = audited.iter().map(|a| a.missing).sum();
+            let doubled = audited.iter().map(|a| a.doubled).sum();
+            backfill::emit_audit_gauges(missing, doubled);
         }
         if !schedules.is_empty() {
             let (failed, overdue) = gauges(&out);
@@ -106,6 +129,63 @@ impl Backfills {
             }
         }
         out
+    }
+
+    /// The scheduled audit of `endpoint`: the window of `window_secs` that
+    /// ends the schedule's lag before now, the provider's list against the
+    /// ledger and the routes; its summary kept for the console. A failure
+    /// is reported in the run, and the window is audited again next time.
+    async fn audit(
+        &self,
+        endpoint: &str,
+        target: &Target,
+        schedule: &Schedule,
+        window_secs: i64,
+        now_ms: i64,
+    ) -> Audited {
+        use hookledger::completeness::{self, Audit, Scope};
+        let until = now_ms / 1000 - schedule.lag_secs;
+        let mut audited = Audited { window: (until - window_secs, until), ..Audited::default() };
+        let scope = Scope {
+            provider: &target.provider,
+            endpoint,
+            tenant: &target.tenant,
+            since_s: until - window_secs,
+            until_s: until,
+            routes: &self.wiring.settings.routes,
+            now_ms,
+        };
+        let outbox = hookledger::adapters::dynamodb::outbox::DynamoOutbox::on(self.ledger.clone());
+        let audit = Audit { ledger: &self.ledger, outbox: &outbox };
+        let window = hookledger::ports::Window { since_s: scope.since_s, until_s: until, types: Vec::new() };
+        let report = match self.wiring.scheduled_source(schedule).await {
+            Ok(source) => match completeness::listed(&source, &window, completeness::DEFAULT_MAX_PAGES).await {
+                Ok((listed, pages, partial)) => {
+                    audit.of_listed(&scope, &listed, pages, partial).await.map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e),
+        };
+        match report {
+            Ok(report) => {
+                (audited.listed, audited.missing, audited.doubled, audited.dead) =
+                    (report.listed, report.missing, report.doubled, report.dead);
+                let summary = serde_json::to_string(&report.summary()).unwrap_or_default();
+                if let Err(e) = hookledger::ports::BackfillLedger::save_audit(&self.ledger, endpoint, &summary, now_ms).await
+                {
+                    tracing::warn!(endpoint, error = %e, "audit summary not kept; the next run writes it");
+                }
+                if report.failed() {
+                    tracing::warn!(endpoint, missing = report.missing, doubled = report.doubled, "audit: events missing or doubled");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(endpoint, error = %e, "scheduled audit failed; the next run audits again");
+                audited.error = Some(e);
+            }
+        }
+        audited
     }
 
     /// Whether `endpoint` is overdue by its stored state (one read; for an
@@ -137,7 +217,7 @@ mod tests {
 
     fn ran(endpoint: &str, failed: u64, parked: u64, overdue: bool) -> Ran {
         let summary = Summary { failed, parked, ..Summary::default() };
-        Ran { endpoint: endpoint.into(), window: None, summary: Some(summary), error: None, overdue }
+        Ran { endpoint: endpoint.into(), window: None, summary: Some(summary), error: None, overdue, audit: None }
     }
 
     /// The alarmed gauges sum over every endpoint of the invocation.

@@ -68,6 +68,9 @@ fn fields(e: &AuditEntry, (pk, sk): (String, String), days: u32) -> Item {
     if let Some(r) = &e.record {
         item.insert("audit_record".to_owned(), s(r));
     }
+    if let Some(r) = &e.run {
+        item.insert("audit_run".to_owned(), s(cond::bounded(r)));
+    }
     item
 }
 
@@ -97,6 +100,7 @@ pub fn entry_of(item: &Item) -> Option<AuditEntry> {
         operator: get_s(item, "operator").unwrap_or_default().to_owned(),
         reason: get_s(item, "audit_reason").unwrap_or_default().to_owned(),
         result: get_s(item, "audit_result").unwrap_or_default().to_owned(),
+        run: get_s(item, "audit_run").map(str::to_owned),
     })
 }
 

@@ -91,6 +91,21 @@ impl DynamoLedger {
 
 pub(crate) const PROGRESS_SK: &str = "progress";
 pub(crate) const SCHEDULE_SK: &str = "schedule";
+/// The last scheduled audit's summary, beside its endpoint's schedule.
+pub(crate) const AUDIT_SK: &str = "audit";
+
+pub(crate) fn audit_item(endpoint: &str, report: &str, now_ms: i64) -> super::Item {
+    HashMap::from([
+        ("pk".into(), s(progress_pk(endpoint))),
+        ("sk".into(), s(AUDIT_SK)),
+        ("report".into(), s(report)),
+        ("updated_at".into(), n(now_ms)),
+    ])
+}
+
+pub(crate) fn audit_from(item: &super::Item) -> Option<String> {
+    super::get_s(item, "report").map(str::to_owned)
+}
 
 pub(crate) fn progress_pk(run: &str) -> String {
     format!("backfill#{run}")
@@ -216,6 +231,21 @@ impl BackfillLedger for DynamoLedger {
             .await
             .map_err(|e| crate::adapters::port_error("dynamodb", &e))?;
         Ok(())
+    }
+
+    async fn save_audit(&self, endpoint: &str, report: &str, now_ms: i64) -> Result<(), PortError> {
+        self.client()
+            .put_item()
+            .table_name(self.table())
+            .set_item(Some(audit_item(endpoint, report, now_ms)))
+            .send()
+            .await
+            .map_err(|e| crate::adapters::port_error("dynamodb", &e))?;
+        Ok(())
+    }
+
+    async fn last_audit(&self, endpoint: &str) -> Result<Option<String>, PortError> {
+        Ok(self.read_item(&progress_pk(endpoint), AUDIT_SK).await?.as_ref().and_then(audit_from))
     }
 
     async fn progress(&self, run: &str) -> Result<Option<BackfillProgress>, PortError> {

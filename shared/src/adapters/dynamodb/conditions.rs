@@ -84,6 +84,8 @@ pub const CLAIM_TOKEN: &str = "redrive_token";
 pub const OPERATOR_TOKEN: &str = "operator_token";
 /// When an operator last replayed the record.
 pub const LAST_REPLAY_AT: &str = "last_replay_at";
+/// On a record a bulk replay (`replay --filter`) replayed: its run.
+pub const REPLAY_RUN: &str = "replay_run";
 /// When the record was last woken from a sequence gap.
 pub const WOKEN_AT: &str = "woken_at";
 
@@ -117,6 +119,7 @@ pub const EXPRESSIONS: &[&str] = &[
     "leave_park",
     "wake",
     "operator_replay",
+    "operator_replay_in_run",
     "operator_park",
     "operator_resolve",
     "claim_due",
@@ -628,19 +631,41 @@ pub fn wake(gap: &str, now_ms: i64, shard: u32) -> Update {
 /// statuses the action may leave, and a refusal reports the status met. Our
 /// own retried update after a lost acknowledgement meets our
 /// `operator_token`: done, not refused.
-pub fn operator(action: OperatorAction, operator: &str, reason: &str, token: &str, now_ms: i64, shard: u32) -> Update {
+///
+/// A replay in a bulk run (`replay --filter`, `run`) marks the record with
+/// it (`replay_run`) and is refused on a record that already carries it: an
+/// interrupted run, run again, never replays twice what it replayed.
+pub fn operator(
+    action: OperatorAction,
+    operator: &str,
+    reason: &str,
+    run: Option<&str>,
+    token: &str,
+    now_ms: i64,
+    shard: u32,
+) -> Update {
     let from: Vec<String> = (0..action.from().len()).map(|i| format!("#st = :from{i}")).collect();
+    let in_run = run.filter(|_| action == OperatorAction::Replay);
     let name = match action {
+        OperatorAction::Replay if in_run.is_some() => "operator_replay_in_run",
         OperatorAction::Replay => "operator_replay",
         OperatorAction::Park => "operator_park",
         OperatorAction::Resolve => "operator_resolve",
     };
-    let mut u = Update::when(name, format!("attribute_exists(pk) AND ({})", from.join(" OR ")))
+    let not_this_run = if in_run.is_some() {
+        format!(" AND (attribute_not_exists({REPLAY_RUN}) OR {REPLAY_RUN} <> :run)")
+    } else {
+        String::new()
+    };
+    let mut u = Update::when(name, format!("attribute_exists(pk) AND ({}){not_this_run}", from.join(" OR ")))
         .set(format!("{OPERATOR_TOKEN} = :optok"))
         .value(":optok", s(token))
         .value(":now", n(now_ms));
     for (i, st) in action.from().iter().enumerate() {
         u = u.value(&format!(":from{i}"), s(st.as_str()));
+    }
+    if let Some(run) = in_run {
+        u = u.set(format!("{REPLAY_RUN} = :run")).value(":run", s(run));
     }
     match action {
         OperatorAction::Replay => not_awaiting_payload(u)
@@ -1362,7 +1387,7 @@ mod tests {
         assert!(!retry.contains("due_shard"), "stays in its partition: {retry}");
         let woken = wake("gap", 5, 3).expression();
         assert!(woken.contains("due_shard = :bk_ds") && woken.contains("attn_at, window_start"), "{woken}");
-        let resolved = operator(OperatorAction::Resolve, "op", "why", "tok", 5, 3).expression();
+        let resolved = operator(OperatorAction::Resolve, "op", "why", None, "tok", 5, 3).expression();
         assert!(resolved.contains("due_shard, due_at, next_attempt_at"), "{resolved}");
     }
 
@@ -1377,7 +1402,7 @@ mod tests {
     fn dead_and_parked_records_enter_the_attention_index_and_leave_it_when_replayed() {
         let parked = leave("t", &Exit::Park { reason: "r", subject: None }, 5, 7);
         assert!(parked.values.contains(&(":bk_attn".into(), s("attn#007"))));
-        let replayed = operator(OperatorAction::Replay, "op", "why", "tok", 5, 7).expression();
+        let replayed = operator(OperatorAction::Replay, "op", "why", None, "tok", 5, 7).expression();
         assert!(replayed.contains("REMOVE") && replayed.contains("attn_shard, attn_at"), "{replayed}");
         // The completion leaves the attention index and its due entry where
         // it is: no index write for it.
@@ -1405,9 +1430,10 @@ mod tests {
             leave("t", &Exit::Dead { reason: "r", message: "m" }, 1, 0),
             leave("t", &Exit::Park { reason: "r", subject: Some("s") }, 1, 0),
             wake("gap", 1, 0),
-            operator(OperatorAction::Replay, "o", "r", "t", 1, 0),
-            operator(OperatorAction::Park, "o", "r", "t", 1, 0),
-            operator(OperatorAction::Resolve, "o", "r", "t", 1, 0),
+            operator(OperatorAction::Replay, "o", "r", None, "t", 1, 0),
+            operator(OperatorAction::Replay, "o", "r", Some("run"), "t", 1, 0),
+            operator(OperatorAction::Park, "o", "r", None, "t", 1, 0),
+            operator(OperatorAction::Resolve, "o", "r", None, "t", 1, 0),
             claim_due(1, 2, "t"),
             reschedule("t", 1),
             note_redriven(1),
@@ -1467,9 +1493,9 @@ mod tests {
         assert!(e.contains("payload_in = :in") && e.contains("send_token = :tok"), "{e}");
         let inline = release_parked(&released_event(), "webhook", Placed::Inline(super::super::payload::encode(b"{}")));
         assert!(inline.expression().contains("body = :body"), "{}", inline.expression());
-        let replay = operator(OperatorAction::Replay, "op", "why", "tok", 5, 3);
+        let replay = operator(OperatorAction::Replay, "op", "why", None, "tok", 5, 3);
         assert!(replay.condition.contains("NOT begins_with(park_reason, :unrec)"), "{}", replay.condition);
-        let park = operator(OperatorAction::Park, "op", "why", "tok", 5, 3);
+        let park = operator(OperatorAction::Park, "op", "why", None, "tok", 5, 3);
         assert!(!park.condition.contains("park_reason"), "only replay is guarded: {}", park.condition);
     }
 }

@@ -18,6 +18,13 @@ use crate::ledger::{OperatorAction, PortError, Row, Status, Transitioned};
 use crate::ports::{OperatorLedger, RowFilter, Shown, WorkLedger};
 
 /// A stored item as JSON, for display (`B` values shown as their size).
+/// An item as a row, its payload bytes (`body`) left out.
+pub fn without_body(item: &HashMap<String, AttributeValue>) -> Row {
+    let mut row = item_json(item);
+    row.remove(attr::BODY);
+    row
+}
+
 pub fn item_json(item: &HashMap<String, AttributeValue>) -> Row {
     item.iter().map(|(k, v)| (k.clone(), value_json(v))).collect()
 }
@@ -223,6 +230,13 @@ impl OperatorLedger for DynamoLedger {
         Ok(total)
     }
 
+    async fn records(&self, keys: &[EventKey]) -> Result<Vec<Row>, PortError> {
+        let keys = keys.iter().map(|k| DynamoLedger::item_key(k.as_str(), META_SK)).collect();
+        // Eventually consistent: half the read units; an audit reads what
+        // was settled seconds ago.
+        Ok(self.batch_read_as(keys, false).await?.iter().map(without_body).collect())
+    }
+
     async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Option<Shown>, PortError> {
         let all = self
             .client()
@@ -264,7 +278,7 @@ impl OperatorLedger for DynamoLedger {
     ) -> Result<Transitioned, PortError> {
         let token = self.ambient.token();
         let entry = audit::on_record(entry, action.name(), key, &token, now_ms);
-        let update = cond::operator(action, &entry.operator, &entry.reason, &token, now_ms, key.shard(self.shards()));
+        let update = cond::operator(action, &entry.operator, &entry.reason, entry.run.as_deref(), &token, now_ms, key.shard(self.shards()));
         let item = audit::update_item(self.table(), key.as_str(), META_SK, update);
         match self.audited(vec![item], &entry).await? {
             Audited::Done => Ok(transitioned(&self.read_meta(key).await?.unwrap_or_default())),

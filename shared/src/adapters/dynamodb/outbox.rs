@@ -417,6 +417,12 @@ impl OutboxStore for DynamoOutbox {
         Ok(self.ledger.read_item(id, OUTBOX_SK).await?.as_ref().map(state_of))
     }
 
+    /// One eventually consistent `BatchGetItem` per hundred ids.
+    async fn states(&self, ids: &[String]) -> Result<Vec<OutboxState>, PortError> {
+        let keys = ids.iter().map(|id| super::DynamoLedger::item_key(id, OUTBOX_SK)).collect();
+        Ok(self.ledger.batch_read_as(keys, false).await?.iter().map(state_of).collect())
+    }
+
     async fn states_in(
         &self,
         partition: OutboxPartition<'_>,

@@ -1146,6 +1146,20 @@ impl OperatorLedger for MemLedger {
         Ok(total)
     }
 
+    async fn records(&self, keys: &[EventKey]) -> Result<Vec<Row>, PortError> {
+        let mut out = Vec::new();
+        for chunk in keys.chunks(100) {
+            out.extend(self.0.call("operator.records", |_, st| {
+                Ok(chunk
+                    .iter()
+                    .filter_map(|k| st.table.get(k.as_str(), META_SK))
+                    .map(crate::adapters::dynamodb::operator::without_body)
+                    .collect::<Vec<Row>>())
+            })?);
+        }
+        Ok(out)
+    }
+
     async fn show(&self, key: &EventKey, with_payload: bool) -> Result<Option<Shown>, PortError> {
         self.0.call_on("operator.show", key.as_str(), |_, st| {
             let all = st.table.partition(key.as_str());
@@ -1174,7 +1188,7 @@ impl OperatorLedger for MemLedger {
         use crate::adapters::dynamodb::audit::{self, Audited};
         let token = self.0.ambient.token();
         let entry = audit::on_record(entry, action.name(), key, &token, now_ms);
-        let update = cond::operator(action, &entry.operator, &entry.reason, &token, now_ms, key.shard(self.0.shards));
+        let update = cond::operator(action, &entry.operator, &entry.reason, entry.run.as_deref(), &token, now_ms, key.shard(self.0.shards));
         let name = update.name();
         let item = audit::update_item("memory", key.as_str(), META_SK, update);
         match self.0.audited("operator.transition", vec![item], &entry, &[name])? {
@@ -1294,6 +1308,18 @@ impl BackfillLedger for MemLedger {
     async fn save_schedule_state(&self, endpoint: &str, state: &ScheduleState, now_ms: i64) -> Result<(), PortError> {
         let item = schedule_item(endpoint, state, now_ms);
         self.0.call_on("backfill.save_schedule_state", endpoint, |_, st| st.put(item.clone()))
+    }
+
+    async fn save_audit(&self, endpoint: &str, report: &str, now_ms: i64) -> Result<(), PortError> {
+        let item = crate::adapters::dynamodb::backfill::audit_item(endpoint, report, now_ms);
+        self.0.call_on("backfill.save_audit", endpoint, |_, st| st.put(item.clone()))
+    }
+
+    async fn last_audit(&self, endpoint: &str) -> Result<Option<String>, PortError> {
+        use crate::adapters::dynamodb::backfill::{AUDIT_SK, audit_from};
+        self.0.call_on("backfill.last_audit", endpoint, |_, st| {
+            Ok(st.table.get(&progress_pk(endpoint), AUDIT_SK).and_then(audit_from))
+        })
     }
 
     async fn save_progress(&self, run: &str, progress: &BackfillProgress, now_ms: i64) -> Result<(), PortError> {
@@ -1564,6 +1590,20 @@ impl OutboxStore for MemOutbox {
         self.0.call_on("outbox.state", id, |_, st| {
             Ok(st.table.get(id, OUTBOX_SK).map(crate::adapters::dynamodb::outbox::state_of))
         })
+    }
+
+    async fn states(&self, ids: &[String]) -> Result<Vec<crate::message::OutboxState>, PortError> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(100) {
+            out.extend(self.0.call("outbox.states", |_, st| {
+                Ok(chunk
+                    .iter()
+                    .filter_map(|id| st.table.get(id, OUTBOX_SK))
+                    .map(crate::adapters::dynamodb::outbox::state_of)
+                    .collect::<Vec<_>>())
+            })?);
+        }
+        Ok(out)
     }
 
     async fn states_in(

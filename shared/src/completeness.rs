@@ -1,0 +1,447 @@
+//! The audit of provider truth: for one endpoint and a window, what the
+//! provider lists (Stripe's events, a GitHub hook's deliveries) side by
+//! side with what the ledger holds and what every route delivered.
+//!
+//! The provider's list is read page by page ([`BackfillSource`], the
+//! backfill's readers); each listed identity is read from the ledger by key
+//! (one batched read per hundred identities: no index, no scan), and so are
+//! the delivery items of the routes each recorded event matches. So the
+//! audit's requests grow with the window's listed events, never with the
+//! table. What it reports:
+//!
+//! - listed, recorded, applied, ignored (settled without applying: stale,
+//!   duplicate, ignored, resolved), PARKED, DEAD, in flight;
+//! - **missing**: listed, never recorded (repair: `hookledger backfill`);
+//! - **doubled**: one listed fact held twice: its body recorded again under
+//!   another identity and both applied, or a delivery to a destination
+//!   under another key than its (event, destination) key. Must be 0;
+//! - per route: delivered, pending (and the oldest), DEAD, and applied
+//!   events the route matches with no delivery at all;
+//! - the time from receipt to outcome (p50, p99).
+//!
+//! An endpoint whose provider keeps no list is audited from the attention
+//! index (its DEAD and PARKED records received in the window) and its
+//! routes' delivery items; the report says that completeness cannot be
+//! proven without the provider's list.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::identity::EventKey;
+use crate::ledger::{PortError, Row, Status};
+use crate::ports::{BackfillSource, OperatorLedger, OutboxStore, RowFilter, SourceError, Window};
+use crate::routes::Routes;
+
+/// At most this many identities of each list (missing, DEAD, PARKED,
+/// doubled) are kept in a report; the counts are always whole.
+pub const LISTED_ITEMS: usize = 200;
+/// The most pages of the provider's list one audit reads.
+pub const DEFAULT_MAX_PAGES: u32 = 500;
+
+/// What is audited.
+#[derive(Debug, Clone)]
+pub struct Scope<'a> {
+    pub provider: &'a str,
+    pub endpoint: &'a str,
+    pub tenant: &'a str,
+    /// Created (listed) or received (no list) at or after, unix seconds.
+    pub since_s: i64,
+    /// Before, unix seconds.
+    pub until_s: i64,
+    pub routes: &'a Routes,
+    pub now_ms: i64,
+}
+
+/// One identity the report names, and what repairs it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Named {
+    pub key: String,
+    pub event_type: Option<String>,
+    /// Why it is listed (a dead reason, a park reason, what is doubled).
+    pub why: Option<String>,
+    /// The command that repairs it, when there is one.
+    pub repair: Option<String>,
+}
+
+/// One route's deliveries of the audited events.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RouteTally {
+    pub delivered: u64,
+    pub pending: u64,
+    pub dead: u64,
+    /// Applied events the route matches with no delivery item.
+    pub never_queued: u64,
+    /// How long the oldest pending one has waited, in ms.
+    pub oldest_pending_ms: Option<i64>,
+}
+
+/// The audit of one endpoint's window.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Report {
+    pub endpoint: String,
+    pub provider: String,
+    pub since: i64,
+    pub until: i64,
+    pub at_ms: i64,
+    /// Whether the provider's own list was read: without it, completeness
+    /// cannot be proven and `listed` and `missing` are not known.
+    pub provider_truth: bool,
+    pub listed: u64,
+    pub recorded: u64,
+    pub applied: u64,
+    pub ignored: u64,
+    pub parked: u64,
+    pub dead: u64,
+    pub in_flight: u64,
+    pub missing: u64,
+    pub doubled: u64,
+    /// Settled outcomes other than applied, by outcome.
+    pub outcomes: BTreeMap<String, u64>,
+    pub routes: BTreeMap<String, RouteTally>,
+    /// Receipt to outcome of the finished events, in ms.
+    pub outcome_p50_ms: Option<i64>,
+    pub outcome_p99_ms: Option<i64>,
+    pub missing_items: Vec<Named>,
+    pub dead_items: Vec<Named>,
+    pub parked_items: Vec<Named>,
+    pub doubled_items: Vec<Named>,
+    /// DEAD deliveries (at most [`LISTED_ITEMS`]).
+    pub dead_deliveries: Vec<Named>,
+    /// Said when the report is not the whole truth.
+    pub notes: Vec<String>,
+    /// Requests: the provider's pages read.
+    pub pages: u32,
+}
+
+impl Report {
+    /// Whether anything is missing or doubled (the command exits non-zero).
+    pub fn failed(&self) -> bool {
+        self.missing > 0 || self.doubled > 0
+    }
+
+    /// The report without its lists (what the scheduled audit keeps per
+    /// endpoint, with the first 20 of each list).
+    pub fn summary(&self) -> Self {
+        let mut s = self.clone();
+        for list in [&mut s.missing_items, &mut s.dead_items, &mut s.parked_items, &mut s.doubled_items, &mut s.dead_deliveries]
+        {
+            list.truncate(20);
+        }
+        s
+    }
+}
+
+/// Why an audit could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("the provider's list could not be read: {0}")]
+    Source(String),
+    #[error(transparent)]
+    Storage(#[from] PortError),
+}
+
+fn text<'a>(row: &'a Row, k: &str) -> Option<&'a str> {
+    row.get(k).and_then(serde_json::Value::as_str)
+}
+
+fn num(row: &Row, k: &str) -> Option<i64> {
+    row.get(k).and_then(serde_json::Value::as_i64)
+}
+
+fn push(list: &mut Vec<Named>, named: Named) {
+    if list.len() < LISTED_ITEMS {
+        list.push(named);
+    }
+}
+
+fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let at = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    Some(sorted[at])
+}
+
+fn replay_command(key: &str) -> String {
+    format!("hookledger replay '{key}' --reason 'audit: DEAD'")
+}
+
+/// Reads the provider's list for the window: the identities, once each
+/// (GitHub lists a delivery and its redeliveries under one id), with their
+/// types, and the pages read. Unavailable or rate-limited pages are retried
+/// by the caller's next run; the audit fails rather than report a partial
+/// list as complete.
+pub async fn listed<S: BackfillSource>(
+    source: &S,
+    window: &Window,
+    max_pages: u32,
+) -> Result<(BTreeMap<String, (Option<String>, i64)>, u32, bool), AuditError> {
+    let mut out = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        if pages >= max_pages {
+            return Ok((out, pages, true));
+        }
+        let page = source.page(window, cursor.as_deref()).await.map_err(|e| AuditError::Source(source_error(&e)))?;
+        pages += 1;
+        for e in page.events {
+            if (window.since_s..window.until_s).contains(&e.created_s) {
+                out.entry(e.event_id).or_insert((e.event_type, e.created_s));
+            }
+        }
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => return Ok((out, pages, false)),
+        }
+    }
+}
+
+fn source_error(e: &SourceError) -> String {
+    match e {
+        SourceError::RateLimited { retry_after_s, .. } => {
+            format!("rate limited (retry after {}s)", retry_after_s.map_or("?".into(), |s| s.to_string()))
+        }
+        SourceError::Unavailable(m) | SourceError::Rejected(m) => m.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// The audit itself, over the ledger and the delivery items.
+pub struct Audit<'a, L, O> {
+    pub ledger: &'a L,
+    pub outbox: &'a O,
+}
+
+impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
+    /// Audits what the provider listed (`listed`: event id → type, created).
+    pub async fn of_listed(
+        &self,
+        scope: &Scope<'_>,
+        listed: &BTreeMap<String, (Option<String>, i64)>,
+        pages: u32,
+        partial: bool,
+    ) -> Result<Report, AuditError> {
+        let mut report = self.empty(scope, true);
+        report.pages = pages;
+        report.listed = listed.len() as u64;
+        if partial {
+            report.notes.push(format!(
+                "the provider's list held more than {pages} pages: only those were audited (narrow the window)"
+            ));
+        }
+        let keys: Vec<EventKey> =
+            listed.keys().map(|id| EventKey::new(scope.provider, scope.endpoint, id)).collect();
+        let records = self.ledger.records(&keys).await?;
+        let by_key: BTreeMap<&str, &Row> = records.iter().filter_map(|r| Some((text(r, "pk")?, r))).collect();
+        for (id, (event_type, created_s)) in listed {
+            let key = EventKey::new(scope.provider, scope.endpoint, id);
+            if !by_key.contains_key(key.as_str()) {
+                report.missing += 1;
+                push(
+                    &mut report.missing_items,
+                    Named {
+                        key: key.as_str().to_owned(),
+                        event_type: event_type.clone(),
+                        why: Some("listed by the provider, never recorded".into()),
+                        repair: Some(format!(
+                            "hookledger backfill --endpoint {} --since {} --until {}",
+                            scope.endpoint,
+                            created_s,
+                            created_s + 1
+                        )),
+                    },
+                );
+            }
+        }
+        self.tally(scope, &mut report, &records).await?;
+        self.doubled_by_body(scope, &mut report, &records).await?;
+        Ok(report)
+    }
+
+    /// Audits what the ledger's attention index holds for the endpoint
+    /// (its DEAD and PARKED records received in the window), without a
+    /// provider's list.
+    pub async fn without_list(&self, scope: &Scope<'_>) -> Result<Report, AuditError> {
+        let mut report = self.empty(scope, false);
+        report.notes.push(
+            "this provider keeps no list of what it sent: completeness cannot be proven without provider truth; \
+             what is shown is what the ledger holds (DEAD, PARKED) and what the routes hold"
+                .into(),
+        );
+        let filter = RowFilter {
+            endpoint: Some(scope.endpoint),
+            since_ms: scope.since_s * 1000,
+            until_ms: scope.until_s * 1000 - 1,
+            ..RowFilter::default()
+        };
+        let mut keys = Vec::new();
+        for status in [Status::Dead, Status::Parked] {
+            for shard in 0..self.ledger.shards() {
+                for row in self.ledger.rows(status, shard, &filter, usize::MAX).await? {
+                    keys.extend(text(&row, "pk").and_then(EventKey::from_stored));
+                }
+            }
+        }
+        let records = self.ledger.records(&keys).await?;
+        self.tally(scope, &mut report, &records).await?;
+        Ok(report)
+    }
+
+    fn empty(&self, scope: &Scope<'_>, provider_truth: bool) -> Report {
+        Report {
+            endpoint: scope.endpoint.to_owned(),
+            provider: scope.provider.to_owned(),
+            since: scope.since_s,
+            until: scope.until_s,
+            at_ms: scope.now_ms,
+            provider_truth,
+            ..Report::default()
+        }
+    }
+
+    /// Counts the records by status and outcome, and reads the delivery
+    /// items of the routes each one matches.
+    async fn tally(&self, scope: &Scope<'_>, report: &mut Report, records: &[Row]) -> Result<(), AuditError> {
+        let mut latencies = Vec::new();
+        // (outbox id) → (destination, event key, applied).
+        let mut expected: BTreeMap<String, (String, String)> = BTreeMap::new();
+        let mut applied_routes: BTreeSet<String> = BTreeSet::new();
+        for r in records {
+            let Some(key) = text(r, "pk") else { continue };
+            report.recorded += 1;
+            let status = text(r, "status").and_then(Status::parse);
+            let event_type = text(r, "event_type").map(str::to_owned);
+            let named = |why: Option<&str>, repair: Option<String>| Named {
+                key: key.to_owned(),
+                event_type: event_type.clone(),
+                why: why.map(str::to_owned),
+                repair,
+            };
+            match status {
+                Some(Status::Processed) => {
+                    match text(r, "outcome").unwrap_or("applied") {
+                        "applied" => report.applied += 1,
+                        other => {
+                            report.ignored += 1;
+                            *report.outcomes.entry(other.to_owned()).or_default() += 1;
+                        }
+                    }
+                    if let (Some(at), Some(done)) = (num(r, "received_at"), num(r, "processed_at")) {
+                        latencies.push((done - at).max(0));
+                    }
+                }
+                Some(Status::Dead) => {
+                    report.dead += 1;
+                    push(&mut report.dead_items, named(text(r, "dead_reason"), Some(replay_command(key))));
+                }
+                Some(Status::Parked) => {
+                    report.parked += 1;
+                    push(&mut report.parked_items, named(text(r, "park_reason"), Some(replay_command(key))));
+                }
+                _ => report.in_flight += 1,
+            }
+            let tenant = text(r, "tenant").unwrap_or(scope.tenant);
+            let applied = status == Some(Status::Processed) && text(r, "outcome").unwrap_or("applied") == "applied";
+            for d in scope.routes.matching(scope.endpoint, scope.provider, tenant, event_type.as_deref().unwrap_or("")) {
+                let action = crate::routes::delivery_action(&d.name);
+                let id = crate::message::outbox_id(key, &action);
+                if applied {
+                    applied_routes.insert(id.clone());
+                }
+                expected.insert(id, (d.name.clone(), key.to_owned()));
+            }
+        }
+        latencies.sort_unstable();
+        report.outcome_p50_ms = percentile(&latencies, 0.50);
+        report.outcome_p99_ms = percentile(&latencies, 0.99);
+        for d in scope.routes.destinations() {
+            report.routes.entry(d.name.clone()).or_default();
+        }
+        let ids: Vec<String> = expected.keys().cloned().collect();
+        let mut found = BTreeSet::new();
+        for state in self.outbox.states(&ids).await? {
+            let Some((destination, event_key)) = expected.get(&state.id) else { continue };
+            found.insert(state.id.clone());
+            let tally = report.routes.entry(destination.clone()).or_default();
+            match state.status.as_str() {
+                "SENT" => tally.delivered += 1,
+                "DEAD" => {
+                    tally.dead += 1;
+                    push(
+                        &mut report.dead_deliveries,
+                        Named {
+                            key: event_key.clone(),
+                            event_type: None,
+                            why: Some(format!("to {destination}: {}", state.last_error.as_deref().unwrap_or("dead"))),
+                            repair: Some(format!(
+                                "hookledger deliveries replay --event '{event_key}' --destination {destination} --reason 'audit: DEAD'"
+                            )),
+                        },
+                    );
+                }
+                _ => {
+                    tally.pending += 1;
+                    let waited = scope.now_ms - state.created_at.unwrap_or(scope.now_ms);
+                    tally.oldest_pending_ms = Some(tally.oldest_pending_ms.map_or(waited, |o| o.max(waited)));
+                }
+            }
+            let stable = crate::message::idempotency_key(event_key, &crate::routes::delivery_action(destination));
+            if state.idempotency_key != stable {
+                report.doubled += 1;
+                push(
+                    &mut report.doubled_items,
+                    Named {
+                        key: event_key.clone(),
+                        event_type: None,
+                        why: Some(format!(
+                            "delivered to {destination} under the key {}, not its (event, destination) key",
+                            state.idempotency_key
+                        )),
+                        repair: None,
+                    },
+                );
+            }
+        }
+        for id in applied_routes.difference(&found) {
+            if let Some((destination, _)) = expected.get(id) {
+                report.routes.entry(destination.clone()).or_default().never_queued += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A listed fact whose body was recorded again under another identity
+    /// (`last_body_replay_id`), both records applied: one fact, applied twice.
+    async fn doubled_by_body(&self, scope: &Scope<'_>, report: &mut Report, records: &[Row]) -> Result<(), AuditError> {
+        let applied = |r: &Row| text(r, "status") == Some("PROCESSED") && text(r, "outcome").unwrap_or("applied") == "applied";
+        let mut others = Vec::new();
+        for r in records.iter().filter(|r| applied(r)) {
+            if let (Some(key), Some(other)) = (text(r, "pk"), text(r, "last_body_replay_id")) {
+                let other = EventKey::new(scope.provider, scope.endpoint, other);
+                if other.as_str() != key {
+                    others.push((key.to_owned(), other));
+                }
+            }
+        }
+        if others.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<EventKey> = others.iter().map(|(_, o)| o.clone()).collect();
+        let found = self.ledger.records(&keys).await?;
+        for (key, other) in others {
+            if found.iter().any(|r| text(r, "pk") == Some(other.as_str()) && applied(r)) {
+                report.doubled += 1;
+                push(
+                    &mut report.doubled_items,
+                    Named {
+                        key,
+                        event_type: None,
+                        why: Some(format!("its body was applied again as {other}")),
+                        repair: None,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+}
