@@ -175,7 +175,13 @@ impl<'a> Keys<'a> {
         github_token: Option<&'a str>,
         github_api_base: &'a str,
     ) -> Self {
-        Self { api_key, api_base, github_token, github_api_base, max_body_bytes: hookledger::backfill::DEFAULT_MAX_BODY_BYTES }
+        Self {
+            api_key,
+            api_base,
+            github_token,
+            github_api_base,
+            max_body_bytes: hookledger::backfill::DEFAULT_MAX_BODY_BYTES,
+        }
     }
 
     fn of_backfill(a: &'a BackfillArgs) -> Self {

@@ -122,7 +122,8 @@ impl Report {
     /// endpoint, with the first 20 of each list).
     pub fn summary(&self) -> Self {
         let mut s = self.clone();
-        for list in [&mut s.missing_items, &mut s.dead_items, &mut s.parked_items, &mut s.doubled_items, &mut s.dead_deliveries]
+        for list in
+            [&mut s.missing_items, &mut s.dead_items, &mut s.parked_items, &mut s.doubled_items, &mut s.dead_deliveries]
         {
             list.truncate(20);
         }
@@ -229,8 +230,7 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
                 "the provider's list held more than {pages} pages: only those were audited (narrow the window)"
             ));
         }
-        let keys: Vec<EventKey> =
-            listed.keys().map(|id| EventKey::new(scope.provider, scope.endpoint, id)).collect();
+        let keys: Vec<EventKey> = listed.keys().map(|id| EventKey::new(scope.provider, scope.endpoint, id)).collect();
         let records = self.ledger.records(&keys).await?;
         let by_key: BTreeMap<&str, &Row> = records.iter().filter_map(|r| Some((text(r, "pk")?, r))).collect();
         for (id, (event_type, created_s)) in listed {
@@ -342,7 +342,8 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
             }
             let tenant = text(r, "tenant").unwrap_or(scope.tenant);
             let applied = status == Some(Status::Processed) && text(r, "outcome").unwrap_or("applied") == "applied";
-            for d in scope.routes.matching(scope.endpoint, scope.provider, tenant, event_type.as_deref().unwrap_or("")) {
+            for d in scope.routes.matching(scope.endpoint, scope.provider, tenant, event_type.as_deref().unwrap_or(""))
+            {
                 let action = crate::routes::delivery_action(&d.name);
                 let id = crate::message::outbox_id(key, &action);
                 if applied {
@@ -413,7 +414,8 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
     /// A listed fact whose body was recorded again under another identity
     /// (`last_body_replay_id`), both records applied: one fact, applied twice.
     async fn doubled_by_body(&self, scope: &Scope<'_>, report: &mut Report, records: &[Row]) -> Result<(), AuditError> {
-        let applied = |r: &Row| text(r, "status") == Some("PROCESSED") && text(r, "outcome").unwrap_or("applied") == "applied";
+        let applied =
+            |r: &Row| text(r, "status") == Some("PROCESSED") && text(r, "outcome").unwrap_or("applied") == "applied";
         let mut others = Vec::new();
         for r in records.iter().filter(|r| applied(r)) {
             if let (Some(key), Some(other)) = (text(r, "pk"), text(r, "last_body_replay_id")) {

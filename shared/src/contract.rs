@@ -1968,6 +1968,44 @@ pub async fn a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_fi
     assert!(keys.subject_events("cus_erase").await.unwrap().is_empty());
 }
 
+/// `operator_replay_in_run`: a replay in a bulk run marks its record with
+/// the run and is refused on a record the run already replayed (an
+/// interrupted run, run again, replays nothing twice); another run, or a
+/// plain replay, still may. Records and delivery items are read by key in
+/// batches, only those that exist, without payload bytes; the last audit's
+/// summary is kept per endpoint.
+pub async fn a_replay_in_a_run_is_refused_on_what_the_run_replayed_and_records_are_read_by_key<B: Backend>(b: &B) {
+    use crate::ports::{BackfillLedger, OperatorLedger, OutboxStore};
+    let (l, e) = leased(b, "in-run", "tok-1").await;
+    assert!(l.leave(&e.key, "tok-1", &Exit::Dead { reason: "r", message: "m" }, T0).await.unwrap());
+    let entry = by("ops", "bulk").in_run("replay-1");
+    let done = l.transition(&e.key, OperatorAction::Replay, &entry, T0 + 10).await.unwrap();
+    assert!(matches!(done, crate::ledger::Transitioned::Done { .. }), "{done:?}");
+    let record = b.get(e.key.as_str(), "meta").await.expect("record");
+    assert_eq!(record.get("replay_run").and_then(Value::as_str), Some("replay-1"));
+    // It dies again; the same run does not replay it twice, another run may.
+    assert!(matches!(l.lease(&e.key, "tok-2", T0 + 20, 30_000).await.unwrap(), LeaseResult::Leased(_)));
+    assert!(l.leave(&e.key, "tok-2", &Exit::Dead { reason: "r", message: "m" }, T0 + 30).await.unwrap());
+    let again = b.ledger(seed("in-run-again")).transition(&e.key, OperatorAction::Replay, &entry, T0 + 40).await;
+    assert_eq!(again.unwrap(), crate::ledger::Transitioned::Refused(Status::Dead), "the same run");
+    let other = by("ops", "bulk").in_run("replay-2");
+    let done = b.ledger(seed("in-run-other")).transition(&e.key, OperatorAction::Replay, &other, T0 + 50).await;
+    assert!(matches!(done.unwrap(), crate::ledger::Transitioned::Done { .. }), "another run");
+
+    let absent = EventKey::new("stripe", "ep", "in-run-absent");
+    let rows = l.records(&[e.key.clone(), absent]).await.unwrap();
+    assert_eq!(rows.len(), 1, "only what exists");
+    assert_eq!(rows[0].get("pk").and_then(serde_json::Value::as_str), Some(e.key.as_str()));
+    assert!(!rows[0].contains_key("body"), "no payload bytes");
+    let o = b.outbox();
+    assert!(o.states(&["outbox#none".to_owned()]).await.unwrap().is_empty());
+
+    assert_eq!(l.last_audit("ep").await.unwrap(), None);
+    l.save_audit("ep", r#"{"missing":0}"#, T0).await.unwrap();
+    l.save_audit("ep", r#"{"missing":3}"#, T0 + 1).await.unwrap();
+    assert_eq!(l.last_audit("ep").await.unwrap().as_deref(), Some(r#"{"missing":3}"#));
+}
+
 /// Runs `$run!(scenario)` for every scenario that runs on both backends.
 #[macro_export]
 macro_rules! contract_scenarios {
@@ -1988,6 +2026,7 @@ macro_rules! contract_scenarios {
         $run!(a_finished_records_entry_stays_and_the_places_are_kept);
         $run!(a_finished_records_payload_is_dropped_once_under_drop_after);
         $run!(a_data_key_is_made_once_and_an_erasure_destroys_it_and_marks_the_finished_record_once);
+        $run!(a_replay_in_a_run_is_refused_on_what_the_run_replayed_and_records_are_read_by_key);
         $run!(the_attention_index_counts_what_needs_an_operator);
         $run!(operator_transitions_leave_only_their_statuses);
         $run!(an_operator_action_and_its_audit_entry_are_one_write_listed_by_time_and_record);

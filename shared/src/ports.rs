@@ -1261,7 +1261,12 @@ pub trait BackfillLedger: Activity + Send + Sync {
     /// A scheduled backfill's state for one endpoint.
     fn schedule_state(&self, endpoint: &str) -> impl Future<Output = Result<Option<ScheduleState>, PortError>> + Send;
     /// Keeps the last scheduled audit's summary of `endpoint` (JSON).
-    fn save_audit(&self, endpoint: &str, report: &str, now_ms: i64) -> impl Future<Output = Result<(), PortError>> + Send;
+    fn save_audit(
+        &self,
+        endpoint: &str,
+        report: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
     /// The last scheduled audit's summary of `endpoint` (JSON), if any.
     fn last_audit(&self, endpoint: &str) -> impl Future<Output = Result<Option<String>, PortError>> + Send;
     fn save_schedule_state(

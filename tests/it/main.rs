@@ -25,6 +25,7 @@ mod logs;
 mod ops_faults;
 mod privacy;
 mod processor;
+mod provider_audit;
 mod queues;
 mod quiltt;
 mod race;

@@ -62,8 +62,14 @@ impl Backfills {
         let mut out = Vec::new();
         let schedules = &self.wiring.settings.backfill_schedules;
         for (endpoint, schedule) in schedules {
-            let mut ran =
-                Ran { endpoint: endpoint.clone(), window: None, summary: None, error: None, overdue: false, audit: None };
+            let mut ran = Ran {
+                endpoint: endpoint.clone(),
+                window: None,
+                summary: None,
+                error: None,
+                overdue: false,
+                audit: None,
+            };
             if self.wiring.ambient().past(deadline) {
                 // Not run: still counted if it falls behind (a starved schedule alarms).
                 ran.error = Some("not run: the invocation's time was used up".into());
@@ -172,12 +178,18 @@ impl Backfills {
                 (audited.listed, audited.missing, audited.doubled, audited.dead) =
                     (report.listed, report.missing, report.doubled, report.dead);
                 let summary = serde_json::to_string(&report.summary()).unwrap_or_default();
-                if let Err(e) = hookledger::ports::BackfillLedger::save_audit(&self.ledger, endpoint, &summary, now_ms).await
+                if let Err(e) =
+                    hookledger::ports::BackfillLedger::save_audit(&self.ledger, endpoint, &summary, now_ms).await
                 {
                     tracing::warn!(endpoint, error = %e, "audit summary not kept; the next run writes it");
                 }
                 if report.failed() {
-                    tracing::warn!(endpoint, missing = report.missing, doubled = report.doubled, "audit: events missing or doubled");
+                    tracing::warn!(
+                        endpoint,
+                        missing = report.missing,
+                        doubled = report.doubled,
+                        "audit: events missing or doubled"
+                    );
                 }
             }
             Err(e) => {

@@ -113,7 +113,10 @@ impl RecordFilter {
         let text = |k: &str| row.get(k).and_then(serde_json::Value::as_str);
         let provider = text("provider").or_else(|| text("pk").and_then(|pk| pk.split('#').nth(1)));
         self.provider.as_deref().is_none_or(|p| provider == Some(p))
-            && self.event_type.as_deref().is_none_or(|g| text("event_type").is_some_and(|t| Glob::new(Some(g)).matches(t)))
+            && self
+                .event_type
+                .as_deref()
+                .is_none_or(|g| text("event_type").is_some_and(|t| Glob::new(Some(g)).matches(t)))
     }
 
     fn literal_type(&self) -> Option<&str> {
@@ -159,7 +162,8 @@ impl<Q: WorkQueue, L: OperatorLedger> Ops<Q, L> {
                 rows.extend(got.into_iter().filter(|r| filter.passes(r)));
             }
         }
-        let keys: Vec<EventKey> = rows.iter().filter_map(|r| text(r, "pk")).filter_map(|pk| EventKey::from_stored(&pk)).collect();
+        let keys: Vec<EventKey> =
+            rows.iter().filter_map(|r| text(r, "pk")).filter_map(|pk| EventKey::from_stored(&pk)).collect();
         let records = self.ledger.records(&keys).await?;
         let run = filter.run();
         let mut selection = Selection::default();

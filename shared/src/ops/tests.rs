@@ -564,3 +564,74 @@ async fn erase_destroys_a_finished_events_key_once_leaves_one_in_flight_and_work
         Err(EraseError::NoKeyStore)
     ));
 }
+
+// -------------------------------------------------------------- replay by filter
+
+/// Issue 49.4: a replay by filter counts first (the dry run's count is what
+/// the run replays), replays in batches, each audited in the run; a run
+/// interrupted after its first batch and started again replays the rest
+/// and nothing twice, even what it replayed and that died again.
+#[tokio::test]
+async fn a_replay_by_filter_counts_first_and_an_interrupted_run_run_again_replays_nothing_twice() {
+    use super::bulk::RecordFilter;
+    let (ledger, queue, ops) = ops();
+    for i in 0..7 {
+        ledger.add(
+            &key(&format!("evt_dead_{i}")),
+            Status::Dead,
+            NOW - 10_000 + i,
+            json!({"event_type": "invoice.paid"}),
+        );
+    }
+    ledger.add(&key("evt_other_type"), Status::Dead, NOW - 9_000, json!({"event_type": "charge.refunded"}));
+    ledger.add(&EventKey::new("github", "gh", "d-1"), Status::Dead, NOW - 9_000, json!({"event_type": "invoice.paid"}));
+    ledger.add(&key("evt_parked"), Status::Parked, NOW - 8_000, json!({"event_type": "invoice.payment_failed"}));
+    ledger.add(
+        &key("evt_unfetchable"),
+        Status::Parked,
+        NOW - 8_000,
+        json!({"event_type": "invoice.paid", "payload_stored": false, "park_reason": "backfill_unrecoverable:gone"}),
+    );
+    let filter = RecordFilter {
+        provider: Some("stripe".into()),
+        event_type: Some("invoice.*".into()),
+        reason: "the API key is fixed".into(),
+        ..RecordFilter::default()
+    };
+    filter.check().unwrap();
+    let (counted, partial) = ops.matching(&filter, 100).await.unwrap();
+    assert!(!partial);
+    assert_eq!(counted.records.len(), 8, "seven DEAD and one PARKED invoice event of stripe: {counted:?}");
+    assert_eq!(counted.need_their_source, vec![key("evt_unfetchable").as_str().to_owned()]);
+    let caller = crate::audit::Caller::named("alice");
+
+    // The first batch, then the run stops.
+    let first = ops.replay_batch(&filter, &counted.records[..3], &caller, NOW).await.unwrap();
+    assert_eq!(first, super::bulk::Replayed { replayed: 3, skipped: 0 });
+    // One of those dies again before the run is started again.
+    let died = EventKey::from_stored(&counted.records[0].key).unwrap();
+    ledger.edit(&died, |i| {
+        let s = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.into());
+        i.insert("status".into(), s("DEAD"));
+        i.insert("attn_shard".into(), s(&format!("attn#{:03}", died.shard(SHARDS))));
+        i.insert("attn_at".into(), aws_sdk_dynamodb::types::AttributeValue::N((NOW - 10_000).to_string()));
+    });
+    let (again, _) = ops.matching(&filter, 100).await.unwrap();
+    assert_eq!(again.records.len(), 5, "the rest: {again:?}");
+    assert_eq!(again.replayed_by_this_run, 1, "the one that died again is this run's already");
+    // Even replayed against a stale count, the condition refuses it.
+    let stale = ops.replay_batch(&filter, &counted.records, &caller, NOW + 1).await.unwrap();
+    assert_eq!(stale, super::bulk::Replayed { replayed: 5, skipped: 3 });
+    let mut queued: Vec<String> = queue.keys().iter().map(|k| k.as_str().to_owned()).collect();
+    queued.sort();
+    queued.dedup();
+    assert_eq!(queue.keys().len(), 8, "each replayed once: {queued:?}");
+    let page = ledger.audit_page(0, NOW + 2, None, 100).await.unwrap();
+    assert_eq!(page.entries.len(), 8);
+    assert!(page.entries.iter().all(|e| e.run.as_deref() == Some(filter.run().as_str()) && e.verb == "replay"));
+    // Another reason is another run: it may replay what died again.
+    let next = RecordFilter { reason: "again".into(), ..filter.clone() };
+    assert_ne!(next.run(), filter.run());
+    assert_eq!(ops.matching(&next, 100).await.unwrap().0.records.len(), 1);
+    assert!(RecordFilter { statuses: vec![Status::Processed], ..filter.clone() }.check().is_err());
+}

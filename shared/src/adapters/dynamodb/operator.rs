@@ -278,7 +278,15 @@ impl OperatorLedger for DynamoLedger {
     ) -> Result<Transitioned, PortError> {
         let token = self.ambient.token();
         let entry = audit::on_record(entry, action.name(), key, &token, now_ms);
-        let update = cond::operator(action, &entry.operator, &entry.reason, entry.run.as_deref(), &token, now_ms, key.shard(self.shards()));
+        let update = cond::operator(
+            action,
+            &entry.operator,
+            &entry.reason,
+            entry.run.as_deref(),
+            &token,
+            now_ms,
+            key.shard(self.shards()),
+        );
         let item = audit::update_item(self.table(), key.as_str(), META_SK, update);
         match self.audited(vec![item], &entry).await? {
             Audited::Done => Ok(transitioned(&self.read_meta(key).await?.unwrap_or_default())),

@@ -1188,7 +1188,15 @@ impl OperatorLedger for MemLedger {
         use crate::adapters::dynamodb::audit::{self, Audited};
         let token = self.0.ambient.token();
         let entry = audit::on_record(entry, action.name(), key, &token, now_ms);
-        let update = cond::operator(action, &entry.operator, &entry.reason, entry.run.as_deref(), &token, now_ms, key.shard(self.0.shards));
+        let update = cond::operator(
+            action,
+            &entry.operator,
+            &entry.reason,
+            entry.run.as_deref(),
+            &token,
+            now_ms,
+            key.shard(self.0.shards),
+        );
         let name = update.name();
         let item = audit::update_item("memory", key.as_str(), META_SK, update);
         match self.0.audited("operator.transition", vec![item], &entry, &[name])? {
