@@ -256,7 +256,8 @@ async fn filtered_replay_shows_progress_and_park_and_resolve_are_conditional() {
         stack.cli(&["replay", "--status", "parked", "--operator", "bo", "--reason", "incident over", "--json"]).await;
     r.unwrap();
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!((v["selected"].as_u64(), v["done"].as_u64()), (Some(2), Some(2)), "{v}");
+    assert_eq!((v["replayed"].as_u64(), v["skipped"].as_u64()), (Some(2), Some(0)), "{v}");
+    assert!(v["run"].as_str().unwrap().starts_with("replay-"), "a replay by filter is a run: {v}");
     // Both parked records are RETRYABLE now.
     let (r, out) = stack.cli(&["resolve", dead, "--operator", "bo", "--reason", "fixed by hand"]).await;
     assert_eq!(

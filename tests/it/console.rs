@@ -257,3 +257,54 @@ async fn a_bulk_replay_asks_first_then_works_through_the_filter_with_progress() 
     let form = [("action", "replay"), ("reason", "all of it"), ("csrf", token.as_str())];
     assert_eq!(c.post(format!("{base}/bulk")).form(&form).send().await.unwrap().status(), 400);
 }
+
+/// Issue 49: the console's replay by filter shows the count and the run
+/// first, replays in the run, and the same filter and reason again find
+/// nothing left to replay; the audit page shows each endpoint's last
+/// scheduled audit, its missing and DEAD identities linked or with their
+/// repair.
+#[tokio::test]
+async fn a_console_replay_by_filter_counts_first_and_the_audit_page_lists_what_is_missing() {
+    use hookledger::ports::BackfillLedger;
+    let (stack, _fake, _source) = populated().await;
+    let (base, _) = console(&stack).await;
+    let c = http();
+    let token = token_of(&c.get(format!("{base}/records?status=DEAD")).send().await.unwrap().text().await.unwrap());
+    let mut form = vec![("status", "DEAD"), ("action", "replay"), ("reason", "fixed upstream"), ("csrf", &token)];
+    let page = c.post(format!("{base}/bulk")).form(&form).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("replay 1 record(s) matching the filter") && page.contains("(run replay-"), "{page}");
+    form.push(("confirm", "yes"));
+    let r = c.post(format!("{base}/bulk")).form(&form).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    let job = format!("{base}{}", r.headers()["location"].to_str().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = c.get(&job).send().await.unwrap().text().await.unwrap();
+        if page.contains("finished") {
+            assert!(page.contains("1 of 1: 1 done, 0 failed"), "{page}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rec = stack.record(&EventKey::from_stored(DEAD).unwrap()).await;
+    assert_eq!(s(&rec, "status"), "RETRYABLE");
+    assert!(s(&rec, "replay_run").starts_with("replay-"), "marked with its run");
+
+    let page = c.get(format!("{base}/audit")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("id=audit-none"), "{page}");
+    let report = serde_json::json!({
+        "endpoint": "stripe-a", "provider": "stripe", "since": 1_000, "until": 2_000, "at_ms": 2_000_000,
+        "provider_truth": true, "listed": 50, "recorded": 47, "applied": 46, "ignored": 0, "parked": 0, "dead": 1,
+        "in_flight": 0, "missing": 3, "doubled": 0, "outcomes": {}, "routes": {}, "outcome_p50_ms": 10,
+        "outcome_p99_ms": 90, "pages": 1, "notes": [], "parked_items": [], "doubled_items": [], "dead_deliveries": [],
+        "missing_items": [{"key": "evt#stripe#stripe-a#evt_gone", "event_type": "invoice.paid", "why": "listed",
+            "repair": "hookledger backfill --endpoint stripe-a --since 1500 --until 1501"}],
+        "dead_items": [{"key": DEAD, "event_type": null, "why": "permanent", "repair": "hookledger replay"}],
+    });
+    stack.ledger().save_audit("stripe-a", &report.to_string(), 2_000_000).await.unwrap();
+    let page = c.get(format!("{base}/audit")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("id=\"audit-stripe-a\"") && page.contains("missing or doubled"), "{page}");
+    assert!(page.contains("evt#stripe#stripe-a#evt_gone") && page.contains("hookledger backfill --endpoint stripe-a"), "{page}");
+    assert!(page.contains(&format!("href=\"/record?key={}\"", hookledger_cli::console::html::url(DEAD))), "{page}");
+}

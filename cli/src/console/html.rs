@@ -53,7 +53,7 @@ pub fn page(title: &str, operator: &str, body: &str, refresh: Option<u32>) -> St
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>{t} · Hookledger</title>{refresh}\
          <style>{STYLE}</style></head><body><header><a href=\"/\"><b>Hookledger</b></a><a href=\"/\">Overview</a>\
          <a href=\"/records?status=DEAD\">Dead</a><a href=\"/records?status=PARKED\">Parked</a>\
-         <a href=\"/records?status=RETRYABLE\">Retrying</a><a href=\"/destinations\">Destinations</a>\
+         <a href=\"/records?status=RETRYABLE\">Retrying</a><a href=\"/destinations\">Destinations</a><a href=\"/audit\">Audit</a>\
          <form class=inline action=\"/search\" method=get><input name=q id=search placeholder=\"event id or key\" size=32>\
          <button type=submit id=search-go>Find</button></form><span class=who>operator: {op}</span></header>\
          <main><h1>{t}</h1>{body}</main></body></html>",

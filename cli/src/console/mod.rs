@@ -158,6 +158,7 @@ fn router(app: Shared) -> Router {
         .route("/jobs/{id}", get(job))
         .route("/destinations", get(destinations))
         .route("/destinations/replay", post(replay_deliveries))
+        .route("/audit", get(audit))
         .fallback(|| async { html(StatusCode::NOT_FOUND, "<h1>not found</h1>".into()) })
         .with_state(app)
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
@@ -646,6 +647,9 @@ async fn bulk(State(app): State<Shared>, Form(f): Form<Params>) -> Response {
     {
         return error_page(&app, StatusCode::BAD_REQUEST, "choose a filter first (status, endpoint, type or subject)");
     }
+    if action == "replay" {
+        return bulk_replay(app, f, filter, reason).await;
+    }
     let keys: Vec<String> = match app.console.ops.list(&filter).await {
         Ok((rows, _)) => rows.iter().map(|r| field(r, "pk")).filter(|k| !k.is_empty()).collect(),
         Err(e) => return error_page(&app, StatusCode::BAD_GATEWAY, &e.to_string()),
@@ -697,6 +701,83 @@ async fn bulk(State(app): State<Shared>, Form(f): Form<Params>) -> Response {
     see_other(&format!("/jobs/{id}"))
 }
 
+/// A replay by filter as the CLI's (`hookledger replay --status ...`): the
+/// count and a sample first, then the run in batches, each replay audited
+/// in the run; the same filter and reason again resume it, never replaying
+/// twice what it replayed.
+async fn bulk_replay(app: Shared, f: Params, filter: ListFilter, reason: String) -> Response {
+    use hookledger::ops::bulk::RecordFilter;
+    let filter = RecordFilter {
+        endpoint: filter.endpoint,
+        event_type: filter.event_type,
+        subject: filter.subject,
+        statuses: filter.statuses,
+        reason: reason.clone(),
+        ..RecordFilter::default()
+    };
+    if let Err(e) = filter.check() {
+        return error_page(&app, StatusCode::BAD_REQUEST, &e);
+    }
+    let (selection, _) = match app.console.ops.matching(&filter, BULK_MAX).await {
+        Ok(found) => found,
+        Err(e) => return error_page(&app, StatusCode::BAD_GATEWAY, &e.to_string()),
+    };
+    let count = selection.records.len();
+    if param(&f, "confirm") != "yes" {
+        let sample: String = selection.records.iter().take(10).map(|m| format!("<li>{}</li>", esc(&m.key))).collect();
+        let skipped = if selection.replayed_by_this_run > 0 {
+            format!(" {} replayed by this run before are left out.", selection.replayed_by_this_run)
+        } else {
+            String::new()
+        };
+        let body = format!(
+            "<p id=bulk-count>replay {count} record(s) matching the filter, with the reason <b>{}</b>, as {} \
+             (run {}).{skipped}</p><ul>{sample}</ul>\
+             <form method=post action=\"/bulk\">{}{}<input type=hidden name=action value=replay>\
+             <input type=hidden name=reason value=\"{}\"><input type=hidden name=confirm value=yes>\
+             <button type=submit class=danger id=confirm>replay {count}</button> <a href=\"/records\">cancel</a></form>",
+            esc(&reason),
+            esc(&app.console.operator),
+            esc(&filter.run()),
+            csrf(app.guard.token()),
+            hidden_filter(&f),
+            esc(&reason),
+        );
+        return html(StatusCode::OK, page("Confirm", &app.console.operator, &body, None));
+    }
+    let id = {
+        let mut jobs = app.console.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.push(Job { action: "replay".into(), total: count, ..Job::default() });
+        jobs.len() - 1
+    };
+    let worker = app.clone();
+    tokio::spawn(async move {
+        for batch in selection.records.chunks(10) {
+            let result = worker.console.ops.replay_batch(&filter, batch, &worker.console.caller, now_ms()).await;
+            let mut jobs = worker.console.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let job = &mut jobs[id];
+            match result {
+                Ok(done) => {
+                    job.done += done.replayed;
+                    job.failed += done.skipped;
+                    if done.skipped > 0 && job.errors.len() < 20 {
+                        job.errors.push(format!("{} moved meanwhile (left as they are)", done.skipped));
+                    }
+                }
+                Err(e) => {
+                    job.failed += batch.len();
+                    if job.errors.len() < 20 {
+                        job.errors.push(e.to_string());
+                    }
+                }
+            }
+        }
+        let mut jobs = worker.console.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs[id].finished = true;
+    });
+    see_other(&format!("/jobs/{id}"))
+}
+
 async fn job(State(app): State<Shared>, Path(id): Path<usize>) -> Response {
     let Some(job) = app.console.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned() else {
         return error_page(&app, StatusCode::NOT_FOUND, "no such job");
@@ -716,6 +797,98 @@ async fn job(State(app): State<Shared>, Path(id): Path<usize>) -> Response {
     }
     let refresh = (!job.finished).then_some(1);
     html(StatusCode::OK, page(&format!("Bulk {}", job.action), &app.console.operator, &body, refresh))
+}
+
+/// The last scheduled audit of each configured endpoint (kept by the
+/// reconciler, `audit_window_secs`): its counts, its missing, doubled, DEAD
+/// and PARKED identities, each linked to its record or with the command
+/// that repairs it.
+async fn audit(State(app): State<Shared>) -> Response {
+    use hookledger::completeness::Report;
+    use hookledger::ports::BackfillLedger;
+    let mut body = String::new();
+    let mut any = false;
+    for (endpoint, _) in &app.console.endpoints {
+        let report = match app.console.ledger.last_audit(endpoint).await {
+            Ok(Some(raw)) => match serde_json::from_str::<Report>(&raw) {
+                Ok(r) => r,
+                Err(e) => {
+                    body.push_str(&format!("<p class=error>{}: unreadable audit ({})</p>", esc(endpoint), esc(&e.to_string())));
+                    continue;
+                }
+            },
+            Ok(None) => continue,
+            Err(e) => return error_page(&app, StatusCode::BAD_GATEWAY, &e.to_string()),
+        };
+        any = true;
+        let verdict = if report.failed() { "<b class=error>missing or doubled</b>" } else { "complete" };
+        body.push_str(&format!(
+            "<section class=audit id=\"audit-{e}\"><h2>{e} ({p})</h2><p>window {since} – {until}, audited {at} ago: {verdict}</p>",
+            e = esc(endpoint),
+            p = esc(&report.provider),
+            since = when(report.since * 1000),
+            until = when(report.until * 1000),
+            at = ago(now_ms() - report.at_ms),
+        ));
+        let figures = [
+            ("listed", report.listed),
+            ("recorded", report.recorded),
+            ("applied", report.applied),
+            ("ignored", report.ignored),
+            ("in flight", report.in_flight),
+            ("parked", report.parked),
+            ("dead", report.dead),
+            ("missing", report.missing),
+            ("doubled", report.doubled),
+        ];
+        body.push_str(&figures.iter().map(|(l, v)| fig(l, v.to_string())).collect::<String>());
+        for (name, t) in &report.routes {
+            body.push_str(&format!(
+                "<p>route {}: delivered {}, pending {}{}, dead {}, never queued {}</p>",
+                esc(name),
+                t.delivered,
+                t.pending,
+                t.oldest_pending_ms.map_or(String::new(), |a| format!(" (oldest {})", ago(a))),
+                t.dead,
+                t.never_queued
+            ));
+        }
+        for (title, items, linked) in [
+            ("Missing", &report.missing_items, false),
+            ("Doubled", &report.doubled_items, true),
+            ("Dead", &report.dead_items, true),
+            ("Parked", &report.parked_items, true),
+            ("Dead deliveries", &report.dead_deliveries, true),
+        ] {
+            if items.is_empty() {
+                continue;
+            }
+            let rows: String = items
+                .iter()
+                .map(|n| {
+                    let key = if linked { record_link(&n.key) } else { esc(&n.key) };
+                    let repair = n.repair.as_deref().map(|r| format!("<code>{}</code>", esc(r))).unwrap_or_default();
+                    format!(
+                        "<li>{key} {} {} {repair}</li>",
+                        esc(n.event_type.as_deref().unwrap_or("")),
+                        esc(n.why.as_deref().unwrap_or(""))
+                    )
+                })
+                .collect();
+            body.push_str(&format!("<h3>{title}</h3><ul class=\"audit-{}\">{rows}</ul>", title.to_lowercase().replace(' ', "-")));
+        }
+        for note in &report.notes {
+            body.push_str(&format!("<p>{}</p>", esc(note)));
+        }
+        body.push_str("</section>");
+    }
+    if !any {
+        body.push_str(
+            "<p id=audit-none>No scheduled audit yet: set <code>audit_window_secs</code> on an endpoint's \
+             schedule in HOOKLEDGER_BACKFILL, or run <code>hookledger audit --endpoint E --since T</code>.</p>",
+        );
+    }
+    html(StatusCode::OK, page("Audit", &app.console.operator, &body, None))
 }
 
 /// Items a destination's census reads per partition.
