@@ -79,6 +79,7 @@ pub async fn run(args: AuditArgs, wiring: &Wiring, json: bool, out: &mut (dyn Wr
         until_s: until,
         routes: &wiring.settings.routes,
         now_ms,
+        types: Default::default(),
     };
     let audit = Audit { ledger: &ledger, outbox: &outbox };
     let keys = Keys::new(args.api_key.as_deref(), &args.api_base, args.github_token.as_deref(), &args.github_api_base);

@@ -49,6 +49,9 @@ pub struct Scope<'a> {
     pub until_s: i64,
     pub routes: &'a Routes,
     pub now_ms: i64,
+    /// Event types the provider listed, by event key (a record without its
+    /// own type is routed by it).
+    pub types: BTreeMap<String, String>,
 }
 
 /// One identity the report names, and what repairs it.
@@ -222,6 +225,14 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
         pages: u32,
         partial: bool,
     ) -> Result<Report, AuditError> {
+        let mut scope = scope.clone();
+        scope.types = listed
+            .iter()
+            .filter_map(|(id, (t, _))| {
+                Some((EventKey::new(scope.provider, scope.endpoint, id).as_str().to_owned(), t.clone()?))
+            })
+            .collect();
+        let scope = &scope;
         let mut report = self.empty(scope, true);
         report.pages = pages;
         report.listed = listed.len() as u64;
@@ -342,11 +353,17 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
             }
             let tenant = text(r, "tenant").unwrap_or(scope.tenant);
             let applied = status == Some(Status::Processed) && text(r, "outcome").unwrap_or("applied") == "applied";
-            for d in scope.routes.matching(scope.endpoint, scope.provider, tenant, event_type.as_deref().unwrap_or(""))
-            {
+            // The record's type, else the provider's (the list's): without
+            // either, every destination is read (what exists is counted).
+            let known = event_type.as_deref().or_else(|| scope.types.get(key).map(String::as_str));
+            let destinations = match known {
+                Some(t) => scope.routes.matching(scope.endpoint, scope.provider, tenant, t),
+                None => scope.routes.destinations().iter().collect(),
+            };
+            for d in destinations {
                 let action = crate::routes::delivery_action(&d.name);
                 let id = crate::message::outbox_id(key, &action);
-                if applied {
+                if applied && known.is_some() {
                     applied_routes.insert(id.clone());
                 }
                 expected.insert(id, (d.name.clone(), key.to_owned()));
@@ -445,5 +462,55 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::memory::World;
+    use crate::clock::Ambient;
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    /// Without a provider's list: the endpoint's DEAD and PARKED records
+    /// received in the window (others' and older ones left out), and a note
+    /// that completeness cannot be proven; nothing is "missing".
+    #[tokio::test]
+    async fn without_a_list_the_audit_shows_what_the_ledger_holds_and_says_it_proves_nothing() {
+        let w = World::new(Ambient::fixed(NOW, 1)).with_shards(4);
+        let l = w.ledger();
+        let key = |ep: &str, id: &str| EventKey::new("slack", ep, id);
+        l.add(&key("hooks", "a"), Status::Dead, NOW - 60_000, serde_json::json!({"dead_reason": "permanent"}));
+        l.add(&key("hooks", "b"), Status::Parked, NOW - 50_000, serde_json::json!({"park_reason": "gap"}));
+        l.add(&key("hooks", "old"), Status::Dead, NOW - 7_200_000, serde_json::json!({}));
+        l.add(&key("other", "c"), Status::Dead, NOW - 60_000, serde_json::json!({}));
+        let routes = Routes::none();
+        let scope = Scope {
+            provider: "slack",
+            endpoint: "hooks",
+            tenant: "hooks",
+            since_s: (NOW - 3_600_000) / 1000,
+            until_s: NOW / 1000,
+            routes: &routes,
+            now_ms: NOW,
+            types: BTreeMap::new(),
+        };
+        let outbox = w.outbox();
+        let r = Audit { ledger: &l, outbox: &outbox }.without_list(&scope).await.unwrap();
+        assert!(!r.provider_truth && !r.failed());
+        assert_eq!((r.dead, r.parked, r.missing, r.recorded), (1, 1, 0, 2), "{r:?}");
+        assert_eq!(r.dead_items[0].key, key("hooks", "a").as_str());
+        assert_eq!(r.dead_items[0].why.as_deref(), Some("permanent"));
+        assert!(r.dead_items[0].repair.as_deref().unwrap().starts_with("hookledger replay"));
+        assert!(r.notes[0].contains("cannot be proven"), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!((percentile(&v, 0.5), percentile(&v, 0.99)), (Some(50), Some(99)));
+        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&[7], 0.99), Some(7));
     }
 }

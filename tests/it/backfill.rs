@@ -765,14 +765,16 @@ pub async fn scheduled_stripe_backfill() -> World {
     assert_eq!(w.deliver(webhook_of(&events[1]), 0).await, Some(202));
     *w.fake.other_key.lock().unwrap() = Some(std::env::var("PATH").unwrap());
     let base = w.fake_base();
-    let env = move |k: &str| match k {
+    let env = move |k: &str| {
+        match k {
         "HOOKLEDGER_BACKFILL" => Some(
-            r#"{"stripe-a": {"provider": "stripe", "tenant": "tenant-a", "lag_secs": 0, "lookback_secs": 3600}}"#
+            r#"{"stripe-a": {"provider": "stripe", "tenant": "tenant-a", "lag_secs": 0, "lookback_secs": 3600, "audit_window_secs": 3600}}"#
                 .to_owned(),
         ),
         "HOOKLEDGER_STRIPE_API_KEY" => Some("env:PATH".to_owned()),
         "HOOKLEDGER_STRIPE_API_BASE" => Some(base.clone()),
         _ => None,
+    }
     };
     let backfills = scheduled(&w, env).unwrap();
     let now_ms = w.now + 1_000;
@@ -780,7 +782,23 @@ pub async fn scheduled_stripe_backfill() -> World {
     let ran = backfills.run(now_ms, Instant::now() + Duration::from_secs(20)).await;
     let s = ran[0].summary.clone().unwrap();
     assert_eq!((s.seen, s.already_recorded, s.recovered, s.complete), (3, 1, 2, true), "{ran:?}");
-    let state = w.stack.items().await.into_iter().find(|i| text(i, "pk") == "backfill#stripe-a").unwrap();
+    // The scheduled audit after it: all three listed and recorded (two in flight).
+    let audited = ran[0].audit.as_ref().expect("audited");
+    assert_eq!(
+        (audited.listed, audited.missing, audited.doubled, audited.error.as_deref()),
+        (3, 0, 0, None),
+        "{ran:?}"
+    );
+    let kept = hookledger::ports::BackfillLedger::last_audit(&w.stack.ledger(), "stripe-a").await.unwrap().unwrap();
+    let kept: hookledger::completeness::Report = serde_json::from_str(&kept).unwrap();
+    assert_eq!((kept.listed, kept.recorded, kept.provider_truth), (3, 3, true));
+    let state = w
+        .stack
+        .items()
+        .await
+        .into_iter()
+        .find(|i| text(i, "pk") == "backfill#stripe-a" && text(i, "sk") == "schedule")
+        .unwrap();
     assert_eq!(n(&state, "high_water"), now_ms / 1000);
     drain_processor(&mut w).await;
     assert_eq!(balance(&w).await.1, 3);

@@ -305,6 +305,9 @@ async fn a_console_replay_by_filter_counts_first_and_the_audit_page_lists_what_i
     stack.ledger().save_audit("stripe-a", &report.to_string(), 2_000_000).await.unwrap();
     let page = c.get(format!("{base}/audit")).send().await.unwrap().text().await.unwrap();
     assert!(page.contains("id=\"audit-stripe-a\"") && page.contains("missing or doubled"), "{page}");
-    assert!(page.contains("evt#stripe#stripe-a#evt_gone") && page.contains("hookledger backfill --endpoint stripe-a"), "{page}");
+    assert!(
+        page.contains("evt#stripe#stripe-a#evt_gone") && page.contains("hookledger backfill --endpoint stripe-a"),
+        "{page}"
+    );
     assert!(page.contains(&format!("href=\"/record?key={}\"", hookledger_cli::console::html::url(DEAD))), "{page}");
 }

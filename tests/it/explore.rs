@@ -217,6 +217,8 @@ pub struct World {
     pub routed_topic_queue: String,
     /// The routes' HTTPS destination: a consumer on a local port.
     pub sink: Arc<crate::webhook_sink::Sink>,
+    /// The HTTPS destination's URL (the sink's).
+    pub sink_url: String,
     /// The delivery queue (`deliveries-…`), the delays its messages were
     /// sent with, and the messages the harness holds.
     deliveries_url: String,
@@ -370,6 +372,7 @@ impl World {
             routed_bus_queue: String::new(),
             routed_topic_queue: String::new(),
             sink,
+            sink_url: sink_url.clone(),
             deliveries_url,
             delays,
             delivering: Vec::new(),
@@ -1040,7 +1043,7 @@ pub fn envelope_of(destination: &str, m: serde_json::Value) -> serde_json::Value
 /// third queue is subscribed to, and an HTTPS sink limited to 50 a second
 /// and 4 in flight. Their ARNs only: the resources are made by
 /// [`World::create_routed_destinations`], in the worlds whose events route.
-fn routes_of(stack: &Stack, sink_url: &str) -> Arc<hookledger::routes::Routes> {
+pub fn routes_of(stack: &Stack, sink_url: &str) -> Arc<hookledger::routes::Routes> {
     let id = &stack.table[3..];
     let json = serde_json::json!({
         "destinations": {

@@ -214,6 +214,7 @@ async fn the_audits_requests_grow_with_the_listed_events_not_with_the_table() {
         until_s: window.until_s,
         routes: &routes,
         now_ms: w.now,
+        types: Default::default(),
     };
     let mut written = 0;
     let mut counts = Vec::new();
@@ -242,4 +243,92 @@ async fn the_audits_requests_grow_with_the_listed_events_not_with_the_table() {
     }
     assert!(counts[0].values().sum::<u64>() > 0, "{counts:?}");
     assert_eq!(counts[0], counts[1], "requests beside 100 and 10,000 unrelated records");
+}
+
+/// Issue 49: a route whose destination is down shows its deliveries
+/// pending (with the oldest's age), then delivered once it is back.
+#[tokio::test]
+async fn a_route_whose_destination_is_down_shows_pending_then_delivered() {
+    use std::sync::atomic::Ordering;
+    let mut w = World::new(51).await;
+    w.create_routed_destinations().await;
+    let now_s = w.now / 1000;
+    let events: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({"id": format!("evt_rt_{i}"), "object": "event", "type": "product.created", "created": now_s - 60 + i,
+                   "data": {"object": {"id": format!("prod_{i}")}}, "pending_webhooks": 0})
+        })
+        .collect();
+    *w.fake.events.lock().unwrap() = events.clone();
+    for v in &events {
+        let body = serde_json::to_vec(v).unwrap();
+        w.seed("stripe", "stripe-a", v["id"].as_str().unwrap(), &body, true).await;
+    }
+    drain_processor(&mut w).await;
+    // The HTTPS partner is down: its first attempts fail.
+    w.sink.status.store(503, Ordering::SeqCst);
+    w.poll_deliveries().await;
+    for i in (0..w.delivering.len()).rev() {
+        w.deliver_one(i).await;
+    }
+    let routes = crate::explore::routes_of(&w.stack, &w.sink_url);
+    let source = hookledger::adapters::stripe::StripeEvents::new(
+        w.fake_base(),
+        hookledger::secret::Secret::new("sk_test_fake"),
+        None,
+    )
+    .unwrap();
+    let window = Window { since_s: now_s - 3_600, until_s: now_s + 1, types: vec![] };
+    let audit_now = |w: &World| {
+        let ledger = w.stack.ledger().with_shards(SHARDS);
+        let (routes, source, window) = (routes.clone(), &source, window.clone());
+        let now = w.now;
+        async move {
+            let outbox = DynamoOutbox::on(ledger.clone());
+            let scope = Scope {
+                provider: "stripe",
+                endpoint: "stripe-a",
+                tenant: "tenant-a",
+                since_s: window.since_s,
+                until_s: window.until_s,
+                routes: &routes,
+                now_ms: now + 30_000,
+                types: Default::default(),
+            };
+            let (list, pages, partial) = listed(source, &window, 10).await.unwrap();
+            Audit { ledger: &ledger, outbox: &outbox }.of_listed(&scope, &list, pages, partial).await.unwrap()
+        }
+    };
+    let down = audit_now(&w).await;
+    assert_eq!((down.listed, down.recorded, down.missing), (3, 3, 0), "{down:?}");
+    let hooks = &down.routes["hooks"];
+    assert_eq!((hooks.pending, hooks.delivered, hooks.dead), (3, 0, 0), "{down:?}");
+    assert!(hooks.oldest_pending_ms.is_some_and(|a| a >= 30_000), "{down:?}");
+    // Back: the sweep and the dispatcher send them.
+    w.sink.status.store(200, Ordering::SeqCst);
+    w.converge().await;
+    let back = audit_now(&w).await;
+    let hooks = &back.routes["hooks"];
+    assert_eq!((hooks.pending, hooks.delivered, hooks.dead, hooks.never_queued), (0, 3, 0, 0), "{back:?}");
+    for name in ["queue", "bus", "topic"] {
+        assert_eq!(back.routes[name].delivered, 3, "{name}: {back:?}");
+    }
+    assert!(!back.failed());
+    // Planted: one delivery sent under another key than its (event, destination) one.
+    let key = hookledger::identity::EventKey::new("stripe", "stripe-a", "evt_rt_1");
+    let id = hookledger::message::outbox_id(key.as_str(), &hookledger::routes::delivery_action("hooks"));
+    w.stack
+        .ddb
+        .update_item()
+        .table_name(&w.stack.table)
+        .key("pk", AttributeValue::S(id))
+        .key("sk", AttributeValue::S("outbox".into()))
+        .update_expression("SET idempotency_key = :k")
+        .expression_attribute_values(":k", AttributeValue::S("another-key".into()))
+        .send()
+        .await
+        .unwrap();
+    let doubled = audit_now(&w).await;
+    assert_eq!(doubled.doubled, 1, "{doubled:?}");
+    assert!(doubled.failed() && doubled.doubled_items[0].why.as_deref().unwrap().contains("another-key"));
 }

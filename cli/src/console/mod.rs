@@ -813,7 +813,11 @@ async fn audit(State(app): State<Shared>) -> Response {
             Ok(Some(raw)) => match serde_json::from_str::<Report>(&raw) {
                 Ok(r) => r,
                 Err(e) => {
-                    body.push_str(&format!("<p class=error>{}: unreadable audit ({})</p>", esc(endpoint), esc(&e.to_string())));
+                    body.push_str(&format!(
+                        "<p class=error>{}: unreadable audit ({})</p>",
+                        esc(endpoint),
+                        esc(&e.to_string())
+                    ));
                     continue;
                 }
             },
@@ -875,7 +879,10 @@ async fn audit(State(app): State<Shared>) -> Response {
                     )
                 })
                 .collect();
-            body.push_str(&format!("<h3>{title}</h3><ul class=\"audit-{}\">{rows}</ul>", title.to_lowercase().replace(' ', "-")));
+            body.push_str(&format!(
+                "<h3>{title}</h3><ul class=\"audit-{}\">{rows}</ul>",
+                title.to_lowercase().replace(' ', "-")
+            ));
         }
         for note in &report.notes {
             body.push_str(&format!("<p>{}</p>", esc(note)));

@@ -160,6 +160,7 @@ impl Backfills {
             until_s: until,
             routes: &self.wiring.settings.routes,
             now_ms,
+            types: Default::default(),
         };
         let outbox = hookledger::adapters::dynamodb::outbox::DynamoOutbox::on(self.ledger.clone());
         let audit = Audit { ledger: &self.ledger, outbox: &outbox };
