@@ -919,6 +919,11 @@ pub enum Flow {
     /// ago): every shard's partitions and the evidence, then the sweep kept.
     ReconcilerFullSweep,
     OperatorReplay,
+    /// A replay by filter (`replay --status parked ...`): the matching
+    /// records read from the attention index and by key, each replayed in
+    /// the run with its audit entry; the run started again afterwards (in
+    /// the check) replays what the faulted one did not, and nothing twice.
+    OperatorReplayRun,
     OperatorPark,
     OperatorResolve,
     /// An HTTPS delivery DEAD after a permanent 4xx, replayed by an
@@ -939,6 +944,17 @@ pub enum Flow {
     /// An operator erases a finished sealed event: its key destroyed, its
     /// copies deleted, the record marked with its audit entry.
     OperatorErase,
+}
+
+/// The replay run of [`Flow::OperatorReplayRun`]: the PARKED records of
+/// `stripe-a`.
+fn replay_run_filter() -> hookledger::ops::bulk::RecordFilter {
+    hookledger::ops::bulk::RecordFilter {
+        endpoint: Some("stripe-a".into()),
+        statuses: vec![hookledger::ledger::Status::Parked],
+        reason: "customer mapped".into(),
+        ..Default::default()
+    }
 }
 
 /// A finished record of the `drop_after` policy whose payload is not
@@ -981,7 +997,7 @@ fn sealed_payment(id: &str) -> Delivery {
     Delivery { endpoint: "stripe-e", event_id: id.into(), body: body.to_string().into_bytes() }
 }
 
-pub const FLOWS: [Flow; 43] = [
+pub const FLOWS: [Flow; 44] = [
     Flow::IntakeNew,
     Flow::IntakeNewCold,
     Flow::IntakeNewLarge,
@@ -1017,6 +1033,7 @@ pub const FLOWS: [Flow; 43] = [
     Flow::ReconcilerIdle,
     Flow::ReconcilerFullSweep,
     Flow::OperatorReplay,
+    Flow::OperatorReplayRun,
     Flow::OperatorPark,
     Flow::OperatorResolve,
     Flow::OperatorDeliveryReplay,
@@ -1473,7 +1490,7 @@ async fn setup(w: &mut World, flow: Flow) -> Ctx {
             w.next_tick = w.now;
             none(EventKey::new("stripe", "stripe-a", "evt_none"))
         }
-        Flow::OperatorReplay | Flow::OperatorResolve => {
+        Flow::OperatorReplay | Flow::OperatorReplayRun | Flow::OperatorResolve => {
             // DEAD after a permanent failure, repaired outside Hookledger.
             let key = w
                 .seed("stripe", "stripe-a", "evt_op", &pi_succeeded("evt_op", "pi_o", Some("cus_later"), 300), true)
@@ -1581,6 +1598,18 @@ async fn act(w: &mut World, flow: Flow, ctx: &Ctx) {
                 .run(w.ops.replay(&ctx.key, &hookledger::audit::Caller::named("alice"), "customer mapped", w.now))
                 .await;
         }
+        Flow::OperatorReplayRun => {
+            w.plan.scope("operator");
+            let (filter, caller) = (replay_run_filter(), hookledger::audit::Caller::named("alice"));
+            let (ops, now) = (&w.ops, w.now);
+            let _ = w
+                .plan
+                .run(async {
+                    let (selection, _) = ops.matching(&filter, 100).await?;
+                    ops.replay_batch(&filter, &selection.records, &caller, now).await
+                })
+                .await;
+        }
         Flow::OperatorResolve => {
             w.plan.scope("operator");
             let _ = w
@@ -1638,7 +1667,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
         Flow::IntakeBatchMalformed => &["PARKED"],
         // An operator action that failed leaves the record where it was; the
         // operator sees the error and may try again.
-        Flow::OperatorReplay | Flow::OperatorResolve => &["PARKED"],
+        Flow::OperatorReplay | Flow::OperatorReplayRun | Flow::OperatorResolve => &["PARKED"],
         _ => &[],
     };
     w.check(allowed).await;
@@ -1651,6 +1680,26 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
                 _ => ("resolve", s(&meta, "resolved_by") == "alice"),
             };
             audited_once(w, verb, acted, Some(&ctx.key), ctx.key.as_str()).await;
+        }
+        Flow::OperatorReplayRun => {
+            // The run started again, with nothing faulted: whatever the
+            // first did, the record is replayed once, in the run, audited once.
+            let (filter, caller) = (replay_run_filter(), hookledger::audit::Caller::named("alice"));
+            match w.ops.matching(&filter, 100).await {
+                Ok((selection, _)) => {
+                    if let Err(e) = w.ops.replay_batch(&filter, &selection.records, &caller, w.now + 1).await {
+                        w.violation("rerun", format!("the run started again failed: {e}"));
+                    }
+                }
+                Err(e) => w.violation("rerun", format!("the run started again could not count: {e}")),
+            }
+            let meta = w.meta(&ctx.key).await.unwrap_or_default();
+            let replays = meta.get("replays").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
+            w.expect_count("replays in the run", replays.unwrap_or(0), 1);
+            if s(&meta, "replay_run") != filter.run() {
+                w.violation("rerun", format!("not marked with its run: {:?}", meta.get("replay_run")));
+            }
+            audited_once(w, "replay", true, Some(&ctx.key), ctx.key.as_str()).await;
         }
         Flow::OperatorDeliveryReplay => {
             let id = ctx.outbox_pk.clone().unwrap_or_default();
@@ -1852,7 +1901,7 @@ async fn check(w: &mut World, flow: Flow, ctx: &Ctx) {
             let recon = w.records().await.iter().filter(|r| s(r, "event_id").starts_with("recon:")).count();
             w.expect_count("reconciliation events", recon as i64, 1);
         }
-        Flow::OperatorReplay => {
+        Flow::OperatorReplay | Flow::OperatorReplayRun => {
             let applied = w.state(&bal("t1", "acct_l")).await.as_ref().map_or(0, |b| n(b, "entries"));
             let status = w.meta(&ctx.key).await.map(|m| s(&m, "status")).unwrap_or_default();
             if status == "PROCESSED" {
@@ -2183,12 +2232,13 @@ const DELIVERY_FLOWS: [Flow; 6] = [
     Flow::ReconcilerRedrive,
     Flow::ReconcilerOutboxSweep,
 ];
-const RECONCILER_OPERATOR_FLOWS: [Flow; 9] = [
+const RECONCILER_OPERATOR_FLOWS: [Flow; 10] = [
     Flow::ReconcilerDriftRepair,
     Flow::ReconcilerDropPayload,
     Flow::ReconcilerIdle,
     Flow::ReconcilerFullSweep,
     Flow::OperatorReplay,
+    Flow::OperatorReplayRun,
     Flow::OperatorPark,
     Flow::OperatorResolve,
     Flow::OperatorDeliveryReplay,
