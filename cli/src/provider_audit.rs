@@ -80,6 +80,11 @@ pub async fn run(args: AuditArgs, wiring: &Wiring, json: bool, out: &mut (dyn Wr
         routes: &wiring.settings.routes,
         now_ms,
         types: Default::default(),
+        repair_flags: match (&args.github_hook, &args.account) {
+            (Some(hook), _) => format!(" --github-hook {hook}"),
+            (None, Some(account)) => format!(" --account {account}"),
+            (None, None) => String::new(),
+        },
     };
     let audit = Audit { ledger: &ledger, outbox: &outbox };
     let keys = Keys::new(args.api_key.as_deref(), &args.api_base, args.github_token.as_deref(), &args.github_api_base);

@@ -52,6 +52,9 @@ pub struct Scope<'a> {
     /// Event types the provider listed, by event key (a record without its
     /// own type is routed by it).
     pub types: BTreeMap<String, String>,
+    /// What a repair's `backfill` needs besides the window to read the
+    /// same list (` --github-hook repos/o/r/hooks/1`, ` --account acct_1`).
+    pub repair_flags: String,
 }
 
 /// One identity the report names, and what repairs it.
@@ -255,10 +258,11 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
                         event_type: event_type.clone(),
                         why: Some("listed by the provider, never recorded".into()),
                         repair: Some(format!(
-                            "hookledger backfill --endpoint {} --since {} --until {}",
+                            "hookledger backfill --endpoint {} --since {} --until {}{}",
                             scope.endpoint,
                             created_s,
-                            created_s + 1
+                            created_s + 1,
+                            scope.repair_flags
                         )),
                     },
                 );
@@ -495,6 +499,7 @@ mod tests {
             routes: &routes,
             now_ms: NOW,
             types: BTreeMap::new(),
+            repair_flags: String::new(),
         };
         let outbox = w.outbox();
         let r = Audit { ledger: &l, outbox: &outbox }.without_list(&scope).await.unwrap();
@@ -504,6 +509,27 @@ mod tests {
         assert_eq!(r.dead_items[0].why.as_deref(), Some("permanent"));
         assert!(r.dead_items[0].repair.as_deref().unwrap().starts_with("hookledger replay"));
         assert!(r.notes[0].contains("cannot be proven"), "{:?}", r.notes);
+    }
+
+    /// GitHub lists a delivery and its redeliveries under one id: one
+    /// identity. A list longer than the pages allowed is said to be
+    /// partial; a list that cannot be read fails the audit (never taken as
+    /// complete).
+    #[tokio::test]
+    async fn a_listed_identity_is_counted_once_and_an_unreadable_list_fails_the_audit() {
+        use crate::adapters::memory::MemSource;
+        let window = Window { since_s: 0, until_s: 10_000, types: vec![] };
+        let mut events = MemSource::numbered(5, 100).state().events.clone();
+        let mut redelivery = events[0].clone();
+        redelivery.handle = Some("d-again".into());
+        events.push(redelivery);
+        let source = MemSource::new(events, 100);
+        let (list, pages, partial) = listed(&source, &window, 10).await.unwrap();
+        assert_eq!((list.len(), pages, partial), (5, 1, false));
+        let (list, pages, partial) = listed(&MemSource::numbered(5, 2), &window, 2).await.unwrap();
+        assert_eq!((list.len(), pages, partial), (4, 2, true));
+        source.fail_next(vec![Some(SourceError::Unavailable("down".into()))]);
+        assert!(matches!(listed(&source, &window, 10).await, Err(AuditError::Source(_))));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! 1. domain: `planted`, `clock`, `netguard`, `secret`, `item`, `identity`, `event`, `backoff`, `policy`, `ledger`, `message`, `routes`, `audit`, `redaction`, `sealing`
 //! 2. building blocks: `verify`, `projection`, `ports`, `config`, `seed001`
 //! 3. adapters: `adapters`, `telemetry`
-//! 4. use cases: `admission`, `contract`, `intake`, `backfill`, `insight`, `ops`, `outbox`, `processor`, `batch`, `reconciler`
+//! 4. use cases: `admission`, `contract`, `intake`, `backfill`, `insight`, `ops`, `completeness`, `outbox`, `processor`, `batch`, `reconciler`
 //! 5. composition root: `wiring`
 //! <!-- layers:end -->
 //!
@@ -96,6 +96,7 @@ mod layers {
                 "backfill",
                 "insight",
                 "ops",
+                "completeness",
                 "outbox",
                 "processor",
                 "batch",
@@ -231,8 +232,18 @@ mod layers {
     }
 
     /// The use cases, which name ports and never an adapter.
-    const USE_CASES: [&str; 9] =
-        ["admission", "intake", "backfill", "insight", "ops", "outbox", "processor", "reconciler", "batch"];
+    const USE_CASES: [&str; 10] = [
+        "admission",
+        "intake",
+        "backfill",
+        "insight",
+        "ops",
+        "completeness",
+        "outbox",
+        "processor",
+        "reconciler",
+        "batch",
+    ];
 
     /// Lines of use-case sources (submodules and their tests included) that name an adapter.
     fn naming_adapters(files: &[(String, String)]) -> Vec<String> {

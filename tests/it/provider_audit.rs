@@ -215,6 +215,7 @@ async fn the_audits_requests_grow_with_the_listed_events_not_with_the_table() {
         routes: &routes,
         now_ms: w.now,
         types: Default::default(),
+        repair_flags: String::new(),
     };
     let mut written = 0;
     let mut counts = Vec::new();
@@ -294,6 +295,7 @@ async fn a_route_whose_destination_is_down_shows_pending_then_delivered() {
                 routes: &routes,
                 now_ms: now + 30_000,
                 types: Default::default(),
+                repair_flags: String::new(),
             };
             let (list, pages, partial) = listed(source, &window, 10).await.unwrap();
             Audit { ledger: &ledger, outbox: &outbox }.of_listed(&scope, &list, pages, partial).await.unwrap()

@@ -161,6 +161,11 @@ impl Backfills {
             routes: &self.wiring.settings.routes,
             now_ms,
             types: Default::default(),
+            repair_flags: match (&schedule.hook, &schedule.account) {
+                (Some(hook), _) => format!(" --github-hook {hook}"),
+                (None, Some(account)) => format!(" --account {account}"),
+                (None, None) => String::new(),
+            },
         };
         let outbox = hookledger::adapters::dynamodb::outbox::DynamoOutbox::on(self.ledger.clone());
         let audit = Audit { ledger: &self.ledger, outbox: &outbox };

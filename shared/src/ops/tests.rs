@@ -610,12 +610,8 @@ async fn a_replay_by_filter_counts_first_and_an_interrupted_run_run_again_replay
     assert_eq!(first, super::bulk::Replayed { replayed: 3, skipped: 0 });
     // One of those dies again before the run is started again.
     let died = EventKey::from_stored(&counted.records[0].key).unwrap();
-    ledger.edit(&died, |i| {
-        let s = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.into());
-        i.insert("status".into(), s("DEAD"));
-        i.insert("attn_shard".into(), s(&format!("attn#{:03}", died.shard(SHARDS))));
-        i.insert("attn_at".into(), aws_sdk_dynamodb::types::AttributeValue::N((NOW - 10_000).to_string()));
-    });
+    let again = json!({"event_type": "invoice.paid", "replay_run": filter.run(), "replays": 1});
+    ledger.add(&died, Status::Dead, NOW - 10_000, again);
     let (again, _) = ops.matching(&filter, 100).await.unwrap();
     assert_eq!(again.records.len(), 5, "the rest: {again:?}");
     assert_eq!(again.replayed_by_this_run, 1, "the one that died again is this run's already");
