@@ -35,22 +35,8 @@ pub struct BackfillArgs {
     /// Report what would be recovered; write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Stripe Connect: the connected account whose events the endpoint receives.
-    #[arg(long)]
-    account: Option<String>,
-    /// Stripe: the API key, as a secret reference (env:NAME or ssm:/path).
-    #[arg(long, env = "HOOKLEDGER_STRIPE_API_KEY")]
-    api_key: Option<String>,
-    #[arg(long, env = "HOOKLEDGER_STRIPE_API_BASE", default_value = "https://api.stripe.com")]
-    api_base: String,
-    /// GitHub: the hook (repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook).
-    #[arg(long)]
-    github_hook: Option<String>,
-    /// GitHub: a token that may read the hook's deliveries, as a secret reference.
-    #[arg(long, env = "HOOKLEDGER_GITHUB_TOKEN")]
-    github_token: Option<String>,
-    #[arg(long, env = "HOOKLEDGER_GITHUB_API_BASE", default_value = "https://api.github.com")]
-    github_api_base: String,
+    #[command(flatten)]
+    list: ListArgs,
     /// GitHub: ask GitHub to redeliver what is missing (original bytes,
     /// through the intake) instead of importing the kept payloads.
     #[arg(long)]
@@ -69,6 +55,39 @@ pub struct BackfillArgs {
     /// The largest body taken; a larger one is parked `too_large`.
     #[arg(long, env = "HOOKLEDGER_MAX_BACKFILL_BODY_BYTES", default_value_t = hookledger::backfill::DEFAULT_MAX_BODY_BYTES, value_parser = parse_body_bytes)]
     max_backfill_body_bytes: usize,
+}
+
+/// Where an endpoint's provider list is read (a backfill's, an audit's):
+/// Stripe's API and key, a connected account; a GitHub hook and token.
+#[derive(Args)]
+pub struct ListArgs {
+    /// Stripe Connect: the connected account whose events the endpoint receives.
+    #[arg(long)]
+    pub(crate) account: Option<String>,
+    /// Stripe: the API key, as a secret reference (env:NAME or ssm:/path).
+    #[arg(long, env = "HOOKLEDGER_STRIPE_API_KEY")]
+    pub(crate) api_key: Option<String>,
+    #[arg(long, env = "HOOKLEDGER_STRIPE_API_BASE", default_value = "https://api.stripe.com")]
+    pub(crate) api_base: String,
+    /// GitHub: the hook (repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook).
+    #[arg(long)]
+    pub(crate) github_hook: Option<String>,
+    /// GitHub: a token that may read the hook's deliveries, as a secret reference.
+    #[arg(long, env = "HOOKLEDGER_GITHUB_TOKEN")]
+    pub(crate) github_token: Option<String>,
+    #[arg(long, env = "HOOKLEDGER_GITHUB_API_BASE", default_value = "https://api.github.com")]
+    pub(crate) github_api_base: String,
+}
+
+impl ListArgs {
+    /// What a repair's `backfill` names besides the window, to read the same list.
+    pub(crate) fn repair_flags(&self) -> String {
+        match (&self.github_hook, &self.account) {
+            (Some(hook), _) => format!(" --github-hook {hook}"),
+            (None, Some(account)) => format!(" --account {account}"),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 /// Unix seconds, or an age before now (`30m`, `6h`, `2d`).
@@ -140,11 +159,11 @@ pub async fn run(
                 return Err("Stripe cannot redeliver: run without --redeliver".into());
             }
             let keys = Keys::of_backfill(&args);
-            let source = wiring.provider_source(keys.stripe(args.account.clone())?).await?;
+            let source = wiring.provider_source(keys.stripe(args.list.account.clone())?).await?;
             execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
         Some(SourceList::GithubDeliveries) => {
-            let hook = args.github_hook.as_deref().ok_or("GitHub needs --github-hook")?;
+            let hook = args.list.github_hook.as_deref().ok_or("GitHub needs --github-hook")?;
             let source = wiring.provider_source(Keys::of_backfill(&args).github(hook)?).await?;
             execute(on(wiring, ledger, queue, source, settings), &target, &window, &args, json).await
         }
@@ -169,28 +188,17 @@ pub(crate) struct Keys<'a> {
 }
 
 impl<'a> Keys<'a> {
-    pub(crate) fn new(
-        api_key: Option<&'a str>,
-        api_base: &'a str,
-        github_token: Option<&'a str>,
-        github_api_base: &'a str,
-    ) -> Self {
-        Self {
-            api_key,
-            api_base,
-            github_token,
-            github_api_base,
-            max_body_bytes: hookledger::backfill::DEFAULT_MAX_BODY_BYTES,
-        }
+    fn of_backfill(a: &'a BackfillArgs) -> Self {
+        Self { max_body_bytes: a.max_backfill_body_bytes, ..Self::of_list(&a.list) }
     }
 
-    fn of_backfill(a: &'a BackfillArgs) -> Self {
+    pub(crate) fn of_list(l: &'a ListArgs) -> Self {
         Self {
-            api_key: a.api_key.as_deref(),
-            api_base: &a.api_base,
-            github_token: a.github_token.as_deref(),
-            github_api_base: &a.github_api_base,
-            max_body_bytes: a.max_backfill_body_bytes,
+            api_key: l.api_key.as_deref(),
+            api_base: &l.api_base,
+            github_token: l.github_token.as_deref(),
+            github_api_base: &l.github_api_base,
+            max_body_bytes: hookledger::backfill::DEFAULT_MAX_BODY_BYTES,
         }
     }
 

@@ -55,17 +55,25 @@ struct ReplayArgs {
     /// With --destination: DEAD before (unix ms, or an age).
     #[arg(long, value_parser = crate::parse_time)]
     until: Option<i64>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// How a replay by filter runs: counted first, in batches, over a limit
+/// only when asked (the records' replay and the deliveries').
+#[derive(Args)]
+pub(crate) struct RunArgs {
     /// Print the count and a sample; replay nothing.
     #[arg(long)]
-    dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Replay more than --max-without-yes.
     #[arg(long)]
-    yes: bool,
+    pub(crate) yes: bool,
     #[arg(long, default_value_t = 100)]
-    max_without_yes: usize,
-    /// Deliveries replayed per batch.
+    pub(crate) max_without_yes: usize,
+    /// Replayed per batch.
     #[arg(long, default_value_t = 100)]
-    batch: usize,
+    pub(crate) batch: usize,
 }
 
 /// The most DEAD deliveries read per shard for a replay by filter.
@@ -185,7 +193,7 @@ async fn replay_by_filter(
     let (matched, partial) = deliveries.matching(&filter, FILTER_READS).await.map_err(|e| e.to_string())?;
     let w = |out: &mut (dyn std::io::Write + Send), s: String| writeln!(out, "{s}").map_err(|e| e.to_string());
     let more = if partial { " (a shard held more than was read: run again when these are done)" } else { "" };
-    if r.dry_run {
+    if r.run.dry_run {
         if json {
             let sample: Vec<&OutboxState> = matched.iter().take(5).collect();
             let v =
@@ -196,17 +204,17 @@ async fn replay_by_filter(
         let sample: Vec<OutboxState> = matched.iter().take(5).cloned().collect();
         return print(&sample, out);
     }
-    if matched.len() > r.max_without_yes && !r.yes {
+    if matched.len() > r.run.max_without_yes && !r.run.yes {
         return Err(format!(
             "{} deliveries match, more than {}: look with --dry-run, then run again with --yes",
             matched.len(),
-            r.max_without_yes
+            r.run.max_without_yes
         ));
     }
     let total = matched.len();
     let caller = crate::audit::caller(wiring.aws(), &r.operator).await?;
     let (mut replayed, mut skipped) = (0, 0);
-    for batch in matched.chunks(r.batch.max(1)) {
+    for batch in matched.chunks(r.run.batch.max(1)) {
         let done = deliveries.replay_batch(&filter, batch, &caller, now_ms()).await.map_err(|e| e.to_string())?;
         replayed += done.replayed;
         skipped += done.skipped;

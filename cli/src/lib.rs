@@ -370,22 +370,17 @@ struct BulkArgs {
     /// Received before (unix ms, or an age).
     #[arg(long, value_parser = parse_time)]
     until: Option<i64>,
-    /// Print the count and a sample; replay nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// Replay more than --max-without-yes.
-    #[arg(long)]
-    yes: bool,
-    #[arg(long, default_value_t = 100)]
-    max_without_yes: usize,
-    /// Records replayed per batch.
-    #[arg(long, default_value_t = 100)]
-    batch: usize,
+    #[command(flatten)]
+    run: deliveries::RunArgs,
 }
 
 impl BulkArgs {
     fn any(&self) -> bool {
-        self.provider.is_some() || self.tenant.is_some() || self.since.is_some() || self.until.is_some() || self.dry_run
+        self.provider.is_some()
+            || self.tenant.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+            || self.run.dry_run
     }
 }
 
@@ -963,13 +958,13 @@ async fn replay_by_filter(ctx: &Ctx, out: &mut (dyn Write + Send), a: ReplayArgs
         reason: a.action.reason.clone(),
     };
     filter.check().map_err(CliError::Failed)?;
-    let ops = if bulk.dry_run { ctx.ops_read_only()? } else { ctx.ops()? };
+    let ops = if bulk.run.dry_run { ctx.ops_read_only()? } else { ctx.ops()? };
     let (selection, partial) = ops.matching(&filter, select.max).await?;
     let run = filter.run();
     let json = ctx.global.json;
     let more = if partial { " (a partition held more than --max: run again when these are done)" } else { "" };
     let count = selection.records.len();
-    if bulk.dry_run {
+    if bulk.run.dry_run {
         if json {
             let sample: Vec<_> = selection.records.iter().take(5).collect();
             let v = serde_json::json!({"run": run, "count": count, "partial": partial, "sample": sample,
@@ -989,15 +984,15 @@ async fn replay_by_filter(ctx: &Ctx, out: &mut (dyn Write + Send), a: ReplayArgs
             )?;
         }
     } else {
-        if count > bulk.max_without_yes && !bulk.yes {
+        if count > bulk.run.max_without_yes && !bulk.run.yes {
             return Err(CliError::Failed(format!(
                 "{count} records match, more than {}: look with --dry-run, then run again with --yes",
-                bulk.max_without_yes
+                bulk.run.max_without_yes
             )));
         }
         let caller = ctx.caller(&a.action.operator).await?;
         let (mut replayed, mut skipped) = (0, 0);
-        for batch in selection.records.chunks(bulk.batch.max(1)) {
+        for batch in selection.records.chunks(bulk.run.batch.max(1)) {
             let done = ops.replay_batch(&filter, batch, &caller, now_ms()).await?;
             replayed += done.replayed;
             skipped += done.skipped;

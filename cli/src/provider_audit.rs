@@ -13,7 +13,7 @@ use hookledger::ports::Window;
 use hookledger::verify::provider::BackfillList;
 use hookledger::wiring::Wiring;
 
-use crate::backfill::Keys;
+use crate::backfill::{Keys, ListArgs};
 
 #[derive(Args)]
 pub struct AuditArgs {
@@ -30,22 +30,8 @@ pub struct AuditArgs {
     /// Pages of the provider's list read at most.
     #[arg(long, default_value_t = completeness::DEFAULT_MAX_PAGES)]
     max_pages: u32,
-    /// Stripe Connect: the connected account whose events the endpoint receives.
-    #[arg(long)]
-    account: Option<String>,
-    /// Stripe: the API key, as a secret reference (env:NAME or ssm:/path).
-    #[arg(long, env = "HOOKLEDGER_STRIPE_API_KEY")]
-    api_key: Option<String>,
-    #[arg(long, env = "HOOKLEDGER_STRIPE_API_BASE", default_value = "https://api.stripe.com")]
-    api_base: String,
-    /// GitHub: the hook (repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook).
-    #[arg(long)]
-    github_hook: Option<String>,
-    /// GitHub: a token that may read the hook's deliveries, as a secret reference.
-    #[arg(long, env = "HOOKLEDGER_GITHUB_TOKEN")]
-    github_token: Option<String>,
-    #[arg(long, env = "HOOKLEDGER_GITHUB_API_BASE", default_value = "https://api.github.com")]
-    github_api_base: String,
+    #[command(flatten)]
+    list: ListArgs,
     /// The endpoints' configuration (as the intake reads it).
     #[arg(long, env = "HOOKLEDGER_ENDPOINTS")]
     endpoints: String,
@@ -80,18 +66,14 @@ pub async fn run(args: AuditArgs, wiring: &Wiring, json: bool, out: &mut (dyn Wr
         routes: &wiring.settings.routes,
         now_ms,
         types: Default::default(),
-        repair_flags: match (&args.github_hook, &args.account) {
-            (Some(hook), _) => format!(" --github-hook {hook}"),
-            (None, Some(account)) => format!(" --account {account}"),
-            (None, None) => String::new(),
-        },
+        repair_flags: args.list.repair_flags(),
     };
     let audit = Audit { ledger: &ledger, outbox: &outbox };
-    let keys = Keys::new(args.api_key.as_deref(), &args.api_base, args.github_token.as_deref(), &args.github_api_base);
+    let keys = Keys::of_list(&args.list);
     let source_spec = match spec.provider.backfill() {
-        Some(BackfillList::StripeEvents) => Some(keys.stripe(args.account.clone())?),
+        Some(BackfillList::StripeEvents) => Some(keys.stripe(args.list.account.clone())?),
         Some(BackfillList::GithubDeliveries) => {
-            Some(keys.github(args.github_hook.as_deref().ok_or("GitHub needs --github-hook")?)?)
+            Some(keys.github(args.list.github_hook.as_deref().ok_or("GitHub needs --github-hook")?)?)
         }
         None => None,
     };

@@ -127,6 +127,19 @@ fn http() -> reqwest::Client {
     hookledger::adapters::tls::client_builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
 }
 
+/// A bulk job's page once it says it finished (within 10 s).
+async fn finished_job(c: &reqwest::Client, job: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = c.get(job).send().await.unwrap().text().await.unwrap();
+        if page.contains("finished") {
+            return page;
+        }
+        assert!(std::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn token_of(page: &str) -> String {
     let at = page.find("name=csrf value=\"").expect("a form token") + "name=csrf value=\"".len();
     page[at..].split('"').next().unwrap().to_owned()
@@ -241,16 +254,8 @@ async fn a_bulk_replay_asks_first_then_works_through_the_filter_with_progress() 
     let r = c.post(format!("{base}/bulk")).form(&form).send().await.unwrap();
     assert_eq!(r.status(), 303);
     let job = format!("{base}{}", r.headers()["location"].to_str().unwrap());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let page = c.get(&job).send().await.unwrap().text().await.unwrap();
-        if page.contains("finished") {
-            assert!(page.contains("1 of 1: 1 done, 0 failed"), "{page}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{page}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let page = finished_job(&c, &job).await;
+    assert!(page.contains("1 of 1: 1 done, 0 failed"), "{page}");
     let rec = stack.record(&EventKey::from_stored("evt#stripe#stripe-a#evt_park").unwrap()).await;
     assert_eq!((s(&rec, "status").as_str(), s(&rec, "outcome").as_str()), ("PROCESSED", "resolved"));
     // A bulk action without a filter is refused.
@@ -277,16 +282,8 @@ async fn a_console_replay_by_filter_counts_first_and_the_audit_page_lists_what_i
     let r = c.post(format!("{base}/bulk")).form(&form).send().await.unwrap();
     assert_eq!(r.status(), 303);
     let job = format!("{base}{}", r.headers()["location"].to_str().unwrap());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let page = c.get(&job).send().await.unwrap().text().await.unwrap();
-        if page.contains("finished") {
-            assert!(page.contains("1 of 1: 1 done, 0 failed"), "{page}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{page}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let page = finished_job(&c, &job).await;
+    assert!(page.contains("1 of 1: 1 done, 0 failed"), "{page}");
     let rec = stack.record(&EventKey::from_stored(DEAD).unwrap()).await;
     assert_eq!(s(&rec, "status"), "RETRYABLE");
     assert!(s(&rec, "replay_run").starts_with("replay-"), "marked with its run");

@@ -74,6 +74,27 @@ async fn audit(w: &World, since: i64, until: i64) -> (Value, bool) {
     (serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out))), failed)
 }
 
+/// The fake Stripe's events list.
+fn stripe_list(w: &World) -> hookledger::adapters::stripe::StripeEvents {
+    let key = hookledger::secret::Secret::new("sk_test_fake");
+    hookledger::adapters::stripe::StripeEvents::new(w.fake_base(), key, None).unwrap()
+}
+
+/// An audit of `stripe-a` over `window`.
+fn scope_of<'a>(window: &Window, routes: &'a Routes, now_ms: i64) -> Scope<'a> {
+    Scope {
+        provider: "stripe",
+        endpoint: "stripe-a",
+        tenant: "tenant-a",
+        since_s: window.since_s,
+        until_s: window.until_s,
+        routes,
+        now_ms,
+        types: Default::default(),
+        repair_flags: String::new(),
+    }
+}
+
 fn keys_of(report: &Value, list: &str) -> Vec<String> {
     let mut k: Vec<String> =
         report[list].as_array().unwrap().iter().map(|n| n["key"].as_str().unwrap().to_owned()).collect();
@@ -196,27 +217,12 @@ async fn the_audits_requests_grow_with_the_listed_events_not_with_the_table() {
     let now_s = w.now / 1000;
     let events: Vec<Value> = (0..30).rev().map(|i| api_event(i, now_s - 900 + i as i64 * 10)).collect();
     *w.fake.events.lock().unwrap() = events;
-    let source = hookledger::adapters::stripe::StripeEvents::new(
-        w.fake_base(),
-        hookledger::secret::Secret::new("sk_test_fake"),
-        None,
-    )
-    .unwrap();
+    let source = stripe_list(&w);
     let window = Window { since_s: now_s - 3_600, until_s: now_s + 1, types: vec![] };
     let ledger = w.ledger.clone();
     let outbox = DynamoOutbox::on(ledger.clone());
     let routes = Routes::none();
-    let scope = Scope {
-        provider: "stripe",
-        endpoint: "stripe-a",
-        tenant: "tenant-a",
-        since_s: window.since_s,
-        until_s: window.until_s,
-        routes: &routes,
-        now_ms: w.now,
-        types: Default::default(),
-        repair_flags: String::new(),
-    };
+    let scope = scope_of(&window, &routes, w.now);
     let mut written = 0;
     let mut counts = Vec::new();
     for total in [100, 10_000] {
@@ -273,12 +279,7 @@ async fn a_route_whose_destination_is_down_shows_pending_then_delivered() {
         w.deliver_one(i).await;
     }
     let routes = crate::explore::routes_of(&w.stack, &w.sink_url);
-    let source = hookledger::adapters::stripe::StripeEvents::new(
-        w.fake_base(),
-        hookledger::secret::Secret::new("sk_test_fake"),
-        None,
-    )
-    .unwrap();
+    let source = stripe_list(&w);
     let window = Window { since_s: now_s - 3_600, until_s: now_s + 1, types: vec![] };
     let audit_now = |w: &World| {
         let ledger = w.stack.ledger().with_shards(SHARDS);
@@ -286,17 +287,7 @@ async fn a_route_whose_destination_is_down_shows_pending_then_delivered() {
         let now = w.now;
         async move {
             let outbox = DynamoOutbox::on(ledger.clone());
-            let scope = Scope {
-                provider: "stripe",
-                endpoint: "stripe-a",
-                tenant: "tenant-a",
-                since_s: window.since_s,
-                until_s: window.until_s,
-                routes: &routes,
-                now_ms: now + 30_000,
-                types: Default::default(),
-                repair_flags: String::new(),
-            };
+            let scope = scope_of(&window, &routes, now + 30_000);
             let (list, pages, partial) = listed(source, &window, 10).await.unwrap();
             Audit { ledger: &ledger, outbox: &outbox }.of_listed(&scope, &list, pages, partial).await.unwrap()
         }
