@@ -34,6 +34,8 @@ use crate::routes::Routes;
 /// At most this many identities of each list (missing, DEAD, PARKED,
 /// doubled) are kept in a report; the counts are always whole.
 pub const LISTED_ITEMS: usize = 200;
+/// The most delivery items read from one partition without a list.
+pub const CENSUS_READS: usize = 10_000;
 /// The most pages of the provider's list one audit reads.
 pub const DEFAULT_MAX_PAGES: u32 = 500;
 
@@ -168,6 +170,18 @@ fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
     Some(sorted[at])
 }
 
+/// A DEAD delivery as the report names it, with its replay.
+fn dead_delivery(event_key: &str, destination: &str, error: Option<&str>) -> Named {
+    Named {
+        key: event_key.to_owned(),
+        event_type: None,
+        why: Some(format!("to {destination}: {}", error.unwrap_or("dead"))),
+        repair: Some(format!(
+            "hookledger deliveries replay --event '{event_key}' --destination {destination} --reason 'audit: DEAD'"
+        )),
+    }
+}
+
 fn replay_command(key: &str) -> String {
     format!("hookledger replay '{key}' --reason 'audit: DEAD'")
 }
@@ -299,7 +313,59 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
         }
         let records = self.ledger.records(&keys).await?;
         self.tally(scope, &mut report, &records).await?;
+        self.deliveries_now(scope, &mut report).await?;
         Ok(report)
+    }
+
+    /// Without a list, the routes' tallies are the endpoint's deliveries
+    /// the ledger holds now, whatever their event's time: every item still
+    /// to send (each shard's home partition, and each destination's
+    /// waiting partition) and every DEAD one (each shard's DEAD partition),
+    /// at most [`CENSUS_READS`] a partition, those of the endpoint's events.
+    async fn deliveries_now(&self, scope: &Scope<'_>, report: &mut Report) -> Result<(), AuditError> {
+        use crate::ports::OutboxPartition;
+        let prefix = format!("{}#", EventKey::new(scope.provider, scope.endpoint, "").as_str().trim_end_matches('#'));
+        let mut seen = BTreeSet::new();
+        let mut partial = false;
+        let mut partitions: Vec<OutboxPartition<'_>> = Vec::new();
+        for shard in 0..self.ledger.shards() {
+            partitions.push(OutboxPartition::Home(shard));
+            partitions.push(OutboxPartition::Dead(shard));
+        }
+        partitions.extend(scope.routes.destinations().iter().map(|d| OutboxPartition::Waiting(d.name.as_str())));
+        for partition in partitions {
+            let (states, more) = self.outbox.states_in(partition, CENSUS_READS).await?;
+            partial |= more;
+            for state in states {
+                let Some(destination) = state.destination.clone() else { continue };
+                if !state.event_key.starts_with(&prefix) || !seen.insert(state.id.clone()) {
+                    continue;
+                }
+                let tally = report.routes.entry(destination.clone()).or_default();
+                if state.status == "DEAD" {
+                    tally.dead += 1;
+                    push(
+                        &mut report.dead_deliveries,
+                        dead_delivery(&state.event_key, &destination, state.last_error.as_deref()),
+                    );
+                } else if state.status != "SENT" {
+                    tally.pending += 1;
+                    let waited = scope.now_ms - state.created_at.unwrap_or(scope.now_ms);
+                    tally.oldest_pending_ms = Some(tally.oldest_pending_ms.map_or(waited, |o| o.max(waited)));
+                }
+            }
+        }
+        report.notes.push(
+            "the routes' figures are the endpoint's deliveries still to send or DEAD now, whatever their event's time \
+             (delivered ones are not counted without a list)"
+                .into(),
+        );
+        if partial {
+            report
+                .notes
+                .push(format!("a partition held more than {CENSUS_READS} deliveries: the counts are at least these"));
+        }
+        Ok(())
     }
 
     fn empty(&self, scope: &Scope<'_>, provider_truth: bool) -> Report {
@@ -391,14 +457,7 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
                     tally.dead += 1;
                     push(
                         &mut report.dead_deliveries,
-                        Named {
-                            key: event_key.clone(),
-                            event_type: None,
-                            why: Some(format!("to {destination}: {}", state.last_error.as_deref().unwrap_or("dead"))),
-                            repair: Some(format!(
-                                "hookledger deliveries replay --event '{event_key}' --destination {destination} --reason 'audit: DEAD'"
-                            )),
-                        },
+                        dead_delivery(event_key, destination, state.last_error.as_deref()),
                     );
                 }
                 _ => {
@@ -509,6 +568,45 @@ mod tests {
         assert_eq!(r.dead_items[0].why.as_deref(), Some("permanent"));
         assert!(r.dead_items[0].repair.as_deref().unwrap().starts_with("hookledger replay"));
         assert!(r.notes[0].contains("cannot be proven"), "{:?}", r.notes);
+    }
+
+    /// Without a list, the routes' figures are the endpoint's deliveries
+    /// still to send or DEAD now (another endpoint's left out).
+    #[tokio::test]
+    async fn without_a_list_the_routes_are_the_endpoints_deliveries_still_to_send_or_dead() {
+        use crate::adapters::memory::OutboxView;
+        let w = World::new(Ambient::fixed(NOW, 1)).with_shards(1);
+        let store = w.outbox();
+        // `set_delivery` files each under the event `evt#acme#main#<its key>`.
+        for (id, key, status) in [("outbox#k1", "k1", "PENDING"), ("outbox#k2", "k2", "DEAD")] {
+            let mut item = OutboxView::pending(key, "https:partner", 0, NOW - 60_000);
+            item.status = status.into();
+            if status == "DEAD" {
+                item.due_at = None;
+                item.due_shard = None;
+            }
+            store.put(id, &item);
+            store.set_delivery(id, "partner", NOW - 120_000);
+        }
+        let routes = Routes::none();
+        let scope = Scope {
+            provider: "acme",
+            endpoint: "main",
+            tenant: "main",
+            since_s: (NOW - 3_600_000) / 1000,
+            until_s: NOW / 1000,
+            routes: &routes,
+            now_ms: NOW,
+            types: BTreeMap::new(),
+            repair_flags: String::new(),
+        };
+        let l = w.ledger();
+        let r = Audit { ledger: &l, outbox: &store }.without_list(&scope).await.unwrap();
+        let partner = &r.routes["partner"];
+        assert_eq!((partner.pending, partner.oldest_pending_ms), (1, Some(120_000)), "{r:?}");
+        let other = Scope { endpoint: "other", ..scope.clone() };
+        let r = Audit { ledger: &l, outbox: &store }.without_list(&other).await.unwrap();
+        assert!(r.routes.is_empty(), "{r:?}");
     }
 
     /// GitHub lists a delivery and its redeliveries under one id: one
