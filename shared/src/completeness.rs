@@ -196,11 +196,22 @@ pub async fn listed<S: BackfillSource>(
     window: &Window,
     max_pages: u32,
 ) -> Result<(BTreeMap<String, (Option<String>, i64)>, u32, bool), AuditError> {
+    listed_until(source, window, max_pages, || false).await
+}
+
+/// [`listed`], stopping (partial) once `past()` says the caller's time is
+/// up (the reconciler's invocation).
+pub async fn listed_until<S: BackfillSource>(
+    source: &S,
+    window: &Window,
+    max_pages: u32,
+    past: impl Fn() -> bool,
+) -> Result<(BTreeMap<String, (Option<String>, i64)>, u32, bool), AuditError> {
     let mut out = BTreeMap::new();
     let mut cursor: Option<String> = None;
     let mut pages = 0;
     loop {
-        if pages >= max_pages {
+        if pages >= max_pages || (pages > 0 && past()) {
             return Ok((out, pages, true));
         }
         let page = source.page(window, cursor.as_deref()).await.map_err(|e| AuditError::Source(source_error(&e)))?;
@@ -255,7 +266,8 @@ impl<L: OperatorLedger, O: OutboxStore> Audit<'_, L, O> {
         report.listed = listed.len() as u64;
         if partial {
             report.notes.push(format!(
-                "the provider's list held more than {pages} pages: only those were audited (narrow the window)"
+                "the provider's list was not read to its end ({pages} pages: the page limit, or the run's time): \
+                 only those events were audited (narrow the window)"
             ));
         }
         let keys: Vec<EventKey> = listed.keys().map(|id| EventKey::new(scope.provider, scope.endpoint, id)).collect();
@@ -626,6 +638,8 @@ mod tests {
         assert_eq!((list.len(), pages, partial), (5, 1, false));
         let (list, pages, partial) = listed(&MemSource::numbered(5, 2), &window, 2).await.unwrap();
         assert_eq!((list.len(), pages, partial), (4, 2, true));
+        let (list, pages, partial) = listed_until(&MemSource::numbered(5, 2), &window, 10, || true).await.unwrap();
+        assert_eq!((list.len(), pages, partial), (2, 1, true), "out of time after the first page");
         source.fail_next(vec![Some(SourceError::Unavailable("down".into()))]);
         assert!(matches!(listed(&source, &window, 10).await, Err(AuditError::Source(_))));
     }

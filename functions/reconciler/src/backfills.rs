@@ -6,7 +6,10 @@
 //! large for an item go to `HOOKLEDGER_PAYLOAD_BUCKET`, as the intake's do;
 //! a body over `HOOKLEDGER_MAX_BACKFILL_BODY_BYTES` (default 25 MiB, at most
 //! 64 MiB) is parked `too_large`. Every invocation with schedules sets the
-//! gauges `backfill_failed_last_run` and `backfill_overdue_windows`.
+//! gauges `backfill_failed_last_run` and `backfill_overdue_windows`. A
+//! schedule with `audit_window_secs` is audited after its run
+//! (`hookledger::completeness`, in the time left), and the audits that ran
+//! set `audit_missing` and `audit_doubled`.
 
 use std::time::Instant;
 
@@ -116,11 +119,14 @@ impl Backfills {
                 ran.error = Some(e);
             }
             if let Some(window_secs) = schedule.audit_window_secs {
-                ran.audit = Some(self.audit(endpoint, &target, schedule, window_secs, now_ms).await);
+                ran.audit = Some(self.audit(endpoint, &target, schedule, window_secs, now_ms, deadline).await);
             }
             out.push(ran);
         }
-        let audited: Vec<&Audited> = out.iter().filter_map(|r| r.audit.as_ref()).collect();
+        // Only audits that ran set the gauges: one that could not keeps the
+        // alarm's last state rather than report 0.
+        let audited: Vec<&Audited> =
+            out.iter().filter_map(|r| r.audit.as_ref()).filter(|a| a.error.is_none()).collect();
         if !audited.is_empty() {
             let missing = audited.iter().map(|a| a.missing).sum();
             let doubled = audited.iter().map(|a| a.doubled).sum();
@@ -148,10 +154,15 @@ impl Backfills {
         schedule: &Schedule,
         window_secs: i64,
         now_ms: i64,
+        deadline: Instant,
     ) -> Audited {
         use hookledger::completeness::{self, Audit, Scope};
         let until = now_ms / 1000 - schedule.lag_secs;
         let mut audited = Audited { window: (until - window_secs, until), ..Audited::default() };
+        if self.wiring.ambient().past(deadline) {
+            audited.error = Some("not run: the invocation's time was used up".into());
+            return audited;
+        }
         let scope = Scope {
             provider: &target.provider,
             endpoint,
@@ -171,7 +182,11 @@ impl Backfills {
         let audit = Audit { ledger: &self.ledger, outbox: &outbox };
         let window = hookledger::ports::Window { since_s: scope.since_s, until_s: until, types: Vec::new() };
         let report = match self.wiring.scheduled_source(schedule).await {
-            Ok(source) => match completeness::listed(&source, &window, completeness::DEFAULT_MAX_PAGES).await {
+            Ok(source) => match completeness::listed_until(&source, &window, completeness::DEFAULT_MAX_PAGES, || {
+                self.wiring.ambient().past(deadline)
+            })
+            .await
+            {
                 Ok((listed, pages, partial)) => {
                     audit.of_listed(&scope, &listed, pages, partial).await.map_err(|e| e.to_string())
                 }
