@@ -168,7 +168,13 @@ def fixed(cfg, volume, stored_bytes, system):
     from check_template import translate
 
     res, _ = translate(TEMPLATE, {"Ingress": cfg["ingress"], "Tracing": cfg["tracing"], "EndpointsConfig": "{}"})
-    alarms = sum(1 for r in res.values() if r["Type"] == "AWS::CloudWatch::Alarm")
+    # An alarm is billed per metric it reads: a metric-math alarm per
+    # metric (`MetricStat`) of its expression.
+    alarms = sum(
+        max(1, sum(1 for m in r.get("Properties", {}).get("Metrics", []) if "MetricStat" in m))
+        for r in res.values()
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+    )
     keys = sum(1 for r in res.values() if r["Type"] == "AWS::KMS::Key")
     storage_gb = volume * stored_bytes * (RETENTION_DAYS / 30) / 1e9
     # The due index's entries the records keep until they expire (no PITR on
