@@ -32,6 +32,11 @@ pub struct AuditArgs {
     max_pages: u32,
     #[command(flatten)]
     list: ListArgs,
+    /// How long identities are kept (the functions' setting): a window
+    /// reaching beyond it is refused, since its expired records would be
+    /// called missing.
+    #[arg(long, env = "HOOKLEDGER_RETENTION_DAYS", default_value_t = 30)]
+    retention_days: u32,
     /// The endpoints' configuration (as the intake reads it).
     #[arg(long, env = "HOOKLEDGER_ENDPOINTS")]
     endpoints: String,
@@ -53,6 +58,14 @@ pub async fn run(args: AuditArgs, wiring: &Wiring, json: bool, out: &mut (dyn Wr
     let until = args.until.unwrap_or(now_ms / 1000);
     if args.since >= until {
         return Err(format!("--since ({}) must be before --until ({until})", args.since));
+    }
+    if hookledger::backfill::check_within_retention(args.since, now_ms / 1000, args.retention_days).is_err() {
+        return Err(format!(
+            "--since {} reaches beyond the identity retention (HOOKLEDGER_RETENTION_DAYS = {} days, less a day's \
+             margin): records older than that may have expired, and the audit would call their events missing; \
+             pass a later --since",
+            args.since, args.retention_days
+        ));
     }
     let ledger = wiring.ledger().map_err(|e| e.to_string())?;
     let outbox = DynamoOutbox::on(ledger.clone());
@@ -98,7 +111,8 @@ pub async fn run(args: AuditArgs, wiring: &Wiring, json: bool, out: &mut (dyn Wr
 /// The report as lines.
 pub fn show(r: &Report) -> String {
     let from = if r.provider_truth {
-        format!("against {}'s own list ({} pages)", r.provider, r.pages)
+        let pages = if r.pages == 1 { "1 page".to_owned() } else { format!("{} pages", r.pages) };
+        format!("against {}'s own list ({pages})", r.provider)
     } else {
         "from the ledger alone".to_owned()
     };

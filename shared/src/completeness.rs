@@ -548,6 +548,21 @@ mod tests {
 
     const NOW: i64 = 1_700_000_000_000;
 
+    /// An audit of the hour before `NOW` of `endpoint` (its own tenant).
+    fn last_hour<'a>(provider: &'a str, endpoint: &'a str, routes: &'a Routes) -> Scope<'a> {
+        Scope {
+            provider,
+            endpoint,
+            tenant: endpoint,
+            since_s: (NOW - 3_600_000) / 1000,
+            until_s: NOW / 1000,
+            routes,
+            now_ms: NOW,
+            types: BTreeMap::new(),
+            repair_flags: String::new(),
+        }
+    }
+
     /// Without a provider's list: the endpoint's DEAD and PARKED records
     /// received in the window (others' and older ones left out), and a note
     /// that completeness cannot be proven; nothing is "missing".
@@ -561,17 +576,7 @@ mod tests {
         l.add(&key("hooks", "old"), Status::Dead, NOW - 7_200_000, serde_json::json!({}));
         l.add(&key("other", "c"), Status::Dead, NOW - 60_000, serde_json::json!({}));
         let routes = Routes::none();
-        let scope = Scope {
-            provider: "slack",
-            endpoint: "hooks",
-            tenant: "hooks",
-            since_s: (NOW - 3_600_000) / 1000,
-            until_s: NOW / 1000,
-            routes: &routes,
-            now_ms: NOW,
-            types: BTreeMap::new(),
-            repair_flags: String::new(),
-        };
+        let scope = last_hour("slack", "hooks", &routes);
         let outbox = w.outbox();
         let r = Audit { ledger: &l, outbox: &outbox }.without_list(&scope).await.unwrap();
         assert!(!r.provider_truth && !r.failed());
@@ -601,17 +606,7 @@ mod tests {
             store.set_delivery(id, "partner", NOW - 120_000);
         }
         let routes = Routes::none();
-        let scope = Scope {
-            provider: "acme",
-            endpoint: "main",
-            tenant: "main",
-            since_s: (NOW - 3_600_000) / 1000,
-            until_s: NOW / 1000,
-            routes: &routes,
-            now_ms: NOW,
-            types: BTreeMap::new(),
-            repair_flags: String::new(),
-        };
+        let scope = last_hour("acme", "main", &routes);
         let l = w.ledger();
         let r = Audit { ledger: &l, outbox: &store }.without_list(&scope).await.unwrap();
         let partner = &r.routes["partner"];

@@ -115,6 +115,12 @@ async fn the_audit_names_the_missing_and_the_dead_and_passes_once_they_are_repai
     *w.fake.events.lock().unwrap() = events.clone();
     *w.fake.other_key.lock().unwrap() = Some(std::env::var("PATH").unwrap());
     let (since, until) = (now_s - 3_600, now_s + 1);
+    // A window beyond the identity retention is refused: its expired
+    // records would be called missing.
+    let mut out = Vec::new();
+    let old = cli(&w, &["audit"], now_s - 40 * 86_400, until, false);
+    let refused = hookledger_cli::run(old, &mut out).await.unwrap_err().to_string();
+    assert!(refused.contains("beyond the identity retention"), "{refused}");
     let missed = ["evt_au_7", "evt_au_21", "evt_au_40"];
     for v in events.iter().filter(|v| !missed.contains(&v["id"].as_str().unwrap())) {
         assert_eq!(w.deliver(webhook_of(v), 0).await, Some(202));
